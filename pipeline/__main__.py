@@ -1,0 +1,197 @@
+"""Parallax command line: one subcommand per DVC stage, plus `train` and `ui`.
+
+    python -m pipeline download                       # DVC stage `download`
+    python -m pipeline train --strategy ddp --devices 2 --epochs 1 --out runs/ddp2
+    python -m pipeline sweep --strategy ddp           # DVC stage `sweep@ddp`
+    python -m pipeline analyze                        # DVC stage `analyze`
+    python -m pipeline ui                             # MLflow UI on http://127.0.0.1:5000
+
+Every command reads params.yaml (and the profile it names under experiments/) and takes `--set key=value`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from . import config as configmod
+
+EPILOG = """configuration: params.yaml selects a profile (experiments/<profile>.yaml); params.yaml entries override
+the profile; --set overrides both, e.g. --set data.source=synthetic --set train.lr=0.1.
+docs: README.md, docs/errors.md (every error message and its fix)."""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--params", default=None, help="params file (default: params.yaml at the repository root)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a configuration value, e.g. --set train.lr=0.1 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__.split("\n")[0],
+                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("download", help="fetch Fashion-MNIST (or write the synthetic stand-in) into data.dir",
+                       description="Fetch Fashion-MNIST through torchvision (its mirrors and MD5 checks) into "
+                                   "data.dir, or, with data.source=synthetic, write the deterministic offline "
+                                   "stand-in in the same IDX format. data.mirror points at a URL or local "
+                                   "directory holding the four .gz files, for air-gapped clusters.")
+    _common(p)
+
+    p = sub.add_parser("train", help="run one training trial and log it to MLflow",
+                       description="Run one trial: one model, one strategy on K devices; writes OUT/metrics.json "
+                                   "and OUT/final_state.pt and logs an MLflow run.")
+    _common(p)
+    p.add_argument("--model", choices=configmod.MODELS)
+    p.add_argument("--strategy", choices=configmod.STRATEGY_NAMES)
+    p.add_argument("--devices", type=int, metavar="K", help="devices (GPUs, or CPU cores) for this trial")
+    p.add_argument("--batch-size", type=int, metavar="B", help="global batch size, split over the devices")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--max-steps", type=int, metavar="N", help="stop after N optimizer steps (quick checks)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
+    p.add_argument("--no-track", action="store_true", help="do not log to MLflow")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("sweep", help="run the Optuna study of one strategy (DVC stage sweep@STRATEGY)",
+                       description="One Optuna study over devices x batch size x learning rate for one strategy; "
+                                   "every trial is a nested MLflow run; writes results/sweeps/STRATEGY.csv. "
+                                   "Rerunning resumes: finished trials are not repeated.")
+    _common(p)
+    p.add_argument("--strategy", required=True, choices=configmod.STRATEGY_NAMES)
+    p.add_argument("--out", type=Path, default=None, help="CSV path (default results/sweeps/STRATEGY.csv)")
+    p.add_argument("--n-trials", type=int, default=None, help="run at most N new trials in this worker")
+
+    p = sub.add_parser("analyze", help="scaling efficiency, memory imbalance, accuracy: tables, plots, report",
+                       description="Read results/sweeps/*.csv and write results/analysis/ (summary.json, CSVs, "
+                                   "PNGs, report.md), logged as an MLflow 'analysis' run.")
+    _common(p)
+    p.add_argument("--sweeps", type=Path, default=Path("results/sweeps"))
+    p.add_argument("--out", type=Path, default=Path("results/analysis"))
+
+    p = sub.add_parser("ui", help="open the MLflow UI on 127.0.0.1 (local only)")
+    _common(p)
+    p.add_argument("--port", type=int, default=5000)
+
+    p = sub.add_parser("profiles", help="list the experiment profiles under experiments/")
+    return ap
+
+
+def _train_cfg(args):
+    sets = list(args.overrides)
+    for flag, key in [("model", "model"), ("strategy", "strategy"), ("devices", "devices"),
+                      ("batch_size", "batch_size"), ("lr", "lr"), ("epochs", "epochs"),
+                      ("max_steps", "max_steps"), ("seed", "seed")]:
+        v = getattr(args, flag)
+        if v is not None:
+            sets.append(f"train.{key}={v}")
+    return configmod.load(args.params, sets)
+
+
+def cmd_download(args) -> int:
+    from . import data
+    cfg = configmod.load(args.params, args.overrides)
+    root = configmod.repo_root() / cfg.data.dir
+    manifest = data.prepare(root, cfg.data.source, cfg.data.mirror, progress=True)
+    label = " (SYNTHETIC stand-in, not Fashion-MNIST)" if manifest["source"] == "synthetic" else ""
+    print(f"data ready in {root}: source {manifest['source']}{label}, {len(manifest['files'])} files checked")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .devices import probe
+    from .launch import check_feasible, run_trial
+    cfg = _train_cfg(args)
+    host = probe()
+    check_feasible(cfg, host)  # before any work, before touching the stores
+    from . import data
+    data.load(configmod.repo_root() / cfg.data.dir, cfg.data.source, 1, 1)  # data present and of the right source
+    tracker = run_id = None
+    on_epoch = None
+    if not args.no_track:
+        from . import tracking
+        tracker = tracking.Tracker(cfg)
+        t = cfg.train
+        run_id = tracker.start_run(f"{t.strategy} k={t.devices} B={t.batch_size} lr={t.lr}",
+                                   tracking.base_tags(cfg, host, stage="train"))
+        tracker.log_params(run_id, tracking.trial_params(cfg))
+
+        def on_epoch(record):
+            tracker.log_metrics(run_id, tracking.epoch_metrics(record), step=record["epoch"])
+            print(f"epoch {record['epoch']}/{record['epochs']}: loss {record['train_loss']:.4f}, "
+                  f"test acc {record['test_acc']:.4f}, {record['epoch_s']:.2f} s", file=sys.stderr)
+            return False
+    status = "FAILED"
+    try:
+        metrics = run_trial(cfg, args.out, on_epoch=on_epoch, progress=not args.quiet)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        if tracker and status != "FINISHED":
+            tracker.end_run(run_id, status)
+    if tracker:
+        from . import tracking
+        tracking.log_completed_run(tracker, run_id, metrics, args.out)
+        tracker.end_run(run_id, "FINISHED")
+    syn = "  [SYNTHETIC DATA]" if metrics["synthetic"] else ""
+    print(f"{metrics['strategy']} k={metrics['devices']} {metrics['model']}: "
+          f"{metrics['throughput_img_s'] or float('nan'):.0f} img/s, test acc {metrics['test_acc'][-1]:.4f}, "
+          f"peak mem/device {[round(p / 2**20, 1) for p in metrics['peak_mem_bytes']]} MiB{syn}")
+    print(f"wrote {args.out / 'metrics.json'} and {args.out / 'final_state.pt'}"
+          + (f"; MLflow run {run_id}" if run_id else ""))
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from .sweep import run_sweep
+    cfg = configmod.load(args.params, args.overrides)
+    out = args.out or configmod.repo_root() / "results" / "sweeps" / f"{args.strategy}.csv"
+    run_sweep(cfg, args.strategy, out, max_new_trials=args.n_trials)
+    return 0
+
+
+def cmd_analyze(args) -> int:
+    from .analyze import analyze
+    from . import tracking
+    cfg = configmod.load(args.params, args.overrides)
+    summary = analyze(args.sweeps, args.out, target_acc=cfg.analyze.target_acc)
+    tracker = tracking.Tracker(cfg)
+    run_id = tracker.start_run("analysis", {"stage": "analyze", "git_sha": tracking.git_sha(),
+                                            "data_source": summary.get("data_source", ""), "profile": cfg.profile})
+    tracker.log_artifacts(run_id, args.out)
+    tracker.end_run(run_id)
+    print(f"wrote {args.out}/report.md (MLflow run {run_id})")
+    return 0
+
+
+def cmd_ui(args) -> int:
+    from . import tracking
+    cfg = configmod.load(args.params, args.overrides)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking.tracking_uri(cfg),
+           "--host", "127.0.0.1", "--port", str(args.port)]
+    print(f"MLflow UI on http://127.0.0.1:{args.port} (local only; Ctrl-C to stop)")
+    os.execv(sys.executable, cmd)  # argument vector, no shell
+    return 0
+
+
+def cmd_profiles(args) -> int:
+    for name, desc in configmod.describe_profiles():
+        print(f"{name}:\n  " + "\n  ".join(desc.splitlines()) + "\n")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from .errors import user_errors
+    with user_errors() as status:
+        status.code = globals()[f"cmd_{args.command}"](args)
+    return status.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""Run one trial: in this process (single, scratch, dp, dp_criterion) or one process per device through
+PyTorch's elastic launcher (ddp, ddp_amp, fsdp), which also returns each rank's result or names the failed rank.
+
+    python -m pipeline train --strategy ddp --devices 2 --epochs 1 --out runs/ddp2
+
+The main rank reports each epoch through files in the trial directory (progress.jsonl, answered by ack-<epoch>),
+so the caller's callback (MLflow logging, Optuna pruning) runs in the caller's process, also across nodes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+from . import config as configmod
+from . import data as datamod
+from .devices import Host, probe
+from .metrics import device0_excess, imbalance
+from .strategies import STRATEGIES
+from .train import DivergenceError, train
+
+
+class Infeasible(ValueError):
+    """This trial cannot run on this host (skipped, with the reason)."""
+
+
+class TrialFailed(RuntimeError):
+    """The trial ran and failed; the message names the rank and the error."""
+
+    def __init__(self, reason: str, kind: str = "error"):
+        super().__init__(reason)
+        self.kind = kind  # "diverged" | "worker_died" | "timeout" | "oom" | "error"
+
+
+def total_devices(cfg, host: Host) -> int:
+    return host.n * cfg.train.nnodes
+
+
+def check_feasible(cfg, host: Host) -> None:
+    """Raise Infeasible with the reason if this (strategy, k, B) cannot run here."""
+    t = cfg.train
+    cls = STRATEGIES[t.strategy]
+    reason = cls.unavailable_reason(host)
+    if reason:
+        raise Infeasible(f"strategy `{t.strategy}` is {reason}.")
+    n = total_devices(cfg, host)
+    if t.devices > n and not t.oversubscribe:
+        raise Infeasible(f"train.devices={t.devices} exceeds the {n} {host.kind.upper()} device(s) this host offers "
+                         f"({'GPUs' if host.kind == 'cuda' else 'cores, one 1-thread process each'}); use at most "
+                         f"{n}. (train.oversubscribe=true allows it for functional tests; such runs are excluded "
+                         f"from scaling and memory analysis.)")
+    if t.batch_size % t.devices:
+        raise Infeasible(f"train.batch_size={t.batch_size} is not divisible by train.devices={t.devices}: every "
+                         f"device must get the same share of the global batch; pick a multiple of {t.devices}.")
+    try:
+        cls(t, host).check_devices()
+    except ValueError as e:
+        raise Infeasible(str(e)) from None
+
+
+def _load_data(cfg) -> datamod.Dataset:
+    root = configmod.repo_root() / cfg.data.dir if not os.path.isabs(cfg.data.dir) else Path(cfg.data.dir)
+    return datamod.load(root, cfg.data.source, cfg.data.train_limit, cfg.data.test_limit)
+
+
+# ----------------------------------------------------------------------------- one process
+
+_DATA: datamod.Dataset | None = None  # set before forking, so forked ranks share it instead of re-reading
+
+
+def _progress_bar(enabled: bool, label: str):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    bars = {}
+
+    def update(epoch, i, steps):
+        bar = bars.get(epoch)
+        if bar is None:
+            for b in bars.values():
+                b.close()
+            bar = bars[epoch] = tqdm(total=steps, desc=f"{label} epoch {epoch + 1}", unit="step",
+                                     leave=False, dynamic_ncols=True, mininterval=0.5)
+        bar.update(1)
+        if i == steps:
+            bar.close()
+    return update
+
+
+def _run_process(cfg, strategy, rank, world, data, on_epoch, progress):
+    strategy.setup(rank, world)
+    try:
+        label = f"{cfg.train.strategy} k={cfg.train.devices}"
+        return train(cfg, strategy, data, on_epoch=on_epoch,
+                     progress=_progress_bar(progress and strategy.is_main(), label))
+    finally:
+        strategy.teardown()
+
+
+def _file_reporter(out_dir: Path, wait_for_ack: bool, timeout_s: float):
+    """on_epoch for the main rank of a multi-process trial: append the record, wait for the caller's answer."""
+    def report(record: dict) -> bool:
+        with open(out_dir / "progress.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if not wait_for_ack:
+            return False
+        ack = out_dir / f"ack-{record['epoch']}"
+        deadline = time.monotonic() + timeout_s
+        while not ack.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return ack.exists() and ack.read_text().strip() == "stop"
+    return report
+
+
+def rank_entry(cfg_dict: dict, out_dir: str, wait_for_ack: bool, progress: bool) -> dict:
+    """Entry point of each worker process started by the elastic launcher."""
+    cfg = configmod._build(configmod.Config, cfg_dict, "")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    data = _DATA if _DATA is not None else _load_data(cfg)
+    strategy = STRATEGIES[cfg.train.strategy](cfg.train, probe())
+    on_epoch = _file_reporter(Path(out_dir), wait_for_ack, cfg.train.timeout_s)
+    result = _run_process(cfg, strategy, rank, world, data, on_epoch, progress)
+    if result["state_dict"] is not None:
+        torch.save(result.pop("state_dict"), Path(out_dir) / "final_state.pt")
+    result.pop("state_dict", None)
+    result["node"] = os.environ.get("GROUP_RANK", "0")
+    result["local_rank"] = int(os.environ.get("LOCAL_RANK", rank))
+    return result
+
+
+# ----------------------------------------------------------------------------- many processes
+
+def _start_method(cfg, host: Host) -> str:
+    if cfg.train.start_method != "auto":
+        return cfg.train.start_method
+    # fork shares the loaded data and skips re-importing torch; CUDA cannot be used after fork.
+    return "spawn" if host.kind == "cuda" else "fork"
+
+
+def _watch(out_dir: Path, on_epoch, stop: threading.Event):
+    """Tail progress.jsonl, hand each record to on_epoch, answer with ack-<epoch>."""
+    seen = 0
+    path = out_dir / "progress.jsonl"
+    while not stop.is_set():
+        lines = path.read_text().splitlines() if path.exists() else []
+        for line in lines[seen:]:
+            record = json.loads(line)
+            decision = "stop" if on_epoch and on_epoch(record) else "go"
+            (out_dir / f"ack-{record['epoch']}").write_text(decision)
+        seen = len(lines)
+        stop.wait(0.02)
+
+
+def _failure_reason(err) -> TrialFailed:
+    parts, kind = [], "error"
+    for rank, f in sorted(getattr(err, "failures", {}).items()):
+        if f.exitcode < 0 or f.message == "" or "Signal" in str(f.message):
+            sig = f.signal_name() if f.exitcode < 0 else f"exit code {f.exitcode}"
+            parts.append(f"rank {rank} (pid {f.pid}) died: {sig}")
+            kind = "worker_died" if kind == "error" else kind
+        else:
+            msg = f.message.get("message", str(f.message)) if isinstance(f.message, dict) else str(f.message)
+            msg = msg.strip().splitlines()[0] if msg.strip() else f"exit code {f.exitcode}"
+            parts.append(f"rank {rank} failed: {msg}")
+            if "DivergenceError" in msg or "diverged" in msg:
+                kind = "diverged"
+            elif "out of memory" in msg.lower():
+                kind = "oom"
+            elif "timed out" in msg.lower() or "timeout" in msg.lower():
+                kind = "timeout" if kind == "error" else kind
+    return TrialFailed("; ".join(parts) or str(err), kind)
+
+
+def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s: float | None) -> list[dict]:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    t = cfg.train
+    nproc = t.devices // t.nnodes
+    standalone = t.nnodes == 1 and not t.rdzv_endpoint
+    lc = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=nproc,
+                      run_id=t.rdzv_id if not standalone else f"parallax-{uuid.uuid4().hex[:8]}",
+                      rdzv_backend="c10d", rdzv_endpoint="localhost:0" if standalone else t.rdzv_endpoint,
+                      rdzv_configs={"rank": t.node_rank} if not standalone else {},
+                      max_restarts=0, monitor_interval=0.05, start_method=_start_method(cfg, host))
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop), daemon=True)
+    timed_out = threading.Event()
+
+    def on_timeout():
+        timed_out.set()
+        os.kill(os.getpid(), signal.SIGTERM)  # the agent turns this into an orderly shutdown of every worker
+
+    timer = threading.Timer(timeout_s, on_timeout) if timeout_s else None
+    global _DATA
+    _DATA = _load_data(cfg) if lc.start_method == "fork" else None
+    watcher.start()
+    if timer:
+        timer.start()
+    try:
+        results = elastic_launch(lc, rank_entry)(cfg.to_dict(), str(out_dir), on_epoch is not None, progress)
+    except ChildFailedError as e:
+        raise _failure_reason(e) from None
+    except SignalException as e:
+        if timed_out.is_set():
+            raise TrialFailed(f"trial exceeded its time budget of {timeout_s:.0f} s (sweep.trial_timeout_s); "
+                              f"every worker was stopped", "timeout") from None
+        raise KeyboardInterrupt(f"interrupted by {e.sigval.name}") from None
+    finally:
+        if timer:
+            timer.cancel()
+        stop.set()
+        watcher.join()
+        _DATA = None
+    return [results[r] for r in sorted(results)]
+
+
+# ----------------------------------------------------------------------------- a trial
+
+def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: float | None = None) -> dict:
+    """Run one trial, write out_dir/metrics.json and out_dir/final_state.pt, return the metrics."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*out_dir.glob("ack-*"), out_dir / "progress.jsonl", out_dir / "final_state.pt"]:
+        stale.unlink(missing_ok=True)
+    host = probe()
+    check_feasible(cfg, host)
+    strategy = STRATEGIES[cfg.train.strategy](cfg.train, host)
+    t0 = time.perf_counter()
+    try:
+        if strategy.multiprocess:
+            results = _launch(cfg, host, out_dir, on_epoch, progress, timeout_s)
+        else:
+            data = _load_data(cfg)
+            result = _run_process(cfg, strategy, 0, 1, data, on_epoch, progress)
+            torch.save(result.pop("state_dict"), out_dir / "final_state.pt")
+            results = [result]
+    except DivergenceError as e:
+        raise TrialFailed(str(e), "diverged") from None
+    except torch.OutOfMemoryError as e:
+        raise TrialFailed(f"out of memory: {str(e).splitlines()[0]}", "oom") from None
+    metrics = summarize(cfg, host, strategy, results, time.perf_counter() - t0)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def summarize(cfg, host: Host, strategy, results: list[dict], wall_s: float) -> dict:
+    t, main = cfg.train, results[0]
+    peaks = [p for r in results for p in (r["peak_mem_bytes"] or [])]
+    throughputs = [r["throughput_img_s"] for r in results if r["throughput_img_s"]]
+    return {
+        "model": t.model, "strategy": t.strategy, "devices": t.devices, "batch_size": t.batch_size,
+        "per_device_batch": t.batch_size // t.devices, "lr": t.lr, "epochs": t.epochs, "seed": t.seed,
+        "max_steps": t.max_steps, "steps": main["steps"], "stopped": main["stopped"],
+        "data_source": cfg.data.source, "synthetic": cfg.data.source == "synthetic",
+        "train_limit": cfg.data.train_limit, "test_limit": cfg.data.test_limit,
+        "oversubscribed": t.devices > total_devices(cfg, host),
+        "parallel_devices": host.kind == "cuda" or strategy.parallel_on_cpu,
+        "device_kind": host.kind, "device_name": host.name, "host": host.hostname, "host_devices": host.n,
+        "nnodes": t.nnodes, "torch": host.torch, "cuda": host.cuda,
+        # slowest rank: all ranks meet at every all-reduce, so the trial runs at its pace
+        "throughput_img_s": min(throughputs) if throughputs else None,
+        "timed_steps": main["timed_steps"], "warmup_steps": max(t.warmup_steps, 1),
+        "epoch_s": main["epoch_s"], "test_acc": main["test_acc"], "train_loss": main["train_loss"],
+        "epoch_throughput_img_s": main["epoch_throughput_img_s"],
+        "time_to_acc_s": main["time_to_acc_s"], "target_acc": t.target_acc,
+        "eval": "test set split across the trial's processes, correct counts summed" if strategy.multiprocess
+                else "on this process's first device",
+        "peak_mem_bytes": peaks, "mem_imbalance": imbalance(peaks), "mem_device0_excess": device0_excess(peaks),
+        "mem_method": main["mem_method"],
+        "mem_devices": [f"node{r.get('node', '0')}/{d}" + (f"/rank{r['rank']}" if strategy.multiprocess else "")
+                        for r in results for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
+        "bucket_cap_mb": t.bucket_cap_mb, "grad_as_bucket_view": t.grad_as_bucket_view,
+        "accum_steps": t.accum_steps, "comm_hook": t.comm_hook,
+        "amp_dtype": main["amp_dtype"],
+        "wall_s": wall_s,
+    }

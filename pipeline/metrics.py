@@ -1,0 +1,63 @@
+"""Per-device memory measurement and the derived figures every strategy reports the same way.
+
+CUDA: the caching allocator's peak per device (`torch.cuda.max_memory_allocated`) over the whole run.
+CPU worker processes: tensor memory of one probe step (the first step, which is a warm-up step and so never
+timed), seen through PyTorch's MemTracker (FSDPMemTracker for FSDP): parameters, gradients, optimizer state,
+activations and temporaries that pass through the dispatcher. Communication buffers allocated outside the
+dispatcher (e.g. DDP's gradient buckets when they are not views) are not counted: the figure is a lower bound.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class CpuMemProbe:
+    """Context: peak tensor bytes of one step, one entry per device this process drives."""
+    method = "memtracker"
+
+    def __init__(self, devices, model, optimizer, tracker=None):
+        from torch.distributed._tools.mem_tracker import MemTracker
+        self.devices = devices
+        self.tracker = tracker or MemTracker()
+        self.tracker.track_external(model, optimizer)
+        self.peak = 0
+
+    def __enter__(self):
+        self.tracker.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.tracker.__exit__(*exc)
+        snap = self.tracker.get_tracker_snapshot("peak")
+        self.peak = int(sum(v.get("Total", 0) for v in snap.values()))
+        return False
+
+    def peaks(self) -> list[int]:
+        # On a CPU host a process is one device; a single process driving k replicas (scratch)
+        # holds them all in one address space, so one figure is reported for it.
+        return [self.peak]
+
+
+def cuda_peaks(devices) -> list[int]:
+    return [int(torch.cuda.max_memory_allocated(d)) for d in devices]
+
+
+def reset_cuda_peaks(devices) -> None:
+    for d in devices:
+        if d.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(d)
+
+
+def imbalance(peaks) -> float | None:
+    """max / mean over the trial's devices (1.0 = perfectly balanced)."""
+    peaks = [p for p in peaks if p is not None]
+    if not peaks or sum(peaks) == 0:
+        return None
+    return max(peaks) / (sum(peaks) / len(peaks))
+
+
+def device0_excess(peaks) -> float | None:
+    """peak[0] - mean(peak[1:]): what device 0 holds beyond the others (needs >= 2 devices)."""
+    if len(peaks) < 2:
+        return None
+    return peaks[0] - sum(peaks[1:]) / (len(peaks) - 1)

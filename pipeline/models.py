@@ -1,0 +1,64 @@
+"""d2l's LeNet and CIFAR-style ResNet-18 for 1x28x28 Fashion-MNIST; MODELS = {name: builder}."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def build_lenet(num_classes: int = 10) -> nn.Module:
+    """d2l multiple-gpus.md LeNet: conv 20@3x3 -> avgpool -> conv 50@5x5 -> avgpool -> fc 128 -> fc 10 (129,068 params)."""
+    return nn.Sequential(
+        nn.Conv2d(1, 20, kernel_size=3), nn.ReLU(), nn.AvgPool2d(2, 2),
+        nn.Conv2d(20, 50, kernel_size=5), nn.ReLU(), nn.AvgPool2d(2, 2),
+        nn.Flatten(), nn.Linear(50 * 4 * 4, 128), nn.ReLU(), nn.Linear(128, num_classes))
+
+
+class Residual(nn.Module):
+    """d2l's residual block: two 3x3 convs with BatchNorm, optional 1x1 conv on the shortcut."""
+
+    def __init__(self, in_ch: int, out_ch: int, use_1x1conv: bool = False, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, padding=1, stride=stride)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, padding=1)
+        self.conv3 = nn.Conv2d(in_ch, out_ch, 1, stride=stride) if use_1x1conv else None
+        self.bn1, self.bn2 = nn.BatchNorm2d(out_ch), nn.BatchNorm2d(out_ch)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        if self.conv3 is not None:
+            x = self.conv3(x)
+        return F.relu(y + x)
+
+
+def _stage(in_ch: int, out_ch: int, first: bool) -> nn.Sequential:
+    return nn.Sequential(Residual(in_ch, out_ch, use_1x1conv=not first, stride=1 if first else 2),
+                         Residual(out_ch, out_ch))
+
+
+def build_resnet18(num_classes: int = 10, in_channels: int = 1) -> nn.Module:
+    """d2l multiple-gpus-concise.md ResNet-18: 3x3 stride-1 stem, no max-pool, 4 stages x 2 blocks (11,175,818 params)."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+        _stage(64, 64, first=True), _stage(64, 128, first=False),
+        _stage(128, 256, first=False), _stage(256, 512, first=False),
+        nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Linear(512, num_classes))
+
+
+MODELS = {"lenet": build_lenet, "resnet18": build_resnet18}
+
+
+def build_model(name: str, seed: int) -> nn.Module:
+    """A freshly initialised model; the same (name, seed) gives the same weights on every rank and strategy."""
+    torch.manual_seed(seed)
+    model = MODELS[name]()
+    # d2l's multi-GPU chapters initialise conv/linear weights with N(0, 0.01) for both models.
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            nn.init.normal_(m.weight, std=0.01)
+    return model
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,110 @@
+"""The strategy interface; `single` (one device, one process) *is* the base class.
+
+Every hook has a do-nothing default, so each strategy module reads as a small difference from this one
+(pytorch/examples ddp-tutorial-series: set up, wrap, shard, autocast, step, reduce, unwrap, tear down).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from ..devices import Host, device_for
+
+
+class Strategy:
+    name = "single"
+    multiprocess = False  # True: one process per device, started by PyTorch's elastic launcher
+    parallel_on_cpu = True  # False: the k "devices" are run one after another in one process
+
+    def __init__(self, train_cfg, host: Host):
+        self.cfg, self.host = train_cfg, host
+        self.rank, self.world_size = 0, 1
+
+    # --- availability -----------------------------------------------------------------------------
+    @classmethod
+    def unavailable_reason(cls, host: Host) -> str | None:
+        """Why this strategy cannot run on `host`, or None."""
+        return None
+
+    def check_devices(self) -> None:
+        """Strategy-specific limits on the device count (beyond k <= N)."""
+        if self.cfg.devices != 1:
+            raise ValueError(f"`{self.name}` runs on exactly one device; use train.devices=1 "
+                             f"(or a parallel strategy: scratch, dp, dp_criterion, ddp, ddp_amp, fsdp).")
+
+    # --- set-up -------------------------------------------------------------------------------------
+    def setup(self, rank: int = 0, world_size: int = 1) -> torch.device:
+        """Prepare this process; returns the device its inputs live on."""
+        torch.set_num_threads(1)  # one device = one core = one intra-op thread
+        self.device = device_for(self.host, 0)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        return self.device
+
+    @property
+    def data_shard(self) -> tuple[int, int]:
+        """(rank, world) of this process's share of each global batch."""
+        return 0, 1
+
+    @property
+    def devices(self) -> list[torch.device]:
+        """Devices this process drives, in device order (memory is reported per entry)."""
+        return [self.device]
+
+    def wrap(self, model: nn.Module, criterion: nn.Module):
+        """Apply parallelism to the model (and criterion) before the loop."""
+        return model, criterion
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=self.cfg.lr)
+
+    # --- the step -----------------------------------------------------------------------------------
+    def autocast(self):
+        return contextlib.nullcontext()
+
+    def train_step(self, model, criterion, optimizer, x, y) -> torch.Tensor:
+        """One optimizer step on this process's share of the global batch; returns the (detached) loss."""
+        optimizer.zero_grad(set_to_none=True)
+        with self.autocast():
+            loss = criterion(model(x), y)
+        self.backward_step(loss, optimizer)
+        return loss.detach()
+
+    def backward_step(self, loss, optimizer) -> None:
+        loss.backward()
+        optimizer.step()
+
+    # --- across processes -----------------------------------------------------------------------------
+    def reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over processes (a no-op in one process)."""
+        return t
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        """Rank 0's decision, agreed by every rank."""
+        return flag
+
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def synchronize(self) -> None:
+        """Wait for queued device work before reading a clock."""
+        for d in {d for d in self.devices if d.type == "cuda"}:
+            torch.cuda.synchronize(d)
+
+    # --- after training -------------------------------------------------------------------------------
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def state_dict(self, model: nn.Module) -> dict:
+        """The full, unwrapped state_dict on the main process (collective where parameters are sharded)."""
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+    def memory_tracker(self, model, optimizer):
+        """A context measuring tensor memory of one probe step on a CPU host (see metrics.py)."""
+        from ..metrics import CpuMemProbe
+        return CpuMemProbe(self.devices, model, optimizer)
+
+    def teardown(self) -> None:
+        pass

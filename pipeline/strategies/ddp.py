@@ -1,0 +1,63 @@
+"""DistributedDataParallel: one process per device, bucketed gradient all-reduce overlapped with backward.
+
+Delta from `single`: a process group (DistributedStrategy), the model wrapped in DDP, each rank trains on its
+chunk of every global batch, and the communication knobs of the DDP design (bucket size, gradients as bucket
+views, a compression hook, and `no_sync` accumulation: all-reduce only every `accum_steps` micro-batches).
+"""
+from __future__ import annotations
+
+import contextlib
+
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .distributed import DistributedStrategy
+
+COMM_HOOKS = {
+    "fp16": lambda: (None, default_hooks.fp16_compress_hook),
+    "bf16": lambda: (None, default_hooks.bf16_compress_hook),
+    "powersgd": lambda: (powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                                     start_powerSGD_iter=2, use_error_feedback=True),
+                         powerSGD_hook.powerSGD_hook),
+}
+
+
+class DDPStrategy(DistributedStrategy):
+    name = "ddp"
+
+    def wrap(self, model, criterion):
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        ddp = DDP(model, device_ids=ids, bucket_cap_mb=self.cfg.bucket_cap_mb,
+                  gradient_as_bucket_view=self.cfg.grad_as_bucket_view)
+        if self.cfg.comm_hook != "none":
+            state, hook = COMM_HOOKS[self.cfg.comm_hook]()
+            ddp.register_comm_hook(state, hook)
+        self._micro = 0
+        return ddp, criterion
+
+    def train_step(self, model, criterion, optimizer, x, y):
+        # With accum_steps = a, each call is one micro-batch; gradients are all-reduced only on every a-th call
+        # (no_sync skips the reducer), then the optimizer steps: a x fewer all-reduces per image.
+        a = self.cfg.accum_steps
+        self._micro += 1
+        is_sync = self._micro % a == 0
+        with contextlib.nullcontext() if is_sync else model.no_sync():
+            with self.autocast():
+                loss = criterion(model(x), y)
+            self.backward(loss / a if a > 1 else loss)
+        if is_sync:
+            self.optimizer_step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def backward(self, loss):
+        loss.backward()
+
+    def optimizer_step(self, optimizer):
+        optimizer.step()
+
+    def eval_model(self, model):
+        return model.module
+
+    def state_dict(self, model):
+        return super().state_dict(model.module)

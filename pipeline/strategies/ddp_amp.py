@@ -1,0 +1,33 @@
+"""DDP + torch.amp, the modern replacement for NVIDIA Apex: autocast the forward, scale the loss for fp16.
+
+Delta from `ddp`: an autocast context (bf16 where the device supports it, else fp16) and a GradScaler, which is
+a no-op object for bf16 (bf16 keeps fp32's exponent range, so no loss scaling is needed).
+"""
+from __future__ import annotations
+
+import torch
+
+from .ddp import DDPStrategy
+
+
+class DDPAmpStrategy(DDPStrategy):
+    name = "ddp_amp"
+
+    def setup(self, rank=0, world_size=1):
+        device = super().setup(rank, world_size)
+        want = self.cfg.amp_dtype
+        if want == "auto":
+            want = "bf16" if device.type == "cpu" or torch.cuda.is_bf16_supported() else "fp16"
+        self.dtype = torch.bfloat16 if want == "bf16" else torch.float16
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
+        return device
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def backward(self, loss):
+        self.scaler.scale(loss).backward()
+
+    def optimizer_step(self, optimizer):
+        self.scaler.step(optimizer)
+        self.scaler.update()

@@ -1,0 +1,55 @@
+"""Shared set-up for the one-process-per-device strategies (ddp, ddp_amp, fsdp).
+
+The process group is created from the environment the elastic launcher sets (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR/PORT): NCCL when each rank has its own GPU, Gloo on CPU. Its timeout is
+train.timeout_s, so a rank that stops participating fails the trial instead of hanging the sweep.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from ..devices import device_for
+from .base import Strategy
+
+
+class DistributedStrategy(Strategy):
+    multiprocess = True
+
+    def check_devices(self) -> None:
+        pass
+
+    def setup(self, rank: int = 0, world_size: int = 1) -> torch.device:
+        torch.set_num_threads(1)
+        self.rank, self.world_size = rank, world_size
+        self.local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        self.device = device_for(self.host, self.local_rank)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if not dist.is_initialized():
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                    timeout=datetime.timedelta(seconds=self.cfg.timeout_s),
+                                    device_id=self.device if self.device.type == "cuda" else None)
+        return self.device
+
+    @property
+    def data_shard(self) -> tuple[int, int]:
+        return self.rank, self.world_size
+
+    def reduce(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        t = torch.tensor([1 if flag else 0], device=self.device)
+        dist.broadcast(t, src=0)
+        return bool(t.item())
+
+    def teardown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

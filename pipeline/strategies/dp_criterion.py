@@ -1,0 +1,55 @@
+"""DataParallelModel + DataParallelCriterion (Hang Zhang's recipe), on torch.nn.parallel primitives.
+
+Delta from `dp`: the model's outputs stay on their devices (no gather of logits onto device 0), the loss is
+computed on each device against its chunk of the targets, and only the k scalar losses are gathered and
+averaged, so device 0 no longer holds every output. CPU-only hosts: unavailable, as for `dp`.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.parallel import gather, parallel_apply, replicate, scatter
+
+from .dp import DataParallelStrategy
+
+
+class DataParallelModel(nn.Module):
+    """Like nn.DataParallel, but returns the per-device outputs instead of gathering them."""
+
+    def __init__(self, module: nn.Module, device_ids: list[int]):
+        super().__init__()
+        self.module, self.device_ids = module, device_ids
+
+    def forward(self, x):
+        inputs = scatter(x, self.device_ids)
+        replicas = replicate(self.module, self.device_ids[:len(inputs)])
+        return parallel_apply(replicas, [(i,) for i in inputs])
+
+
+class DataParallelCriterion(nn.Module):
+    """Applies the criterion on each device to (its output, its chunk of the target); mean of the k losses."""
+
+    def __init__(self, criterion: nn.Module, device_ids: list[int]):
+        super().__init__()
+        self.criterion, self.device_ids = criterion, device_ids
+
+    def forward(self, outputs, target):
+        targets = scatter(target, self.device_ids[:len(outputs)])
+        crits = replicate(self.criterion, self.device_ids[:len(outputs)]) if any(
+            True for _ in self.criterion.parameters()) else [self.criterion] * len(outputs)
+        losses = parallel_apply(crits, [(o, t) for o, t in zip(outputs, targets)])
+        return gather(losses, self.device_ids[0], dim=0).mean()  # equal chunks: mean of means = global mean
+
+
+class DataParallelCriterionStrategy(DataParallelStrategy):
+    name = "dp_criterion"
+
+    def wrap(self, model, criterion):
+        ids = list(range(self.cfg.devices))
+        return DataParallelModel(model, ids), DataParallelCriterion(criterion, ids)
+
+    def train_step(self, model, criterion, optimizer, x, y):
+        return super(DataParallelStrategy, self).train_step(model, criterion, optimizer, x, y)
+
+    def eval_model(self, model):
+        return model.module

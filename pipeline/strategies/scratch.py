@@ -1,0 +1,96 @@
+"""d2l "multiple GPUs from scratch": k parameter copies, the batch split k ways, a hand-written all-reduce.
+
+Delta from `single`: `wrap` makes one replica per device; a step splits the batch, runs forward/backward on
+each replica, sums the gradients into device 0 and copies the sum back *in place* (`.to()` onto the same device
+returns the same tensor, so rebinding instead of copying would silently alias the replicas), then applies the
+SGD update on every replica. On a CPU host the k replicas run one after another in one process: the devices are
+not parallel, and the results say so (parallel_devices = False).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ..devices import device_for
+from .base import Strategy
+
+
+def allreduce(tensors: list[torch.Tensor]) -> None:
+    """Sum into tensors[0], then copy the sum back into every other tensor, in place."""
+    for t in tensors[1:]:
+        tensors[0].add_(t.to(tensors[0].device))
+    for t in tensors[1:]:
+        t.copy_(tensors[0].to(t.device))
+
+
+class Replicas(nn.Module):
+    """k copies of a model, one per device; forward (used for evaluation) runs replica 0."""
+
+    def __init__(self, model: nn.Module, devices: list[torch.device]):
+        super().__init__()
+        self.replicas = nn.ModuleList([model.to(devices[0])] +
+                                      [copy.deepcopy(model).to(d) for d in devices[1:]])
+        self.devices = devices
+
+    def forward(self, x):
+        return self.replicas[0](x)
+
+
+class ManualSGD:
+    """d2l's `sgd`, applied to every replica (the summed gradient is already the global-batch mean)."""
+
+    def __init__(self, replicas: Replicas, lr: float):
+        self.params = [list(r.parameters()) for r in replicas.replicas]
+        self.lr = lr
+
+    @torch.no_grad()
+    def step(self):
+        for params in self.params:
+            for p in params:
+                p.sub_(p.grad, alpha=self.lr)
+
+    def zero_grad(self, set_to_none=True):
+        for params in self.params:
+            for p in params:
+                p.grad = None
+
+
+class ScratchStrategy(Strategy):
+    name = "scratch"
+    parallel_on_cpu = False
+
+    def check_devices(self) -> None:
+        pass
+
+    @property
+    def devices(self):
+        return [device_for(self.host, i) for i in range(self.cfg.devices)]
+
+    def wrap(self, model, criterion):
+        return Replicas(model, self.devices), nn.CrossEntropyLoss(reduction="sum")
+
+    def build_optimizer(self, model):
+        return ManualSGD(model, self.cfg.lr)
+
+    def train_step(self, model, criterion, optimizer, x, y):
+        optimizer.zero_grad()
+        n = x.shape[0]
+        losses = []
+        for replica, dev, xs, ys in zip(model.replicas, model.devices, x.chunk(len(model.devices)),
+                                        y.chunk(len(model.devices))):
+            loss = criterion(replica(xs.to(dev)), ys.to(dev)) / n  # sum / global batch = the global mean
+            loss.backward()
+            losses.append(loss.detach().to(model.devices[0]))
+        with torch.no_grad():
+            for grads in zip(*(r.parameters() for r in model.replicas)):
+                allreduce([p.grad for p in grads])
+        optimizer.step()
+        return torch.stack(losses).sum()
+
+    def eval_model(self, model):
+        return model.replicas[0]
+
+    def state_dict(self, model):
+        return super().state_dict(model.replicas[0])

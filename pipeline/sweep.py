@@ -1,0 +1,372 @@
+"""The sweep stage: one Optuna study per strategy over devices x batch size x learning rate (x DDP knobs).
+
+    python -m pipeline sweep --strategy ddp          # DVC stage sweep@ddp
+
+Every feasible point of the space is enqueued once, when the study is created; workers (one, or many sharing an
+RDB URL) claim waiting trials atomically, run each as one training trial, and log one nested MLflow run per
+trial under the study's parent run. Infeasible points are not run: they appear in the CSV as skipped with the
+reason. Trials carry a heartbeat; a trial whose worker died is failed when its heartbeat goes stale and a copy is
+enqueued again (Optuna's RetryFailedTrialCallback), so a rerun finishes an interrupted study without repeating
+finished trials. results/sweeps/<strategy>.csv is rewritten from the study after every trial.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import itertools
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from . import config as configmod
+from . import tracking
+from .devices import probe
+from .launch import Infeasible, TrialFailed, check_feasible, run_trial
+
+HEARTBEAT_S, GRACE_S = 5, 20
+SPACE_KEYS = ("model", "devices", "batch_size", "lr", "bucket_cap_mb", "grad_as_bucket_view", "accum_steps",
+              "comm_hook")
+KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
+CSV_COLUMNS = [
+    "study", "trial", "strategy", "model", "devices", "batch_size", "per_device_batch", "lr", "epochs", "state",
+    "reason", "data_source", "device_kind", "device_name", "host", "host_devices", "parallel_devices",
+    "oversubscribed", "throughput_img_s", "epoch_s", "epoch_s_list", "test_acc", "test_acc_list",
+    "time_to_acc_s", "target_acc", "train_loss", "peak_mem_bytes", "peak_mem_max", "peak_mem_mean",
+    "mem_imbalance", "mem_method", "duration_s", "mlflow_run_id", *KNOBS]
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+# ----------------------------------------------------------------------------- the space
+
+def points(cfg, strategy: str) -> list[dict]:
+    """Every point of the strategy's space, in a stable order (knob dimensions only for DDP strategies)."""
+    keys = [k for k in SPACE_KEYS if k not in KNOBS or strategy in ("ddp", "ddp_amp")]
+    out = []
+    for space in cfg.space(strategy):
+        for combo in itertools.product(*(getattr(space, k) for k in keys)):
+            if dict(zip(keys, combo)) not in out:
+                out.append(dict(zip(keys, combo)))
+    return out
+
+
+def choices(cfg, strategy: str) -> dict:
+    """Per parameter, every value the space takes (Optuna's categorical distributions)."""
+    out: dict = {}
+    for p in points(cfg, strategy):
+        for k, v in p.items():
+            out.setdefault(k, [])
+            if v not in out[k]:
+                out[k].append(v)
+    return out
+
+
+def trial_config(cfg, strategy: str, point: dict):
+    return configmod.replace_train(cfg, strategy=strategy, **point)
+
+
+def study_name(cfg, strategy: str) -> str:
+    """Identifies the search space and everything that changes a trial's result, so spaces never mix."""
+    t = cfg.train
+    key = {"space": points(cfg, strategy), "epochs": t.epochs, "seed": t.seed, "max_steps": t.max_steps,
+           "data": [cfg.data.source, cfg.data.train_limit, cfg.data.test_limit], "warmup": t.warmup_steps,
+           "amp": t.amp_dtype, "pruning": cfg.sweep.pruning, "sampler": cfg.sweep.sampler}
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{cfg.profile}-{strategy}-{digest}"
+
+
+def storage_url(cfg) -> str:
+    return cfg.sweep.storage or f"sqlite:///{configmod.repo_root() / 'mlruns' / 'optuna.db'}"
+
+
+def open_storage(cfg) -> optuna.storages.RDBStorage:
+    url = storage_url(cfg)
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
+            heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=2))
+    except Exception as e:  # bad URL, server down, missing driver
+        raise configmod.ConfigError(
+            f"Cannot open the Optuna storage {url!r} (sweep.storage): {type(e).__name__}: {str(e).splitlines()[0]}. "
+            f"Use an RDB URL such as sqlite:////abs/path/optuna.db or postgresql://user:pass@host/db "
+            f"(the database must exist and its driver be installed), or leave sweep.storage empty for the "
+            f"default sqlite file in mlruns/.") from None
+
+
+# ----------------------------------------------------------------------------- study set-up
+
+def _sampler(cfg):
+    if cfg.sweep.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=cfg.train.seed)
+    return optuna.samplers.RandomSampler(seed=cfg.train.seed)  # only used for trials outside the queue
+
+
+def prepare_study(cfg, strategy: str, host, tracker) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
+    """Create or load the study; the creator enqueues every feasible point once and opens the parent run."""
+    storage = open_storage(cfg)
+    name = study_name(cfg, strategy)
+    feasible, skipped = [], []
+    for p in points(cfg, strategy):
+        try:
+            check_feasible(trial_config(cfg, strategy, p), host)
+            feasible.append(p)
+        except Infeasible as e:
+            skipped.append((p, str(e)))
+    budget = cfg.sweep.n_trials or len(feasible)
+    direction = "maximize"
+    try:
+        study = optuna.create_study(study_name=name, storage=storage, direction=direction,
+                                    sampler=_sampler(cfg), load_if_exists=False)
+        created = True
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=name, storage=storage, sampler=_sampler(cfg))
+        created = False
+    if created:
+        parent = tracker.start_run(f"study {strategy}", {
+            "strategy": strategy, "study": name, "profile": cfg.profile, "data_source": cfg.data.source,
+            "synthetic": str(cfg.data.source == "synthetic").lower(), "device_kind": host.kind,
+            "host": host.hostname, "git_sha": tracking.git_sha(), "dvc_stage": f"sweep@{strategy}",
+            "role": "study"})
+        tracker.log_params(parent, {"space": json.dumps(choices(cfg, strategy))[:6000], "points": len(feasible),
+                                    "epochs": cfg.train.epochs, "storage": storage_url(cfg).split("@")[-1]})
+        study.set_user_attr("mlflow_parent_run_id", parent)
+        for p in feasible[:budget]:
+            study.enqueue_trial(p)
+        study.set_user_attr("enqueued", len(feasible[:budget]))  # last: tells other workers the queue is ready
+    else:
+        deadline = time.monotonic() + 60
+        while "enqueued" not in study.user_attrs and time.monotonic() < deadline:
+            time.sleep(0.5)  # another worker is creating the study right now
+            study = optuna.load_study(study_name=name, storage=storage, sampler=_sampler(cfg))
+    return study, feasible, skipped
+
+
+def _claim(study: optuna.Study) -> optuna.Trial | None:
+    """Atomically take one waiting trial (the storage refuses the RUNNING transition to all but one worker)."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        try:
+            if study._storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
+                return optuna.Trial(study, t._trial_id)
+        except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            continue
+    return None
+
+
+class _Heartbeat:
+    def __init__(self, storage, trial_id):
+        self.storage, self.trial_id, self.stop = storage, trial_id, threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self):
+        while not self.stop.is_set():
+            self.storage.record_heartbeat(self.trial_id)
+            self.stop.wait(HEARTBEAT_S)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def _end_stale_mlflow_runs(study, tracker) -> None:
+    """End the MLflow run of every trial that Optuna failed as stale (its worker died): never left RUNNING."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        run_id = t.user_attrs.get("mlflow_run_id")
+        if run_id and not t.user_attrs.get("reason"):
+            run = tracker.client.get_run(run_id)
+            if run.info.status == "RUNNING":
+                tracker.set_tags(run_id, {"failure": "worker died (heartbeat stale); trial enqueued again"})
+                tracker.end_run(run_id, "KILLED")
+
+
+# ----------------------------------------------------------------------------- one trial
+
+def _fmt_point(p: dict) -> str:
+    s = f"k={p['devices']} B={p['batch_size']} lr={p['lr']}"
+    if p.get("model") and p["model"] != "lenet":
+        s = f"{p['model']} {s}"
+    for k in KNOBS:
+        default = getattr(configmod.SpaceConfig(), k)[0]
+        if k in p and p[k] != default:
+            s += f" {k}={p[k]}"
+    return s
+
+
+def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir: Path) -> str:
+    p = {k: trial.suggest_categorical(k, vals) for k, vals in choices(cfg, strategy).items()}
+    tcfg = trial_config(cfg, strategy, p)
+    tags = {**tracking.base_tags(tcfg, host, stage=f"sweep@{strategy}"), "trial": trial.number,
+            "study": study.study_name, "optuna_trial_id": trial._trial_id}
+    run_id = tracker.start_run(f"{strategy} {_fmt_point(p)}", tags, parent_id=parent_id)
+    trial.set_user_attr("mlflow_run_id", run_id)
+    tracker.log_params(run_id, tracking.trial_params(tcfg))
+    out_dir = trials_dir / f"{study.study_name}-{trial.number:04d}"
+    t0 = time.monotonic()
+
+    def on_epoch(record):
+        tracker.log_metrics(run_id, tracking.epoch_metrics(record), step=record["epoch"])
+        eta = (time.monotonic() - t0) / record["epoch"] * (record["epochs"] - record["epoch"])
+        print(f"  {label} epoch {record['epoch']}/{record['epochs']}: acc {record['test_acc']:.3f}, "
+              f"loss {record['train_loss']:.3f}, trial ETA {eta:.0f} s", file=sys.stderr, flush=True)
+        if cfg.sweep.pruning:
+            trial.report(record["test_acc"], record["epoch"])
+            return trial.should_prune()
+        return False
+
+    try:
+        with _Heartbeat(study._storage, trial._trial_id):
+            metrics = run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
+                                timeout_s=cfg.sweep.trial_timeout_s)
+    except TrialFailed as e:
+        reason = f"{e.kind}: {e}"
+        trial.set_user_attr("reason", reason)
+        trial.set_user_attr("failure_kind", e.kind)
+        tracker.set_tags(run_id, {"failure": reason[:5000]})
+        tracker.end_run(run_id, "FAILED")
+        study.tell(trial, state=TrialState.FAIL)
+        return f"failed ({reason})"
+    except BaseException as e:  # interrupted: leave nothing RUNNING; the point is enqueued again
+        tracker.set_tags(run_id, {"failure": f"interrupted ({type(e).__name__}); trial enqueued again"})
+        tracker.end_run(run_id, "KILLED")
+        trial.set_user_attr("reason", "interrupted; enqueued again")
+        study.tell(trial, state=TrialState.FAIL)
+        study.enqueue_trial(p)
+        raise
+    trial.set_user_attr("metrics", metrics)
+    tracking.log_completed_run(tracker, run_id, metrics, out_dir)
+    if metrics["stopped"]:
+        trial.set_user_attr("reason", f"pruned after epoch {len(metrics['test_acc'])}")
+        tracker.end_run(run_id, "KILLED")
+        study.tell(trial, state=TrialState.PRUNED)
+        return "pruned"
+    tracker.end_run(run_id, "FINISHED")
+    study.tell(trial, metrics["test_acc"][-1])
+    return f"{metrics['throughput_img_s'] or 0:.0f} img/s, acc {metrics['test_acc'][-1]:.3f}"
+
+
+# ----------------------------------------------------------------------------- the worker loop
+
+def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = None) -> Path:
+    host = probe()
+    storage_check = open_storage(cfg)  # fail on a bad URL before any work
+    del storage_check
+    tracker = tracking.Tracker(cfg)
+    study, feasible, skipped = prepare_study(cfg, strategy, host, tracker)
+    parent_id = study.user_attrs.get("mlflow_parent_run_id")
+    if parent_id and tracker.client.get_run(parent_id).info.status != "RUNNING":
+        tracker.client.update_run(parent_id, status="RUNNING")
+    trials_dir = configmod.repo_root() / "runs" / "trials"
+    total = study.user_attrs.get("enqueued", len(feasible))
+    print(f"[sweep {strategy}] study {study.study_name}: {total} trial(s) to run, {len(skipped)} point(s) "
+          f"skipped on this host ({host.kind} x{host.n})", file=sys.stderr, flush=True)
+    for p, why in skipped:
+        print(f"  skipped {_fmt_point(p)}: {why}", file=sys.stderr)
+    ran, started = 0, time.monotonic()
+    interrupted = True
+    try:
+        while max_new_trials is None or ran < max_new_trials:
+            optuna.storages.fail_stale_trials(study)
+            _end_stale_mlflow_runs(study, tracker)
+            trial = _claim(study)
+            if trial is None:
+                running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if not running:
+                    break
+                time.sleep(1.0)  # another worker (or a dead one, until its heartbeat goes stale) holds a trial
+                continue
+            done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+            eta = (time.monotonic() - started) / ran * max(total - done, 0) if ran else None
+            label = f"[sweep {strategy}] trial {done + 1}/{total}"
+            print(f"{label} (#{trial.number}) {_fmt_point(trial.system_attrs.get('fixed_params', {}) or {})}"
+                  + (f", sweep ETA {eta:.0f} s" if eta else ""), file=sys.stderr, flush=True)
+            outcome = run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir)
+            print(f"{label} -> {outcome}", file=sys.stderr, flush=True)
+            ran += 1
+            write_csv(study, strategy, skipped, out_csv)
+        interrupted = False
+    finally:
+        write_csv(study, strategy, skipped, out_csv)
+        if not interrupted:
+            _finish_parent(study, tracker, parent_id, out_csv)
+    return out_csv
+
+
+def _finish_parent(study, tracker, parent_id, out_csv) -> None:
+    left = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+    if not parent_id or left:
+        return
+    tracker.log_artifact(parent_id, out_csv, "study")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        from optuna.visualization import matplotlib as ovm
+        plots_dir = out_csv.parent / ".plots" / study.study_name
+        plots_dir.mkdir(parents=True, exist_ok=True)
+        for fn in ("plot_optimization_history", "plot_param_importances", "plot_slice"):
+            try:
+                ax = getattr(ovm, fn)(study)
+                fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+                fig.savefig(plots_dir / f"{fn}.png", dpi=90, bbox_inches="tight")
+                matplotlib.pyplot.close(fig)
+            except Exception as e:  # too few trials for importances, etc.
+                (plots_dir / f"{fn}.txt").write_text(f"not drawn: {e}\n")
+        tracker.log_artifacts(parent_id, plots_dir, "study/plots")
+    finally:
+        tracker.end_run(parent_id, "FINISHED")
+
+
+# ----------------------------------------------------------------------------- the CSV
+
+def _row(study, strategy, t=None, point=None, reason="", state="skipped") -> dict:
+    m = (t.user_attrs.get("metrics") if t else None) or {}
+    p = dict(t.params) if t else dict(point)
+    state = {TrialState.COMPLETE: "complete", TrialState.FAIL: "failed", TrialState.PRUNED: "pruned",
+             TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}[t.state] if t else state
+    peaks = m.get("peak_mem_bytes") or []
+    row = {"study": study.study_name, "trial": t.number if t else "", "strategy": strategy,
+           "model": p.get("model"), "devices": p.get("devices"), "batch_size": p.get("batch_size"),
+           "per_device_batch": p["batch_size"] // p["devices"] if p.get("devices") else "", "lr": p.get("lr"),
+           "epochs": m.get("epochs", ""), "state": state,
+           "reason": reason or (t.user_attrs.get("reason", "") if t else ""),
+           "peak_mem_bytes": json.dumps(peaks), "peak_mem_max": max(peaks) if peaks else "",
+           "peak_mem_mean": sum(peaks) / len(peaks) if peaks else "", "mem_imbalance": m.get("mem_imbalance"),
+           "epoch_s": sum(m["epoch_s"]) / len(m["epoch_s"]) if m.get("epoch_s") else "",
+           "epoch_s_list": json.dumps(m.get("epoch_s", [])), "test_acc": (m.get("test_acc") or [""])[-1],
+           "test_acc_list": json.dumps(m.get("test_acc", [])), "train_loss": (m.get("train_loss") or [""])[-1],
+           "duration_s": m.get("wall_s", ""),
+           "mlflow_run_id": t.user_attrs.get("mlflow_run_id", "") if t else ""}
+    for k in ("data_source", "device_kind", "device_name", "host", "host_devices", "parallel_devices",
+              "oversubscribed", "throughput_img_s", "time_to_acc_s", "target_acc", "mem_method"):
+        row[k] = m.get(k, "")
+    for k in KNOBS:
+        row[k] = p.get(k, m.get(k, ""))
+    return {k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS}
+
+
+def write_csv(study, strategy: str, skipped, out_csv: Path) -> None:
+    host = probe()
+    rows = [_row(study, strategy, t=t) for t in study.get_trials(deepcopy=False)
+            if t.state != TrialState.WAITING]
+    for p, why in skipped:
+        r = _row(study, strategy, point=p, reason=why)
+        r.update(host=host.hostname, device_kind=host.kind, device_name=host.name, host_devices=host.n)
+        rows.append(r)
+    out_csv = Path(out_csv)
+    out_csv.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_csv.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(out_csv)  # atomic: a crash never leaves half a CSV

@@ -1,0 +1,153 @@
+"""MLflow tracking: the only importer of mlflow in the package.
+
+Store: sqlite:///<repo>/mlruns/mlflow.db with artifacts in <repo>/mlruns/artifacts, anchored at the repository
+root ($DVC_ROOT under DVC, so `dvc exp run --temp` loses nothing). Runs are written through MlflowClient with
+explicit run ids (no global "active run"), so a crashed trial can always be ended with a status.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from .config import repo_root
+
+RUNNING = "RUNNING"
+
+
+def tracking_uri(cfg) -> str:
+    return cfg.tracking.uri or f"sqlite:///{repo_root() / 'mlruns' / 'mlflow.db'}"
+
+
+def experiment_name(cfg) -> str:
+    return cfg.tracking.experiment or f"parallax-{cfg.profile}"
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class Tracker:
+    """One MLflow experiment; creates the store once (before any parallel writer) and the experiment if needed."""
+
+    def __init__(self, cfg):
+        import mlflow
+        from mlflow.tracking import MlflowClient
+        uri = tracking_uri(cfg)
+        if uri.startswith("sqlite:///"):
+            Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        mlflow.set_tracking_uri(uri)
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri)
+        name = experiment_name(cfg)
+        exp = self._get_or_create(name, cfg)
+        self.experiment_id = exp.experiment_id
+        self.name = name
+
+    def _get_or_create(self, name, cfg):
+        exp = self.client.get_experiment_by_name(name)
+        if exp is None:
+            artifacts = None
+            if self.uri.startswith("sqlite:///") or "://" not in self.uri:
+                artifacts = (repo_root() / "mlruns" / "artifacts").as_uri()
+            try:
+                self.client.create_experiment(name, artifact_location=artifacts,
+                                              tags={"profile": cfg.profile})
+            except Exception:  # another worker created it first
+                pass
+            exp = self.client.get_experiment_by_name(name)
+        return exp
+
+    # --- runs ---------------------------------------------------------------------------------------
+    def start_run(self, name: str, tags: dict, parent_id: str | None = None) -> str:
+        tags = {k: str(v) for k, v in tags.items() if v is not None}
+        if parent_id:
+            tags["mlflow.parentRunId"] = parent_id
+        return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+
+    def log_params(self, run_id: str, params: dict) -> None:
+        from mlflow.entities import Param
+        self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+
+    def log_metrics(self, run_id: str, metrics: dict, step: int | None = None) -> None:
+        from mlflow.entities import Metric
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()
+                 if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))]
+        if batch:
+            self.client.log_batch(run_id, metrics=batch)
+
+    def set_tags(self, run_id: str, tags: dict) -> None:
+        from mlflow.entities import RunTag
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items() if v is not None])
+
+    def log_artifact(self, run_id: str, path, subdir: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), subdir)
+
+    def log_artifacts(self, run_id: str, path, subdir: str | None = None) -> None:
+        self.client.log_artifacts(run_id, str(path), subdir)
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status)
+
+    def find_runs(self, filter_string: str) -> list:
+        return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=10000)
+
+    def end_stale_runs(self, filter_string: str, status: str = "KILLED") -> int:
+        """End RUNNING runs left behind by a killed process (matched by filter); returns how many."""
+        runs = self.find_runs(f"{filter_string} and attributes.status = 'RUNNING'")
+        for r in runs:
+            self.set_tags(r.info.run_id, {"parallax.ended_by": "resume: its process died"})
+            self.end_run(r.info.run_id, status)
+        return len(runs)
+
+
+def base_tags(cfg, host, stage: str | None = None) -> dict:
+    t = cfg.train
+    return {
+        "strategy": t.strategy, "model": t.model, "devices": t.devices, "device_kind": host.kind,
+        "device_name": host.name, "host": host.hostname, "data_source": cfg.data.source,
+        "synthetic": str(cfg.data.source == "synthetic").lower(), "git_sha": git_sha(),
+        "dvc_stage": stage or ("" if not os.environ.get("DVC_ROOT") else "unknown"), "profile": cfg.profile,
+        "oversubscribed": str(t.devices > host.n * t.nnodes).lower(),
+    }
+
+
+def trial_params(cfg) -> dict:
+    t = cfg.train
+    return {"model": t.model, "strategy": t.strategy, "devices": t.devices, "batch_size": t.batch_size,
+            "per_device_batch": t.batch_size // t.devices, "lr": t.lr, "epochs": t.epochs, "seed": t.seed,
+            "max_steps": t.max_steps, "data_source": cfg.data.source, "train_limit": cfg.data.train_limit,
+            "bucket_cap_mb": t.bucket_cap_mb, "grad_as_bucket_view": t.grad_as_bucket_view,
+            "accum_steps": t.accum_steps, "comm_hook": t.comm_hook, "amp_dtype": t.amp_dtype}
+
+
+def epoch_metrics(record: dict) -> dict:
+    return {"train/loss": record.get("train_loss"), "test/acc": record.get("test_acc"),
+            "perf/epoch_s": record.get("epoch_s"), "perf/throughput_img_s": record.get("throughput_img_s")}
+
+
+def final_metrics(m: dict) -> dict:
+    out = {"perf/throughput_img_s": m.get("throughput_img_s"), "perf/time_to_acc_s": m.get("time_to_acc_s"),
+           "test/final_acc": (m.get("test_acc") or [None])[-1], "mem/imbalance": m.get("mem_imbalance"),
+           "mem/device0_excess_bytes": m.get("mem_device0_excess"), "perf/wall_s": m.get("wall_s")}
+    for i, p in enumerate(m.get("peak_mem_bytes") or []):
+        out[f"mem/peak_bytes/dev{i}"] = p
+    return out
+
+
+def log_completed_run(tracker: Tracker, run_id: str, metrics: dict, out_dir: Path) -> None:
+    """Everything a finished trial leaves in its run: final metrics and the metrics file."""
+    tracker.log_metrics(run_id, final_metrics(metrics))
+    tracker.set_tags(run_id, {"mem_method": metrics.get("mem_method"),
+                              "parallel_devices": str(metrics.get("parallel_devices")).lower(),
+                              "mem_devices": json.dumps(metrics.get("mem_devices"))})
+    if (out_dir / "metrics.json").exists():
+        tracker.log_artifact(run_id, out_dir / "metrics.json")
