@@ -1,0 +1,678 @@
+"""Analysis stage: scaling efficiency, memory per device and accuracy from every sweep CSV.
+
+    python -m pipeline analyze          # or: dvc repro -s analyze
+
+Reads results/sweeps/*.csv (one row per trial, written by sweep.py) and writes into
+results/analysis/: summary.json (DVC metrics), efficiency/throughput/memory/accuracy.csv
+(tidy, for DVC plots), efficiency/throughput/memory/accuracy.png and report.md.
+Only complete, non-oversubscribed trials enter the numbers; everything else is listed with
+its reason. Undefined stays NaN (CSV: row absent; JSON: null), never 0.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.figure import Figure  # no pyplot: no global backend; savefig uses Agg
+
+EXPECTED = ("single", "scratch", "dp", "dp_criterion", "ddp", "ddp_amp", "fsdp")
+KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
+# Grouped on, so that a distinct setting is a distinct point; shown only where they vary.
+EXTRAS = ("host", "data_source", *KNOBS)
+POINT = ("strategy", "model", "k", "batch_size", "per_device_batch")
+NUMERIC = ("trial", "devices", "batch_size", "per_device_batch", "lr", "epochs", "host_devices",
+           "throughput_img_s", "epoch_s", "test_acc", "time_to_acc_s", "target_acc",
+           "train_loss", "peak_mem_max", "peak_mem_mean", "mem_imbalance", "duration_s")
+TEXT = ("study", "strategy", "model", "state", "reason", "data_source", "device_kind",
+        "device_name", "host", "epoch_s_list", "test_acc_list", "peak_mem_bytes",
+        "mem_method", "mlflow_run_id", *KNOBS)
+MIB = 2.0**20
+
+
+# ---------------------------------------------------------------- loading
+
+def _to_bool(v) -> bool | None:
+    s = str(v).strip().lower()
+    return True if s in ("true", "1", "yes", "t") else False if s in ("false", "0", "no", "f") else None
+
+
+def _key_str(v) -> str:
+    """Canonical text for a grouping value: '' for empty, '25' for 25.0, 'True' for 'true'."""
+    s = "" if v is None else str(v).strip()
+    if s.lower() in ("", "nan", "none", "null"):
+        return ""
+    if s.lower() in ("true", "false"):
+        return s.capitalize()
+    try:
+        f = float(s)
+        return str(int(f)) if f.is_integer() else repr(f)
+    except ValueError:
+        return s
+
+
+def _normalize(df: pd.DataFrame, stem: str) -> pd.DataFrame:
+    df = df.copy()
+    for c in (*TEXT, *NUMERIC, "parallel_devices", "oversubscribed"):
+        if c not in df:
+            df[c] = ""
+    for c in TEXT:
+        df[c] = df[c].astype(object).where(df[c].notna(), "").map(lambda v: str(v).strip())
+    for c in NUMERIC:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
+    df["strategy"] = df["strategy"].where(df["strategy"] != "", stem)
+    df["state"] = df["state"].str.lower().where(df["state"] != "", "unknown")
+    df["parallel_devices"] = df["parallel_devices"].map(_to_bool).astype(object)
+    df["oversubscribed"] = df["oversubscribed"].map(lambda v: _to_bool(v) is True).astype(bool)
+    df["k"] = df["devices"]
+    derived = df["batch_size"] / df["k"]
+    df["per_device_batch"] = df["per_device_batch"].fillna(derived.where(derived % 1 == 0))
+    for c in EXTRAS:
+        df[c] = df[c].map(_key_str)
+    return df
+
+
+def _read_sweeps(sweeps_dir, expected):
+    """Rows of every CSV, notes, and per file stem 'ok' | 'empty' | 'unreadable: …'."""
+    d, frames, notes, files = Path(sweeps_dir), [], [], {}
+    paths = sorted(d.glob("*.csv")) if d.is_dir() else []
+    if not d.is_dir():
+        notes.append(f"sweeps directory {d} does not exist")
+    for p in paths:
+        try:
+            raw = pd.read_csv(p, dtype=str, keep_default_na=False)
+        except pd.errors.EmptyDataError:
+            raw = None
+        except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
+            files[p.stem] = f"unreadable: {type(e).__name__}: {e}".splitlines()[0]
+            notes.append(f"{p.name}: {files[p.stem]}")
+            continue
+        if raw is None or raw.empty:
+            files[p.stem] = "empty"
+            notes.append(f"{p.name} is empty (no trials)")
+            continue
+        files[p.stem] = "ok"
+        frames.append(_normalize(raw, p.stem))
+    seen = set(files) | {s for f in frames for s in f["strategy"]}
+    for s in expected:
+        if s not in seen:
+            notes.append(f"no sweep CSV for strategy '{s}' ({d / (s + '.csv')} missing)")
+    df = pd.concat(frames, ignore_index=True) if frames else _normalize(pd.DataFrame(), "")
+    return df, notes, files
+
+
+def load_sweeps(sweeps_dir, expected=EXPECTED) -> tuple[pd.DataFrame, list[str]]:
+    """All trial rows (normalized types; `k` = devices) and notes on missing/empty/bad CSVs."""
+    df, notes, _ = _read_sweeps(sweeps_dir, expected)
+    return df, notes
+
+
+# ---------------------------------------------------------------- tables
+
+def _measured(df):
+    return df[(df["state"] == "complete") & ~df["oversubscribed"]
+              & df["k"].notna() & df["batch_size"].notna()]
+
+
+def _parse_list(v) -> list[float]:
+    if isinstance(v, (list, tuple)):
+        xs = v
+    else:
+        s = str(v).strip()
+        if not s:
+            return []
+        try:
+            xs = json.loads(s)
+        except ValueError:
+            try:
+                xs = ast.literal_eval(s)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                return []
+    xs = xs if isinstance(xs, (list, tuple)) else [xs]
+    out = [float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan for x in xs]
+    return out if any(not math.isnan(x) for x in out) else []
+
+
+def _parallel(values) -> bool | None:
+    vals = [v for v in values if v is not None]
+    return None if not vals else all(vals)
+
+
+def _groups(df, keys):
+    return df.groupby(list(keys), sort=False, dropna=False)
+
+
+def point_table(df) -> pd.DataFrame:
+    """One row per measured point (strategy, model, k, B, knobs): throughput is the median
+    over lrs (and repeats) of complete trials; accuracy comes from the best lr."""
+    cols = [*POINT, *EXTRAS, "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc",
+            "time_to_acc_s", "parallel_devices"]
+    rows = []
+    for key, g in _groups(_measured(df), (*POINT, *EXTRAS)):
+        acc = g[g["test_acc"].notna()]
+        best = acc.sort_values(["test_acc", "time_to_acc_s"], ascending=[False, True]).head(1)
+        pick = (lambda c: best[c].iloc[0] if len(best) else math.nan)
+        rows.append({**dict(zip((*POINT, *EXTRAS), key)),
+                     "throughput_img_s": g["throughput_img_s"].median(),  # NaN if none measured
+                     "n_trials": len(g), "n_lrs": g["lr"].nunique(),
+                     "best_lr": pick("lr"), "test_acc": pick("test_acc"),
+                     "time_to_acc_s": pick("time_to_acc_s"),
+                     "parallel_devices": _parallel(g["parallel_devices"])})
+    return _sort(pd.DataFrame(rows, columns=cols))
+
+
+def scaling_table(df) -> pd.DataFrame:
+    """Weak (fixed b) and strong (fixed B) efficiency T(k)/(k*T(1)) and speedup T(k)/T(1)
+    for every measured k; NaN where the same strategy has no k=1 point at that b/B."""
+    pts = point_table(df)
+    pts = pts[pts["throughput_img_s"].notna()]
+    rows = []
+    for kind, ref in (("weak", "per_device_batch"), ("strong", "batch_size")):
+        for _, g in _groups(pts, ("strategy", "model", ref, *EXTRAS)):
+            base = g.loc[g["k"] == 1, "throughput_img_s"]
+            t1 = base.iloc[0] if len(base) else math.nan
+            for r in g.to_dict("records"):
+                speedup = r["throughput_img_s"] / t1
+                rows.append({**r, "kind": kind, "base_throughput_img_s": t1,
+                             "speedup": speedup, "efficiency": speedup / r["k"]})
+    cols = [*POINT, *EXTRAS, "kind", "efficiency", "speedup", "throughput_img_s",
+            "base_throughput_img_s", "parallel_devices"]
+    return _sort(pd.DataFrame(rows, columns=cols), ("kind",))
+
+
+def memory_table(df) -> pd.DataFrame:
+    """Per point: per-device peaks (median over trials, bytes), imbalance max/mean and
+    device-0 excess peak[0] - mean(peak[1:]) (k >= 2 only)."""
+    rows = []
+    for key, g in _groups(_measured(df), (*POINT, *EXTRAS)):
+        lists = [p for p in g["peak_mem_bytes"].map(_parse_list) if p]
+        if not lists:
+            continue
+        n = max(map(len, lists))
+        peaks = [float(np.nanmedian([p[i] if i < len(p) else math.nan for p in lists])) for i in range(n)]
+        mean = float(np.nanmean(peaks))
+        r = dict(zip((*POINT, *EXTRAS), key))
+        excess = peaks[0] - float(np.nanmean(peaks[1:])) if r["k"] >= 2 and n >= 2 else math.nan
+        top = float(np.nanmax(peaks))
+        rows.append({**r, "peaks": peaks, "peak_max": top, "peak_mean": mean,
+                     "mem_imbalance": top / mean if mean > 0 else math.nan,
+                     "dev0_excess_bytes": excess,
+                     "mem_method": ", ".join(sorted(set(g["mem_method"]) - {""}))})
+    cols = [*POINT, *EXTRAS, "peaks", "peak_max", "peak_mean", "mem_imbalance",
+            "dev0_excess_bytes", "mem_method"]
+    return _sort(pd.DataFrame(rows, columns=cols))
+
+
+def memory_devices(mem) -> pd.DataFrame:
+    """memory_table exploded to one row per device (tidy, for memory.csv)."""
+    rows = [{**{c: r[c] for c in mem.columns if c != "peaks"}, "device": i,
+             "peak_mem_bytes": int(round(p)), "peak_mem_mib": p / MIB}
+            for r in mem.to_dict("records") for i, p in enumerate(r["peaks"]) if not math.isnan(p)]
+    return pd.DataFrame(rows, columns=[*(c for c in mem.columns if c != "peaks"),
+                                       "device", "peak_mem_bytes", "peak_mem_mib"])
+
+
+def _time_to_acc(r, target):
+    accs, secs = _parse_list(r["test_acc_list"]), _parse_list(r["epoch_s_list"])
+    if accs and len(secs) >= len(accs):
+        for a, t in zip(accs, np.cumsum(secs)):
+            if a >= target:
+                return float(t)
+        return math.nan
+    return r["time_to_acc_s"] if r["target_acc"] == target else math.nan
+
+
+def accuracy_table(df, target_acc: float | None = None) -> pd.DataFrame:
+    """Final test accuracy and time to target per (strategy, model, k, B, lr); with target_acc,
+    time is recomputed as cumulative training-epoch seconds until the first epoch >= target."""
+    m = _measured(df).copy()
+    if target_acc is not None:
+        m["time_to_acc_s"] = [_time_to_acc(r, target_acc) for r in m.to_dict("records")]
+        m["target_acc"] = float(target_acc)
+    keys = (*POINT, "lr", "epochs", *EXTRAS)
+    rows = [{**dict(zip(keys, key)), "test_acc": g["test_acc"].median(),
+             # a repeat that never reached the target makes the point "not reached"
+             "time_to_acc_s": g["time_to_acc_s"].median(skipna=False),
+             "target_acc": g["target_acc"].max(), "n_trials": len(g)}
+            for key, g in _groups(m, keys)]
+    cols = [*keys, "test_acc", "time_to_acc_s", "target_acc", "n_trials"]
+    return _sort(pd.DataFrame(rows, columns=cols), ("lr",))
+
+
+def _sort(df, extra=()):
+    rank = {s: i for i, s in enumerate(EXPECTED)}
+    by = [c for c in ("strategy", "model", "k", "per_device_batch", "batch_size", *extra) if c in df]
+    key = lambda col: col.map(lambda s: f"{rank.get(s, 99):02d}{s}") if col.name == "strategy" else col
+    return df.sort_values(by, key=key, kind="stable").reset_index(drop=True) if len(df) else df
+
+
+# ---------------------------------------------------------------- per strategy
+
+def _shown(df, cols=EXTRAS):
+    """Extras worth a column: they vary within a strategy (host/data_source: anywhere)."""
+    if df.empty:
+        return []
+    return [c for c in cols if c in df and (df.groupby("strategy")[c].nunique().max() > 1
+                                            or (c in ("host", "data_source") and df[c].nunique() > 1))]
+
+
+def _is_unavailable(reason) -> bool:
+    return "unavailable" in str(reason).lower()
+
+
+def _strategy_status(df, files, sweeps_dir, expected):
+    """Per strategy: status, reason and trial counts."""
+    names = list(dict.fromkeys([*expected, *sorted(set(df["strategy"]) | set(files))]))
+    out = {}
+    for s in names:
+        g = df[df["strategy"] == s]
+        counts = {f"n_{st}": int((g["state"] == st).sum())
+                  for st in ("complete", "failed", "pruned", "skipped")}
+        counts["n_oversubscribed"] = int(g["oversubscribed"].sum())
+        reasons = sorted(set(g.loc[g["state"] == "skipped", "reason"]) - {""})
+        if g.empty:
+            status = "missing" if s not in files else files[s].split(":")[0]
+            reason = (f"no sweep CSV ({Path(sweeps_dir) / (s + '.csv')})" if s not in files
+                      else f"{s}.csv is {files[s]}")
+        elif (g["state"] == "skipped").all():
+            status = "unavailable" if any(map(_is_unavailable, reasons)) else "all skipped"
+            reason = "; ".join(reasons) or "skipped (no reason recorded)"
+        elif len(_measured(g)):
+            status, reason = "measured", ""
+        elif counts["n_complete"]:
+            status = "oversubscribed only"
+            reason = "complete trials were all oversubscribed (functional tests)"
+        else:
+            status, reason = "no complete trials", "; ".join(sorted(set(g["reason"]) - {""}))
+        out[s] = {"status": status, "reason": reason, "n_trials": len(g), **counts}
+    return out
+
+
+def _best(df, col, ascending=False):
+    d = df[df[col].notna()]
+    return None if d.empty else d.sort_values(col, ascending=ascending, kind="stable").iloc[0]
+
+
+def _at(r, cols):
+    return None if r is None else {c: r[c] for c in cols}
+
+
+def _at_largest_k(eff, kind):
+    """Best efficiency of `kind` at the largest k >= 2 where it is defined."""
+    e = eff[(eff["kind"] == kind) & eff["efficiency"].notna() & (eff["k"] >= 2)]
+    return _best(e[e["k"] == e["k"].max()], "efficiency") if len(e) else None
+
+
+def _strategy_metrics(s, pts, eff, mem):
+    p, e, m = (t[t["strategy"] == s] for t in (pts, eff, mem))
+    thr, acc = _best(p, "throughput_img_s"), _best(p, "test_acc")
+    weak, strong = _at_largest_k(e, "weak"), _at_largest_k(e, "strong")
+    m2 = m[m["k"] >= 2]
+    imb, exc = _best(m2, "mem_imbalance"), _best(m2, "dev0_excess_bytes")
+    par = _parallel(p.loc[p["k"] >= 2, "parallel_devices"])
+    return {
+        "largest_k": None if p.empty else int(p["k"].max()),
+        "parallel_devices": par,
+        "best_throughput_img_s": None if thr is None else thr["throughput_img_s"],
+        "best_throughput_at": _at(thr, ("model", "k", "batch_size")),
+        "weak_efficiency": None if weak is None else weak["efficiency"],
+        "weak_efficiency_at": _at(weak, ("model", "k", "per_device_batch")),
+        "strong_efficiency": None if strong is None else strong["efficiency"],
+        "strong_efficiency_at": _at(strong, ("model", "k", "batch_size")),
+        "worst_mem_imbalance": None if imb is None else imb["mem_imbalance"],
+        "worst_mem_imbalance_at": _at(imb, ("model", "k", "batch_size")),
+        "max_dev0_excess_bytes": None if exc is None else exc["dev0_excess_bytes"],
+        "best_test_acc": None if acc is None else acc["test_acc"],
+        "best_test_acc_at": _at(acc, ("model", "k", "batch_size", "best_lr")),
+    }
+
+
+def _jsonable(v):
+    """Plain JSON types; NaN/inf -> None (summary.json must never carry NaN)."""
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        f = float(v)
+        return None if not math.isfinite(f) else int(f) if f.is_integer() and abs(f) < 2**53 else f
+    return None if v is None or v is pd.NA else v
+
+
+def _joined(series):
+    vals = sorted(set(series) - {""})
+    return ", ".join(vals) if vals else None
+
+
+def _summary(df, status, pts, eff, mem, target_acc):
+    strategies = {s: {**st, **_strategy_metrics(s, pts, eff, mem)} for s, st in status.items()}
+    targets = sorted(set(df["target_acc"].dropna()))
+    return _jsonable({
+        "host": _joined(df["host"]), "device_kind": _joined(df["device_kind"]),
+        "device_name": _joined(df["device_name"]),
+        "host_devices": None if df["host_devices"].dropna().empty else df["host_devices"].max(),
+        "data_source": _joined(df["data_source"]),
+        "synthetic_data": bool((df["data_source"] == "synthetic").any()),
+        "target_acc": target_acc if target_acc is not None else (targets[0] if len(targets) == 1 else None),
+        "n_trials": len(df), "n_complete": int((df["state"] == "complete").sum()),
+        "strategies": strategies,
+    })
+
+
+# ---------------------------------------------------------------- figures
+
+def _style(names):
+    """One colour per strategy, stable across figures."""
+    return {s: colormaps["tab10"](i % 10) for i, s in enumerate(names)}
+
+
+def _empty(ax, what):
+    ax.text(0.5, 0.5, f"no {what} measured", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xticks([]), ax.set_yticks([])
+
+
+def _save(fig, path):
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+
+
+def _label(r, models, part):
+    return f"{r['strategy']}{' ' + r['model'] if len(models) > 1 else ''} {part}"
+
+
+def plot_efficiency(eff, path, colors):
+    fig = Figure(figsize=(11, 4.2))
+    for ax, kind, ref, sym in zip(fig.subplots(1, 2), ("weak", "strong"),
+                                  ("per_device_batch", "batch_size"), ("b", "B")):
+        e = eff[(eff["kind"] == kind) & eff["efficiency"].notna()]
+        ax.set_title(f"{kind} scaling (fixed {sym})")
+        if e.empty:
+            _empty(ax, f"{kind}-scaling efficiency")
+            continue
+        models = e["model"].unique()
+        for _, g in _groups(e, ("strategy", "model", ref, *EXTRAS)):
+            r = g.iloc[0]
+            if len(g) < 2:
+                continue  # a lone k=1 point is 1.0 by definition
+            ax.plot(g["k"], g["efficiency"], marker="o", color=colors[r["strategy"]],
+                    ls="-" if r["parallel_devices"] is not False else ":",
+                    label=_label(r, models, f"{sym}={r[ref]:g}"))
+        ax.axhline(1.0, color="grey", ls="--", lw=1, label="ideal")
+        ax.set_xticks(sorted(e["k"].unique()))
+        ax.set(xlabel="devices k", ylabel="efficiency T(k)/(k·T(1))", ylim=(0, None))
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def plot_throughput(pts, path, colors):
+    p = pts[pts["throughput_img_s"].notna()]
+    models = sorted(p["model"].unique()) or [""]
+    fig = Figure(figsize=(5.5 * len(models), 4.2))
+    for ax, model in zip(np.atleast_1d(fig.subplots(1, len(models))), models):
+        g = p[p["model"] == model]
+        if g.empty:
+            _empty(ax, "throughput")
+            continue
+        best = g.groupby(["strategy", "k"], sort=False)["throughput_img_s"].max().reset_index()
+        for s, b in _groups(best, ("strategy",)):
+            ax.plot(b["k"], b["throughput_img_s"], marker="o", color=colors[s[0]], label=s[0])
+        ax.set_xticks(sorted(g["k"].unique()))
+        ax.set(title=f"{model}: best throughput over batch sizes", xlabel="devices k",
+               ylabel="images / s")
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def _common_batch(m):
+    """The global batch measured by the most strategies (ties: the largest)."""
+    n = m.groupby("batch_size")["strategy"].nunique()
+    return max(n.index, key=lambda b: (n[b], b))
+
+
+def plot_memory(mem, path):
+    panels = sorted({(r["model"], r["k"]) for r in mem.to_dict("records")}, key=lambda t: (t[0], t[1]))
+    fig = Figure(figsize=(max(5.5, 4.5 * len(panels)), 4.2))
+    axes = np.atleast_1d(fig.subplots(1, max(1, len(panels)), squeeze=False)[0])
+    if not panels:
+        _empty(axes[0], "memory")
+    for ax, (model, k) in zip(axes, panels):
+        m = mem[(mem["model"] == model) & (mem["k"] == k)]
+        m = m[m["batch_size"] == _common_batch(m)].drop_duplicates("strategy")
+        n = max(len(p) for p in m["peaks"])
+        w = 0.8 / n
+        for d in range(n):
+            ax.bar(np.arange(len(m)) + (d - (n - 1) / 2) * w,
+                   [p[d] / MIB if d < len(p) else 0 for p in m["peaks"]], w, label=f"device {d}")
+        ax.set_xticks(np.arange(len(m)), m["strategy"], rotation=30, fontsize=8)
+        ax.set(title=f"{model}, k={k:g}, B={m['batch_size'].iloc[0]:g}", ylabel="peak memory (MiB)")
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def plot_accuracy(pts, path, colors):
+    p = pts[pts["test_acc"].notna()]
+    models = sorted(p["model"].unique()) or [""]
+    fig = Figure(figsize=(5.5 * len(models), 4.2))
+    for ax, model in zip(np.atleast_1d(fig.subplots(1, len(models))), models):
+        g = p[p["model"] == model]
+        if g.empty:
+            _empty(ax, "accuracy")
+            continue
+        best = g.groupby(["strategy", "k", "batch_size"], sort=False)["test_acc"].max().reset_index()
+        for (s, k), b in _groups(best, ("strategy", "k")):
+            ax.plot(b["batch_size"], b["test_acc"], marker="o", color=colors[s],
+                    ls=["-", "--", ":", "-."][int(math.log2(k)) % 4 if k >= 1 else 0], label=f"{s} k={k:g}")
+        ax.set_xscale("log", base=2)
+        ticks = sorted(best["batch_size"].unique())
+        ax.set_xticks(ticks, [f"{b:g}" for b in ticks])
+        ax.set(title=f"{model}: final test accuracy (best lr)", xlabel="global batch B",
+               ylabel="test accuracy")
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+# ---------------------------------------------------------------- report
+
+def _fmt(v) -> str:
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        return str(int(v)) if v.is_integer() else f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(df, cols=None, headers=None) -> str:
+    """A GitHub-markdown table (no tabulate dependency); '—' marks undefined values."""
+    cols = list(cols or df.columns)
+    if df.empty:
+        return "_none_\n"
+    lines = ["| " + " | ".join(headers or cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in df.to_dict("records")]
+    return "\n".join(lines) + "\n"
+
+
+def _mib(v):
+    return v / MIB if v is not None and not (isinstance(v, float) and math.isnan(v)) else math.nan
+
+
+def _reading(pts, eff, mem, status) -> list[str]:
+    """Plain-language findings, generated from the tables (one block per model)."""
+    out = []
+    for model in sorted(pts["model"].unique()):
+        p, e, m = (t[t["model"] == model] for t in (pts, eff, mem))
+        tag = f" ({model})" if pts["model"].nunique() > 1 else ""
+        r = _best(p, "throughput_img_s")
+        if r is not None:
+            out.append(f"Fastest{tag}: **{r['strategy']}**, {r['throughput_img_s']:,.0f} images/s "
+                       f"at k={r['k']:g}, B={r['batch_size']:g}.")
+        w = e[(e["kind"] == "weak") & e["efficiency"].notna() & (e["k"] >= 2)]
+        if len(w):
+            K = w["k"].max()
+            best = w[w["k"] == K].groupby("strategy")["efficiency"].max().sort_values(ascending=False)
+            rest = ", ".join(f"{s} {v:.2f}" for s, v in best.iloc[1:].items())
+            out.append(f"Best weak-scaling efficiency at the largest k with a k=1 reference "
+                       f"(k={K:g}){tag}: **{best.index[0]}** {best.iloc[0]:.2f}"
+                       + (f" (then {rest})." if rest else " (the only one defined there)."))
+        else:
+            out.append(f"Weak-scaling efficiency{tag}: undefined (no strategy has both k=1 and k≥2 "
+                       "at the same per-device batch).")
+        r = _best(m, "peak_max") if len(m) else None
+        if r is not None:
+            dev0 = m.assign(dev0=[q[0] for q in m["peaks"]])
+            r0 = _best(dev0, "dev0")
+            out.append(f"Most memory on device 0{tag}: **{r0['strategy']}**, {r0['dev0'] / MIB:,.1f} MiB "
+                       f"(k={r0['k']:g}, B={r0['batch_size']:g}).")
+            m2 = m[m["k"] >= 2]
+            imb = _best(m2, "mem_imbalance") if len(m2) else None
+            if imb is not None:
+                out.append(f"Worst memory imbalance (max/mean){tag}: **{imb['strategy']}**, "
+                           f"{imb['mem_imbalance']:.2f}× at k={imb['k']:g}, B={imb['batch_size']:g}; "
+                           f"device-0 excess there {_mib(imb['dev0_excess_bytes']):,.1f} MiB.")
+            if m["mem_method"].nunique() > 1:
+                out.append("Memory was measured with different methods ("
+                           + ", ".join(sorted(set(m["mem_method"]) - {""}))
+                           + "): compare across those with care.")
+        r = _best(p, "test_acc")
+        if r is not None:
+            out.append(f"Best final test accuracy{tag}: **{r['strategy']}**, {r['test_acc']:.4f} "
+                       f"(k={r['k']:g}, B={r['batch_size']:g}, lr={r['best_lr']:g}).")
+    serial = sorted({r["strategy"] for r in pts.to_dict("records")
+                     if r["k"] >= 2 and r["parallel_devices"] is False})
+    for s in serial:
+        out.append(f"**{s}**: its k devices do not run in parallel on this host "
+                   "(parallel_devices=False), so its \"scaling\" is not real parallel scaling.")
+    down = [s for s, st in status.items() if st["status"] != "measured"]
+    if down:
+        out.append("Not measured here: " + ", ".join(f"{s} ({status[s]['status']})" for s in down) + ".")
+    if pts.empty:
+        out.insert(0, "No complete, non-oversubscribed trial: nothing to compare.")
+    return out
+
+
+def _host_section(df):
+    cols = ["host", "device_kind", "device_name", "host_devices"]
+    h = df[df[cols[0]] != ""].groupby(cols, dropna=False).size().reset_index(name="trials")
+    src = _joined(df["data_source"]) or "unknown"
+    return ["## Host and devices\n\n", md_table(h, [*cols, "trials"],
+            ["host", "kind", "device", "devices N", "trials"]), f"\nData source: **{src}**.\n"]
+
+
+def _tables(df, pts, eff, mem, acc):
+    x = _shown(df)
+    s = ["\n## Throughput per point\n\n",
+         "Median over learning rates (and repeats) of complete trials; accuracy from the best lr.\n\n",
+         md_table(pts, ["strategy", "model", *x, "k", "batch_size", "per_device_batch",
+                        "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc"]),
+         "\n## Scaling efficiency\n\n",
+         "E(k) = T(k)/(k·T(1)) with T(1) measured by the same strategy: weak at fixed per-device "
+         "batch b, strong at fixed global batch B. '—' = no k=1 reference (undefined, not 0).\n"]
+    for kind in ("weak", "strong"):
+        e = eff[(eff["kind"] == kind) & (eff["k"] >= 2)]
+        s += [f"\n### {kind.capitalize()} scaling\n\n",
+              md_table(e, ["strategy", "model", *x, "k", "per_device_batch", "batch_size",
+                           "throughput_img_s", "base_throughput_img_s", "speedup", "efficiency",
+                           "parallel_devices"])]
+    mm = mem.assign(per_device_mib=[" / ".join(f"{v / MIB:,.1f}" for v in p) for p in mem["peaks"]],
+                    peak_max_mib=mem["peak_max"] / MIB, dev0_excess_mib=mem["dev0_excess_bytes"] / MIB)
+    s += ["\n## Memory per device\n\n",
+          "Peak per device in MiB (device 0 first); imbalance = max/mean; device-0 excess = "
+          "peak[0] − mean(peak[1:]) (k ≥ 2).\n\n",
+          md_table(mm, ["strategy", "model", *x, "k", "batch_size", "mem_method", "per_device_mib",
+                        "peak_max_mib", "mem_imbalance", "dev0_excess_mib"]),
+          "\n## Accuracy\n\n",
+          "Final test accuracy and time to the target accuracy ('—': not reached).\n\n",
+          md_table(acc, ["strategy", "model", *x, *(["epochs"] if acc["epochs"].nunique() > 1 else []),
+                         "k", "batch_size", "lr", "test_acc", "time_to_acc_s", "target_acc"])]
+    return s
+
+
+def _problems(df, status):
+    s = ["\n## Unavailable on this host\n\n"]
+    un = df[(df["state"] == "skipped") & df["reason"].map(_is_unavailable)]
+    lines = [f"- **{st}**: {r} ({len(g)} point(s) skipped)"
+             for (st, r), g in _groups(un, ("strategy", "reason"))]
+    lines += [f"- **{n}**: {st['reason']}" for n, st in status.items() if st["status"] in ("missing", "empty")
+              or st["status"].startswith("unreadable")]
+    s += ["\n".join(lines) + "\n" if lines else "_none_\n"]
+    other = df[(df["state"] == "skipped") & ~df["reason"].map(_is_unavailable)]
+    s += ["\n## Other skipped points\n\n",
+          md_table(other.groupby(["strategy", "reason"], sort=False).size().reset_index(name="points"))]
+    bad = df[~df["state"].isin(["complete", "skipped"])]
+    s += ["\n## Failed and pruned trials\n\n",
+          md_table(bad, ["strategy", "model", "k", "batch_size", "lr", "trial", "state", "reason"])]
+    ov = df[df["oversubscribed"]]
+    s += ["\n## Excluded: oversubscribed runs (functional tests, not in scaling or memory)\n\n",
+          md_table(ov, ["strategy", "model", "k", "batch_size", "lr", "state", "throughput_img_s"])]
+    return s
+
+
+def write_report(path, df, notes, status, pts, eff, mem, acc):
+    s = ["# Parallax analysis report\n\n"]
+    synth = sorted(set(df.loc[df["data_source"] == "synthetic", "strategy"]))
+    if synth:
+        s.append("> **⚠️ WARNING: SYNTHETIC DATA.** Trials of " + ", ".join(synth) + " ran on "
+                 "deterministic synthetic Fashion-MNIST-shaped data, not Fashion-MNIST: their "
+                 "accuracies say nothing about the real task.\n\n")
+    s += [f"{len(df)} trial rows, {int((df['state'] == 'complete').sum())} complete.\n\n"]
+    s += _host_section(df)
+    s += ["\n## Reading\n\n", "\n".join(f"- {line}" for line in _reading(pts, eff, mem, status)) + "\n"]
+    st = pd.DataFrame([{"strategy": k, **v} for k, v in status.items()])
+    s += ["\n## Strategies\n\n", md_table(st, ["strategy", "status", "n_complete", "n_failed", "n_pruned",
+                                               "n_skipped", "n_oversubscribed", "reason"])]
+    s += _tables(df, pts, eff, mem, acc)
+    s += ["\n## Figures\n\n"] + [f"![{n}]({n}.png)\n\n"
+                                   for n in ("efficiency", "throughput", "memory", "accuracy")]
+    s += _problems(df, status)
+    if notes:
+        s += ["\n## Notes\n\n", "\n".join(f"- {n}" for n in notes) + "\n"]
+    Path(path).write_text("".join(s))
+
+
+# ---------------------------------------------------------------- stage
+
+def _csv(df, path, cols, shown):
+    df = df[[*cols[:2], *shown, *cols[2:]]].copy()
+    for c in ("k", "batch_size", "per_device_batch", "device", "peak_mem_bytes"):
+        if c in df and df[c].dropna().map(lambda v: float(v).is_integer()).all():
+            df[c] = df[c].astype("Int64")  # 2, not 2.0; an empty cell stays empty
+    df.to_csv(path, index=False)
+
+
+def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPECTED) -> dict:
+    """Read every sweep CSV, write all outputs into out_dir and return the summary dict."""
+    df, notes, files = _read_sweeps(sweeps_dir, expected)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pts, eff, mem = point_table(df), scaling_table(df), memory_table(df)
+    acc = accuracy_table(df, target_acc)
+    status = _strategy_status(df, files, sweeps_dir, expected)
+    summary = _summary(df, status, pts, eff, mem, target_acc)
+    x = _shown(df)
+    _csv(eff[eff["efficiency"].notna()], out / "efficiency.csv",
+         ["strategy", "model", "k", "per_device_batch", "batch_size", "kind", "efficiency", "speedup",
+          "throughput_img_s"], x)
+    _csv(pts[pts["throughput_img_s"].notna()], out / "throughput.csv",
+         ["strategy", "model", "k", "batch_size", "per_device_batch", "throughput_img_s"], x)
+    _csv(memory_devices(mem), out / "memory.csv",
+         ["strategy", "model", "k", "batch_size", "device", "peak_mem_bytes", "peak_mem_mib"],
+         x + (["mem_method"] if mem["mem_method"].nunique() > 1 else []))
+    _csv(acc, out / "accuracy.csv",
+         ["strategy", "model", "k", "batch_size", "lr", "test_acc", "time_to_acc_s"], x)
+    colors = _style(status)
+    plot_efficiency(eff, out / "efficiency.png", colors)
+    plot_throughput(pts, out / "throughput.png", colors)
+    plot_memory(mem, out / "memory.png")
+    plot_accuracy(pts, out / "accuracy.png", colors)
+    write_report(out / "report.md", df, notes, status, pts, eff, mem, acc)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    return summary
