@@ -19,7 +19,8 @@ class CpuMemProbe:
         from torch.distributed._tools.mem_tracker import MemTracker
         self.devices = devices
         self.tracker = tracker or MemTracker()
-        self.tracker.track_external(model, optimizer)
+        # a hand-written optimizer (scratch's manual SGD) keeps no state tensors to track
+        self.tracker.track_external(model, optimizer if isinstance(optimizer, torch.optim.Optimizer) else None)
         self.peak = 0
 
     def __enter__(self):

@@ -12,6 +12,7 @@ import copy
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..devices import device_for
 from .base import Strategy
@@ -69,7 +70,9 @@ class ScratchStrategy(Strategy):
         return [device_for(self.host, i) for i in range(self.cfg.devices)]
 
     def wrap(self, model, criterion):
-        return Replicas(model, self.devices), nn.CrossEntropyLoss(reduction="sum")
+        # d2l's loss: summed per replica, divided by the global batch below (a function, not a module that
+        # would be called k times per step)
+        return Replicas(model, self.devices), lambda out, target: F.cross_entropy(out, target, reduction="sum")
 
     def build_optimizer(self, model):
         return ManualSGD(model, self.cfg.lr)

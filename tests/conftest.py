@@ -1,0 +1,44 @@
+"""Shared fixtures: a synthetic data directory made once per session, and configs that point at it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import config as configmod
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA GPUs (none on this host)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def synthetic_root(tmp_path_factory) -> Path:
+    from pipeline import data
+    root = tmp_path_factory.mktemp("data") / "fashion-mnist"
+    data.prepare(root, "synthetic", progress=False)
+    return root
+
+
+@pytest.fixture
+def make_cfg(synthetic_root, tmp_path, monkeypatch):
+    """make_cfg('train.strategy=ddp', ...) -> a Config on the session's synthetic data, stores under tmp_path."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # anchors mlruns/ (MLflow, Optuna) and runs/ in tmp_path
+    (tmp_path / "experiments").mkdir(exist_ok=True)
+
+    def make(*sets, profile=""):
+        if profile:
+            (tmp_path / "experiments" / f"{profile}.yaml").write_text(
+                (REPO / "experiments" / f"{profile}.yaml").read_text())
+        base = [f"profile={profile}", "data.source=synthetic", f"data.dir={synthetic_root}",
+                "train.warmup_steps=1", "train.timeout_s=60"]
+        return configmod.load(tmp_path / "params.yaml", [*base, *sets], root=tmp_path)
+    return make

@@ -1,0 +1,82 @@
+"""params.yaml -> frozen dataclasses; every invalid value is refused before any work, naming key and fix."""
+import dataclasses
+
+import pytest
+
+from pipeline import config as c
+
+REPO = c.repo_root()
+
+
+def load(*sets):
+    return c.load(REPO / "params.yaml", list(sets), root=REPO)
+
+
+def test_repo_params_and_every_profile_load():
+    for name, desc in c.describe_profiles(REPO):
+        cfg = load(f"profile={name}")
+        assert desc, f"profile {name} has no description"
+        assert cfg.profile == name
+        for s in cfg.sweep.strategies:
+            assert cfg.space(s)
+
+
+def test_layers_profile_then_params_then_set():
+    cfg = load()
+    assert cfg.profile == "cpu" and cfg.data.train_limit == 12000  # from experiments/cpu.yaml
+    assert load("data.train_limit=500").data.train_limit == 500
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        load().train.lr = 1.0
+
+
+def test_override_returns_new_config():
+    cfg = load()
+    new = c.override(cfg, ["train.lr=0.05"])
+    assert new.train.lr == 0.05 and cfg.train.lr != 0.05
+
+
+@pytest.mark.parametrize("sets,needle", [
+    (["train.model=vgg"], "lenet, resnet18"),
+    (["train.strategy=horovod"], "ddp"),
+    (["train.bogus=1"], "Valid keys"),
+    (["train.lr=fast"], "expected a number"),
+    (["train.lr=0"], "must be > 0"),
+    (["train.lr=-0.1"], "must be > 0"),
+    (["train.lr=.nan"], "finite"),
+    (["train.batch_size=0"], "must be >= 1"),
+    (["train.batch_size=-4"], "must be >= 1"),
+    (["train.batch_size=2.5"], "expected an integer"),
+    (["train.epochs=0"], "must be >= 1"),
+    (["train.oversubscribe=maybe"], "true or false"),
+    (["data.source=mnist"], "synthetic"),
+    (["profile=nope"], "Valid profiles"),
+    (["sweep.spaces.ddp.lr=[]"], "empty"),
+    (["sweep.spaces.ddp.devices=[0, 2]"], "must be >= 1"),
+    (["sweep.spaces.tpu={devices: [1]}"], "unknown strategy"),
+    (["train.lr"], "Malformed --set"),
+    (["=3"], "Malformed --set"),
+])
+def test_invalid_values_are_refused_with_key_and_choices(sets, needle):
+    with pytest.raises(c.ConfigError) as e:
+        load(*sets)
+    assert needle in str(e.value)
+    key = sets[0].split("=")[0]
+    if not str(e.value).startswith("Malformed") and not key.startswith("profile"):
+        assert key.split(".")[-1] in str(e.value)
+
+
+def test_unknown_key_in_params_file(tmp_path):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "params.yaml").write_text("profile: ''\ntrain:\n  lrr: 0.1\n")
+    with pytest.raises(c.ConfigError, match="train.lrr"):
+        c.load(tmp_path / "params.yaml", root=tmp_path)
+
+
+def test_space_union_of_products():
+    cfg = load("profile=d2l")
+    from pipeline.sweep import points
+    pts = points(cfg, "dp")
+    assert [(p["devices"], p["batch_size"], p["lr"]) for p in pts] == [(1, 256, 0.1), (2, 512, 0.2)]
