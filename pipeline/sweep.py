@@ -18,6 +18,7 @@ import json
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -40,6 +41,7 @@ CSV_COLUMNS = [
     "mem_imbalance", "mem_method", "duration_s", "mlflow_run_id", *KNOBS]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 # ----------------------------------------------------------------------------- the space
@@ -88,11 +90,13 @@ def open_storage(cfg) -> optuna.storages.RDBStorage:
     url = storage_url(cfg)
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+    stale = ({"heartbeat_stale_trial_callback": retry(max_retry=2)} if retry else
+             {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)})
     try:
         return optuna.storages.RDBStorage(
             url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
-            heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=2))
+            heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, **stale)
     except Exception as e:  # bad URL, server down, missing driver
         raise configmod.ConfigError(
             f"Cannot open the Optuna storage {url!r} (sweep.storage): {type(e).__name__}: {str(e).splitlines()[0]}. "
@@ -288,7 +292,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
             eta = (time.monotonic() - started) / ran * max(total - done, 0) if ran else None
             label = f"[sweep {strategy}] trial {done + 1}/{total}"
-            print(f"{label} (#{trial.number}) {_fmt_point(trial.system_attrs.get('fixed_params', {}) or {})}"
+            print(f"{label} (#{trial.number}) {_fmt_point(study._storage.get_trial_system_attrs(trial._trial_id).get('fixed_params') or {})}"
                   + (f", sweep ETA {eta:.0f} s" if eta else ""), file=sys.stderr, flush=True)
             outcome = run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir)
             print(f"{label} -> {outcome}", file=sys.stderr, flush=True)

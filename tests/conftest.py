@@ -35,7 +35,7 @@ def make_cfg(synthetic_root, tmp_path, monkeypatch):
     (tmp_path / "experiments").mkdir(exist_ok=True)
 
     def make(*sets, profile=""):
-        if profile:
+        if profile and not (tmp_path / "experiments" / f"{profile}.yaml").exists():
             (tmp_path / "experiments" / f"{profile}.yaml").write_text(
                 (REPO / "experiments" / f"{profile}.yaml").read_text())
         base = [f"profile={profile}", "data.source=synthetic", f"data.dir={synthetic_root}",

@@ -1,0 +1,387 @@
+"""Fashion-MNIST as in-memory uint8 tensors: checksummed download (torchvision), an explicit synthetic
+stand-in for offline machines, IDX files, and the per-rank batch indices every strategy shares.
+
+    python -m pipeline download            # the `download` stage (= dvc repro download)
+
+Layout under data.dir (torchvision's, so `torchvision.datasets.FashionMNIST(dir)` reads it too):
+FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte plus manifest.json naming the source.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import socket
+import tempfile
+import urllib.parse
+import urllib.request
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision.datasets.utils as tv_utils
+from torchvision.datasets import FashionMNIST
+from torchvision.datasets.vision import VisionDataset
+
+SOURCES = ("fashion-mnist", "synthetic")
+FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics
+DOWNLOAD_TIMEOUT_S = 20.0  # per socket operation: an offline host fails in seconds, not minutes
+_MAGIC = {1: 0x00000801, 3: 0x00000803}  # IDX: 0x08 = unsigned byte, then the number of dimensions
+_RERUN = "`python -m pipeline download` (or `dvc repro download`)"
+
+
+class DataError(RuntimeError):
+    """User-facing error; its message is one paragraph naming the problem and the fix."""
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: tensors have no truth value, so compare fields explicitly
+class Dataset:
+    train_x: torch.Tensor  # uint8 [N, 28, 28]
+    train_y: torch.Tensor  # int64 [N]
+    test_x: torch.Tensor  # uint8 [M, 28, 28]
+    test_y: torch.Tensor  # int64 [M]
+    source: str  # "fashion-mnist" | "synthetic"
+
+
+def raw_dir(root) -> Path:
+    return Path(root) / "FashionMNIST" / "raw"
+
+
+# ---------------------------------------------------------------- IDX files
+
+def write_idx(path, tensor_uint8: torch.Tensor) -> None:
+    t = torch.as_tensor(tensor_uint8)
+    if t.dtype != torch.uint8 or t.dim() not in _MAGIC:
+        raise ValueError(f"write_idx takes uint8 labels [N] or images [N, H, W], got {t.dtype} {list(t.shape)}")
+    header = _MAGIC[t.dim()].to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in t.shape)
+    Path(path).write_bytes(header + t.contiguous().numpy().tobytes())
+
+
+def read_idx(path) -> torch.Tensor:
+    """uint8 tensor backed by the file's bytes (one read, no copy, no per-sample decoding)."""
+    path = Path(path)
+    try:
+        buf = bytearray(path.read_bytes())
+    except OSError as e:
+        raise DataError(f"Cannot read {path} ({e.strerror or e}). Create the data with {_RERUN}.") from None
+    magic = int.from_bytes(buf[:4], "big")
+    if len(buf) < 4 or magic not in _MAGIC.values():
+        raise DataError(f"{path} is not a uint8 IDX file: magic number 0x{magic:08x}, expected 0x00000803 (images) "
+                        f"or 0x00000801 (labels). The file is corrupt or not Fashion-MNIST; delete it and rerun {_RERUN}.")
+    ndim = magic & 0xFF
+    header = 4 + 4 * ndim
+    dims = [int.from_bytes(buf[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    size = header + int(np.prod(dims))
+    if len(buf) != size:
+        kind = "truncated" if len(buf) < size else "longer than its header says"
+        raise DataError(f"{path} is {kind}: its header promises shape {dims} ({size} bytes) but the file has "
+                        f"{len(buf)} bytes. Delete it and rerun {_RERUN}.")
+    if size == header:
+        return torch.zeros(dims, dtype=torch.uint8)
+    return torch.frombuffer(buf, dtype=torch.uint8, offset=header).view(dims)
+
+
+# ---------------------------------------------------------------- download stage
+
+class FashionMNISTDownload(FashionMNIST):
+    """torchvision's FashionMNIST download (mirrors, resources with MD5s, progress bar), without loading."""
+
+    def __init__(self, root, mirrors=None):
+        VisionDataset.__init__(self, root)  # FashionMNIST.__init__ would also load: here we only fetch
+        if mirrors:
+            self.mirrors = list(mirrors)
+
+    @property
+    def raw_folder(self) -> str:  # torchvision derives it from the class name; keep FashionMNIST/raw
+        return str(raw_dir(self.root))
+
+
+def prepare(root, source: str, mirror: str = "", progress: bool = True) -> dict:
+    """The `download` stage: put `source`'s four IDX files and manifest.json in `root`; returns the manifest.
+
+    Idempotent: files that match the manifest are left alone. Everything is built in a temporary sibling of
+    `root` and moved into place only on success, so a failure leaves `root` as it was.
+    """
+    if source not in SOURCES:
+        raise DataError(f"Unknown data source {source!r}: data.source must be one of {', '.join(SOURCES)}.")
+    root = Path(root)
+    current = _current_manifest(root, source)
+    if current is not None:
+        return current
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".partial", dir=root.parent))
+    try:
+        raw = raw_dir(tmp)
+        raw.mkdir(parents=True)
+        if source == "synthetic":
+            for name, t in zip(FILES, make_synthetic(seed=0)):
+                write_idx(raw / name, t.to(torch.uint8))
+            used = ""
+        else:
+            used = _download(raw, raw_dir(root), mirror, progress)
+        for name in FILES:
+            read_idx(raw / name)  # never publish a file that load() would reject
+        manifest = {"source": source, "files": {n: _describe(raw / n) for n in FILES}, "mirror": used}
+        _publish(tmp, root, manifest)
+        return manifest
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _describe(path: Path) -> dict:
+    with open(path, "rb") as f:
+        return {"md5": hashlib.file_digest(f, "md5").hexdigest(), "bytes": path.stat().st_size}
+
+
+def _current_manifest(root: Path, source: str) -> dict | None:
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+        files = manifest["files"]
+        if manifest["source"] != source or sorted(files) != sorted(FILES):
+            return None
+        raw = raw_dir(root)
+        if all((raw / n).stat().st_size == files[n]["bytes"] for n in FILES) and \
+                all(_describe(raw / n) == files[n] for n in FILES):
+            return manifest
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _publish(tmp: Path, root: Path, manifest: dict) -> None:
+    raw = raw_dir(root)
+    raw.mkdir(parents=True, exist_ok=True)
+    # manifest.json goes first and comes back last: an interrupted publish reads as "not prepared", never as
+    # one source's files under another source's manifest.
+    (root / "manifest.json").unlink(missing_ok=True)
+    for name in FILES + tuple(f"{n}.gz" for n in FILES):
+        new, old = raw_dir(tmp) / name, raw / name
+        if new.exists():
+            os.replace(new, old)
+        else:
+            old.unlink(missing_ok=True)  # e.g. real .gz files when switching to synthetic: one source per dir
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp / "manifest.json", root / "manifest.json")
+
+
+def _mirror_url(mirror: str) -> str:
+    if "://" in mirror:
+        if urllib.parse.urlsplit(mirror).scheme.lower() not in ("http", "https", "file"):
+            raise DataError(f"data.mirror={mirror!r} has an unsupported scheme: use an http(s):// or file:// URL "
+                            f"or a local directory holding the four Fashion-MNIST .gz files.")
+        return mirror if mirror.endswith("/") else mirror + "/"
+    path = Path(mirror).expanduser()
+    if not path.is_dir():
+        raise DataError(f"data.mirror={mirror!r} is neither a URL nor an existing directory: point it at a "
+                        f"directory holding the four Fashion-MNIST .gz files ({', '.join(f'{n}.gz' for n in FILES)}) "
+                        f"or at a URL that serves them.")
+    return path.resolve().as_uri() + "/"
+
+
+def _download(raw: Path, previous: Path, mirror: str, progress: bool) -> str:
+    """Fetch into `raw` with FashionMNISTDownload; return the mirror URL used, or raise DataError."""
+    mirrors = [_mirror_url(mirror)] if mirror else list(FashionMNISTDownload.mirrors)
+    resources = FashionMNISTDownload.resources
+    for name, md5 in resources:  # a rerun reuses verified archives and fetches only what is missing
+        if tv_utils.check_integrity(previous / name, md5):
+            shutil.copyfile(previous / name, raw / name)
+    tried, corrupt = [], []
+    with _socket_timeout(DOWNLOAD_TIMEOUT_S), _progress_bar(progress):
+        for url in mirrors:
+            missing = [n for n, md5 in resources if not tv_utils.check_integrity(raw / n, md5)]
+            try:
+                if url.startswith("file:"):  # torchvision's urlretrieve needs response.length, which file: lacks
+                    _copy_local(url, raw, missing)
+                FashionMNISTDownload(raw.parent.parent, [url]).download()
+                return url
+            except (RuntimeError, OSError, EOFError, zlib.error, http.client.HTTPException) as e:
+                reason = " ".join(str(e).split("got:")[-1].split()) or type(e).__name__
+                tried.append(f"{url}{missing[0] if missing else ''} ({reason})")
+                for name, md5 in resources:
+                    path = raw / name
+                    if path.exists() and not tv_utils.check_integrity(path, md5):
+                        corrupt.append(f"{name} from {url} (MD5 {tv_utils.calculate_md5(path)}, expected {md5})")
+                        path.unlink()
+    if corrupt:
+        raise DataError(f"Fashion-MNIST download failed checksum verification: {'; '.join(corrupt)}. The file is "
+                        f"corrupt or truncated and was removed; nothing was written to {previous.parent.parent}. "
+                        f"Replace it at the mirror or point data.mirror at a good copy (`--set data.mirror=/path/to/dir` "
+                        f"or data.mirror in params.yaml), then rerun {_RERUN}.")
+    raise DataError(f"Could not download Fashion-MNIST; tried {'; '.join(tried)}. Nothing was written to "
+                    f"{previous.parent.parent}. On a machine without internet access, copy the four files "
+                    f"({', '.join(n for n, _ in resources)}) into a directory and set the data.mirror option to it "
+                    f"(`--set data.mirror=/path/to/dir`, or data.mirror in params.yaml; an http(s) URL works too), or "
+                    f"opt in to the offline source with `--set data.source=synthetic`: deterministic Fashion-MNIST-"
+                    f"shaped synthetic images, labelled synthetic in every run and report.")
+
+
+def _copy_local(url: str, raw: Path, names: list[str]) -> None:
+    directory = Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path))
+    for name in names:
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"no such file {directory / name}")
+        shutil.copyfile(directory / name, raw / name)
+    for name, md5 in FashionMNISTDownload.resources:
+        if not tv_utils.check_integrity(raw / name, md5):  # else torchvision would retry through urlretrieve
+            raise RuntimeError(f"{name} is corrupt")
+
+
+@contextlib.contextmanager
+def _socket_timeout(seconds: float):
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(seconds)  # torchvision's urlopen passes no timeout of its own
+    try:
+        yield
+    finally:
+        socket.setdefaulttimeout(previous)
+
+
+@contextlib.contextmanager
+def _progress_bar(enabled: bool):
+    original = tv_utils.tqdm
+    if not enabled:
+        tv_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        tv_utils.tqdm = original
+
+
+# ---------------------------------------------------------------- training-time access
+
+def load(root, source: str, train_limit: int = 0, test_limit: int = 0) -> Dataset:
+    """The prepared data as tensors; limits (0 = all) keep the first n samples (the order is class-shuffled)."""
+    root = Path(root)
+    make_it = f"Create it with {_RERUN} and data.source={source}."
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+        found = manifest["source"]
+    except FileNotFoundError:
+        raise DataError(f"No prepared data in {root} (no manifest.json). {make_it}") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{root / 'manifest.json'} is unreadable ({e}). Delete it and rerun {_RERUN}.") from None
+    if found != source:
+        raise DataError(f"{root} holds {found} data but data.source is {source}; synthetic data is never used in "
+                        f"place of the real set, or the other way round. Rerun {_RERUN} to prepare {source} data, "
+                        f"or set data.source={found} (`--set data.source={found}`).")
+    raw = raw_dir(root)
+    x_train, y_train, x_test, y_test = (read_idx(raw / n) for n in FILES)
+    for name, images, labels in (("train", x_train, y_train), ("t10k", x_test, y_test)):
+        if images.dim() != 3 or tuple(images.shape[1:]) != (28, 28) or labels.dim() != 1 \
+                or len(images) != len(labels) or (len(labels) and int(labels.max()) > 9):
+            raise DataError(f"{raw / f'{name}-images-idx3-ubyte'} and {raw / f'{name}-labels-idx1-ubyte'} do not "
+                            f"form a Fashion-MNIST split: shapes {list(images.shape)} and {list(labels.shape)}, "
+                            f"expected [N, 28, 28] and [N] with labels 0-9. Delete {raw} and rerun {_RERUN}.")
+    return Dataset(_first(x_train, train_limit), _first(y_train, train_limit).long(),
+                   _first(x_test, test_limit), _first(y_test, test_limit).long(), source)
+
+
+def _first(t: torch.Tensor, n: int) -> torch.Tensor:
+    if n < 0:
+        raise ValueError(f"sample limits must be >= 0 (0 = all), got {n}")
+    return t[:n] if n else t
+
+
+def epoch_batches(n: int, global_batch: int, epoch: int, seed: int, rank: int = 0, world_size: int = 1) -> torch.Tensor:
+    """LongTensor [steps, global_batch // world_size]: this rank's sample indices for each step of `epoch`.
+
+    Every rank draws the same permutation (seeded by seed and epoch) and takes the rank-th contiguous chunk of
+    each global batch, which is how nn.DataParallel's scatter splits a batch: the sample -> device mapping is
+    the same for every strategy. The last partial global batch is dropped.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+    if global_batch < 1 or global_batch % world_size:
+        raise ValueError(f"global batch {global_batch} cannot be split evenly over {world_size} devices")
+    if global_batch > n:
+        raise ValueError(f"global batch {global_batch} is larger than the {n} training samples: no full step")
+    steps = n // global_batch
+    state = np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)[0]
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(state) >> 1))
+    return perm[:steps * global_batch].view(steps, world_size, global_batch // world_size)[:, rank].contiguous()
+
+
+def normalize(x_uint8_batch: torch.Tensor, device) -> torch.Tensor:
+    """float [B, 1, 28, 28] on `device`; the uint8 batch crosses the bus (4x fewer bytes than float)."""
+    x = x_uint8_batch.to(device, non_blocking=True)
+    if x.dim() == 3:
+        x = x.unsqueeze(1)
+    return x.float().div_(255).sub_(MEAN).div_(STD)
+
+
+# ---------------------------------------------------------------- synthetic source (explicit opt-in)
+
+_CANVAS = 32  # 28 px plus room for the +-2 px shift
+_PAIRS = 5  # 5 silhouettes, each shared by 2 classes that differ in detail (think shirt vs T-shirt)
+_VARIANTS = 3  # sub-styles per class
+_DETAIL, _VARIANT, _MIX, _NUISANCE, _NOISE = 0.25, 0.25, 0.3, 0.35, 0.12  # tuned: LeNet learns it, not trivially
+
+
+def make_synthetic(seed: int = 0, n_train: int = 60000, n_test: int = 10000):
+    """(train_x, train_y, test_x, test_y): deterministic Fashion-MNIST-shaped data, uint8 images, int64 labels.
+
+    Each sample = a class prototype (smooth garment-like blob), partly blended with another class, plus a
+    smooth per-sample deformation, a shift of up to 2 px, an intensity scale and pixel noise. Balanced classes
+    in shuffled order. float64 throughout, so rounding to uint8 gives the same bytes on any CPU.
+    """
+    g = torch.Generator().manual_seed(seed)
+    protos = _prototypes(g)
+    c, v = protos.shape[:2]
+    shifts = [protos[..., dy:dy + 28, dx:dx + 28] for dy in range(5) for dx in range(5)]
+    bank = torch.stack(shifts, dim=2).reshape(c * v * 25, 28, 28)  # [class, variant, shift] -> image
+    out = []
+    for n in (n_train, n_test):
+        y = (torch.arange(n) % c)[torch.randperm(n, generator=g)]
+        out += [torch.cat([_draw(g, bank, y[s:s + 10000], v) for s in range(0, n, 10000)]), y]
+    return tuple(out)
+
+
+def _smooth(g: torch.Generator, n: int, grid: int, size: int = _CANVAS) -> torch.Tensor:
+    """[n, size, size] smooth random fields with unit variance per pixel: U @ N(0,1)[grid, grid] @ U.T."""
+    centers = torch.linspace(0, size - 1, grid, dtype=torch.float64)
+    u = torch.exp(-0.5 * ((torch.arange(size, dtype=torch.float64)[:, None] - centers) * (grid - 1) / (size - 1)) ** 2)
+    u = u / u.norm(dim=1, keepdim=True)
+    return u @ torch.randn(n, grid, grid, generator=g, dtype=torch.float64) @ u.T
+
+
+def _prototypes(g: torch.Generator, candidates: int = 200) -> torch.Tensor:
+    """[10, _VARIANTS, 32, 32] in [0, 1]."""
+    k, s = candidates, _CANVAS
+    yy, xx = torch.meshgrid(*[torch.arange(s, dtype=torch.float64) - (s - 1) / 2] * 2, indexing="ij")
+    half = torch.rand(k, 2, 1, 1, generator=g, dtype=torch.float64) * 12 + 2
+    off = (torch.rand(k, 2, 1, 1, generator=g, dtype=torch.float64) * 2 - 1) * 5
+    r = (((xx - off[:, 0]) / half[:, 0]) ** 2 + ((yy - off[:, 1]) / half[:, 1]) ** 2).sqrt()
+    mask = ((1 - r) * 4 + 2 * _smooth(g, k, 5)).clamp(0, 1)
+    level = 0.3 + 0.7 * torch.rand(k, 1, 1, generator=g, dtype=torch.float64)
+    blobs = (mask * (level + 0.3 * _smooth(g, k, 6))).clamp(0, 1).flatten(1)
+    chosen = [int(blobs.sum(1).argmax())]  # farthest-point choice: silhouettes as distinct as possible
+    dist = (blobs - blobs[chosen[0]]).norm(dim=1)
+    while len(chosen) < _PAIRS:
+        chosen.append(int(dist.argmax()))
+        dist = torch.minimum(dist, (blobs - blobs[chosen[-1]]).norm(dim=1))
+    base = blobs[chosen].view(_PAIRS, s, s)[torch.arange(10) % _PAIRS]
+    classes = (base + _DETAIL * _smooth(g, 10, 5) * (base > 0.02)).clamp(0, 1).unsqueeze(1)
+    variants = _VARIANT * _smooth(g, 10 * _VARIANTS, 6).view(10, _VARIANTS, s, s)
+    return (classes + variants * (classes > 0.02)).clamp(0, 1)
+
+
+def _draw(g: torch.Generator, bank: torch.Tensor, y: torch.Tensor, n_variants: int) -> torch.Tensor:
+    m = len(y)
+    shift = torch.randint(25, (m,), generator=g)
+    own = (y * n_variants + torch.randint(n_variants, (m,), generator=g)) * 25 + shift
+    other = (y + torch.randint(1, 10, (m,), generator=g)) % 10
+    other = (other * n_variants + torch.randint(n_variants, (m,), generator=g)) * 25 + shift
+    mix = torch.rand(m, 1, 1, generator=g, dtype=torch.float64) * _MIX
+    img = bank[own].mul_(1 - mix).add_(bank[other].mul_(mix))
+    img.add_(_smooth(g, m, 7, 28).mul_(img > 0.05), alpha=_NUISANCE)
+    img.mul_(0.85 + 0.3 * torch.rand(m, 1, 1, generator=g, dtype=torch.float64))
+    noise = torch.rand(m, 28, 28, generator=g, dtype=torch.float64).sub_(0.5)  # uniform: exact on every CPU
+    img.add_(noise, alpha=_NOISE * 12 ** 0.5)  # std _NOISE
+    return img.mul_(255).clamp_(0, 255).round_().to(torch.uint8)

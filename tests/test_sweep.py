@@ -1,0 +1,100 @@
+"""A tiny study end to end: CSV rows, Optuna trial states, MLflow parent/child runs, failure, resume."""
+from __future__ import annotations
+
+import csv
+import json
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from pipeline import tracking
+from pipeline.sweep import open_storage, points, run_sweep, study_name
+
+TINY = """
+data: {{train_limit: 512, test_limit: 256}}
+train: {{epochs: 1, warmup_steps: 1}}
+sweep:
+  spaces:
+    single: {{devices: [1, 2], batch_size: [64], lr: [0.1, {bad_lr}]}}
+    ddp: {{devices: [1, 2], batch_size: [64, 63], lr: [0.1]}}
+    dp: {{devices: [1], batch_size: [64], lr: [0.1]}}
+"""
+
+
+@pytest.fixture
+def tiny(make_cfg, tmp_path):
+    def make(bad_lr=100.0, *sets):
+        (tmp_path / "experiments" / "tiny.yaml").write_text(TINY.format(bad_lr=bad_lr))
+        return make_cfg(*sets, profile="tiny")
+    (tmp_path / "experiments").mkdir(exist_ok=True)
+    return make
+
+
+def read(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_tiny_study_end_to_end(tiny, tmp_path):
+    cfg = tiny()
+    out = tmp_path / "results" / "single.csv"
+    run_sweep(cfg, "single", out)
+    rows = read(out)
+    states = sorted((r["devices"], r["lr"], r["state"]) for r in rows)
+    # k=2 is infeasible for `single` (skipped, not run); lr=100 diverges and is recorded as failed
+    assert states == [("1", "0.1", "complete"), ("1", "100.0", "failed"), ("2", "0.1", "skipped"),
+                      ("2", "100.0", "skipped")]
+    failed = next(r for r in rows if r["state"] == "failed")
+    assert "diverged" in failed["reason"] and ("nan" in failed["reason"] or "inf" in failed["reason"])
+    ok = next(r for r in rows if r["state"] == "complete")
+    assert float(ok["throughput_img_s"]) > 0 and len(json.loads(ok["peak_mem_bytes"])) == 1
+    assert ok["data_source"] == "synthetic"
+
+    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
+
+    tr = tracking.Tracker(cfg)
+    parents = tr.find_runs("tags.role = 'study' and tags.strategy = 'single'")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = tr.find_runs(f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
+    assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]
+    done = next(c for c in children if c.info.status == "FINISHED")
+    assert done.data.tags["synthetic"] == "true" and done.data.tags["dvc_stage"] == "sweep@single"
+    assert "test/acc" in done.data.metrics and "mem/peak_bytes/dev0" in done.data.metrics
+    assert done.info.run_name.startswith("single k=1 B=64 lr=0.1")
+    assert not tr.find_runs("attributes.status = 'RUNNING'")
+
+
+def test_unavailable_strategy_rows_say_why(tiny, tmp_path):
+    from pipeline.devices import probe
+    if probe().kind == "cuda":
+        pytest.skip("dp is available on CUDA hosts")
+    out = tmp_path / "dp.csv"
+    run_sweep(tiny(), "dp", out)
+    rows = read(out)
+    assert rows and all(r["state"] == "skipped" and "CUDA" in r["reason"] for r in rows)
+
+
+@pytest.mark.slow
+def test_resume_runs_only_what_is_left_and_multiprocess_rows(tiny, tmp_path):
+    cfg = tiny()
+    out = tmp_path / "ddp.csv"
+    feasible = [p for p in points(cfg, "ddp") if p["batch_size"] % p["devices"] == 0]
+    run_sweep(cfg, "ddp", out, max_new_trials=1)
+    first = [r for r in read(out) if r["state"] == "complete"]
+    assert len(first) == 1
+    run_sweep(cfg, "ddp", out)
+    rows = read(out)
+    complete = [r for r in rows if r["state"] == "complete"]
+    assert len(complete) == len(feasible)  # every point once, none repeated
+    assert first[0]["trial"] in {r["trial"] for r in complete}
+    assert any(r["state"] == "skipped" and "divisible" in r["reason"] for r in rows)
+    two = next(r for r in complete if r["devices"] == "2")
+    assert len(json.loads(two["peak_mem_bytes"])) == 2
+    study = optuna.load_study(study_name=study_name(cfg, "ddp"), storage=open_storage(cfg))
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == len(feasible)
+
+
+def test_changed_space_is_a_new_study(tiny):
+    assert study_name(tiny(), "ddp") != study_name(tiny(50.0), "single") != study_name(tiny(), "single")
