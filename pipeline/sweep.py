@@ -88,7 +88,7 @@ def storage_url(cfg) -> str:
 
 def open_storage(cfg) -> optuna.storages.RDBStorage:
     url = storage_url(cfg)
-    if url.startswith("sqlite:///"):
+    if not cfg.sweep.storage:  # the default file: its folder is ours to create; a user's URL is used as given
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
     stale = ({"heartbeat_stale_trial_callback": retry(max_retry=2)} if retry else
@@ -263,8 +263,10 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
 
 def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = None) -> Path:
     host = probe()
-    storage_check = open_storage(cfg)  # fail on a bad URL before any work
-    del storage_check
+    # bad input stops here, before anything is written to the stores
+    from .launch import _load_data
+    _load_data(configmod.replace_train(cfg, strategy=strategy))  # data present, readable, of the right source
+    open_storage(cfg)  # a bad URL fails now
     tracker = tracking.Tracker(cfg)
     study, feasible, skipped = prepare_study(cfg, strategy, host, tracker)
     parent_id = study.user_attrs.get("mlflow_parent_run_id")

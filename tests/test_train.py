@@ -1,0 +1,57 @@
+"""`python -m pipeline train`: the contract (metrics.json, final_state.pt, MLflow run) and that it learns."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from pipeline import tracking
+from pipeline.__main__ import main
+
+
+def test_train_writes_contract_and_tracks_run(make_cfg, tmp_path, synthetic_root, monkeypatch, capsys):
+    make_cfg()
+    (tmp_path / "params.yaml").write_text(f"profile: ''\ndata: {{source: synthetic, dir: {synthetic_root}, "
+                                          f"train_limit: 16384, test_limit: 2000}}\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    code = main(["train", "--model", "lenet", "--batch-size", "128", "--lr", "0.3", "--epochs", "1",
+                 "--quiet", "--out", str(out)])
+    assert code == 0
+    m = json.loads((out / "metrics.json").read_text())
+    for key in ("model", "strategy", "devices", "batch_size", "lr", "epochs", "data_source", "device_kind",
+                "host", "throughput_img_s", "epoch_s", "test_acc", "peak_mem_bytes", "mem_imbalance"):
+        assert key in m, key
+    assert m["strategy"] == "single" and m["data_source"] == "synthetic" and len(m["epoch_s"]) == 1
+    assert m["test_acc"][-1] > 0.3, "one epoch of LeNet should learn the synthetic classes well above chance"
+    state = torch.load(out / "final_state.pt", weights_only=True)
+    assert set(state) == {f"{i}.{p}" for i in (0, 3, 7, 9) for p in ("weight", "bias")}
+
+    tr = tracking.Tracker(make_cfg())
+    runs = tr.find_runs("tags.strategy = 'single'")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.info.run_name == "single k=1 B=128 lr=0.3"
+    assert run.data.params["batch_size"] == "128" and run.data.tags["data_source"] == "synthetic"
+    assert run.data.tags["synthetic"] == "true" and run.data.tags["device_kind"] == m["device_kind"]
+    assert {"host", "git_sha"} <= set(run.data.tags)
+    history = tr.client.get_metric_history(run.info.run_id, "test/acc")
+    assert [h.step for h in history] == [1] and abs(history[0].value - m["test_acc"][0]) < 1e-9
+    artifacts = [a.path for a in tr.client.list_artifacts(run.info.run_id)]
+    assert "metrics.json" in artifacts
+
+
+def test_max_steps_stops_early(make_cfg, tmp_path):
+    from pipeline.launch import run_trial
+    m = run_trial(make_cfg("train.max_steps=3", "train.batch_size=32", "data.train_limit=1024",
+                           "data.test_limit=128"), tmp_path / "o", progress=False)
+    assert m["steps"] == 3 and len(m["epoch_s"]) == 1
+
+
+def test_divergence_is_a_failure_with_reason(make_cfg, tmp_path):
+    import pytest
+    from pipeline.launch import TrialFailed, run_trial
+    with pytest.raises(TrialFailed) as e:
+        run_trial(make_cfg("train.lr=100", "train.batch_size=64", "data.train_limit=2048",
+                           "data.test_limit=128", "train.check_every=5"), tmp_path / "o", progress=False)
+    assert e.value.kind == "diverged" and "lower the learning rate" in str(e.value)
