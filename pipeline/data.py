@@ -115,8 +115,9 @@ def prepare(root, source: str, mirror: str = "", progress: bool = True) -> dict:
     current = _current_manifest(root, source)
     if current is not None:
         return current
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".partial", dir=root.parent))
+    home = root.resolve()
+    home.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{home.name}.", suffix=".partial", dir=home.parent))
     try:
         raw = raw_dir(tmp)
         raw.mkdir(parents=True)
@@ -125,9 +126,8 @@ def prepare(root, source: str, mirror: str = "", progress: bool = True) -> dict:
                 write_idx(raw / name, t.to(torch.uint8))
             used = ""
         else:
-            used = _download(raw, raw_dir(root), mirror, progress)
-        for name in FILES:
-            read_idx(raw / name)  # never publish a file that load() would reject
+            used = _download(raw, root, mirror, progress)
+        _read_checked(raw)  # never publish files that load() would reject
         manifest = {"source": source, "files": {n: _describe(raw / n) for n in FILES}, "mirror": used}
         _publish(tmp, root, manifest)
         return manifest
@@ -185,13 +185,13 @@ def _mirror_url(mirror: str) -> str:
     return path.resolve().as_uri() + "/"
 
 
-def _download(raw: Path, previous: Path, mirror: str, progress: bool) -> str:
-    """Fetch into `raw` with FashionMNISTDownload; return the mirror URL used, or raise DataError."""
+def _download(raw: Path, root: Path, mirror: str, progress: bool) -> str:
+    """Fetch into `raw` (inside the temporary dir) with FashionMNISTDownload; return the mirror URL used."""
     mirrors = [_mirror_url(mirror)] if mirror else list(FashionMNISTDownload.mirrors)
     resources = FashionMNISTDownload.resources
     for name, md5 in resources:  # a rerun reuses verified archives and fetches only what is missing
-        if tv_utils.check_integrity(previous / name, md5):
-            shutil.copyfile(previous / name, raw / name)
+        if tv_utils.check_integrity(raw_dir(root) / name, md5):
+            shutil.copyfile(raw_dir(root) / name, raw / name)
     tried, corrupt = [], []
     with _socket_timeout(DOWNLOAD_TIMEOUT_S), _progress_bar(progress):
         for url in mirrors:
@@ -211,11 +211,10 @@ def _download(raw: Path, previous: Path, mirror: str, progress: bool) -> str:
                         path.unlink()
     if corrupt:
         raise DataError(f"Fashion-MNIST download failed checksum verification: {'; '.join(corrupt)}. The file is "
-                        f"corrupt or truncated and was removed; nothing was written to {previous.parent.parent}. "
+                        f"corrupt or truncated and was removed; {root} is unchanged. "
                         f"Replace it at the mirror or point data.mirror at a good copy (`--set data.mirror=/path/to/dir` "
                         f"or data.mirror in params.yaml), then rerun {_RERUN}.")
-    raise DataError(f"Could not download Fashion-MNIST; tried {'; '.join(tried)}. Nothing was written to "
-                    f"{previous.parent.parent}. On a machine without internet access, copy the four files "
+    raise DataError(f"Could not download Fashion-MNIST; tried {'; '.join(tried)}. {root} is unchanged. On a machine without internet access, copy the four files "
                     f"({', '.join(n for n, _ in resources)}) into a directory and set the data.mirror option to it "
                     f"(`--set data.mirror=/path/to/dir`, or data.mirror in params.yaml; an http(s) URL works too), or "
                     f"opt in to the offline source with `--set data.source=synthetic`: deterministic Fashion-MNIST-"
@@ -265,22 +264,29 @@ def load(root, source: str, train_limit: int = 0, test_limit: int = 0) -> Datase
         found = manifest["source"]
     except FileNotFoundError:
         raise DataError(f"No prepared data in {root} (no manifest.json). {make_it}") from None
+    except NotADirectoryError:
+        raise DataError(f"{root} is not a directory, so its manifest.json is unreadable. Point data.dir at a "
+                        f"directory; {_RERUN} creates it.") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{root / 'manifest.json'} is unreadable ({e}). Delete it and rerun {_RERUN}.") from None
     if found != source:
         raise DataError(f"{root} holds {found} data but data.source is {source}; synthetic data is never used in "
                         f"place of the real set, or the other way round. Rerun {_RERUN} to prepare {source} data, "
                         f"or set data.source={found} (`--set data.source={found}`).")
-    raw = raw_dir(root)
-    x_train, y_train, x_test, y_test = (read_idx(raw / n) for n in FILES)
-    for name, images, labels in (("train", x_train, y_train), ("t10k", x_test, y_test)):
+    x_train, y_train, x_test, y_test = _read_checked(raw_dir(root))
+    return Dataset(_first(x_train, train_limit), _first(y_train, train_limit).long(),
+                   _first(x_test, test_limit), _first(y_test, test_limit).long(), source)
+
+
+def _read_checked(raw: Path) -> list[torch.Tensor]:
+    tensors = [read_idx(raw / n) for n in FILES]
+    for name, images, labels in (("train", *tensors[:2]), ("t10k", *tensors[2:])):
         if images.dim() != 3 or tuple(images.shape[1:]) != (28, 28) or labels.dim() != 1 \
                 or len(images) != len(labels) or (len(labels) and int(labels.max()) > 9):
             raise DataError(f"{raw / f'{name}-images-idx3-ubyte'} and {raw / f'{name}-labels-idx1-ubyte'} do not "
                             f"form a Fashion-MNIST split: shapes {list(images.shape)} and {list(labels.shape)}, "
                             f"expected [N, 28, 28] and [N] with labels 0-9. Delete {raw} and rerun {_RERUN}.")
-    return Dataset(_first(x_train, train_limit), _first(y_train, train_limit).long(),
-                   _first(x_test, test_limit), _first(y_test, test_limit).long(), source)
+    return tensors
 
 
 def _first(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -321,7 +327,7 @@ def normalize(x_uint8_batch: torch.Tensor, device) -> torch.Tensor:
 _CANVAS = 32  # 28 px plus room for the +-2 px shift
 _PAIRS = 5  # 5 silhouettes, each shared by 2 classes that differ in detail (think shirt vs T-shirt)
 _VARIANTS = 3  # sub-styles per class
-_DETAIL, _VARIANT, _MIX, _NUISANCE, _NOISE = 0.25, 0.25, 0.3, 0.35, 0.12  # tuned: LeNet learns it, not trivially
+_DETAIL, _VARIANT, _MIX, _NUISANCE, _NOISE = 0.25, 0.25, 0.3, 0.25, 0.12  # tuned: LeNet learns it, not trivially
 
 
 def make_synthetic(seed: int = 0, n_train: int = 60000, n_test: int = 10000):
@@ -329,7 +335,8 @@ def make_synthetic(seed: int = 0, n_train: int = 60000, n_test: int = 10000):
 
     Each sample = a class prototype (smooth garment-like blob), partly blended with another class, plus a
     smooth per-sample deformation, a shift of up to 2 px, an intensity scale and pixel noise. Balanced classes
-    in shuffled order. float64 throughout, so rounding to uint8 gives the same bytes on any CPU.
+    in shuffled order. Computed in float64, where kernels' last-bit differences between CPUs (SIMD width,
+    FMA) are ~1e-13 of a grey level, so the uint8 bytes do not depend on the machine (for a given torch version).
     """
     g = torch.Generator().manual_seed(seed)
     protos = _prototypes(g)
