@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweeps", type=Path, default=Path("results/sweeps"))
     p.add_argument("--out", type=Path, default=Path("results/analysis"))
 
+    p = sub.add_parser("overlap", help="do devices compute at once, does communication hide behind compute?",
+                       description="The seeds' automatic-parallelism experiments: a chain of matrix products on "
+                                   "device A, B and both; then compute-and-communicate, sequential vs "
+                                   "overlapped. Writes results/overlap/ and logs an MLflow 'overlap' run.")
+    _common(p)
+    p.add_argument("--out", type=Path, default=Path("results/overlap"))
+
     p = sub.add_parser("ui", help="open the MLflow UI on 127.0.0.1 (local only)")
     _common(p)
     p.add_argument("--port", type=int, default=5000)
@@ -166,6 +173,28 @@ def cmd_analyze(args) -> int:
     tracker.log_artifacts(run_id, args.out)
     tracker.end_run(run_id)
     print(f"wrote {args.out}/report.md (MLflow run {run_id})")
+    return 0
+
+
+def cmd_overlap(args) -> int:
+    from . import overlap, tracking
+    from .devices import probe
+    cfg = configmod.load(args.params, args.overrides)
+    res = overlap.run(cfg, args.out)
+    tracker = tracking.Tracker(cfg)
+    host = probe()
+    run_id = tracker.start_run("overlap", {"stage": "overlap", "device_kind": host.kind, "host": host.hostname,
+                                           "git_sha": tracking.git_sha(), "dvc_stage": "overlap"})
+    tracker.log_params(run_id, res["settings"])
+    c, m = res["concurrent"], res["communication"]
+    tracker.log_metrics(run_id, {"overlap/A_s": c["A"]["median_s"], "overlap/B_s": c["B"]["median_s"],
+                                 "overlap/both_s": c["both"]["median_s"], "overlap/ratio_both_to_sum":
+                                 res["ratio_both_to_sum"], "overlap/comm_sequential_s": m["sequential"]["median_s"],
+                                 "overlap/comm_overlapped_s": m["overlapped"]["median_s"],
+                                 "overlap/comm_saving": res["comm_saving"]})
+    tracker.log_artifacts(run_id, args.out)
+    tracker.end_run(run_id)
+    print((args.out / "overlap.md").read_text())
     return 0
 
 

@@ -112,6 +112,15 @@ class AnalyzeConfig:
 
 
 @dataclass(frozen=True)
+class OverlapConfig:
+    size: int = field(default=512, metadata=_range(16))  # square matrices
+    chain: int = field(default=20, metadata=_range(1))  # products per chain
+    items: int = field(default=20, metadata=_range(1))  # results computed and communicated
+    reps: int = field(default=7, metadata=_range(1))
+    warmup: int = field(default=2, metadata=_range(0))
+
+
+@dataclass(frozen=True)
 class Config:
     profile: str = "cpu"
     data: DataConfig = DataConfig()
@@ -119,6 +128,7 @@ class Config:
     sweep: SweepConfig = SweepConfig()
     tracking: TrackingConfig = TrackingConfig()
     analyze: AnalyzeConfig = AnalyzeConfig()
+    overlap: OverlapConfig = OverlapConfig()
 
     def space(self, strategy: str) -> tuple[SpaceConfig, ...]:
         """The strategy's search space: a union of products (one SpaceConfig per product)."""

@@ -7,6 +7,7 @@ train.timeout_s, so a rank that stops participating fails the trial instead of h
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 
 import torch
@@ -51,5 +52,8 @@ class DistributedStrategy(Strategy):
         return bool(t.item())
 
     def teardown(self) -> None:
+        # collect the wrapped model first: a comm hook's state (PowerSGD) that outlives the process group
+        # aborts the worker at exit ("Resource deadlock avoided")
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,66 @@
+"""Shared helpers for the benchmark scripts: data on disk, one trial, the host line, medians."""
+from __future__ import annotations
+
+import datetime
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pipeline import config as configmod  # noqa: E402
+from pipeline import data as datamod  # noqa: E402
+from pipeline.devices import probe  # noqa: E402
+
+
+def ensure_data(root: Path, source: str) -> Path:
+    """The data the benchmark trains on: the prepared dir if present, else synthetic (labelled as such)."""
+    try:
+        datamod.load(root, source, 1, 1)
+    except datamod.DataError:
+        if source != "synthetic":
+            raise
+        datamod.prepare(root, "synthetic", progress=False)
+    return root
+
+
+def base_cfg(data_dir: Path, source: str, *sets):
+    return configmod.load(REPO / "params.yaml", ["profile=", f"data.dir={data_dir}", f"data.source={source}",
+                                                  *sets], root=REPO)
+
+
+def trial(cfg, out: Path, **train):
+    from pipeline.launch import run_trial
+    return run_trial(configmod.replace_train(cfg, **train), out, progress=False)
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def spread(xs):
+    xs = [x for x in xs if x is not None]
+    return f"median {med(xs):,.0f} (min {min(xs):,.0f}, max {max(xs):,.0f}, n={len(xs)})" if xs else "n/a"
+
+
+def host_line() -> str:
+    h = probe()
+    return (f"host {h.hostname}: {h.kind} x{h.n} ({h.name}), torch {h.torch}, "
+            f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}")
+
+
+def data_args(p):
+    p.add_argument("--data", type=Path, default=REPO / "data" / "fashion-mnist",
+                   help="prepared data dir (default: data/fashion-mnist)")
+    p.add_argument("--source", default=None, choices=["fashion-mnist", "synthetic"],
+                   help="data source (default: whatever --data holds; synthetic is generated if nothing is there)")
+
+
+def resolve_source(args) -> str:
+    import json
+    if args.source:
+        return args.source
+    manifest = args.data / "manifest.json"
+    return json.loads(manifest.read_text())["source"] if manifest.exists() else "synthetic"

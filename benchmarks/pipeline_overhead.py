@@ -1,0 +1,62 @@
+"""Pipeline overhead of the CPU profile: wall time of `dvc repro` vs the time spent inside training steps.
+
+    .venv/bin/python benchmarks/pipeline_overhead.py [--profile cpu]
+
+Runs the whole pipeline in a fresh temporary copy of the repository on synthetic data (so it needs no network),
+then sums every trial's training-epoch seconds from the sweep CSVs. Overhead = 1 - training / wall: process and
+interpreter start-up, DVC, data generation, evaluation, MLflow/Optuna bookkeeping, analysis.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import REPO, host_line
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--profile", default="cpu")
+    p.add_argument("--keep", action="store_true", help="keep the temporary copy and print its path")
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="parallax-bench-"))
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        (tmp / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, tmp / f)
+    params = (tmp / "params.yaml").read_text().replace("profile: cpu", f"profile: {args.profile}")
+    (tmp / "params.yaml").write_text(params.replace("source: fashion-mnist", "source: synthetic"))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("DVC_ROOT", None)
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=b@b", "-c", "user.name=b", "commit", "-qm", "bench"]):
+        subprocess.run(cmd, cwd=tmp, check=True, env=env)
+    print(host_line(), f"| profile {args.profile}, synthetic data, copy in {tmp}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(["dvc", "repro"], cwd=tmp, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        sys.exit(f"dvc repro failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    train_s, trials = 0.0, 0
+    for f in sorted((tmp / "results" / "sweeps").glob("*.csv")):
+        for row in csv.DictReader(open(f)):
+            if row["state"] in ("complete", "pruned"):
+                train_s += sum(json.loads(row["epoch_s_list"] or "[]"))
+                trials += 1
+    print(f"dvc repro wall time: {wall:.1f} s; time inside training steps (sum of epoch seconds over "
+          f"{trials} trials): {train_s:.1f} s")
+    print(f"pipeline overhead: {wall - train_s:.1f} s = {(wall - train_s) / wall:.1%} of wall time")
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

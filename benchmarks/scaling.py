@@ -1,0 +1,52 @@
+"""Weak-scaling efficiency at k=2 (or every device) per CPU-capable strategy, measured side by side.
+
+    .venv/bin/python benchmarks/scaling.py [--rounds 3] [--per-device-batch 256]
+
+E_w(k) = T(k, k*b) / (k * T(1, b)) with T = images/s over steady-state steps, LeNet, per-device batch b.
+Runs alternate k=1 and k=K for each strategy, so both see the same machine state.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from common import base_cfg, data_args, ensure_data, host_line, med, probe, resolve_source, spread, trial
+from pipeline.strategies import STRATEGIES
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    data_args(p)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--per-device-batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=60, help="steady-state steps per run")
+    p.add_argument("--model", default="lenet")
+    p.add_argument("--strategies", nargs="*", default=None)
+    args = p.parse_args()
+    host = probe()
+    k = min(2, host.n) if host.kind == "cpu" else host.n
+    source = resolve_source(args)
+    ensure_data(args.data, source)
+    print(host_line(), f"| data: {source}")
+    b = args.per_device_batch
+    names = args.strategies or [s for s, c in STRATEGIES.items()
+                                if s != "single" and c.unavailable_reason(host) is None]
+    for s in names:
+        one, many = [], []
+        for r in range(args.rounds):
+            with tempfile.TemporaryDirectory() as tmp:
+                for kk, out in ((1, one), (k, many)):
+                    cfg = base_cfg(args.data, source, f"data.train_limit={kk * b * (args.steps + 5)}",
+                                   "data.test_limit=500", "train.warmup_steps=5")
+                    out.append(trial(cfg, Path(tmp) / f"{kk}", model=args.model, strategy=s, devices=kk,
+                                     batch_size=kk * b)["throughput_img_s"])
+        eff = med(many) / (k * med(one))
+        note = "" if STRATEGIES[s].parallel_on_cpu or host.kind == "cuda" else \
+            "  (replicas run one after another in one process: not parallel on CPU)"
+        print(f"{s}: T(1, B={b}) {spread(one)} img/s; T({k}, B={k * b}) {spread(many)} img/s; "
+              f"weak-scaling efficiency E_w({k}) = {eff:.1%}{note}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Parallax's training vs the seeds' own recipe (../shared/peers/d2l_reference.py), side by side, alternating.
+
+    .venv/bin/python benchmarks/vs_d2l.py [--rounds 3] [--batches 60]
+
+Same model, same data files, same batch size, same host. The reference (torchvision dataset + ToTensor +
+DataLoader with 4 workers, fp32) reports images/s over its second epoch; ours reports images/s over
+steady-state steps. CPU: LeNet at B=256 (`single` and the best CPU strategy, `ddp` on every core). GPU: ResNet-18
+at B=256 and 512.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import REPO, base_cfg, data_args, ensure_data, host_line, med, probe, resolve_source, spread, trial
+
+PEER = REPO.parent / "shared" / "peers" / "d2l_reference.py"
+
+
+def d2l(data: Path, model: str, batch: int, batches: int) -> float:
+    out = subprocess.run([sys.executable, str(PEER), str(data), model, str(batch), "0.1", "2", str(batches)],
+                         capture_output=True, text=True, timeout=1800, check=True).stdout
+    return float(re.findall(r"epoch 2: [\d.]+ s, (\d+) img/s", out)[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    data_args(p)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--batches", type=int, default=60, help="batches per epoch for both (steady-state window)")
+    args = p.parse_args()
+    source = resolve_source(args)
+    ensure_data(args.data, source)
+    host = probe()
+    cases = [("lenet", 256)] if host.kind == "cpu" else [("resnet18", 256), ("resnet18", 512)]
+    print(host_line(), f"| data: {source}")
+    for model, batch in cases:
+        ours_single, ours_best, ref = [], [], []
+        best_k = host.n
+        for r in range(args.rounds):
+            with tempfile.TemporaryDirectory() as tmp:
+                cfg = base_cfg(args.data, source, f"data.train_limit={batch * (args.batches + 5)}",
+                               "data.test_limit=1000", "train.warmup_steps=5", "train.epochs=1")
+                ours_single.append(trial(cfg, Path(tmp) / "s", model=model, batch_size=batch, strategy="single",
+                                         devices=1)["throughput_img_s"])
+                if best_k > 1:
+                    ours_best.append(trial(cfg, Path(tmp) / "d", model=model, batch_size=batch * best_k,
+                                           strategy="ddp", devices=best_k)["throughput_img_s"])
+            ref.append(d2l(args.data, model, batch, args.batches))
+            print(f"  round {r + 1}: single {ours_single[-1]:,.0f} img/s"
+                  + (f", ddp k={best_k} {ours_best[-1]:,.0f} img/s" if ours_best else "")
+                  + f", d2l recipe {ref[-1]:,.0f} img/s", flush=True)
+        print(f"{model} B={batch}: d2l recipe {spread(ref)} img/s")
+        print(f"{model} B={batch}: parallax single (1 device) {spread(ours_single)} img/s "
+              f"-> ratio {med(ours_single) / med(ref):.2f}x")
+        if ours_best:
+            print(f"{model} B={batch}/device: parallax ddp k={best_k} (every device) {spread(ours_best)} img/s "
+                  f"-> ratio {med(ours_best) / med(ref):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
