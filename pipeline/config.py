@@ -52,6 +52,9 @@ class TrainConfig:
     epochs: int = field(default=1, metadata=_range(1))
     max_steps: int = field(default=0, metadata=_range(0))  # 0 = no limit
     seed: int = field(default=0, metadata=_range(0))
+    # weight init: PyTorch's default (Kaiming-uniform), or d2l's N(0, 0.01) for conv/linear weights, which leaves
+    # LeNet on a loss plateau for its first ~150-200 steps (use it to reproduce the seeds exactly)
+    init: str = field(default="default", metadata=_choice("default", "d2l"))
     warmup_steps: int = field(default=3, metadata=_range(0))  # excluded from throughput
     target_acc: float = field(default=0.8, metadata=_range(0, 1))
     oversubscribe: bool = False  # functional tests only: k > N allowed, run tagged and excluded from analysis

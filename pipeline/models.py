@@ -49,14 +49,18 @@ def build_resnet18(num_classes: int = 10, in_channels: int = 1) -> nn.Module:
 MODELS = {"lenet": build_lenet, "resnet18": build_resnet18}
 
 
-def build_model(name: str, seed: int) -> nn.Module:
-    """A freshly initialised model; the same (name, seed) gives the same weights on every rank and strategy."""
+def build_model(name: str, seed: int, init: str = "default") -> nn.Module:
+    """A freshly initialised model; the same (name, seed, init) gives the same weights on every rank and strategy.
+
+    init="d2l": d2l's multi-GPU chapters draw conv/linear weights from N(0, 0.01) (both models); "default" keeps
+    PyTorch's Kaiming-uniform init, which gets LeNet off its initial loss plateau ~150 steps sooner.
+    """
     torch.manual_seed(seed)
     model = MODELS[name]()
-    # d2l's multi-GPU chapters initialise conv/linear weights with N(0, 0.01) for both models.
-    for m in model.modules():
-        if isinstance(m, (nn.Linear, nn.Conv2d)):
-            nn.init.normal_(m.weight, std=0.01)
+    if init == "d2l":
+        for m in model.modules():
+            if isinstance(m, (nn.Linear, nn.Conv2d)):
+                nn.init.normal_(m.weight, std=0.01)
     return model
 
 

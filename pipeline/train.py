@@ -45,7 +45,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
     """Train cfg.train.model with `strategy` (already set up) on `data`; returns this process's results."""
     t = cfg.train
     # --- model and parallelism, applied before the loop
-    model = build_model(t.model, t.seed).to(strategy.device)
+    model = build_model(t.model, t.seed, t.init).to(strategy.device)
     if t.channels_last and strategy.device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     model, criterion = strategy.wrap(model, nn.CrossEntropyLoss())

@@ -24,3 +24,10 @@ def test_same_seed_same_weights_different_seed_different():
     a, b, c = (build_model("lenet", s).state_dict() for s in (0, 0, 1))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_d2l_init_draws_small_normal_weights():
+    m = build_model("lenet", 0, init="d2l")
+    w = m[7].weight  # fc 800 -> 128
+    assert abs(w.std().item() - 0.01) < 0.001
+    assert build_model("lenet", 0)[7].weight.std().item() > 0.015  # PyTorch's default is wider
