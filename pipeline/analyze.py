@@ -20,6 +20,8 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.figure import Figure  # no pyplot: no global backend; savefig uses Agg
 
+from . import knobs
+
 EXPECTED = ("single", "scratch", "dp", "dp_criterion", "ddp", "ddp_amp", "fsdp")
 KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
 # Grouped on, so that a distinct setting is a distinct point; shown only where they vary.
@@ -616,7 +618,7 @@ def _problems(df, status):
     return s
 
 
-def write_report(path, df, notes, status, pts, eff, mem, acc):
+def write_report(path, df, notes, status, pts, eff, mem, acc, extra=()):
     s = ["# Parallax analysis report\n\n"]
     synth = sorted(set(df.loc[df["data_source"] == "synthetic", "strategy"]))
     if synth:
@@ -632,6 +634,7 @@ def write_report(path, df, notes, status, pts, eff, mem, acc):
     s += _tables(df, pts, eff, mem, acc)
     s += ["\n## Figures\n\n"] + [f"![{n}]({n}.png)\n\n"
                                    for n in ("efficiency", "throughput", "memory", "accuracy")]
+    s += list(extra)
     s += _problems(df, status)
     if notes:
         s += ["\n## Notes\n\n", "\n".join(f"- {n}" for n in notes) + "\n"]
@@ -639,6 +642,14 @@ def write_report(path, df, notes, status, pts, eff, mem, acc):
 
 
 # ---------------------------------------------------------------- stage
+
+def _overlap_section(overlap_dir: Path) -> list[str]:
+    md = overlap_dir / "overlap.md"
+    if not md.exists():
+        return ["\n## Automatic parallelism and communication overlap\n\nNot measured: run the `overlap` stage "
+                "(`dvc repro -s overlap`).\n"]
+    return ["\n" + md.read_text()]
+
 
 def _csv(df, path, cols, shown):
     df = df[[*cols[:2], *shown, *cols[2:]]].copy()
@@ -673,6 +684,11 @@ def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPEC
     plot_throughput(pts, out / "throughput.png", colors)
     plot_memory(mem, out / "memory.png")
     plot_accuracy(pts, out / "accuracy.png", colors)
-    write_report(out / "report.md", df, notes, status, pts, eff, mem, acc)
+    knob_tab = knobs.knob_table(pts, eff)
+    for knob in knob_tab["knob"].unique():
+        knobs.plot_knob(knob_tab, knob, out / f"knob_{knob}.png")
+    knob_tab.to_csv(out / "knobs.csv", index=False)
+    extra = knobs.section(knob_tab, md_table) + _overlap_section(Path(sweeps_dir).parent / "overlap")
+    write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     return summary

@@ -288,3 +288,27 @@ def test_json_has_no_nan():
                        "d": {"e": 2.5, "f": 4.0}})
     assert out == {"a": None, "b": [None, 3], "c": True, "d": {"e": 2.5, "f": 4}}
     json.dumps(out, allow_nan=False)
+
+
+def test_knob_effects_get_a_table_and_a_plot_per_varied_knob(tmp_path):
+    import pandas as pd
+    from pipeline.analyze import analyze
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    rows = []
+    for i, (k, hook, tput, acc) in enumerate([(1, "none", 1000, 0.8), (2, "none", 1900, 0.8),
+                                              (1, "fp16", 1000, 0.79), (2, "fp16", 1980, 0.7)]):
+        rows.append({"trial": i, "strategy": "ddp", "model": "lenet", "devices": k, "batch_size": 128 * k,
+                     "per_device_batch": 128, "lr": 0.1, "state": "complete", "throughput_img_s": tput,
+                     "test_acc": acc, "data_source": "synthetic", "device_kind": "cpu", "host": "h",
+                     "host_devices": 2, "parallel_devices": True, "oversubscribed": False,
+                     "peak_mem_bytes": "[100]" if k == 1 else "[100, 100]", "bucket_cap_mb": 25,
+                     "grad_as_bucket_view": False, "accum_steps": 1, "comm_hook": hook})
+    pd.DataFrame(rows).to_csv(sweeps / "ddp.csv", index=False)
+    analyze(sweeps, tmp_path / "out")
+    table = pd.read_csv(tmp_path / "out" / "knobs.csv")
+    assert set(table["knob"]) == {"comm_hook"}
+    fp16 = table[(table["value"] == "fp16") & (table["k"] == 2)].iloc[0]
+    assert fp16["weak_efficiency"] == pytest.approx(1980 / (2 * 1000)) and fp16["test_acc"] == pytest.approx(0.7)
+    assert (tmp_path / "out" / "knob_comm_hook.png").exists()
+    assert "### comm_hook" in (tmp_path / "out" / "report.md").read_text()
