@@ -46,7 +46,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
     t = cfg.train
     # --- model and parallelism, applied before the loop
     model = build_model(t.model, t.seed, t.init).to(strategy.device)
-    if t.channels_last and strategy.device.type == "cuda":
+    if t.channels_last and strategy.channels_last_params:
         model = model.to(memory_format=torch.channels_last)
     model, criterion = strategy.wrap(model, nn.CrossEntropyLoss())
     if t.compile:
@@ -79,7 +79,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
                 t_steady = time.perf_counter()
             x = datamod.normalize(train_x[batches[i]], strategy.device)
             y = train_y[batches[i]]
-            if t.channels_last and x.is_cuda:
+            if t.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             if step == 0 and strategy.device.type == "cpu":
                 with strategy.memory_tracker(model, optimizer) as probe:

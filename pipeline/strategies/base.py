@@ -17,6 +17,7 @@ class Strategy:
     name = "single"
     multiprocess = False  # True: one process per device, started by PyTorch's elastic launcher
     parallel_on_cpu = True  # False: the k "devices" are run one after another in one process
+    channels_last_params = True  # False where parameters must stay contiguous (FSDP's flat shards)
 
     def __init__(self, train_cfg, host: Host):
         self.cfg, self.host = train_cfg, host

@@ -25,6 +25,7 @@ def _blocks(model: nn.Module):
 
 class FSDPStrategy(DistributedStrategy):
     name = "fsdp"
+    channels_last_params = False  # fully_shard needs contiguous parameters; inputs may still be NHWC
 
     def wrap(self, model, criterion):
         for block in list(_blocks(model)):
