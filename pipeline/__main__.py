@@ -116,8 +116,7 @@ def cmd_train(args) -> int:
     check_feasible(cfg, host)  # before any work, before touching the stores
     from . import data
     data.load(configmod.repo_root() / cfg.data.dir, cfg.data.source, 1, 1)  # data present and of the right source
-    tracker = run_id = None
-    on_epoch = None
+    tracker = run_id = on_epoch = None
     if not args.no_track:
         from . import tracking
         tracker = tracking.Tracker(cfg)

@@ -6,7 +6,6 @@ DataParallel silently becomes a plain one-device call without CUDA, so on a CPU-
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ..devices import device_for

@@ -6,7 +6,6 @@ averaged, so device 0 no longer holds every output. CPU-only hosts: unavailable,
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.nn.parallel import gather, parallel_apply, replicate, scatter
 

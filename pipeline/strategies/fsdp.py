@@ -6,7 +6,6 @@ and backward and gradients reduce-scattered, so per-device memory falls as devic
 """
 from __future__ import annotations
 
-import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
 from torch import nn

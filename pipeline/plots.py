@@ -1,0 +1,122 @@
+"""Figures of the analysis stage (matplotlib's object API, Agg, no global pyplot state)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+
+from .analyze import EXTRAS, MIB, _groups
+
+
+
+def _style(names):
+    """One colour per strategy, stable across figures."""
+    return {s: colormaps["tab10"](i % 10) for i, s in enumerate(names)}
+
+
+def _empty(ax, what):
+    ax.text(0.5, 0.5, f"no {what} measured", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xticks([]), ax.set_yticks([])
+
+
+def _save(fig, path):
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+
+
+def _label(r, models, part):
+    return f"{r['strategy']}{' ' + r['model'] if len(models) > 1 else ''} {part}"
+
+
+def plot_efficiency(eff, path, colors):
+    fig = Figure(figsize=(11, 4.2))
+    for ax, kind, ref, sym in zip(fig.subplots(1, 2), ("weak", "strong"),
+                                  ("per_device_batch", "batch_size"), ("b", "B")):
+        e = eff[(eff["kind"] == kind) & eff["efficiency"].notna()]
+        ax.set_title(f"{kind} scaling (fixed {sym})")
+        if e.empty:
+            _empty(ax, f"{kind}-scaling efficiency")
+            continue
+        models = e["model"].unique()
+        for _, g in _groups(e, ("strategy", "model", ref, *EXTRAS)):
+            r = g.iloc[0]
+            if len(g) < 2:
+                continue  # a lone k=1 point is 1.0 by definition
+            ax.plot(g["k"], g["efficiency"], marker="o", color=colors[r["strategy"]],
+                    ls="-" if r["parallel_devices"] is not False else ":",
+                    label=_label(r, models, f"{sym}={r[ref]:g}"))
+        ax.axhline(1.0, color="grey", ls="--", lw=1, label="ideal")
+        ax.set_xticks(sorted(e["k"].unique()))
+        ax.set(xlabel="devices k", ylabel="efficiency T(k)/(k·T(1))", ylim=(0, None))
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def plot_throughput(pts, path, colors):
+    p = pts[pts["throughput_img_s"].notna()]
+    models = sorted(p["model"].unique()) or [""]
+    fig = Figure(figsize=(5.5 * len(models), 4.2))
+    for ax, model in zip(np.atleast_1d(fig.subplots(1, len(models))), models):
+        g = p[p["model"] == model]
+        if g.empty:
+            _empty(ax, "throughput")
+            continue
+        best = g.groupby(["strategy", "k"], sort=False)["throughput_img_s"].max().reset_index()
+        for s, b in _groups(best, ("strategy",)):
+            ax.plot(b["k"], b["throughput_img_s"], marker="o", color=colors[s[0]], label=s[0])
+        ax.set_xticks(sorted(g["k"].unique()))
+        ax.set(title=f"{model}: best throughput over batch sizes", xlabel="devices k",
+               ylabel="images / s")
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def _common_batch(m):
+    """The global batch measured by the most strategies (ties: the largest)."""
+    n = m.groupby("batch_size")["strategy"].nunique()
+    return max(n.index, key=lambda b: (n[b], b))
+
+
+def plot_memory(mem, path):
+    panels = sorted({(r["model"], r["k"]) for r in mem.to_dict("records")}, key=lambda t: (t[0], t[1]))
+    fig = Figure(figsize=(max(5.5, 4.5 * len(panels)), 4.2))
+    axes = np.atleast_1d(fig.subplots(1, max(1, len(panels)), squeeze=False)[0])
+    if not panels:
+        _empty(axes[0], "memory")
+    for ax, (model, k) in zip(axes, panels):
+        m = mem[(mem["model"] == model) & (mem["k"] == k)]
+        m = m[m["batch_size"] == _common_batch(m)].drop_duplicates("strategy")
+        n = max(len(p) for p in m["peaks"])
+        w = 0.8 / n
+        for d in range(n):
+            ax.bar(np.arange(len(m)) + (d - (n - 1) / 2) * w,
+                   [p[d] / MIB if d < len(p) else 0 for p in m["peaks"]], w, label=f"device {d}")
+        ax.set_xticks(np.arange(len(m)), m["strategy"], rotation=30, fontsize=8)
+        ax.set(title=f"{model}, k={k:g}, B={m['batch_size'].iloc[0]:g}", ylabel="peak memory (MiB)")
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def plot_accuracy(pts, path, colors):
+    p = pts[pts["test_acc"].notna()]
+    models = sorted(p["model"].unique()) or [""]
+    fig = Figure(figsize=(5.5 * len(models), 4.2))
+    for ax, model in zip(np.atleast_1d(fig.subplots(1, len(models))), models):
+        g = p[p["model"] == model]
+        if g.empty:
+            _empty(ax, "accuracy")
+            continue
+        best = g.groupby(["strategy", "k", "batch_size"], sort=False)["test_acc"].max().reset_index()
+        for (s, k), b in _groups(best, ("strategy", "k")):
+            ax.plot(b["batch_size"], b["test_acc"], marker="o", color=colors[s],
+                    ls=["-", "--", ":", "-."][int(math.log2(k)) % 4 if k >= 1 else 0], label=f"{s} k={k:g}")
+        ax.set_xscale("log", base=2)
+        ticks = sorted(best["batch_size"].unique())
+        ax.set_xticks(ticks, [f"{b:g}" for b in ticks])
+        ax.set(title=f"{model}: final test accuracy (best lr)", xlabel="global batch B",
+               ylabel="test accuracy")
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+

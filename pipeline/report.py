@@ -1,0 +1,172 @@
+"""report.md of the analysis stage: tables, findings in plain language generated from the numbers."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .analyze import MIB, _best, _groups, _is_unavailable, _joined, _shown
+
+
+
+def _fmt(v) -> str:
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        return str(int(v)) if v.is_integer() else f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(df, cols=None, headers=None) -> str:
+    """A GitHub-markdown table (no tabulate dependency); '—' marks undefined values."""
+    cols = list(cols or df.columns)
+    if df.empty:
+        return "_none_\n"
+    lines = ["| " + " | ".join(headers or cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in df.to_dict("records")]
+    return "\n".join(lines) + "\n"
+
+
+def _mib(v):
+    return v / MIB if v is not None and not (isinstance(v, float) and math.isnan(v)) else math.nan
+
+
+def _reading(pts, eff, mem, status) -> list[str]:
+    """Plain-language findings, generated from the tables (one block per model)."""
+    out = []
+    for model in sorted(pts["model"].unique()):
+        p, e, m = (t[t["model"] == model] for t in (pts, eff, mem))
+        tag = f" ({model})" if pts["model"].nunique() > 1 else ""
+        r = _best(p, "throughput_img_s")
+        if r is not None:
+            out.append(f"Fastest{tag}: **{r['strategy']}**, {r['throughput_img_s']:,.0f} images/s "
+                       f"at k={r['k']:g}, B={r['batch_size']:g}.")
+        w = e[(e["kind"] == "weak") & e["efficiency"].notna() & (e["k"] >= 2)]
+        if len(w):
+            K = w["k"].max()
+            best = w[w["k"] == K].groupby("strategy")["efficiency"].max().sort_values(ascending=False)
+            rest = ", ".join(f"{s} {v:.2f}" for s, v in best.iloc[1:].items())
+            out.append(f"Best weak-scaling efficiency at the largest k with a k=1 reference "
+                       f"(k={K:g}){tag}: **{best.index[0]}** {best.iloc[0]:.2f}"
+                       + (f" (then {rest})." if rest else " (the only one defined there)."))
+        else:
+            out.append(f"Weak-scaling efficiency{tag}: undefined (no strategy has both k=1 and k≥2 "
+                       "at the same per-device batch).")
+        r = _best(m, "peak_max") if len(m) else None
+        if r is not None:
+            dev0 = m.assign(dev0=[q[0] for q in m["peaks"]])
+            r0 = _best(dev0, "dev0")
+            out.append(f"Most memory on device 0{tag}: **{r0['strategy']}**, {r0['dev0'] / MIB:,.1f} MiB "
+                       f"(k={r0['k']:g}, B={r0['batch_size']:g}).")
+            m2 = m[m["k"] >= 2]
+            imb = _best(m2, "mem_imbalance") if len(m2) else None
+            if imb is not None:
+                out.append(f"Worst memory imbalance (max/mean){tag}: **{imb['strategy']}**, "
+                           f"{imb['mem_imbalance']:.2f}× at k={imb['k']:g}, B={imb['batch_size']:g}; "
+                           f"device-0 excess there {_mib(imb['dev0_excess_bytes']):,.1f} MiB.")
+            if m["mem_method"].nunique() > 1:
+                out.append("Memory was measured with different methods ("
+                           + ", ".join(sorted(set(m["mem_method"]) - {""}))
+                           + "): compare across those with care.")
+        r = _best(p, "test_acc")
+        if r is not None:
+            out.append(f"Best final test accuracy{tag}: **{r['strategy']}**, {r['test_acc']:.4f} "
+                       f"(k={r['k']:g}, B={r['batch_size']:g}, lr={r['best_lr']:g}).")
+    serial = sorted({r["strategy"] for r in pts.to_dict("records")
+                     if r["k"] >= 2 and r["parallel_devices"] is False})
+    for s in serial:
+        out.append(f"**{s}**: its k devices do not run in parallel on this host "
+                   "(parallel_devices=False), so its \"scaling\" is not real parallel scaling.")
+    down = [s for s, st in status.items() if st["status"] != "measured"]
+    if down:
+        out.append("Not measured here: " + ", ".join(f"{s} ({status[s]['status']})" for s in down) + ".")
+    if pts.empty:
+        out.insert(0, "No complete, non-oversubscribed trial: nothing to compare.")
+    return out
+
+
+def _host_section(df):
+    cols = ["host", "device_kind", "device_name", "host_devices"]
+    h = df[df[cols[0]] != ""].groupby(cols, dropna=False).size().reset_index(name="trials")
+    src = _joined(df["data_source"]) or "unknown"
+    return ["## Host and devices\n\n", md_table(h, [*cols, "trials"],
+            ["host", "kind", "device", "devices N", "trials"]), f"\nData source: **{src}**.\n"]
+
+
+def _tables(df, pts, eff, mem, acc):
+    x = _shown(df)
+    s = ["\n## Throughput per point\n\n",
+         "Median over learning rates (and repeats) of complete trials; accuracy from the best lr.\n\n",
+         md_table(pts, ["strategy", "model", *x, "k", "batch_size", "per_device_batch",
+                        "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc"]),
+         "\n## Scaling efficiency\n\n",
+         "E(k) = T(k)/(k·T(1)) with T(1) measured by the same strategy: weak at fixed per-device "
+         "batch b, strong at fixed global batch B. '—' = no k=1 reference (undefined, not 0).\n"]
+    for kind in ("weak", "strong"):
+        e = eff[(eff["kind"] == kind) & (eff["k"] >= 2)]
+        s += [f"\n### {kind.capitalize()} scaling\n\n",
+              md_table(e, ["strategy", "model", *x, "k", "per_device_batch", "batch_size",
+                           "throughput_img_s", "base_throughput_img_s", "speedup", "efficiency",
+                           "parallel_devices"])]
+    mm = mem.assign(per_device_mib=[" / ".join(f"{v / MIB:,.1f}" for v in p) for p in mem["peaks"]],
+                    peak_max_mib=mem["peak_max"] / MIB, dev0_excess_mib=mem["dev0_excess_bytes"] / MIB)
+    s += ["\n## Memory per device\n\n",
+          "Peak per device in MiB (device 0 first); imbalance = max/mean; device-0 excess = "
+          "peak[0] − mean(peak[1:]) (k ≥ 2).\n\n",
+          md_table(mm, ["strategy", "model", *x, "k", "batch_size", "mem_method", "per_device_mib",
+                        "peak_max_mib", "mem_imbalance", "dev0_excess_mib"]),
+          "\n## Accuracy\n\n",
+          "Final test accuracy and time to the target accuracy ('—': not reached).\n\n",
+          md_table(acc, ["strategy", "model", *x, *(["epochs"] if acc["epochs"].nunique() > 1 else []),
+                         "k", "batch_size", "lr", "test_acc", "time_to_acc_s", "target_acc"])]
+    return s
+
+
+def _problems(df, status):
+    s = ["\n## Unavailable on this host\n\n"]
+    un = df[(df["state"] == "skipped") & df["reason"].map(_is_unavailable)]
+    lines = [f"- **{st}**: {r} ({len(g)} point(s) skipped)"
+             for (st, r), g in _groups(un, ("strategy", "reason"))]
+    lines += [f"- **{n}**: {st['reason']}" for n, st in status.items() if st["status"] in ("missing", "empty")
+              or st["status"].startswith("unreadable")]
+    s += ["\n".join(lines) + "\n" if lines else "_none_\n"]
+    other = df[(df["state"] == "skipped") & ~df["reason"].map(_is_unavailable)]
+    s += ["\n## Other skipped points\n\n",
+          md_table(other.groupby(["strategy", "reason"], sort=False).size().reset_index(name="points"))]
+    bad = df[~df["state"].isin(["complete", "skipped"])]
+    s += ["\n## Failed and pruned trials\n\n",
+          md_table(bad, ["strategy", "model", "k", "batch_size", "lr", "trial", "state", "reason"])]
+    ov = df[df["oversubscribed"]]
+    s += ["\n## Excluded: oversubscribed runs (functional tests, not in scaling or memory)\n\n",
+          md_table(ov, ["strategy", "model", "k", "batch_size", "lr", "state", "throughput_img_s"])]
+    return s
+
+
+def write_report(path, df, notes, status, pts, eff, mem, acc, extra=()):
+    s = ["# Parallax analysis report\n\n"]
+    synth = sorted(set(df.loc[df["data_source"] == "synthetic", "strategy"]))
+    if synth:
+        s.append("> **⚠️ WARNING: SYNTHETIC DATA.** Trials of " + ", ".join(synth) + " ran on "
+                 "deterministic synthetic Fashion-MNIST-shaped data, not Fashion-MNIST: their "
+                 "accuracies say nothing about the real task.\n\n")
+    s += [f"{len(df)} trial rows, {int((df['state'] == 'complete').sum())} complete.\n\n"]
+    s += _host_section(df)
+    s += ["\n## Reading\n\n", "\n".join(f"- {line}" for line in _reading(pts, eff, mem, status)) + "\n"]
+    st = pd.DataFrame([{"strategy": k, **v} for k, v in status.items()])
+    s += ["\n## Strategies\n\n", md_table(st, ["strategy", "status", "n_complete", "n_failed", "n_pruned",
+                                               "n_skipped", "n_oversubscribed", "reason"])]
+    s += _tables(df, pts, eff, mem, acc)
+    s += ["\n## Figures\n\n"] + [f"![{n}]({n}.png)\n\n"
+                                   for n in ("efficiency", "throughput", "memory", "accuracy")]
+    s += list(extra)
+    s += _problems(df, status)
+    if notes:
+        s += ["\n## Notes\n\n", "\n".join(f"- {n}" for n in notes) + "\n"]
+    Path(path).write_text("".join(s))
+
+
