@@ -57,18 +57,18 @@ def _reading(pts, eff, mem, status) -> list[str]:
         else:
             out.append(f"Weak-scaling efficiency{tag}: undefined (no strategy has both k=1 and k≥2 "
                        "at the same per-device batch).")
-        r = _best(m, "peak_max") if len(m) else None
-        if r is not None:
-            dev0 = m.assign(dev0=[q[0] for q in m["peaks"]])
+        # device-0 memory and imbalance only mean something with >= 2 devices reported separately
+        m2 = m[(m["k"] >= 2) & (m["peaks"].map(len) >= 2)] if len(m) else m
+        if len(m2):
+            dev0 = m2.assign(dev0=[q[0] for q in m2["peaks"]])
             r0 = _best(dev0, "dev0")
-            out.append(f"Most memory on device 0{tag}: **{r0['strategy']}**, {r0['dev0'] / MIB:,.1f} MiB "
+            out.append(f"Most memory on device 0 with k≥2{tag}: **{r0['strategy']}**, {r0['dev0'] / MIB:,.1f} MiB "
                        f"(k={r0['k']:g}, B={r0['batch_size']:g}).")
-            m2 = m[m["k"] >= 2]
-            imb = _best(m2, "mem_imbalance") if len(m2) else None
-            if imb is not None:
-                out.append(f"Worst memory imbalance (max/mean){tag}: **{imb['strategy']}**, "
-                           f"{imb['mem_imbalance']:.2f}× at k={imb['k']:g}, B={imb['batch_size']:g}; "
-                           f"device-0 excess there {_mib(imb['dev0_excess_bytes']):,.1f} MiB.")
+            imb = _best(m2, "mem_imbalance")
+            out.append(f"Worst memory imbalance (max/mean){tag}: **{imb['strategy']}**, "
+                       f"{imb['mem_imbalance']:.2f}× at k={imb['k']:g}, B={imb['batch_size']:g}; "
+                       f"device-0 excess there {_mib(imb['dev0_excess_bytes']):,.1f} MiB.")
+        if len(m):
             if m["mem_method"].nunique() > 1:
                 out.append("Memory was measured with different methods ("
                            + ", ".join(sorted(set(m["mem_method"]) - {""}))
