@@ -16,6 +16,7 @@ from pathlib import Path
 from .config import repo_root
 
 RUNNING = "RUNNING"
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # no "View run at" line per ended run
 
 
 def tracking_uri(cfg) -> str:
