@@ -62,6 +62,7 @@ class TrainConfig:
     amp_dtype: str = field(default="auto", metadata=_choice("auto", "bf16", "fp16"))
     timeout_s: float = field(default=120.0, metadata=_range(1))  # collective timeout: a hung rank fails the trial
     check_every: int = field(default=25, metadata=_range(1))  # steps between NaN/inf loss checks (one sync)
+    pin_cores: bool = True  # CPU hosts: pin worker process r of a multi-process trial to core r
     channels_last: bool = True  # NHWC activations: faster convolutions on CPU (oneDNN) and GPU (tensor cores)
     compile: bool = False  # torch.compile the model
     # DDP communication knobs (ddp, ddp_amp)

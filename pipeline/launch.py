@@ -177,6 +177,9 @@ def _failure_reason(err) -> TrialFailed:
     return TrialFailed("; ".join(parts) or str(err), kind)
 
 
+_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
 def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s: float | None) -> list[dict]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -199,6 +202,9 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
         os.kill(os.getpid(), signal.SIGTERM)  # the agent turns this into an orderly shutdown of every worker
 
     timer = threading.Timer(timeout_s, on_timeout) if timeout_s else None
+    # the agent installs handlers that raise SignalException and never removes them: restored below, so a Ctrl-C
+    # between trials is a KeyboardInterrupt again (and a late SIGTERM ends the process as it would have)
+    handlers = {s: signal.getsignal(s) for s in _AGENT_SIGNALS}
     global _DATA
     _DATA = _load_data(cfg) if lc.start_method == "fork" else None
     watcher.start()
@@ -219,6 +225,9 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
         stop.set()
         watcher.join()
         _DATA = None
+        if threading.current_thread() is threading.main_thread():
+            for s, h in handlers.items():
+                signal.signal(s, h)
     return [results[r] for r in sorted(results)]
 
 

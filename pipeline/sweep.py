@@ -11,10 +11,13 @@ finished trials. results/sweeps/<strategy>.csv is rewritten from the study after
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import hashlib
 import itertools
 import json
+import os
 import sys
 import threading
 import time
@@ -29,7 +32,11 @@ from . import tracking
 from .devices import probe
 from .launch import Infeasible, TrialFailed, check_feasible, run_trial
 
-HEARTBEAT_S, GRACE_S = 5, 20
+# A trial whose heartbeat is older than GRACE_S is failed as stale and enqueued again: a rerun after a SIGKILL waits
+# that long for it. PARALLAX_GRACE_S shortens the wait (tests; at least 4 s, so that a live trial, beating every
+# HEARTBEAT_S, is never taken for a dead one).
+GRACE_S = max(4, int(os.environ.get("PARALLAX_GRACE_S", "20")))
+HEARTBEAT_S = max(1, min(5, GRACE_S // 4))
 SPACE_KEYS = ("model", "devices", "batch_size", "lr", "bucket_cap_mb", "grad_as_bucket_view", "accum_steps",
               "comm_hook")
 KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
@@ -158,6 +165,9 @@ def _claim(study: optuna.Study) -> optuna.Trial | None:
     for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         try:
             if study._storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
+                # at once: Optuna never calls a trial without a heartbeat stale, so a worker killed before its
+                # first beat would leave the trial RUNNING for ever and every rerun waiting on it
+                study._storage.record_heartbeat(t._trial_id)
                 return optuna.Trial(study, t._trial_id)
         except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
             continue
@@ -266,9 +276,10 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
     # bad input stops here, before anything is written to the stores
     from .launch import _load_data
     _load_data(configmod.replace_train(cfg, strategy=strategy))  # data present, readable, of the right source
-    open_storage(cfg)  # a bad URL fails now
-    tracker = tracking.Tracker(cfg)
-    study, feasible, skipped = prepare_study(cfg, strategy, host, tracker)
+    with _creating_stores(cfg):
+        open_storage(cfg)  # a bad URL fails now
+        tracker = tracking.Tracker(cfg)
+        study, feasible, skipped = prepare_study(cfg, strategy, host, tracker)
     parent_id = study.user_attrs.get("mlflow_parent_run_id")
     if parent_id and tracker.client.get_run(parent_id).info.status != "RUNNING":
         tracker.client.update_run(parent_id, status="RUNNING")
@@ -305,13 +316,31 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         write_csv(study, strategy, skipped, out_csv)
         if not interrupted:
             _finish_parent(study, tracker, parent_id, out_csv)
+        elif parent_id and not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            tracker.end_run(parent_id, "KILLED")  # no other worker is on it; the rerun marks it RUNNING again
     return out_csv
+
+
+@contextlib.contextmanager
+def _creating_stores(cfg):
+    """Serialise the creation of local SQLite stores: workers started together would race to create the same
+    tables ("table already exists"). An RDB server shared by many machines needs the stores created once first
+    (`python -m pipeline sweep --strategy S --n-trials 0`), see docs/reliability.md."""
+    if not (storage_url(cfg).startswith("sqlite") or tracking.tracking_uri(cfg).startswith("sqlite")):
+        yield
+        return
+    lock = configmod.repo_root() / "mlruns" / ".create.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file is closed, also if this process dies
+        yield
 
 
 def _finish_parent(study, tracker, parent_id, out_csv) -> None:
     left = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
     if not parent_id or left:
         return
+    tracker.end_stale_runs(f"tags.mlflow.parentRunId = '{parent_id}'")  # a trial run whose process died early
     tracker.log_artifact(parent_id, out_csv, "study")
     try:
         import matplotlib
@@ -321,7 +350,9 @@ def _finish_parent(study, tracker, parent_id, out_csv) -> None:
         plots_dir.mkdir(parents=True, exist_ok=True)
         for fn in ("plot_optimization_history", "plot_param_importances", "plot_slice"):
             try:
-                ax = getattr(ovm, fn)(study)
+                with warnings.catch_warnings():  # few trials or one-valued params: matplotlib complains
+                    warnings.simplefilter("ignore")
+                    ax = getattr(ovm, fn)(study)
                 fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
                 fig.savefig(plots_dir / f"{fn}.png", dpi=90, bbox_inches="tight")
                 matplotlib.pyplot.close(fig)
@@ -344,7 +375,9 @@ def _row(study, strategy, t=None, point=None, reason="", state="skipped") -> dic
            "model": p.get("model"), "devices": p.get("devices"), "batch_size": p.get("batch_size"),
            "per_device_batch": p["batch_size"] // p["devices"] if p.get("devices") else "", "lr": p.get("lr"),
            "epochs": m.get("epochs", ""), "state": state,
-           "reason": reason or (t.user_attrs.get("reason", "") if t else ""),
+           "reason": reason or (t.user_attrs.get("reason", "") if t else "") or (
+               "worker_died: its sweep process stopped (heartbeat stale); the point was enqueued again"
+               if t and t.state == TrialState.FAIL else ""),
            "peak_mem_bytes": json.dumps(peaks), "peak_mem_max": max(peaks) if peaks else "",
            "peak_mem_mean": sum(peaks) / len(peaks) if peaks else "", "mem_imbalance": m.get("mem_imbalance"),
            "epoch_s": sum(m["epoch_s"]) / len(m["epoch_s"]) if m.get("epoch_s") else "",
@@ -370,7 +403,7 @@ def write_csv(study, strategy: str, skipped, out_csv: Path) -> None:
         rows.append(r)
     out_csv = Path(out_csv)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_csv.with_suffix(".csv.tmp")
+    tmp = out_csv.with_suffix(f".csv.{os.getpid()}.tmp")  # per process: workers of one study share the CSV
     with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         w.writeheader()

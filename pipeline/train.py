@@ -6,6 +6,8 @@ main process only; the stop decision is then agreed by every rank.
 from __future__ import annotations
 
 import math
+import os
+import socket
 import time
 
 import torch
@@ -123,9 +125,15 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
     state = strategy.state_dict(model)  # collective for sharded parameters: every rank calls it
     devices = strategy.devices
     peaks = cuda_peaks(devices) if strategy.device.type == "cuda" else cpu_peaks
+    throughput = timed_images / timed_s if timed_s > 0 else None
+    # every rank's devices, on every node: the main rank reports the whole trial
+    ranks = strategy.gather({"rank": rank, "node": os.environ.get("GROUP_RANK", "0"),
+                             "host": socket.gethostname(), "peak_mem_bytes": peaks,
+                             "device_names": [str(d) for d in devices], "throughput_img_s": throughput})
     return {
+        "ranks": ranks,
         "rank": rank, "world_size": world, "steps": step, "stopped": stopped,
-        "throughput_img_s": timed_images / timed_s if timed_s > 0 else None,
+        "throughput_img_s": throughput,
         "timed_steps": timed_images // t.batch_size,
         "time_to_acc_s": time_to_acc,
         **history,

@@ -82,6 +82,10 @@ class Strategy:
         """Sum over processes (a no-op in one process)."""
         return t
 
+    def gather(self, obj) -> list:
+        """Every process's `obj`, in rank order (a list of one in one process)."""
+        return [obj]
+
     def broadcast_flag(self, flag: bool) -> bool:
         """Rank 0's decision, agreed by every rank."""
         return flag

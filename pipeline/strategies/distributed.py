@@ -30,6 +30,10 @@ class DistributedStrategy(Strategy):
         self.device = device_for(self.host, self.local_rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        elif self.cfg.pin_cores and hasattr(os, "sched_setaffinity"):
+            # one device = one core: keep each worker on its own core (no migrations, warm caches)
+            cores = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cores[self.local_rank % len(cores)]})
         if not dist.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, rank=rank, world_size=world_size,
@@ -45,6 +49,11 @@ class DistributedStrategy(Strategy):
         t = t.clone()
         dist.all_reduce(t)
         return t
+
+    def gather(self, obj) -> list:
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
 
     def broadcast_flag(self, flag: bool) -> bool:
         t = torch.tensor([1 if flag else 0], device=self.device)
