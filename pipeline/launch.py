@@ -55,6 +55,12 @@ def check_feasible(cfg, host: Host) -> None:
                          f"({'GPUs' if host.kind == 'cuda' else 'cores, one 1-thread process each'}); use at most "
                          f"{n}. (train.oversubscribe=true allows it for functional tests; such runs are excluded "
                          f"from scaling and memory analysis.)")
+    if t.devices % t.nnodes:
+        raise Infeasible(f"train.devices={t.devices} does not split evenly over train.nnodes={t.nnodes} nodes: "
+                         f"each node runs devices/nnodes processes; pick a multiple of {t.nnodes}.")
+    if t.nnodes > 1 and not (cls.multiprocess and t.rdzv_endpoint):
+        raise Infeasible(f"a trial over train.nnodes={t.nnodes} nodes needs a multi-process strategy (ddp, ddp_amp, "
+                         f"fsdp) and train.rdzv_endpoint=HOST:PORT of node 0's rendezvous.")
     if t.batch_size % t.devices:
         raise Infeasible(f"train.batch_size={t.batch_size} is not divisible by train.devices={t.devices}: every "
                          f"device must get the same share of the global batch; pick a multiple of {t.devices}.")
@@ -191,7 +197,8 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     lc = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=nproc,
                       run_id=t.rdzv_id if not standalone else f"parallax-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint="localhost:0" if standalone else t.rdzv_endpoint,
-                      rdzv_configs={"rank": t.node_rank} if not standalone else {},
+                      # node 0 hosts the rendezvous store at rdzv_endpoint; the others only connect to it
+                      rdzv_configs={"is_host": t.node_rank == 0} if not standalone else {},
                       max_restarts=0, monitor_interval=0.05, start_method=_start_method(cfg, host))
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop), daemon=True)
@@ -262,8 +269,9 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
 
 def summarize(cfg, host: Host, strategy, results: list[dict], wall_s: float) -> dict:
     t, main = cfg.train, results[0]
-    peaks = [p for r in results for p in (r["peak_mem_bytes"] or [])]
-    throughputs = [r["throughput_img_s"] for r in results if r["throughput_img_s"]]
+    ranks = main.get("ranks") or results  # every rank of every node, gathered by the trial itself
+    peaks = [p for r in ranks for p in (r["peak_mem_bytes"] or [])]
+    throughputs = [r["throughput_img_s"] for r in ranks if r["throughput_img_s"]]
     return {
         "model": t.model, "strategy": t.strategy, "devices": t.devices, "batch_size": t.batch_size,
         "per_device_batch": t.batch_size // t.devices, "lr": t.lr, "epochs": t.epochs, "seed": t.seed,
@@ -284,8 +292,9 @@ def summarize(cfg, host: Host, strategy, results: list[dict], wall_s: float) -> 
                 else "on this process's first device",
         "peak_mem_bytes": peaks, "mem_imbalance": imbalance(peaks), "mem_device0_excess": device0_excess(peaks),
         "mem_method": main["mem_method"],
-        "mem_devices": [f"node{r.get('node', '0')}/{d}" + (f"/rank{r['rank']}" if strategy.multiprocess else "")
-                        for r in results for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
+        "mem_devices": [f"node{r.get('node', '0')}:{r.get('host', host.hostname)}/{d}"
+                        + (f"/rank{r['rank']}" if strategy.multiprocess else "")
+                        for r in ranks for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
         "bucket_cap_mb": t.bucket_cap_mb, "grad_as_bucket_view": t.grad_as_bucket_view,
         "accum_steps": t.accum_steps, "comm_hook": t.comm_hook,
         "amp_dtype": main["amp_dtype"],

@@ -18,6 +18,7 @@ import hashlib
 import itertools
 import json
 import os
+import random
 import sys
 import threading
 import time
@@ -100,16 +101,22 @@ def open_storage(cfg) -> optuna.storages.RDBStorage:
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
     stale = ({"heartbeat_stale_trial_callback": retry(max_retry=2)} if retry else
              {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)})
-    try:
-        return optuna.storages.RDBStorage(
-            url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
-            heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, **stale)
-    except Exception as e:  # bad URL, server down, missing driver
-        raise configmod.ConfigError(
-            f"Cannot open the Optuna storage {url!r} (sweep.storage): {type(e).__name__}: {str(e).splitlines()[0]}. "
-            f"Use an RDB URL such as sqlite:////abs/path/optuna.db or postgresql://user:pass@host/db "
-            f"(the database must exist and its driver be installed), or leave sweep.storage empty for the "
-            f"default sqlite file in mlruns/.") from None
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(
+                url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
+                heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, **stale)
+        except Exception as e:  # bad URL, server down, missing driver
+            # workers started together on an empty PostgreSQL database race to create the tables; the losers get
+            # IntegrityError (pg_type_typname_nsp_index) and succeed on a retry, the tables being there by then
+            if type(e).__name__ == "IntegrityError" and attempt < 4:
+                time.sleep(0.5 + random.random())
+                continue
+            raise configmod.ConfigError(
+                f"Cannot open the Optuna storage {url!r} (sweep.storage): {type(e).__name__}: {str(e).splitlines()[0]}. "
+                f"Use an RDB URL such as sqlite:////abs/path/optuna.db or postgresql://user:pass@host/db "
+                f"(the database must exist and its driver be installed), or leave sweep.storage empty for the "
+                f"default sqlite file in mlruns/.") from None
 
 
 # ----------------------------------------------------------------------------- study set-up
@@ -160,9 +167,12 @@ def prepare_study(cfg, strategy: str, host, tracker) -> tuple[optuna.Study, list
     return study, feasible, skipped
 
 
-def _claim(study: optuna.Study) -> optuna.Trial | None:
-    """Atomically take one waiting trial (the storage refuses the RUNNING transition to all but one worker)."""
+def _claim(study: optuna.Study, runnable=lambda point: True) -> optuna.Trial | None:
+    """Atomically take one waiting trial that this host can run (the storage refuses the RUNNING transition to all
+    but one worker). A trial that needs more devices than this worker offers is left to a worker that has them."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if not runnable(t.system_attrs.get("fixed_params") or t.params):
+            continue
         try:
             if study._storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
                 # at once: Optuna never calls a trial without a heartbeat stale, so a worker killed before its
@@ -290,15 +300,26 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
     for p, why in skipped:
         print(f"  skipped {_fmt_point(p)}: {why}", file=sys.stderr)
     ran, started = 0, time.monotonic()
+
+    def runnable(point: dict) -> bool:
+        try:
+            check_feasible(trial_config(cfg, strategy, point), host)
+            return True
+        except Infeasible:
+            return False
     interrupted = True
     try:
         while max_new_trials is None or ran < max_new_trials:
             optuna.storages.fail_stale_trials(study)
             _end_stale_mlflow_runs(study, tracker)
-            trial = _claim(study)
+            trial = _claim(study, runnable)
             if trial is None:
                 running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                 if not running:
+                    left = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                    if left:
+                        print(f"[sweep {strategy}] {len(left)} waiting trial(s) need more devices than this host "
+                              f"offers ({host.kind} x{host.n}): left to a larger worker", file=sys.stderr, flush=True)
                     break
                 time.sleep(1.0)  # another worker (or a dead one, until its heartbeat goes stale) holds a trial
                 continue
@@ -397,7 +418,10 @@ def write_csv(study, strategy: str, skipped, out_csv: Path) -> None:
     host = probe()
     rows = [_row(study, strategy, t=t) for t in study.get_trials(deepcopy=False)
             if t.state != TrialState.WAITING]
+    in_study = [t.system_attrs.get("fixed_params") or t.params for t in study.get_trials(deepcopy=False)]
     for p, why in skipped:
+        if p in in_study:  # infeasible here, but queued by a larger host: its row is the trial's
+            continue
         r = _row(study, strategy, point=p, reason=why)
         r.update(host=host.hostname, device_kind=host.kind, device_name=host.name, host_devices=host.n)
         rows.append(r)
