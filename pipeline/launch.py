@@ -124,8 +124,21 @@ def _file_reporter(out_dir: Path, wait_for_ack: bool, timeout_s: float):
     return report
 
 
+def _exit_with_agent() -> None:
+    """Die with the agent: a worker blocked in a collective when its agent is SIGKILLed would otherwise linger
+    until the collective times out (the kernel's parent-death signal only reaches the Python handler later)."""
+    agent = os.getppid()
+
+    def watch():
+        while os.getppid() == agent:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="parallax-agent-watch").start()
+
+
 def rank_entry(cfg_dict: dict, out_dir: str, wait_for_ack: bool, progress: bool) -> dict:
     """Entry point of each worker process started by the elastic launcher."""
+    _exit_with_agent()
     cfg = configmod._build(configmod.Config, cfg_dict, "")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     data = _DATA if _DATA is not None else _load_data(cfg)

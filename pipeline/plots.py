@@ -53,15 +53,23 @@ def plot_efficiency(eff, path, colors):
     _save(fig, path)
 
 
-def plot_throughput(pts, path, colors):
-    p = pts[pts["throughput_img_s"].notna()]
+def _model_panels(p, what):
+    """One panel per model; a model with nothing measured gets a panel that says so."""
     models = sorted(p["model"].unique()) or [""]
     fig = Figure(figsize=(5.5 * len(models), 4.2))
+    panels = []
     for ax, model in zip(np.atleast_1d(fig.subplots(1, len(models))), models):
         g = p[p["model"] == model]
         if g.empty:
-            _empty(ax, "throughput")
-            continue
+            _empty(ax, what)
+        else:
+            panels.append((ax, model, g))
+    return fig, panels
+
+
+def plot_throughput(pts, path, colors):
+    fig, panels = _model_panels(pts[pts["throughput_img_s"].notna()], "throughput")
+    for ax, model, g in panels:
         best = g.groupby(["strategy", "k"], sort=False)["throughput_img_s"].max().reset_index()
         for s, b in _groups(best, ("strategy",)):
             ax.plot(b["k"], b["throughput_img_s"], marker="o", color=colors[s[0]], label=s[0])
@@ -99,14 +107,8 @@ def plot_memory(mem, path):
 
 
 def plot_accuracy(pts, path, colors):
-    p = pts[pts["test_acc"].notna()]
-    models = sorted(p["model"].unique()) or [""]
-    fig = Figure(figsize=(5.5 * len(models), 4.2))
-    for ax, model in zip(np.atleast_1d(fig.subplots(1, len(models))), models):
-        g = p[p["model"] == model]
-        if g.empty:
-            _empty(ax, "accuracy")
-            continue
+    fig, panels = _model_panels(pts[pts["test_acc"].notna()], "accuracy")
+    for ax, model, g in panels:
         best = g.groupby(["strategy", "k", "batch_size"], sort=False)["test_acc"].max().reset_index()
         for (s, k), b in _groups(best, ("strategy", "k")):
             ax.plot(b["batch_size"], b["test_acc"], marker="o", color=colors[s],
