@@ -1,6 +1,7 @@
 """What the host offers: its CUDA GPUs, or else its CPU cores (one 1-thread worker process per core)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import socket
@@ -39,6 +40,28 @@ def probe() -> Host:
                     torch.__version__, torch.version.cuda or "")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return Host("cpu", cores, _cpu_name(), socket.gethostname(), torch.__version__, "")
+
+
+def keep_freed_memory() -> None:
+    """Ask glibc to keep freed tensor memory for reuse instead of unmapping it.
+
+    Activations of a CPU training step are MB-sized; glibc serves those with mmap and returns them with munmap
+    until its adaptive threshold catches up, so a fresh process page-faults through every step. Measured here:
+    LeNet B=256 on one core, first trial of a process, 2,930-3,040 img/s without, 4,050-4,070 img/s with.
+    """
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED or platform.system() != "Linux":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 * 1024 * 1024)  # M_MMAP_THRESHOLD: glibc's maximum, 32 MiB on 64-bit
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
+        pass
+    _MALLOC_TUNED = True
+
+
+_MALLOC_TUNED = False
 
 
 def device_for(host: Host, index: int) -> torch.device:

@@ -98,3 +98,23 @@ def test_resume_runs_only_what_is_left_and_multiprocess_rows(tiny, tmp_path):
 
 def test_changed_space_is_a_new_study(tiny):
     assert study_name(tiny(), "ddp") != study_name(tiny(50.0), "single") != study_name(tiny(), "single")
+
+
+@pytest.mark.slow
+def test_pruning_reaches_a_multiprocess_trial_through_rank_0(tiny, tmp_path, monkeypatch):
+    """Rank 0 (a worker process) reports each epoch; the sweep's pruning decision stops every rank."""
+    reported = []
+    monkeypatch.setattr(optuna.Trial, "report", lambda self, value, step: reported.append((value, step)))
+    monkeypatch.setattr(optuna.Trial, "should_prune", lambda self: True)
+    cfg = tiny(100.0, "sweep.pruning=true", "train.epochs=3",
+               "sweep.spaces.ddp={devices: [2], batch_size: [64], lr: [0.1]}")
+    out = tmp_path / "ddp.csv"
+    run_sweep(cfg, "ddp", out)
+    rows = [r for r in read(out) if r["state"] != "skipped"]
+    assert [r["state"] for r in rows] == ["pruned"] and "after epoch 1" in rows[0]["reason"]
+    assert len(json.loads(rows[0]["test_acc_list"])) == 1  # both ranks stopped after the first epoch
+    assert [step for _, step in reported] == [1]
+    study = optuna.load_study(study_name=study_name(cfg, "ddp"), storage=open_storage(cfg))
+    assert [t.state for t in study.trials] == [TrialState.PRUNED]
+    runs = tracking.Tracker(cfg).find_runs("tags.strategy = 'ddp'")
+    assert [r.info.status for r in runs if "mlflow.parentRunId" in r.data.tags] == ["KILLED"]

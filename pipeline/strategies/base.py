@@ -10,7 +10,7 @@ import contextlib
 import torch
 from torch import nn
 
-from ..devices import Host, device_for
+from ..devices import Host, device_for, keep_freed_memory
 
 
 class Strategy:
@@ -39,6 +39,7 @@ class Strategy:
     def setup(self, rank: int = 0, world_size: int = 1) -> torch.device:
         """Prepare this process; returns the device its inputs live on."""
         torch.set_num_threads(1)  # one device = one core = one intra-op thread
+        keep_freed_memory()
         self.device = device_for(self.host, 0)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)

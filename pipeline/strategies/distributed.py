@@ -13,7 +13,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..devices import device_for
+from ..devices import device_for, keep_freed_memory
 from .base import Strategy
 
 
@@ -25,6 +25,7 @@ class DistributedStrategy(Strategy):
 
     def setup(self, rank: int = 0, world_size: int = 1) -> torch.device:
         torch.set_num_threads(1)
+        keep_freed_memory()
         self.rank, self.world_size = rank, world_size
         self.local_rank = int(os.environ.get("LOCAL_RANK", rank))
         self.device = device_for(self.host, self.local_rank)
