@@ -141,6 +141,12 @@ def _parallel(values) -> bool | None:
     return None if not vals else all(vals)
 
 
+def _serial(r) -> bool:
+    """The row's k devices ran one after another (parallel_devices is False, as bool or numpy bool)."""
+    v = r.get("parallel_devices")
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and not bool(v)
+
+
 def _groups(df, keys):
     return df.groupby(list(keys), sort=False, dropna=False)
 

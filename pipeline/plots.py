@@ -7,7 +7,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from .analyze import EXTRAS, MIB, _groups
+from .analyze import _serial, EXTRAS, MIB, _groups
 
 
 
@@ -44,7 +44,7 @@ def plot_efficiency(eff, path, colors):
             if len(g) < 2:
                 continue  # a lone k=1 point is 1.0 by definition
             ax.plot(g["k"], g["efficiency"], marker="o", color=colors[r["strategy"]],
-                    ls="-" if r["parallel_devices"] is not False else ":",
+                    ls=":" if _serial(r) else "-",
                     label=_label(r, models, f"{sym}={r[ref]:g}"))
         ax.axhline(1.0, color="grey", ls="--", lw=1, label="ideal")
         ax.set_xticks(sorted(e["k"].unique()))

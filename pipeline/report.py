@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .analyze import MIB, _best, _groups, _is_unavailable, _joined, _shown
+from .analyze import _serial, MIB, _best, _groups, _is_unavailable, _joined, _shown
 
 
 
@@ -78,7 +78,7 @@ def _reading(pts, eff, mem, status) -> list[str]:
             out.append(f"Best final test accuracy{tag}: **{r['strategy']}**, {r['test_acc']:.4f} "
                        f"(k={r['k']:g}, B={r['batch_size']:g}, lr={r['best_lr']:g}).")
     serial = sorted({r["strategy"] for r in pts.to_dict("records")
-                     if r["k"] >= 2 and r["parallel_devices"] is False})
+                     if r["k"] >= 2 and _serial(r)})
     for s in serial:
         out.append(f"**{s}**: its k devices do not run in parallel on this host "
                    "(parallel_devices=False), so its \"scaling\" is not real parallel scaling.")

@@ -369,7 +369,10 @@ def _finish_parent(study, tracker, parent_id, out_csv) -> None:
         from optuna.visualization import matplotlib as ovm
         plots_dir = out_csv.parent / ".plots" / study.study_name
         plots_dir.mkdir(parents=True, exist_ok=True)
-        for fn in ("plot_optimization_history", "plot_param_importances", "plot_slice"):
+        complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        # parameter importances need a real sample (and cost seconds): only for studies of 10+ trials
+        fns = ["plot_optimization_history", "plot_slice"] + (["plot_param_importances"] if complete >= 10 else [])
+        for fn in fns:
             try:
                 with warnings.catch_warnings():  # few trials or one-valued params: matplotlib complains
                     warnings.simplefilter("ignore")
