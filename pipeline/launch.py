@@ -174,7 +174,7 @@ def _watch(out_dir: Path, on_epoch, stop: threading.Event):
             decision = "stop" if on_epoch and on_epoch(record) else "go"
             (out_dir / f"ack-{record['epoch']}").write_text(decision)
         seen = len(lines)
-        stop.wait(0.02)
+        stop.wait(0.1)  # an epoch record waits at most this long; polling faster steals a core
 
 
 def _failure_reason(err) -> TrialFailed:
@@ -221,7 +221,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
         rdzv = {"rdzv_backend": "c10d", "rdzv_endpoint": t.rdzv_endpoint, "run_id": t.rdzv_id,
                 "rdzv_configs": {"is_host": t.node_rank == 0}}
     lc = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=nproc, **rdzv,
-                      max_restarts=0, monitor_interval=0.05, start_method=_start_method(cfg, host))
+                      max_restarts=0, monitor_interval=0.1, start_method=_start_method(cfg, host))
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop), daemon=True)
     timed_out = threading.Event()
