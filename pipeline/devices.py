@@ -46,11 +46,11 @@ def keep_freed_memory() -> None:
     """Ask glibc to keep freed tensor memory for reuse instead of unmapping it.
 
     Activations of a CPU training step are MB-sized; glibc serves those with mmap and returns them with munmap
-    until its adaptive threshold catches up, so a fresh process page-faults through every step. Measured here:
-    LeNet B=256 on one core, first trial of a process, 2,930-3,040 img/s without, 4,050-4,070 img/s with.
+    until its adaptive threshold catches up, so a fresh process page-faults through every step (measured by
+    benchmarks/ablations.py; PARALLAX_MALLOC_TUNING=0 turns this off for that comparison).
     """
     global _MALLOC_TUNED
-    if _MALLOC_TUNED or platform.system() != "Linux":
+    if _MALLOC_TUNED or platform.system() != "Linux" or os.environ.get("PARALLAX_MALLOC_TUNING") == "0":
         return
     try:
         libc = ctypes.CDLL("libc.so.6")

@@ -97,7 +97,10 @@ def test_resume_runs_only_what_is_left_and_multiprocess_rows(tiny, tmp_path):
 
 
 def test_changed_space_is_a_new_study(tiny):
-    assert study_name(tiny(), "ddp") != study_name(tiny(50.0), "single") != study_name(tiny(), "single")
+    assert study_name(tiny(), "single") == study_name(tiny(), "single")  # same space: the same study (resume)
+    assert study_name(tiny(50.0), "single") != study_name(tiny(), "single")  # an lr changed: a new study
+    # another strategy's space changing leaves this one's study (and its DVC stage) alone
+    assert study_name(tiny(50.0), "ddp") == study_name(tiny(), "ddp")
 
 
 @pytest.mark.slow
