@@ -127,9 +127,9 @@ def _sampler(cfg):
     return optuna.samplers.RandomSampler(seed=cfg.train.seed)  # only used for trials outside the queue
 
 
-def prepare_study(cfg, strategy: str, host, tracker) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
+def prepare_study(cfg, strategy: str, host, tracker, storage=None) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
     """Create or load the study; the creator enqueues every feasible point once and opens the parent run."""
-    storage = open_storage(cfg)
+    storage = storage or open_storage(cfg)
     name = study_name(cfg, strategy)
     feasible, skipped = [], []
     for p in points(cfg, strategy):
@@ -287,9 +287,9 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
     from .launch import _load_data
     _load_data(configmod.replace_train(cfg, strategy=strategy))  # data present, readable, of the right source
     with _creating_stores(cfg):
-        open_storage(cfg)  # a bad URL fails now
+        storage = open_storage(cfg)  # a bad URL fails now
         tracker = tracking.Tracker(cfg)
-        study, feasible, skipped = prepare_study(cfg, strategy, host, tracker)
+        study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, storage)
     parent_id = study.user_attrs.get("mlflow_parent_run_id")
     if parent_id and tracker.client.get_run(parent_id).info.status != "RUNNING":
         tracker.client.update_run(parent_id, status="RUNNING")
@@ -364,12 +364,14 @@ def _finish_parent(study, tracker, parent_id, out_csv) -> None:
     tracker.end_stale_runs(f"tags.mlflow.parentRunId = '{parent_id}'")  # a trial run whose process died early
     tracker.log_artifact(parent_id, out_csv, "study")
     try:
+        complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        if not complete:  # nothing to plot (e.g. a strategy this host cannot run): skip matplotlib's start-up
+            return
         import matplotlib
         matplotlib.use("Agg")
         from optuna.visualization import matplotlib as ovm
         plots_dir = out_csv.parent / ".plots" / study.study_name
         plots_dir.mkdir(parents=True, exist_ok=True)
-        complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
         # parameter importances need a real sample (and cost seconds): only for studies of 10+ trials
         fns = ["plot_optimization_history", "plot_slice"] + (["plot_param_importances"] if complete >= 10 else [])
         for fn in fns:

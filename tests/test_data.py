@@ -11,7 +11,7 @@ import torch
 import torchvision
 from torch import nn
 
-from pipeline import data
+from pipeline import data, download
 from pipeline.data import FILES, DataError
 
 
@@ -36,7 +36,7 @@ def mirror(tmp_path, small, monkeypatch):
         blob = gzip.compress((tmp_path / name).read_bytes(), mtime=0)
         (folder / f"{name}.gz").write_bytes(blob)
         resources.append((f"{name}.gz", hashlib.md5(blob).hexdigest()))
-    monkeypatch.setattr(data.FashionMNISTDownload, "resources", resources)
+    monkeypatch.setattr(download.FashionMNISTDownload, "resources", resources)
     return folder
 
 
@@ -171,7 +171,7 @@ def test_offline_without_mirror_explains_both_ways_out(tmp_path, monkeypatch):
     with socket.socket() as s:  # a local port that was free a moment ago: connection refused, at once
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}/"
-    monkeypatch.setattr(data.FashionMNISTDownload, "mirrors", [url])
+    monkeypatch.setattr(download.FashionMNISTDownload, "mirrors", [url])
     root = tmp_path / "fm"
     with pytest.raises(DataError) as e:
         data.prepare(root, "fashion-mnist", progress=False)
@@ -213,7 +213,7 @@ def test_download_runs_under_a_socket_timeout(tmp_path, monkeypatch):
         seen.append(socket.getdefaulttimeout())
         raise RuntimeError("Error downloading x:\nTried y, got:\n<urlopen error timed out>")
 
-    monkeypatch.setattr(data.FashionMNISTDownload, "download", fake_download)
+    monkeypatch.setattr(download.FashionMNISTDownload, "download", fake_download)
     before = socket.getdefaulttimeout()
     socket.setdefaulttimeout(7.0)
     try:
@@ -222,7 +222,7 @@ def test_download_runs_under_a_socket_timeout(tmp_path, monkeypatch):
         assert socket.getdefaulttimeout() == 7.0  # the process's own setting is restored
     finally:
         socket.setdefaulttimeout(before)
-    assert seen == [data.DOWNLOAD_TIMEOUT_S] * len(data.FashionMNISTDownload.mirrors)
+    assert seen == [data.DOWNLOAD_TIMEOUT_S] * len(download.FashionMNISTDownload.mirrors)
 
 
 def test_bad_mirror_value(tmp_path):
