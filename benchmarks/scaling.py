@@ -3,7 +3,9 @@
     .venv/bin/python benchmarks/scaling.py [--rounds 3] [--per-device-batch 256]
 
 E_w(k) = T(k, k*b) / (k * T(1, b)) with T = images/s over steady-state steps, LeNet, per-device batch b.
-Runs alternate k=1 and k=K for each strategy, so both see the same machine state.
+Runs alternate k=1 and k=K for each strategy, so both see the same machine state. DDP-family strategies run twice:
+with their default gradient transport (comm_hook=auto: shared memory between the ranks of one CPU host) and with
+Gloo's TCP all-reduce (comm_hook=none), so the transport's share of the efficiency is measured, not assumed.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ def main():
     p.add_argument("--steps", type=int, default=60, help="steady-state steps per run")
     p.add_argument("--model", default="lenet")
     p.add_argument("--strategies", nargs="*", default=None)
+    p.add_argument("--no-gloo", action="store_true", help="skip the ddp/ddp_amp runs with comm_hook=none (Gloo)")
     args = p.parse_args()
     host = probe()
     k = min(2, host.n) if host.kind == "cpu" else host.n
@@ -32,19 +35,25 @@ def main():
     b = args.per_device_batch
     names = args.strategies or [s for s, c in STRATEGIES.items()
                                 if s != "single" and c.unavailable_reason(host) is None]
-    for s in names:
-        one, many = [], []
+    variants = [(s, s, ()) for s in names]
+    if not args.no_gloo:
+        variants += [(f"{s} comm_hook=none (Gloo)", s, ("train.comm_hook=none",)) for s in names
+                     if s in ("ddp", "ddp_amp")]
+    for label, s, sets in variants:
+        one, many, hooks = [], [], set()
         for r in range(args.rounds):
             with tempfile.TemporaryDirectory() as tmp:
                 for kk, out in ((1, one), (k, many)):
                     cfg = base_cfg(args.data, source, f"data.train_limit={kk * b * (args.steps + 5)}",
-                                   "data.test_limit=500", "train.warmup_steps=5")
-                    out.append(trial(cfg, Path(tmp) / f"{kk}", model=args.model, strategy=s, devices=kk,
-                                     batch_size=kk * b)["throughput_img_s"])
+                                   "data.test_limit=500", "train.warmup_steps=5", *sets)
+                    m = trial(cfg, Path(tmp) / f"{kk}", model=args.model, strategy=s, devices=kk, batch_size=kk * b)
+                    out.append(m["throughput_img_s"])
+                    hooks.add(f"k={kk}: {m['comm_hook']}") if s in ("ddp", "ddp_amp") else None
         eff = med(many) / (k * med(one))
         note = "" if STRATEGIES[s].parallel_on_cpu or host.kind == "cuda" else \
             "  (replicas run one after another in one process: not parallel on CPU)"
-        print(f"{s}: T(1, B={b}) {spread(one)} img/s; T({k}, B={k * b}) {spread(many)} img/s; "
+        note += f"  [gradient transport {', '.join(sorted(hooks))}]" if hooks else ""
+        print(f"{label}: T(1, B={b}) {spread(one)} img/s; T({k}, B={k * b}) {spread(many)} img/s; "
               f"weak-scaling efficiency E_w({k}) = {eff:.1%}{note}", flush=True)
 
 

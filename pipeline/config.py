@@ -18,7 +18,7 @@ import yaml
 MODELS = ("lenet", "resnet18")
 STRATEGY_NAMES = ("single", "scratch", "dp", "dp_criterion", "ddp", "ddp_amp", "fsdp")
 SOURCES = ("fashion-mnist", "synthetic")
-COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+COMM_HOOKS = ("auto", "none", "shm", "fp16", "bf16", "powersgd")
 
 
 class ConfigError(ValueError):
@@ -69,7 +69,8 @@ class TrainConfig:
     bucket_cap_mb: float = field(default=25.0, metadata=_range(0, lo_open=True))
     grad_as_bucket_view: bool = False
     accum_steps: int = field(default=1, metadata=_range(1))  # optimizer steps use no_sync for accum_steps-1 micro-batches
-    comm_hook: str = field(default="none", metadata=_choice(*COMM_HOOKS))
+    # auto = shared memory between the ranks of one CPU host, else DDP's own all-reduce (none); shm forces the former
+    comm_hook: str = field(default="auto", metadata=_choice(*COMM_HOOKS))
     # multi-node (torchrun c10d rendezvous); nnodes=1 runs standalone on this host
     nnodes: int = field(default=1, metadata=_range(1))
     node_rank: int = field(default=0, metadata=_range(0))
@@ -88,7 +89,7 @@ class SpaceConfig:
     bucket_cap_mb: tuple[float, ...] = (25.0,)
     grad_as_bucket_view: tuple[bool, ...] = (False,)
     accum_steps: tuple[int, ...] = (1,)
-    comm_hook: tuple[str, ...] = ("none",)
+    comm_hook: tuple[str, ...] = ("auto",)
 
 
 @dataclass(frozen=True)

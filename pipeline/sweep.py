@@ -415,7 +415,7 @@ def _row(study, strategy, t=None, point=None, reason="", state="skipped") -> dic
               "oversubscribed", "throughput_img_s", "time_to_acc_s", "target_acc", "mem_method"):
         row[k] = m.get(k, "")
     for k in KNOBS:
-        row[k] = p.get(k, m.get(k, ""))
+        row[k] = m[k] if m.get(k) not in (None, "") else p.get(k, "")  # as run: comm_hook=auto resolved
     return {k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS}
 
 

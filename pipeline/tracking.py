@@ -149,6 +149,7 @@ def log_completed_run(tracker: Tracker, run_id: str, metrics: dict, out_dir: Pat
     tracker.log_metrics(run_id, final_metrics(metrics))
     tracker.set_tags(run_id, {"mem_method": metrics.get("mem_method"),
                               "parallel_devices": str(metrics.get("parallel_devices")).lower(),
-                              "mem_devices": json.dumps(metrics.get("mem_devices"))})
+                              "mem_devices": json.dumps(metrics.get("mem_devices")),
+                              "comm_hook_used": metrics.get("comm_hook")})
     if (out_dir / "metrics.json").exists():
         tracker.log_artifact(run_id, out_dir / "metrics.json")

@@ -139,6 +139,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
         **history,
         "peak_mem_bytes": peaks,
         "amp_dtype": str(strategy.dtype).replace("torch.", "") if hasattr(strategy, "dtype") else None,
+        **strategy.facts(),
         "mem_method": "cuda_allocator" if strategy.device.type == "cuda" else "memtracker",
         "device_names": [str(d) for d in devices],
         "state_dict": state if strategy.is_main() else None,

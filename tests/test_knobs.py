@@ -17,6 +17,8 @@ def _knob_worker(sets: list[str], count_buckets: bool = False) -> dict:
     import torch.distributed as dist
     from pipeline.models import build_model
     from pipeline.strategies import STRATEGIES
+    if count_buckets:  # the counting hook below replaces the transport: observe DDP's own all-reduces
+        sets = [*sets, "train.comm_hook=none"]
     cfg = configmod.override(configmod.Config(), sets)
     s = STRATEGIES[cfg.train.strategy](cfg.train, probe())
     s.setup(int(__import__("os").environ["RANK"]), int(__import__("os").environ["WORLD_SIZE"]))

@@ -91,6 +91,10 @@ class Strategy:
         """Rank 0's decision, agreed by every rank."""
         return flag
 
+    def facts(self) -> dict:
+        """Settings this strategy resolved at run time (e.g. comm_hook=auto), reported with the trial."""
+        return {}
+
     def is_main(self) -> bool:
         return self.rank == 0
 

@@ -3,6 +3,9 @@
 Delta from `single`: a process group (DistributedStrategy), the model wrapped in DDP, each rank trains on its
 chunk of every global batch, and the communication knobs of the DDP design (bucket size, gradients as bucket
 views, a compression hook, and `no_sync` accumulation: all-reduce only every `accum_steps` micro-batches).
+
+The gradient transport: on one CPU host the ranks exchange gradients through shared memory (comm_hook=auto, see
+shm_allreduce.py), as NCCL does between the GPUs of one node; comm_hook=none keeps Gloo's TCP all-reduce.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import contextlib
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from . import shm_allreduce
 from .distributed import DistributedStrategy
 
 COMM_HOOKS = {
@@ -25,15 +29,44 @@ COMM_HOOKS = {
 class DDPStrategy(DistributedStrategy):
     name = "ddp"
 
+    def check_devices(self) -> None:
+        if self.cfg.comm_hook == "shm" and (self.host.kind != "cpu" or self.cfg.nnodes > 1):
+            raise ValueError("train.comm_hook=shm exchanges gradients through this host's shared memory: it needs "
+                             "every rank on one CPU host (train.nnodes=1, no GPU); use comm_hook=auto or none.")
+
+    def _transport(self, model) -> str:
+        """The comm hook in effect: `auto` is shared memory for ranks on one CPU host, otherwise DDP's default."""
+        hook = self.cfg.comm_hook
+        if hook == "auto":
+            one_host_cpu = self.device.type == "cpu" and self.cfg.nnodes == 1 and 1 < self.world_size <= self.host.n
+            hook = "shm" if one_host_cpu else "none"
+        if hook == "shm":
+            why = shm_allreduce.available(self._grad_bytes(model) * self.world_size)
+            if why and self.cfg.comm_hook == "shm":
+                raise RuntimeError(f"train.comm_hook=shm cannot run here: {why}; use comm_hook=none (Gloo).")
+            hook = "none" if why else hook
+        return hook
+
+    @staticmethod
+    def _grad_bytes(model) -> int:
+        return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
     def wrap(self, model, criterion):
         ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DDP(model, device_ids=ids, bucket_cap_mb=self.cfg.bucket_cap_mb,
                   gradient_as_bucket_view=self.cfg.grad_as_bucket_view)
-        if self.cfg.comm_hook != "none":
-            state, hook = COMM_HOOKS[self.cfg.comm_hook]()
+        self.comm_hook = self._transport(model)
+        if self.comm_hook == "shm":
+            state = shm_allreduce.ShmAllreduce(self._grad_bytes(model), self.cfg.timeout_s)
+            ddp.register_comm_hook(state, shm_allreduce.shm_allreduce_hook)
+        elif self.comm_hook != "none":
+            state, hook = COMM_HOOKS[self.comm_hook]()
             ddp.register_comm_hook(state, hook)
         self._micro = 0
         return ddp, criterion
+
+    def facts(self) -> dict:
+        return {"comm_hook": self.comm_hook}
 
     def train_step(self, model, criterion, optimizer, x, y):
         # With accum_steps = a, each call is one micro-batch; gradients are all-reduced only on every a-th call

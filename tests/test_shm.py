@@ -1,0 +1,116 @@
+"""The shared-memory gradient transport (strategies/shm_allreduce.py): sums, DDP numerics, timeouts, clean-up, and
+when comm_hook=auto picks it.  pytest tests/test_shm.py -q"""
+from __future__ import annotations
+
+import datetime
+import os
+import uuid
+
+import pytest
+import torch
+
+from pipeline import config as configmod
+from pipeline.devices import probe
+from pipeline.launch import Infeasible, check_feasible
+from pipeline.strategies import shm_allreduce
+
+pytestmark = pytest.mark.skipif(shm_allreduce.available(1 << 20) is not None,
+                                reason=f"no shared-memory transport here: {shm_allreduce.available(1 << 20)}")
+
+
+def _ours() -> set[str]:
+    return {p.name for p in shm_allreduce.SHM_DIR.glob("parallax-*")}
+
+
+def _worker(case: str) -> dict:
+    import torch.distributed as dist
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        if case == "sums":
+            ar = shm_allreduce.ShmAllreduce(4 * 1000, timeout_s=30)
+            out = []
+            for step, n in enumerate((1000, 7, 1000, 333, 1)):  # more calls than slot sets, varying sizes
+                x = torch.arange(n, dtype=torch.float32) * (rank + 1) + step
+                out.append(ar(x).clone())
+            try:
+                ar(torch.zeros(1001))
+                too_big = ""
+            except ValueError as e:
+                too_big = str(e)
+            return {"out": out, "too_big": too_big, "world": world}
+        if case == "late":
+            ar = shm_allreduce.ShmAllreduce(64, timeout_s=1)
+            if rank == 0:
+                try:
+                    ar(torch.ones(4))
+                except RuntimeError as e:
+                    return {"error": str(e)}
+                return {"error": ""}
+            dist.barrier()  # rank 1 never joins the all-reduce; it waits here for rank 0 to give up
+            return {}
+    finally:
+        if case == "late" and rank == 0:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def _launch(case: str, nproc: int) -> list[dict]:
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
+                      rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="fork",
+                      monitor_interval=0.05)
+    results = elastic_launch(lc, _worker)(case)
+    return [results[r] for r in sorted(results)]
+
+
+@pytest.mark.slow
+def test_sums_over_three_ranks_in_rank_order_and_leaves_nothing_in_dev_shm():
+    before = _ours()
+    res = _launch("sums", 3)
+    for step, n in enumerate((1000, 7, 1000, 333, 1)):
+        want = torch.arange(n, dtype=torch.float32) * (1 + 2 + 3) + 3 * step
+        for r in res:
+            assert torch.equal(r["out"][step], want)
+    assert "exceeds the shared slots" in res[0]["too_big"]
+    assert _ours() == before  # the segment is unlinked as soon as every rank has mapped it
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_arrives_fails_the_exchange_with_its_number():
+    res = _launch("late", 2)
+    assert "timed out after 1 s" in res[0]["error"] and "rank(s) [1]" in res[0]["error"]
+
+
+@pytest.mark.slow
+def test_ddp_over_shared_memory_equals_gloo_and_auto_picks_it(tmp_path):
+    from tests.test_knobs import launch  # DDP on 2 ranks through the strategy, as a trial builds it
+    if probe().n < 2:
+        pytest.skip("needs 2 devices")
+    shm, gloo, auto = launch("train.comm_hook=shm"), launch("train.comm_hook=none"), launch()
+    assert "shm_allreduce_hook" in shm[0]["comm_hook"] and "shm_allreduce_hook" in auto[0]["comm_hook"]
+    assert gloo[0]["comm_hook"] in ("None", "")  # DDP's built-in all-reduce
+    for a, b in zip(shm[0]["params"], gloo[0]["params"]):
+        assert torch.equal(a, b)  # for two ranks a/2 + b/2 is exact either way: bit-identical training
+    assert all(torch.equal(a, b) for a, b in zip(shm[0]["params"], shm[1]["params"]))
+
+
+def test_explicit_shm_needs_one_cpu_host():
+    host = probe()
+    cfg = configmod.override(configmod.Config(), ["train.strategy=ddp", "train.devices=2", "train.nnodes=2",
+                                                  "train.rdzv_endpoint=127.0.0.1:29999", "train.comm_hook=shm",
+                                                  "train.oversubscribe=true"])
+    with pytest.raises(Infeasible, match="comm_hook=shm"):
+        check_feasible(cfg, host)
+
+
+@pytest.mark.slow
+def test_resolved_transport_is_reported_with_the_trial(make_cfg, tmp_path):
+    from pipeline.launch import run_trial
+    if probe().n < 2:
+        pytest.skip("needs 2 devices")
+    cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.batch_size=64", "train.max_steps=6")
+    assert run_trial(cfg, tmp_path / "k2", progress=False)["comm_hook"] == "shm"
+    one = configmod.replace_train(cfg, devices=1, batch_size=32)
+    assert run_trial(one, tmp_path / "k1", progress=False)["comm_hook"] == "none"  # nothing to exchange
+    assert os.path.exists(tmp_path / "k2" / "metrics.json")
