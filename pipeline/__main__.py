@@ -221,5 +221,19 @@ def main(argv=None) -> int:
     return status.code
 
 
+def _exit_now(code: int) -> None:
+    """End the process without the interpreter's teardown, which spends ~1.4 s freeing the objects and modules of
+    torch, MLflow and Optuna in every stage process. Everything a command writes is committed and closed by the
+    time it returns (the stores write synchronously; files are replaced atomically), so only streams need flushing."""
+    import logging
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed pipe: nothing more can be said anyway
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_now(main())  # an unexpected exception propagates: traceback, normal exit

@@ -17,6 +17,9 @@ from .config import repo_root
 
 RUNNING = "RUNNING"
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # no "View run at" line per ended run
+# MLflow 3 sends usage telemetry to its servers from a background thread unless told not to; a research pipeline
+# on a cluster should not phone home for its users (set MLFLOW_DISABLE_TELEMETRY=false to allow it)
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 def tracking_uri(cfg) -> str:
