@@ -19,16 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .errors import DataError  # defined torch-free, for the CLI's error handler
+
 SOURCES = ("fashion-mnist", "synthetic")
 FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics
 DOWNLOAD_TIMEOUT_S = 20.0  # per socket operation: an offline host fails in seconds, not minutes
 _MAGIC = {1: 0x00000801, 3: 0x00000803}  # IDX: 0x08 = unsigned byte, then the number of dimensions
 _RERUN = "`python -m pipeline download` (or `dvc repro download`)"
-
-
-class DataError(RuntimeError):
-    """User-facing error; its message is one paragraph naming the problem and the fix."""
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensors have no truth value, so compare fields explicitly

@@ -1,9 +1,26 @@
-"""Turn the package's user-facing exceptions into a one-paragraph message and an exit status (no traceback)."""
+"""The package's user-facing exceptions, and the handler that turns them into a one-paragraph message and an exit
+status (no traceback). Torch-free, so that commands which never train (analyze) do not import torch to handle them."""
 from __future__ import annotations
 
 import contextlib
 import sys
 import textwrap
+
+
+class DataError(RuntimeError):
+    """User-facing error; its message is one paragraph naming the problem and the fix."""
+
+
+class Infeasible(ValueError):
+    """This trial cannot run on this host (skipped, with the reason)."""
+
+
+class TrialFailed(RuntimeError):
+    """The trial ran and failed; the message names the rank and the error."""
+
+    def __init__(self, reason: str, kind: str = "error"):
+        super().__init__(reason)
+        self.kind = kind  # "diverged" | "worker_died" | "timeout" | "oom" | "error"
 
 
 class _Status:
@@ -13,8 +30,6 @@ class _Status:
 @contextlib.contextmanager
 def user_errors():
     from .config import ConfigError
-    from .data import DataError
-    from .launch import Infeasible, TrialFailed
     status = _Status()
     try:
         yield status

@@ -24,21 +24,10 @@ import torch
 from . import config as configmod
 from . import data as datamod
 from .devices import Host, probe
+from .errors import Infeasible, TrialFailed  # defined torch-free, for the CLI's error handler
 from .metrics import device0_excess, imbalance
 from .strategies import STRATEGIES
 from .train import DivergenceError, train
-
-
-class Infeasible(ValueError):
-    """This trial cannot run on this host (skipped, with the reason)."""
-
-
-class TrialFailed(RuntimeError):
-    """The trial ran and failed; the message names the rank and the error."""
-
-    def __init__(self, reason: str, kind: str = "error"):
-        super().__init__(reason)
-        self.kind = kind  # "diverged" | "worker_died" | "timeout" | "oom" | "error"
 
 
 def total_devices(cfg, host: Host) -> int:
