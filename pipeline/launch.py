@@ -230,10 +230,9 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     handlers = {s: signal.getsignal(s) for s in _AGENT_SIGNALS}
     global _DATA
     _DATA = _load_data(cfg) if lc.start_method == "fork" else None
-    if lc.start_method == "fork":
-        # DDP's and FSDP's constructors import torch._dynamo (~0.7 s per process, every trial): once here instead,
-        # and the forked ranks inherit it
-        importlib.import_module("torch._dynamo")
+    if lc.start_method == "fork":  # once per process, inherited by every forked rank of every trial
+        for module in STRATEGIES[t.strategy].HEAVY_MODULES:
+            importlib.import_module(module)
     watcher.start()
     if timer:
         timer.start()

@@ -18,6 +18,7 @@ class Strategy:
     multiprocess = False  # True: one process per device, started by PyTorch's elastic launcher
     parallel_on_cpu = True  # False: the k "devices" are run one after another in one process
     channels_last_params = True  # False where parameters must stay contiguous (FSDP's flat shards)
+    HEAVY_MODULES: tuple[str, ...] = ()  # imported once by the trial's parent before forking ranks (launch.py)
 
     def __init__(self, train_cfg, host: Host):
         self.cfg, self.host = train_cfg, host
