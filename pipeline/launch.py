@@ -12,6 +12,7 @@ import gc
 import importlib
 import json
 import os
+import select
 import signal
 import socket
 import threading
@@ -70,6 +71,7 @@ def _load_data(cfg) -> datamod.Dataset:
 # ----------------------------------------------------------------------------- one process
 
 _DATA: datamod.Dataset | None = None  # set before forking, so forked ranks share it instead of re-reading
+_WAKE: tuple[int, int] | None = None  # (read, write) pipe, set before forking: rank 0 wakes the epoch watcher
 
 
 def _progress_bar(enabled: bool, label: str):
@@ -106,6 +108,8 @@ def _file_reporter(out_dir: Path, wait_for_ack: bool, timeout_s: float):
     def report(record: dict) -> bool:
         with open(out_dir / "progress.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
+        if _WAKE is not None:
+            os.write(_WAKE[1], b"!")  # the file is the record; the byte only saves the watcher's polling delay
         if not wait_for_ack:
             return False
         ack = out_dir / f"ack-{record['epoch']}"
@@ -157,18 +161,21 @@ def _start_method(cfg, host: Host) -> str:
     return "spawn" if host.kind == "cuda" else "fork"
 
 
-def _watch(out_dir: Path, on_epoch, stop: threading.Event):
+def _watch(out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None = None):
     """Tail progress.jsonl, hand each record to on_epoch, answer with ack-<epoch>."""
     seen = 0
     path = out_dir / "progress.jsonl"
     while not stop.is_set():
+        if wake_fd is not None and select.select([wake_fd], [], [], 0.1)[0]:
+            os.read(wake_fd, 4096)
         lines = path.read_text().splitlines() if path.exists() else []
         for line in lines[seen:]:
             record = json.loads(line)
             decision = "stop" if on_epoch and on_epoch(record) else "go"
             (out_dir / f"ack-{record['epoch']}").write_text(decision)
         seen = len(lines)
-        stop.wait(0.1)  # an epoch record waits at most this long; polling faster steals a core
+        if wake_fd is None:
+            stop.wait(0.1)  # an epoch record waits at most this long; polling faster steals a core
 
 
 def _failure_reason(err) -> TrialFailed:
@@ -215,9 +222,8 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
         rdzv = {"rdzv_backend": "c10d", "rdzv_endpoint": t.rdzv_endpoint, "run_id": t.rdzv_id,
                 "rdzv_configs": {"is_host": t.node_rank == 0}}
     lc = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=nproc, **rdzv,
-                      max_restarts=0, monitor_interval=0.1, start_method=_start_method(cfg, host))
+                      max_restarts=0, monitor_interval=0.05, start_method=_start_method(cfg, host))
     stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop), daemon=True)
     timed_out = threading.Event()
 
     def on_timeout():
@@ -228,8 +234,11 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     # the agent installs handlers that raise SignalException and never removes them: restored below, so a Ctrl-C
     # between trials is a KeyboardInterrupt again (and a late SIGTERM ends the process as it would have)
     handlers = {s: signal.getsignal(s) for s in _AGENT_SIGNALS}
-    global _DATA
+    global _DATA, _WAKE
     _DATA = _load_data(cfg) if lc.start_method == "fork" else None
+    _WAKE = os.pipe() if lc.start_method == "fork" and standalone else None
+    watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None),
+                               daemon=True)
     if lc.start_method == "fork":  # once per process, inherited by every forked rank of every trial
         for module in STRATEGIES[t.strategy].HEAVY_MODULES:
             importlib.import_module(module)
@@ -251,6 +260,10 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
         stop.set()
         watcher.join()
         _DATA = None
+        if _WAKE is not None:
+            for fd in _WAKE:
+                os.close(fd)
+            _WAKE = None
         if threading.current_thread() is threading.main_thread():
             for s, h in handlers.items():
                 signal.signal(s, h)

@@ -18,10 +18,6 @@ pytestmark = pytest.mark.skipif(shm_allreduce.available(1 << 20) is not None,
                                 reason=f"no shared-memory transport here: {shm_allreduce.available(1 << 20)}")
 
 
-def _ours() -> set[str]:
-    return {p.name for p in shm_allreduce.SHM_DIR.glob("parallax-*")}
-
-
 def _worker(case: str) -> dict:
     import torch.distributed as dist
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
@@ -38,7 +34,8 @@ def _worker(case: str) -> dict:
                 too_big = ""
             except ValueError as e:
                 too_big = str(e)
-            return {"out": out, "too_big": too_big, "world": world}
+            return {"out": out, "too_big": too_big, "world": world, "path": str(ar.path),
+                    "exists_while_running": ar.path.exists()}
         if case == "late":
             ar = shm_allreduce.ShmAllreduce(64, timeout_s=1)
             if rank == 0:
@@ -66,14 +63,15 @@ def _launch(case: str, nproc: int) -> list[dict]:
 
 @pytest.mark.slow
 def test_sums_over_three_ranks_in_rank_order_and_leaves_nothing_in_dev_shm():
-    before = _ours()
     res = _launch("sums", 3)
     for step, n in enumerate((1000, 7, 1000, 333, 1)):
         want = torch.arange(n, dtype=torch.float32) * (1 + 2 + 3) + 3 * step
         for r in res:
             assert torch.equal(r["out"][step], want)
     assert "exceeds the shared slots" in res[0]["too_big"]
-    assert _ours() == before  # the segment is unlinked as soon as every rank has mapped it
+    assert len({r["path"] for r in res}) == 1 and res[0]["path"].startswith(str(shm_allreduce.SHM_DIR))
+    assert not any(r["exists_while_running"] for r in res)  # unlinked as soon as every rank has mapped it
+    assert not os.path.exists(res[0]["path"])
 
 
 @pytest.mark.slow

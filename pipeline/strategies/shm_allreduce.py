@@ -52,7 +52,7 @@ class ShmAllreduce:
         size = head + 2 * self.world * max_bytes
         name = [f"parallax-{os.getpid()}-{uuid.uuid4().hex[:12]}" if self.rank == 0 else None]
         dist.broadcast_object_list(name, src=0)
-        path = SHM_DIR / name[0]
+        self.path = path = SHM_DIR / name[0]
         try:
             if self.rank == 0:
                 self.mem = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)  # zero-filled
