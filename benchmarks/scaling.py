@@ -22,7 +22,7 @@ def main():
     data_args(p)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--per-device-batch", type=int, default=256)
-    p.add_argument("--steps", type=int, default=60, help="steady-state steps per run")
+    p.add_argument("--steps", type=int, default=150, help="steady-state steps per run")
     p.add_argument("--model", default="lenet")
     p.add_argument("--strategies", nargs="*", default=None)
     p.add_argument("--no-gloo", action="store_true", help="skip the ddp/ddp_amp runs with comm_hook=none (Gloo)")
