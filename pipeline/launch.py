@@ -328,7 +328,8 @@ def summarize(cfg, host: Host, strategy, results: list[dict], wall_s: float) -> 
                         + (f"/rank{r['rank']}" if strategy.multiprocess else "")
                         for r in ranks for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
         "bucket_cap_mb": t.bucket_cap_mb, "grad_as_bucket_view": t.grad_as_bucket_view,
-        "accum_steps": t.accum_steps, "comm_hook": main.get("comm_hook", t.comm_hook),
+        "accum_steps": t.accum_steps, "comm_hook": t.comm_hook,
+        "comm_hook_used": main.get("comm_hook"),  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
         "amp_dtype": main["amp_dtype"],
         "wall_s": wall_s,
     }

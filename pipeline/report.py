@@ -90,6 +90,18 @@ def _reading(pts, eff, mem, status) -> list[str]:
     return out
 
 
+def _transports(df) -> list[str]:
+    """Which gradient transport comm_hook=auto chose, per strategy and k (the tables group by the setting)."""
+    if "comm_hook_used" not in df:
+        return []
+    done = df[(df["state"] == "complete") & (df["comm_hook_used"].astype(str) != "")]
+    used = done.groupby(["strategy", "devices"])["comm_hook_used"].agg(lambda v: "/".join(sorted(set(map(str, v)))))
+    names = {"shm": "shared memory", "none": "DDP's own all-reduce (Gloo/NCCL)"}
+    parts = [f"{s} k={int(k)}: {names.get(v, v)}" for (s, k), v in used.items()]
+    return [f"Gradient transport (train.comm_hook={_joined(done['comm_hook'])}): " + "; ".join(parts) + "."] \
+        if parts else []
+
+
 def _host_section(df):
     cols = ["host", "device_kind", "device_name", "host_devices"]
     h = df[df[cols[0]] != ""].groupby(cols, dropna=False).size().reset_index(name="trials")
@@ -156,7 +168,8 @@ def write_report(path, df, notes, status, pts, eff, mem, acc, extra=()):
                  "accuracies say nothing about the real task.\n\n")
     s += [f"{len(df)} trial rows, {int((df['state'] == 'complete').sum())} complete.\n\n"]
     s += _host_section(df)
-    s += ["\n## Reading\n\n", "\n".join(f"- {line}" for line in _reading(pts, eff, mem, status)) + "\n"]
+    s += ["\n## Reading\n\n", "\n".join(f"- {line}" for line in _reading(pts, eff, mem, status)
+                                         + _transports(df)) + "\n"]
     st = pd.DataFrame([{"strategy": k, **v} for k, v in status.items()])
     s += ["\n## Strategies\n\n", md_table(st, ["strategy", "status", "n_complete", "n_failed", "n_pruned",
                                                "n_skipped", "n_oversubscribed", "reason"])]

@@ -46,7 +46,7 @@ CSV_COLUMNS = [
     "reason", "data_source", "device_kind", "device_name", "host", "host_devices", "parallel_devices",
     "oversubscribed", "throughput_img_s", "epoch_s", "epoch_s_list", "test_acc", "test_acc_list",
     "time_to_acc_s", "target_acc", "train_loss", "peak_mem_bytes", "peak_mem_max", "peak_mem_mean",
-    "mem_imbalance", "mem_method", "duration_s", "mlflow_run_id", *KNOBS]
+    "mem_imbalance", "mem_method", "duration_s", "mlflow_run_id", *KNOBS, "comm_hook_used"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -415,7 +415,8 @@ def _row(study, strategy, t=None, point=None, reason="", state="skipped") -> dic
               "oversubscribed", "throughput_img_s", "time_to_acc_s", "target_acc", "mem_method"):
         row[k] = m.get(k, "")
     for k in KNOBS:
-        row[k] = m[k] if m.get(k) not in (None, "") else p.get(k, "")  # as run: comm_hook=auto resolved
+        row[k] = p.get(k, m.get(k, ""))
+    row["comm_hook_used"] = m.get("comm_hook_used") or ""  # the transport comm_hook=auto chose (not a group key)
     return {k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS}
 
 

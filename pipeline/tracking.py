@@ -153,6 +153,6 @@ def log_completed_run(tracker: Tracker, run_id: str, metrics: dict, out_dir: Pat
     tracker.set_tags(run_id, {"mem_method": metrics.get("mem_method"),
                               "parallel_devices": str(metrics.get("parallel_devices")).lower(),
                               "mem_devices": json.dumps(metrics.get("mem_devices")),
-                              "comm_hook_used": metrics.get("comm_hook")})
+                              "comm_hook_used": metrics.get("comm_hook_used")})
     if (out_dir / "metrics.json").exists():
         tracker.log_artifact(run_id, out_dir / "metrics.json")

@@ -312,3 +312,25 @@ def test_knob_effects_get_a_table_and_a_plot_per_varied_knob(tmp_path):
     assert fp16["weak_efficiency"] == pytest.approx(1980 / (2 * 1000)) and fp16["test_acc"] == pytest.approx(0.7)
     assert (tmp_path / "out" / "knob_comm_hook.png").exists()
     assert "### comm_hook" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_resolved_transport_does_not_split_the_scaling_groups(tmp_path):
+    """comm_hook=auto runs k=1 without communication (none) and k=2 over shared memory (shm): the tables group by
+    the setting (auto), so the efficiency is still computed, and the report names the transport actually used."""
+    from pipeline.analyze import analyze
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    rows = [{"trial": i, "strategy": "ddp", "model": "lenet", "devices": k, "batch_size": 128 * k,
+             "per_device_batch": 128, "lr": 0.1, "state": "complete", "throughput_img_s": tput, "test_acc": 0.8,
+             "data_source": "synthetic", "device_kind": "cpu", "host": "h", "host_devices": 2,
+             "parallel_devices": True, "oversubscribed": False, "peak_mem_bytes": "[100]" if k == 1 else "[100, 100]",
+             "bucket_cap_mb": 25, "grad_as_bucket_view": False, "accum_steps": 1, "comm_hook": "auto",
+             "comm_hook_used": used} for i, (k, used, tput) in enumerate([(1, "none", 1000), (2, "shm", 1900)])]
+    pd.DataFrame(rows).to_csv(sweeps / "ddp.csv", index=False)
+    analyze(sweeps, tmp_path / "out")
+    eff = pd.read_csv(tmp_path / "out" / "efficiency.csv")
+    weak = eff[(eff["kind"] == "weak") & (eff["k"] == 2)]
+    assert weak["efficiency"].iloc[0] == pytest.approx(0.95)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "ddp k=1: DDP's own all-reduce (Gloo/NCCL); ddp k=2: shared memory" in report
+    assert not (tmp_path / "out" / "knob_comm_hook.png").exists()  # one setting: not a varied knob

@@ -108,7 +108,7 @@ def test_resolved_transport_is_reported_with_the_trial(make_cfg, tmp_path):
     if probe().n < 2:
         pytest.skip("needs 2 devices")
     cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.batch_size=64", "train.max_steps=6")
-    assert run_trial(cfg, tmp_path / "k2", progress=False)["comm_hook"] == "shm"
+    assert run_trial(cfg, tmp_path / "k2", progress=False)["comm_hook_used"] == "shm"
     one = configmod.replace_train(cfg, devices=1, batch_size=32)
-    assert run_trial(one, tmp_path / "k1", progress=False)["comm_hook"] == "none"  # nothing to exchange
+    assert run_trial(one, tmp_path / "k1", progress=False)["comm_hook_used"] == "none"  # nothing to exchange
     assert os.path.exists(tmp_path / "k2" / "metrics.json")
