@@ -6,7 +6,7 @@
    memory transport (comm_hook=auto on one CPU host): back to back, and right after 60 ms of computation, which is
    how DDP calls it (once per step, after backward).
 2. One LeNet step at per-device batch 256, in blocks of `--block` steps, alternating within one process group:
-   rank 0 alone (the k=1 reference, rank 1 idle), both ranks without any communication (what the shared cache
+   rank 0 alone (the k=1 reference, rank 1 idle), rank 1 alone (is one core slower?), both ranks without any communication (what the shared cache
    and memory cost), both with a barrier per step (what lockstep costs: each step waits for the slower rank),
    DDP over shared memory and DDP over Gloo. Efficiency = alone / pair step time.
 """
@@ -66,7 +66,7 @@ def _rank(rounds: int, block: int) -> dict:
                 m.register_comm_hook(shm.ShmAllreduce(4 * n_grad, timeout_s=60), shm.shm_allreduce_hook)
         return m, torch.optim.SGD(m.parameters(), lr=0.01)
 
-    kinds = ["alone (rank 0)", "pair, no communication", "pair, barrier per step", "ddp, shared memory", "ddp, gloo"]
+    kinds = ["alone (rank 0)", "alone (rank 1)", "pair, no communication", "pair, barrier per step", "ddp, shared memory", "ddp, gloo"]
     setups = {k: model(k) for k in kinds}
     barrier = shm.ShmAllreduce(64, timeout_s=60)
     one = torch.zeros(1)
@@ -75,13 +75,16 @@ def _rank(rounds: int, block: int) -> dict:
             m, opt = setups[k]
             dist.barrier()
             t = time.perf_counter()
-            if k != "alone (rank 0)" or rank == 0:
+            if not k.startswith("alone") or k == f"alone (rank {rank})":
                 for _ in range(block):
+                    s = time.perf_counter()
                     opt.zero_grad(set_to_none=True)
                     crit(m(x), y).backward()
                     opt.step()
                     if k == "pair, barrier per step":
                         barrier(one)
+                    if r and k.startswith("alone"):
+                        out.setdefault(f"steps {k}", []).append(time.perf_counter() - s)
             if r:
                 out.setdefault(k, []).append((time.perf_counter() - t) / block)
     dist.barrier()
@@ -106,11 +109,16 @@ def main():
         print(f"   {k[10:]:36s} median {statistics.median(xs):6.2f}  p90 {xs[int(0.9 * len(xs))]:6.2f}")
     alone = statistics.median(r0["alone (rank 0)"])
     print(f"2. LeNet step, per-device batch 256 ({args.rounds} rounds of {args.block} steps; "
-          f"slower rank's median; efficiency = alone / this):")
-    for k in ["alone (rank 0)", "pair, no communication", "pair, barrier per step", "ddp, shared memory",
-              "ddp, gloo"]:
-        t = max(statistics.median(r0[k]), statistics.median(r1[k])) if k != "alone (rank 0)" else alone
+          f"slower rank's median; efficiency = rank 0 alone / this):")
+    for k in ["alone (rank 0)", "alone (rank 1)", "pair, no communication", "pair, barrier per step",
+              "ddp, shared memory", "ddp, gloo"]:
+        t = {"alone (rank 0)": alone, "alone (rank 1)": statistics.median(r1["alone (rank 1)"])}.get(k) or \
+            max(statistics.median(r0[k]), statistics.median(r1[k]))
         print(f"   {k:26s} {t * 1e3:6.2f} ms/step  -> {alone / t:6.1%}")
+    for rank, r in ((0, r0), (1, r1)):
+        xs = sorted(v * 1e3 for v in r[f"steps alone (rank {rank})"])
+        print(f"   rank {rank} alone, single steps: median {statistics.median(xs):.2f} ms, "
+              f"stdev {statistics.stdev(xs):.2f} ms, p95 {xs[int(0.95 * len(xs))]:.2f} ms (n={len(xs)})")
 
 
 if __name__ == "__main__":

@@ -45,15 +45,21 @@ def main():
     wall = time.perf_counter() - t0
     if proc.returncode:
         sys.exit(f"dvc repro failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    train_s, trials = 0.0, 0
+    train_s, trial_s, trials, lines = 0.0, 0.0, 0, []
     for f in sorted((tmp / "results" / "sweeps").glob("*.csv")):
-        for row in csv.DictReader(open(f)):
-            if row["state"] in ("complete", "pruned"):
-                train_s += sum(json.loads(row["epoch_s_list"] or "[]"))
-                trials += 1
+        rows = [r for r in csv.DictReader(open(f)) if r["state"] in ("complete", "pruned")]
+        steps = sum(sum(json.loads(r["epoch_s_list"] or "[]")) for r in rows)
+        walls = sum(float(r["duration_s"]) for r in rows)
+        train_s, trial_s, trials = train_s + steps, trial_s + walls, trials + len(rows)
+        if rows:
+            lines.append(f"  {f.stem}: {len(rows)} trials, {walls - steps:.1f} s in trials outside training steps "
+                         f"({(walls - steps) / len(rows):.2f} s a trial: start-up, evaluation, hand-offs)")
     print(f"dvc repro wall time: {wall:.1f} s; time inside training steps (sum of epoch seconds over "
           f"{trials} trials): {train_s:.1f} s")
     print(f"pipeline overhead: {wall - train_s:.1f} s = {(wall - train_s) / wall:.1%} of wall time")
+    print(f"of which {trial_s - train_s:.1f} s inside trials, {wall - trial_s:.1f} s outside them (stage processes' "
+          f"start-up, the stores, study plots, data, overlap, analysis, DVC):")
+    print("\n".join(lines))
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -48,7 +48,8 @@ def main():
                                    "data.test_limit=500", "train.warmup_steps=5", *sets)
                     m = trial(cfg, Path(tmp) / f"{kk}", model=args.model, strategy=s, devices=kk, batch_size=kk * b)
                     out.append(m["throughput_img_s"])
-                    hooks.add(f"k={kk}: {m['comm_hook_used']}") if s in ("ddp", "ddp_amp") else None
+                    if m["comm_hook_used"]:  # ddp, ddp_amp: the gradient transport comm_hook resolved to
+                        hooks.add(f"k={kk}: {m['comm_hook_used']}")
         eff = med(many) / (k * med(one))
         note = "" if STRATEGIES[s].parallel_on_cpu or host.kind == "cuda" else \
             "  (replicas run one after another in one process: not parallel on CPU)"

@@ -1,7 +1,7 @@
 """The real download path: torchvision's FashionMNIST fetch (its mirrors and MD5s) into a staging directory.
 
-Imported only by `prepare(source="fashion-mnist")`: torchvision costs about 1 s of start-up per process, which every
-other stage (sweeps, analysis) would otherwise pay for nothing.
+Imported only by `prepare(source="fashion-mnist")`: torchvision's import (it pulls in torchvision.models and
+torch._dynamo) would otherwise be paid by every other stage (sweeps, analysis) for nothing.
 """
 from __future__ import annotations
 

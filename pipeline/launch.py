@@ -134,8 +134,9 @@ def _exit_with_agent() -> None:
 
 def rank_entry(cfg_dict: dict, out_dir: str, wait_for_ack: bool, progress: bool) -> dict:
     """Entry point of each worker process started by the elastic launcher."""
-    # forked from the trial's parent: its ~450k Python objects (torch, MLflow, Optuna) are never garbage here, so
-    # keep the collector off them (a full collection took 0.25 s per rank at teardown, and copied shared pages)
+    # forked from the trial's parent: its Python objects (torch, MLflow, Optuna: hundreds of thousands) are never
+    # garbage here, so keep the collector off them (a full collection at teardown walked them all and copied the
+    # shared pages it touched)
     gc.freeze()
     _exit_with_agent()
     cfg = configmod._build(configmod.Config, cfg_dict, "")
@@ -329,7 +330,7 @@ def summarize(cfg, host: Host, strategy, results: list[dict], wall_s: float) -> 
                         for r in ranks for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
         "bucket_cap_mb": t.bucket_cap_mb, "grad_as_bucket_view": t.grad_as_bucket_view,
         "accum_steps": t.accum_steps, "comm_hook": t.comm_hook,
-        "comm_hook_used": main.get("comm_hook"),  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
+        "comm_hook_used": main.get("comm_hook_used"),  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
         "amp_dtype": main["amp_dtype"],
         "wall_s": wall_s,
     }

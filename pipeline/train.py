@@ -27,8 +27,8 @@ def evaluate(model: nn.Module, strategy, x: torch.Tensor, y: torch.Tensor, batch
              channels_last: bool = False) -> float:
     """Test accuracy; the test set is split across processes like the training data, counts summed.
 
-    Batches of 512: on one CPU core 2,000 LeNet images take 157 ms this way and 241 ms in batches of 2,048 (whose
-    activations no longer fit the cache)."""
+    Batches of 512 in the model's memory format: batches of 2,048 were slower on CPU (their activations no longer
+    fit the cache)."""
     model.eval()
     rank, world = strategy.data_shard
     part = torch.arange(rank, x.shape[0], world, device=x.device)
@@ -145,8 +145,8 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
         "time_to_acc_s": time_to_acc,
         **history,
         "peak_mem_bytes": peaks,
-        "amp_dtype": str(strategy.dtype).replace("torch.", "") if hasattr(strategy, "dtype") else None,
-        **strategy.facts(),
+        "amp_dtype": None, "comm_hook_used": None,
+        **strategy.facts(),  # what the strategy resolved at run time (ddp: comm_hook_used; ddp_amp: amp_dtype)
         "mem_method": "cuda_allocator" if strategy.device.type == "cuda" else "memtracker",
         "device_names": [str(d) for d in devices],
         "state_dict": state if strategy.is_main() else None,

@@ -34,30 +34,27 @@ class DDPStrategy(DistributedStrategy):
             raise ValueError("train.comm_hook=shm exchanges gradients through this host's shared memory: it needs "
                              "every rank on one CPU host (train.nnodes=1, no GPU); use comm_hook=auto or none.")
 
-    def _transport(self, model) -> str:
+    def _transport(self, grad_bytes: int) -> str:
         """The comm hook in effect: `auto` is shared memory for ranks on one CPU host, otherwise DDP's default."""
         hook = self.cfg.comm_hook
         if hook == "auto":
             one_host_cpu = self.device.type == "cpu" and self.cfg.nnodes == 1 and 1 < self.world_size <= self.host.n
             hook = "shm" if one_host_cpu else "none"
         if hook == "shm":
-            why = shm_allreduce.available(self._grad_bytes(model) * self.world_size)
+            why = shm_allreduce.available(grad_bytes * self.world_size)
             if why and self.cfg.comm_hook == "shm":
                 raise RuntimeError(f"train.comm_hook=shm cannot run here: {why}; use comm_hook=none (Gloo).")
             hook = "none" if why else hook
         return hook
 
-    @staticmethod
-    def _grad_bytes(model) -> int:
-        return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-
     def wrap(self, model, criterion):
         ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DDP(model, device_ids=ids, bucket_cap_mb=self.cfg.bucket_cap_mb,
                   gradient_as_bucket_view=self.cfg.grad_as_bucket_view)
-        self.comm_hook = self._transport(model)
+        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        self.comm_hook = self._transport(grad_bytes)
         if self.comm_hook == "shm":
-            state = shm_allreduce.ShmAllreduce(self._grad_bytes(model), self.cfg.timeout_s)
+            state = shm_allreduce.ShmAllreduce(grad_bytes, self.cfg.timeout_s)
             ddp.register_comm_hook(state, shm_allreduce.shm_allreduce_hook)
         elif self.comm_hook != "none":
             state, hook = COMM_HOOKS[self.comm_hook]()
@@ -66,7 +63,7 @@ class DDPStrategy(DistributedStrategy):
         return ddp, criterion
 
     def facts(self) -> dict:
-        return {"comm_hook": self.comm_hook}
+        return {"comm_hook_used": self.comm_hook}
 
     def train_step(self, model, criterion, optimizer, x, y):
         # With accum_steps = a, each call is one micro-batch; gradients are all-reduced only on every a-th call

@@ -22,6 +22,9 @@ class DDPAmpStrategy(DDPStrategy):
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
         return device
 
+    def facts(self) -> dict:
+        return {**super().facts(), "amp_dtype": str(self.dtype).replace("torch.", "")}
+
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.dtype)
 

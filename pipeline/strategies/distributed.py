@@ -19,8 +19,8 @@ from .base import Strategy
 
 class DistributedStrategy(Strategy):
     multiprocess = True
-    # DDP's and FSDP's constructors import torch._dynamo: ~0.7 s in every rank of every trial, unless the parent
-    # has it already when it forks them
+    # DDP's and FSDP's constructors import torch._dynamo: most of a second in every rank of every trial, unless
+    # the parent has it already when it forks them
     HEAVY_MODULES = ("torch._dynamo",)
 
     def check_devices(self) -> None:

@@ -23,7 +23,7 @@ def _blocks(model: nn.Module):
 class FSDPStrategy(DistributedStrategy):
     name = "fsdp"
     channels_last_params = False  # fully_shard needs contiguous parameters; inputs may still be NHWC
-    # ~0.5 s of imports (distributed checkpointing): loaded when an FSDP trial starts, not by every process that
+    # distributed checkpointing is a heavy import: loaded when an FSDP trial starts, not by every process that
     # lists the strategies
     HEAVY_MODULES = (*DistributedStrategy.HEAVY_MODULES, "torch.distributed.fsdp",
                      "torch.distributed.checkpoint.state_dict", "torch.distributed._tools.fsdp2_mem_tracker")

@@ -1,8 +1,9 @@
 """Gradient all-reduce through shared memory for DDP ranks on one CPU host (a DDP communication hook).
 
 Why: on a CPU host DDP's default transport is Gloo over TCP loopback. Between two 1-thread ranks its 0.5 MB
-all-reduce costs ~0.5 ms back to back but 3-5 ms right after a compute phase, when its threads have gone to sleep
-and must be woken through the kernel (`benchmarks/allreduce.py` measures both). NCCL on GPUs uses shared memory
+all-reduce is fast back to back but several times slower right after a compute phase, which is when DDP calls it
+(its threads have gone to sleep and must be woken through the kernel; `benchmarks/ddp_sync.py` measures both
+transports both ways, benchmarks/RESULTS.md has the figures). NCCL on GPUs uses shared memory
 within a node for the same reason; the Gloo in this PyTorch build has no shared-memory path, so this hook provides
 one: every rank copies its bucket into its own slot of a segment in /dev/shm, publishes a sequence number, waits
 for the others' (spinning, yielding the core), and sums the slots in rank order. The order is the same on every
