@@ -55,8 +55,10 @@ def _worker(case: str) -> dict:
 def _launch(case: str, nproc: int) -> list[dict]:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
-                      rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="fork",
-                      monitor_interval=0.05)
+                      rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.05,
+                      # spawn: forking pytest itself, after other tests left threads in it, once hung a rank
+                      # before it reached init_process_group (CI, after test_scaleout)
+                      start_method="spawn")
     results = elastic_launch(lc, _worker)(case)
     return [results[r] for r in sorted(results)]
 
