@@ -5,15 +5,42 @@ BIN     := $(CURDIR)/$(VENV)/bin
 STAMP   := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup pipeline pipeline-offline test test-fast ui clean-results
+EXTRAS  := pipeline,download,test
+
+.PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline test test-fast ui clean-results
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# the exact tested set (constraints.txt) of the ranges pyproject.toml declares
+$(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
+
+lock:                    ## re-resolve pyproject.toml's ranges in a fresh venv and write constraints.txt
+	rm -rf .venv-lock && $(PY) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q --upgrade pip
+	.venv-lock/bin/python -m pip install -q -e ".[$(EXTRAS)]"
+	{ sed -n '1,/^# do not need/p' constraints.txt; .venv-lock/bin/python -m pip freeze --exclude-editable; } > constraints.new
+	mv constraints.new constraints.txt && rm -rf .venv-lock
+
+FLOOR_TORCH       ?= 2.11.0
+FLOOR_TORCHVISION ?= 0.26.0
+check-floor:             ## fresh venv with the oldest supported PyTorch, then the project: torch kept, fast tests pass
+	rm -rf .venv-floor && $(PY) -m venv .venv-floor
+	.venv-floor/bin/python -m pip install -q --upgrade pip
+	.venv-floor/bin/python -m pip install -q "torch==$(FLOOR_TORCH)" "torchvision==$(FLOOR_TORCHVISION)"
+	.venv-floor/bin/python -m pip install -q -e ".[pipeline,test]"
+	.venv-floor/bin/python -c "import torch, sys; v = torch.__version__.split('+')[0]; \
+	  print('torch after installing the project:', torch.__version__); sys.exit(v != '$(FLOOR_TORCH)')"
+	.venv-floor/bin/python -m pytest -m "not slow" -q
+
+gpu-bundle: setup        ## what an air-gapped GPU node needs, in dist/gpu-bundle (+ .tar.gz), size printed
+	$(BIN)/python -m pipeline.bundle --out dist/gpu-bundle
+
+doctor: setup            ## does every strategy run and agree with single-device SGD on this host? (results/doctor/)
+	$(BIN)/python -m pipeline doctor
 
 pipeline: setup          ## download Fashion-MNIST, sweep every strategy, analyse
 	dvc repro

@@ -5,6 +5,7 @@
     python -m pipeline sweep --strategy ddp           # DVC stage `sweep@ddp`
     python -m pipeline analyze                        # DVC stage `analyze`
     python -m pipeline ui                             # MLflow UI on http://127.0.0.1:5000
+    python -m pipeline doctor                         # does every strategy run and agree here? (no MLflow needed)
 
 Every command reads params.yaml (and the profile it names under experiments/) and takes `--set key=value`.
 """
@@ -84,6 +85,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=5000)
 
     p = sub.add_parser("profiles", help="list the experiment profiles under experiments/")
+
+    p = sub.add_parser("doctor", help="check this host: every strategy runs, agrees with single-device SGD, costs",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="For every strategy and k = 1..min(devices, 2, --max-devices): one SGD step "
+                                   "compared with `single` (the tests' equivalence check), one short timed run "
+                                   "and the per-device peak memory; each row passed, failed (with the error) or "
+                                   "unavailable (with the reason). Also what the host offers: devices, "
+                                   "torch/CUDA/NCCL/Gloo versions, whether bf16 and fp16 are native here. Needs "
+                                   "no MLflow, Optuna or DVC. Exit status 1 if any row failed.",
+                       epilog="Data: data.dir if it holds prepared data, else the synthetic stand-in, made in a "
+                              "temporary directory and labelled.\nexample: python -m pipeline doctor "
+                              "--max-devices 1 --strategies single,ddp")
+    _common(p)
+    p.add_argument("--out", type=Path, default=Path("results/doctor"),
+                   help="where doctor.json and doctor.md go (default: results/doctor)")
+    p.add_argument("--max-devices", type=int, default=2, metavar="K",
+                   help="largest k to check (default 2; capped at the host's device count, except that a "
+                        "one-device host also runs k=2 oversubscribed)")
+    p.add_argument("--strategies", default=",".join(configmod.STRATEGY_NAMES), metavar="A,B",
+                   help="comma-separated strategies (default: all seven)")
+    p.add_argument("--model", choices=configmod.MODELS, default="lenet",
+                   help="model of the timed run (default lenet; the equivalence step always uses lenet)")
+    p.add_argument("--steps", type=int, default=30, help="timed steps after 3 warm-up steps (default 30)")
+    p.add_argument("--batch-per-device", type=int, default=128, metavar="B",
+                   help="per-device batch of the timed run (default 128)")
     return ap
 
 
@@ -205,6 +231,22 @@ def cmd_ui(args) -> int:
     print(f"MLflow UI on http://127.0.0.1:{args.port} (local only; Ctrl-C to stop)")
     os.execv(sys.executable, cmd)  # argument vector, no shell
     return 0
+
+
+def cmd_doctor(args) -> int:
+    from . import doctor
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    bad = [s for s in names if s not in configmod.STRATEGY_NAMES]
+    if bad or not names:
+        raise configmod.ConfigError(f"Unknown strategy `{bad[0] if bad else ''}` in --strategies. Valid: "
+                                    f"{', '.join(configmod.STRATEGY_NAMES)} (comma-separated).")
+    if args.max_devices < 1 or args.steps < 1 or args.batch_per_device < 1:
+        raise configmod.ConfigError("--max-devices, --steps and --batch-per-device must be at least 1.")
+    # the doctor checks the host, not a study: no profile's search spaces, only params.yaml and --set
+    base = configmod.load(args.params, ["profile=", "train.timeout_s=120", *args.overrides])
+    report = doctor.run(base, args.out, names, args.max_devices, args.steps, args.batch_per_device, args.model)
+    print(f"wrote {args.out / 'doctor.md'} and {args.out / 'doctor.json'}")
+    return 1 if report["counts"]["failed"] else 0
 
 
 def cmd_profiles(args) -> int:

@@ -65,5 +65,6 @@ _MALLOC_TUNED = False
 
 
 def device_for(host: Host, index: int) -> torch.device:
-    """Device `index` of this host: cuda:index, or the CPU (a core is a process, not a torch device)."""
-    return torch.device("cuda", index) if host.kind == "cuda" else torch.device("cpu")
+    """Device `index` of this host: cuda:index, or the CPU (a core is a process, not a torch device). An
+    oversubscribed trial (train.oversubscribe, more ranks than GPUs) shares the GPUs round-robin."""
+    return torch.device("cuda", index % host.n) if host.kind == "cuda" else torch.device("cpu")

@@ -23,6 +23,11 @@ class TrialFailed(RuntimeError):
         self.kind = kind  # "diverged" | "worker_died" | "timeout" | "oom" | "error"
 
 
+# modules of the optional extras (pyproject.toml), and the extra that installs each
+EXTRAS = {"mlflow": "pipeline", "optuna": "pipeline", "dvc": "pipeline", "pandas": "pipeline",
+          "matplotlib": "pipeline", "torchvision": "download"}
+
+
 class _Status:
     code = 0
 
@@ -42,6 +47,16 @@ def user_errors():
     except KeyboardInterrupt:
         _say("interrupted")
         status.code = 130
+    except ModuleNotFoundError as e:
+        top = (e.name or "").split(".")[0]
+        if top not in EXTRAS:
+            raise
+        hint = ("; torchvision must be the build made for your torch (0.26 for torch 2.11, 0.29 for 2.14), so install "
+                "the matching version by name rather than the newest" if top == "torchvision" else "")
+        _say(f"error: this command needs {top}, which is not installed: the training core and `doctor` run without "
+             f"it, the pipeline does not. Install the extra: pip install -e '.[{EXTRAS[top]}]' (or `make setup`, "
+             f"which installs the tested set){hint}.")
+        status.code = 2
 
 
 def _say(msg: str) -> None:

@@ -332,5 +332,6 @@ def summarize(cfg, host: Host, strategy, results: list[dict], wall_s: float) -> 
         "accum_steps": t.accum_steps, "comm_hook": t.comm_hook,
         "comm_hook_used": main.get("comm_hook_used"),  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
         "amp_dtype": main["amp_dtype"],
+        "backend": main.get("backend"),  # process group of a multi-process trial: nccl or gloo; None otherwise
         "wall_s": wall_s,
     }

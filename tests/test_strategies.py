@@ -6,6 +6,7 @@ import pytest
 import torch
 
 
+from pipeline import equivalence
 from pipeline.devices import probe
 from pipeline.launch import Infeasible, check_feasible, run_trial
 from pipeline.strategies import STRATEGIES
@@ -16,21 +17,12 @@ TWO = probe().n >= 2
 
 
 def one_step(make_cfg, tmp_path, strategy, k, model="lenet", batch=64, extra=()):
-    cfg = make_cfg(f"train.strategy={strategy}", f"train.devices={k}", f"train.model={model}",
-                   f"train.batch_size={batch}", "train.max_steps=1", "train.lr=0.5",
-                   f"data.train_limit={batch * 2}", "data.test_limit=64", *extra)
-    out = tmp_path / f"{strategy}-{k}-{model}"
-    metrics = run_trial(cfg, out, progress=False)
-    return torch.load(out / "final_state.pt", weights_only=True), metrics
+    return equivalence.one_step(make_cfg(), tmp_path / f"{strategy}-{k}-{model}", strategy, k, model, batch, extra)
 
 
 def assert_same(a, b, atol, rtol=1e-4, keys=None):
-    assert a.keys() == b.keys()
-    for k in keys or a:
-        assert torch.allclose(a[k].float(), b[k].float(), atol=atol, rtol=rtol), \
-            f"{k}: max diff {(a[k].float() - b[k].float()).abs().max():.3g}"
-
-
+    verdict = equivalence.compare(a, b, keys=keys, tol=(atol, rtol))
+    assert verdict.ok, verdict.detail
 
 
 @pytest.mark.parametrize("strategy,k", [(s, k) for s in ("scratch", "ddp", "fsdp") for k in (1, 2)])
@@ -40,26 +32,32 @@ def test_one_step_matches_single(make_cfg, tmp_path, strategy, k):
     ref, _ = one_step(make_cfg, tmp_path, "single", 1)
     got, metrics = one_step(make_cfg, tmp_path, strategy, k)
     assert metrics["steps"] == 1 and metrics["devices"] == k
-    assert_same(ref, got, atol=1e-6)
-    # and the step did move the weights (a comparison of two untouched models would pass trivially)
-    init = __import__("pipeline.models", fromlist=["build_model"]).build_model("lenet", 0).state_dict()
-    assert max((ref[n] - init[n]).abs().max().item() for n in ref) > 1e-4
+    # the step must move the weights too (two untouched models would compare equal): compare() checks it
+    verdict = equivalence.compare(ref, got, init=equivalence.initial_state(), device_kind=probe().kind)
+    assert verdict.ok, verdict.detail
+
+
+def test_equivalence_check_can_fail():
+    init = equivalence.initial_state()
+    moved = {n: v + 0.01 for n, v in init.items()}
+    off = {n: v + (0.02 if n.endswith("bias") else 0.01) for n, v in init.items()}
+    assert not equivalence.compare(moved, off, init=init).ok
+    assert not equivalence.compare(init, init, init=init).ok  # nothing moved: proves nothing
+    assert equivalence.compare(moved, moved, init=init).ok
+    assert not equivalence.compare(moved, off, init=init, low_precision=True).ok
 
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_ddp_amp_matches_within_low_precision_tolerance(make_cfg, tmp_path, k):
     if k > 1 and not TWO:
         pytest.skip("needs 2 devices")
-    from pipeline.models import build_model
-    init = build_model("lenet", 0).state_dict()
+    init = equivalence.initial_state()
     ref, _ = one_step(make_cfg, tmp_path, "single", 1)
     got, metrics = one_step(make_cfg, tmp_path, "ddp_amp", k)
     assert metrics["amp_dtype"] in ("bfloat16", "float16")
     # bf16 keeps ~3 significant digits: compare the *updates* relative to their size
-    for n in ref:
-        d_ref, d_got = ref[n] - init[n], got[n] - init[n]
-        rel = (d_ref - d_got).norm() / d_ref.norm().clamp_min(1e-12)
-        assert rel < 0.05, f"{n}: update differs by {rel:.3f} relative"
+    verdict = equivalence.compare(ref, got, init=init, low_precision=True)
+    assert verdict.ok, verdict.detail
 
 
 def test_resnet_batchnorm_keeps_per_device_statistics(make_cfg, tmp_path):

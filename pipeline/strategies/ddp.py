@@ -63,7 +63,7 @@ class DDPStrategy(DistributedStrategy):
         return ddp, criterion
 
     def facts(self) -> dict:
-        return {"comm_hook_used": self.comm_hook}
+        return {**super().facts(), "comm_hook_used": self.comm_hook}
 
     def train_step(self, model, criterion, optimizer, x, y):
         # With accum_steps = a, each call is one micro-batch; gradients are all-reduced only on every a-th call

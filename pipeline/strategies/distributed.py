@@ -1,7 +1,8 @@
 """Shared set-up for the one-process-per-device strategies (ddp, ddp_amp, fsdp).
 
 The process group is created from the environment the elastic launcher sets (RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR/PORT): NCCL when each rank has its own GPU, Gloo on CPU. Its timeout is
+LOCAL_RANK, MASTER_ADDR/PORT): NCCL when each rank has its own GPU, Gloo on CPU, and Gloo also when ranks share a
+GPU (an oversubscribed functional check: NCCL refuses two ranks on one device). Its timeout is
 train.timeout_s, so a rank that stops participating fails the trial instead of hanging the sweep.
 """
 from __future__ import annotations
@@ -39,11 +40,20 @@ class DistributedStrategy(Strategy):
             cores = sorted(os.sched_getaffinity(0))
             os.sched_setaffinity(0, {cores[self.local_rank % len(cores)]})
         if not dist.is_initialized():
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, rank=rank, world_size=world_size,
+            nccl = self.device.type == "cuda" and not self.shares_gpu
+            dist.init_process_group("nccl" if nccl else "gloo", rank=rank, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=self.cfg.timeout_s),
-                                    device_id=self.device if self.device.type == "cuda" else None)
+                                    device_id=self.device if nccl else None)
+        self.backend = dist.get_backend()
         return self.device
+
+    @property
+    def shares_gpu(self) -> bool:
+        """More ranks on this node than it has GPUs (train.oversubscribe): they share them round-robin."""
+        return self.host.kind == "cuda" and self.cfg.devices // self.cfg.nnodes > self.host.n
+
+    def facts(self) -> dict:
+        return {"backend": self.backend}
 
     @property
     def data_shard(self) -> tuple[int, int]:

@@ -1,0 +1,100 @@
+"""`doctor`: what it plans on each kind of host, what it writes, and that a broken strategy is a failed row."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipeline import capabilities, doctor
+from pipeline.devices import Host, probe
+from pipeline.strategies.scratch import ScratchStrategy
+
+from .conftest import REPO
+
+
+def _host(kind, n):
+    return Host(kind, n, "test device", "testhost", "2.11.0", "13.0" if kind == "cuda" else "")
+
+
+def _labels(cases):
+    return {(c.strategy, c.k, c.variant, c.tag) for c in cases}
+
+
+def test_one_gpu_plan_covers_every_cuda_path_one_gpu_allows():
+    cases = doctor.plan(_host("cuda", 1), ["single", "scratch", "dp", "dp_criterion", "ddp", "ddp_amp", "fsdp"])
+    labels = _labels(cases)
+    for s in ("single", "scratch", "dp", "dp_criterion", "ddp", "fsdp"):
+        assert (s, 1, "", "") in labels  # all seven at k=1 ...
+    assert {("ddp_amp", 1, "bf16", ""), ("ddp_amp", 1, "fp16+GradScaler", "")} <= labels  # ... both AMP dtypes
+    # two ranks sharing the one GPU, for the multi-process strategies only, tagged
+    over = {(c.strategy, c.k) for c in cases if c.tag == "oversubscribed"}
+    assert over == {("ddp", 2), ("ddp_amp", 2), ("fsdp", 2)}
+    assert all("train.oversubscribe=true" in c.sets for c in cases if c.tag)
+    assert max(c.k for c in cases if not c.tag) == 1
+
+
+def test_plan_stops_at_two_devices_and_at_max_devices():
+    assert max(c.k for c in doctor.plan(_host("cuda", 8), ["ddp"])) == 2
+    assert {c.k for c in doctor.plan(_host("cpu", 4), ["ddp"], max_devices=1)} == {1}
+    assert [c.k for c in doctor.plan(_host("cpu", 4), ["single"])] == [1]
+    assert not any(c.tag for c in doctor.plan(_host("cpu", 2), ["ddp", "fsdp"]))
+
+
+def test_bf16_is_named_native_only_with_the_instructions_for_it():
+    avx2 = capabilities.cpu_capabilities({"avx2", "fma"})
+    assert avx2["bf16"] == "emulated" and avx2["fp16"] == "emulated" and avx2["isa"] == ["avx2"]
+    assert capabilities.cpu_capabilities({"avx2", "avx512f", "avx512_bf16"})["bf16"] == "native"
+    assert capabilities.cpu_capabilities({"amx_tile", "amx_bf16", "amx_fp16"})["fp16"] == "native"
+    host = capabilities.host_capabilities(probe())
+    assert host["bf16"] in ("native", "emulated") and host["torch"] and host["gloo"] is True
+
+
+def _run(make_cfg, tmp_path, strategies, **kw):
+    return doctor.run(make_cfg(), tmp_path / "doctor", strategies, max_devices=kw.pop("max_devices", 1),
+                      steps=2, per_device_batch=32, say=lambda *_: None, **kw)
+
+
+def test_planted_failure_is_a_failed_row_not_a_crash(make_cfg, tmp_path, monkeypatch):
+    def broken(self, *a, **k):
+        raise RuntimeError("planted fault in the step")
+    monkeypatch.setattr(ScratchStrategy, "train_step", broken)
+    report = _run(make_cfg, tmp_path, ["single", "scratch", "dp"])
+    written = json.loads((tmp_path / "doctor" / "doctor.json").read_text())
+    assert written == json.loads(json.dumps(report))
+    rows = {(r["strategy"], r["k"]): r for r in written["rows"]}
+    assert rows[("single", 1)]["status"] == "passed" and rows[("single", 1)]["img_s"] > 0
+    assert rows[("single", 1)]["peak_mem_mib"] and rows[("single", 1)]["peak_mem_mib"][0] > 0
+    assert rows[("scratch", 1)]["status"] == "failed"
+    assert "planted fault in the step" in rows[("scratch", 1)]["reason"]
+    if probe().kind == "cpu":
+        assert rows[("dp", 1)]["status"] == "unavailable" and "CUDA" in rows[("dp", 1)]["reason"]
+    assert written["counts"]["failed"] == 1 and written["synthetic"] is True
+    md = (tmp_path / "doctor" / "doctor.md").read_text()
+    assert "| scratch k=1 | failed |" in md and "SYNTHETIC" in md and f"bf16 {written['host']['bf16']}" in md
+
+
+def test_a_strategy_that_trains_differently_fails_the_equivalence(make_cfg, tmp_path, monkeypatch):
+    import torch
+    monkeypatch.setattr(ScratchStrategy, "build_optimizer",
+                        lambda self, model: torch.optim.SGD(model.parameters(), lr=self.cfg.lr * 1.01))
+    rows = {r["strategy"]: r for r in _run(make_cfg, tmp_path, ["scratch"])["rows"]}
+    assert rows["scratch"]["status"] == "failed"
+    assert rows["scratch"]["reason"].startswith("does not match single-device SGD")
+
+
+@pytest.mark.slow
+def test_cli_checks_multiprocess_strategies_and_writes_both_files(synthetic_root, tmp_path):
+    out = tmp_path / "doc"
+    k = min(2, probe().n)
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "doctor", "--strategies", "single,ddp",
+                           "--max-devices", str(k), "--steps", "3", "--out", str(out),
+                           "--set", f"data.dir={synthetic_root}", "--set", "data.source=synthetic"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    rows = json.loads((out / "doctor.json").read_text())["rows"]
+    ddp = [r for r in rows if r["strategy"] == "ddp"]
+    assert [r["k"] for r in ddp] == list(range(1, k + 1))
+    assert all(r["status"] == "passed" and r["backend"] in ("gloo", "nccl") for r in ddp)
+    assert (out / "doctor.md").read_text().count("| ddp k=") == k
