@@ -29,16 +29,17 @@ from mfu import flops_per_image, matmul_peak
 
 PEERS = (REPO.parent / "shared" / "peers" / "d2l_reference.py", REPO / "shared" / "peers" / "d2l_reference.py",
          REPO / "peers" / "d2l_reference.py")
-# dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s; first substring of the name wins
-DATASHEET_BF16_TFLOPS = (("H200", 989), ("H100 PCIe", 756), ("H100 80GB HBM3", 989), ("H100 SXM", 989),
-                         ("A100", 312))
+# dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s, matched against
+# torch.cuda.get_device_name: first substring wins. Any other H100 (e.g. "NVIDIA H100 80GB HBM3") is an SXM part.
+DATASHEET_BF16_TFLOPS = (("H200", 989), ("H100 PCIe", 756), ("H100 NVL", None), ("H100", 989), ("A100", 312))
 LR = {"lenet": 0.2, "resnet18": 0.1}  # d2l's: multiple-gpus.md (LeNet), multiple-gpus-concise.md (ResNet-18)
 ROWS = (("single", "parallax single fp32"), ("ddp_amp", "parallax ddp_amp k=1 bf16"), ("d2l", "d2l recipe fp32"))
 TARGET_EPOCH_S, TARGET_RATIO = 0.6, 5.0  # ResNet-18 ddp_amp k=1 on one GPU, per 60k images
 
 
 def datasheet_peak(name: str) -> float | None:
-    return next((tf * 1e12 for key, tf in DATASHEET_BF16_TFLOPS if key.lower() in name.lower()), None)
+    tf = next((tf for key, tf in DATASHEET_BF16_TFLOPS if key.lower() in name.lower()), None)
+    return tf * 1e12 if tf else None
 
 
 def d2l(peer: Path, data: Path, model: str, batch: int, steps: int) -> dict:
