@@ -1,26 +1,29 @@
 #!/usr/bin/env bash
 # Parallax on an air-gapped GPU node, from the bundle `make gpu-bundle` builds (this file is its run.sh):
-# installs the project without a registry into a venv that sees the node's own PyTorch (kept as it is), then runs
-# `doctor` and the GPU benchmark, writing everything under OUT_DIR.
+# installs the project without a registry into a folder of its own on PYTHONPATH, beside the node's Python and its
+# own PyTorch (neither is touched), then runs `doctor` and the GPU benchmark, writing everything under OUT_DIR.
+# (A folder, not a venv: a venv made from a venv's Python does not see that venv's packages, as on images whose
+# PyTorch lives in a venv.)
 #
 #   bash run.sh [OUT_DIR]           (default ./parallax-gpu-results)
 #   PYTHON=python3.12 bash run.sh   the node's Python, the one that has its PyTorch (default: python3)
-#   PARALLAX_VENV=DIR               the venv to install into (default: $TMPDIR/parallax-venv; made if absent)
+#   PARALLAX_SITE=DIR               where the project is installed (default: $TMPDIR/parallax-site)
 #   QUICK=1                         a two-minute smoke run (a few strategies, a small epoch) instead of the full check
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="$(mkdir -p "${1:-parallax-gpu-results}" && cd "${1:-parallax-gpu-results}" && pwd)"
 PY="${PYTHON:-python3}"
-VENV="${PARALLAX_VENV:-${TMPDIR:-/tmp}/parallax-venv}"
+SITE="${PARALLAX_SITE:-${TMPDIR:-/tmp}/parallax-site}"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 
-[ -x "$VENV/bin/python" ] || "$PY" -m venv --system-site-packages "$VENV"
-before="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
-# nothing is fetched (--no-index) and nothing the node has is touched (--no-deps): the project and only the wheels
-# of what the node lacked when the bundle was built; then the core requirements are checked directly
-"$VENV/bin/python" -m pip install -q --no-index --no-deps --force-reinstall "$HERE"/wheels/*.whl
-"$VENV/bin/python" -m pipeline.bundle --verify
-after="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
+before="$("$PY" -c 'import torch; print(torch.__version__)')"
+# nothing is fetched (--no-index) and nothing the node has is touched (--no-deps, a folder of its own): the project
+# and only the wheels of what the node lacked when the bundle was built; then the core requirements are checked
+rm -rf "$SITE"
+"$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$HERE"/wheels/*.whl
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" -m pipeline.bundle --verify
+after="$("$PY" -c 'import torch; print(torch.__version__)')"
 echo "torch before install: $before, after: $after" | tee "$OUT/install.txt"
 [ "$before" = "$after" ] || { echo "error: installing Parallax changed the node's PyTorch" >&2; exit 1; }
 
@@ -33,10 +36,10 @@ else
   bench_args=()
 fi
 status=0
-"$VENV/bin/python" -m pipeline doctor --out "$OUT/doctor" "${doctor_args[@]}" 2>&1 | tee "$OUT/doctor.log" || status=1
+"$PY" -m pipeline doctor --out "$OUT/doctor" "${doctor_args[@]}" 2>&1 | tee "$OUT/doctor.log" || status=1
 peer=()
 [ -f "$HERE/peers/d2l_reference.py" ] && peer=(--peer "$HERE/peers/d2l_reference.py")
-"$VENV/bin/python" "$HERE/benchmarks/gpu_epoch.py" --data "$OUT/data" "${peer[@]}" --json "$OUT/gpu_epoch.json" \
+"$PY" "$HERE/benchmarks/gpu_epoch.py" --data "$OUT/data" "${peer[@]}" --json "$OUT/gpu_epoch.json" \
   "${bench_args[@]}" 2>&1 | tee "$OUT/gpu_epoch.log" || status=1
 echo "results in $OUT (doctor/doctor.md, doctor/doctor.json, gpu_epoch.log, gpu_epoch.json)"
 exit $status

@@ -46,7 +46,8 @@ def test_bundle_installs_offline_keeps_torch_and_runs_the_checks(tmp_path):
     assert "MiB" in built.stdout and (tmp_path / "gpu-bundle.tar.gz").exists()
     assert bundle.size(tmp_path / "gpu-bundle") <= bundle.LIMIT
     venv = _node(tmp_path)
-    env = {**os.environ, "QUICK": "1", "PARALLAX_VENV": str(venv), "PYTHON": str(venv / "bin" / "python"),
+    site = tmp_path / "parallax-site"
+    env = {**os.environ, "QUICK": "1", "PARALLAX_SITE": str(site), "PYTHON": str(venv / "bin" / "python"),
            "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": ""}  # no registry, no local wheel folder: only the bundle
     env.pop("PYTHONPATH", None)
     run = subprocess.run(["bash", str(tmp_path / "gpu-bundle" / "run.sh"), str(tmp_path / "out")],
@@ -55,8 +56,10 @@ def test_bundle_installs_offline_keeps_torch_and_runs_the_checks(tmp_path):
     before, after = (tmp_path / "out" / "install.txt").read_text().split("before install: ")[1].split(", after: ")
     assert before.strip() == after.strip()
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import pipeline; print(pipeline.__file__)"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout
-    assert str(venv) in where  # the bundled wheel, not this checkout
+                           cwd=tmp_path, env={**env, "PYTHONPATH": str(site)}, capture_output=True, text=True,
+                           check=True).stdout
+    assert where.startswith(str(site))  # the bundled wheel, not this checkout
+    assert not list(venv.glob("lib/python*/site-packages/pipeline"))  # the node's environment untouched
     doc = json.loads((tmp_path / "out" / "doctor" / "doctor.json").read_text())
     assert doc["counts"]["failed"] == 0 and doc["counts"]["passed"] >= 2
     assert (tmp_path / "out" / "gpu_epoch.json").exists()
