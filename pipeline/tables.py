@@ -156,12 +156,12 @@ def point_table(df) -> pd.DataFrame:
     for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
         acc = g[g["test_acc"].notna()]
         best = acc.sort_values(["test_acc", "time_to_acc_s"], ascending=[False, True]).head(1)
-        pick = (lambda c: best[c].iloc[0] if len(best) else math.nan)
+        at_best = {c: best[c].iloc[0] if len(best) else math.nan for c in ("lr", "test_acc", "time_to_acc_s")}
         rows.append({**dict(zip((*POINT, *EXTRAS), key)),
                      "throughput_img_s": g["throughput_img_s"].median(),  # NaN if none measured
                      "n_trials": len(g), "n_lrs": g["lr"].nunique(),
-                     "best_lr": pick("lr"), "test_acc": pick("test_acc"),
-                     "time_to_acc_s": pick("time_to_acc_s"),
+                     "best_lr": at_best["lr"], "test_acc": at_best["test_acc"],
+                     "time_to_acc_s": at_best["time_to_acc_s"],
                      "parallel_devices": all_parallel(g["parallel_devices"])})
     return _sort(pd.DataFrame(rows, columns=cols))
 
@@ -245,9 +245,12 @@ def accuracy_table(df, target_acc: float | None = None) -> pd.DataFrame:
 
 
 def _sort(df, extra=()):
+    """Strategies in EXPECTED's order (others after them), then model, k, b, B and `extra`."""
     rank = {s: i for i, s in enumerate(EXPECTED)}
     by = [c for c in ("strategy", "model", "k", "per_device_batch", "batch_size", *extra) if c in df]
-    key = lambda col: col.map(lambda s: f"{rank.get(s, 99):02d}{s}") if col.name == "strategy" else col
+
+    def key(col):
+        return col.map(lambda s: f"{rank.get(s, 99):02d}{s}") if col.name == "strategy" else col
     return df.sort_values(by, key=key, kind="stable").reset_index(drop=True) if len(df) else df
 
 

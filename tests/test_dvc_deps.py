@@ -43,7 +43,7 @@ def command_modules(command: str) -> set[str]:
     main = "pipeline.__main__"
     tree = ig.parse(files[main])
     functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    assert f"cmd_{command}" in functions, f"pipeline/__main__.py has no cmd_{command} for `python -m pipeline {command}`"
+    assert f"cmd_{command}" in functions, f"pipeline/__main__.py has no cmd_{command} (python -m pipeline {command})"
     # main() dispatches through globals()[f"cmd_{...}"]: the command's function is a root of its own
     reached = [n for n in tree.body if n not in functions.values()] + [functions[f"cmd_{command}"]]
     seen = set()
@@ -72,7 +72,8 @@ def test_stage_deps_are_the_modules_its_command_imports(stage):
     name, commands, deps, _ = stage
     needed = {_path(m) for c in commands for m in command_modules(c)}
     missing = sorted(p for p in needed if not any(_covers(d, p) for d in deps))
-    assert not missing, f"dvc.yaml stage {name} (python -m pipeline {', '.join(commands)}) misses deps: {', '.join(missing)}"
+    command = f"python -m pipeline {', '.join(commands)}"
+    assert not missing, f"dvc.yaml stage {name} ({command}) misses deps: {', '.join(missing)}"
     code = [d for d in deps if _covers("pipeline", d)]
     files = {p.relative_to(REPO).as_posix() for d in code for p in
              ([REPO / d] if (REPO / d).is_file() else (REPO / d).rglob("*.py"))}
