@@ -4,382 +4,30 @@
 
 Reads results/sweeps/*.csv (one row per trial, written by sweep.py) and writes into
 results/analysis/: summary.json (DVC metrics), efficiency/throughput/memory/accuracy.csv
-(tidy, for DVC plots), efficiency/throughput/memory/accuracy.png and report.md.
-Only complete, non-oversubscribed trials enter the numbers; everything else is listed with
-its reason. Undefined stays NaN (CSV: row absent; JSON: null), never 0.
+(tidy, for DVC plots), efficiency/throughput/memory/accuracy.png, knobs.csv (+ one knob_*.png per
+varied DDP knob) and report.md. Only complete, non-oversubscribed trials enter the numbers;
+everything else is listed with its reason. Undefined stays NaN (CSV: row absent; JSON: null), never 0.
+
+The wing, arrows one way (tests/test_imports.py keeps it so):
+    tables.py    reading the sweep CSVs; point, scaling, memory, accuracy tables (pure pandas)
+    summary.py   summary.json's dict; knobs.py  the DDP knobs' table        (on tables)
+    plots.py     the figures;        report.py  report.md                  (on tables)
+    analyze.py   this entry: the only module that decides which files are written (on all of them)
 """
 from __future__ import annotations
 
-import ast
 import json
-import math
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-from . import knobs
+from . import plots, report
+from .knobs import knob_table
+from .summary import strategy_status, summarize
+from .tables import (EXPECTED, accuracy_table, memory_devices, memory_table, point_table, read_sweeps,
+                     scaling_table, shown_extras)
 
-EXPECTED = ("single", "scratch", "dp", "dp_criterion", "ddp", "ddp_amp", "fsdp")
-KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
-# Grouped on, so that a distinct setting is a distinct point; shown only where they vary.
-EXTRAS = ("host", "data_source", *KNOBS)
-POINT = ("strategy", "model", "k", "batch_size", "per_device_batch")
-NUMERIC = ("trial", "devices", "batch_size", "per_device_batch", "lr", "epochs", "host_devices",
-           "throughput_img_s", "epoch_s", "test_acc", "time_to_acc_s", "target_acc",
-           "train_loss", "peak_mem_max", "peak_mem_mean", "mem_imbalance", "duration_s")
-TEXT = ("study", "strategy", "model", "state", "reason", "data_source", "device_kind",
-        "device_name", "host", "epoch_s_list", "test_acc_list", "peak_mem_bytes",
-        "mem_method", "mlflow_run_id", *KNOBS)
-MIB = 2.0**20
-
-
-# ---------------------------------------------------------------- loading
-
-def _to_bool(v) -> bool | None:
-    s = str(v).strip().lower()
-    return True if s in ("true", "1", "yes", "t") else False if s in ("false", "0", "no", "f") else None
-
-
-def _key_str(v) -> str:
-    """Canonical text for a grouping value: '' for empty, '25' for 25.0, 'True' for 'true'."""
-    s = "" if v is None else str(v).strip()
-    if s.lower() in ("", "nan", "none", "null"):
-        return ""
-    if s.lower() in ("true", "false"):
-        return s.capitalize()
-    try:
-        f = float(s)
-        return str(int(f)) if f.is_integer() else repr(f)
-    except ValueError:
-        return s
-
-
-def _normalize(df: pd.DataFrame, stem: str) -> pd.DataFrame:
-    df = df.copy()
-    for c in (*TEXT, *NUMERIC, "parallel_devices", "oversubscribed"):
-        if c not in df:
-            df[c] = ""
-    for c in TEXT:
-        df[c] = df[c].astype(object).where(df[c].notna(), "").map(lambda v: str(v).strip())
-    for c in NUMERIC:
-        df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
-    df["strategy"] = df["strategy"].where(df["strategy"] != "", stem)
-    df["state"] = df["state"].str.lower().where(df["state"] != "", "unknown")
-    df["parallel_devices"] = df["parallel_devices"].map(_to_bool).astype(object)
-    df["oversubscribed"] = df["oversubscribed"].map(lambda v: _to_bool(v) is True).astype(bool)
-    df["k"] = df["devices"]
-    derived = df["batch_size"] / df["k"]
-    df["per_device_batch"] = df["per_device_batch"].fillna(derived.where(derived % 1 == 0))
-    for c in EXTRAS:
-        df[c] = df[c].map(_key_str)
-    return df
-
-
-def _read_sweeps(sweeps_dir, expected):
-    """Rows of every CSV, notes, and per file stem 'ok' | 'empty' | 'unreadable: …'."""
-    d, frames, notes, files = Path(sweeps_dir), [], [], {}
-    paths = sorted(d.glob("*.csv")) if d.is_dir() else []
-    if not d.is_dir():
-        notes.append(f"sweeps directory {d} does not exist")
-    for p in paths:
-        try:
-            raw = pd.read_csv(p, dtype=str, keep_default_na=False)
-        except pd.errors.EmptyDataError:
-            raw = None
-        except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
-            files[p.stem] = f"unreadable: {type(e).__name__}: {e}".splitlines()[0]
-            notes.append(f"{p.name}: {files[p.stem]}")
-            continue
-        if raw is None or raw.empty:
-            files[p.stem] = "empty"
-            notes.append(f"{p.name} is empty (no trials)")
-            continue
-        files[p.stem] = "ok"
-        frames.append(_normalize(raw, p.stem))
-    seen = set(files) | {s for f in frames for s in f["strategy"]}
-    for s in expected:
-        if s not in seen:
-            notes.append(f"no sweep CSV for strategy '{s}' ({d / (s + '.csv')} missing)")
-    df = pd.concat(frames, ignore_index=True) if frames else _normalize(pd.DataFrame(), "")
-    return df, notes, files
-
-
-def load_sweeps(sweeps_dir, expected=EXPECTED) -> tuple[pd.DataFrame, list[str]]:
-    """All trial rows (normalized types; `k` = devices) and notes on missing/empty/bad CSVs."""
-    df, notes, _ = _read_sweeps(sweeps_dir, expected)
-    return df, notes
-
-
-# ---------------------------------------------------------------- tables
-
-def _measured(df):
-    return df[(df["state"] == "complete") & ~df["oversubscribed"]
-              & df["k"].notna() & df["batch_size"].notna()]
-
-
-def _parse_list(v) -> list[float]:
-    if isinstance(v, (list, tuple)):
-        xs = v
-    else:
-        s = str(v).strip()
-        if not s:
-            return []
-        try:
-            xs = json.loads(s)
-        except ValueError:
-            try:
-                xs = ast.literal_eval(s)
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                return []
-    xs = xs if isinstance(xs, (list, tuple)) else [xs]
-    out = [float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan for x in xs]
-    return out if any(not math.isnan(x) for x in out) else []
-
-
-def _parallel(values) -> bool | None:
-    vals = [v for v in values if v is not None]
-    return None if not vals else all(vals)
-
-
-def _serial(r) -> bool:
-    """The row's k devices ran one after another (parallel_devices is False, as bool or numpy bool)."""
-    v = r.get("parallel_devices")
-    return v is not None and not (isinstance(v, float) and math.isnan(v)) and not bool(v)
-
-
-def _groups(df, keys):
-    return df.groupby(list(keys), sort=False, dropna=False)
-
-
-def point_table(df) -> pd.DataFrame:
-    """One row per measured point (strategy, model, k, B, knobs): throughput is the median
-    over lrs (and repeats) of complete trials; accuracy comes from the best lr."""
-    cols = [*POINT, *EXTRAS, "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc",
-            "time_to_acc_s", "parallel_devices"]
-    rows = []
-    for key, g in _groups(_measured(df), (*POINT, *EXTRAS)):
-        acc = g[g["test_acc"].notna()]
-        best = acc.sort_values(["test_acc", "time_to_acc_s"], ascending=[False, True]).head(1)
-        pick = (lambda c: best[c].iloc[0] if len(best) else math.nan)
-        rows.append({**dict(zip((*POINT, *EXTRAS), key)),
-                     "throughput_img_s": g["throughput_img_s"].median(),  # NaN if none measured
-                     "n_trials": len(g), "n_lrs": g["lr"].nunique(),
-                     "best_lr": pick("lr"), "test_acc": pick("test_acc"),
-                     "time_to_acc_s": pick("time_to_acc_s"),
-                     "parallel_devices": _parallel(g["parallel_devices"])})
-    return _sort(pd.DataFrame(rows, columns=cols))
-
-
-def scaling_table(df) -> pd.DataFrame:
-    """Weak (fixed b) and strong (fixed B) efficiency T(k)/(k*T(1)) and speedup T(k)/T(1)
-    for every measured k; NaN where the same strategy has no k=1 point at that b/B."""
-    pts = point_table(df)
-    pts = pts[pts["throughput_img_s"].notna()]
-    rows = []
-    for kind, ref in (("weak", "per_device_batch"), ("strong", "batch_size")):
-        for _, g in _groups(pts, ("strategy", "model", ref, *EXTRAS)):
-            base = g.loc[g["k"] == 1, "throughput_img_s"]
-            t1 = base.iloc[0] if len(base) else math.nan
-            for r in g.to_dict("records"):
-                speedup = r["throughput_img_s"] / t1
-                rows.append({**r, "kind": kind, "base_throughput_img_s": t1,
-                             "speedup": speedup, "efficiency": speedup / r["k"]})
-    cols = [*POINT, *EXTRAS, "kind", "efficiency", "speedup", "throughput_img_s",
-            "base_throughput_img_s", "parallel_devices"]
-    return _sort(pd.DataFrame(rows, columns=cols), ("kind",))
-
-
-def memory_table(df) -> pd.DataFrame:
-    """Per point: per-device peaks (median over trials, bytes), imbalance max/mean and
-    device-0 excess peak[0] - mean(peak[1:]) (k >= 2 only)."""
-    rows = []
-    for key, g in _groups(_measured(df), (*POINT, *EXTRAS)):
-        lists = [p for p in g["peak_mem_bytes"].map(_parse_list) if p]
-        if not lists:
-            continue
-        n = max(map(len, lists))
-        peaks = [float(np.nanmedian([p[i] if i < len(p) else math.nan for p in lists])) for i in range(n)]
-        mean = float(np.nanmean(peaks))
-        r = dict(zip((*POINT, *EXTRAS), key))
-        excess = peaks[0] - float(np.nanmean(peaks[1:])) if r["k"] >= 2 and n >= 2 else math.nan
-        top = float(np.nanmax(peaks))
-        rows.append({**r, "peaks": peaks, "peak_max": top, "peak_mean": mean,
-                     "mem_imbalance": top / mean if mean > 0 else math.nan,
-                     "dev0_excess_bytes": excess,
-                     "mem_method": ", ".join(sorted(set(g["mem_method"]) - {""}))})
-    cols = [*POINT, *EXTRAS, "peaks", "peak_max", "peak_mean", "mem_imbalance",
-            "dev0_excess_bytes", "mem_method"]
-    return _sort(pd.DataFrame(rows, columns=cols))
-
-
-def memory_devices(mem) -> pd.DataFrame:
-    """memory_table exploded to one row per device (tidy, for memory.csv)."""
-    rows = [{**{c: r[c] for c in mem.columns if c != "peaks"}, "device": i,
-             "peak_mem_bytes": int(round(p)), "peak_mem_mib": p / MIB}
-            for r in mem.to_dict("records") for i, p in enumerate(r["peaks"]) if not math.isnan(p)]
-    return pd.DataFrame(rows, columns=[*(c for c in mem.columns if c != "peaks"),
-                                       "device", "peak_mem_bytes", "peak_mem_mib"])
-
-
-def _time_to_acc(r, target):
-    accs, secs = _parse_list(r["test_acc_list"]), _parse_list(r["epoch_s_list"])
-    if accs and len(secs) >= len(accs):
-        for a, t in zip(accs, np.cumsum(secs)):
-            if a >= target:
-                return float(t)
-        return math.nan
-    return r["time_to_acc_s"] if r["target_acc"] == target else math.nan
-
-
-def accuracy_table(df, target_acc: float | None = None) -> pd.DataFrame:
-    """Final test accuracy and time to target per (strategy, model, k, B, lr); with target_acc,
-    time is recomputed as cumulative training-epoch seconds until the first epoch >= target."""
-    m = _measured(df).copy()
-    if target_acc is not None:
-        m["time_to_acc_s"] = [_time_to_acc(r, target_acc) for r in m.to_dict("records")]
-        m["target_acc"] = float(target_acc)
-    keys = (*POINT, "lr", "epochs", *EXTRAS)
-    rows = [{**dict(zip(keys, key)), "test_acc": g["test_acc"].median(),
-             # a repeat that never reached the target makes the point "not reached"
-             "time_to_acc_s": g["time_to_acc_s"].median(skipna=False),
-             "target_acc": g["target_acc"].max(), "n_trials": len(g)}
-            for key, g in _groups(m, keys)]
-    cols = [*keys, "test_acc", "time_to_acc_s", "target_acc", "n_trials"]
-    return _sort(pd.DataFrame(rows, columns=cols), ("lr",))
-
-
-def _sort(df, extra=()):
-    rank = {s: i for i, s in enumerate(EXPECTED)}
-    by = [c for c in ("strategy", "model", "k", "per_device_batch", "batch_size", *extra) if c in df]
-    key = lambda col: col.map(lambda s: f"{rank.get(s, 99):02d}{s}") if col.name == "strategy" else col
-    return df.sort_values(by, key=key, kind="stable").reset_index(drop=True) if len(df) else df
-
-
-# ---------------------------------------------------------------- per strategy
-
-def _shown(df, cols=EXTRAS):
-    """Extras worth a column: they vary within a strategy (host/data_source: anywhere)."""
-    if df.empty:
-        return []
-    return [c for c in cols if c in df and (df.groupby("strategy")[c].nunique().max() > 1
-                                            or (c in ("host", "data_source") and df[c].nunique() > 1))]
-
-
-def _is_unavailable(reason) -> bool:
-    return "unavailable" in str(reason).lower()
-
-
-def _strategy_status(df, files, sweeps_dir, expected):
-    """Per strategy: status, reason and trial counts."""
-    names = list(dict.fromkeys([*expected, *sorted(set(df["strategy"]) | set(files))]))
-    out = {}
-    for s in names:
-        g = df[df["strategy"] == s]
-        counts = {f"n_{st}": int((g["state"] == st).sum())
-                  for st in ("complete", "failed", "pruned", "skipped")}
-        counts["n_oversubscribed"] = int(g["oversubscribed"].sum())
-        reasons = sorted(set(g.loc[g["state"] == "skipped", "reason"]) - {""})
-        if g.empty:
-            status = "missing" if s not in files else files[s].split(":")[0]
-            reason = (f"no sweep CSV ({Path(sweeps_dir) / (s + '.csv')})" if s not in files
-                      else f"{s}.csv is {files[s]}")
-        elif (g["state"] == "skipped").all():
-            status = "unavailable" if any(map(_is_unavailable, reasons)) else "all skipped"
-            reason = "; ".join(reasons) or "skipped (no reason recorded)"
-        elif len(_measured(g)):
-            status, reason = "measured", ""
-        elif counts["n_complete"]:
-            status = "oversubscribed only"
-            reason = "complete trials were all oversubscribed (functional tests)"
-        else:
-            status, reason = "no complete trials", "; ".join(sorted(set(g["reason"]) - {""}))
-        out[s] = {"status": status, "reason": reason, "n_trials": len(g), **counts}
-    return out
-
-
-def _best(df, col, ascending=False):
-    d = df[df[col].notna()]
-    return None if d.empty else d.sort_values(col, ascending=ascending, kind="stable").iloc[0]
-
-
-def _at(r, cols):
-    return None if r is None else {c: r[c] for c in cols}
-
-
-def _at_largest_k(eff, kind):
-    """Best efficiency of `kind` at the largest k >= 2 where it is defined."""
-    e = eff[(eff["kind"] == kind) & eff["efficiency"].notna() & (eff["k"] >= 2)]
-    return _best(e[e["k"] == e["k"].max()], "efficiency") if len(e) else None
-
-
-def _strategy_metrics(s, pts, eff, mem):
-    p, e, m = (t[t["strategy"] == s] for t in (pts, eff, mem))
-    thr, acc = _best(p, "throughput_img_s"), _best(p, "test_acc")
-    weak, strong = _at_largest_k(e, "weak"), _at_largest_k(e, "strong")
-    m2 = m[m["k"] >= 2]
-    imb, exc = _best(m2, "mem_imbalance"), _best(m2, "dev0_excess_bytes")
-    par = _parallel(p.loc[p["k"] >= 2, "parallel_devices"])
-    return {
-        "largest_k": None if p.empty else int(p["k"].max()),
-        "parallel_devices": par,
-        "best_throughput_img_s": None if thr is None else thr["throughput_img_s"],
-        "best_throughput_at": _at(thr, ("model", "k", "batch_size")),
-        "weak_efficiency": None if weak is None else weak["efficiency"],
-        "weak_efficiency_at": _at(weak, ("model", "k", "per_device_batch")),
-        "strong_efficiency": None if strong is None else strong["efficiency"],
-        "strong_efficiency_at": _at(strong, ("model", "k", "batch_size")),
-        "worst_mem_imbalance": None if imb is None else imb["mem_imbalance"],
-        "worst_mem_imbalance_at": _at(imb, ("model", "k", "batch_size")),
-        "max_dev0_excess_bytes": None if exc is None else exc["dev0_excess_bytes"],
-        "best_test_acc": None if acc is None else acc["test_acc"],
-        "best_test_acc_at": _at(acc, ("model", "k", "batch_size", "best_lr")),
-    }
-
-
-def _jsonable(v):
-    """Plain JSON types; NaN/inf -> None (summary.json must never carry NaN)."""
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (bool, np.bool_)):
-        return bool(v)
-    if isinstance(v, (int, np.integer)):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        f = float(v)
-        return None if not math.isfinite(f) else int(f) if f.is_integer() and abs(f) < 2**53 else f
-    return None if v is None or v is pd.NA else v
-
-
-def _joined(series):
-    vals = sorted(set(series) - {""})
-    return ", ".join(vals) if vals else None
-
-
-def _summary(df, status, pts, eff, mem, target_acc):
-    strategies = {s: {**st, **_strategy_metrics(s, pts, eff, mem)} for s, st in status.items()}
-    targets = sorted(set(df["target_acc"].dropna()))
-    return _jsonable({
-        "host": _joined(df["host"]), "device_kind": _joined(df["device_kind"]),
-        "device_name": _joined(df["device_name"]),
-        "host_devices": None if df["host_devices"].dropna().empty else df["host_devices"].max(),
-        "data_source": _joined(df["data_source"]),
-        "synthetic_data": bool((df["data_source"] == "synthetic").any()),
-        "target_acc": target_acc if target_acc is not None else (targets[0] if len(targets) == 1 else None),
-        "n_trials": len(df), "n_complete": int((df["state"] == "complete").sum()),
-        "strategies": strategies,
-    })
-
-
-# ---------------------------------------------------------------- stage
-
-def _overlap_section(overlap_dir: Path) -> list[str]:
-    md = overlap_dir / "overlap.md"
-    if not md.exists():
-        return ["\n## Automatic parallelism and communication overlap\n\nNot measured: run the `overlap` stage "
-                "(`dvc repro -s overlap`).\n"]
-    return ["\n" + md.read_text()]
+# The names tests/test_analyze.py reaches through this module (the tests predate the split and stay unchanged).
+from .summary import jsonable as _jsonable, strategy_metrics as _strategy_metrics  # noqa: F401
+from .tables import load_sweeps, normalize as _normalize, shown_extras as _shown  # noqa: F401
 
 
 def _csv(df, path, cols, shown):
@@ -390,18 +38,8 @@ def _csv(df, path, cols, shown):
     df.to_csv(path, index=False)
 
 
-def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPECTED) -> dict:
-    """Read every sweep CSV, write all outputs into out_dir and return the summary dict."""
-    from .plots import _style, plot_accuracy, plot_efficiency, plot_memory, plot_throughput
-    from .report import md_table, write_report
-    df, notes, files = _read_sweeps(sweeps_dir, expected)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    pts, eff, mem = point_table(df), scaling_table(df), memory_table(df)
-    acc = accuracy_table(df, target_acc)
-    status = _strategy_status(df, files, sweeps_dir, expected)
-    summary = _summary(df, status, pts, eff, mem, target_acc)
-    x = _shown(df)
+def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
+    """The tidy CSVs of DVC plots; columns that vary (host, data source, knobs) after strategy and model."""
     _csv(eff[eff["efficiency"].notna()], out / "efficiency.csv",
          ["strategy", "model", "k", "per_device_batch", "batch_size", "kind", "efficiency", "speedup",
           "throughput_img_s"], x)
@@ -412,16 +50,32 @@ def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPEC
          x + (["mem_method"] if mem["mem_method"].nunique() > 1 else []))
     _csv(acc, out / "accuracy.csv",
          ["strategy", "model", "k", "batch_size", "lr", "test_acc", "time_to_acc_s"], x)
-    colors = _style(status)
-    plot_efficiency(eff, out / "efficiency.png", colors)
-    plot_throughput(pts, out / "throughput.png", colors)
-    plot_memory(mem, out / "memory.png")
-    plot_accuracy(pts, out / "accuracy.png", colors)
-    knob_tab = knobs.knob_table(pts, eff)
-    for knob in knob_tab["knob"].unique():
-        knobs.plot_knob(knob_tab, knob, out / f"knob_{knob}.png")
-    knob_tab.to_csv(out / "knobs.csv", index=False)
-    extra = knobs.section(knob_tab, md_table) + _overlap_section(Path(sweeps_dir).parent / "overlap")
-    write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra)
+
+
+def _write_figures(out: Path, status, pts, eff, mem, knobs) -> None:
+    colors = plots.style(status)
+    plots.plot_efficiency(eff, out / "efficiency.png", colors)
+    plots.plot_throughput(pts, out / "throughput.png", colors)
+    plots.plot_memory(mem, out / "memory.png")
+    plots.plot_accuracy(pts, out / "accuracy.png", colors)
+    for knob in knobs["knob"].unique():
+        plots.plot_knob(knobs, knob, out / f"knob_{knob}.png")
+
+
+def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPECTED) -> dict:
+    """Read every sweep CSV, write all outputs into out_dir and return the summary dict."""
+    df, notes, files = read_sweeps(sweeps_dir, expected)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pts, eff, mem = point_table(df), scaling_table(df), memory_table(df)
+    acc = accuracy_table(df, target_acc)
+    status = strategy_status(df, files, sweeps_dir, expected)
+    summary = summarize(df, status, pts, eff, mem, target_acc)
+    knobs = knob_table(pts, eff)
+    _write_csvs(out, pts, eff, mem, acc, shown_extras(df))
+    _write_figures(out, status, pts, eff, mem, knobs)
+    knobs.to_csv(out / "knobs.csv", index=False)
+    extra = report.knob_section(knobs) + report.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md")
+    report.write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     return summary

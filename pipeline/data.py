@@ -19,14 +19,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .datafiles import DOWNLOAD_TIMEOUT_S, FILES, raw_dir  # noqa: F401 (DOWNLOAD_TIMEOUT_S: re-exported)
+from .datafiles import RERUN as _RERUN
 from .errors import DataError  # defined torch-free, for the CLI's error handler
 
 SOURCES = ("fashion-mnist", "synthetic")
-FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics
-DOWNLOAD_TIMEOUT_S = 20.0  # per socket operation: an offline host fails in seconds, not minutes
 _MAGIC = {1: 0x00000801, 3: 0x00000803}  # IDX: 0x08 = unsigned byte, then the number of dimensions
-_RERUN = "`python -m pipeline download` (or `dvc repro download`)"
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensors have no truth value, so compare fields explicitly
@@ -36,10 +35,6 @@ class Dataset:
     test_x: torch.Tensor  # uint8 [M, 28, 28]
     test_y: torch.Tensor  # int64 [M]
     source: str  # "fashion-mnist" | "synthetic"
-
-
-def raw_dir(root) -> Path:
-    return Path(root) / "FashionMNIST" / "raw"
 
 
 # ---------------------------------------------------------------- IDX files

@@ -19,7 +19,8 @@ import torchvision.datasets.utils as tv_utils
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.vision import VisionDataset
 
-from .data import _RERUN, DOWNLOAD_TIMEOUT_S, FILES, DataError, raw_dir
+from .datafiles import DOWNLOAD_TIMEOUT_S, FILES, RERUN, raw_dir
+from .errors import DataError
 
 
 class FashionMNISTDownload(FashionMNIST):
@@ -77,7 +78,7 @@ def download(raw: Path, root: Path, mirror: str, progress: bool) -> str:
         raise DataError(f"Fashion-MNIST download failed checksum verification: {'; '.join(corrupt)}. The file is "
                         f"corrupt or truncated and was removed; {root} is unchanged. "
                         f"Replace it at the mirror or point data.mirror at a good copy (`--set data.mirror=/path/to/dir` "
-                        f"or data.mirror in params.yaml), then rerun {_RERUN}.")
+                        f"or data.mirror in params.yaml), then rerun {RERUN}.")
     raise DataError(f"Could not download Fashion-MNIST; tried {'; '.join(tried)}. {root} is unchanged. On a machine without internet access, copy the four files "
                     f"({', '.join(n for n, _ in resources)}) into a directory and set the data.mirror option to it "
                     f"(`--set data.mirror=/path/to/dir`, or data.mirror in params.yaml; an http(s) URL works too), or "

@@ -1,15 +1,15 @@
-"""The DDP communication knobs' effect, for the analysis stage: one table and one plot per knob that varied.
+"""The DDP communication knobs' effect, for the analysis stage: one row per measured point and knob value.
 
 For each knob (bucket_cap_mb, grad_as_bucket_view, accum_steps, comm_hook) that took more than one value among a
-strategy's complete trials, every point (strategy, model, k, B, other knobs fixed) is shown per knob value with its
+strategy's complete trials, every point (strategy, model, k, B, other knobs fixed) is listed per knob value with its
 throughput, weak-scaling efficiency and best test accuracy side by side: a faster but worse setting is visible.
+Pure pandas on tables.py's point and scaling tables; plots.plot_knob and report.knob_section draw and write it.
 """
 from __future__ import annotations
 
 import pandas as pd
-from matplotlib.figure import Figure
 
-KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
+from .tables import KNOBS
 
 
 def varied(pts: pd.DataFrame) -> list[str]:
@@ -34,32 +34,3 @@ def knob_table(pts: pd.DataFrame, eff: pd.DataFrame) -> pd.DataFrame:
                          "weak_efficiency": match["efficiency"].iloc[0] if len(match) else float("nan"),
                          "test_acc": r["test_acc"]})
     return pd.DataFrame(rows, columns=cols)
-
-
-def plot_knob(table: pd.DataFrame, knob: str, path) -> None:
-    t = table[table["knob"] == knob]
-    fig = Figure(figsize=(7, 3.6))
-    ax, ax2 = fig.subplots(1, 2)
-    for (strategy, k), g in t.groupby(["strategy", "k"]):
-        g = g.groupby(g["value"].astype(str)).agg({"throughput_img_s": "median", "test_acc": "max"})
-        ax.plot(g.index, g["throughput_img_s"], marker="o", label=f"{strategy} k={k}")
-        ax2.plot(g.index, g["test_acc"], marker="s", label=f"{strategy} k={k}")
-    ax.set(title=f"throughput by {knob}", xlabel=knob, ylabel="images/s")
-    ax2.set(title=f"best test accuracy by {knob}", xlabel=knob, ylabel="test accuracy")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-
-
-def section(table: pd.DataFrame, md_table) -> list[str]:
-    if table.empty:
-        return ["\n## DDP communication knobs\n\nNo knob was varied in these sweeps (turn them on with the "
-                "`cpu-comm` profile or `sweep.spaces.ddp.<knob>: [...]`).\n"]
-    out = ["\n## DDP communication knobs\n\nEach row is one measured point; accuracy beside throughput shows a "
-           "faster but worse setting.\n"]
-    for knob in table["knob"].unique():
-        t = table[table["knob"] == knob].sort_values(["strategy", "k", "batch_size", "value"])
-        out += [f"\n### {knob}\n\n", md_table(t, ["value", "strategy", "model", "k", "batch_size",
-                                                  "throughput_img_s", "weak_efficiency", "test_acc"]),
-                f"\n![{knob}](knob_{knob}.png)\n"]
-    return out

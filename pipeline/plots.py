@@ -1,4 +1,5 @@
-"""Figures of the analysis stage (matplotlib's object API, Agg, no global pyplot state)."""
+"""Figures of the analysis stage (matplotlib's object API, Agg, no global pyplot state), drawn from tables.py's
+tables: efficiency, throughput, memory per device, accuracy, and one per varied DDP knob (knobs.py)."""
 from __future__ import annotations
 
 import math
@@ -7,11 +8,10 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from .analyze import _serial, EXTRAS, MIB, _groups
+from .tables import EXTRAS, MIB, group_by, is_serial
 
 
-
-def _style(names):
+def style(names):
     """One colour per strategy, stable across figures."""
     return {s: colormaps["tab10"](i % 10) for i, s in enumerate(names)}
 
@@ -39,12 +39,12 @@ def plot_efficiency(eff, path, colors):
             _empty(ax, f"{kind}-scaling efficiency")
             continue
         models = e["model"].unique()
-        for _, g in _groups(e, ("strategy", "model", ref, *EXTRAS)):
+        for _, g in group_by(e, ("strategy", "model", ref, *EXTRAS)):
             r = g.iloc[0]
             if len(g) < 2:
                 continue  # a lone k=1 point is 1.0 by definition
             ax.plot(g["k"], g["efficiency"], marker="o", color=colors[r["strategy"]],
-                    ls=":" if _serial(r) else "-",
+                    ls=":" if is_serial(r) else "-",
                     label=_label(r, models, f"{sym}={r[ref]:g}"))
         ax.axhline(1.0, color="grey", ls="--", lw=1, label="ideal")
         ax.set_xticks(sorted(e["k"].unique()))
@@ -71,7 +71,7 @@ def plot_throughput(pts, path, colors):
     fig, panels = _model_panels(pts[pts["throughput_img_s"].notna()], "throughput")
     for ax, model, g in panels:
         best = g.groupby(["strategy", "k"], sort=False)["throughput_img_s"].max().reset_index()
-        for s, b in _groups(best, ("strategy",)):
+        for s, b in group_by(best, ("strategy",)):
             ax.plot(b["k"], b["throughput_img_s"], marker="o", color=colors[s[0]], label=s[0])
         ax.set_xticks(sorted(g["k"].unique()))
         ax.set(title=f"{model}: best throughput over batch sizes", xlabel="devices k",
@@ -110,7 +110,7 @@ def plot_accuracy(pts, path, colors):
     fig, panels = _model_panels(pts[pts["test_acc"].notna()], "accuracy")
     for ax, model, g in panels:
         best = g.groupby(["strategy", "k", "batch_size"], sort=False)["test_acc"].max().reset_index()
-        for (s, k), b in _groups(best, ("strategy", "k")):
+        for (s, k), b in group_by(best, ("strategy", "k")):
             ax.plot(b["batch_size"], b["test_acc"], marker="o", color=colors[s],
                     ls=["-", "--", ":", "-."][int(math.log2(k)) % 4 if k >= 1 else 0], label=f"{s} k={k:g}")
         ax.set_xscale("log", base=2)
@@ -122,3 +122,17 @@ def plot_accuracy(pts, path, colors):
     _save(fig, path)
 
 
+def plot_knob(table, knob, path):
+    """Throughput and best test accuracy per value of one knob (knobs.knob_table's rows for it)."""
+    t = table[table["knob"] == knob]
+    fig = Figure(figsize=(7, 3.6))
+    ax, ax2 = fig.subplots(1, 2)
+    for (strategy, k), g in t.groupby(["strategy", "k"]):
+        g = g.groupby(g["value"].astype(str)).agg({"throughput_img_s": "median", "test_acc": "max"})
+        ax.plot(g.index, g["throughput_img_s"], marker="o", label=f"{strategy} k={k}")
+        ax2.plot(g.index, g["test_acc"], marker="s", label=f"{strategy} k={k}")
+    ax.set(title=f"throughput by {knob}", xlabel=knob, ylabel="images/s")
+    ax2.set(title=f"best test accuracy by {knob}", xlabel=knob, ylabel="test accuracy")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)

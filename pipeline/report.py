@@ -1,4 +1,7 @@
-"""report.md of the analysis stage: tables, findings in plain language generated from the numbers."""
+"""report.md of the analysis stage: tables, findings in plain language generated from the numbers.
+
+Built on tables.py's tables (and knobs.py's knob table); writes one file, report.md.
+"""
 from __future__ import annotations
 
 import math
@@ -7,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .analyze import _serial, MIB, _best, _groups, _is_unavailable, _joined, _shown
-
+from .tables import MIB, best_row, group_by, is_serial, is_unavailable, joined, shown_extras
 
 
 def _fmt(v) -> str:
@@ -42,7 +44,7 @@ def _reading(pts, eff, mem, status) -> list[str]:
     for model in sorted(pts["model"].unique()):
         p, e, m = (t[t["model"] == model] for t in (pts, eff, mem))
         tag = f" ({model})" if pts["model"].nunique() > 1 else ""
-        r = _best(p, "throughput_img_s")
+        r = best_row(p, "throughput_img_s")
         if r is not None:
             out.append(f"Fastest{tag}: **{r['strategy']}**, {r['throughput_img_s']:,.0f} images/s "
                        f"at k={r['k']:g}, B={r['batch_size']:g}.")
@@ -61,10 +63,10 @@ def _reading(pts, eff, mem, status) -> list[str]:
         m2 = m[(m["k"] >= 2) & (m["peaks"].map(len) >= 2)] if len(m) else m
         if len(m2):
             dev0 = m2.assign(dev0=[q[0] for q in m2["peaks"]])
-            r0 = _best(dev0, "dev0")
+            r0 = best_row(dev0, "dev0")
             out.append(f"Most memory on device 0 with k≥2{tag}: **{r0['strategy']}**, {r0['dev0'] / MIB:,.1f} MiB "
                        f"(k={r0['k']:g}, B={r0['batch_size']:g}).")
-            imb = _best(m2, "mem_imbalance")
+            imb = best_row(m2, "mem_imbalance")
             out.append(f"Worst memory imbalance (max/mean){tag}: **{imb['strategy']}**, "
                        f"{imb['mem_imbalance']:.2f}× at k={imb['k']:g}, B={imb['batch_size']:g}; "
                        f"device-0 excess there {_mib(imb['dev0_excess_bytes']):,.1f} MiB.")
@@ -73,12 +75,12 @@ def _reading(pts, eff, mem, status) -> list[str]:
                 out.append("Memory was measured with different methods ("
                            + ", ".join(sorted(set(m["mem_method"]) - {""}))
                            + "): compare across those with care.")
-        r = _best(p, "test_acc")
+        r = best_row(p, "test_acc")
         if r is not None:
             out.append(f"Best final test accuracy{tag}: **{r['strategy']}**, {r['test_acc']:.4f} "
                        f"(k={r['k']:g}, B={r['batch_size']:g}, lr={r['best_lr']:g}).")
     serial = sorted({r["strategy"] for r in pts.to_dict("records")
-                     if r["k"] >= 2 and _serial(r)})
+                     if r["k"] >= 2 and is_serial(r)})
     for s in serial:
         out.append(f"**{s}**: its k devices do not run in parallel on this host "
                    "(parallel_devices=False), so its \"scaling\" is not real parallel scaling.")
@@ -98,20 +100,20 @@ def _transports(df) -> list[str]:
     used = done.groupby(["strategy", "devices"])["comm_hook_used"].agg(lambda v: "/".join(sorted(set(map(str, v)))))
     names = {"shm": "shared memory", "none": "DDP's own all-reduce (Gloo/NCCL)"}
     parts = [f"{s} k={int(k)}: {names.get(v, v)}" for (s, k), v in used.items()]
-    return [f"Gradient transport (train.comm_hook={_joined(done['comm_hook'])}): " + "; ".join(parts) + "."] \
+    return [f"Gradient transport (train.comm_hook={joined(done['comm_hook'])}): " + "; ".join(parts) + "."] \
         if parts else []
 
 
 def _host_section(df):
     cols = ["host", "device_kind", "device_name", "host_devices"]
     h = df[df[cols[0]] != ""].groupby(cols, dropna=False).size().reset_index(name="trials")
-    src = _joined(df["data_source"]) or "unknown"
+    src = joined(df["data_source"]) or "unknown"
     return ["## Host and devices\n\n", md_table(h, [*cols, "trials"],
             ["host", "kind", "device", "devices N", "trials"]), f"\nData source: **{src}**.\n"]
 
 
 def _tables(df, pts, eff, mem, acc):
-    x = _shown(df)
+    x = shown_extras(df)
     s = ["\n## Throughput per point\n\n",
          "Median over learning rates (and repeats) of complete trials; accuracy from the best lr.\n\n",
          md_table(pts, ["strategy", "model", *x, "k", "batch_size", "per_device_batch",
@@ -141,13 +143,13 @@ def _tables(df, pts, eff, mem, acc):
 
 def _problems(df, status):
     s = ["\n## Unavailable on this host\n\n"]
-    un = df[(df["state"] == "skipped") & df["reason"].map(_is_unavailable)]
+    un = df[(df["state"] == "skipped") & df["reason"].map(is_unavailable)]
     lines = [f"- **{st}**: {r} ({len(g)} point(s) skipped)"
-             for (st, r), g in _groups(un, ("strategy", "reason"))]
+             for (st, r), g in group_by(un, ("strategy", "reason"))]
     lines += [f"- **{n}**: {st['reason']}" for n, st in status.items() if st["status"] in ("missing", "empty")
               or st["status"].startswith("unreadable")]
     s += ["\n".join(lines) + "\n" if lines else "_none_\n"]
-    other = df[(df["state"] == "skipped") & ~df["reason"].map(_is_unavailable)]
+    other = df[(df["state"] == "skipped") & ~df["reason"].map(is_unavailable)]
     s += ["\n## Other skipped points\n\n",
           md_table(other.groupby(["strategy", "reason"], sort=False).size().reset_index(name="points"))]
     bad = df[~df["state"].isin(["complete", "skipped"])]
@@ -157,6 +159,29 @@ def _problems(df, status):
     s += ["\n## Excluded: oversubscribed runs (functional tests, not in scaling or memory)\n\n",
           md_table(ov, ["strategy", "model", "k", "batch_size", "lr", "state", "throughput_img_s"])]
     return s
+
+
+def knob_section(table) -> list[str]:
+    """The DDP communication knobs' section: one table and one figure per varied knob (knobs.knob_table)."""
+    if table.empty:
+        return ["\n## DDP communication knobs\n\nNo knob was varied in these sweeps (turn them on with the "
+                "`cpu-comm` profile or `sweep.spaces.ddp.<knob>: [...]`).\n"]
+    out = ["\n## DDP communication knobs\n\nEach row is one measured point; accuracy beside throughput shows a "
+           "faster but worse setting.\n"]
+    for knob in table["knob"].unique():
+        t = table[table["knob"] == knob].sort_values(["strategy", "k", "batch_size", "value"])
+        out += [f"\n### {knob}\n\n", md_table(t, ["value", "strategy", "model", "k", "batch_size",
+                                                  "throughput_img_s", "weak_efficiency", "test_acc"]),
+                f"\n![{knob}](knob_{knob}.png)\n"]
+    return out
+
+
+def overlap_section(overlap_md: Path) -> list[str]:
+    """The overlap stage's own markdown (results/overlap/overlap.md), or how to make it."""
+    if not overlap_md.exists():
+        return ["\n## Automatic parallelism and communication overlap\n\nNot measured: run the `overlap` stage "
+                "(`dvc repro -s overlap`).\n"]
+    return ["\n" + overlap_md.read_text()]
 
 
 def write_report(path, df, notes, status, pts, eff, mem, acc, extra=()):

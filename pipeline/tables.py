@@ -1,0 +1,280 @@
+"""The analysis wing's floor: sweep tables in, pure pandas tables out (no files written, no figures).
+
+Reads results/sweeps/*.csv (one row per trial, written by sweep.py) into one frame with normalized types, and
+derives per-point throughput, weak/strong scaling efficiency, per-device memory and accuracy from it. Only
+complete, non-oversubscribed trials enter the numbers. Undefined stays NaN, never 0.
+Everything above this module (summary, knobs, plots, report, analyze) imports from here, never the other way.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+EXPECTED = ("single", "scratch", "dp", "dp_criterion", "ddp", "ddp_amp", "fsdp")
+KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
+# Grouped on, so that a distinct setting is a distinct point; shown only where they vary.
+EXTRAS = ("host", "data_source", *KNOBS)
+POINT = ("strategy", "model", "k", "batch_size", "per_device_batch")
+NUMERIC = ("trial", "devices", "batch_size", "per_device_batch", "lr", "epochs", "host_devices",
+           "throughput_img_s", "epoch_s", "test_acc", "time_to_acc_s", "target_acc",
+           "train_loss", "peak_mem_max", "peak_mem_mean", "mem_imbalance", "duration_s")
+TEXT = ("study", "strategy", "model", "state", "reason", "data_source", "device_kind",
+        "device_name", "host", "epoch_s_list", "test_acc_list", "peak_mem_bytes",
+        "mem_method", "mlflow_run_id", *KNOBS)
+MIB = 2.0**20
+
+
+# ---------------------------------------------------------------- loading
+
+def _to_bool(v) -> bool | None:
+    s = str(v).strip().lower()
+    return True if s in ("true", "1", "yes", "t") else False if s in ("false", "0", "no", "f") else None
+
+
+def _key_str(v) -> str:
+    """Canonical text for a grouping value: '' for empty, '25' for 25.0, 'True' for 'true'."""
+    s = "" if v is None else str(v).strip()
+    if s.lower() in ("", "nan", "none", "null"):
+        return ""
+    if s.lower() in ("true", "false"):
+        return s.capitalize()
+    try:
+        f = float(s)
+        return str(int(f)) if f.is_integer() else repr(f)
+    except ValueError:
+        return s
+
+
+def normalize(df: pd.DataFrame, stem: str) -> pd.DataFrame:
+    df = df.copy()
+    for c in (*TEXT, *NUMERIC, "parallel_devices", "oversubscribed"):
+        if c not in df:
+            df[c] = ""
+    for c in TEXT:
+        df[c] = df[c].astype(object).where(df[c].notna(), "").map(lambda v: str(v).strip())
+    for c in NUMERIC:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
+    df["strategy"] = df["strategy"].where(df["strategy"] != "", stem)
+    df["state"] = df["state"].str.lower().where(df["state"] != "", "unknown")
+    df["parallel_devices"] = df["parallel_devices"].map(_to_bool).astype(object)
+    df["oversubscribed"] = df["oversubscribed"].map(lambda v: _to_bool(v) is True).astype(bool)
+    df["k"] = df["devices"]
+    derived = df["batch_size"] / df["k"]
+    df["per_device_batch"] = df["per_device_batch"].fillna(derived.where(derived % 1 == 0))
+    for c in EXTRAS:
+        df[c] = df[c].map(_key_str)
+    return df
+
+
+def read_sweeps(sweeps_dir, expected):
+    """Rows of every CSV, notes, and per file stem 'ok' | 'empty' | 'unreadable: …'."""
+    d, frames, notes, files = Path(sweeps_dir), [], [], {}
+    paths = sorted(d.glob("*.csv")) if d.is_dir() else []
+    if not d.is_dir():
+        notes.append(f"sweeps directory {d} does not exist")
+    for p in paths:
+        try:
+            raw = pd.read_csv(p, dtype=str, keep_default_na=False)
+        except pd.errors.EmptyDataError:
+            raw = None
+        except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
+            files[p.stem] = f"unreadable: {type(e).__name__}: {e}".splitlines()[0]
+            notes.append(f"{p.name}: {files[p.stem]}")
+            continue
+        if raw is None or raw.empty:
+            files[p.stem] = "empty"
+            notes.append(f"{p.name} is empty (no trials)")
+            continue
+        files[p.stem] = "ok"
+        frames.append(normalize(raw, p.stem))
+    seen = set(files) | {s for f in frames for s in f["strategy"]}
+    for s in expected:
+        if s not in seen:
+            notes.append(f"no sweep CSV for strategy '{s}' ({d / (s + '.csv')} missing)")
+    df = pd.concat(frames, ignore_index=True) if frames else normalize(pd.DataFrame(), "")
+    return df, notes, files
+
+
+def load_sweeps(sweeps_dir, expected=EXPECTED) -> tuple[pd.DataFrame, list[str]]:
+    """All trial rows (normalized types; `k` = devices) and notes on missing/empty/bad CSVs."""
+    df, notes, _ = read_sweeps(sweeps_dir, expected)
+    return df, notes
+
+
+# ---------------------------------------------------------------- tables
+
+def measured(df):
+    return df[(df["state"] == "complete") & ~df["oversubscribed"]
+              & df["k"].notna() & df["batch_size"].notna()]
+
+
+def _parse_list(v) -> list[float]:
+    if isinstance(v, (list, tuple)):
+        xs = v
+    else:
+        s = str(v).strip()
+        if not s:
+            return []
+        try:
+            xs = json.loads(s)
+        except ValueError:
+            try:
+                xs = ast.literal_eval(s)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                return []
+    xs = xs if isinstance(xs, (list, tuple)) else [xs]
+    out = [float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan for x in xs]
+    return out if any(not math.isnan(x) for x in out) else []
+
+
+def all_parallel(values) -> bool | None:
+    vals = [v for v in values if v is not None]
+    return None if not vals else all(vals)
+
+
+def is_serial(r) -> bool:
+    """The row's k devices ran one after another (parallel_devices is False, as bool or numpy bool)."""
+    v = r.get("parallel_devices")
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and not bool(v)
+
+
+def group_by(df, keys):
+    return df.groupby(list(keys), sort=False, dropna=False)
+
+
+def point_table(df) -> pd.DataFrame:
+    """One row per measured point (strategy, model, k, B, knobs): throughput is the median
+    over lrs (and repeats) of complete trials; accuracy comes from the best lr."""
+    cols = [*POINT, *EXTRAS, "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc",
+            "time_to_acc_s", "parallel_devices"]
+    rows = []
+    for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
+        acc = g[g["test_acc"].notna()]
+        best = acc.sort_values(["test_acc", "time_to_acc_s"], ascending=[False, True]).head(1)
+        at_best = {c: best[c].iloc[0] if len(best) else math.nan for c in ("lr", "test_acc", "time_to_acc_s")}
+        rows.append({**dict(zip((*POINT, *EXTRAS), key)),
+                     "throughput_img_s": g["throughput_img_s"].median(),  # NaN if none measured
+                     "n_trials": len(g), "n_lrs": g["lr"].nunique(),
+                     "best_lr": at_best["lr"], "test_acc": at_best["test_acc"],
+                     "time_to_acc_s": at_best["time_to_acc_s"],
+                     "parallel_devices": all_parallel(g["parallel_devices"])})
+    return _sort(pd.DataFrame(rows, columns=cols))
+
+
+def scaling_table(df) -> pd.DataFrame:
+    """Weak (fixed b) and strong (fixed B) efficiency T(k)/(k*T(1)) and speedup T(k)/T(1)
+    for every measured k; NaN where the same strategy has no k=1 point at that b/B."""
+    pts = point_table(df)
+    pts = pts[pts["throughput_img_s"].notna()]
+    rows = []
+    for kind, ref in (("weak", "per_device_batch"), ("strong", "batch_size")):
+        for _, g in group_by(pts, ("strategy", "model", ref, *EXTRAS)):
+            base = g.loc[g["k"] == 1, "throughput_img_s"]
+            t1 = base.iloc[0] if len(base) else math.nan
+            for r in g.to_dict("records"):
+                speedup = r["throughput_img_s"] / t1
+                rows.append({**r, "kind": kind, "base_throughput_img_s": t1,
+                             "speedup": speedup, "efficiency": speedup / r["k"]})
+    cols = [*POINT, *EXTRAS, "kind", "efficiency", "speedup", "throughput_img_s",
+            "base_throughput_img_s", "parallel_devices"]
+    return _sort(pd.DataFrame(rows, columns=cols), ("kind",))
+
+
+def memory_table(df) -> pd.DataFrame:
+    """Per point: per-device peaks (median over trials, bytes), imbalance max/mean and
+    device-0 excess peak[0] - mean(peak[1:]) (k >= 2 only)."""
+    rows = []
+    for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
+        lists = [p for p in g["peak_mem_bytes"].map(_parse_list) if p]
+        if not lists:
+            continue
+        n = max(map(len, lists))
+        peaks = [float(np.nanmedian([p[i] if i < len(p) else math.nan for p in lists])) for i in range(n)]
+        mean = float(np.nanmean(peaks))
+        r = dict(zip((*POINT, *EXTRAS), key))
+        excess = peaks[0] - float(np.nanmean(peaks[1:])) if r["k"] >= 2 and n >= 2 else math.nan
+        top = float(np.nanmax(peaks))
+        rows.append({**r, "peaks": peaks, "peak_max": top, "peak_mean": mean,
+                     "mem_imbalance": top / mean if mean > 0 else math.nan,
+                     "dev0_excess_bytes": excess,
+                     "mem_method": ", ".join(sorted(set(g["mem_method"]) - {""}))})
+    cols = [*POINT, *EXTRAS, "peaks", "peak_max", "peak_mean", "mem_imbalance",
+            "dev0_excess_bytes", "mem_method"]
+    return _sort(pd.DataFrame(rows, columns=cols))
+
+
+def memory_devices(mem) -> pd.DataFrame:
+    """memory_table exploded to one row per device (tidy, for memory.csv)."""
+    rows = [{**{c: r[c] for c in mem.columns if c != "peaks"}, "device": i,
+             "peak_mem_bytes": int(round(p)), "peak_mem_mib": p / MIB}
+            for r in mem.to_dict("records") for i, p in enumerate(r["peaks"]) if not math.isnan(p)]
+    return pd.DataFrame(rows, columns=[*(c for c in mem.columns if c != "peaks"),
+                                       "device", "peak_mem_bytes", "peak_mem_mib"])
+
+
+def _time_to_acc(r, target):
+    accs, secs = _parse_list(r["test_acc_list"]), _parse_list(r["epoch_s_list"])
+    if accs and len(secs) >= len(accs):
+        for a, t in zip(accs, np.cumsum(secs)):
+            if a >= target:
+                return float(t)
+        return math.nan
+    return r["time_to_acc_s"] if r["target_acc"] == target else math.nan
+
+
+def accuracy_table(df, target_acc: float | None = None) -> pd.DataFrame:
+    """Final test accuracy and time to target per (strategy, model, k, B, lr); with target_acc,
+    time is recomputed as cumulative training-epoch seconds until the first epoch >= target."""
+    m = measured(df).copy()
+    if target_acc is not None:
+        m["time_to_acc_s"] = [_time_to_acc(r, target_acc) for r in m.to_dict("records")]
+        m["target_acc"] = float(target_acc)
+    keys = (*POINT, "lr", "epochs", *EXTRAS)
+    rows = [{**dict(zip(keys, key)), "test_acc": g["test_acc"].median(),
+             # a repeat that never reached the target makes the point "not reached"
+             "time_to_acc_s": g["time_to_acc_s"].median(skipna=False),
+             "target_acc": g["target_acc"].max(), "n_trials": len(g)}
+            for key, g in group_by(m, keys)]
+    cols = [*keys, "test_acc", "time_to_acc_s", "target_acc", "n_trials"]
+    return _sort(pd.DataFrame(rows, columns=cols), ("lr",))
+
+
+def _sort(df, extra=()):
+    """Strategies in EXPECTED's order (others after them), then model, k, b, B and `extra`."""
+    rank = {s: i for i, s in enumerate(EXPECTED)}
+    by = [c for c in ("strategy", "model", "k", "per_device_batch", "batch_size", *extra) if c in df]
+
+    def key(col):
+        return col.map(lambda s: f"{rank.get(s, 99):02d}{s}") if col.name == "strategy" else col
+    return df.sort_values(by, key=key, kind="stable").reset_index(drop=True) if len(df) else df
+
+
+# ---------------------------------------------------------------- helpers for the summary and the report
+
+def shown_extras(df, cols=EXTRAS):
+    """Extras worth a column: they vary within a strategy (host/data_source: anywhere)."""
+    if df.empty:
+        return []
+    return [c for c in cols if c in df and (df.groupby("strategy")[c].nunique().max() > 1
+                                            or (c in ("host", "data_source") and df[c].nunique() > 1))]
+
+
+def is_unavailable(reason) -> bool:
+    return "unavailable" in str(reason).lower()
+
+
+def best_row(df, col, ascending=False):
+    """The row with the largest (ascending: smallest) defined `col`, or None."""
+    d = df[df[col].notna()]
+    return None if d.empty else d.sort_values(col, ascending=ascending, kind="stable").iloc[0]
+
+
+def joined(series):
+    """Distinct non-empty values, sorted and comma-joined; None if there are none."""
+    vals = sorted(set(series) - {""})
+    return ", ".join(vals) if vals else None
