@@ -6,7 +6,8 @@
    memory transport (comm_hook=auto on one CPU host): back to back, and right after 60 ms of computation, which is
    how DDP calls it (once per step, after backward).
 2. One LeNet step at per-device batch 256, in blocks of `--block` steps, alternating within one process group:
-   rank 0 alone (the k=1 reference, rank 1 idle), rank 1 alone (is one core slower?), both ranks without any communication (what the shared cache
+   rank 0 alone (the k=1 reference, rank 1 idle), rank 1 alone (is one core slower?), both ranks without any
+   communication (what the shared cache
    and memory cost), both with a barrier per step (what lockstep costs: each step waits for the slower rank),
    DDP over shared memory and DDP over Gloo. Efficiency = alone / pair step time.
 """
@@ -66,7 +67,8 @@ def _rank(rounds: int, block: int) -> dict:
                 m.register_comm_hook(shm.ShmAllreduce(4 * n_grad, timeout_s=60), shm.shm_allreduce_hook)
         return m, torch.optim.SGD(m.parameters(), lr=0.01)
 
-    kinds = ["alone (rank 0)", "alone (rank 1)", "pair, no communication", "pair, barrier per step", "ddp, shared memory", "ddp, gloo"]
+    kinds = ["alone (rank 0)", "alone (rank 1)", "pair, no communication", "pair, barrier per step",
+             "ddp, shared memory", "ddp, gloo"]
     setups = {k: model(k) for k in kinds}
     barrier = shm.ShmAllreduce(64, timeout_s=60)
     one = torch.zeros(1)

@@ -265,7 +265,8 @@ def main(argv=None) -> int:
 
 def _exit_now(code: int) -> None:
     """End the process without the interpreter's teardown, which spends over a second freeing the objects and
-    modules of torch, MLflow and Optuna in every stage process. Everything a command writes is committed and closed by the
+    modules of torch, MLflow and Optuna in every stage process. Everything a command writes is committed and closed by
+    the
     time it returns (the stores write synchronously; files are replaced atomically), so only streams need flushing."""
     import logging
     logging.shutdown()

@@ -111,7 +111,8 @@ def size(path: Path) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipeline.bundle", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 2)[2])
     p.add_argument("--out", type=Path, default=REPO / "dist" / "gpu-bundle", help="default: dist/gpu-bundle")
     p.add_argument("--node-freeze", type=Path, metavar="FILE",
                    help="`pip freeze` of the node's Python (default: the documented node: " + ", ".join(DOCUMENTED_NODE)

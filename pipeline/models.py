@@ -7,7 +7,8 @@ from torch.nn import functional as F
 
 
 def build_lenet(num_classes: int = 10) -> nn.Module:
-    """d2l multiple-gpus.md LeNet: conv 20@3x3 -> avgpool -> conv 50@5x5 -> avgpool -> fc 128 -> fc 10 (129,068 params)."""
+    """d2l multiple-gpus.md LeNet: conv 20@3x3 -> avgpool -> conv 50@5x5 -> avgpool -> fc 128 -> fc 10
+    (129,068 params)."""
     # ReLUs in place (as torchvision's models do): same function and gradients, one activation tensor less per
     # layer; two ranks sharing a host's cache and memory bandwidth slow each other down less
     return nn.Sequential(
@@ -40,7 +41,8 @@ def _stage(in_ch: int, out_ch: int, first: bool) -> nn.Sequential:
 
 
 def build_resnet18(num_classes: int = 10, in_channels: int = 1) -> nn.Module:
-    """d2l multiple-gpus-concise.md ResNet-18: 3x3 stride-1 stem, no max-pool, 4 stages x 2 blocks (11,175,818 params)."""
+    """d2l multiple-gpus-concise.md ResNet-18: 3x3 stride-1 stem, no max-pool, 4 stages x 2 blocks
+    (11,175,818 params)."""
     return nn.Sequential(
         nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
         _stage(64, 64, first=True), _stage(64, 128, first=False),

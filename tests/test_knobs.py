@@ -49,7 +49,8 @@ def _knob_worker(sets: list[str], count_buckets: bool = False) -> dict:
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
-    return {"grads": grads, "params": params, "allreduces_per_step": per_step, "bucket_sizes": str(info.get("bucket_sizes")),
+    return {"grads": grads, "params": params, "allreduces_per_step": per_step,
+            "bucket_sizes": str(info.get("bucket_sizes")),
             "comm_hook": str(info.get("comm_hook")), "bucket_cap_bytes": info.get("bucket_cap_bytes"),
             "as_view": info.get("gradient_as_bucket_view")}
 

@@ -8,7 +8,7 @@ import torch
 
 from pipeline import equivalence
 from pipeline.devices import probe
-from pipeline.launch import Infeasible, check_feasible, run_trial
+from pipeline.launch import Infeasible, check_feasible
 from pipeline.strategies import STRATEGIES
 from pipeline.strategies.scratch import allreduce
 
