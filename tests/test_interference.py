@@ -1,0 +1,47 @@
+"""Interference: CPU time of other processes during a window is measured and flagged; our own work is not."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipeline.interference import Monitor
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+BURN = "import time\nt = time.time()\nwhile time.time() - t < 30: pass\n"
+
+
+def _spin(cpu_seconds: float) -> None:
+    t = time.process_time()  # CPU time, not wall time: a busy host must not shorten it
+    while time.process_time() - t < cpu_seconds:
+        pass
+
+
+def test_own_work_and_reaped_children_are_not_interference():
+    with Monitor(devices_used=1, threshold=0.5) as m:
+        _spin(0.6)  # this process
+        subprocess.run([sys.executable, "-c", "import time\nwhile time.process_time() < 0.6: pass"],
+                       check=True)  # a child reaped inside the window: the trial's own rank
+    r = m.result()
+    assert r["own_cpu_s"] >= 1.1  # both spins count as the trial's own
+    # what other processes did (this host may well be busy) is the rest of the host's busy time, nothing of ours
+    assert r["foreign_cpu_s"] == pytest.approx(max(0.0, r["host_busy_cpu_s"] - r["own_cpu_s"]), abs=0.002)
+    assert r["interfered"] == (r["foreign_cores"] > 0.5)
+
+
+def test_a_cpu_burner_outside_the_trial_is_flagged_with_its_share():
+    burner = subprocess.Popen([sys.executable, "-c", BURN])
+    try:
+        time.sleep(0.3)  # the burner is running before the window opens
+        with Monitor(devices_used=1, threshold=0.5) as m:
+            time.sleep(1.5)
+        r = m.result()
+    finally:
+        burner.kill()
+        burner.wait()
+    assert r["foreign_cores"] > 0.5, r  # one busy core, whatever else the host does
+    assert r["interfered"] and "other processes kept" in r["interference_reason"]
+    assert r["foreign_cpu_s"] == pytest.approx(r["foreign_cores"] * r["window_s"], rel=0.01)
