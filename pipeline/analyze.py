@@ -52,14 +52,14 @@ def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
          ["strategy", "model", "k", "batch_size", "lr", "test_acc", "time_to_acc_s"], x)
 
 
-def _write_figures(out: Path, status, pts, eff, mem, knobs) -> None:
+def _write_figures(out: Path, status, pts, eff, mem, knobs, source: str) -> None:
     colors = plots.style(status)
-    plots.plot_efficiency(eff, out / "efficiency.png", colors)
-    plots.plot_throughput(pts, out / "throughput.png", colors)
-    plots.plot_memory(mem, out / "memory.png")
-    plots.plot_accuracy(pts, out / "accuracy.png", colors)
+    plots.plot_efficiency(eff, out / "efficiency.png", colors, source)
+    plots.plot_throughput(pts, out / "throughput.png", colors, source)
+    plots.plot_memory(mem, out / "memory.png", source)
+    plots.plot_accuracy(pts, out / "accuracy.png", colors, source)
     for knob in knobs["knob"].unique():
-        plots.plot_knob(knobs, knob, out / f"knob_{knob}.png")
+        plots.plot_knob(knobs, knob, out / f"knob_{knob}.png", source)
 
 
 def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPECTED) -> dict:
@@ -73,7 +73,7 @@ def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPEC
     summary = summarize(df, status, pts, eff, mem, target_acc)
     knobs = knob_table(pts, eff)
     _write_csvs(out, pts, eff, mem, acc, shown_extras(df))
-    _write_figures(out, status, pts, eff, mem, knobs)
+    _write_figures(out, status, pts, eff, mem, knobs, summary.get("data_source") or "")
     knobs.to_csv(out / "knobs.csv", index=False)
     extra = report.knob_section(knobs) + report.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md")
     report.write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra)

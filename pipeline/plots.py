@@ -11,9 +11,21 @@ from matplotlib.figure import Figure
 from .tables import EXTRAS, MIB, group_by, is_serial
 
 
+LINESTYLES = ("-", "--", "-.", (0, (1, 1)))  # one per batch size within a strategy
+MARKERS = ("o", "s", "^", "D", "v")
+
+
 def style(names):
     """One colour per strategy, stable across figures."""
     return {s: colormaps["tab10"](i % 10) for i, s in enumerate(names)}
+
+
+def source_note(source: str) -> str:
+    """The data line every figure carries, so that a copied figure keeps it."""
+    if not source:
+        return ""
+    return ("data: SYNTHETIC stand-in, not Fashion-MNIST (accuracy means nothing)" if "synthetic" in source
+            else f"data: {source}")
 
 
 def _empty(ax, what):
@@ -21,7 +33,11 @@ def _empty(ax, what):
     ax.set_xticks([]), ax.set_yticks([])
 
 
-def _save(fig, path):
+def _save(fig, path, source=""):
+    note = source_note(source)
+    if note:
+        fig.text(0.01, -0.02, note, fontsize=8, ha="left", va="top",
+                 color="tab:red" if "SYNTHETIC" in note else "dimgrey")
     fig.savefig(path, dpi=100, bbox_inches="tight")
 
 
@@ -29,7 +45,7 @@ def _label(r, models, part):
     return f"{r['strategy']}{' ' + r['model'] if len(models) > 1 else ''} {part}"
 
 
-def plot_efficiency(eff, path, colors):
+def plot_efficiency(eff, path, colors, source=""):
     fig = Figure(figsize=(11, 4.2))
     for ax, kind, ref, sym in zip(fig.subplots(1, 2), ("weak", "strong"),
                                   ("per_device_batch", "batch_size"), ("b", "B")):
@@ -39,18 +55,20 @@ def plot_efficiency(eff, path, colors):
             _empty(ax, f"{kind}-scaling efficiency")
             continue
         models = e["model"].unique()
+        seen: dict = {}  # strategy -> how many of its lines are drawn: each gets its own style and marker
         for _, g in group_by(e, ("strategy", "model", ref, *EXTRAS)):
             r = g.iloc[0]
             if len(g) < 2:
                 continue  # a lone k=1 point is 1.0 by definition
-            ax.plot(g["k"], g["efficiency"], marker="o", color=colors[r["strategy"]],
-                    ls=":" if is_serial(r) else "-",
-                    label=_label(r, models, f"{sym}={r[ref]:g}"))
+            i = seen[r["strategy"]] = seen.get(r["strategy"], -1) + 1
+            ax.plot(g["k"], g["efficiency"], marker=MARKERS[i % len(MARKERS)], color=colors[r["strategy"]],
+                    ls=":" if is_serial(r) else LINESTYLES[i % len(LINESTYLES)],
+                    label=_label(r, models, f"{sym}={r[ref]:g}") + (" (serial)" if is_serial(r) else ""))
         ax.axhline(1.0, color="grey", ls="--", lw=1, label="ideal")
         ax.set_xticks(sorted(e["k"].unique()))
         ax.set(xlabel="devices k", ylabel="efficiency T(k)/(k·T(1))", ylim=(0, None))
         ax.legend(fontsize=7)
-    _save(fig, path)
+    _save(fig, path, source)
 
 
 def _model_panels(p, what):
@@ -67,17 +85,23 @@ def _model_panels(p, what):
     return fig, panels
 
 
-def plot_throughput(pts, path, colors):
+def plot_throughput(pts, path, colors, source=""):
     fig, panels = _model_panels(pts[pts["throughput_img_s"].notna()], "throughput")
     for ax, model, g in panels:
         best = g.groupby(["strategy", "k"], sort=False)["throughput_img_s"].max().reset_index()
+        ks = sorted(g["k"].unique())
         for s, b in group_by(best, ("strategy",)):
+            if s[0] == "single" and len(b) == 1 and len(ks) > 1:
+                # one device only: a reference line across k (a lone point at k=1 hides under the others)
+                ax.axhline(b["throughput_img_s"].iloc[0], color=colors[s[0]], ls="--", lw=2, zorder=5,
+                           label="single (1 device), for reference")
+                continue
             ax.plot(b["k"], b["throughput_img_s"], marker="o", color=colors[s[0]], label=s[0])
-        ax.set_xticks(sorted(g["k"].unique()))
+        ax.set_xticks(ks)
         ax.set(title=f"{model}: best throughput over batch sizes", xlabel="devices k",
                ylabel="images / s")
         ax.legend(fontsize=7)
-    _save(fig, path)
+    _save(fig, path, source)
 
 
 def _common_batch(m):
@@ -86,7 +110,7 @@ def _common_batch(m):
     return max(n.index, key=lambda b: (n[b], b))
 
 
-def plot_memory(mem, path):
+def plot_memory(mem, path, source=""):
     panels = sorted({(r["model"], r["k"]) for r in mem.to_dict("records")}, key=lambda t: (t[0], t[1]))
     fig = Figure(figsize=(max(5.5, 4.5 * len(panels)), 4.2))
     axes = np.atleast_1d(fig.subplots(1, max(1, len(panels)), squeeze=False)[0])
@@ -98,15 +122,18 @@ def plot_memory(mem, path):
         n = max(len(p) for p in m["peaks"])
         w = 0.8 / n
         for d in range(n):
-            ax.bar(np.arange(len(m)) + (d - (n - 1) / 2) * w,
-                   [p[d] / MIB if d < len(p) else 0 for p in m["peaks"]], w, label=f"device {d}")
+            x = np.arange(len(m)) + (d - (n - 1) / 2) * w
+            have = [(xi, p[d] / MIB) for xi, p in zip(x, m["peaks"]) if d < len(p)]
+            ax.bar([h[0] for h in have], [h[1] for h in have], w, color=f"C{d}", label=f"device {d}")
+            for xi in sorted(set(x) - {h[0] for h in have}):  # not measured (scratch: one process): never 0 MiB
+                ax.text(xi, 0, "not measured", ha="center", va="bottom", fontsize=7, rotation=90, color="dimgrey")
         ax.set_xticks(np.arange(len(m)), m["strategy"], rotation=30, fontsize=8)
         ax.set(title=f"{model}, k={k:g}, B={m['batch_size'].iloc[0]:g}", ylabel="peak memory (MiB)")
         ax.legend(fontsize=7)
-    _save(fig, path)
+    _save(fig, path, source)
 
 
-def plot_accuracy(pts, path, colors):
+def plot_accuracy(pts, path, colors, source=""):
     fig, panels = _model_panels(pts[pts["test_acc"].notna()], "accuracy")
     for ax, model, g in panels:
         best = g.groupby(["strategy", "k", "batch_size"], sort=False)["test_acc"].max().reset_index()
@@ -119,10 +146,10 @@ def plot_accuracy(pts, path, colors):
         ax.set(title=f"{model}: final test accuracy (best lr)", xlabel="global batch B",
                ylabel="test accuracy")
         ax.legend(fontsize=7)
-    _save(fig, path)
+    _save(fig, path, source)
 
 
-def plot_knob(table, knob, path):
+def plot_knob(table, knob, path, source=""):
     """Throughput and best test accuracy per value of one knob (knobs.knob_table's rows for it)."""
     t = table[table["knob"] == knob]
     fig = Figure(figsize=(7, 3.6))
@@ -135,4 +162,4 @@ def plot_knob(table, knob, path):
     ax2.set(title=f"best test accuracy by {knob}", xlabel=knob, ylabel="test accuracy")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    _save(fig, path, source)
