@@ -83,6 +83,14 @@ def test_training_loop_has_no_strategy_branches():
         assert f'"{name}"' not in src and f"'{name}'" not in src
 
 
+def test_every_strategy_changes_the_step_through_hooks_only():
+    """base.train_step is the only step: a strategy overrides hooks (place_batch, backward, ...), never the step."""
+    from pipeline.strategies import Strategy
+    for name, cls in STRATEGIES.items():
+        assert cls.train_step is Strategy.train_step, name
+        assert not hasattr(cls, "backward_step"), name  # the old hook, dead for ddp/ddp_amp
+
+
 def test_handwritten_allreduce_sums_in_place_without_aliasing():
     ts = [torch.full((3,), float(i + 1)) for i in range(3)]
     ids = [id(t) for t in ts]

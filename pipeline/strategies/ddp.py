@@ -59,32 +59,19 @@ class DDPStrategy(DistributedStrategy):
         elif self.comm_hook != "none":
             state, hook = COMM_HOOKS[self.comm_hook]()
             ddp.register_comm_hook(state, hook)
-        self._micro = 0
         return ddp, criterion
 
     def facts(self) -> dict:
         return {**super().facts(), "comm_hook_used": self.comm_hook}
 
-    def train_step(self, model, criterion, optimizer, x, y):
-        # With accum_steps = a, each call is one micro-batch; gradients are all-reduced only on every a-th call
-        # (no_sync skips the reducer), then the optimizer steps: a x fewer all-reduces per image.
-        a = self.cfg.accum_steps
-        self._micro += 1
-        is_sync = self._micro % a == 0
-        with contextlib.nullcontext() if is_sync else model.no_sync():
-            with self.autocast():
-                loss = criterion(model(x), y)
-            self.backward(loss / a if a > 1 else loss)
-        if is_sync:
-            self.optimizer_step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+    @property
+    def accum_steps(self) -> int:
+        return self.cfg.accum_steps
 
-    def backward(self, loss):
-        loss.backward()
-
-    def optimizer_step(self, optimizer):
-        optimizer.step()
+    def sync_context(self, model, is_step):
+        # accum_steps = a: gradients are all-reduced only on the micro-batch that steps (no_sync skips the
+        # reducer on the other a-1), so a x fewer all-reduces per image
+        return contextlib.nullcontext() if is_step else model.no_sync()
 
     def eval_model(self, model):
         return model.module
