@@ -101,6 +101,21 @@ def test_handwritten_allreduce_sums_in_place_without_aliasing():
     assert ts[0][0].item() == 6.0
 
 
+def test_ddp_default_transport_is_pytorchs_own(make_cfg, monkeypatch):
+    """`ddp` means DDP as PyTorch ships it: no comm hook unless asked; `auto` (shared memory on CPU) is gone."""
+    from pipeline import config as configmod
+    from pipeline.strategies import shm_allreduce
+    assert configmod.Config().train.comm_hook == "none"
+    with pytest.raises(configmod.ConfigError, match="'auto' is not one of: none, shm"):
+        make_cfg("train.comm_hook=auto")
+    if probe().kind != "cpu":
+        return  # on GPUs comm_hook=shm is refused before that (test_shm.py)
+    # where shared memory cannot work, an explicit comm_hook=shm trial is skipped with the reason, not run
+    monkeypatch.setattr(shm_allreduce, "available", lambda nbytes: "it relies on x86-64 store ordering")
+    with pytest.raises(Infeasible, match="comm_hook=shm cannot run here: it relies on x86-64"):
+        check_feasible(make_cfg("train.strategy=ddp", "train.comm_hook=shm"), probe())
+
+
 def test_dp_is_unavailable_on_cpu_with_reason(make_cfg):
     host = probe()
     if host.kind == "cuda":

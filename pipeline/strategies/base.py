@@ -130,7 +130,7 @@ class Strategy:
         return flag
 
     def facts(self) -> dict:
-        """Settings this strategy resolved at run time (e.g. comm_hook=auto), reported with the trial."""
+        """Settings this strategy resolved at run time (ddp: the comm hook used; ddp_amp: amp_dtype=auto's pick)."""
         return {}
 
     def is_main(self) -> bool:
