@@ -12,7 +12,7 @@ from pipeline import meter as metermod
 
 class FakeStrategy:
     device = torch.device("cpu")
-    devices = [device]
+    devices = (device,)
 
     def __init__(self):
         self.syncs, self.trackers = 0, []
