@@ -4,8 +4,9 @@
 
 E_w(k) = T(k, k*b) / (k * T(1, b)) with T = images/s over steady-state steps, LeNet, per-device batch b.
 Runs alternate k=1 and k=K for each strategy, so both see the same machine state. DDP-family strategies run twice:
-with their default gradient transport (comm_hook=auto: shared memory between the ranks of one CPU host) and with
-Gloo's TCP all-reduce (comm_hook=none), so the transport's share of the efficiency is measured, not assumed.
+with their default gradient transport (comm_hook=none: DDP's own all-reduce, Gloo on CPU) and, on a CPU host, with
+the shared-memory hook (comm_hook=shm, pipeline/strategies/shm_allreduce.py), so the transport's share of the
+efficiency is measured, not assumed.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def main():
     p.add_argument("--steps", type=int, default=150, help="steady-state steps per run")
     p.add_argument("--model", default="lenet")
     p.add_argument("--strategies", nargs="*", default=None)
-    p.add_argument("--no-gloo", action="store_true", help="skip the ddp/ddp_amp runs with comm_hook=none (Gloo)")
+    p.add_argument("--no-shm", action="store_true", help="skip the ddp/ddp_amp runs with comm_hook=shm (shared memory)")
     args = p.parse_args()
     host = probe()
     k = min(2, host.n) if host.kind == "cpu" else host.n
@@ -36,8 +37,8 @@ def main():
     names = args.strategies or [s for s, c in STRATEGIES.items()
                                 if s != "single" and c.unavailable_reason(host) is None]
     variants = [(s, s, ()) for s in names]
-    if not args.no_gloo:
-        variants += [(f"{s} comm_hook=none (Gloo)", s, ("train.comm_hook=none",)) for s in names
+    if not args.no_shm and host.kind == "cpu":  # shm needs every rank on one CPU host
+        variants += [(f"{s} comm_hook=shm (shared memory)", s, ("train.comm_hook=shm",)) for s in names
                      if s in ("ddp", "ddp_amp")]
     for label, s, sets in variants:
         one, many, hooks = [], [], set()
@@ -48,7 +49,7 @@ def main():
                                    "data.test_limit=500", "train.warmup_steps=5", *sets)
                     m = trial(cfg, Path(tmp) / f"{kk}", model=args.model, strategy=s, devices=kk, batch_size=kk * b)
                     out.append(m["throughput_img_s"])
-                    if m["comm_hook_used"]:  # ddp, ddp_amp: the gradient transport comm_hook resolved to
+                    if m["comm_hook_used"]:  # ddp, ddp_amp: the gradient transport the trial used
                         hooks.add(f"k={kk}: {m['comm_hook_used']}")
         eff = med(many) / (k * med(one))
         note = "" if STRATEGIES[s].parallel_on_cpu or host.kind == "cuda" else \

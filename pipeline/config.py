@@ -18,7 +18,7 @@ import yaml
 MODELS = ("lenet", "resnet18")
 STRATEGY_NAMES = ("single", "scratch", "dp", "dp_criterion", "ddp", "ddp_amp", "fsdp")
 SOURCES = ("fashion-mnist", "synthetic")
-COMM_HOOKS = ("auto", "none", "shm", "fp16", "bf16", "powersgd")
+COMM_HOOKS = ("none", "shm", "fp16", "bf16", "powersgd")
 
 
 class ConfigError(ValueError):
@@ -69,8 +69,9 @@ class TrainConfig:
     bucket_cap_mb: float = field(default=25.0, metadata=_range(0, lo_open=True))
     grad_as_bucket_view: bool = False
     accum_steps: int = field(default=1, metadata=_range(1))  # optimizer steps use no_sync for accum_steps-1 micro-batches
-    # auto = shared memory between the ranks of one CPU host, else DDP's own all-reduce (none); shm forces the former
-    comm_hook: str = field(default="auto", metadata=_choice(*COMM_HOOKS))
+    # none = DDP as PyTorch ships it (its own all-reduce: Gloo on CPU, NCCL on GPUs); shm = shared memory between the
+    # ranks of one CPU host (strategies/shm_allreduce.py); fp16/bf16/powersgd = PyTorch's compression hooks
+    comm_hook: str = field(default="none", metadata=_choice(*COMM_HOOKS))
     # multi-node (torchrun c10d rendezvous); nnodes=1 runs standalone on this host
     nnodes: int = field(default=1, metadata=_range(1))
     node_rank: int = field(default=0, metadata=_range(0))
@@ -89,7 +90,7 @@ class SpaceConfig:
     bucket_cap_mb: tuple[float, ...] = (25.0,)
     grad_as_bucket_view: tuple[bool, ...] = (False,)
     accum_steps: tuple[int, ...] = (1,)
-    comm_hook: tuple[str, ...] = ("auto",)
+    comm_hook: tuple[str, ...] = ("none",)
 
 
 @dataclass(frozen=True)

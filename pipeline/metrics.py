@@ -8,6 +8,8 @@ dispatcher (e.g. DDP's gradient buckets when they are not views) are not counted
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -37,6 +39,44 @@ class CpuMemProbe:
         # On a CPU host a process is one device; a single process driving k replicas (scratch)
         # holds them all in one address space, so one figure is reported for it.
         return [self.peak]
+
+
+class CudaPeaks:
+    """Per-device memory on GPUs: the allocator's peak over the whole run; no step is probed."""
+    method = "cuda_allocator"
+
+    def __init__(self, strategy):
+        self.devices = strategy.devices
+        reset_cuda_peaks(self.devices)
+
+    def probe(self, step: int, model, optimizer):
+        return contextlib.nullcontext()
+
+    def peaks(self) -> list[int]:
+        return cuda_peaks(self.devices)
+
+
+class CpuStepPeaks:
+    """Per-device memory on a CPU host: the strategy's tracker around step 0 (a warm-up step, never timed); every
+    other step runs unprobed."""
+    method = "memtracker"
+
+    def __init__(self, strategy):
+        self.strategy, self.tracker = strategy, None
+
+    def probe(self, step: int, model, optimizer):
+        if step != 0:
+            return contextlib.nullcontext()
+        self.tracker = self.strategy.memory_tracker(model, optimizer)
+        return self.tracker
+
+    def peaks(self) -> list[int] | None:
+        return self.tracker.peaks() if self.tracker else None
+
+
+def memory_meter(strategy) -> CudaPeaks | CpuStepPeaks:
+    """How this process's devices report peak memory: the CUDA allocator, or a probe step on CPU."""
+    return CudaPeaks(strategy) if strategy.device.type == "cuda" else CpuStepPeaks(strategy)
 
 
 def cuda_peaks(devices) -> list[int]:

@@ -8,13 +8,12 @@ from __future__ import annotations
 import math
 import os
 import socket
-import time
 
 import torch
 from torch import nn
 
 from . import data as datamod
-from .metrics import cuda_peaks, reset_cuda_peaks
+from .meter import Meter
 from .models import build_model
 
 
@@ -50,79 +49,65 @@ def _check_finite(loss: torch.Tensor, step: int, epoch: int, lr: float) -> None:
                               f"lower the learning rate (train.lr={lr}).")
 
 
-def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) -> dict:
-    """Train cfg.train.model with `strategy` (already set up) on `data`; returns this process's results."""
-    t = cfg.train
-    # --- model and parallelism, applied before the loop
+def build(t, strategy):
+    """The model with its parallelism applied (before the loop), its criterion and optimizer."""
     model = build_model(t.model, t.seed, t.init).to(strategy.device)
     if t.channels_last and strategy.channels_last_params:
         model = model.to(memory_format=torch.channels_last)
     model, criterion = strategy.wrap(model, nn.CrossEntropyLoss())
     if t.compile:
         model = torch.compile(model)
-    optimizer = strategy.build_optimizer(model)
+    return model, criterion, strategy.build_optimizer(model)
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    if n < batch_size:
+        raise ValueError(f"the training set ({n} images) is smaller than one global batch "
+                         f"(train.batch_size={batch_size}); lower the batch size or raise data.train_limit.")
+    return n // batch_size
+
+
+def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) -> dict:
+    """Train cfg.train.model with `strategy` (already set up) on `data`; returns this process's results."""
+    t, device = cfg.train, strategy.device
+    model, criterion, optimizer = build(t, strategy)
     # --- data: uint8 tensors resident on the input device, normalised there per batch
-    train_x, train_y = data.train_x.to(strategy.device), data.train_y.to(strategy.device)
-    test_x, test_y = data.test_x.to(strategy.device), data.test_y.to(strategy.device)
+    train_x, train_y, test_x, test_y = (v.to(device) for v in (data.train_x, data.train_y, data.test_x, data.test_y))
     rank, world = strategy.data_shard
-    steps = train_x.shape[0] // t.batch_size
-    if steps == 0:
-        raise ValueError(f"the training set ({train_x.shape[0]} images) is smaller than one global batch "
-                         f"(train.batch_size={t.batch_size}); lower the batch size or raise data.train_limit.")
-    reset_cuda_peaks(strategy.devices)
-    warmup = max(t.warmup_steps, 1)  # step 0 is the memory probe on CPU: never timed
-    history = {"epoch_s": [], "test_acc": [], "train_loss": [], "epoch_throughput_img_s": []}
-    timed_images, timed_s, step, stopped, cpu_peaks = 0, 0.0, 0, False, None
-    time_to_acc = None
+    steps = steps_per_epoch(train_x.shape[0], t.batch_size)
+    meter = Meter(strategy, t.batch_size, t.warmup_steps, t.target_acc)
+    history = {"test_acc": [], "train_loss": []}
+    step, stopped = 0, False
     for epoch in range(t.epochs):
-        batches = datamod.epoch_batches(train_x.shape[0], t.batch_size, epoch, t.seed, rank, world)
-        batches = batches.to(strategy.device)
+        batches = datamod.epoch_batches(train_x.shape[0], t.batch_size, epoch, t.seed, rank, world).to(device)
         model.train()
-        loss_sum = torch.zeros((), device=strategy.device)
-        n_steps, epoch_timed = 0, 0
-        strategy.synchronize()
-        t0 = t_steady = time.perf_counter()
+        loss_sum, n_steps = torch.zeros((), device=device), 0
+        meter.start_epoch(step)
         for i in range(steps):
-            if step == warmup:  # steady state starts: synchronise, read the clock
-                strategy.synchronize()
-                t_steady = time.perf_counter()
-            x = datamod.normalize(train_x[batches[i]], strategy.device)
-            y = train_y[batches[i]]
+            meter.tick(step)
+            x, y = datamod.normalize(train_x[batches[i]], device), train_y[batches[i]]
             if t.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
-            if step == 0 and strategy.device.type == "cpu":
-                with strategy.memory_tracker(model, optimizer) as probe:
-                    loss = strategy.train_step(model, criterion, optimizer, x, y)
-                cpu_peaks = probe.peaks()
-            else:
+            with meter.probe(step, model, optimizer):
                 loss = strategy.train_step(model, criterion, optimizer, x, y)
             loss_sum += loss
             step, n_steps = step + 1, n_steps + 1
-            epoch_timed += step > warmup
             if step % t.check_every == 0:
                 _check_finite(loss, step, epoch, t.lr)
             if progress is not None:
                 progress(epoch, i + 1, steps)
             if t.max_steps and step >= t.max_steps:
                 break
-        strategy.synchronize()
-        t_end = time.perf_counter()
+        epoch_s, throughput = meter.end_epoch(step)
         _check_finite(loss, step, epoch, t.lr)
-        # --- end of epoch: timing, loss, evaluation
-        epoch_s = t_end - t0
-        if epoch_timed:
-            timed_images += epoch_timed * t.batch_size
-            timed_s += t_end - t_steady
-        mean_loss = (strategy.reduce(loss_sum) / (n_steps * world)).item()
-        acc = evaluate(strategy.eval_model(model), strategy, test_x, test_y, channels_last=t.channels_last)
-        history["epoch_s"].append(epoch_s)
-        history["test_acc"].append(acc)
-        history["train_loss"].append(mean_loss)
-        history["epoch_throughput_img_s"].append(epoch_timed * t.batch_size / (t_end - t_steady) if epoch_timed else None)
-        if time_to_acc is None and acc >= t.target_acc:
-            time_to_acc = sum(history["epoch_s"])
-        record = {"epoch": epoch + 1, "epochs": t.epochs, "step": step, "epoch_s": epoch_s, "test_acc": acc,
-                  "train_loss": mean_loss, "throughput_img_s": history["epoch_throughput_img_s"][-1]}
+        # --- end of epoch: loss, evaluation, then the caller's verdict (report, prune), agreed by every rank
+        history["train_loss"].append((strategy.reduce(loss_sum) / (n_steps * world)).item())
+        history["test_acc"].append(evaluate(strategy.eval_model(model), strategy, test_x, test_y,
+                                            channels_last=t.channels_last))
+        meter.note_accuracy(history["test_acc"][-1])
+        record = {"epoch": epoch + 1, "epochs": t.epochs, "step": step, "epoch_s": epoch_s,
+                  "test_acc": history["test_acc"][-1], "train_loss": history["train_loss"][-1],
+                  "throughput_img_s": throughput}
         stop = on_epoch(record) if (on_epoch is not None and strategy.is_main()) else False
         if strategy.broadcast_flag(bool(stop)):
             stopped = True
@@ -130,24 +115,21 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
         if t.max_steps and step >= t.max_steps:
             break
     state = strategy.state_dict(model)  # collective for sharded parameters: every rank calls it
-    devices = strategy.devices
-    peaks = cuda_peaks(devices) if strategy.device.type == "cuda" else cpu_peaks
-    throughput = timed_images / timed_s if timed_s > 0 else None
-    # every rank's devices, on every node: the main rank reports the whole trial
+    return _results(strategy, meter.results(), history, step, stopped, state)
+
+
+def _results(strategy, measured: dict, history: dict, steps: int, stopped: bool, state: dict) -> dict:
+    """This process's part of the trial; the main rank's carries every rank's devices, on every node."""
+    rank, world = strategy.data_shard
+    devices = [str(d) for d in strategy.devices]
     ranks = strategy.gather({"rank": rank, "node": os.environ.get("GROUP_RANK", "0"),
-                             "host": socket.gethostname(), "peak_mem_bytes": peaks,
-                             "device_names": [str(d) for d in devices], "throughput_img_s": throughput})
+                             "host": socket.gethostname(), "peak_mem_bytes": measured["peak_mem_bytes"],
+                             "device_names": devices, "throughput_img_s": measured["throughput_img_s"]})
     return {
-        "ranks": ranks,
-        "rank": rank, "world_size": world, "steps": step, "stopped": stopped,
-        "throughput_img_s": throughput,
-        "timed_steps": timed_images // t.batch_size,
-        "time_to_acc_s": time_to_acc,
-        **history,
-        "peak_mem_bytes": peaks,
+        "ranks": ranks, "rank": rank, "world_size": world, "steps": steps, "stopped": stopped,
+        **measured, **history,
         "amp_dtype": None, "comm_hook_used": None,
         **strategy.facts(),  # what the strategy resolved at run time (ddp: comm_hook_used; ddp_amp: amp_dtype)
-        "mem_method": "cuda_allocator" if strategy.device.type == "cuda" else "memtracker",
-        "device_names": [str(d) for d in devices],
+        "device_names": devices,
         "state_dict": state if strategy.is_main() else None,
     }

@@ -1,5 +1,6 @@
 """The shared-memory gradient transport (strategies/shm_allreduce.py): sums, DDP numerics, timeouts, clean-up, and
-when comm_hook=auto picks it.  pytest tests/test_shm.py -q"""
+that a trial uses it only when asked (comm_hook=shm; the default is DDP's own Gloo all-reduce).
+pytest tests/test_shm.py -q"""
 from __future__ import annotations
 
 import datetime
@@ -83,13 +84,13 @@ def test_a_rank_that_never_arrives_fails_the_exchange_with_its_number():
 
 
 @pytest.mark.slow
-def test_ddp_over_shared_memory_equals_gloo_and_auto_picks_it(tmp_path):
+def test_ddp_over_shared_memory_equals_gloo_which_is_the_default(tmp_path):
     from tests.test_knobs import launch  # DDP on 2 ranks through the strategy, as a trial builds it
     if probe().n < 2:
         pytest.skip("needs 2 devices")
-    shm, gloo, auto = launch("train.comm_hook=shm"), launch("train.comm_hook=none"), launch()
-    assert "shm_allreduce_hook" in shm[0]["comm_hook"] and "shm_allreduce_hook" in auto[0]["comm_hook"]
-    assert gloo[0]["comm_hook"] in ("None", "")  # DDP's built-in all-reduce
+    shm, gloo = launch("train.comm_hook=shm"), launch()
+    assert "shm_allreduce_hook" in shm[0]["comm_hook"]
+    assert gloo[0]["comm_hook"] in ("None", "")  # the default: DDP's built-in all-reduce
     for a, b in zip(shm[0]["params"], gloo[0]["params"]):
         assert torch.equal(a, b)  # for two ranks a/2 + b/2 is exact either way: bit-identical training
     assert all(torch.equal(a, b) for a, b in zip(shm[0]["params"], shm[1]["params"]))
@@ -105,12 +106,14 @@ def test_explicit_shm_needs_one_cpu_host():
 
 
 @pytest.mark.slow
-def test_resolved_transport_is_reported_with_the_trial(make_cfg, tmp_path):
+def test_transport_is_reported_with_the_trial(make_cfg, tmp_path):
     from pipeline.launch import run_trial
     if probe().n < 2:
         pytest.skip("needs 2 devices")
     cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.batch_size=64", "train.max_steps=6")
-    assert run_trial(cfg, tmp_path / "k2", progress=False)["comm_hook_used"] == "shm"
-    one = configmod.replace_train(cfg, devices=1, batch_size=32)
-    assert run_trial(one, tmp_path / "k1", progress=False)["comm_hook_used"] == "none"  # nothing to exchange
-    assert os.path.exists(tmp_path / "k2" / "metrics.json")
+    assert run_trial(cfg, tmp_path / "k2", progress=False)["comm_hook_used"] == "none"  # DDP as PyTorch ships it
+    shm = configmod.replace_train(cfg, comm_hook="shm")
+    assert run_trial(shm, tmp_path / "k2shm", progress=False)["comm_hook_used"] == "shm"
+    one = configmod.replace_train(shm, devices=1, batch_size=32)  # the cpu-comm profile's k=1 point: one slot
+    assert run_trial(one, tmp_path / "k1shm", progress=False)["comm_hook_used"] == "shm"
+    assert os.path.exists(tmp_path / "k2shm" / "metrics.json")

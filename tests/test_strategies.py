@@ -83,6 +83,14 @@ def test_training_loop_has_no_strategy_branches():
         assert f'"{name}"' not in src and f"'{name}'" not in src
 
 
+def test_every_strategy_changes_the_step_through_hooks_only():
+    """base.train_step is the only step: a strategy overrides hooks (place_batch, backward, ...), never the step."""
+    from pipeline.strategies import Strategy
+    for name, cls in STRATEGIES.items():
+        assert cls.train_step is Strategy.train_step, name
+        assert not hasattr(cls, "backward_step"), name  # the old hook, dead for ddp/ddp_amp
+
+
 def test_handwritten_allreduce_sums_in_place_without_aliasing():
     ts = [torch.full((3,), float(i + 1)) for i in range(3)]
     ids = [id(t) for t in ts]
@@ -91,6 +99,21 @@ def test_handwritten_allreduce_sums_in_place_without_aliasing():
     assert [id(t) for t in ts] == ids
     ts[1].add_(1)  # still distinct storages
     assert ts[0][0].item() == 6.0
+
+
+def test_ddp_default_transport_is_pytorchs_own(make_cfg, monkeypatch):
+    """`ddp` means DDP as PyTorch ships it: no comm hook unless asked; `auto` (shared memory on CPU) is gone."""
+    from pipeline import config as configmod
+    from pipeline.strategies import shm_allreduce
+    assert configmod.Config().train.comm_hook == "none"
+    with pytest.raises(configmod.ConfigError, match="'auto' is not one of: none, shm"):
+        make_cfg("train.comm_hook=auto")
+    if probe().kind != "cpu":
+        return  # on GPUs comm_hook=shm is refused before that (test_shm.py)
+    # where shared memory cannot work, an explicit comm_hook=shm trial is skipped with the reason, not run
+    monkeypatch.setattr(shm_allreduce, "available", lambda nbytes: "it relies on x86-64 store ordering")
+    with pytest.raises(Infeasible, match="comm_hook=shm cannot run here: it relies on x86-64"):
+        check_feasible(make_cfg("train.strategy=ddp", "train.comm_hook=shm"), probe())
 
 
 def test_dp_is_unavailable_on_cpu_with_reason(make_cfg):

@@ -2,6 +2,8 @@
 
 Every hook has a do-nothing default, so each strategy module reads as a small difference from this one
 (pytorch/examples ddp-tutorial-series: set up, wrap, shard, autocast, step, reduce, unwrap, tear down).
+`train_step` is the only step: a strategy changes it through its hooks (zero_grad, sync_context, place_batch,
+autocast, forward_loss, backward, reduce_gradients, optimizer_step), never by rewriting it.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ class Strategy:
     def __init__(self, train_cfg, host: Host):
         self.cfg, self.host = train_cfg, host
         self.rank, self.world_size = 0, 1
+        self._micro = 0  # micro-batches run (train_step)
 
     # --- availability -----------------------------------------------------------------------------
     @classmethod
@@ -63,20 +66,54 @@ class Strategy:
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=self.cfg.lr)
 
-    # --- the step -----------------------------------------------------------------------------------
+    # --- the step: base.train_step is the only step; strategies override the hooks it calls -----------------
+    accum_steps = 1  # micro-batches per optimizer step (ddp: train.accum_steps)
+
+    def train_step(self, model, criterion, optimizer, x, y) -> torch.Tensor:
+        """One micro-batch of this process's share of the global batch; the optimizer steps on every
+        `accum_steps`-th call (every call by default). Returns the (detached) loss."""
+        a = self.accum_steps
+        if self._micro % a == 0:  # a new optimizer step begins
+            self.zero_grad(optimizer)
+        self._micro += 1
+        is_step = self._micro % a == 0
+        losses = []
+        with self.sync_context(model, is_step):
+            for module, xs, ys in self.place_batch(model, x, y):
+                with self.autocast():
+                    loss = self.forward_loss(module, criterion, xs, ys)
+                self.backward(loss / a if a > 1 else loss)
+                losses.append(loss.detach())
+        if is_step:
+            self.reduce_gradients(model)
+            self.optimizer_step(optimizer)
+        return losses[0] if len(losses) == 1 else torch.stack([v.to(losses[0].device) for v in losses]).sum()
+
+    def zero_grad(self, optimizer) -> None:
+        optimizer.zero_grad(set_to_none=True)
+
+    def sync_context(self, model, is_step: bool):
+        """Around a micro-batch's forward and backward (ddp: `no_sync()` on those that do not step)."""
+        return contextlib.nullcontext()
+
+    def place_batch(self, model, x, y):
+        """Where this process's batch runs: (module, inputs, targets) per part, each part forward and backward
+        before the next (scratch: one part per replica; dp: targets on the output device)."""
+        return [(model, x, y)]
+
     def autocast(self):
         return contextlib.nullcontext()
 
-    def train_step(self, model, criterion, optimizer, x, y) -> torch.Tensor:
-        """One optimizer step on this process's share of the global batch; returns the (detached) loss."""
-        optimizer.zero_grad(set_to_none=True)
-        with self.autocast():
-            loss = criterion(model(x), y)
-        self.backward_step(loss, optimizer)
-        return loss.detach()
+    def forward_loss(self, model, criterion, x, y) -> torch.Tensor:
+        return criterion(model(x), y)
 
-    def backward_step(self, loss, optimizer) -> None:
+    def backward(self, loss) -> None:
         loss.backward()
+
+    def reduce_gradients(self, model) -> None:
+        """Sum gradients across devices before the update, where no wrapper does it during backward (scratch)."""
+
+    def optimizer_step(self, optimizer) -> None:
         optimizer.step()
 
     # --- across processes -----------------------------------------------------------------------------
@@ -93,7 +130,7 @@ class Strategy:
         return flag
 
     def facts(self) -> dict:
-        """Settings this strategy resolved at run time (e.g. comm_hook=auto), reported with the trial."""
+        """Settings this strategy resolved at run time (ddp: the comm hook used; ddp_amp: amp_dtype=auto's pick)."""
         return {}
 
     def is_main(self) -> bool:

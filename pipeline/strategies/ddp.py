@@ -4,8 +4,10 @@ Delta from `single`: a process group (DistributedStrategy), the model wrapped in
 chunk of every global batch, and the communication knobs of the DDP design (bucket size, gradients as bucket
 views, a compression hook, and `no_sync` accumulation: all-reduce only every `accum_steps` micro-batches).
 
-The gradient transport: on one CPU host the ranks exchange gradients through shared memory (comm_hook=auto, see
-shm_allreduce.py), as NCCL does between the GPUs of one node; comm_hook=none keeps Gloo's TCP all-reduce.
+The gradient transport is DDP's own all-reduce by default (comm_hook=none: Gloo on CPU, NCCL on GPUs), so `ddp`
+measures what users run. comm_hook=shm exchanges gradients through shared memory between the ranks of one CPU host
+(shm_allreduce.py, as NCCL does between the GPUs of one node); the cpu-comm profile and benchmarks/scaling.py
+measure it beside Gloo. fp16/bf16/powersgd are PyTorch's compression hooks.
 """
 from __future__ import annotations
 
@@ -30,61 +32,43 @@ class DDPStrategy(DistributedStrategy):
     name = "ddp"
 
     def check_devices(self) -> None:
-        if self.cfg.comm_hook == "shm" and (self.host.kind != "cpu" or self.cfg.nnodes > 1):
+        if self.cfg.comm_hook != "shm":
+            return
+        if self.host.kind != "cpu" or self.cfg.nnodes > 1:
             raise ValueError("train.comm_hook=shm exchanges gradients through this host's shared memory: it needs "
-                             "every rank on one CPU host (train.nnodes=1, no GPU); use comm_hook=auto or none.")
-
-    def _transport(self, grad_bytes: int) -> str:
-        """The comm hook in effect: `auto` is shared memory for ranks on one CPU host, otherwise DDP's default."""
-        hook = self.cfg.comm_hook
-        if hook == "auto":
-            one_host_cpu = self.device.type == "cpu" and self.cfg.nnodes == 1 and 1 < self.world_size <= self.host.n
-            hook = "shm" if one_host_cpu else "none"
-        if hook == "shm":
-            why = shm_allreduce.available(grad_bytes * self.world_size)
-            if why and self.cfg.comm_hook == "shm":
-                raise RuntimeError(f"train.comm_hook=shm cannot run here: {why}; use comm_hook=none (Gloo).")
-            hook = "none" if why else hook
-        return hook
+                             "every rank on one CPU host (train.nnodes=1, no GPU); use comm_hook=none (Gloo/NCCL).")
+        why = shm_allreduce.available(0)  # the architecture and /dev/shm; the gradients' size is checked in wrap
+        if why:
+            raise ValueError(f"train.comm_hook=shm cannot run here: {why}; use comm_hook=none (Gloo).")
 
     def wrap(self, model, criterion):
         ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DDP(model, device_ids=ids, bucket_cap_mb=self.cfg.bucket_cap_mb,
                   gradient_as_bucket_view=self.cfg.grad_as_bucket_view)
-        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        self.comm_hook = self._transport(grad_bytes)
+        self.comm_hook = self.cfg.comm_hook  # reported as comm_hook_used
         if self.comm_hook == "shm":
-            state = shm_allreduce.ShmAllreduce(grad_bytes, self.cfg.timeout_s)
-            ddp.register_comm_hook(state, shm_allreduce.shm_allreduce_hook)
+            grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+            why = shm_allreduce.available(grad_bytes * self.world_size)
+            if why:
+                raise RuntimeError(f"train.comm_hook=shm cannot run here: {why}; use comm_hook=none (Gloo).")
+            ddp.register_comm_hook(shm_allreduce.ShmAllreduce(grad_bytes, self.cfg.timeout_s),
+                                   shm_allreduce.shm_allreduce_hook)
         elif self.comm_hook != "none":
             state, hook = COMM_HOOKS[self.comm_hook]()
             ddp.register_comm_hook(state, hook)
-        self._micro = 0
         return ddp, criterion
 
     def facts(self) -> dict:
         return {**super().facts(), "comm_hook_used": self.comm_hook}
 
-    def train_step(self, model, criterion, optimizer, x, y):
-        # With accum_steps = a, each call is one micro-batch; gradients are all-reduced only on every a-th call
-        # (no_sync skips the reducer), then the optimizer steps: a x fewer all-reduces per image.
-        a = self.cfg.accum_steps
-        self._micro += 1
-        is_sync = self._micro % a == 0
-        with contextlib.nullcontext() if is_sync else model.no_sync():
-            with self.autocast():
-                loss = criterion(model(x), y)
-            self.backward(loss / a if a > 1 else loss)
-        if is_sync:
-            self.optimizer_step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+    @property
+    def accum_steps(self) -> int:
+        return self.cfg.accum_steps
 
-    def backward(self, loss):
-        loss.backward()
-
-    def optimizer_step(self, optimizer):
-        optimizer.step()
+    def sync_context(self, model, is_step):
+        # accum_steps = a: gradients are all-reduced only on the micro-batch that steps (no_sync skips the
+        # reducer on the other a-1), so a x fewer all-reduces per image
+        return contextlib.nullcontext() if is_step else model.no_sync()
 
     def eval_model(self, model):
         return model.module

@@ -36,9 +36,9 @@ class DataParallelStrategy(Strategy):
         return (nn.DataParallel(model, device_ids=list(range(self.cfg.devices)), output_device=out),
                 criterion.to(out))
 
-    def train_step(self, model, criterion, optimizer, x, y):
-        return super().train_step(model, criterion, optimizer, x,
-                                  y.to(self.devices[self.cfg.output_device], non_blocking=True))
+    def place_batch(self, model, x, y):
+        # the loss is computed where the outputs are gathered: the targets go there
+        return [(model, x, y.to(self.devices[self.cfg.output_device], non_blocking=True))]
 
     def eval_model(self, model):
         return model.module

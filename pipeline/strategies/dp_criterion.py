@@ -47,8 +47,8 @@ class DataParallelCriterionStrategy(DataParallelStrategy):
         ids = list(range(self.cfg.devices))
         return DataParallelModel(model, ids), DataParallelCriterion(criterion, ids)
 
-    def train_step(self, model, criterion, optimizer, x, y):
-        return super(DataParallelStrategy, self).train_step(model, criterion, optimizer, x, y)
+    def place_batch(self, model, x, y):
+        return [(model, x, y)]  # the criterion scatters the targets to the outputs' devices itself
 
     def eval_model(self, model):
         return model.module

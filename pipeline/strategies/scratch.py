@@ -1,10 +1,10 @@
 """d2l "multiple GPUs from scratch": k parameter copies, the batch split k ways, a hand-written all-reduce.
 
-Delta from `single`: `wrap` makes one replica per device; a step splits the batch, runs forward/backward on
-each replica, sums the gradients into device 0 and copies the sum back *in place* (`.to()` onto the same device
-returns the same tensor, so rebinding instead of copying would silently alias the replicas), then applies the
-SGD update on every replica. On a CPU host the k replicas run one after another in one process: the devices are
-not parallel, and the results say so (parallel_devices = False).
+Delta from `single`: `wrap` makes one replica per device; a step splits the batch over them (`place_batch`),
+runs forward/backward on each replica, then `reduce_gradients` sums the gradients into device 0 and copies the sum
+back *in place* (`.to()` onto the same device returns the same tensor, so rebinding instead of copying would
+silently alias the replicas); the SGD update is applied on every replica. On a CPU host the k replicas run one after
+another in one process: the devices are not parallel, and the results say so (parallel_devices = False).
 """
 from __future__ import annotations
 
@@ -70,27 +70,24 @@ class ScratchStrategy(Strategy):
         return [device_for(self.host, i) for i in range(self.cfg.devices)]
 
     def wrap(self, model, criterion):
-        # d2l's loss: summed per replica, divided by the global batch below (a function, not a module that
-        # would be called k times per step)
-        return Replicas(model, self.devices), lambda out, target: F.cross_entropy(out, target, reduction="sum")
+        # d2l's loss: summed per replica, divided by the global batch, so the summed gradients are the global-batch
+        # mean (a function, not a module that would be called k times per step)
+        n = self.cfg.batch_size
+        return Replicas(model, self.devices), lambda out, target: F.cross_entropy(out, target, reduction="sum") / n
 
     def build_optimizer(self, model):
         return ManualSGD(model, self.cfg.lr)
 
-    def train_step(self, model, criterion, optimizer, x, y):
-        optimizer.zero_grad()
-        n = x.shape[0]
-        losses = []
-        for replica, dev, xs, ys in zip(model.replicas, model.devices, x.chunk(len(model.devices)),
-                                        y.chunk(len(model.devices))):
-            loss = criterion(replica(xs.to(dev)), ys.to(dev)) / n  # sum / global batch = the global mean
-            loss.backward()
-            losses.append(loss.detach().to(model.devices[0]))
-        with torch.no_grad():
-            for grads in zip(*(r.parameters() for r in model.replicas)):
-                allreduce([p.grad for p in grads])
-        optimizer.step()
-        return torch.stack(losses).sum()
+    def place_batch(self, model, x, y):
+        # one chunk per replica, moved to its device when its turn comes (a generator: one graph alive at a time)
+        k = len(model.devices)
+        for replica, dev, xs, ys in zip(model.replicas, model.devices, x.chunk(k), y.chunk(k)):
+            yield replica, xs.to(dev), ys.to(dev)
+
+    @torch.no_grad()
+    def reduce_gradients(self, model):
+        for grads in zip(*(r.parameters() for r in model.replicas)):
+            allreduce([p.grad for p in grads])
 
     def eval_model(self, model):
         return model.replicas[0]

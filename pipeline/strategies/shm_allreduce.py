@@ -79,7 +79,8 @@ class ShmAllreduce:
             pass
         self.flags[self.rank] = self.seq
         self._wait()
-        torch.sum(slots, dim=0, out=flat) if self.world > 2 else torch.add(slots[0], slots[1], out=flat)
+        # two ranks: a + b, exactly Gloo's sum; one rank (comm_hook=shm at k=1): its own slot
+        torch.add(slots[0], slots[1], out=flat) if self.world == 2 else torch.sum(slots, dim=0, out=flat)
         return flat
 
     def _wait(self) -> None:

@@ -1,0 +1,70 @@
+"""What a trial measures, kept out of the training loop: warm-up, clocks, throughput, time to accuracy, memory.
+
+The loop tells the meter where it is (`start_epoch`, `tick`, `probe`, `end_epoch`, `note_accuracy`) and asks it for
+the figures at the end (`results`). Where a measurement does not apply, its object does nothing (the memory probe of
+a step other than step 0 on CPU, or of any step on GPUs, is a `nullcontext`), as `autocast` is for fp32 strategies.
+
+- images/s over steady-state steps: the first `warmup_steps` (at least 1: step 0 is the CPU memory probe) are not
+  timed, and devices are synchronised before each clock read;
+- seconds per epoch (training only, evaluation excluded) and time to the target accuracy (their running sum);
+- peak memory per device (metrics.memory_meter: the CUDA allocator, or tensor memory of a probe step on CPU).
+"""
+from __future__ import annotations
+
+import time
+
+from .metrics import memory_meter
+
+
+class Meter:
+    def __init__(self, strategy, batch_size: int, warmup_steps: int, target_acc: float):
+        self.strategy, self.batch_size, self.target_acc = strategy, batch_size, target_acc
+        self.warmup = max(warmup_steps, 1)  # step 0 is the memory probe on CPU: never timed
+        self.memory = memory_meter(strategy)  # resets the CUDA peaks: construct it just before the loop
+        self.timed_images, self.timed_s, self.time_to_acc = 0, 0.0, None
+        self.epoch_s: list[float] = []
+        self.epoch_throughput: list[float | None] = []
+
+    def start_epoch(self, step: int) -> None:
+        self.first_step = step
+        self.strategy.synchronize()
+        self.t0 = self.t_steady = time.perf_counter()
+
+    def tick(self, step: int) -> None:
+        """Before global step `step`: steady state starts at the end of the warm-up (synchronise, read the clock)."""
+        if step == self.warmup:
+            self.strategy.synchronize()
+            self.t_steady = time.perf_counter()
+
+    def probe(self, step: int, model, optimizer):
+        """A context around the step's train_step: the memory probe, or a no-op."""
+        return self.memory.probe(step, model, optimizer)
+
+    def end_epoch(self, step: int) -> tuple[float, float | None]:
+        """After the epoch's last step (global `step` steps done): (epoch seconds, steady-state images/s or None)."""
+        self.strategy.synchronize()
+        t_end = time.perf_counter()
+        timed = max(0, step - max(self.first_step, self.warmup))  # this epoch's steps after the warm-up
+        epoch_s = t_end - self.t0
+        throughput = timed * self.batch_size / (t_end - self.t_steady) if timed else None
+        if timed:
+            self.timed_images += timed * self.batch_size
+            self.timed_s += t_end - self.t_steady
+        self.epoch_s.append(epoch_s)
+        self.epoch_throughput.append(throughput)
+        return epoch_s, throughput
+
+    def note_accuracy(self, acc: float) -> None:
+        """After an epoch's evaluation: the training time to the target is the epochs' seconds so far."""
+        if self.time_to_acc is None and acc >= self.target_acc:
+            self.time_to_acc = sum(self.epoch_s)
+
+    def results(self) -> dict:
+        """This process's figures; read after the final state_dict (a collective whose memory counts on GPUs)."""
+        return {
+            "throughput_img_s": self.timed_images / self.timed_s if self.timed_s > 0 else None,
+            "timed_steps": self.timed_images // self.batch_size,
+            "time_to_acc_s": self.time_to_acc,
+            "epoch_s": self.epoch_s, "epoch_throughput_img_s": self.epoch_throughput,
+            "peak_mem_bytes": self.memory.peaks(), "mem_method": self.memory.method,
+        }

@@ -1,0 +1,78 @@
+"""The meter's bookkeeping on a fake clock: which steps are timed, per-epoch and overall throughput, time to accuracy,
+and the memory probe that runs around step 0 on CPU only (a no-op elsewhere)."""
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import torch
+
+from pipeline import meter as metermod
+
+
+class FakeStrategy:
+    device = torch.device("cpu")
+    devices = (device,)
+
+    def __init__(self):
+        self.syncs, self.trackers = 0, []
+
+    def synchronize(self):
+        self.syncs += 1
+
+    def memory_tracker(self, model, optimizer):
+        tracker = FakeTracker()
+        self.trackers.append(tracker)
+        return tracker
+
+
+class FakeTracker(contextlib.nullcontext):
+    def peaks(self):
+        return [123]
+
+
+def run(monkeypatch, epochs, steps, warmup, accs, batch=10):
+    clock = itertools.count()  # every clock read is one second later
+    monkeypatch.setattr(metermod.time, "perf_counter", lambda: float(next(clock)))
+    strategy = FakeStrategy()
+    m = metermod.Meter(strategy, batch, warmup, target_acc=0.5)
+    step, per_epoch, probes = 0, [], []
+    for epoch in range(epochs):
+        m.start_epoch(step)
+        for _ in range(steps):
+            m.tick(step)
+            probes.append(m.probe(step, None, None))
+            step += 1
+        per_epoch.append(m.end_epoch(step))
+        m.note_accuracy(accs[epoch])
+    return m.results(), per_epoch, probes, strategy
+
+
+def test_warm_up_spanning_an_epoch_is_not_timed(monkeypatch):
+    res, per_epoch, _, _ = run(monkeypatch, epochs=3, steps=2, warmup=3, accs=[0.1, 0.6, 0.9])
+    # epoch 1: steps 0-1, all warm-up: no throughput; clock reads t0=0, end=1
+    assert per_epoch[0] == (1.0, None)
+    # epoch 2: steps 2-3, step 3 timed from its tick (clock 3) to the end (clock 4)
+    assert per_epoch[1] == (2.0, 10 / 1.0)
+    # epoch 3: steps 4-5, both timed from the epoch's start (clock 5) to its end (clock 6)
+    assert per_epoch[2] == (1.0, 20 / 1.0)
+    assert res["timed_steps"] == 3 and res["throughput_img_s"] == 30 / 2.0
+    assert res["epoch_s"] == [1.0, 2.0, 1.0] and res["epoch_throughput_img_s"] == [None, 10.0, 20.0]
+    assert res["time_to_acc_s"] == 3.0  # reached after epoch 2: training seconds of epochs 1 and 2
+
+
+def test_no_timed_step_means_no_throughput(monkeypatch):
+    res, _, _, _ = run(monkeypatch, epochs=1, steps=2, warmup=5, accs=[0.1])
+    assert res["throughput_img_s"] is None and res["timed_steps"] == 0 and res["time_to_acc_s"] is None
+
+
+def test_warm_up_of_zero_still_leaves_the_probe_step_untimed(monkeypatch):
+    res, _, _, _ = run(monkeypatch, epochs=1, steps=4, warmup=0, accs=[0.1])
+    assert res["timed_steps"] == 3
+
+
+def test_cpu_memory_is_probed_around_step_zero_only(monkeypatch):
+    res, _, probes, strategy = run(monkeypatch, epochs=2, steps=2, warmup=1, accs=[0.1, 0.1])
+    assert len(strategy.trackers) == 1 and probes[0] is strategy.trackers[0]
+    assert all(isinstance(p, contextlib.nullcontext) and not isinstance(p, FakeTracker) for p in probes[1:])
+    assert res["peak_mem_bytes"] == [123] and res["mem_method"] == "memtracker"
