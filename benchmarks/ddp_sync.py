@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/ddp_sync.py [--rounds 12] [--block 20]
 
 1. The gradient all-reduce alone (LeNet's 129,068 fp32 gradients), over Gloo's TCP loopback and over the shared-
-   memory transport (comm_hook=auto on one CPU host): back to back, and right after 60 ms of computation, which is
+   memory transport (comm_hook=shm, one CPU host): back to back, and right after 60 ms of computation, which is
    how DDP calls it (once per step, after backward).
 2. One LeNet step at per-device batch 256, in blocks of `--block` steps, alternating within one process group:
    rank 0 alone (the k=1 reference, rank 1 idle), rank 1 alone (is one core slower?), both ranks without any

@@ -93,7 +93,7 @@ def _reading(pts, eff, mem, status) -> list[str]:
 
 
 def _transports(df) -> list[str]:
-    """Which gradient transport comm_hook=auto chose, per strategy and k (the tables group by the setting)."""
+    """Which gradient transport each strategy and k used (comm_hook_used; the tables group by the setting)."""
     if "comm_hook_used" not in df:
         return []
     done = df[(df["state"] == "complete") & (df["comm_hook_used"].astype(str) != "")]
