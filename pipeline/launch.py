@@ -333,5 +333,6 @@ def summarize(cfg, host: Host, strategy, results: list[dict], wall_s: float) -> 
         "comm_hook_used": main.get("comm_hook_used"),  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
         "amp_dtype": main["amp_dtype"],
         "backend": main.get("backend"),  # process group of a multi-process trial: nccl or gloo; None otherwise
+        "breakdown": main.get("breakdown"),  # where a sampled steady-state step goes (breakdown.py), main rank's view
         "wall_s": wall_s,
     }

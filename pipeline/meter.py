@@ -1,32 +1,42 @@
 """What a trial measures, kept out of the training loop: warm-up, clocks, throughput, time to accuracy, memory.
 
-The loop tells the meter where it is (`start_epoch`, `tick`, `probe`, `end_epoch`, `note_accuracy`) and asks it for
-the figures at the end (`results`). Where a measurement does not apply, its object does nothing (the memory probe of
-a step other than step 0 on CPU, or of any step on GPUs, is a `nullcontext`), as `autocast` is for fp32 strategies.
+The loop tells the meter where it is (`start_epoch`, `tick`, `sample`, `probe`, `end_epoch`, `note_accuracy`) and
+asks it for the figures at the end (`results`). Where a measurement does not apply, its object does nothing (the
+memory probe of a step other than step 0 on CPU, or of any step on GPUs, is a `nullcontext`; so is the breakdown's
+clock on an unsampled step), as `autocast` is for fp32 strategies.
 
 - images/s over steady-state steps: the first `warmup_steps` (at least 1: step 0 is the CPU memory probe) are not
   timed, and devices are synchronised before each clock read;
+- the step-time breakdown (breakdown.py) on every `every`-th steady-state step: such a sampled step is kept out of
+  the throughput window (its images and its seconds, from a synchronised clock read before it to one after), so
+  throughput is the unsampled steps' as before; the sampled steps still count in epoch_s and time to accuracy;
 - seconds per epoch (training only, evaluation excluded) and time to the target accuracy (their running sum);
 - peak memory per device (metrics.memory_meter: the CUDA allocator, or tensor memory of a probe step on CPU).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
+from .breakdown import NO_CLOCK, Off
 from .metrics import memory_meter
+
+_UNSAMPLED = contextlib.nullcontext(NO_CLOCK)
 
 
 class Meter:
-    def __init__(self, strategy, batch_size: int, warmup_steps: int, target_acc: float):
+    def __init__(self, strategy, batch_size: int, warmup_steps: int, target_acc: float, breakdown=None):
         self.strategy, self.batch_size, self.target_acc = strategy, batch_size, target_acc
         self.warmup = max(warmup_steps, 1)  # step 0 is the memory probe on CPU: never timed
         self.memory = memory_meter(strategy)  # resets the CUDA peaks: construct it just before the loop
+        self.breakdown = breakdown or Off()
         self.timed_images, self.timed_s, self.time_to_acc = 0, 0.0, None
         self.epoch_s: list[float] = []
         self.epoch_throughput: list[float | None] = []
 
     def start_epoch(self, step: int) -> None:
         self.first_step = step
+        self.excluded_steps, self.excluded_s = 0, 0.0  # this epoch's sampled steps, kept out of throughput
         self.strategy.synchronize()
         self.t0 = self.t_steady = time.perf_counter()
 
@@ -36,6 +46,23 @@ class Meter:
             self.strategy.synchronize()
             self.t_steady = time.perf_counter()
 
+    def sample(self, step: int):
+        """A context around global step `step` (data in + train_step) giving its phase clock: the breakdown's on a
+        sampled step, whose time leaves the throughput window; a do-nothing clock otherwise."""
+        if not self.breakdown.is_sampled(step - self.warmup):
+            return _UNSAMPLED
+        return self._sampled()
+
+    @contextlib.contextmanager
+    def _sampled(self):
+        self.strategy.synchronize()
+        t = time.perf_counter()
+        with self.breakdown.sample() as clock:
+            yield clock
+        self.strategy.synchronize()
+        self.excluded_steps += 1
+        self.excluded_s += time.perf_counter() - t
+
     def probe(self, step: int, model, optimizer):
         """A context around the step's train_step: the memory probe, or a no-op."""
         return self.memory.probe(step, model, optimizer)
@@ -44,12 +71,14 @@ class Meter:
         """After the epoch's last step (global `step` steps done): (epoch seconds, steady-state images/s or None)."""
         self.strategy.synchronize()
         t_end = time.perf_counter()
-        timed = max(0, step - max(self.first_step, self.warmup))  # this epoch's steps after the warm-up
+        # this epoch's steps after the warm-up, less the breakdown's sampled ones
+        timed = max(0, step - max(self.first_step, self.warmup)) - self.excluded_steps
+        timed_s = t_end - self.t_steady - self.excluded_s
         epoch_s = t_end - self.t0
-        throughput = timed * self.batch_size / (t_end - self.t_steady) if timed else None
+        throughput = timed * self.batch_size / timed_s if timed else None
         if timed:
             self.timed_images += timed * self.batch_size
-            self.timed_s += t_end - self.t_steady
+            self.timed_s += timed_s
         self.epoch_s.append(epoch_s)
         self.epoch_throughput.append(throughput)
         return epoch_s, throughput
@@ -60,10 +89,13 @@ class Meter:
             self.time_to_acc = sum(self.epoch_s)
 
     def results(self) -> dict:
-        """This process's figures; read after the final state_dict (a collective whose memory counts on GPUs)."""
+        """This process's figures; read after the final state_dict (a collective whose memory counts on GPUs).
+        Collective in a multi-process trial (the breakdown gathers every rank's samples): every rank calls it."""
+        timed_steps = self.timed_images // self.batch_size
         return {
+            "breakdown": self.breakdown.results(self.timed_s / timed_steps if timed_steps else None),
             "throughput_img_s": self.timed_images / self.timed_s if self.timed_s > 0 else None,
-            "timed_steps": self.timed_images // self.batch_size,
+            "timed_steps": timed_steps,
             "time_to_acc_s": self.time_to_acc,
             "epoch_s": self.epoch_s, "epoch_throughput_img_s": self.epoch_throughput,
             "peak_mem_bytes": self.memory.peaks(), "mem_method": self.memory.method,

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from . import data as datamod
+from . import breakdown
 from .meter import Meter
 from .models import build_model
 
@@ -75,7 +76,9 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
     train_x, train_y, test_x, test_y = (v.to(device) for v in (data.train_x, data.train_y, data.test_x, data.test_y))
     rank, world = strategy.data_shard
     steps = steps_per_epoch(train_x.shape[0], t.batch_size)
-    meter = Meter(strategy, t.batch_size, t.warmup_steps, t.target_acc)
+    every = getattr(t, "breakdown_every", breakdown.EVERY)  # train.breakdown_every once config.py has it; 0 = off
+    meter = Meter(strategy, t.batch_size, t.warmup_steps, t.target_acc,
+                  breakdown.Breakdown(strategy, model, every) if every else breakdown.Off())
     history = {"test_acc": [], "train_loss": []}
     step, stopped = 0, False
     for epoch in range(t.epochs):
@@ -85,11 +88,13 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
         meter.start_epoch(step)
         for i in range(steps):
             meter.tick(step)
-            x, y = datamod.normalize(train_x[batches[i]], device), train_y[batches[i]]
-            if t.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            with meter.probe(step, model, optimizer):
-                loss = strategy.train_step(model, criterion, optimizer, x, y)
+            with meter.sample(step) as clock:  # the step-time breakdown's phases on sampled steps, else no-ops
+                with clock("data"):
+                    x, y = datamod.normalize(train_x[batches[i]], device), train_y[batches[i]]
+                    if t.channels_last:
+                        x = x.contiguous(memory_format=torch.channels_last)
+                with meter.probe(step, model, optimizer):
+                    loss = strategy.train_step(model, criterion, optimizer, x, y, clock)
             loss_sum += loss
             step, n_steps = step + 1, n_steps + 1
             if step % t.check_every == 0:

@@ -12,6 +12,7 @@ import contextlib
 import torch
 from torch import nn
 
+from ..breakdown import NO_CLOCK, NoComm
 from ..devices import Host, device_for, keep_freed_memory
 
 
@@ -69,24 +70,29 @@ class Strategy:
     # --- the step: base.train_step is the only step; strategies override the hooks it calls -----------------
     accum_steps = 1  # micro-batches per optimizer step (ddp: train.accum_steps)
 
-    def train_step(self, model, criterion, optimizer, x, y) -> torch.Tensor:
+    def train_step(self, model, criterion, optimizer, x, y, clock=NO_CLOCK) -> torch.Tensor:
         """One micro-batch of this process's share of the global batch; the optimizer steps on every
-        `accum_steps`-th call (every call by default). Returns the (detached) loss."""
+        `accum_steps`-th call (every call by default). Returns the (detached) loss. `clock` times the hooks as the
+        phases of a sampled step (breakdown.py); the default does nothing."""
         a = self.accum_steps
         if self._micro % a == 0:  # a new optimizer step begins
-            self.zero_grad(optimizer)
+            with clock("optimizer"):
+                self.zero_grad(optimizer)
         self._micro += 1
         is_step = self._micro % a == 0
         losses = []
         with self.sync_context(model, is_step):
-            for module, xs, ys in self.place_batch(model, x, y):
-                with self.autocast():
+            for module, xs, ys in clock.iterate("data", self.place_batch(model, x, y)):
+                with clock("forward"), self.autocast():
                     loss = self.forward_loss(module, criterion, xs, ys)
-                self.backward(loss / a if a > 1 else loss)
+                with clock("backward"):
+                    self.backward(loss / a if a > 1 else loss)
                 losses.append(loss.detach())
         if is_step:
-            self.reduce_gradients(model)
-            self.optimizer_step(optimizer)
+            with clock("reduce_gradients"):
+                self.reduce_gradients(model)
+            with clock("optimizer"):
+                self.optimizer_step(optimizer)
         return losses[0] if len(losses) == 1 else torch.stack([v.to(losses[0].device) for v in losses]).sum()
 
     def zero_grad(self, optimizer) -> None:
@@ -135,6 +141,13 @@ class Strategy:
 
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def barrier(self) -> None:
+        """Wait until every process gets here (the breakdown's sampled steps); nothing to wait for in one process."""
+
+    def comm_probe(self, model):
+        """How the breakdown finds the communication inside a sampled step's phases (breakdown.py)."""
+        return NoComm("one device: no communication (0)")
 
     def synchronize(self) -> None:
         """Wait for queued device work before reading a clock."""

@@ -16,6 +16,7 @@ import contextlib
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ..breakdown import DDPStats
 from . import shm_allreduce
 from .distributed import DistributedStrategy
 
@@ -69,6 +70,9 @@ class DDPStrategy(DistributedStrategy):
         # accum_steps = a: gradients are all-reduced only on the micro-batch that steps (no_sync skips the
         # reducer on the other a-1), so a x fewer all-reduces per image
         return contextlib.nullcontext() if is_step else model.no_sync()
+
+    def comm_probe(self, model):
+        return DDPStats(model)
 
     def eval_model(self, model):
         return model.module

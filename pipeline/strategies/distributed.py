@@ -74,6 +74,11 @@ class DistributedStrategy(Strategy):
         dist.broadcast(t, src=0)
         return bool(t.item())
 
+    def barrier(self) -> None:
+        # a 1-element all-reduce rather than dist.barrier: the same call on Gloo and NCCL, finished when synchronised
+        dist.all_reduce(torch.zeros(1, device=self.device))
+        self.synchronize()
+
     def teardown(self) -> None:
         # collect the wrapped model first: a comm hook's state (PowerSGD) that outlives the process group
         # aborts the worker at exit ("Resource deadlock avoided")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..breakdown import ProfiledComm
 from ..devices import device_for
 from .base import Strategy
 
@@ -39,6 +40,13 @@ class DataParallelStrategy(Strategy):
     def place_batch(self, model, x, y):
         # the loss is computed where the outputs are gathered: the targets go there
         return [(model, x, y.to(self.devices[self.cfg.output_device], non_blocking=True))]
+
+    def comm_probe(self, model):
+        # replicate/scatter/gather (forward) and the gradients' reduce onto device 0 (backward) run inside the
+        # phases: NCCL broadcasts and device-to-device copies, exposed where no other kernel runs
+        return ProfiledComm((), self.devices[0], "torch.profiler on the sampled step: NCCL and memcpy kernel time "
+                            "(replicate, scatter, gather, gradient reduce) not overlapped by other kernels; charged to "
+                            "the phase it falls in", kernels=("nccl", "memcpy"))
 
     def eval_model(self, model):
         return model.module

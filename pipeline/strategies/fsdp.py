@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..breakdown import ProfiledComm
 from .distributed import DistributedStrategy
+
+# FSDP2's record_function labels of its collectives (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
+# all-gather (copy-in + collective), its copy-out, the reduce-scatter (copy-in, collective, division) and its wait
+COMM_SPANS = ("FSDP::all_gather", "FSDP::post_backward_reduce", "FSDP::post_backward_rs_wait")
 
 
 def _blocks(model: nn.Module):
@@ -34,6 +39,12 @@ class FSDPStrategy(DistributedStrategy):
             fully_shard(block)
         fully_shard(model)
         return model, criterion
+
+    def comm_probe(self, model):
+        return ProfiledComm(COMM_SPANS, self.device,
+                            "torch.profiler on the sampled step: CPU, main-thread time inside FSDP's all-gather "
+                            "(+copy-out) and reduce-scatter spans (Gloo blocks the caller: all exposed); CUDA, NCCL "
+                            "kernel time not overlapped by other kernels; charged to the phase it falls in")
 
     def state_dict(self, model):
         # Collective: every rank must call it; full tensors land on CPU, rank 0 keeps them.
