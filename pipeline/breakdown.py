@@ -55,13 +55,16 @@ NO_CLOCK = NoClock()
 class PhaseClock:
     """Synchronised wall-clock seconds per phase of one sampled step (phases may repeat: they add up)."""
 
-    def __init__(self, synchronize):
+    def __init__(self, synchronize, labelled: bool = False):
         self.synchronize = synchronize
+        # profiler labels only where a profiler reads them: each costs tens of microseconds, left in the residual
+        self.label = (lambda phase: record_function(PHASE + phase)) if labelled else \
+            (lambda phase: contextlib.nullcontext())
         self.s: dict[str, float] = defaultdict(float)
 
     @contextlib.contextmanager
     def __call__(self, phase: str):
-        with record_function(PHASE + phase):
+        with self.label(phase):
             self.synchronize()
             t = time.perf_counter()
             try:
@@ -89,6 +92,8 @@ _END = object()
 class NoComm:
     """No communication inside a phase to split off. `whole`: clock phases that are communication in full
     (scratch: reduce_gradients, its hand-written all-reduce, which nothing overlaps)."""
+
+    labelled = False  # does it read the clock's phase labels from a profiler?
 
     def __init__(self, method: str, whole: tuple[str, ...] = ()):
         self.method, self.whole = method, whole
@@ -142,6 +147,8 @@ class ProfiledComm(NoComm):
     (FSDP's record_function labels: on Gloo the collective blocks the calling thread, so all of it is exposed).
     CUDA: communication kernels (NCCL) minus the time any other kernel ran, i.e. exposed on the device timeline.
     Each exposed interval is charged to the clock phase (parallax::<phase>) it falls in."""
+
+    labelled = True
 
     def __init__(self, spans: tuple[str, ...], device: torch.device, method: str,
                  kernels: tuple[str, ...] = ("nccl",)):
@@ -246,7 +253,7 @@ class Breakdown(Off):
         s.synchronize()
         self.comm.start()
         s.barrier()  # every rank starts the step together
-        clock = PhaseClock(s.synchronize)
+        clock = PhaseClock(s.synchronize, self.comm.labelled)
         t0 = time.perf_counter()
         try:
             yield clock
