@@ -230,7 +230,7 @@ class Off:
     def is_sampled(self, n: int) -> bool:
         return False
 
-    def results(self, timed_step_s: float | None = None) -> None:
+    def results(self, timed_step_s: float | None = None, sampled_wall_s: float | None = None) -> None:
         return None
 
 
@@ -276,8 +276,10 @@ class Breakdown(Off):
                 parts[part_of[phase]] += s - c
         return parts
 
-    def results(self, timed_step_s: float | None = None) -> dict:
+    def results(self, timed_step_s: float | None = None, sampled_wall_s: float | None = None) -> dict:
         """The trial's breakdown as this rank sees it, with every rank's step, idle and exposed communication.
+        timed_step_s: an unsampled step (the throughput window's mean); sampled_wall_s: a sampled step's wall time,
+        barriers and probe included (what sampling costs the epoch: samples x (sampled_wall_s - timed_step_s)).
         Collective in a multi-process trial: every rank calls it."""
         rank, world = self.strategy.data_shard
         mine = {"rank": rank, "barrier_s": [x["barrier_s"] for x in self.samples],
@@ -287,7 +289,7 @@ class Breakdown(Off):
         latency = [min(col) for col in zip(*(r["barrier_s"] for r in everyone))]
         per_rank = [_summary(r, latency) for r in everyone]
         out = per_rank[[r["rank"] for r in everyone].index(rank)]
-        return {**out, "every": self.every, "timed_step_s": timed_step_s,
+        return {**out, "every": self.every, "timed_step_s": timed_step_s, "sampled_wall_s": sampled_wall_s,
                 "method": self._methods(world),
                 "ranks": [{"rank": r["rank"], "step_s": s["step_s"], "idle_s": (s["parts_s"] or {}).get("idle"),
                            "comm_exposed_s": (s["parts_s"] or {}).get("comm_exposed")}

@@ -30,6 +30,7 @@ class Meter:
         self.warmup = max(warmup_steps, 1)  # step 0 is the memory probe on CPU: never timed
         self.memory = memory_meter(strategy)  # resets the CUDA peaks: construct it just before the loop
         self.breakdown = breakdown or Off()
+        self.sampled_s, self.sampled_steps = 0.0, 0  # sampled steps' wall time, instrument included
         self.timed_images, self.timed_s, self.time_to_acc = 0, 0.0, None
         self.epoch_s: list[float] = []
         self.epoch_throughput: list[float | None] = []
@@ -60,8 +61,9 @@ class Meter:
         with self.breakdown.sample() as clock:
             yield clock
         self.strategy.synchronize()
-        self.excluded_steps += 1
-        self.excluded_s += time.perf_counter() - t
+        wall = time.perf_counter() - t
+        self.excluded_steps, self.excluded_s = self.excluded_steps + 1, self.excluded_s + wall
+        self.sampled_steps, self.sampled_s = self.sampled_steps + 1, self.sampled_s + wall
 
     def probe(self, step: int, model, optimizer):
         """A context around the step's train_step: the memory probe, or a no-op."""
@@ -93,7 +95,8 @@ class Meter:
         Collective in a multi-process trial (the breakdown gathers every rank's samples): every rank calls it."""
         timed_steps = self.timed_images // self.batch_size
         return {
-            "breakdown": self.breakdown.results(self.timed_s / timed_steps if timed_steps else None),
+            "breakdown": self.breakdown.results(self.timed_s / timed_steps if timed_steps else None,
+                                                self.sampled_s / self.sampled_steps if self.sampled_steps else None),
             "throughput_img_s": self.timed_images / self.timed_s if self.timed_s > 0 else None,
             "timed_steps": timed_steps,
             "time_to_acc_s": self.time_to_acc,
