@@ -9,11 +9,12 @@ On a sampled step:
 - every rank meets at a barrier first (outside the step: ranks start together), then the step runs under a
   synchronised wall clock (`strategy.synchronize()` before each reading: CUDA streams on GPUs, nothing on CPU) whose
   phases are the step's hooks (base.train_step): data (the loop's batch indexing/normalising + place_batch),
-  forward (autocast + forward_loss), backward, comm (reduce_gradients: scratch's hand-written all-reduce),
-  optimizer (zero_grad + optimizer_step);
+  forward (autocast + forward_loss), backward, reduce_gradients (scratch's hand-written all-reduce; a no-op
+  elsewhere), optimizer (zero_grad + optimizer_step);
 - the strategy's `comm_probe` says how much of forward/backward was communication that nothing overlapped:
-  DDP's own runtime statistics (DDPStats), FSDP's collective spans in the profiler (ProfiledComm), nothing for one
-  device (NoComm);
+  DDP's own runtime statistics (DDPStats: ddp, ddp_amp), the profiler (ProfiledComm: FSDP's collective spans on
+  CPU, NCCL/copy kernels on GPUs for fsdp, dp, dp_criterion), nothing for one device (NoComm: single; scratch,
+  whose reduce_gradients phase is communication in full);
 - a timed barrier closes the step: its wait, less the barrier's own latency (the shortest wait over the ranks:
   the last rank to arrive waits only for the message), is idle; the latency is the instrument's, left out of the step.
 
@@ -21,6 +22,11 @@ The parts are a partition of the phases plus idle, so parts + residual = step ex
 Python between phases) is reported, never folded into a part. Waiting for a slower rank *inside* a collective
 (a fast rank's all-reduce waits for the slow rank's bucket) cannot be told apart from transfer time on one rank's
 clock: it counts as comm_exposed; the per-rank table lets analysis compare ranks.
+
+Cost (measured on a 2-core CPU host, LeNet, every=10): single/scratch/ddp add 0.1-1% to epoch_s (barriers, DDP's
+stats); fsdp ~5% (the profiler's start, stop and parsing on each sampled step, ~40 ms there), and its profiled
+step runs ~5% slower than an unsampled one (per-op recording). Each trial reports timed_step_s (unsampled) and
+sampled_wall_s (a sampled step with barriers and probe) so the cost is visible per trial.
 """
 from __future__ import annotations
 
@@ -107,13 +113,13 @@ class NoComm:
 
 
 class DDPStats(NoComm):
-    """DDP's own runtime statistics (the reducer's timer: c10::getTime on CPU, CUDA events on GPUs) for the
-    sampled iteration. Exposed = backward_comm_time_end - backward_compute_time_end: from the moment autograd
-    finished the last gradient to the moment the last bucket's all-reduce completed (= backward_comm_time -
-    backward_compute_comm_overlap_time). The reducer records only iterations 1-10 and every sample_rate-th: the
-    rate is set to 1 for the sampled step only, its stats logged right after backward (DDP itself logs them at the
-    next forward), then the rate is set back out of the way."""
-    OFF_RATE = 2 ** 31 - 1  # DDP's default is 100: its iterations 1-10 are still recorded (warm-up), as before
+    """DDP's own runtime statistics (the reducer's timer: c10::getTime on CPU, CUDA events on GPUs) for the sampled
+    iteration. Exposed = backward_comm_time - backward_compute_comm_overlap_time: from the moment autograd finished
+    the last gradient to the moment the last bucket's all-reduce completed. The reducer records iterations 1-10 and
+    then every sample_rate-th (100 by default): the rate is set to 1 for the sampled step only, its stats logged right
+    after backward (DDP itself would log them at the next forward), then the default rate is restored, so DDP runs
+    as shipped on every other step."""
+    DEFAULT_RATE = 100  # kDDPRuntimeLoggingSampleRate (torch/csrc/distributed/c10d/reducer.hpp)
 
     def __init__(self, model):
         super().__init__("DDP's runtime stats of the sampled iteration (_get_ddp_logging_data): backward_comm_time "
@@ -121,7 +127,6 @@ class DDPStats(NoComm):
                          "taken out of the backward phase")
         self.model = model
         self.last_iteration, self.t_start = None, 0
-        model._set_ddp_runtime_logging_sample_rate(self.OFF_RATE)
 
     def start(self) -> None:
         self.t_start = time.time_ns()  # the reducer's host timestamps are c10::getTime: CLOCK_REALTIME on Linux
@@ -129,7 +134,7 @@ class DDPStats(NoComm):
 
     def stop(self) -> dict[str, float]:
         self.model.logger.set_runtime_stats_and_log()
-        self.model._set_ddp_runtime_logging_sample_rate(self.OFF_RATE)
+        self.model._set_ddp_runtime_logging_sample_rate(self.DEFAULT_RATE)
         d = self.model._get_ddp_logging_data()
         iteration, comm_end = d.get("iteration"), d.get("backward_comm_time_end")
         # a micro-batch under no_sync (accumulation) leaves the last synchronising iteration's stats: not this step's
