@@ -1,8 +1,8 @@
 """Where a steady-state step goes, measured the same way for every strategy: data in, forward, backward compute,
 communication not hidden behind compute (exposed), optimizer, and waiting for the slowest rank (idle).
 
-Only sampled steps are measured: every `every`-th steady-state step (train.breakdown_every once config.py has it;
-EVERY until then; 0 = off). Sampled steps are real training steps, but the meter keeps them out of the throughput
+Only sampled steps are measured: every `every`-th steady-state step (train.breakdown_every, default EVERY; 0 = off).
+Sampled steps are real training steps, but the meter keeps them out of the throughput
 window (meter.py), so throughput is measured on unsampled steps exactly as before; their cost shows in epoch_s.
 
 On a sampled step:
@@ -38,7 +38,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import record_function
 
-EVERY = 10  # sample every 10th steady-state step (train.breakdown_every, once config.py has it)
+EVERY = 10  # the default of train.breakdown_every
 PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")
 PHASE = "parallax::"  # profiler label of each clock phase (ProfiledComm attributes collectives to phases by it)
 

@@ -65,6 +65,9 @@ class TrainConfig:
     pin_cores: bool = True  # CPU hosts: pin worker process r of a multi-process trial to core r
     channels_last: bool = True  # NHWC activations: faster convolutions on CPU (oneDNN) and GPU (tensor cores)
     compile: bool = False  # torch.compile the model
+    # step-time breakdown (breakdown.py): every N-th steady-state step is timed by phase, outside the throughput
+    # window; 0 = off
+    breakdown_every: int = field(default=10, metadata=_range(0))
     # DDP communication knobs (ddp, ddp_amp)
     bucket_cap_mb: float = field(default=25.0, metadata=_range(0, lo_open=True))
     grad_as_bucket_view: bool = False

@@ -76,7 +76,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
     train_x, train_y, test_x, test_y = (v.to(device) for v in (data.train_x, data.train_y, data.test_x, data.test_y))
     rank, world = strategy.data_shard
     steps = steps_per_epoch(train_x.shape[0], t.batch_size)
-    every = getattr(t, "breakdown_every", breakdown.EVERY)  # train.breakdown_every once config.py has it; 0 = off
+    every = t.breakdown_every  # 0 = off
     meter = Meter(strategy, t.batch_size, t.warmup_steps, t.target_acc,
                   breakdown.Breakdown(strategy, model, every) if every else breakdown.Off())
     history = {"test_acc": [], "train_loss": []}

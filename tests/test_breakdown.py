@@ -23,8 +23,8 @@ CASES = [(s, k) for s in ("single", "scratch", "ddp", "fsdp") for k in (1, 2) if
 def test_every_trial_breakdown_adds_up(make_cfg, tmp_path, monkeypatch, strategy, k):
     if k > 1 and not TWO:
         pytest.skip("needs 2 devices")
-    monkeypatch.setattr(breakdown, "EVERY", EVERY)  # forked ranks inherit it
     cfg = make_cfg(f"train.strategy={strategy}", f"train.devices={k}", "train.batch_size=64",
+                   f"train.breakdown_every={EVERY}",
                    f"data.train_limit={64 * STEPS}", "data.test_limit=128", f"train.warmup_steps={WARMUP}")
     m = run_trial(cfg, tmp_path / "o", progress=False)
     b = m["breakdown"]
