@@ -34,7 +34,8 @@ Step time and efficiency:
     exposed(k) = max(floor, C(k) - overlap * hideable)     hideable = backward_fraction * T1 (ddp), T1 (fsdp)
                  floor = the last bucket's all-reduce (ddp) / the first all-gather and the last reduce-scatter
                  (fsdp): they have no compute to hide behind. scratch and dp: exposed = C (nothing runs alongside)
-    T(k)       = compute(k) + exposed(k),   throughput = k * b / T(k),   E_w(k) = throughput(k) / (k * b / T1) = T1 / T(k)
+    T(k)       = compute(k) + exposed(k),   throughput = k * b / T(k)
+    E_w(k)     = throughput(k) / (k * b / T1) = T1 / T(k)         (weak scaling: b fixed per device)
 
 Assumptions (what the model leaves out, so what a miss points to):
   - overlap defaults to 0 (conservative; exact for a single bucket, and 1-thread CPU ranks run DDP's hook inline);
@@ -277,4 +278,4 @@ def check(prediction: dict, measured_efficiency: float, tolerance: float = DEFAU
             "error_points": mod - measured_efficiency, "rel_error": rel, "tolerance": tolerance,
             "within_tolerance": within,
             "verdict": "within tolerance" if within else
-            f"MISS: the model is off by {rel:+.1%} (tolerance {tolerance:.0%}); see its assumptions for what it leaves out"}
+            f"MISS: the model is off by {rel:+.1%} (tolerance {tolerance:.0%}); its assumptions say what it leaves out"}
