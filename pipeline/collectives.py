@@ -8,8 +8,8 @@ several more, for k = 2..N of this host's devices, with each collective's latenc
 What is timed (float32 buffers; the same ranks, devices and transports as the trials):
   allreduce          dist.all_reduce: DDP's gradient buckets (Gloo on CPU with comm_hook=none, NCCL on GPUs)
   allreduce_shm      pipeline/strategies/shm_allreduce.py: DDP's buckets with comm_hook=auto on one CPU host
-  allgather          dist.all_gather_into_tensor: FSDP2's parameter all-gather (per unit, before forward/backward)
-  reduce_scatter     dist.reduce_scatter_tensor: FSDP2's gradient reduce-scatter (per unit)
+  allgather          dist.all_gather_single: FSDP2's parameter all-gather (per unit, before forward/backward)
+  reduce_scatter     dist.reduce_scatter_single: FSDP2's gradient reduce-scatter (per unit)
   scratch_allreduce  strategies/scratch.py's allreduce over k in-process replicas (on CPU: memory copies, one core)
   dp_copy, dp_scatter  torch.nn.parallel.comm broadcast / scatter (dp, dp_criterion): CUDA only, else unavailable
 Ranks are started by PyTorch's elastic launcher (static rendezvous on 127.0.0.1), one per device, pinned one per core
@@ -121,9 +121,12 @@ def _dist_op(name: str, nbytes: int, k: int, dev, shm):
         buf = torch.zeros(n, device=dev)
         return lambda: shm(buf)
     big, part = torch.zeros(n, device=dev), torch.zeros(n // k, device=dev)
+    # the calls FSDP2 makes (all_gather_single / reduce_scatter_single; older PyTorch: the *_tensor names)
     if name == "allgather":
-        return lambda: dist.all_gather_into_tensor(big, part)
-    return lambda: dist.reduce_scatter_tensor(part, big)
+        gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+        return lambda: gather(big, part)
+    scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    return lambda: scatter(part, big)
 
 
 def _local_op(name: str, nbytes: int, k: int, devices):
