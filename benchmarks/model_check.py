@@ -82,6 +82,7 @@ def main():
     ensure_data(args.data, source)
     b = args.per_device_batch
     print(host_line(), f"| data: {source} | LeNet, per-device batch {b}, {args.rounds} rounds x {args.steps} steps")
+    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     print(f"load average before starting: {_load()} ({host.n} {host.kind} devices; above ~0.5 others are using them "
           f"and every timing below is disturbed)")
     if host.n < 2:
@@ -155,6 +156,10 @@ def main():
     print(f"summary: {len(checks) - len(misses)} of {len(checks)} measured points within {args.tolerance:.0%} "
           f"(modelled vs measured)" + ("; MISSES: " + ", ".join(f"{c['strategy']} k={c['k']} {c['rel_error']:+.1%}"
                                                                     for c in misses) if misses else ""))
+    if host.kind == "cpu" and load0 >= 0.5:
+        print(f"DISTURBED: other processes were using this host's cores (load average {load0:.2f} before starting, "
+              f"{host.n} cores): the measured points, the collectives and so the errors above are not this host's "
+              f"own figures; rerun on an idle machine before reading an error as the model's")
     if args.json:
         args.json.write_text(json.dumps({"trials": {s: {str(k): v for k, v in t.items()} for s, t in trials.items()},
                                          "collectives": coll, "checks": checks, "projections": projections},
