@@ -11,7 +11,7 @@ compare, project.
    error exceeds the tolerance. The collectives as timed after a compute phase (how a step issues them) are the
    model's input; the back-to-back timings are shown beside them for sensitivity.
 4. Projects k = 4 and 8 on this host (collectives extrapolated from the largest measured k) and on the nominal
-   profiles of experiments/interconnects.yaml, with this host's k=1 compute. Every modelled number says so.
+   profiles of experiments/interconnects/nominal.yaml, with this host's k=1 compute. Every modelled number says so.
 """
 from __future__ import annotations
 

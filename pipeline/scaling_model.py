@@ -44,7 +44,7 @@ Assumptions (what the model leaves out, so what a miss points to):
     clocks, and no time lost to lockstep (every synchronous step waits for the slower rank's jitter);
   - no framework cost beyond what the k=1 trial already pays (FSDP's copy-in/out at k > 1, DDP's reducer);
   - beyond the measured k the host's collectives keep their bus bandwidth and their latency grows with the ring's
-    steps; a profile's figures are nominal (experiments/interconnects.yaml), not measured on any machine here.
+    steps; a profile's figures are nominal (experiments/interconnects/nominal.yaml), not measured on any machine here.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ from pathlib import Path
 
 MIB = 1 << 20
 DEFAULT_TOLERANCE = 0.10
-PROFILES_FILE = Path(__file__).resolve().parents[1] / "experiments" / "interconnects.yaml"
+PROFILES_FILE = Path(__file__).resolve().parents[1] / "experiments" / "interconnects" / "nominal.yaml"
 
 # bytes a collective moves per message byte, and its latency steps h(k)
 BUS_FACTOR = {
@@ -170,7 +170,7 @@ def step_collectives(strategy: str, k: int, layout: dict, per_device_batch: int 
 class Interconnect:
     """Per collective: (alpha_s at k_ref, beta in bus bytes/s, k_ref); "*" applies to every collective."""
     name: str
-    kind: str  # "measured" (this host, pipeline/collectives.py) | "profile" (experiments/interconnects.yaml)
+    kind: str  # "measured" (this host, pipeline/collectives.py) | "profile" (experiments/interconnects/nominal.yaml)
     links: dict = field(default_factory=dict)
     source: str = ""
     note: str = ""
@@ -195,7 +195,7 @@ class Interconnect:
 
 
 def load_profiles(path: Path | str | None = None) -> dict[str, Interconnect]:
-    """The nominal interconnect profiles (experiments/interconnects.yaml): name -> Interconnect."""
+    """The nominal interconnect profiles (experiments/interconnects/nominal.yaml): name -> Interconnect."""
     import yaml  # a data file, not configuration: config.py stays the only reader of params and profiles
     raw = yaml.safe_load(Path(path or PROFILES_FILE).read_text())
     out = {}
