@@ -7,7 +7,7 @@ several more, for k = 2..N of this host's devices, with each collective's latenc
 
 What is timed (float32 buffers; the same ranks, devices and transports as the trials):
   allreduce          dist.all_reduce: DDP's gradient buckets (Gloo on CPU with comm_hook=none, NCCL on GPUs)
-  allreduce_shm      pipeline/strategies/shm_allreduce.py: DDP's buckets with comm_hook=auto on one CPU host
+  allreduce_shm      pipeline/strategies/shm_allreduce.py: DDP's buckets with comm_hook=shm on one CPU host
   allgather          dist.all_gather_single: FSDP2's parameter all-gather (per unit, before forward/backward)
   reduce_scatter     dist.reduce_scatter_single: FSDP2's gradient reduce-scatter (per unit)
   scratch_allreduce  strategies/scratch.py's allreduce over k in-process replicas (on CPU: memory copies, one core)

@@ -71,7 +71,7 @@ HOPS = {
     "allgather": lambda k: k - 1, "reduce_scatter": lambda k: k - 1,
     "scratch_allreduce": lambda k: 2 * (k - 1), "dp_copy": lambda k: k - 1, "dp_scatter": lambda k: k - 1,
 }
-HOOK_BYTES = {"none": 1.0, "auto": 1.0, "shm": 1.0, "fp16": 0.5, "bf16": 0.5}
+HOOK_BYTES = {"none": 1.0, "shm": 1.0, "fp16": 0.5, "bf16": 0.5}
 ASSUMPTIONS = (
     "overlap of communication with backward as given (default 0: all communication exposed)",
     "per-image compute independent of k: no contention for shared cache/memory bandwidth, no lockstep jitter",
@@ -133,7 +133,7 @@ def step_collectives(strategy: str, k: int, layout: dict, per_device_batch: int 
     """The collectives one step of `strategy` issues at k: [{"collective", "bytes", "count", "phase"}].
 
     count may be fractional (accum_steps: one all-reduce every a micro-steps). transport names the all-reduce that
-    carries DDP's buckets (allreduce, or allreduce_shm for comm_hook shm/auto on one CPU host)."""
+    carries DDP's buckets (allreduce, or allreduce_shm for comm_hook=shm on one CPU host)."""
     if strategy in ("ddp", "ddp_amp"):
         if comm_hook not in HOOK_BYTES:
             raise ValueError(f"comm_hook={comm_hook!r} is not modelled (modelled: {', '.join(HOOK_BYTES)})")
