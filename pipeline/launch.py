@@ -26,6 +26,7 @@ from . import config as configmod
 from . import data as datamod
 from .devices import Host, probe
 from .errors import Infeasible, TrialFailed  # defined torch-free, for the CLI's error handler
+from .interference import Monitor
 from .metrics import device0_excess, imbalance
 from .strategies import STRATEGIES
 from .train import DivergenceError, train
@@ -283,21 +284,29 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
     check_feasible(cfg, host)
     strategy = STRATEGIES[cfg.train.strategy](cfg.train, host)
     t0 = time.perf_counter()
+    # what else used the host meanwhile (interference.py): recorded with the trial, flagged beyond the threshold
+    monitor = Monitor(cfg.train.devices, host.kind, range(min(cfg.train.devices, host.n)))
     try:
-        if strategy.multiprocess:
-            results = _launch(cfg, host, out_dir, on_epoch, progress, timeout_s)
-        else:
-            data = _load_data(cfg)
-            result = _run_process(cfg, strategy, 0, 1, data, on_epoch, progress)
-            torch.save(result.pop("state_dict"), out_dir / "final_state.pt")
-            results = [result]
+        with monitor:
+            results = _run(cfg, host, strategy, out_dir, on_epoch, progress, timeout_s)
     except DivergenceError as e:
         raise TrialFailed(str(e), "diverged") from None
     except torch.OutOfMemoryError as e:
         raise TrialFailed(f"out of memory: {str(e).splitlines()[0]}", "oom") from None
     metrics = summarize(cfg, host, strategy, results, time.perf_counter() - t0)
+    metrics["interference"] = monitor.result()
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     return metrics
+
+
+def _run(cfg, host, strategy, out_dir: Path, on_epoch, progress, timeout_s) -> list[dict]:
+    """Every rank's result: one process per device through the launcher, or this process."""
+    if strategy.multiprocess:
+        return _launch(cfg, host, out_dir, on_epoch, progress, timeout_s)
+    data = _load_data(cfg)
+    result = _run_process(cfg, strategy, 0, 1, data, on_epoch, progress)
+    torch.save(result.pop("state_dict"), out_dir / "final_state.pt")
+    return [result]
 
 
 def summarize(cfg, host: Host, strategy, results: list[dict], wall_s: float) -> dict:

@@ -45,3 +45,12 @@ def test_a_cpu_burner_outside_the_trial_is_flagged_with_its_share():
     assert r["foreign_cores"] > 0.5, r  # one busy core, whatever else the host does
     assert r["interfered"] and "other processes kept" in r["interference_reason"]
     assert r["foreign_cpu_s"] == pytest.approx(r["foreign_cores"] * r["window_s"], rel=0.01)
+
+
+def test_every_trial_records_what_else_ran(make_cfg, tmp_path):
+    from pipeline.launch import run_trial
+    m = run_trial(make_cfg("train.max_steps=3", "data.train_limit=1024", "data.test_limit=64"), tmp_path / "t",
+                  progress=False)
+    i = m["interference"]
+    assert i["window_s"] > 0 and i["host_cores"] >= 1 and i["own_cpu_s"] > 0
+    assert isinstance(i["interfered"], bool) and (i["interference_reason"] != "") == i["interfered"]
