@@ -283,6 +283,12 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
 
 def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = None) -> Path:
     host = probe()
+    if strategy not in cfg.sweep.strategies:  # DVC runs every sweep@ stage; params.yaml picks which run trials
+        why = f"not selected: `{strategy}` is not in sweep.strategies ({', '.join(cfg.sweep.strategies)})"
+        stand_in = type("Unselected", (), {"study_name": study_name(cfg, strategy)})
+        _write_rows([_row(stand_in, strategy, point=p, reason=why) for p in points(cfg, strategy)], out_csv)
+        print(f"[sweep {strategy}] {why}: no trial run", file=sys.stderr, flush=True)
+        return out_csv
     # bad input stops here, before anything is written to the stores
     from .launch import _load_data
     _load_data(configmod.replace_train(cfg, strategy=strategy))  # data present, readable, of the right source
@@ -431,6 +437,10 @@ def write_csv(study, strategy: str, skipped, out_csv: Path) -> None:
         r = _row(study, strategy, point=p, reason=why)
         r.update(host=host.hostname, device_kind=host.kind, device_name=host.name, host_devices=host.n)
         rows.append(r)
+    _write_rows(rows, out_csv)
+
+
+def _write_rows(rows: list[dict], out_csv: Path) -> None:
     out_csv = Path(out_csv)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_csv.with_suffix(f".csv.{os.getpid()}.tmp")  # per process: workers of one study share the CSV

@@ -1,0 +1,96 @@
+"""Hostile or careless input: no value in params.yaml, a profile or --set runs a command or reads a file outside
+experiments/; no secret in any output or store; nothing listens beyond loopback for a one-node trial.
+
+    .venv/bin/python -m pytest tests/test_security.py            # -m "not slow" for the fast cases only
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import config as configmod
+from tests.conftest import REPO
+
+BIN = Path(sys.executable).parent
+
+
+def clone_repo(dst: Path) -> Path:
+    """The tracked files in a fresh directory, committed (as a fresh clone would be)."""
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    for f in files:
+        if (REPO / f).is_file():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, dst / f)
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "clone"]):
+        subprocess.run(cmd, cwd=dst, check=True, capture_output=True)
+    return dst
+
+
+def run_in(root: Path, cmd: list[str], timeout=600, **env) -> subprocess.CompletedProcess:
+    e = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **env}
+    e.pop("DVC_ROOT", None)
+    e.pop("PYTHONPATH", None)  # the clone's own package
+    return subprocess.run(cmd, cwd=root, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- 1. no command from params
+
+@pytest.mark.parametrize("profile", ["../params", "../../../tmp/p", "/etc/passwd", "cpu/../cpu", "CPU", ".cpu",
+                                     "cpu.yaml", "-cpu", "cpu;id", 3, ["cpu"]])
+def test_a_profile_is_a_name_under_experiments_never_a_path(profile):
+    with pytest.raises(configmod.ConfigError, match="Invalid profile") as e:
+        configmod.load(REPO / "params.yaml", [f"profile={profile}"], root=REPO)
+    assert "Valid profiles: cpu" in str(e.value)
+    with pytest.raises(configmod.ConfigError):  # a config made by override is validated the same way
+        configmod.override(configmod.load(REPO / "params.yaml", root=REPO), [f"profile={profile}"])
+
+
+def test_profile_file_must_exist_and_profiles_lists_only_valid_names(tmp_path):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "ok.yaml").write_text("description: fine\n")
+    (tmp_path / "experiments" / "Bad Name.yaml").write_text("description: never a profile\n")
+    with pytest.raises(configmod.ConfigError, match="Unknown profile `nope`.*Valid profiles: ok\\."):
+        configmod.load(tmp_path / "params.yaml", ["profile=nope"], root=tmp_path)
+    assert [n for n, _ in configmod.describe_profiles(tmp_path)] == ["ok"]
+
+
+# params.yaml as its own profile (every key DVC tracks is present, so DVC runs the stages), with strategy names
+# that are shell commands: before the fix, `dvc repro` ran stage sweep@bogus;touch PWNED_1
+HOSTILE = """profile: ../params
+data: {source: synthetic, dir: data/fashion-mnist, mirror: "", train_limit: 256, test_limit: 64}
+train: {epochs: 1}
+sweep:
+  strategies: [single, "bogus;touch PWNED_1", "$(touch PWNED_2)"]
+  storage: ""
+  sampler: grid
+  spaces:
+    single: {devices: [1], batch_size: [64], lr: [0.1]}
+    "bogus;touch PWNED_1": {devices: [1]}
+    "$(touch PWNED_2)": {devices: [1]}
+tracking: {}
+analyze: {}
+overlap: {}
+"""
+
+
+@pytest.mark.slow
+def test_params_cannot_make_dvc_or_the_cli_run_a_command(tmp_path, synthetic_root):
+    root = clone_repo(tmp_path / "clone")
+    shutil.copytree(synthetic_root, root / "data" / "fashion-mnist")  # every stage's dependencies are there
+    (root / "params.yaml").write_text(HOSTILE)
+    stages = [line.split()[0] for line in run_in(root, ["dvc", "stage", "list"]).stdout.splitlines()]
+    assert [s for s in stages if s.startswith("sweep@")] == [f"sweep@{s}" for s in configmod.STRATEGY_NAMES]
+    outputs = [run_in(root, ["dvc", "repro", "--keep-going"])]
+    outputs += [run_in(root, ["dvc", "repro", "-s", stage]) for stage in stages]
+    for p in outputs:
+        assert p.returncode != 0 and "Traceback" not in p.stderr, p.stdout[-3000:] + p.stderr[-3000:]
+    p = run_in(root, [sys.executable, "-m", "pipeline", "sweep", "--strategy", "single"])
+    assert p.returncode == 2 and "Invalid profile '../params'" in " ".join(p.stderr.split()), p.stderr
+    pwned = [str(f) for d in (root, tmp_path) for f in d.rglob("PWNED_*")]
+    assert not pwned and not list(Path.cwd().glob("PWNED_*")), pwned
