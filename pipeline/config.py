@@ -285,6 +285,9 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def parse_set(items) -> dict:
     """['train.lr=0.1', 'data.source=synthetic'] -> nested dict; values parsed as YAML scalars/lists."""
     out: dict = {}
@@ -297,6 +300,8 @@ def parse_set(items) -> dict:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, str) and _FLOAT.fullmatch(value):  # YAML 1.1 reads 1e-3 as a string
+            value = float(value)
         node = out
         parts = key.split(".")
         for p in parts[:-1]:
