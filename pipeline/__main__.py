@@ -199,11 +199,16 @@ def cmd_overlap(args) -> int:
 
 def cmd_ui(args) -> int:
     from . import tracking
+    from .errors import redact
     cfg = configmod.load(args.params, args.overrides)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking.tracking_uri(cfg),
-           "--host", "127.0.0.1", "--port", str(args.port)]
-    print(f"MLflow UI on http://127.0.0.1:{args.port} (local only; Ctrl-C to stop)")
-    os.execv(sys.executable, cmd)  # argument vector, no shell
+    # the store's URL through the environment, not argv: a password in it stays out of the process list; MLflow 3's
+    # job runners (a huey consumer per task queue, a folder in /dev/shm) serve features Parallax never uses
+    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": tracking.tracking_uri(cfg),
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(args.port)]
+    print(f"MLflow UI on http://127.0.0.1:{args.port} for {redact(env['MLFLOW_BACKEND_STORE_URI'])} "
+          f"(local only; Ctrl-C to stop)", flush=True)
+    os.execve(sys.executable, cmd, env)  # argument vector, no shell
     return 0
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import DataError  # defined torch-free, for the CLI's error handler
+from .errors import DataError, redact  # defined torch-free, for the CLI's error handler
 
 SOURCES = ("fashion-mnist", "synthetic")
 FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -104,7 +104,7 @@ def prepare(root, source: str, mirror: str = "", progress: bool = True) -> dict:
             from .download import download  # torchvision: imported only by the download itself
             used = download(raw, root, mirror, progress)
         _read_checked(raw)  # never publish files that load() would reject
-        manifest = {"source": source, "files": {n: _describe(raw / n) for n in FILES}, "mirror": used}
+        manifest = {"source": source, "files": {n: _describe(raw / n) for n in FILES}, "mirror": redact(used)}
         _publish(tmp, root, manifest)
         return manifest
     finally:

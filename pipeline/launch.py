@@ -25,7 +25,7 @@ import torch
 from . import config as configmod
 from . import data as datamod
 from .devices import Host, probe
-from .errors import Infeasible, TrialFailed  # defined torch-free, for the CLI's error handler
+from .errors import Infeasible, Interrupted, TrialFailed  # defined torch-free, for the CLI's error handler
 from .metrics import device0_excess, imbalance
 from .strategies import STRATEGIES
 from .train import DivergenceError, train
@@ -254,7 +254,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
         if timed_out.is_set():
             raise TrialFailed(f"trial exceeded its time budget of {timeout_s:.0f} s (sweep.trial_timeout_s); "
                               f"every worker was stopped", "timeout") from None
-        raise KeyboardInterrupt(f"interrupted by {e.sigval.name}") from None
+        raise Interrupted(e.sigval) from None  # exit 128 + the signal: 130 for SIGINT, 143 for SIGTERM
     finally:
         if timer:
             timer.cancel()

@@ -31,6 +31,8 @@ from optuna.trial import TrialState
 from . import config as configmod
 from . import tracking
 from .devices import probe
+from .errors import StoreError, redact
+from .preflight import check_store
 from .launch import Infeasible, TrialFailed, check_feasible, run_trial
 
 # A trial whose heartbeat is older than GRACE_S is failed as stale and enqueued again: a rerun after a SIGKILL waits
@@ -96,8 +98,7 @@ def storage_url(cfg) -> str:
 
 def open_storage(cfg) -> optuna.storages.RDBStorage:
     url = storage_url(cfg)
-    if not cfg.sweep.storage:  # the default file: its folder is ours to create; a user's URL is used as given
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    check_store(url, "sweep.storage")  # unreachable, corrupt or unwritable: fails now, in seconds
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
     stale = ({"heartbeat_stale_trial_callback": retry(max_retry=2)} if retry else
              {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)})
@@ -112,11 +113,13 @@ def open_storage(cfg) -> optuna.storages.RDBStorage:
             if type(e).__name__ == "IntegrityError" and attempt < 4:
                 time.sleep(0.5 + random.random())
                 continue
-            raise configmod.ConfigError(
-                f"Cannot open the Optuna storage {url!r} (sweep.storage): {type(e).__name__}: {str(e).splitlines()[0]}. "
-                f"Use an RDB URL such as sqlite:////abs/path/optuna.db or postgresql://user:pass@host/db "
-                f"(the database must exist and its driver be installed), or leave sweep.storage empty for the "
-                f"default sqlite file in mlruns/.") from None
+            raise StoreError(
+                f"Cannot open the Optuna storage {redact(url)!r} (sweep.storage): {type(e).__name__}: "
+                f"{redact(str(e).splitlines()[0] if str(e) else '')}. Use an RDB URL such as "
+                f"sqlite:////abs/path/optuna.db or postgresql://user@host:5432/db, with the password in PGPASSWORD "
+                f"or ~/.pgpass rather than in the URL (docs/scale-out.md); the server must be reachable, the "
+                f"database exist and its driver be installed. Or leave sweep.storage empty for the default sqlite "
+                f"file in mlruns/.") from None
 
 
 # ----------------------------------------------------------------------------- study set-up
@@ -154,7 +157,7 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None) -> tuple[optu
             "host": host.hostname, "git_sha": tracking.git_sha(), "dvc_stage": f"sweep@{strategy}",
             "role": "study"})
         tracker.log_params(parent, {"space": json.dumps(choices(cfg, strategy))[:6000], "points": len(feasible),
-                                    "epochs": cfg.train.epochs, "storage": storage_url(cfg).split("@")[-1]})
+                                    "epochs": cfg.train.epochs, "storage": redact(storage_url(cfg))})
         study.set_user_attr("mlflow_parent_run_id", parent)
         for p in feasible[:budget]:
             study.enqueue_trial(p)
@@ -292,6 +295,8 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
     # bad input stops here, before anything is written to the stores
     from .launch import _load_data
     _load_data(configmod.replace_train(cfg, strategy=strategy))  # data present, readable, of the right source
+    for url, key in ((storage_url(cfg), "sweep.storage"), (tracking.tracking_uri(cfg), "tracking.uri")):
+        check_store(url, key)  # both, before either store is created or opened
     with _creating_stores(cfg):
         storage = open_storage(cfg)  # a bad URL fails now
         tracker = tracking.Tracker(cfg)

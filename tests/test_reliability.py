@@ -347,13 +347,14 @@ def test_ui_binds_to_localhost_without_a_shell(make_cfg, tmp_path, monkeypatch):
     from pipeline.__main__ import main
     make_cfg()  # DVC_ROOT=tmp_path
     calls = []
-    monkeypatch.setattr(os, "execv", lambda path, argv: calls.append((path, argv)))
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
     assert main(["ui", "--set", "profile=", "--port", "5123"]) == 0
-    ((path, argv),) = calls
+    ((path, argv, env),) = calls
     assert path == sys.executable and argv[:4] == [sys.executable, "-m", "mlflow", "ui"]
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and "0.0.0.0" not in argv
     assert argv[argv.index("--port") + 1] == "5123"
-    assert argv[argv.index("--backend-store-uri") + 1] == f"sqlite:///{tmp_path.resolve()}/mlruns/mlflow.db"
+    assert env["MLFLOW_BACKEND_STORE_URI"] == f"sqlite:///{tmp_path.resolve()}/mlruns/mlflow.db"
+    assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"  # no job runners, nothing in /dev/shm
     with pytest.raises(SystemExit):  # not a number: refused before anything runs
         main(["ui", "--set", "profile=", "--port", "5000; rm -rf ~"])
     assert len(calls) == 1

@@ -94,3 +94,59 @@ def test_params_cannot_make_dvc_or_the_cli_run_a_command(tmp_path, synthetic_roo
     assert p.returncode == 2 and "Invalid profile '../params'" in " ".join(p.stderr.split()), p.stderr
     pwned = [str(f) for d in (root, tmp_path) for f in d.rglob("PWNED_*")]
     assert not pwned and not list(Path.cwd().glob("PWNED_*")), pwned
+
+
+# ----------------------------------------------------------------------------- 2. no secret shown or stored
+
+SECRET = "PW_s3cret-4711"
+
+
+def test_redact_hides_the_password_of_every_url():
+    from pipeline.errors import redact
+    cases = {
+        f"postgresql://user:{SECRET}@host:1/db": "postgresql://user:***@host:1/db",
+        f"postgresql+psycopg://u:{SECRET}@h/db?sslmode=require": "postgresql+psycopg://u:***@h/db?sslmode=require",
+        f"x 'http://user:{SECRET}@h/a@b' and https://v:{SECRET}@k/": "x 'http://user:***@h/a@b' and https://v:***@k/",
+        f"postgresql://h/db?password={SECRET}&user=x": "postgresql://h/db?password=***&user=x",
+        "postgresql://user@host/db": "postgresql://user@host/db",
+        "sqlite:////abs/mlruns/optuna.db": "sqlite:////abs/mlruns/optuna.db",
+    }
+    for given, shown in cases.items():
+        assert redact(given) == shown
+    assert redact(f"postgresql://user:p@ss{SECRET}@host/db") == "postgresql://user:***@host/db"
+
+
+@pytest.fixture
+def repo(make_cfg, tmp_path, synthetic_root, monkeypatch):
+    make_cfg()  # DVC_ROOT=tmp_path
+    shutil.copy(REPO / "experiments" / "cpu.yaml", tmp_path / "experiments")
+    (tmp_path / "params.yaml").write_text(f"profile: cpu\ndata: {{source: synthetic, dir: {synthetic_root}}}\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+UNREACHABLE = [  # port 1 on loopback: refused at once
+    (["sweep", "--strategy", "single"], f"sweep.storage=postgresql://user:{SECRET}@127.0.0.1:1/optuna"),
+    (["train", "--out", "o", "--max-steps", "2"], f"tracking.uri=http://user:{SECRET}@127.0.0.1:1/"),
+    (["train", "--out", "o", "--max-steps", "2"], f"tracking.uri=postgresql://user:{SECRET}@127.0.0.1:1/mlflow"),
+    (["sweep", "--strategy", "single"], f"tracking.uri=https://user:{SECRET}@127.0.0.1:1/"),
+    (["download"], f"data.mirror=http://user:{SECRET}@127.0.0.1:1/fmnist/"),
+]
+
+
+@pytest.mark.parametrize("argv,setting", UNREACHABLE, ids=[s.split("=")[0] + " " + a[0] for a, s in UNREACHABLE])
+def test_unreachable_store_or_mirror_is_named_without_its_password(repo, argv, setting, capsys):
+    from pipeline.__main__ import main
+    extra = ["--set", "data.source=fashion-mnist", "--set", f"data.dir={repo}/fm"] if argv == ["download"] else []
+    code = main([*argv, "--set", setting, *extra])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code != 0 and "Traceback" not in err, err
+    assert SECRET not in err and "user:***@127.0.0.1:1" in err, err
+    if argv != ["download"]:
+        assert "Cannot reach" in err and "Nothing was run" in err, err
+    assert not (repo / "mlruns" / "mlflow.db").exists() and not (repo / "mlruns" / "optuna.db").exists()
+
+
+def test_advice_never_suggests_a_password_in_a_url():
+    for path in [*(REPO / "pipeline").rglob("*.py"), *(REPO / "docs").glob("*.md"), REPO / "README.md"]:
+        assert "user:pass@" not in path.read_text(), path
