@@ -8,13 +8,15 @@ so the caller's callback (MLflow logging, Optuna pruning) runs in the caller's p
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
 import os
 import select
+import shutil
 import signal
-import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -24,6 +26,7 @@ import torch
 
 from . import config as configmod
 from . import data as datamod
+from . import loopback
 from .devices import Host, probe
 from .errors import Infeasible, Interrupted, TrialFailed  # defined torch-free, for the CLI's error handler
 from .metrics import device0_excess, imbalance
@@ -70,6 +73,7 @@ def _load_data(cfg) -> datamod.Dataset:
 
 # ----------------------------------------------------------------------------- one process
 
+_USER_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 _DATA: datamod.Dataset | None = None  # set before forking, so forked ranks share it instead of re-reading
 _WAKE: tuple[int, int] | None = None  # (read, write) pipe, set before forking: rank 0 wakes the epoch watcher
 
@@ -202,13 +206,19 @@ def _failure_reason(err) -> TrialFailed:
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@contextlib.contextmanager
+def _tempdir(path: str):
+    """tempfile's default folder, for this process and the ranks it forks, while the trial runs."""
+    previous = tempfile.tempdir
+    tempfile.tempdir = path
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous
 
 
 def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s: float | None) -> list[dict]:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -216,14 +226,13 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     t = cfg.train
     nproc = t.devices // t.nnodes
     standalone = t.nnodes == 1 and not t.rdzv_endpoint
-    if standalone:  # one node: a static rendezvous on a free local port (the dynamic one costs ~0.4 s a trial)
-        rdzv = {"rdzv_backend": "static", "rdzv_endpoint": f"127.0.0.1:{_free_port()}", "rdzv_configs": {"rank": 0},
+    if standalone:  # one node: a static rendezvous (the dynamic one costs ~0.4 s a trial), listening on 127.0.0.1
+        rdzv = {"rdzv_backend": loopback.register(), "rdzv_endpoint": "", "rdzv_configs": {},
                 "run_id": f"parallax-{uuid.uuid4().hex[:8]}"}
     else:  # torchrun's c10d rendezvous: node 0 hosts the store at rdzv_endpoint, the others connect to it
         rdzv = {"rdzv_backend": "c10d", "rdzv_endpoint": t.rdzv_endpoint, "run_id": t.rdzv_id,
                 "rdzv_configs": {"is_host": t.node_rank == 0}}
-    lc = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=nproc, **rdzv,
-                      max_restarts=0, monitor_interval=0.05, start_method=_start_method(cfg, host))
+    start_method = _start_method(cfg, host)
     stop = threading.Event()
     timed_out = threading.Event()
 
@@ -236,18 +245,24 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     # between trials is a KeyboardInterrupt again (and a late SIGTERM ends the process as it would have)
     handlers = {s: signal.getsignal(s) for s in _AGENT_SIGNALS}
     global _DATA, _WAKE
-    _DATA = _load_data(cfg) if lc.start_method == "fork" else None
-    _WAKE = os.pipe() if lc.start_method == "fork" and standalone else None
+    _DATA = _load_data(cfg) if start_method == "fork" else None
+    _WAKE = os.pipe() if start_method == "fork" and standalone else None
     watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None),
                                daemon=True)
-    if lc.start_method == "fork":  # once per process, inherited by every forked rank of every trial
+    if start_method == "fork":  # once per process, inherited by every forked rank of every trial
         for module in STRATEGIES[t.strategy].HEAVY_MODULES:
             importlib.import_module(module)
+    # the agent's logs (/tmp/torchelastic_*) and torch.multiprocessing's error files (/tmp/pytorch-errorfile-*,
+    # named in the system temp dir before forking, never removed) go to a folder of this trial's, removed below
+    scratch = tempfile.mkdtemp(prefix="parallax-trial-")
+    lc = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=nproc, **rdzv, max_restarts=0,
+                      monitor_interval=0.05, start_method=start_method, logs_specs=DefaultLogsSpecs(log_dir=scratch))
     watcher.start()
     if timer:
         timer.start()
     try:
-        results = elastic_launch(lc, rank_entry)(cfg.to_dict(), str(out_dir), on_epoch is not None, progress)
+        with loopback.collectives_on_loopback() if standalone else contextlib.nullcontext(), _tempdir(scratch):
+            results = elastic_launch(lc, rank_entry)(cfg.to_dict(), str(out_dir), on_epoch is not None, progress)
     except ChildFailedError as e:
         raise _failure_reason(e) from None
     except SignalException as e:
@@ -261,6 +276,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
         stop.set()
         watcher.join()
         _DATA = None
+        shutil.rmtree(scratch, ignore_errors=True)
         if _WAKE is not None:
             for fd in _WAKE:
                 os.close(fd)
@@ -277,6 +293,8 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
     """Run one trial, write out_dir/metrics.json and out_dir/final_state.pt, return the metrics."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if not _USER_INDUCTOR_CACHE:  # importing torch._dynamo makes /tmp/torchinductor_<user>: kept in the repo instead
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(configmod.repo_root() / "runs" / ".torchinductor")
     for stale in [*out_dir.glob("ack-*"), out_dir / "progress.jsonl", out_dir / "final_state.pt"]:
         stale.unlink(missing_ok=True)
     host = probe()

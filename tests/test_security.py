@@ -150,3 +150,60 @@ def test_unreachable_store_or_mirror_is_named_without_its_password(repo, argv, s
 def test_advice_never_suggests_a_password_in_a_url():
     for path in [*(REPO / "pipeline").rglob("*.py"), *(REPO / "docs").glob("*.md"), REPO / "README.md"]:
         assert "user:pass@" not in path.read_text(), path
+
+
+# ----------------------------------------------------------------------------- 3. nothing beyond loopback
+
+@pytest.mark.slow
+def test_a_two_rank_trial_listens_on_loopback_only(tmp_path, synthetic_root):
+    import time
+
+    import psutil
+    (tmp_path / "experiments").mkdir()
+    env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "train", "--strategy", "ddp", "--devices", "2", "--batch-size", "64",
+         "--epochs", "3", "--no-track", "--quiet", "--out", str(tmp_path / "o"), "--set", "profile=",
+         "--set", "data.source=synthetic", "--set", f"data.dir={synthetic_root}", "--set", "data.train_limit=4096",
+         "--set", "train.comm_hook=none"],  # Gloo's own sockets too
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    listening, ranks = set(), set()
+    while proc.poll() is None:
+        try:
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        for p in tree:
+            try:
+                for c in p.net_connections(kind="inet"):
+                    if c.status == psutil.CONN_LISTEN:
+                        listening.add((p.pid, c.laddr.ip, c.laddr.port))
+                        if p.pid != proc.pid:
+                            ranks.add(p.pid)
+            except psutil.Error:
+                pass
+        time.sleep(0.05)
+    out = proc.communicate()[0]
+    assert proc.returncode == 0, out[-3000:]
+    assert any(pid == proc.pid for pid, _, _ in listening) and len(ranks) == 2, listening  # store, both ranks' Gloo
+    beyond = [s for s in listening if s[1] not in ("127.0.0.1", "::1")]
+    assert not beyond, f"listening beyond loopback: {beyond}"
+
+
+def test_multi_node_trials_keep_the_endpoint_the_user_names(make_cfg, monkeypatch):
+    """The loopback backend is for one-node trials only: nnodes > 1 uses torchrun's c10d on rdzv_endpoint."""
+    from pipeline import launch
+    seen = {}
+
+    def fake_launch(lc, entry):
+        seen.update(backend=lc.rdzv_backend, endpoint=lc.rdzv_endpoint, gloo=os.environ.get("GLOO_SOCKET_IFNAME"))
+        return lambda *a: {0: {}}
+    monkeypatch.setattr("torch.distributed.launcher.api.elastic_launch", fake_launch)
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.nnodes=2", "train.rdzv_endpoint=10.1.2.3:29400",
+                   "train.oversubscribe=true", "train.batch_size=64")
+    launch._launch(cfg, launch.probe(), Path("/nonexistent-out"), None, False, None)
+    assert seen == {"backend": "c10d", "endpoint": "10.1.2.3:29400", "gloo": None}
+    cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.batch_size=64", "train.oversubscribe=true")
+    launch._launch(cfg, launch.probe(), Path("/nonexistent-out"), None, False, None)
+    assert seen["backend"] == "parallax-loopback" and seen["gloo"] and seen["gloo"].startswith("lo")
