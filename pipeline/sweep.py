@@ -334,7 +334,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
                     break
                 time.sleep(1.0)  # another worker (or a dead one, until its heartbeat goes stale) holds a trial
                 continue
-            done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+            done = _finished(study)
             eta = (time.monotonic() - started) / ran * max(total - done, 0) if ran else None
             label = f"[sweep {strategy}] trial {done + 1}/{total}"
             print(f"{label} (#{trial.number}) {_fmt_point(study._storage.get_trial_system_attrs(trial._trial_id).get('fixed_params') or {})}"
@@ -351,6 +351,13 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         elif parent_id and not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             tracker.end_run(parent_id, "KILLED")  # no other worker is on it; the rerun marks it RUNNING again
     return out_csv
+
+
+def _finished(study) -> int:
+    """Trials that ran to an end: complete, pruned, or failed by themselves (a trial failed because its worker
+    was interrupted or died is run again, and counted then)."""
+    ended = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+    return sum(t.state != TrialState.FAIL or "failure_kind" in t.user_attrs for t in ended)
 
 
 @contextlib.contextmanager
