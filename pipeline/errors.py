@@ -51,6 +51,10 @@ class StoreError(RuntimeError):
     address and what to do."""
 
 
+class Stopped(RuntimeError):
+    """A command stopped on a fault after recording what it could: runs and trials closed FAILED with the reason."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C or a termination signal: the process exits with 128 + the signal's number (130, 143)."""
 
@@ -81,7 +85,7 @@ def user_errors():
     except (ConfigError, Infeasible, DataError, PathError) as e:
         _say(f"error: {e}")
         status.code = 2  # bad input: nothing was run
-    except StoreError as e:
+    except (StoreError, Stopped) as e:
         _say(f"error: {e}")
         status.code = 1
     except TrialFailed as e:

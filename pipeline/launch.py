@@ -66,6 +66,15 @@ def check_feasible(cfg, host: Host) -> None:
         raise Infeasible(str(e)) from None
 
 
+def check_batch_fits(cfg, n_train: int) -> None:
+    """Raise Infeasible if the global batch is larger than the training set (not one full step)."""
+    b = cfg.train.batch_size
+    if b > n_train:
+        limit = f", data.train_limit={cfg.data.train_limit}" if cfg.data.train_limit else ""
+        raise Infeasible(f"train.batch_size={b} is larger than the training set ({n_train} images{limit}): not one "
+                         f"full step fits. Use a batch of at most {n_train}, or more training data.")
+
+
 def _load_data(cfg) -> datamod.Dataset:
     root = configmod.repo_root() / cfg.data.dir if not os.path.isabs(cfg.data.dir) else Path(cfg.data.dir)
     return datamod.load(root, cfg.data.source, cfg.data.train_limit, cfg.data.test_limit)

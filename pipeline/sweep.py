@@ -20,7 +20,6 @@ import json
 import os
 import random
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -30,16 +29,12 @@ from optuna.trial import TrialState
 
 from . import config as configmod
 from . import tracking
+from .claims import GRACE_S, HEARTBEAT_S, Heartbeat, claim, end_stale_mlflow_runs, fail_stale_trials
 from .devices import probe
-from .errors import StoreError, redact
+from .errors import Stopped, StoreError, redact
 from .preflight import check_store
-from .launch import Infeasible, TrialFailed, check_feasible, run_trial
+from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, run_trial
 
-# A trial whose heartbeat is older than GRACE_S is failed as stale and enqueued again: a rerun after a SIGKILL waits
-# that long for it. PARALLAX_GRACE_S shortens the wait (tests; at least 4 s, so that a live trial, beating every
-# HEARTBEAT_S, is never taken for a dead one).
-GRACE_S = max(4, int(os.environ.get("PARALLAX_GRACE_S", "20")))
-HEARTBEAT_S = max(1, min(5, GRACE_S // 4))
 SPACE_KEYS = ("model", "devices", "batch_size", "lr", "bucket_cap_mb", "grad_as_bucket_view", "accum_steps",
               "comm_hook")
 KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
@@ -130,7 +125,8 @@ def _sampler(cfg):
     return optuna.samplers.RandomSampler(seed=cfg.train.seed)  # only used for trials outside the queue
 
 
-def prepare_study(cfg, strategy: str, host, tracker, storage=None) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
+def prepare_study(cfg, strategy: str, host, tracker, storage=None,
+                  n_train: int | None = None) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
     """Create or load the study; the creator enqueues every feasible point once and opens the parent run."""
     storage = storage or open_storage(cfg)
     name = study_name(cfg, strategy)
@@ -138,6 +134,8 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None) -> tuple[optu
     for p in points(cfg, strategy):
         try:
             check_feasible(trial_config(cfg, strategy, p), host)
+            if n_train is not None:
+                check_batch_fits(trial_config(cfg, strategy, p), n_train)
             feasible.append(p)
         except Infeasible as e:
             skipped.append((p, str(e)))
@@ -170,53 +168,6 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None) -> tuple[optu
     return study, feasible, skipped
 
 
-def _claim(study: optuna.Study, runnable=lambda point: True) -> optuna.Trial | None:
-    """Atomically take one waiting trial that this host can run (the storage refuses the RUNNING transition to all
-    but one worker). A trial that needs more devices than this worker offers is left to a worker that has them."""
-    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if not runnable(t.system_attrs.get("fixed_params") or t.params):
-            continue
-        try:
-            if study._storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
-                # at once: Optuna never calls a trial without a heartbeat stale, so a worker killed before its
-                # first beat would leave the trial RUNNING for ever and every rerun waiting on it
-                study._storage.record_heartbeat(t._trial_id)
-                return optuna.Trial(study, t._trial_id)
-        except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
-            continue
-    return None
-
-
-class _Heartbeat:
-    def __init__(self, storage, trial_id):
-        self.storage, self.trial_id, self.stop = storage, trial_id, threading.Event()
-        self.thread = threading.Thread(target=self._beat, daemon=True)
-
-    def _beat(self):
-        while not self.stop.is_set():
-            self.storage.record_heartbeat(self.trial_id)
-            self.stop.wait(HEARTBEAT_S)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-
-
-def _end_stale_mlflow_runs(study, tracker) -> None:
-    """End the MLflow run of every trial that Optuna failed as stale (its worker died): never left RUNNING."""
-    for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-        run_id = t.user_attrs.get("mlflow_run_id")
-        if run_id and not t.user_attrs.get("reason"):
-            run = tracker.client.get_run(run_id)
-            if run.info.status == "RUNNING":
-                tracker.set_tags(run_id, {"failure": "worker died (heartbeat stale); trial enqueued again"})
-                tracker.end_run(run_id, "KILLED")
-
-
 # ----------------------------------------------------------------------------- one trial
 
 def _fmt_point(p: dict) -> str:
@@ -231,45 +182,67 @@ def _fmt_point(p: dict) -> str:
 
 
 def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir: Path) -> str:
+    """Run one claimed trial and record it once: COMPLETE/PRUNED/FAIL in Optuna, FINISHED/KILLED/FAILED in MLflow.
+    A trial taken over by another worker is stopped and recorded by that worker only."""
     p = {k: trial.suggest_categorical(k, vals) for k, vals in choices(cfg, strategy).items()}
     tcfg = trial_config(cfg, strategy, p)
-    tags = {**tracking.base_tags(tcfg, host, stage=f"sweep@{strategy}"), "trial": trial.number,
-            "study": study.study_name, "optuna_trial_id": trial._trial_id}
-    run_id = tracker.start_run(f"{strategy} {_fmt_point(p)}", tags, parent_id=parent_id)
-    trial.set_user_attr("mlflow_run_id", run_id)
-    tracker.log_params(run_id, tracking.trial_params(tcfg))
     out_dir = trials_dir / f"{study.study_name}-{trial.number:04d}"
-    t0 = time.monotonic()
+    beat, run_id, t0 = Heartbeat(study._storage, trial._trial_id), None, time.monotonic()
 
     def on_epoch(record):
         tracker.log_metrics(run_id, tracking.epoch_metrics(record), step=record["epoch"])
         eta = (time.monotonic() - t0) / record["epoch"] * (record["epochs"] - record["epoch"])
         print(f"  {label} epoch {record['epoch']}/{record['epochs']}: acc {record['test_acc']:.3f}, "
               f"loss {record['train_loss']:.3f}, trial ETA {eta:.0f} s", file=sys.stderr, flush=True)
+        if beat.lost.is_set():
+            return True  # taken over: stop at this epoch's end
         if cfg.sweep.pruning:
             trial.report(record["test_acc"], record["epoch"])
             return trial.should_prune()
         return False
 
     try:
-        with _Heartbeat(study._storage, trial._trial_id):
-            metrics = run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
-                                timeout_s=cfg.sweep.trial_timeout_s)
-    except TrialFailed as e:
-        reason = f"{e.kind}: {e}"
-        trial.set_user_attr("reason", reason)
-        trial.set_user_attr("failure_kind", e.kind)
-        tracker.set_tags(run_id, {"failure": reason[:5000]})
-        tracker.end_run(run_id, "FAILED")
-        study.tell(trial, state=TrialState.FAIL)
-        return f"failed ({reason})"
-    except BaseException as e:  # interrupted: leave nothing RUNNING; the point is enqueued again
-        tracker.set_tags(run_id, {"failure": f"interrupted ({type(e).__name__}); trial enqueued again"})
-        tracker.end_run(run_id, "KILLED")
-        trial.set_user_attr("reason", "interrupted; enqueued again")
-        study.tell(trial, state=TrialState.FAIL)
-        study.enqueue_trial(p)
-        raise
+        with beat:
+            tags = {**tracking.base_tags(tcfg, host, stage=f"sweep@{strategy}"), "trial": trial.number,
+                    "study": study.study_name, "optuna_trial_id": trial._trial_id}
+            run_id = tracker.start_run(f"{strategy} {_fmt_point(p)}", tags, parent_id=parent_id)
+            trial.set_user_attr("mlflow_run_id", run_id)
+            tracker.log_params(run_id, tracking.trial_params(tcfg))
+            try:
+                metrics = run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
+                                    timeout_s=cfg.sweep.trial_timeout_s)
+            except TrialFailed as e:
+                metrics = e
+        if beat.lost.is_set():
+            return _taken_over(tracker, run_id)
+        if isinstance(metrics, TrialFailed):
+            reason = f"{metrics.kind}: {metrics}"
+            trial.set_user_attr("reason", reason)
+            trial.set_user_attr("failure_kind", metrics.kind)
+            tracker.close_run(run_id, "FAILED", reason)
+            study.tell(trial, state=TrialState.FAIL)
+            return f"failed ({reason})"
+        return _record_result(study, trial, tracker, run_id, metrics, out_dir)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return _taken_over(tracker, run_id)
+    except BaseException as e:  # interrupted, or a fault (disk full, store gone): leave nothing RUNNING
+        interrupted = isinstance(e, KeyboardInterrupt)
+        why = (f"interrupted ({e or type(e).__name__})" if interrupted else
+               f"error: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}")
+        _best_effort(lambda: tracker.close_run(run_id, "KILLED" if interrupted else "FAILED",
+                                               f"{why}; trial enqueued again") if run_id else None,
+                     lambda: trial.set_user_attr("reason", f"{why}; enqueued again"),
+                     lambda: study.tell(trial, state=TrialState.FAIL),
+                     lambda: study.enqueue_trial(p))
+        if interrupted:
+            raise
+        raise Stopped(f"The sweep stopped in trial #{trial.number} ({_fmt_point(p)}) on {why[len('error: '):]}. "
+                      f"The trial was recorded as failed with this reason and enqueued again, its MLflow run "
+                      f"ended FAILED. Fix the cause (free disk space, a writable and reachable store) and rerun "
+                      f"the sweep: finished trials are kept.") from None
+
+
+def _record_result(study, trial, tracker, run_id, metrics, out_dir) -> str:
     trial.set_user_attr("metrics", metrics)
     tracking.log_completed_run(tracker, run_id, metrics, out_dir)
     if metrics["stopped"]:
@@ -280,6 +253,22 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     tracker.end_run(run_id, "FINISHED")
     study.tell(trial, metrics["test_acc"][-1])
     return f"{metrics['throughput_img_s'] or 0:.0f} img/s, acc {metrics['test_acc'][-1]:.3f}"
+
+
+def _taken_over(tracker, run_id) -> str:
+    why = "taken over: another worker failed this trial as stale (late heartbeat) and runs it again"
+    _best_effort(lambda: tracker.close_run(run_id, "KILLED", why)
+                 if run_id and tracker.client.get_run(run_id).info.status == "RUNNING" else None)
+    return f"{why}; nothing recorded here"
+
+
+def _best_effort(*steps) -> None:
+    """Each step tried once; a store that is failing is already being reported."""
+    for step in steps:
+        try:
+            step()
+        except Exception:
+            pass
 
 
 # ----------------------------------------------------------------------------- the worker loop
@@ -294,13 +283,13 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         return out_csv
     # bad input stops here, before anything is written to the stores
     from .launch import _load_data
-    _load_data(configmod.replace_train(cfg, strategy=strategy))  # data present, readable, of the right source
+    n_train = len(_load_data(configmod.replace_train(cfg, strategy=strategy)).train_y)  # present, readable, right source
     for url, key in ((storage_url(cfg), "sweep.storage"), (tracking.tracking_uri(cfg), "tracking.uri")):
         check_store(url, key)  # both, before either store is created or opened
     with _creating_stores(cfg):
         storage = open_storage(cfg)  # a bad URL fails now
         tracker = tracking.Tracker(cfg)
-        study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, storage)
+        study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, storage, n_train)
     parent_id = study.user_attrs.get("mlflow_parent_run_id")
     if parent_id and tracker.client.get_run(parent_id).info.status != "RUNNING":
         tracker.client.update_run(parent_id, status="RUNNING")
@@ -318,12 +307,12 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             return True
         except Infeasible:
             return False
-    interrupted = True
+    interrupted, fault = True, None
     try:
         while max_new_trials is None or ran < max_new_trials:
-            optuna.storages.fail_stale_trials(study)
-            _end_stale_mlflow_runs(study, tracker)
-            trial = _claim(study, runnable)
+            fail_stale_trials(study)
+            end_stale_mlflow_runs(study, tracker)
+            trial = claim(study, runnable)
             if trial is None:
                 running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                 if not running:
@@ -344,12 +333,19 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             ran += 1
             write_csv(study, strategy, skipped, out_csv)
         interrupted = False
+    except Exception as e:  # a fault: the trial (if any) is closed already; the parent run is closed below
+        fault = e if isinstance(e, Stopped) else Stopped(
+            f"The sweep stopped on {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}. Fix the "
+            f"cause (free disk space, a writable and reachable store) and rerun the sweep: finished trials are kept.")
+        raise fault from None
     finally:
-        write_csv(study, strategy, skipped, out_csv)
+        if fault is None:
+            write_csv(study, strategy, skipped, out_csv)
         if not interrupted:
             _finish_parent(study, tracker, parent_id, out_csv)
-        elif parent_id and not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            tracker.end_run(parent_id, "KILLED")  # no other worker is on it; the rerun marks it RUNNING again
+        elif parent_id:  # ended unless another worker is on it; the rerun marks it RUNNING again
+            _best_effort(lambda: tracker.close_run(parent_id, "FAILED" if fault else "KILLED", str(fault or ""))
+                         if not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) else None)
     return out_csv
 
 

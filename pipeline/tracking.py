@@ -126,6 +126,18 @@ class Tracker:
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status)
 
+    def close_run(self, run_id: str, status: str, reason: str = "") -> None:
+        """End a run with its status and, for one that did not finish, the reason as tag `failure`. When the store
+        itself fails, a run that did not finish is left as it is (the fault is being reported); a FINISHED one
+        raises, so that no failure passes for a success."""
+        try:
+            if reason:
+                self.set_tags(run_id, {"failure": redact(reason)[:5000]})
+            self.end_run(run_id, status)
+        except Exception:
+            if status == "FINISHED":
+                raise
+
     def find_runs(self, filter_string: str) -> list:
         return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=10000)
 

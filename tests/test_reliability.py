@@ -311,6 +311,24 @@ def test_interrupted_sweep_resumes_without_loss_or_repeats(tmp_path, synthetic_r
 
 @pytest.mark.slow
 def test_three_workers_on_one_study_record_every_trial_once(tmp_path, synthetic_root):
+    _three_workers(tmp_path, synthetic_root, "3 sweep processes, one study, fresh SQLite stores")
+
+
+@pytest.mark.slow
+def test_three_workers_keep_every_live_trial_while_cpu_burners_load_every_core(tmp_path, synthetic_root):
+    """A loaded host (load average 2x its cores) delays heartbeats and SQLite commits: no live trial may be taken
+    over as stale, no trial recorded twice, no traceback."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * os.cpu_count())]
+    try:
+        _three_workers(tmp_path, synthetic_root, f"as above, with {len(burners)} CPU burners on "
+                                                 f"{os.cpu_count()} cores")
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+
+
+def _three_workers(tmp_path, synthetic_root, case):
     lrs = [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5]
     root, env = make_repo(tmp_path, synthetic_root, "single", f"{{devices: [1], batch_size: [64], lr: {lrs}}}",
                           train_limit=1024, epochs=1)
@@ -336,7 +354,7 @@ def test_three_workers_on_one_study_record_every_trial_once(tmp_path, synthetic_
     out = rows(root, "single")
     assert len(out) == len(lrs) and all(r["state"] == "complete" for r in out)
     assert_stores_intact(root)
-    figure(case="3 sweep processes, one study, fresh SQLite stores", trials=len(lrs), trials_per_worker=per_worker,
+    figure(case=case, trials=len(lrs), trials_per_worker=per_worker,
            optuna_records=len(s.trials), mlflow_trial_runs=len(children), locked_errors=0,
            sweep_seconds=round(seconds, 1))
 
