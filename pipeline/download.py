@@ -41,6 +41,10 @@ def _mirror_url(mirror: str) -> str:
         if urllib.parse.urlsplit(mirror).scheme.lower() not in ("http", "https", "file"):
             raise DataError(f"data.mirror={redact(mirror)!r} has an unsupported scheme: use an http(s):// or file:// URL "
                             f"or a local directory holding the four Fashion-MNIST .gz files.")
+        if "@" in urllib.parse.urlsplit(mirror).netloc:  # urllib would look the whole user:password@host up in DNS
+            raise DataError(f"data.mirror={redact(mirror)!r} carries a user name or password, which the download "
+                            f"cannot use (and should not be kept in params.yaml or dvc.lock): copy the four .gz files "
+                            f"into a directory and point data.mirror at it, or serve them without credentials.")
         return mirror if mirror.endswith("/") else mirror + "/"
     path = Path(mirror).expanduser()
     if not path.is_dir():

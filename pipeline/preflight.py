@@ -9,20 +9,27 @@ import contextlib
 import os
 import socket
 import sqlite3
+import sys
 import tempfile
 import urllib.parse
 from pathlib import Path
 
 from .config import repo_root
-from .errors import PathError, StoreError, redact
+from .errors import PathError, StoreError, has_password, redact
 
 PREFLIGHT_TIMEOUT_S = float(os.environ.get("PARALLAX_PREFLIGHT_TIMEOUT_S", "5"))
+_WARNED: set[str] = set()
 _PORTS = {"http": 80, "https": 443, "postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
 
 
 def check_store(url: str, key: str) -> None:
     """Raise StoreError unless the store at `url` (the value of `key`) can be used: a server answers on its port,
     or a local SQLite file is a database in a writable directory."""
+    if has_password(url) and key not in _WARNED:
+        _WARNED.add(key)
+        print(f"warning: {key} carries a password ({redact(url)}). Parallax never shows or stores it, but DVC "
+              f"records tracked parameters verbatim in dvc.lock and the shell keeps --set options in its history: "
+              f"prefer PGPASSWORD, ~/.pgpass or MLFLOW_TRACKING_PASSWORD (docs/scale-out.md).", file=sys.stderr)
     if url.startswith("sqlite:///"):
         _check_sqlite(Path(url[len("sqlite:///"):]), url, key)
         return
@@ -103,5 +110,5 @@ def _writable(d: Path, option: str, path: Path) -> None:
         with tempfile.NamedTemporaryFile(dir=d, prefix=".parallax-write-check-"):
             pass
     except OSError as e:
-        raise PathError(f"{option} {path} cannot be written: {d} is not a writable directory "
-                        f"({e.strerror or e}). Choose a path in a directory you can write to. Nothing was run.") from None
+        raise PathError(f"{option} {path} cannot be written: {d} is not a writable directory ({e.strerror or e}). "
+                        f"Choose a path in a directory you can write to. Nothing was run.") from None

@@ -283,7 +283,9 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         return out_csv
     # bad input stops here, before anything is written to the stores
     from .launch import _load_data
-    n_train = len(_load_data(configmod.replace_train(cfg, strategy=strategy)).train_y)  # present, readable, right source
+    data = _load_data(configmod.replace_train(cfg, strategy=strategy))  # present, readable, of the right source
+    n_train = len(data.train_y)
+    del data
     for url, key in ((storage_url(cfg), "sweep.storage"), (tracking.tracking_uri(cfg), "tracking.uri")):
         check_store(url, key)  # both, before either store is created or opened
     with _creating_stores(cfg):

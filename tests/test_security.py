@@ -142,8 +142,7 @@ def test_unreachable_store_or_mirror_is_named_without_its_password(repo, argv, s
     err = " ".join(capsys.readouterr().err.split())
     assert code != 0 and "Traceback" not in err, err
     assert SECRET not in err and "user:***@127.0.0.1:1" in err, err
-    if argv != ["download"]:
-        assert "Cannot reach" in err and "Nothing was run" in err, err
+    assert ("carries a user name or password" if argv == ["download"] else "Cannot reach") in err, err
     assert not (repo / "mlruns" / "mlflow.db").exists() and not (repo / "mlruns" / "optuna.db").exists()
 
 
@@ -207,3 +206,56 @@ def test_multi_node_trials_keep_the_endpoint_the_user_names(make_cfg, monkeypatc
     cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.batch_size=64", "train.oversubscribe=true")
     launch._launch(cfg, launch.probe(), Path("/nonexistent-out"), None, False, None)
     assert seen["backend"] == "parallax-loopback" and seen["gloo"] and seen["gloo"].startswith("lo")
+
+
+# a real PostgreSQL study and MLflow server (tests/test_scaleout.py's fixtures), reached through URLs that carry
+# the password: nothing the sweep and the analysis print or store may contain it
+from tests.test_scaleout import mlflow_server, postgres  # noqa: E402,F401  (fixtures)
+
+
+@pytest.mark.slow
+def test_passwords_in_store_urls_appear_in_no_output_or_store(postgres, mlflow_server, tmp_path,  # noqa: F811
+                                                              synthetic_root):
+    import json
+
+    import optuna
+    from mlflow.tracking import MlflowClient
+    secret = str(postgres["PGPASSWORD"])
+    db = f"{postgres['DB_HOST']}:{postgres['DB_PORT']}"
+    storage = f"postgresql://parallax:{secret}@{db}/optuna"
+    tracking_uri = f"http://parallax:{secret}@{mlflow_server['MLFLOW_HOST']}:{mlflow_server['MLFLOW_PORT']}"
+    root = tmp_path / "repo"
+    (root / "experiments").mkdir(parents=True)
+    (root / "experiments" / "s.yaml").write_text(
+        "data: {train_limit: 512, test_limit: 128}\ntrain: {epochs: 1, warmup_steps: 1}\n"
+        "sweep: {spaces: {single: {devices: [1], batch_size: [64], lr: [0.1, 100.0]}}}\n")
+    (root / "params.yaml").write_text(f"profile: s\ndata: {{source: synthetic, dir: {synthetic_root}, "
+                                      f"mirror: 'http://mirror:{secret}@127.0.0.1:1/fm/'}}\n")
+    env = {**os.environ, "DVC_ROOT": str(root), "PYTHONPATH": str(REPO)}
+    env.pop("PGPASSWORD", None)  # the URL's password is the only one there is
+    sets = ["--set", f"sweep.storage={storage}", "--set", f"tracking.uri={tracking_uri}",
+            "--set", "tracking.experiment=secrets"]
+    outputs = []
+    for argv in (["sweep", "--strategy", "single", *sets], ["analyze", *sets],
+                 ["download", "--set", "data.source=fashion-mnist", "--set", f"data.dir={root}/fm"]):
+        p = subprocess.run([sys.executable, "-m", "pipeline", *argv], cwd=root, env=env, capture_output=True,
+                           text=True, timeout=600)
+        outputs.append(p.stdout + p.stderr)
+        assert p.returncode == (2 if argv[0] == "download" else 0), outputs[-1][-3000:]
+    assert "parallax:***@" in outputs[0] or "***" in outputs[2], outputs
+    found = [i for i, text in enumerate(outputs) if secret in text]
+    assert not found, [outputs[i][-2000:] for i in found]
+    files = [f for f in root.rglob("*")
+             if f.is_file() and f.name != "params.yaml" and secret.encode() in f.read_bytes()]
+    assert not files, files
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name("secrets")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    assert len(runs) >= 3  # parent, two trials, the analysis
+    stored = json.dumps([[r.data.params, r.data.tags, r.info.run_name, r.info.artifact_uri] for r in runs])
+    assert secret not in stored and secret not in json.dumps(exp.tags)
+    for summary in optuna.get_all_study_summaries(storage):
+        s = optuna.load_study(study_name=summary.study_name, storage=storage)
+        trials = [[t.params, t.user_attrs, t.system_attrs] for t in s.trials]
+        stored = json.dumps([s.user_attrs, s._storage.get_study_system_attrs(s._study_id), trials], default=str)
+        assert secret not in stored
