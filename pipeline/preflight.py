@@ -9,13 +9,13 @@ import contextlib
 import os
 import socket
 import sqlite3
-import sys
 import tempfile
 import urllib.parse
 from pathlib import Path
 
 from .config import repo_root
 from .errors import PathError, StoreError, has_password, redact
+from .errors import _say as say
 
 PREFLIGHT_TIMEOUT_S = float(os.environ.get("PARALLAX_PREFLIGHT_TIMEOUT_S", "5"))
 _WARNED: set[str] = set()
@@ -27,9 +27,9 @@ def check_store(url: str, key: str) -> None:
     or a local SQLite file is a database in a writable directory."""
     if has_password(url) and key not in _WARNED:
         _WARNED.add(key)
-        print(f"warning: {key} carries a password ({redact(url)}). Parallax never shows or stores it, but DVC "
-              f"records tracked parameters verbatim in dvc.lock and the shell keeps --set options in its history: "
-              f"prefer PGPASSWORD, ~/.pgpass or MLFLOW_TRACKING_PASSWORD (docs/scale-out.md).", file=sys.stderr)
+        say(f"warning: {key} carries a password ({redact(url)}). Parallax never shows or stores it, but DVC "
+            f"records tracked parameters verbatim in dvc.lock and the shell keeps --set options in its history: "
+            f"prefer PGPASSWORD, ~/.pgpass or MLFLOW_TRACKING_PASSWORD (docs/scale-out.md).")
     if url.startswith("sqlite:///"):
         _check_sqlite(Path(url[len("sqlite:///"):]), url, key)
         return

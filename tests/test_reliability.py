@@ -328,6 +328,40 @@ def test_three_workers_keep_every_live_trial_while_cpu_burners_load_every_core(t
             b.wait()
 
 
+@pytest.mark.slow
+def test_a_worker_stalled_past_the_grace_period_keeps_its_trial(tmp_path, synthetic_root):
+    """The extreme of a loaded host: a live worker that gets no CPU for longer than the grace period (SIGSTOP, then
+    SIGCONT). Its heartbeat is stale, but it is alive on this host: its trial is not taken over, it finishes it,
+    and every trial is recorded once (before: another worker failed it as stale and ran a copy, and the stalled
+    one crashed with UpdateFinishedTrialError when it resumed)."""
+    lrs = [0.05, 0.1, 0.15, 0.2]
+    root, env = make_repo(tmp_path, synthetic_root, "single", f"{{devices: [1], batch_size: [64], lr: {lrs}}}",
+                          train_limit=4096, epochs=2)
+    procs = [start_sweep(root, env, "single", log=f"worker{i}.log") for i in range(2)]
+
+    def mid_trial():  # once every worker is running trials: one training its trial's second epoch (computing,
+        # holding no SQLite lock: a worker stopped inside a write would stall the others on the lock instead)
+        logs = [[ln for ln in (root / f"worker{i}.log").read_text().splitlines() if "] trial " in ln]
+                for i in range(len(procs))]
+        if not all(logs):
+            return None
+        return next((p for p, lines in zip(procs, logs) if " epoch 1/2:" in lines[-1]), None)
+    victim = wait_for(mid_trial, 120, what="a worker in the middle of a trial")
+    os.kill(victim.pid, signal.SIGSTOP)
+    time.sleep(GRACE_S + 10)  # stale for 10 s: the other workers check at each trial they finish (every few s)
+    os.kill(victim.pid, signal.SIGCONT)
+    logs = [finish(p, root, log=f"worker{i}.log") for i, p in enumerate(procs)]
+    for text in logs:
+        assert "Traceback" not in text and "UpdateFinishedTrialError" not in text and "taken over" not in text, \
+            text[-3000:]
+    s = study(root)
+    assert len(s.trials) == len(lrs) and all(t.state == TrialState.COMPLETE for t in s.trials)
+    runs, parents, children = mlflow_runs(root)
+    assert len(children) == len(lrs) and all(c.info.status == "FINISHED" for c in children)
+    figure(case=f"a worker SIGSTOPped mid-trial for {GRACE_S + 10} s (grace {GRACE_S} s)", trials=len(lrs),
+           optuna_records=len(s.trials), mlflow_trial_runs=len(children), taken_over=0)
+
+
 def _three_workers(tmp_path, synthetic_root, case):
     lrs = [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5]
     root, env = make_repo(tmp_path, synthetic_root, "single", f"{{devices: [1], batch_size: [64], lr: {lrs}}}",
