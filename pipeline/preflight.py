@@ -63,13 +63,17 @@ def _check_sqlite(path: Path, url: str, key: str) -> None:
         if not path.is_file():
             raise StoreError(f"Cannot use {where}: {path} is not a file. Point {key} at a database file.")
         try:
-            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)) as con:
+            with contextlib.closing(sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro",
+                                                  uri=True, timeout=60)) as con:
                 con.execute("PRAGMA schema_version").fetchone()
         except sqlite3.DatabaseError as e:
             raise StoreError(
                 f"Cannot use {where}: {path} is not a usable SQLite database ({e}). It is corrupt or not a "
                 f"database: move it aside (the runs in it are lost unless you have a copy) and rerun to create a "
                 f"new one, or point {key} at another store. Nothing was run.") from None
+        if not os.access(path, os.W_OK):
+            raise StoreError(f"Cannot write the store {where}: {path} is read-only. Make it writable (chmod u+w) or "
+                             f"point {key} at a copy you can write. Nothing was run.")
     writable_dir(path.parent, f"the store {where}")
 
 

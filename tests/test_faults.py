@@ -141,3 +141,16 @@ def test_a_worker_whose_trial_was_taken_over_stops_it_and_records_nothing(repo, 
     assert runs["0"].info.status == "KILLED" and runs["1"].info.status == "FINISHED"
     assert "taken over" in runs["0"].data.tags.get("failure", "") or "stale" in runs["0"].data.tags["failure"]
     assert not [r for r in _runs(tmp_path) if r.info.status == "RUNNING"]
+
+
+def test_a_read_only_store_is_refused_before_anything_opens(repo, tmp_path, monkeypatch, capsys):
+    repo()
+    db = tmp_path / "ro.db"
+    sqlite3.connect(db).close()
+    real = os.access
+    # as root (CI) permissions never refuse a write: the check is exercised as a user without write access sees it
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(db) and mode == os.W_OK else real(p, mode))
+    code = main(["sweep", "--strategy", "single", "--set", f"sweep.storage=sqlite:///{db}"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 1 and "is read-only" in err and "Traceback" not in err, err
+    assert not (tmp_path / "mlruns" / "mlflow.db").exists()
