@@ -215,6 +215,17 @@ def _failure_reason(err) -> TrialFailed:
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
+def _remove_orphaned_scratch() -> None:
+    """The trial folders of sweeps that were SIGKILLed (their pid no longer runs): a killed process removes nothing."""
+    for d in Path(tempfile.gettempdir()).glob("parallax-trial-*-*"):
+        try:
+            os.kill(int(d.name.split("-")[2]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, OSError):  # not ours, or another user's live process
+            pass
+
+
 @contextlib.contextmanager
 def _tempdir(path: str):
     """tempfile's default folder, for this process and the ranks it forks, while the trial runs."""
@@ -263,7 +274,8 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
             importlib.import_module(module)
     # the agent's logs (/tmp/torchelastic_*) and torch.multiprocessing's error files (/tmp/pytorch-errorfile-*,
     # named in the system temp dir before forking, never removed) go to a folder of this trial's, removed below
-    scratch = tempfile.mkdtemp(prefix="parallax-trial-")
+    _remove_orphaned_scratch()
+    scratch = tempfile.mkdtemp(prefix=f"parallax-trial-{os.getpid()}-")
     lc = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=nproc, **rdzv, max_restarts=0,
                       monitor_interval=0.05, start_method=start_method, logs_specs=DefaultLogsSpecs(log_dir=scratch))
     watcher.start()

@@ -18,6 +18,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -302,6 +303,8 @@ def test_interrupted_sweep_resumes_without_loss_or_repeats(tmp_path, synthetic_r
     assert sorted(r["state"] for r in rows(root, "ddp")) == ["complete"] * 3 + ["failed"]
     assert not left_behind(root)
     assert_stores_intact(root)
+    # the killed sweep's trial folder went with the rerun's first trial; the others with their trial
+    assert not list(Path(tempfile.gettempdir()).glob(f"parallax-trial-{proc.pid}-*"))
     figure(case=f"{sig} to the sweep mid-trial (trial 1 of 3)", sweep_exit_s=round(exit_s, 2),
            all_processes_gone_s=round(gone_s, 2), running_mlflow_runs_while_stopped=still_running,
            rerun_s=round(rerun_s, 1), completed_kept=len(done_before), repeated=0, lost=0)
