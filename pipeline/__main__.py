@@ -136,12 +136,15 @@ def cmd_download(args) -> int:
 
 def cmd_train(args) -> int:
     from .devices import probe
-    from .launch import check_feasible, run_trial
+    from .launch import check_batch_fits, check_feasible, run_trial
+    from .preflight import output_dir
     cfg = _train_cfg(args)
     host = probe()
     check_feasible(cfg, host)  # before any work, before touching the stores
     from . import data
-    data.load(configmod.repo_root() / cfg.data.dir, cfg.data.source, 1, 1)  # data present and of the right source
+    ds = data.load(configmod.repo_root() / cfg.data.dir, cfg.data.source, cfg.data.train_limit, 1)  # right source
+    check_batch_fits(cfg, len(ds.train_y))
+    output_dir(args.out, "--out")
     tracker = run_id = on_epoch = None
     if not args.no_track:
         from . import tracking
@@ -156,20 +159,21 @@ def cmd_train(args) -> int:
             print(f"epoch {record['epoch']}/{record['epochs']}: loss {record['train_loss']:.4f}, "
                   f"test acc {record['test_acc']:.4f}, {record['epoch_s']:.2f} s", file=sys.stderr)
             return False
-    status = "FAILED"
+    status, reason = "FAILED", ""
     try:
         metrics = run_trial(cfg, args.out, on_epoch=on_epoch, progress=not args.quiet)
+        if tracker:
+            tracking.log_completed_run(tracker, run_id, metrics, args.out)
         status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
+    except KeyboardInterrupt as e:
+        status, reason = "KILLED", str(e) or "interrupted"
+        raise
+    except Exception as e:
+        reason = f"{getattr(e, 'kind', type(e).__name__)}: {e}"
         raise
     finally:
-        if tracker and status != "FINISHED":
-            tracker.end_run(run_id, status)
-    if tracker:
-        from . import tracking
-        tracking.log_completed_run(tracker, run_id, metrics, args.out)
-        tracker.end_run(run_id, "FINISHED")
+        if tracker:
+            tracker.close_run(run_id, status, reason)  # never left RUNNING, also when the store fails
     syn = "  [SYNTHETIC DATA]" if metrics["synthetic"] else ""
     print(f"{metrics['strategy']} k={metrics['devices']} {metrics['model']}: "
           f"{metrics['throughput_img_s'] or float('nan'):.0f} img/s, test acc {metrics['test_acc'][-1]:.4f}, "
@@ -180,9 +184,10 @@ def cmd_train(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from .preflight import output_file
     from .sweep import run_sweep
     cfg = configmod.load(args.params, args.overrides)
-    out = args.out or configmod.repo_root() / "results" / "sweeps" / f"{args.strategy}.csv"
+    out = output_file(args.out or configmod.repo_root() / "results" / "sweeps" / f"{args.strategy}.csv", "--out")
     run_sweep(cfg, args.strategy, out, max_new_trials=args.n_trials)
     return 0
 
@@ -225,11 +230,16 @@ def cmd_overlap(args) -> int:
 
 def cmd_ui(args) -> int:
     from . import tracking
+    from .errors import redact
     cfg = configmod.load(args.params, args.overrides)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking.tracking_uri(cfg),
-           "--host", "127.0.0.1", "--port", str(args.port)]
-    print(f"MLflow UI on http://127.0.0.1:{args.port} (local only; Ctrl-C to stop)")
-    os.execv(sys.executable, cmd)  # argument vector, no shell
+    # the store's URL through the environment, not argv: a password in it stays out of the process list; MLflow 3's
+    # job runners (a huey consumer per task queue, a folder in /dev/shm) serve features Parallax never uses
+    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": tracking.tracking_uri(cfg),
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(args.port)]
+    print(f"MLflow UI on http://127.0.0.1:{args.port} for {redact(env['MLFLOW_BACKEND_STORE_URI'])} "
+          f"(local only; Ctrl-C to stop)", flush=True)
+    os.execve(sys.executable, cmd, env)  # argument vector, no shell
     return 0
 
 

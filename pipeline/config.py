@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,10 @@ MODELS = ("lenet", "resnet18")
 STRATEGY_NAMES = ("single", "scratch", "dp", "dp_criterion", "ddp", "ddp_amp", "fsdp")
 SOURCES = ("fashion-mnist", "synthetic")
 COMM_HOOKS = ("none", "shm", "fp16", "bf16", "powersgd")
+# a profile is a file name under experiments/, never a path: nothing outside experiments/ is read as one
+PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+SEED_MAX = 2**32 - 1  # Optuna's samplers seed NumPy, which takes 32 bits; torch would take 64
+TIMEOUT_MAX_S = 30 * 86400.0  # timers and PyTorch's collective timeout overflow near 1e9 s; 30 days is plenty
 
 
 class ConfigError(ValueError):
@@ -51,7 +56,7 @@ class TrainConfig:
     lr: float = field(default=0.2, metadata=_range(0, lo_open=True))
     epochs: int = field(default=1, metadata=_range(1))
     max_steps: int = field(default=0, metadata=_range(0))  # 0 = no limit
-    seed: int = field(default=0, metadata=_range(0))
+    seed: int = field(default=0, metadata=_range(0, SEED_MAX))  # NumPy's (Optuna's samplers) limit: 32 bits
     # weight init: PyTorch's default (Kaiming-uniform), or d2l's N(0, 0.01) for conv/linear weights, which leaves
     # LeNet on a loss plateau for its first ~150-200 steps (use it to reproduce the seeds exactly)
     init: str = field(default="default", metadata=_choice("default", "d2l"))
@@ -60,7 +65,7 @@ class TrainConfig:
     oversubscribe: bool = False  # functional tests only: k > N allowed, run tagged and excluded from analysis
     output_device: int = field(default=0, metadata=_range(0))  # dp: where outputs are gathered
     amp_dtype: str = field(default="auto", metadata=_choice("auto", "bf16", "fp16"))
-    timeout_s: float = field(default=120.0, metadata=_range(1))  # collective timeout: a hung rank fails the trial
+    timeout_s: float = field(default=120.0, metadata=_range(1, TIMEOUT_MAX_S))  # collective timeout: a hung rank fails the trial
     check_every: int = field(default=25, metadata=_range(1))  # steps between NaN/inf loss checks (one sync)
     pin_cores: bool = True  # CPU hosts: pin worker process r of a multi-process trial to core r
     channels_last: bool = True  # NHWC activations: faster convolutions on CPU (oneDNN) and GPU (tensor cores)
@@ -103,7 +108,7 @@ class SweepConfig:
     sampler: str = field(default="grid", metadata=_choice("grid", "tpe"))
     n_trials: int = field(default=0, metadata=_range(0))  # 0 = the whole grid
     pruning: bool = False
-    trial_timeout_s: float = field(default=900.0, metadata=_range(1))
+    trial_timeout_s: float = field(default=900.0, metadata=_range(1, TIMEOUT_MAX_S))
     # strategy -> a mapping (one product of lists) or a list of mappings (a union of products, for paired
     # settings such as d2l's "k=1 at B=256, k=2 at B=512"); strategies not listed use `default`
     spaces: dict = field(default_factory=dict)
@@ -131,7 +136,7 @@ class OverlapConfig:
 
 @dataclass(frozen=True)
 class Config:
-    profile: str = "cpu"
+    profile: str = field(default="cpu", metadata={"pattern": PROFILE_NAME})  # "" = no profile
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
     sweep: SweepConfig = SweepConfig()
@@ -201,6 +206,8 @@ def _coerce(key: str, typ, value, meta: dict):
             value = ""
         if not isinstance(value, str):
             _err(key, f"expected a string, got {value!r} ({type(value).__name__}).")
+    if "pattern" in meta and value and not meta["pattern"].fullmatch(value):
+        _err(key, f"{value!r} is not a name of the form {meta['pattern'].pattern}.")
     if "choices" in meta and value not in meta["choices"]:
         _err(key, f"{value!r} is not one of: {', '.join(map(str, meta['choices']))}.")
     lo, hi = meta.get("lo"), meta.get("hi")
@@ -269,12 +276,20 @@ def _merge(base: dict, top: dict) -> dict:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML ({e}). Fix the file's syntax.") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}). Save it "
+                          f"as UTF-8; YAML files are read as UTF-8 whatever the locale.") from None
+    except OSError as e:
+        raise ConfigError(f"Cannot read {path} ({e.strerror or e}). Check that it is a readable file.") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of sections (data, train, sweep, ...), not {type(data).__name__}.")
     return data
+
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def parse_set(items) -> dict:
@@ -289,6 +304,8 @@ def parse_set(items) -> dict:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, str) and _FLOAT.fullmatch(value):  # YAML 1.1 reads 1e-3 as a string
+            value = float(value)
         node = out
         parts = key.split(".")
         for p in parts[:-1]:
@@ -306,21 +323,45 @@ def load(params: str | Path | None = None, overrides=(), root: Path | None = Non
     raw = _read_yaml(path) if path.exists() else {}
     sets = parse_set(overrides)
     profile = sets.get("profile", raw.get("profile", "cpu"))
-    layered: dict = {}
+    layers = []
     if profile:
-        pfile = root / "experiments" / f"{profile}.yaml"
-        if not pfile.exists():
-            known = sorted(p.stem for p in (root / "experiments").glob("*.yaml"))
-            raise ConfigError(f"Unknown profile `{profile}`: no file experiments/{profile}.yaml. "
-                              f"Valid profiles: {', '.join(known) or '(none found)'}. "
-                              f"Select one with `dvc exp run -S profile=NAME` or `--set profile=NAME`.")
-        prof = _read_yaml(pfile)
+        prof = _read_yaml(profile_path(profile, root))
         prof.pop("description", None)
-        layered = _merge(layered, prof)
-    layered = _merge(layered, raw)
-    layered = _merge(layered, sets)
+        layers.append((prof, f"experiments/{profile}.yaml"))
+    layers += [(raw, str(path)), (sets, "--set")]
+    layered: dict = {}
+    for layer, where in layers:  # each layer's sections must be mappings, whatever the later layers hold
+        _check_shapes(Config, layer, "", where)
+        layered = _merge(layered, layer)
     layered["profile"] = profile
     return _build(Config, layered, "")
+
+
+def profile_path(profile, root: Path) -> Path:
+    """experiments/<profile>.yaml for a profile name of the fixed alphabet that names an existing file."""
+    known = sorted(p.stem for p in (root / "experiments").glob("*.yaml") if PROFILE_NAME.fullmatch(p.stem))
+    fix = (f"Valid profiles: {', '.join(known) or '(none found)'}. Select one with `dvc exp run -S profile=NAME` "
+           f"or `--set profile=NAME`.")
+    if not isinstance(profile, str) or not PROFILE_NAME.fullmatch(profile):
+        raise ConfigError(f"Invalid profile {profile!r}: a profile is the name of a file under experiments/, made of "
+                          f"lower-case letters, digits, `_` and `-` (no path, no dots). {fix}")
+    pfile = root / "experiments" / f"{profile}.yaml"
+    if not pfile.is_file():
+        raise ConfigError(f"Unknown profile `{profile}`: no file experiments/{profile}.yaml. {fix}")
+    return pfile
+
+
+def _check_shapes(cls, layer: dict, prefix: str, where: str) -> None:
+    hints = typing.get_type_hints(cls)
+    for name, value in layer.items():
+        typ = hints.get(name)
+        key = f"{prefix}.{name}" if prefix else name
+        if typ is not None and dataclasses.is_dataclass(typ) and value is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"Invalid configuration value for `{key}` in {where}: expected a mapping of keys "
+                                  f"(a section), got {value!r}. Write it as `{key}: {{...}}` or leave it out; a "
+                                  f"section of another shape is never dropped silently, with or without --set.")
+            _check_shapes(typ, value, key, where)
 
 
 def override(cfg: Config, items) -> Config:
@@ -337,6 +378,7 @@ def describe_profiles(root: Path | None = None) -> list[tuple[str, str]]:
     root = Path(root) if root else repo_root()
     out = []
     for p in sorted((root / "experiments").glob("*.yaml")):
-        out.append((p.stem, (_read_yaml(p).get("description") or "").strip()))
+        if PROFILE_NAME.fullmatch(p.stem):
+                out.append((p.stem, (_read_yaml(p).get("description") or "").strip()))
     return out
 

@@ -21,7 +21,7 @@ import torch
 
 from .datafiles import DOWNLOAD_TIMEOUT_S, FILES, raw_dir  # noqa: F401 (DOWNLOAD_TIMEOUT_S: re-exported)
 from .datafiles import RERUN as _RERUN
-from .errors import DataError  # defined torch-free, for the CLI's error handler
+from .errors import DataError, redact  # defined torch-free, for the CLI's error handler
 
 SOURCES = ("fashion-mnist", "synthetic")
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics
@@ -99,7 +99,7 @@ def prepare(root, source: str, mirror: str = "", progress: bool = True) -> dict:
             from .download import download  # torchvision: imported only by the download itself
             used = download(raw, root, mirror, progress)
         _read_checked(raw)  # never publish files that load() would reject
-        manifest = {"source": source, "files": {n: _describe(raw / n) for n in FILES}, "mirror": used}
+        manifest = {"source": source, "files": {n: _describe(raw / n) for n in FILES}, "mirror": redact(used)}
         _publish(tmp, root, manifest)
         return manifest
     finally:

@@ -20,7 +20,7 @@ from torchvision.datasets import FashionMNIST
 from torchvision.datasets.vision import VisionDataset
 
 from .datafiles import DOWNLOAD_TIMEOUT_S, FILES, RERUN, raw_dir
-from .errors import DataError
+from .errors import DataError, redact
 
 
 class FashionMNISTDownload(FashionMNIST):
@@ -39,12 +39,16 @@ class FashionMNISTDownload(FashionMNIST):
 def _mirror_url(mirror: str) -> str:
     if "://" in mirror:
         if urllib.parse.urlsplit(mirror).scheme.lower() not in ("http", "https", "file"):
-            raise DataError(f"data.mirror={mirror!r} has an unsupported scheme: use an http(s):// or file:// URL "
+            raise DataError(f"data.mirror={redact(mirror)!r} has an unsupported scheme: use an http(s):// or file:// URL "
                             f"or a local directory holding the four Fashion-MNIST .gz files.")
+        if "@" in urllib.parse.urlsplit(mirror).netloc:  # urllib would look the whole user:password@host up in DNS
+            raise DataError(f"data.mirror={redact(mirror)!r} carries a user name or password, which the download "
+                            f"cannot use (and should not be kept in params.yaml or dvc.lock): copy the four .gz files "
+                            f"into a directory and point data.mirror at it, or serve them without credentials.")
         return mirror if mirror.endswith("/") else mirror + "/"
     path = Path(mirror).expanduser()
     if not path.is_dir():
-        raise DataError(f"data.mirror={mirror!r} is neither a URL nor an existing directory: point it at a "
+        raise DataError(f"data.mirror={redact(mirror)!r} is neither a URL nor an existing directory: point it at a "
                         f"directory holding the four Fashion-MNIST .gz files ({', '.join(f'{n}.gz' for n in FILES)}) "
                         f"or at a URL that serves them.")
     return path.resolve().as_uri() + "/"
@@ -68,11 +72,11 @@ def download(raw: Path, root: Path, mirror: str, progress: bool) -> str:
                 return url
             except (RuntimeError, OSError, EOFError, zlib.error, http.client.HTTPException) as e:
                 reason = " ".join(str(e).split("got:")[-1].split()) or type(e).__name__
-                tried.append(f"{url}{missing[0] if missing else ''} ({reason})")
+                tried.append(redact(f"{url}{missing[0] if missing else ''} ({reason})"))
                 for name, md5 in resources:
                     path = raw / name
                     if path.exists() and not tv_utils.check_integrity(path, md5):
-                        corrupt.append(f"{name} from {url} (MD5 {tv_utils.calculate_md5(path)}, expected {md5})")
+                        corrupt.append(f"{name} from {redact(url)} (MD5 {tv_utils.calculate_md5(path)}, expected {md5})")
                         path.unlink()
     if corrupt:
         raise DataError(f"Fashion-MNIST download failed checksum verification: {'; '.join(corrupt)}. The file is "

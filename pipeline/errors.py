@@ -3,8 +3,27 @@ status (no traceback). Torch-free, so that commands which never train (analyze) 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import signal
 import sys
 import textwrap
+
+# scheme://user:SECRET@host -> scheme://user:***@host; ?password=SECRET -> ?password=*** (libpq, SQLAlchemy)
+_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]*):(?P<secret>[^\s'\"/?#]*)@")
+_QUERY = re.compile(r"(?P<head>[?&;](?:password|passwd|pwd|token|secret|access_token)=)(?P<secret>[^&\s'\"]*)", re.I)
+
+
+def redact(text) -> str:
+    """Every URL in `text` with its password (and password/token query values) replaced by ***.
+
+    The one helper for anything shown or stored: messages, log lines, MLflow params and tags, CSVs, manifests."""
+    text = _USERINFO.sub(lambda m: f"{m['head']}:***@", str(text))
+    return _QUERY.sub(lambda m: f"{m['head']}***", text)
+
+
+def has_password(url: str) -> bool:
+    return redact(url) != url
 
 
 class DataError(RuntimeError):
@@ -28,36 +47,91 @@ EXTRAS = {"mlflow": "pipeline", "optuna": "pipeline", "dvc": "pipeline", "pandas
           "matplotlib": "pipeline", "torchvision": "download"}
 
 
+class PathError(RuntimeError):
+    """An output path cannot be written (a directory where a file goes, an existing file, no permission)."""
+
+
+class StoreError(RuntimeError):
+    """The MLflow or Optuna store cannot be used: unreachable, corrupt, read-only or full. Names its (redacted)
+    address and what to do."""
+
+
+class Stopped(RuntimeError):
+    """A command stopped on a fault after recording what it could: runs and trials closed FAILED with the reason."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or a termination signal: the process exits with 128 + the signal's number (130, 143)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        self.signum = int(signum)
+        super().__init__(f"interrupted by {signal.Signals(self.signum).name}")
+
+
 class _Status:
     code = 0
 
 
+def _on_sigterm(signum, frame):
+    raise Interrupted(signum)  # unwinds like Ctrl-C: runs and trials are ended KILLED, nothing left RUNNING
+
+
 @contextlib.contextmanager
 def user_errors():
+    """Turn the package's errors into one paragraph on stderr and an exit status; never a raw traceback
+    (PARALLAX_TRACEBACK=1 shows it for an unexpected error)."""
     from .config import ConfigError
     status = _Status()
+    previous = None
+    if threading_main():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         yield status
-    except (ConfigError, Infeasible, DataError) as e:
-        _say(f"error: {e}")
+    except (ConfigError, Infeasible, DataError, PathError) as e:
+        say(f"error: {e}")
         status.code = 2  # bad input: nothing was run
-    except TrialFailed as e:
-        _say(f"error: the trial failed ({e.kind}): {e}")
+    except (StoreError, Stopped) as e:
+        say(f"error: {e}")
         status.code = 1
-    except KeyboardInterrupt:
-        _say("interrupted")
-        status.code = 130
+    except TrialFailed as e:
+        say(f"error: the trial failed ({e.kind}): {e}")
+        status.code = 1
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        say(f"interrupted ({signal.Signals(signum).name})")
+        status.code = 128 + signum
     except ModuleNotFoundError as e:
         top = (e.name or "").split(".")[0]
         if top not in EXTRAS:
-            raise
+            _unexpected(e, status)
+            return
         hint = ("; torchvision must be the build made for your torch (0.26 for torch 2.11, 0.29 for 2.14), so install "
                 "the matching version by name rather than the newest" if top == "torchvision" else "")
-        _say(f"error: this command needs {top}, which is not installed: the training core and `doctor` run without "
+        say(f"error: this command needs {top}, which is not installed: the training core and `doctor` run without "
              f"it, the pipeline does not. Install the extra: pip install -e '.[{EXTRAS[top]}]' (or `make setup`, "
              f"which installs the tested set){hint}.")
         status.code = 2
+    except Exception as e:
+        _unexpected(e, status)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
-def _say(msg: str) -> None:
-    print(textwrap.fill(msg, width=100, break_long_words=False, break_on_hyphens=False), file=sys.stderr)
+def _unexpected(e: Exception, status) -> None:
+    if os.environ.get("PARALLAX_TRACEBACK"):
+        raise e
+    first = (str(e).strip().splitlines() or [""])[0][:500]
+    say(f"error: unexpected {type(e).__name__}: {first}. Nothing more was run. If the message names a file, a "
+         f"disk or a server, fix that and rerun; otherwise rerun with PARALLAX_TRACEBACK=1 for the traceback "
+         f"and report it.")
+    status.code = 1
+
+
+def threading_main() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+def say(msg: str) -> None:
+    print(textwrap.fill(redact(msg), width=100, break_long_words=False, break_on_hyphens=False), file=sys.stderr)

@@ -8,13 +8,15 @@ so the caller's callback (MLflow logging, Optuna pruning) runs in the caller's p
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
 import os
 import select
+import shutil
 import signal
-import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -24,8 +26,9 @@ import torch
 
 from . import config as configmod
 from . import data as datamod
+from . import loopback
 from .devices import Host, probe
-from .errors import Infeasible, TrialFailed  # defined torch-free, for the CLI's error handler
+from .errors import Infeasible, Interrupted, TrialFailed  # defined torch-free, for the CLI's error handler
 from .interference import Monitor
 from .metrics import device0_excess, imbalance
 from .strategies import STRATEGIES
@@ -64,13 +67,23 @@ def check_feasible(cfg, host: Host) -> None:
         raise Infeasible(str(e)) from None
 
 
-def _load_data(cfg) -> datamod.Dataset:
+def check_batch_fits(cfg, n_train: int) -> None:
+    """Raise Infeasible if the global batch is larger than the training set (not one full step)."""
+    b = cfg.train.batch_size
+    if b > n_train:
+        limit = f", data.train_limit={cfg.data.train_limit}" if cfg.data.train_limit else ""
+        raise Infeasible(f"train.batch_size={b} is larger than the training set ({n_train} images{limit}): not one "
+                         f"full step fits. Use a batch of at most {n_train}, or more training data.")
+
+
+def load_data(cfg) -> datamod.Dataset:
     root = configmod.repo_root() / cfg.data.dir if not os.path.isabs(cfg.data.dir) else Path(cfg.data.dir)
     return datamod.load(root, cfg.data.source, cfg.data.train_limit, cfg.data.test_limit)
 
 
 # ----------------------------------------------------------------------------- one process
 
+_USER_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 _DATA: datamod.Dataset | None = None  # set before forking, so forked ranks share it instead of re-reading
 _WAKE: tuple[int, int] | None = None  # (read, write) pipe, set before forking: rank 0 wakes the epoch watcher
 
@@ -142,7 +155,7 @@ def rank_entry(cfg_dict: dict, out_dir: str, wait_for_ack: bool, progress: bool)
     _exit_with_agent()
     cfg = configmod._build(configmod.Config, cfg_dict, "")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    data = _DATA if _DATA is not None else _load_data(cfg)
+    data = _DATA if _DATA is not None else load_data(cfg)
     strategy = STRATEGIES[cfg.train.strategy](cfg.train, probe())
     on_epoch = _file_reporter(Path(out_dir), wait_for_ack, cfg.train.timeout_s)
     result = _run_process(cfg, strategy, rank, world, data, on_epoch, progress)
@@ -203,13 +216,30 @@ def _failure_reason(err) -> TrialFailed:
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _remove_orphaned_scratch() -> None:
+    """The trial folders of sweeps that were SIGKILLed (their pid no longer runs): a killed process removes nothing."""
+    for d in Path(tempfile.gettempdir()).glob("parallax-trial-*-*"):
+        try:
+            os.kill(int(d.name.split("-")[2]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, OSError):  # not ours, or another user's live process
+            pass
+
+
+@contextlib.contextmanager
+def _tempdir(path: str):
+    """tempfile's default folder, for this process and the ranks it forks, while the trial runs."""
+    previous = tempfile.tempdir
+    tempfile.tempdir = path
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous
 
 
 def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s: float | None) -> list[dict]:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -217,14 +247,13 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     t = cfg.train
     nproc = t.devices // t.nnodes
     standalone = t.nnodes == 1 and not t.rdzv_endpoint
-    if standalone:  # one node: a static rendezvous on a free local port (the dynamic one costs ~0.4 s a trial)
-        rdzv = {"rdzv_backend": "static", "rdzv_endpoint": f"127.0.0.1:{_free_port()}", "rdzv_configs": {"rank": 0},
+    if standalone:  # one node: a static rendezvous (the dynamic one costs ~0.4 s a trial), listening on 127.0.0.1
+        rdzv = {"rdzv_backend": loopback.register(), "rdzv_endpoint": "", "rdzv_configs": {},
                 "run_id": f"parallax-{uuid.uuid4().hex[:8]}"}
     else:  # torchrun's c10d rendezvous: node 0 hosts the store at rdzv_endpoint, the others connect to it
         rdzv = {"rdzv_backend": "c10d", "rdzv_endpoint": t.rdzv_endpoint, "run_id": t.rdzv_id,
                 "rdzv_configs": {"is_host": t.node_rank == 0}}
-    lc = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=nproc, **rdzv,
-                      max_restarts=0, monitor_interval=0.05, start_method=_start_method(cfg, host))
+    start_method = _start_method(cfg, host)
     stop = threading.Event()
     timed_out = threading.Event()
 
@@ -237,31 +266,39 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     # between trials is a KeyboardInterrupt again (and a late SIGTERM ends the process as it would have)
     handlers = {s: signal.getsignal(s) for s in _AGENT_SIGNALS}
     global _DATA, _WAKE
-    _DATA = _load_data(cfg) if lc.start_method == "fork" else None
-    _WAKE = os.pipe() if lc.start_method == "fork" and standalone else None
+    _DATA = load_data(cfg) if start_method == "fork" else None
+    _WAKE = os.pipe() if start_method == "fork" and standalone else None
     watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None),
                                daemon=True)
-    if lc.start_method == "fork":  # once per process, inherited by every forked rank of every trial
+    if start_method == "fork":  # once per process, inherited by every forked rank of every trial
         for module in STRATEGIES[t.strategy].HEAVY_MODULES:
             importlib.import_module(module)
+    # the agent's logs (/tmp/torchelastic_*) and torch.multiprocessing's error files (/tmp/pytorch-errorfile-*,
+    # named in the system temp dir before forking, never removed) go to a folder of this trial's, removed below
+    _remove_orphaned_scratch()
+    scratch = tempfile.mkdtemp(prefix=f"parallax-trial-{os.getpid()}-")
+    lc = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=nproc, **rdzv, max_restarts=0,
+                      monitor_interval=0.05, start_method=start_method, logs_specs=DefaultLogsSpecs(log_dir=scratch))
     watcher.start()
     if timer:
         timer.start()
     try:
-        results = elastic_launch(lc, rank_entry)(cfg.to_dict(), str(out_dir), on_epoch is not None, progress)
+        with loopback.collectives_on_loopback() if standalone else contextlib.nullcontext(), _tempdir(scratch):
+            results = elastic_launch(lc, rank_entry)(cfg.to_dict(), str(out_dir), on_epoch is not None, progress)
     except ChildFailedError as e:
         raise _failure_reason(e) from None
     except SignalException as e:
         if timed_out.is_set():
             raise TrialFailed(f"trial exceeded its time budget of {timeout_s:.0f} s (sweep.trial_timeout_s); "
                               f"every worker was stopped", "timeout") from None
-        raise KeyboardInterrupt(f"interrupted by {e.sigval.name}") from None
+        raise Interrupted(e.sigval) from None  # exit 128 + the signal: 130 for SIGINT, 143 for SIGTERM
     finally:
         if timer:
             timer.cancel()
         stop.set()
         watcher.join()
         _DATA = None
+        shutil.rmtree(scratch, ignore_errors=True)
         if _WAKE is not None:
             for fd in _WAKE:
                 os.close(fd)
@@ -278,6 +315,8 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
     """Run one trial, write out_dir/metrics.json and out_dir/final_state.pt, return the metrics."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if not _USER_INDUCTOR_CACHE:  # importing torch._dynamo makes /tmp/torchinductor_<user>: kept in the repo instead
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(configmod.repo_root() / "runs" / ".torchinductor")
     for stale in [*out_dir.glob("ack-*"), out_dir / "progress.jsonl", out_dir / "final_state.pt"]:
         stale.unlink(missing_ok=True)
     host = probe()
@@ -303,7 +342,7 @@ def _run(cfg, host, strategy, out_dir: Path, on_epoch, progress, timeout_s) -> l
     """Every rank's result: one process per device through the launcher, or this process."""
     if strategy.multiprocess:
         return _launch(cfg, host, out_dir, on_epoch, progress, timeout_s)
-    data = _load_data(cfg)
+    data = load_data(cfg)
     result = _run_process(cfg, strategy, 0, 1, data, on_epoch, progress)
     torch.save(result.pop("state_dict"), out_dir / "final_state.pt")
     return [result]

@@ -12,15 +12,12 @@ finished trials. results/sweeps/<strategy>.csv is rewritten from the study after
 from __future__ import annotations
 
 import contextlib
-import csv
 import fcntl
 import hashlib
 import itertools
 import json
-import os
 import random
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -30,23 +27,15 @@ from optuna.trial import TrialState
 
 from . import config as configmod
 from . import tracking
+from .claims import GRACE_S, HEARTBEAT_S, Heartbeat, claim, end_stale_mlflow_runs, fail_stale_trials
 from .devices import probe
-from .launch import Infeasible, TrialFailed, check_feasible, run_trial
+from .errors import Stopped, StoreError, redact
+from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, run_trial
+from .preflight import check_store
+from .sweep_csv import KNOBS, trial_row, write_rows, write_csv
 
-# A trial whose heartbeat is older than GRACE_S is failed as stale and enqueued again: a rerun after a SIGKILL waits
-# that long for it. PARALLAX_GRACE_S shortens the wait (tests; at least 4 s, so that a live trial, beating every
-# HEARTBEAT_S, is never taken for a dead one).
-GRACE_S = max(4, int(os.environ.get("PARALLAX_GRACE_S", "20")))
-HEARTBEAT_S = max(1, min(5, GRACE_S // 4))
 SPACE_KEYS = ("model", "devices", "batch_size", "lr", "bucket_cap_mb", "grad_as_bucket_view", "accum_steps",
               "comm_hook")
-KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
-CSV_COLUMNS = [
-    "study", "trial", "strategy", "model", "devices", "batch_size", "per_device_batch", "lr", "epochs", "state",
-    "reason", "data_source", "device_kind", "device_name", "host", "host_devices", "parallel_devices",
-    "oversubscribed", "throughput_img_s", "epoch_s", "epoch_s_list", "test_acc", "test_acc_list",
-    "time_to_acc_s", "target_acc", "train_loss", "peak_mem_bytes", "peak_mem_max", "peak_mem_mean",
-    "mem_imbalance", "mem_method", "duration_s", "mlflow_run_id", *KNOBS, "comm_hook_used"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -96,8 +85,7 @@ def storage_url(cfg) -> str:
 
 def open_storage(cfg) -> optuna.storages.RDBStorage:
     url = storage_url(cfg)
-    if not cfg.sweep.storage:  # the default file: its folder is ours to create; a user's URL is used as given
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    check_store(url, "sweep.storage")  # unreachable, corrupt or unwritable: fails now, in seconds
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
     stale = ({"heartbeat_stale_trial_callback": retry(max_retry=2)} if retry else
              {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)})
@@ -112,11 +100,13 @@ def open_storage(cfg) -> optuna.storages.RDBStorage:
             if type(e).__name__ == "IntegrityError" and attempt < 4:
                 time.sleep(0.5 + random.random())
                 continue
-            raise configmod.ConfigError(
-                f"Cannot open the Optuna storage {url!r} (sweep.storage): {type(e).__name__}: {str(e).splitlines()[0]}. "
-                f"Use an RDB URL such as sqlite:////abs/path/optuna.db or postgresql://user:pass@host/db "
-                f"(the database must exist and its driver be installed), or leave sweep.storage empty for the "
-                f"default sqlite file in mlruns/.") from None
+            raise StoreError(
+                f"Cannot open the Optuna storage {redact(url)!r} (sweep.storage): {type(e).__name__}: "
+                f"{redact(str(e).splitlines()[0] if str(e) else '')}. Use an RDB URL such as "
+                f"sqlite:////abs/path/optuna.db or postgresql://user@host:5432/db, with the password in PGPASSWORD "
+                f"or ~/.pgpass rather than in the URL (docs/scale-out.md); the server must be reachable, the "
+                f"database exist and its driver be installed. Or leave sweep.storage empty for the default sqlite "
+                f"file in mlruns/.") from None
 
 
 # ----------------------------------------------------------------------------- study set-up
@@ -127,7 +117,8 @@ def _sampler(cfg):
     return optuna.samplers.RandomSampler(seed=cfg.train.seed)  # only used for trials outside the queue
 
 
-def prepare_study(cfg, strategy: str, host, tracker, storage=None) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
+def prepare_study(cfg, strategy: str, host, tracker, storage=None,
+                  n_train: int | None = None) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
     """Create or load the study; the creator enqueues every feasible point once and opens the parent run."""
     storage = storage or open_storage(cfg)
     name = study_name(cfg, strategy)
@@ -135,6 +126,8 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None) -> tuple[optu
     for p in points(cfg, strategy):
         try:
             check_feasible(trial_config(cfg, strategy, p), host)
+            if n_train is not None:
+                check_batch_fits(trial_config(cfg, strategy, p), n_train)
             feasible.append(p)
         except Infeasible as e:
             skipped.append((p, str(e)))
@@ -154,7 +147,7 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None) -> tuple[optu
             "host": host.hostname, "git_sha": tracking.git_sha(), "dvc_stage": f"sweep@{strategy}",
             "role": "study"})
         tracker.log_params(parent, {"space": json.dumps(choices(cfg, strategy))[:6000], "points": len(feasible),
-                                    "epochs": cfg.train.epochs, "storage": storage_url(cfg).split("@")[-1]})
+                                    "epochs": cfg.train.epochs, "storage": redact(storage_url(cfg))})
         study.set_user_attr("mlflow_parent_run_id", parent)
         for p in feasible[:budget]:
             study.enqueue_trial(p)
@@ -165,53 +158,6 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None) -> tuple[optu
             time.sleep(0.5)  # another worker is creating the study right now
             study = optuna.load_study(study_name=name, storage=storage, sampler=_sampler(cfg))
     return study, feasible, skipped
-
-
-def _claim(study: optuna.Study, runnable=lambda point: True) -> optuna.Trial | None:
-    """Atomically take one waiting trial that this host can run (the storage refuses the RUNNING transition to all
-    but one worker). A trial that needs more devices than this worker offers is left to a worker that has them."""
-    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if not runnable(t.system_attrs.get("fixed_params") or t.params):
-            continue
-        try:
-            if study._storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
-                # at once: Optuna never calls a trial without a heartbeat stale, so a worker killed before its
-                # first beat would leave the trial RUNNING for ever and every rerun waiting on it
-                study._storage.record_heartbeat(t._trial_id)
-                return optuna.Trial(study, t._trial_id)
-        except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
-            continue
-    return None
-
-
-class _Heartbeat:
-    def __init__(self, storage, trial_id):
-        self.storage, self.trial_id, self.stop = storage, trial_id, threading.Event()
-        self.thread = threading.Thread(target=self._beat, daemon=True)
-
-    def _beat(self):
-        while not self.stop.is_set():
-            self.storage.record_heartbeat(self.trial_id)
-            self.stop.wait(HEARTBEAT_S)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-
-
-def _end_stale_mlflow_runs(study, tracker) -> None:
-    """End the MLflow run of every trial that Optuna failed as stale (its worker died): never left RUNNING."""
-    for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-        run_id = t.user_attrs.get("mlflow_run_id")
-        if run_id and not t.user_attrs.get("reason"):
-            run = tracker.client.get_run(run_id)
-            if run.info.status == "RUNNING":
-                tracker.set_tags(run_id, {"failure": "worker died (heartbeat stale); trial enqueued again"})
-                tracker.end_run(run_id, "KILLED")
 
 
 # ----------------------------------------------------------------------------- one trial
@@ -228,45 +174,67 @@ def _fmt_point(p: dict) -> str:
 
 
 def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir: Path) -> str:
+    """Run one claimed trial and record it once: COMPLETE/PRUNED/FAIL in Optuna, FINISHED/KILLED/FAILED in MLflow.
+    A trial taken over by another worker is stopped and recorded by that worker only."""
     p = {k: trial.suggest_categorical(k, vals) for k, vals in choices(cfg, strategy).items()}
     tcfg = trial_config(cfg, strategy, p)
-    tags = {**tracking.base_tags(tcfg, host, stage=f"sweep@{strategy}"), "trial": trial.number,
-            "study": study.study_name, "optuna_trial_id": trial._trial_id}
-    run_id = tracker.start_run(f"{strategy} {_fmt_point(p)}", tags, parent_id=parent_id)
-    trial.set_user_attr("mlflow_run_id", run_id)
-    tracker.log_params(run_id, tracking.trial_params(tcfg))
     out_dir = trials_dir / f"{study.study_name}-{trial.number:04d}"
-    t0 = time.monotonic()
+    beat, run_id, t0 = Heartbeat(study._storage, trial._trial_id), None, time.monotonic()
 
     def on_epoch(record):
         tracker.log_metrics(run_id, tracking.epoch_metrics(record), step=record["epoch"])
         eta = (time.monotonic() - t0) / record["epoch"] * (record["epochs"] - record["epoch"])
         print(f"  {label} epoch {record['epoch']}/{record['epochs']}: acc {record['test_acc']:.3f}, "
               f"loss {record['train_loss']:.3f}, trial ETA {eta:.0f} s", file=sys.stderr, flush=True)
+        if beat.lost.is_set():
+            return True  # taken over: stop at this epoch's end
         if cfg.sweep.pruning:
             trial.report(record["test_acc"], record["epoch"])
             return trial.should_prune()
         return False
 
     try:
-        with _Heartbeat(study._storage, trial._trial_id):
-            metrics = run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
-                                timeout_s=cfg.sweep.trial_timeout_s)
-    except TrialFailed as e:
-        reason = f"{e.kind}: {e}"
-        trial.set_user_attr("reason", reason)
-        trial.set_user_attr("failure_kind", e.kind)
-        tracker.set_tags(run_id, {"failure": reason[:5000]})
-        tracker.end_run(run_id, "FAILED")
-        study.tell(trial, state=TrialState.FAIL)
-        return f"failed ({reason})"
-    except BaseException as e:  # interrupted: leave nothing RUNNING; the point is enqueued again
-        tracker.set_tags(run_id, {"failure": f"interrupted ({type(e).__name__}); trial enqueued again"})
-        tracker.end_run(run_id, "KILLED")
-        trial.set_user_attr("reason", "interrupted; enqueued again")
-        study.tell(trial, state=TrialState.FAIL)
-        study.enqueue_trial(p)
-        raise
+        with beat:
+            tags = {**tracking.base_tags(tcfg, host, stage=f"sweep@{strategy}"), "trial": trial.number,
+                    "study": study.study_name, "optuna_trial_id": trial._trial_id}
+            run_id = tracker.start_run(f"{strategy} {_fmt_point(p)}", tags, parent_id=parent_id)
+            trial.set_user_attr("mlflow_run_id", run_id)
+            tracker.log_params(run_id, tracking.trial_params(tcfg))
+            try:
+                metrics = run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
+                                    timeout_s=cfg.sweep.trial_timeout_s)
+            except TrialFailed as e:
+                metrics = e
+        if beat.lost.is_set():
+            return _taken_over(tracker, run_id)
+        if isinstance(metrics, TrialFailed):
+            reason = f"{metrics.kind}: {metrics}"
+            trial.set_user_attr("reason", reason)
+            trial.set_user_attr("failure_kind", metrics.kind)
+            tracker.close_run(run_id, "FAILED", reason)
+            study.tell(trial, state=TrialState.FAIL)
+            return f"failed ({reason})"
+        return _record_result(study, trial, tracker, run_id, metrics, out_dir)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return _taken_over(tracker, run_id)
+    except BaseException as e:  # interrupted, or a fault (disk full, store gone): leave nothing RUNNING
+        interrupted = isinstance(e, KeyboardInterrupt)
+        why = (f"interrupted ({e or type(e).__name__})" if interrupted else
+               f"error: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}")
+        _best_effort(lambda: tracker.close_run(run_id, "KILLED" if interrupted else "FAILED",
+                                               f"{why}; trial enqueued again") if run_id else None,
+                     lambda: trial.set_user_attr("reason", f"{why}; enqueued again"),
+                     lambda: study.tell(trial, state=TrialState.FAIL),
+                     lambda: study.enqueue_trial(p))
+        if interrupted:
+            raise
+        raise Stopped(f"The sweep stopped in trial #{trial.number} ({_fmt_point(p)}) on {why[len('error: '):]}. "
+                      f"The trial was recorded as failed with this reason and enqueued again, its MLflow run "
+                      f"ended FAILED. Fix the cause (free disk space, a writable and reachable store) and rerun "
+                      f"the sweep: finished trials are kept.") from None
+
+
+def _record_result(study, trial, tracker, run_id, metrics, out_dir) -> str:
     trial.set_user_attr("metrics", metrics)
     tracking.log_completed_run(tracker, run_id, metrics, out_dir)
     if metrics["stopped"]:
@@ -279,17 +247,43 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     return f"{metrics['throughput_img_s'] or 0:.0f} img/s, acc {metrics['test_acc'][-1]:.3f}"
 
 
+def _taken_over(tracker, run_id) -> str:
+    why = "taken over: another worker failed this trial as stale (late heartbeat) and runs it again"
+    _best_effort(lambda: tracker.close_run(run_id, "KILLED", why)
+                 if run_id and tracker.client.get_run(run_id).info.status == "RUNNING" else None)
+    return f"{why}; nothing recorded here"
+
+
+def _best_effort(*steps) -> None:
+    """Each step tried once; a store that is failing is already being reported."""
+    for step in steps:
+        try:
+            step()
+        except Exception:
+            pass
+
+
 # ----------------------------------------------------------------------------- the worker loop
 
 def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = None) -> Path:
     host = probe()
+    if strategy not in cfg.sweep.strategies:  # DVC runs every sweep@ stage; params.yaml picks which run trials
+        why = f"not selected: `{strategy}` is not in sweep.strategies ({', '.join(cfg.sweep.strategies)})"
+        stand_in = type("Unselected", (), {"study_name": study_name(cfg, strategy)})
+        write_rows([trial_row(stand_in, strategy, point=p, reason=why) for p in points(cfg, strategy)], out_csv)
+        print(f"[sweep {strategy}] {why}: no trial run", file=sys.stderr, flush=True)
+        return out_csv
     # bad input stops here, before anything is written to the stores
-    from .launch import _load_data
-    _load_data(configmod.replace_train(cfg, strategy=strategy))  # data present, readable, of the right source
+    from .launch import load_data
+    data = load_data(configmod.replace_train(cfg, strategy=strategy))  # present, readable, of the right source
+    n_train = len(data.train_y)
+    del data
+    for url, key in ((storage_url(cfg), "sweep.storage"), (tracking.tracking_uri(cfg), "tracking.uri")):
+        check_store(url, key)  # both, before either store is created or opened
     with _creating_stores(cfg):
         storage = open_storage(cfg)  # a bad URL fails now
         tracker = tracking.Tracker(cfg)
-        study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, storage)
+        study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, storage, n_train)
     parent_id = study.user_attrs.get("mlflow_parent_run_id")
     if parent_id and tracker.client.get_run(parent_id).info.status != "RUNNING":
         tracker.client.update_run(parent_id, status="RUNNING")
@@ -307,12 +301,12 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             return True
         except Infeasible:
             return False
-    interrupted = True
+    interrupted, fault = True, None
     try:
         while max_new_trials is None or ran < max_new_trials:
-            optuna.storages.fail_stale_trials(study)
-            _end_stale_mlflow_runs(study, tracker)
-            trial = _claim(study, runnable)
+            fail_stale_trials(study)
+            end_stale_mlflow_runs(study, tracker)
+            trial = claim(study, runnable)
             if trial is None:
                 running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                 if not running:
@@ -323,7 +317,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
                     break
                 time.sleep(1.0)  # another worker (or a dead one, until its heartbeat goes stale) holds a trial
                 continue
-            done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+            done = _finished(study)
             eta = (time.monotonic() - started) / ran * max(total - done, 0) if ran else None
             label = f"[sweep {strategy}] trial {done + 1}/{total}"
             print(f"{label} (#{trial.number}) {_fmt_point(study._storage.get_trial_system_attrs(trial._trial_id).get('fixed_params') or {})}"
@@ -333,13 +327,27 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             ran += 1
             write_csv(study, strategy, skipped, out_csv)
         interrupted = False
+    except Exception as e:  # a fault: the trial (if any) is closed already; the parent run is closed below
+        fault = e if isinstance(e, Stopped) else Stopped(
+            f"The sweep stopped on {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}. Fix the "
+            f"cause (free disk space, a writable and reachable store) and rerun the sweep: finished trials are kept.")
+        raise fault from None
     finally:
-        write_csv(study, strategy, skipped, out_csv)
+        if fault is None:
+            write_csv(study, strategy, skipped, out_csv)
         if not interrupted:
             _finish_parent(study, tracker, parent_id, out_csv)
-        elif parent_id and not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            tracker.end_run(parent_id, "KILLED")  # no other worker is on it; the rerun marks it RUNNING again
+        elif parent_id:  # ended unless another worker is on it; the rerun marks it RUNNING again
+            _best_effort(lambda: tracker.close_run(parent_id, "FAILED" if fault else "KILLED", str(fault or ""))
+                         if not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) else None)
     return out_csv
+
+
+def _finished(study) -> int:
+    """Trials that ran to an end: complete, pruned, or failed by themselves (a trial failed because its worker
+    was interrupted or died is run again, and counted then)."""
+    ended = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+    return sum(t.state != TrialState.FAIL or "failure_kind" in t.user_attrs for t in ended)
 
 
 @contextlib.contextmanager
@@ -387,55 +395,3 @@ def _finish_parent(study, tracker, parent_id, out_csv) -> None:
         tracker.log_artifacts(parent_id, plots_dir, "study/plots")
     finally:
         tracker.end_run(parent_id, "FINISHED")
-
-
-# ----------------------------------------------------------------------------- the CSV
-
-def _row(study, strategy, t=None, point=None, reason="", state="skipped") -> dict:
-    m = (t.user_attrs.get("metrics") if t else None) or {}
-    p = dict(t.params) if t else dict(point)
-    state = {TrialState.COMPLETE: "complete", TrialState.FAIL: "failed", TrialState.PRUNED: "pruned",
-             TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}[t.state] if t else state
-    peaks = m.get("peak_mem_bytes") or []
-    row = {"study": study.study_name, "trial": t.number if t else "", "strategy": strategy,
-           "model": p.get("model"), "devices": p.get("devices"), "batch_size": p.get("batch_size"),
-           "per_device_batch": p["batch_size"] // p["devices"] if p.get("devices") else "", "lr": p.get("lr"),
-           "epochs": m.get("epochs", ""), "state": state,
-           "reason": reason or (t.user_attrs.get("reason", "") if t else "") or (
-               "worker_died: its sweep process stopped (heartbeat stale); the point was enqueued again"
-               if t and t.state == TrialState.FAIL else ""),
-           "peak_mem_bytes": json.dumps(peaks), "peak_mem_max": max(peaks) if peaks else "",
-           "peak_mem_mean": sum(peaks) / len(peaks) if peaks else "", "mem_imbalance": m.get("mem_imbalance"),
-           "epoch_s": sum(m["epoch_s"]) / len(m["epoch_s"]) if m.get("epoch_s") else "",
-           "epoch_s_list": json.dumps(m.get("epoch_s", [])), "test_acc": (m.get("test_acc") or [""])[-1],
-           "test_acc_list": json.dumps(m.get("test_acc", [])), "train_loss": (m.get("train_loss") or [""])[-1],
-           "duration_s": m.get("wall_s", ""),
-           "mlflow_run_id": t.user_attrs.get("mlflow_run_id", "") if t else ""}
-    for k in ("data_source", "device_kind", "device_name", "host", "host_devices", "parallel_devices",
-              "oversubscribed", "throughput_img_s", "time_to_acc_s", "target_acc", "mem_method"):
-        row[k] = m.get(k, "")
-    for k in KNOBS:
-        row[k] = p.get(k, m.get(k, ""))
-    row["comm_hook_used"] = m.get("comm_hook_used") or ""  # the transport comm_hook=auto chose (not a group key)
-    return {k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS}
-
-
-def write_csv(study, strategy: str, skipped, out_csv: Path) -> None:
-    host = probe()
-    rows = [_row(study, strategy, t=t) for t in study.get_trials(deepcopy=False)
-            if t.state != TrialState.WAITING]
-    in_study = [t.system_attrs.get("fixed_params") or t.params for t in study.get_trials(deepcopy=False)]
-    for p, why in skipped:
-        if p in in_study:  # infeasible here, but queued by a larger host: its row is the trial's
-            continue
-        r = _row(study, strategy, point=p, reason=why)
-        r.update(host=host.hostname, device_kind=host.kind, device_name=host.name, host_devices=host.n)
-        rows.append(r)
-    out_csv = Path(out_csv)
-    out_csv.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_csv.with_suffix(f".csv.{os.getpid()}.tmp")  # per process: workers of one study share the CSV
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(out_csv)  # atomic: a crash never leaves half a CSV

@@ -6,6 +6,7 @@ explicit run ids (no global "active run"), so a crashed trial can always be ende
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -14,12 +15,29 @@ import time
 from pathlib import Path
 
 from .config import repo_root
+from .errors import StoreError, redact
+from .preflight import check_store
 
 RUNNING = "RUNNING"
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # no "View run at" line per ended run
 # MLflow 3 sends usage telemetry to its servers from a background thread unless told not to; a research pipeline
 # on a cluster should not phone home for its users (set MLFLOW_DISABLE_TELEMETRY=false to allow it)
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+@contextlib.contextmanager
+def _first_contact():
+    """MLflow's HTTP client retries 7 times over about two minutes, and waits 120 s per request: right for a long
+    sweep against a busy server, wrong for the first request, which should say at once that nobody answers."""
+    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+    saved = {k: os.environ.get(k) for k in quick}
+    os.environ.update({k: v for k, v in quick.items() if saved[k] is None})  # the user's settings win
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
 
 
 def tracking_uri(cfg) -> str:
@@ -45,13 +63,20 @@ class Tracker:
         import mlflow
         from mlflow.tracking import MlflowClient
         uri = tracking_uri(cfg)
-        if uri.startswith("sqlite:///"):
-            Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        check_store(uri, "tracking.uri")  # unreachable, corrupt or unwritable: fails now, in seconds
         mlflow.set_tracking_uri(uri)
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
         name = experiment_name(cfg)
-        exp = self._get_or_create(name, cfg)
+        try:
+            with _first_contact():
+                self.client = MlflowClient(tracking_uri=uri)
+                exp = self._get_or_create(name, cfg)
+        except Exception as e:  # a server that answers but is not MLflow, a schema MLflow cannot migrate, ...
+            raise StoreError(
+                f"Cannot use the MLflow tracking store {redact(uri)} (tracking.uri): {type(e).__name__}: "
+                f"{redact((str(e).strip().splitlines() or [''])[0][:300])}. Check that it is an MLflow tracking "
+                f"server or database of a supported version (docs/scale-out.md), or leave tracking.uri empty for "
+                f"the local store in mlruns/. Nothing was run.") from None
         self.experiment_id = exp.experiment_id
         self.name = name
 
@@ -100,6 +125,18 @@ class Tracker:
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status)
+
+    def close_run(self, run_id: str, status: str, reason: str = "") -> None:
+        """End a run with its status and, for one that did not finish, the reason as tag `failure`. When the store
+        itself fails, a run that did not finish is left as it is (the fault is being reported); a FINISHED one
+        raises, so that no failure passes for a success."""
+        try:
+            if reason:
+                self.set_tags(run_id, {"failure": redact(reason)[:5000]})
+            self.end_run(run_id, status)
+        except Exception:
+            if status == "FINISHED":
+                raise
 
     def find_runs(self, filter_string: str) -> list:
         return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=10000)

@@ -82,3 +82,28 @@ def test_space_union_of_products():
     from pipeline.sweep import points
     pts = points(cfg, "dp")
     assert [(p["devices"], p["batch_size"], p["lr"]) for p in pts] == [(1, 256, 0.1), (2, 512, 0.2)]
+
+
+@pytest.mark.parametrize("sets", [[], ["train.lr=0.1"], ["train.epochs=2", "data.train_limit=100"]])
+def test_section_shapes_are_checked_with_or_without_overrides(tmp_path, sets):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "params.yaml").write_text("profile: ''\ntrain: [1, 2]\n")
+    with pytest.raises(c.ConfigError, match=r"`train`.*expected a mapping"):
+        c.load(tmp_path / "params.yaml", sets, root=tmp_path)
+
+
+def test_non_utf8_params_file_is_refused(tmp_path):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "params.yaml").write_bytes(b"profile: ''\ntrain: {lr: 0.1}  # caf\xe9\n")
+    with pytest.raises(c.ConfigError, match="not UTF-8 text"):
+        c.load(tmp_path / "params.yaml", root=tmp_path)
+
+
+@pytest.mark.parametrize("sets,needle", [
+    ([f"train.seed={2**64 + 1}"], "must be <= 4294967295"),
+    (["train.timeout_s=1e300"], "must be <= 2592000"),
+    (["sweep.trial_timeout_s=1e300"], "must be <= 2592000"),
+])
+def test_values_beyond_what_the_libraries_take_are_refused(sets, needle):
+    with pytest.raises(c.ConfigError, match=needle):
+        load(*sets)

@@ -45,6 +45,26 @@ CASES = [
     ("unknown profile", ["sweep", "--strategy", "ddp", "--set", "profile=huge"], "Valid profiles"),
     ("output device outside the trial", ["train", "--out", "{tmp}/o", "--set", "train.output_device=-1"],
      "must be >= 0"),
+    ("profile that is a path", ["sweep", "--strategy", "single", "--set", "profile=../params"], "Invalid profile"),
+    ("sweep --out at a directory", ["sweep", "--strategy", "single", "--out", "{tmp}"], "is a directory"),
+    ("train --out at an existing file", ["train", "--out", "{tmp}/afile"], "is an existing file"),
+    ("train --out where nothing can be written", ["train", "--out", "{tmp}/afile/o"], "cannot be written"),
+    ("seed beyond 32 bits", ["train", "--out", "{tmp}/o", "--seed", str(2**64 + 1)], "must be <= 4294967295"),
+    ("collective timeout beyond 30 days", ["train", "--out", "{tmp}/o", "--set", "train.timeout_s=1e300"],
+     "must be <= 2592000"),
+    ("global batch larger than the training set", ["train", "--out", "{tmp}/o", "--batch-size", "60001"],
+     "larger than the training set"),
+    ("params.yaml not UTF-8", ["train", "--out", "{tmp}/o", "--params", "{tmp}/latin1.yaml"], "not UTF-8"),
+    ("a section that is not a mapping, with a flag", ["train", "--out", "{tmp}/o", "--params",
+                                                      "{tmp}/list_train.yaml", "--lr", "0.1"], "expected a mapping"),
+    ("Optuna storage unreachable", ["sweep", "--strategy", "single", "--set",
+                                    "sweep.storage=postgresql://parallax:PW@127.0.0.1:1/optuna"], "Cannot reach"),
+    ("MLflow tracking server unreachable", ["train", "--out", "{tmp}/o", "--set", "tracking.uri=http://127.0.0.1:1"],
+     "Cannot reach"),
+    ("MLflow database corrupt", ["train", "--out", "{tmp}/o", "--set", "tracking.uri=sqlite:///{tmp}/corrupt.db"],
+     "not a usable SQLite database"),
+    ("Optuna database corrupt", ["sweep", "--strategy", "single", "--set",
+                                 "sweep.storage=sqlite:///{tmp}/corrupt.db"], "not a usable SQLite database"),
 ]
 
 
@@ -58,6 +78,10 @@ def env(make_cfg, tmp_path, synthetic_root, monkeypatch):
     (tmp_path / "params.yaml").write_text(f"profile: cpu\ndata: {{source: synthetic, dir: {synthetic_root}}}\n")
     (tmp_path / "bad_key.yaml").write_text("profile: cpu\ntrain:\n  lrr: 0.1\n")
     (tmp_path / "afile").write_text("not a directory")
+    (tmp_path / "latin1.yaml").write_bytes(b"profile: cpu\ntrain: {lr: 0.1}  # r\xe9glage\n")
+    (tmp_path / "list_train.yaml").write_text(f"profile: cpu\ndata: {{source: synthetic, dir: {synthetic_root}}}\n"
+                                              "train: [1, 2]\n")
+    (tmp_path / "corrupt.db").write_bytes(b"this is not a database" * 100)
     for name, damage in (("badmagic", b"\x00\x00\x09\x09"), ("truncated", None)):
         d = tmp_path / name
         shutil.copytree(synthetic_root, d)
@@ -80,7 +104,7 @@ def test_bad_input_stops_before_any_work(env, case, capsys):
         code = e.code
     err = capsys.readouterr().err
     assert code != 0
-    assert needle in err, err
+    assert needle in " ".join(err.split()), err  # the paragraph is wrapped at 100 columns
     assert "Traceback" not in err
     assert not (env / "mlruns" / "mlflow.db").exists() and not (env / "mlruns" / "optuna.db").exists()
     assert not (env / "o" / "metrics.json").exists()

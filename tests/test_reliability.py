@@ -18,6 +18,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -259,7 +260,7 @@ def test_diverged_multiprocess_trial_fails_and_the_study_goes_on(make_cfg, tmp_p
 # ----------------------------------------------------------------------------- 6. interrupted sweep
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
 def test_interrupted_sweep_resumes_without_loss_or_repeats(tmp_path, synthetic_root, sig):
     root, env = make_repo(tmp_path, synthetic_root, "ddp",
                           "{devices: [2], batch_size: [64], lr: [0.1, 0.2, 0.3]}", train_limit=3072)
@@ -270,17 +271,17 @@ def test_interrupted_sweep_resumes_without_loss_or_repeats(tmp_path, synthetic_r
         states=(TrialState.COMPLETE,))}
     assert list(done_before) == [0]
     t0 = time.monotonic()
-    if sig == "SIGINT":
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the sweep and its workers
+    if sig in ("SIGINT", "SIGTERM"):
+        os.killpg(proc.pid, getattr(signal, sig))  # Ctrl-C, or a scheduler's stop: the sweep and its workers
     else:
         os.kill(proc.pid, signal.SIGKILL)  # the sweep only; its workers are left to notice
     rc = proc.wait(60)
     exit_s = time.monotonic() - t0
-    assert rc == (130 if sig == "SIGINT" else -9), (root / "sweep.log").read_text()[-3000:]
+    assert rc == {"SIGINT": 130, "SIGTERM": 143, "SIGKILL": -9}[sig], (root / "sweep.log").read_text()[-3000:]
     wait_for(lambda: not left_behind(root), 30, what="the workers of the interrupted sweep to exit")
     gone_s = time.monotonic() - t0
     still_running = sorted(r.info.run_name for r in mlflow_runs(root)[0] if r.info.status == "RUNNING")
-    if sig == "SIGINT":
+    if sig != "SIGKILL":
         assert not still_running  # ended KILLED at once; the point is enqueued again
     t1 = time.monotonic()
     text = finish(start_sweep(root, env, "ddp", log="rerun.log"), root, log="rerun.log")
@@ -302,6 +303,8 @@ def test_interrupted_sweep_resumes_without_loss_or_repeats(tmp_path, synthetic_r
     assert sorted(r["state"] for r in rows(root, "ddp")) == ["complete"] * 3 + ["failed"]
     assert not left_behind(root)
     assert_stores_intact(root)
+    # the killed sweep's trial folder went with the rerun's first trial; the others with their trial
+    assert not list(Path(tempfile.gettempdir()).glob(f"parallax-trial-{proc.pid}-*"))
     figure(case=f"{sig} to the sweep mid-trial (trial 1 of 3)", sweep_exit_s=round(exit_s, 2),
            all_processes_gone_s=round(gone_s, 2), running_mlflow_runs_while_stopped=still_running,
            rerun_s=round(rerun_s, 1), completed_kept=len(done_before), repeated=0, lost=0)
@@ -311,6 +314,58 @@ def test_interrupted_sweep_resumes_without_loss_or_repeats(tmp_path, synthetic_r
 
 @pytest.mark.slow
 def test_three_workers_on_one_study_record_every_trial_once(tmp_path, synthetic_root):
+    _three_workers(tmp_path, synthetic_root, "3 sweep processes, one study, fresh SQLite stores")
+
+
+@pytest.mark.slow
+def test_three_workers_keep_every_live_trial_while_cpu_burners_load_every_core(tmp_path, synthetic_root):
+    """A loaded host (load average 2x its cores) delays heartbeats and SQLite commits: no live trial may be taken
+    over as stale, no trial recorded twice, no traceback."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * os.cpu_count())]
+    try:
+        _three_workers(tmp_path, synthetic_root, f"as above, with {len(burners)} CPU burners on "
+                                                 f"{os.cpu_count()} cores")
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+
+
+@pytest.mark.slow
+def test_a_worker_stalled_past_the_grace_period_keeps_its_trial(tmp_path, synthetic_root):
+    """The extreme of a loaded host: a live worker that gets no CPU for longer than the grace period (SIGSTOP, then
+    SIGCONT). Its heartbeat is stale, but it is alive on this host: its trial is not taken over, it finishes it,
+    and every trial is recorded once (before: another worker failed it as stale and ran a copy, and the stalled
+    one crashed with UpdateFinishedTrialError when it resumed)."""
+    lrs = [0.05, 0.1, 0.15, 0.2]
+    root, env = make_repo(tmp_path, synthetic_root, "single", f"{{devices: [1], batch_size: [64], lr: {lrs}}}",
+                          train_limit=4096, epochs=2)
+    procs = [start_sweep(root, env, "single", log=f"worker{i}.log") for i in range(2)]
+
+    def mid_trial():  # once every worker is running trials: one training its trial's second epoch (computing,
+        # holding no SQLite lock: a worker stopped inside a write would stall the others on the lock instead)
+        logs = [[ln for ln in (root / f"worker{i}.log").read_text().splitlines() if "] trial " in ln]
+                for i in range(len(procs))]
+        if not all(logs):
+            return None
+        return next((p for p, lines in zip(procs, logs) if " epoch 1/2:" in lines[-1]), None)
+    victim = wait_for(mid_trial, 120, what="a worker in the middle of a trial")
+    os.kill(victim.pid, signal.SIGSTOP)
+    time.sleep(GRACE_S + 10)  # stale for 10 s: the other workers check at each trial they finish (every few s)
+    os.kill(victim.pid, signal.SIGCONT)
+    logs = [finish(p, root, log=f"worker{i}.log") for i, p in enumerate(procs)]
+    for text in logs:
+        assert "Traceback" not in text and "UpdateFinishedTrialError" not in text and "taken over" not in text, \
+            text[-3000:]
+    s = study(root)
+    assert len(s.trials) == len(lrs) and all(t.state == TrialState.COMPLETE for t in s.trials)
+    runs, parents, children = mlflow_runs(root)
+    assert len(children) == len(lrs) and all(c.info.status == "FINISHED" for c in children)
+    figure(case=f"a worker SIGSTOPped mid-trial for {GRACE_S + 10} s (grace {GRACE_S} s)", trials=len(lrs),
+           optuna_records=len(s.trials), mlflow_trial_runs=len(children), taken_over=0)
+
+
+def _three_workers(tmp_path, synthetic_root, case):
     lrs = [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5]
     root, env = make_repo(tmp_path, synthetic_root, "single", f"{{devices: [1], batch_size: [64], lr: {lrs}}}",
                           train_limit=1024, epochs=1)
@@ -336,7 +391,7 @@ def test_three_workers_on_one_study_record_every_trial_once(tmp_path, synthetic_
     out = rows(root, "single")
     assert len(out) == len(lrs) and all(r["state"] == "complete" for r in out)
     assert_stores_intact(root)
-    figure(case="3 sweep processes, one study, fresh SQLite stores", trials=len(lrs), trials_per_worker=per_worker,
+    figure(case=case, trials=len(lrs), trials_per_worker=per_worker,
            optuna_records=len(s.trials), mlflow_trial_runs=len(children), locked_errors=0,
            sweep_seconds=round(seconds, 1))
 
@@ -347,13 +402,14 @@ def test_ui_binds_to_localhost_without_a_shell(make_cfg, tmp_path, monkeypatch):
     from pipeline.__main__ import main
     make_cfg()  # DVC_ROOT=tmp_path
     calls = []
-    monkeypatch.setattr(os, "execv", lambda path, argv: calls.append((path, argv)))
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
     assert main(["ui", "--set", "profile=", "--port", "5123"]) == 0
-    ((path, argv),) = calls
+    ((path, argv, env),) = calls
     assert path == sys.executable and argv[:4] == [sys.executable, "-m", "mlflow", "ui"]
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and "0.0.0.0" not in argv
     assert argv[argv.index("--port") + 1] == "5123"
-    assert argv[argv.index("--backend-store-uri") + 1] == f"sqlite:///{tmp_path.resolve()}/mlruns/mlflow.db"
+    assert env["MLFLOW_BACKEND_STORE_URI"] == f"sqlite:///{tmp_path.resolve()}/mlruns/mlflow.db"
+    assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"  # no job runners, nothing in /dev/shm
     with pytest.raises(SystemExit):  # not a number: refused before anything runs
         main(["ui", "--set", "profile=", "--port", "5000; rm -rf ~"])
     assert len(calls) == 1
@@ -408,15 +464,15 @@ def test_no_command_goes_through_a_shell():
 
 
 def test_dvc_commands_interpolate_only_validated_strategy_names():
-    """DVC runs each stage's cmd through a shell: the only parameter in one is ${item}, a validated strategy."""
+    """DVC runs each stage's cmd through a shell: the only parameter in one is ${item}, from a fixed list in
+    dvc.yaml (not from params.yaml), and every name on it is a strategy."""
     from pipeline import config as configmod
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():
         cmd = stage.get("do", stage)["cmd"]
         assert set(re.findall(r"\$\{([^}]*)\}", cmd)) <= {"item"}, (name, cmd)
         if "foreach" in stage:
-            assert stage["foreach"] == "${sweep.strategies}", name
-    cfg = configmod.load(REPO / "params.yaml", root=REPO)
-    assert all(re.fullmatch(r"[a-z_]+", s) for s in cfg.sweep.strategies)
+            assert stage["foreach"] == list(configmod.STRATEGY_NAMES), name
+    assert all(re.fullmatch(r"[a-z_]+", s) for s in configmod.STRATEGY_NAMES)
     with pytest.raises(configmod.ConfigError):
         configmod.load(REPO / "params.yaml", ["sweep.strategies=[ddp; rm -rf ~]"], root=REPO)

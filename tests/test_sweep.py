@@ -121,3 +121,12 @@ def test_pruning_reaches_a_multiprocess_trial_through_rank_0(tiny, tmp_path, mon
     assert [t.state for t in study.trials] == [TrialState.PRUNED]
     runs = tracking.Tracker(cfg).find_runs("tags.strategy = 'ddp'")
     assert [r.info.status for r in runs if "mlflow.parentRunId" in r.data.tags] == ["KILLED"]
+
+
+def test_unselected_strategy_writes_a_csv_saying_so_and_opens_no_store(tiny, tmp_path):
+    cfg = tiny(100.0, "sweep.strategies=[single, ddp]")
+    out = run_sweep(cfg, "scratch", tmp_path / "scratch.csv")
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["state"] == "skipped" and r["reason"].startswith("not selected") for r in rows)
+    assert not (tmp_path / "mlruns").exists()

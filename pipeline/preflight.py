@@ -1,0 +1,118 @@
+"""Checks made before any MLflow run or Optuna trial is opened: stores reachable and usable, output paths writable.
+
+A store that cannot be reached fails within seconds (PREFLIGHT_TIMEOUT_S) with its address, password redacted,
+instead of after MLflow's or the database driver's minutes of retries. Torch-free and MLflow-free.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sqlite3
+import tempfile
+import urllib.parse
+from pathlib import Path
+
+from .config import repo_root
+from .errors import PathError, StoreError, has_password, redact
+from .errors import say as say
+
+PREFLIGHT_TIMEOUT_S = float(os.environ.get("PARALLAX_PREFLIGHT_TIMEOUT_S", "5"))
+_WARNED: set[str] = set()
+_PORTS = {"http": 80, "https": 443, "postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
+
+
+def check_store(url: str, key: str) -> None:
+    """Raise StoreError unless the store at `url` (the value of `key`) can be used: a server answers on its port,
+    or a local SQLite file is a database in a writable directory."""
+    if has_password(url) and key not in _WARNED:
+        _WARNED.add(key)
+        say(f"warning: {key} carries a password ({redact(url)}). Parallax never shows or stores it, but DVC "
+            f"records tracked parameters verbatim in dvc.lock and the shell keeps --set options in its history: "
+            f"prefer PGPASSWORD, ~/.pgpass or MLFLOW_TRACKING_PASSWORD (docs/scale-out.md).")
+    if url.startswith("sqlite:///"):
+        _check_sqlite(Path(url[len("sqlite:///"):]), url, key)
+        return
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.split("+")[0].lower()
+    if scheme not in _PORTS or not parts.hostname:  # a unix socket, a file store, a scheme we do not know
+        return
+    try:
+        port = parts.port or _PORTS[scheme]
+    except ValueError:
+        raise StoreError(f"{key}={redact(url)!r} has an invalid port. Fix the URL.") from None
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=PREFLIGHT_TIMEOUT_S):
+            pass
+    except OSError as e:
+        why = "no answer" if isinstance(e, socket.timeout) else (e.strerror or type(e).__name__)
+        raise StoreError(
+            f"Cannot reach {redact(url)} ({key}): {parts.hostname}:{port} gave {why} within "
+            f"{PREFLIGHT_TIMEOUT_S:.0f} s. Start the server or fix the address (docs/scale-out.md), or leave {key} "
+            f"empty for the local SQLite store in mlruns/. Nothing was run.") from None
+
+
+def _check_sqlite(path: Path, url: str, key: str) -> None:
+    where = f"{redact(url)} ({key})"
+    if path.parent == repo_root() / "mlruns":  # the default store: its folder is ours to create
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():
+        raise StoreError(f"Cannot use {where}: the directory {path.parent} does not exist. Create it, or fix "
+                         f"the path (sqlite:////abs/path/file.db has four slashes). Nothing was run.")
+    if path.exists():
+        if not path.is_file():
+            raise StoreError(f"Cannot use {where}: {path} is not a file. Point {key} at a database file.")
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro",
+                                                  uri=True, timeout=60)) as con:
+                con.execute("PRAGMA schema_version").fetchone()
+        except sqlite3.DatabaseError as e:
+            raise StoreError(
+                f"Cannot use {where}: {path} is not a usable SQLite database ({e}). It is corrupt or not a "
+                f"database: move it aside (the runs in it are lost unless you have a copy) and rerun to create a "
+                f"new one, or point {key} at another store. Nothing was run.") from None
+        if not os.access(path, os.W_OK):
+            raise StoreError(f"Cannot write the store {where}: {path} is read-only. Make it writable (chmod u+w) or "
+                             f"point {key} at a copy you can write. Nothing was run.")
+    writable_dir(path.parent, f"the store {where}")
+
+
+def writable_dir(d: Path, what: str) -> None:
+    """Raise StoreError unless a file can be created in the existing directory `d`."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".parallax-write-check-"):
+            pass
+    except OSError as e:
+        raise StoreError(
+            f"Cannot write {what}: {d} is not writable ({e.strerror or e}). Free space or fix the permissions "
+            f"(a read-only or full file system refuses every write), or point it elsewhere. Nothing was run.") from None
+
+
+def output_file(path: Path, option: str) -> Path:
+    """`path` is where a file will be written: not a directory, in a directory that can be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise PathError(f"{option} {path} is a directory, but it names the file to write (e.g. "
+                        f"{path / 'out.csv'}). Give a file path. Nothing was run.")
+    _writable(path.parent, option, path)
+    return path
+
+
+def output_dir(path: Path, option: str) -> Path:
+    """`path` is a directory to write into: a directory already, or creatable."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise PathError(f"{option} {path} is an existing file, but it names the directory to write into. Give a "
+                        f"directory path (new or existing). Nothing was run.")
+    _writable(path, option, path)
+    return path
+
+
+def _writable(d: Path, option: str, path: Path) -> None:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".parallax-write-check-"):
+            pass
+    except OSError as e:
+        raise PathError(f"{option} {path} cannot be written: {d} is not a writable directory ({e.strerror or e}). "
+                        f"Choose a path in a directory you can write to. Nothing was run.") from None
