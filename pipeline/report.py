@@ -49,6 +49,12 @@ def _reading(pts, eff, mem, status) -> list[str]:
             out.append(f"Fastest{tag}: **{r['strategy']}**, {r['throughput_img_s']:,.0f} images/s "
                        f"at k={r['k']:g}, B={r['batch_size']:g}.")
         w = e[(e["kind"] == "weak") & e["efficiency"].notna() & (e["k"] >= 2)]
+        odd = w[w["efficiency"] > 1.0]
+        for r in odd.to_dict("records"):  # physically implausible: never presented as a finding
+            out.append(f"Implausible{tag}: {r['strategy']} at k={r['k']:g} has a weak-scaling efficiency of "
+                       f"{r['efficiency']:.2f} (> 1, superlinear): most likely its k=1 reference ran slower than "
+                       f"usual (interference or noise), so it is left out of the comparison below.")
+        w = w[w["efficiency"] <= 1.0]
         if len(w):
             K = w["k"].max()
             best = w[w["k"] == K].groupby("strategy")["efficiency"].max().sort_values(ascending=False)
@@ -155,6 +161,13 @@ def _problems(df, status):
     bad = df[~df["state"].isin(["complete", "skipped"])]
     s += ["\n## Failed and pruned trials\n\n",
           md_table(bad, ["strategy", "model", "k", "batch_size", "lr", "trial", "state", "reason"])]
+    inter = df[df["interfered"] & (df["state"] == "complete")]
+    s += ["\n## Excluded from throughput and efficiency: measured under interference\n\n",
+          "Other processes used this host's cores while these trials ran (beyond the threshold of "
+          "`pipeline/interference.py`); their speed is not the strategy's. Accuracy and memory keep them.\n\n"
+          if len(inter) else "",
+          md_table(inter, ["strategy", "model", "k", "batch_size", "lr", "throughput_img_s", "foreign_cores",
+                           "interference_reason"])]
     ov = df[df["oversubscribed"]]
     s += ["\n## Excluded: oversubscribed runs (functional tests, not in scaling or memory)\n\n",
           md_table(ov, ["strategy", "model", "k", "batch_size", "lr", "state", "throughput_img_s"])]

@@ -17,7 +17,8 @@ CSV_COLUMNS = [
     "reason", "data_source", "device_kind", "device_name", "host", "host_devices", "parallel_devices",
     "oversubscribed", "throughput_img_s", "epoch_s", "epoch_s_list", "test_acc", "test_acc_list",
     "time_to_acc_s", "target_acc", "train_loss", "peak_mem_bytes", "peak_mem_max", "peak_mem_mean",
-    "mem_imbalance", "mem_method", "duration_s", "mlflow_run_id", *KNOBS, "comm_hook_used"]
+    "mem_imbalance", "mem_method", "duration_s", "mlflow_run_id", *KNOBS, "comm_hook_used",
+    "interfered", "foreign_cores", "loadavg_start", "interference_reason"]
 
 
 def trial_row(study, strategy, t=None, point=None, reason="", state="skipped") -> dict:
@@ -45,6 +46,9 @@ def trial_row(study, strategy, t=None, point=None, reason="", state="skipped") -
         row[k] = m.get(k, "")
     for k in KNOBS:
         row[k] = p.get(k, m.get(k, ""))
+    inter = m.get("interference") or {}  # what else used the host during the trial (interference.py)
+    row.update(interfered=inter.get("interfered", ""), foreign_cores=inter.get("foreign_cores"),
+               loadavg_start=inter.get("loadavg_start"), interference_reason=inter.get("interference_reason", ""))
     row["comm_hook_used"] = m.get("comm_hook_used") or ""  # the transport used (not a group key)
     return {k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS}
 

@@ -22,10 +22,11 @@ EXTRAS = ("host", "data_source", *KNOBS)
 POINT = ("strategy", "model", "k", "batch_size", "per_device_batch")
 NUMERIC = ("trial", "devices", "batch_size", "per_device_batch", "lr", "epochs", "host_devices",
            "throughput_img_s", "epoch_s", "test_acc", "time_to_acc_s", "target_acc",
-           "train_loss", "peak_mem_max", "peak_mem_mean", "mem_imbalance", "duration_s")
+           "train_loss", "peak_mem_max", "peak_mem_mean", "mem_imbalance", "duration_s", "foreign_cores",
+           "loadavg_start")
 TEXT = ("study", "strategy", "model", "state", "reason", "data_source", "device_kind",
         "device_name", "host", "epoch_s_list", "test_acc_list", "peak_mem_bytes",
-        "mem_method", "mlflow_run_id", *KNOBS)
+        "mem_method", "mlflow_run_id", "interference_reason", *KNOBS)
 MIB = 2.0**20
 
 
@@ -52,7 +53,7 @@ def _key_str(v) -> str:
 
 def normalize(df: pd.DataFrame, stem: str) -> pd.DataFrame:
     df = df.copy()
-    for c in (*TEXT, *NUMERIC, "parallel_devices", "oversubscribed"):
+    for c in (*TEXT, *NUMERIC, "parallel_devices", "oversubscribed", "interfered"):
         if c not in df:
             df[c] = ""
     for c in TEXT:
@@ -63,6 +64,9 @@ def normalize(df: pd.DataFrame, stem: str) -> pd.DataFrame:
     df["state"] = df["state"].str.lower().where(df["state"] != "", "unknown")
     df["parallel_devices"] = df["parallel_devices"].map(_to_bool).astype(object)
     df["oversubscribed"] = df["oversubscribed"].map(lambda v: _to_bool(v) is True).astype(bool)
+    # measured while other processes used the host beyond interference.py's threshold: its speed is not the
+    # strategy's, so it leaves throughput and efficiency (accuracy and memory keep it); listed with the reason
+    df["interfered"] = df["interfered"].map(lambda v: _to_bool(v) is True).astype(bool)
     df["k"] = df["devices"]
     derived = df["batch_size"] / df["k"]
     df["per_device_batch"] = df["per_device_batch"].fillna(derived.where(derived % 1 == 0))
@@ -151,14 +155,16 @@ def point_table(df) -> pd.DataFrame:
     """One row per measured point (strategy, model, k, B, knobs): throughput is the median
     over lrs (and repeats) of complete trials; accuracy comes from the best lr."""
     cols = [*POINT, *EXTRAS, "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc",
-            "time_to_acc_s", "parallel_devices"]
+            "time_to_acc_s", "parallel_devices", "n_interfered"]
     rows = []
     for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
         acc = g[g["test_acc"].notna()]
         best = acc.sort_values(["test_acc", "time_to_acc_s"], ascending=[False, True]).head(1)
         at_best = {c: best[c].iloc[0] if len(best) else math.nan for c in ("lr", "test_acc", "time_to_acc_s")}
         rows.append({**dict(zip((*POINT, *EXTRAS), key)),
-                     "throughput_img_s": g["throughput_img_s"].median(),  # NaN if none measured
+                     # NaN if none measured, or every trial of the point was measured under interference
+                     "throughput_img_s": g.loc[~g["interfered"], "throughput_img_s"].median(),
+                     "n_interfered": int(g["interfered"].sum()),
                      "n_trials": len(g), "n_lrs": g["lr"].nunique(),
                      "best_lr": at_best["lr"], "test_acc": at_best["test_acc"],
                      "time_to_acc_s": at_best["time_to_acc_s"],

@@ -1,6 +1,7 @@
 """Interference: CPU time of other processes during a window is measured and flagged; our own work is not."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -54,3 +55,59 @@ def test_every_trial_records_what_else_ran(make_cfg, tmp_path):
     i = m["interference"]
     assert i["window_s"] > 0 and i["host_cores"] >= 1 and i["own_cpu_s"] > 0
     assert isinstance(i["interfered"], bool) and (i["interference_reason"] != "") == i["interfered"]
+
+
+def _rows(trials):
+    """The sweep table's rows of real trials, through the sweep's own row builder."""
+    import types
+
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    from pipeline.sweep_csv import trial_row
+    rows = []
+    for i, (params, metrics) in enumerate(trials):
+        t = optuna.trial.create_trial(params=params, value=metrics["throughput_img_s"],
+                                      distributions={k: CategoricalDistribution([v]) for k, v in params.items()},
+                                      user_attrs={"metrics": metrics})
+        t.number = i
+        rows.append(trial_row(types.SimpleNamespace(study_name="s"), "ddp", t=t))
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("burn", [True, False])
+def test_a_burner_during_the_k1_trial_is_flagged_and_its_efficiency_is_no_finding(make_cfg, tmp_path, burn):
+    import pandas as pd
+
+    from pipeline.analyze import analyze
+    from pipeline.devices import probe
+    from pipeline.launch import run_trial
+    if probe().n < 2:
+        pytest.skip("needs 2 devices")
+    if not burn and os.getloadavg()[0] > 1.0:  # the negative case needs a quiet host, as CI's is
+        pytest.skip(f"the host is busy (load average {os.getloadavg()[0]:.1f}): other work would be flagged too")
+    base = ("train.strategy=ddp", "data.train_limit=4096", "data.test_limit=128", "train.epochs=1")
+    trials = []
+    for k in (1, 2):
+        burner = subprocess.Popen([sys.executable, "-c", BURN]) if (burn and k == 1) else None
+        try:
+            m = run_trial(make_cfg(*base, f"train.devices={k}", f"train.batch_size={64 * k}"), tmp_path / f"k{k}",
+                          progress=False)
+        finally:
+            if burner:
+                burner.kill()
+                burner.wait()
+        trials.append(({"model": "lenet", "devices": k, "batch_size": 64 * k, "lr": 0.2}, m))
+    assert trials[0][1]["interference"]["interfered"] is burn
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    pd.DataFrame(_rows(trials)).to_csv(sweeps / "ddp.csv", index=False)
+    analyze(sweeps, tmp_path / "out", expected=("ddp",))
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert ("measured under interference" in report) is burn
+    reading = report.split("## Reading")[1].split("\n## ")[0]
+    if burn:  # the k=1 reference was disturbed: no efficiency is presented as a finding
+        assert "Best weak-scaling efficiency" not in reading and "undefined" in reading
+    else:
+        assert "Best weak-scaling efficiency" in reading or "Implausible" in reading
