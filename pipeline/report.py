@@ -255,11 +255,12 @@ def why_section(bd, losses, model, model_notes) -> list[str]:
         s.append("- No modelled error at a measured k: it needs this host's collectives (see below).\n")
     proj = model[model["role"] == "projection"] if len(model) else model
     if len(proj):
+        proj = proj.assign(eff=proj["modelled_efficiency"].map(lambda v: f"{v:.3f}"),
+                           step=proj["modelled_step_s"].map(lambda v: f"{v * 1e3:.1f}"))
         s += ["\nProjections past the host's devices (modelled, not measured):\n\n",
-              md_table(proj, ["basis", "strategy", "model", "per_device_batch", "k", "interconnect",
-                              "modelled_efficiency", "modelled_step_s"],
+              md_table(proj, ["basis", "strategy", "model", "per_device_batch", "k", "interconnect", "eff", "step"],
                        ["basis", "strategy", "model", "b", "k", "interconnect", "modelled efficiency",
-                        "modelled step (s)"])]
+                        "modelled step (ms)"])]
     s += [f"\n- {n}" for n in model_notes]
     s.append("\n\n![model: measured vs modelled efficiency (modelled dashed)](model.png)\n")
     return s
