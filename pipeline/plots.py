@@ -229,7 +229,7 @@ def plot_model(eff, model, path, source=""):
                             marker=MARKERS[i % len(MARKERS)], markerfacecolor="none",
                             label=f"{b} modelled: {ic}")
         ax.axhline(1.0, color="grey", ls=":", lw=1, label="ideal")
-        ax.set(title=f"{s}: weak-scaling efficiency, measured vs modelled", xlabel="devices k",
+        ax.set(title=f"{s}: weak scaling, measured vs modelled", xlabel="devices k",
                ylabel="efficiency (modelled where dashed)", ylim=(0, None))
         ax.set_xscale("log", base=2)
         ks = sorted(set(mine["k"]) | {1})
