@@ -5,13 +5,17 @@
 Reads results/sweeps/*.csv (one row per trial, written by sweep.py) and writes into
 results/analysis/: summary.json (DVC metrics), efficiency/throughput/memory/accuracy.csv
 (tidy, for DVC plots), efficiency/throughput/memory/accuracy.png, knobs.csv (+ one knob_*.png per
-varied DDP knob) and report.md. Only complete, non-oversubscribed trials enter the numbers;
+varied DDP knob), breakdown.csv + breakdown.png (where a sampled step goes), model.csv + model.png (the scaling
+model beside the measurements: every number in them modelled) and report.md. results/collectives.json, when
+present (pipeline/collectives.measure() written as JSON), is this host's collectives for the model; the stage never
+measures them itself (it launches no processes). Only complete, non-oversubscribed trials enter the numbers;
 everything else is listed with its reason. Undefined stays NaN (CSV: row absent; JSON: null), never 0.
 
 The wing, arrows one way (tests/test_imports.py keeps it so):
     tables.py    reading the sweep CSVs; point, scaling, memory, accuracy tables (pure pandas)
     summary.py   summary.json's dict; knobs.py  the DDP knobs' table        (on tables)
     plots.py     the figures;        report.py  report.md                  (on tables)
+    projection.py  the scaling model's checks and projections, all modelled (on tables, scaling_model)
     analyze.py   this entry: the only module that decides which files are written (on all of them)
 """
 from __future__ import annotations
@@ -19,11 +23,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import plots, report
+from . import plots, projection, report
 from .knobs import knob_table
 from .summary import strategy_status, summarize
-from .tables import (EXPECTED, accuracy_table, memory_devices, memory_table, point_table, read_sweeps,
-                     scaling_table, shown_extras)
+from .tables import (EXPECTED, accuracy_table, breakdown_losses, breakdown_table, memory_devices, memory_table,
+                     point_table, read_sweeps, scaling_table, shown_extras)
 
 # The names tests/test_analyze.py reaches through this module (the tests predate the split and stay unchanged).
 from .summary import jsonable as _jsonable, strategy_metrics as _strategy_metrics  # noqa: F401
@@ -62,9 +66,35 @@ def _write_figures(out: Path, status, pts, eff, mem, knobs, source: str) -> None
         plots.plot_knob(knobs, knob, out / f"knob_{knob}.png", source)
 
 
-def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPECTED) -> dict:
-    """Read every sweep CSV, write all outputs into out_dir and return the summary dict."""
+def read_collectives(path: Path) -> tuple[dict | None, list[str]]:
+    """This host's measured collectives (results/collectives.json), if present and readable."""
+    if not path.exists():
+        return None, []
+    try:
+        return json.loads(path.read_text()), []
+    except (OSError, ValueError) as e:
+        return None, [f"{path} is unreadable ({type(e).__name__}): the model ran without the host's collectives"]
+
+
+def _why(out: Path, df, eff, collectives, source: str) -> list[str]:
+    """Breakdown and model: their CSVs, figures and the report's "Why it scales" section."""
+    bd = breakdown_table(df)
+    losses = breakdown_losses(bd, eff)
+    model, model_notes = projection.model_table(df, eff, collectives)
+    bd.to_csv(out / "breakdown.csv", index=False)
+    model.to_csv(out / "model.csv", index=False)
+    plots.plot_breakdown(bd, out / "breakdown.png", source)
+    plots.plot_model(eff, model, out / "model.png", source)
+    return report.why_section(bd, losses, model, model_notes)
+
+
+def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPECTED,
+            collectives_json: Path | None = None) -> dict:
+    """Read every sweep CSV, write all outputs into out_dir and return the summary dict. collectives_json: this
+    host's measured collectives (default: collectives.json beside the sweeps directory, used only if present)."""
     df, notes, files = read_sweeps(sweeps_dir, expected)
+    collectives, more = read_collectives(Path(collectives_json or Path(sweeps_dir).parent / "collectives.json"))
+    notes += more
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pts, eff, mem = point_table(df), scaling_table(df), memory_table(df)
@@ -75,7 +105,8 @@ def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPEC
     _write_csvs(out, pts, eff, mem, acc, shown_extras(df))
     _write_figures(out, status, pts, eff, mem, knobs, summary.get("data_source") or "")
     knobs.to_csv(out / "knobs.csv", index=False)
-    extra = report.knob_section(knobs) + report.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md")
+    extra = (_why(out, df, eff, collectives, summary.get("data_source") or "") + report.knob_section(knobs)
+             + report.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md"))
     report.write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     return summary

@@ -1,5 +1,6 @@
 """Figures of the analysis stage (matplotlib's object API, Agg, no global pyplot state), drawn from tables.py's
-tables: efficiency, throughput, memory per device, accuracy, and one per varied DDP knob (knobs.py)."""
+tables: efficiency, throughput, memory per device, accuracy, one per varied DDP knob (knobs.py), the step-time
+breakdown, and measured vs modelled efficiency (the modelled table of projection.py: dashed, hollow, "modelled")."""
 from __future__ import annotations
 
 import math
@@ -8,7 +9,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from .tables import EXTRAS, MIB, group_by, is_serial
+from .tables import BD_PARTS, EXTRAS, MIB, group_by, is_serial
 
 
 LINESTYLES = ("-", "--", "-.", (0, (1, 1)))  # one per batch size within a strategy
@@ -162,4 +163,79 @@ def plot_knob(table, knob, path, source=""):
     ax2.set(title=f"best test accuracy by {knob}", xlabel=knob, ylabel="test accuracy")
     ax.legend(fontsize=7)
     fig.tight_layout()
+    _save(fig, path, source)
+
+
+BD_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward_compute": "tab:orange",
+             "comm_exposed": "tab:red", "optimizer": "tab:green", "idle": "tab:purple"}
+
+
+def plot_breakdown(bd, path, source=""):
+    """One bar per strategy x k (x per-device batch where several): each part's share of the sampled step, stacked;
+    the residual (step - parts) its own hatched segment, below the top where it is negative."""
+    fig = Figure(figsize=(max(6.0, 0.8 * len(bd) + 2.5), 4.5))
+    ax = fig.subplots()
+    if bd.empty:
+        _empty(ax, "step-time breakdown")
+        _save(fig, path, source)
+        return
+    several = bd.groupby("strategy")["per_device_batch"].nunique().max() > 1 or bd["model"].nunique() > 1
+    labels = [f"{r['strategy']}\nk={r['k']:g}" + (f"\n{r['model']} b={r['per_device_batch']:g}" if several else "")
+              for r in bd.to_dict("records")]
+    x = np.arange(len(bd))
+    bottom = np.zeros(len(bd))
+    for p in BD_PARTS:
+        h = bd[f"{p}_share"].fillna(0).to_numpy()
+        ax.bar(x, h, 0.7, bottom=bottom, color=BD_COLORS[p], label=p.replace("_", " "))
+        bottom += h
+    ax.bar(x, bd["residual_share"].fillna(0).to_numpy(), 0.7, bottom=bottom, color="white", edgecolor="black",
+           hatch="//", label="residual (unattributed)")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(title="where a sampled step goes (measured; share of the step)", ylabel="share of step time")
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    _save(fig, path, source)
+
+
+def plot_model(eff, model, path, source=""):
+    """Per strategy with modelled points: measured weak-scaling efficiency (solid, filled) and the model's
+    (dashed, hollow, labelled "modelled"), one dashed line per interconnect."""
+    strategies = list(dict.fromkeys(model["strategy"])) if len(model) else []
+    n = max(1, len(strategies))
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(5.2 * cols, 4.0 * rows))
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False).ravel())
+    if not strategies:
+        _empty(axes[0], "modelled efficiency (no strategy with k=1 and k>1 at one per-device batch)")
+    ics = list(dict.fromkeys(model["interconnect"])) if len(model) else []
+    weak = eff[(eff["kind"] == "weak") & eff["efficiency"].notna()] if len(eff) else eff
+    keys = ("model", "per_device_batch", *EXTRAS)
+    for ax, s in zip(axes, strategies):
+        mine = model[model["strategy"] == s]
+        for i, (key, g) in enumerate(group_by(mine, keys)):
+            ref = dict(zip(keys, key))
+            m = weak[weak["strategy"] == s]
+            for c, v in ref.items():
+                m = m[m[c] == v]
+            b = f"b={ref['per_device_batch']:g}"
+            if len(m) >= 2:
+                ax.plot(m["k"], m["efficiency"], color="black", ls="-", marker=MARKERS[i % len(MARKERS)],
+                        label=f"{b} measured")
+            for j, ic in enumerate(ics):
+                q = g[g["interconnect"] == ic].sort_values("k")
+                if len(q):
+                    ax.plot(q["k"], q["modelled_efficiency"], color=colormaps["tab10"]((j + 1) % 10), ls="--",
+                            marker=MARKERS[i % len(MARKERS)], markerfacecolor="none",
+                            label=f"{b} modelled: {ic}")
+        ax.axhline(1.0, color="grey", ls=":", lw=1, label="ideal")
+        ax.set(title=f"{s}: weak scaling, measured vs modelled", xlabel="devices k",
+               ylabel="efficiency (modelled where dashed)", ylim=(0, None))
+        ax.set_xscale("log", base=2)
+        ks = sorted(set(mine["k"]) | {1})
+        ax.set_xticks(ks, [f"{k:g}" for k in ks])
+        ax.legend(fontsize=6)
+    for ax in axes[len(strategies):] if strategies else axes[1:]:
+        ax.set_visible(False)
+    fig.text(0.01, 1.0, "dashed, hollow: modelled (pipeline/scaling_model.py), not measured", fontsize=8)
     _save(fig, path, source)

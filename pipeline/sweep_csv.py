@@ -12,13 +12,26 @@ from optuna.trial import TrialState
 from .devices import probe
 
 KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
+# The step-time breakdown (breakdown.py, metrics["breakdown"]) flat, one column per part: seconds per sampled step
+BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")
+BD_COLUMNS = ["bd_step_s", *(f"bd_{p}_s" for p in BD_PARTS), "bd_residual_s", "bd_samples"]
 CSV_COLUMNS = [
     "study", "trial", "strategy", "model", "devices", "batch_size", "per_device_batch", "lr", "epochs", "state",
     "reason", "data_source", "device_kind", "device_name", "host", "host_devices", "parallel_devices",
     "oversubscribed", "throughput_img_s", "epoch_s", "epoch_s_list", "test_acc", "test_acc_list",
     "time_to_acc_s", "target_acc", "train_loss", "peak_mem_bytes", "peak_mem_max", "peak_mem_mean",
     "mem_imbalance", "mem_method", "duration_s", "mlflow_run_id", *KNOBS, "comm_hook_used",
-    "interfered", "foreign_cores", "loadavg_start", "interference_reason"]
+    "interfered", "foreign_cores", "loadavg_start", "interference_reason", *BD_COLUMNS]
+
+
+def breakdown_cells(m: dict) -> dict:
+    """metrics["breakdown"] as the bd_* cells; all empty where the trial sampled no step (or predates it)."""
+    bd = m.get("breakdown") or {}
+    parts = bd.get("parts_s") or {}
+    if not bd.get("samples") or bd.get("step_s") is None:
+        return dict.fromkeys(BD_COLUMNS, "")
+    return {"bd_step_s": bd["step_s"], **{f"bd_{p}_s": parts.get(p, "") for p in BD_PARTS},
+            "bd_residual_s": bd.get("residual_s", ""), "bd_samples": bd["samples"]}
 
 
 def trial_row(study, strategy, t=None, point=None, reason="", state="skipped") -> dict:
@@ -50,6 +63,7 @@ def trial_row(study, strategy, t=None, point=None, reason="", state="skipped") -
     row.update(interfered=inter.get("interfered", ""), foreign_cores=inter.get("foreign_cores"),
                loadavg_start=inter.get("loadavg_start"), interference_reason=inter.get("interference_reason", ""))
     row["comm_hook_used"] = m.get("comm_hook_used") or ""  # the transport used (not a group key)
+    row.update(breakdown_cells(m))
     return {k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS}
 
 

@@ -181,6 +181,20 @@ def final_metrics(m: dict) -> dict:
            "mem/device0_excess_bytes": m.get("mem_device0_excess"), "perf/wall_s": m.get("wall_s")}
     for i, p in enumerate(m.get("peak_mem_bytes") or []):
         out[f"mem/peak_bytes/dev{i}"] = p
+    return {**out, **breakdown_metrics(m.get("breakdown") or {})}
+
+
+def breakdown_metrics(bd: dict) -> dict:
+    """The step-time breakdown as breakdown/<part>_s and breakdown/<part>_share (of the sampled step), the residual
+    included, so the MLflow UI compares trials part by part; nothing where no step was sampled."""
+    step, parts = bd.get("step_s"), dict(bd.get("parts_s") or {})
+    if not bd.get("samples") or not step or not parts:
+        return {}
+    parts["residual"] = bd.get("residual_s")
+    out = {"breakdown/step_s": step, "breakdown/samples": bd["samples"]}
+    for name, s in parts.items():
+        if isinstance(s, (int, float)):
+            out[f"breakdown/{name}_s"], out[f"breakdown/{name}_share"] = s, s / step
     return out
 
 

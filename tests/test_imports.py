@@ -17,8 +17,9 @@ WING = {
     "pipeline.knobs": {"pipeline.tables"},
     "pipeline.plots": {"pipeline.tables"},
     "pipeline.report": {"pipeline.tables"},
+    "pipeline.projection": {"pipeline.tables", "pipeline.scaling_model"},
     "pipeline.analyze": {"pipeline.tables", "pipeline.summary", "pipeline.knobs", "pipeline.plots",
-                         "pipeline.report"},
+                         "pipeline.report", "pipeline.projection"},
 }
 
 
