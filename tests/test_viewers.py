@@ -159,6 +159,6 @@ def test_optuna_dashboard_reads_the_study_back(tmp_path):
     finally:
         server.terminate()
         server.wait(10)
-    assert detail.get("metric_names", ["test_acc"]) == ["test_acc"]
+    assert detail["objective_names"] == ["test_acc"]  # optuna-dashboard serves study.metric_names under this key
     attrs = {a["key"]: a["value"] for a in detail["trials"][0]["user_attrs"]}
     assert float(attrs["throughput_img_s"]) == 1234.5 and float(attrs["peak_mem_mib_max"]) == 2.0
