@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 
 EXTRAS  := pipeline,download,test
 
-.PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline test test-fast ui clean-results
+.PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline test test-fast ui dashboard clean-results
 
 setup: $(STAMP)
 
@@ -56,6 +56,15 @@ test-fast: setup
 
 ui: setup                ## MLflow UI on http://127.0.0.1:5000
 	$(BIN)/python -m pipeline ui
+
+DASHBOARD_PORT ?= 8080
+# OPTUNA_STORAGE: the default store, or the sweep.storage URL of a shared study (make dashboard OPTUNA_STORAGE=...)
+OPTUNA_STORAGE ?= sqlite:///$(CURDIR)/mlruns/optuna.db
+dashboard: setup         ## optuna-dashboard on http://127.0.0.1:8080 over the sweeps' Optuna store (mlruns/optuna.db)
+	@$(BIN)/python -c "import optuna_dashboard" 2>/dev/null || { echo "optuna-dashboard is not installed:" \
+	  "$(BIN)/python -m pip install optuna-dashboard"; exit 1; }
+	$(BIN)/python -c "import sys, optuna_dashboard; optuna_dashboard.run_server(sys.argv[1], host='127.0.0.1', \
+	  port=int(sys.argv[2]))" "$(OPTUNA_STORAGE)" $(DASHBOARD_PORT)
 
 clean-results:           ## forget sweeps and runs (the MLflow/Optuna stores in mlruns/ too)
 	rm -rf results runs mlruns/mlflow.db mlruns/optuna.db mlruns/artifacts

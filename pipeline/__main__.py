@@ -148,11 +148,14 @@ def cmd_train(args) -> int:
     tracker = run_id = on_epoch = None
     if not args.no_track:
         from . import tracking
+        from .capabilities import host_capabilities
         tracker = tracking.Tracker(cfg)
         t = cfg.train
         run_id = tracker.start_run(f"{t.strategy} k={t.devices} B={t.batch_size} lr={t.lr}",
-                                   tracking.base_tags(cfg, host, stage="train"))
+                                   {**tracking.base_tags(cfg, host, stage="train"),
+                                    **tracking.capability_tags(host_capabilities(host))})
         tracker.log_params(run_id, tracking.trial_params(cfg))
+        tracker.log_dataset(run_id, cfg)
 
         def on_epoch(record):
             tracker.log_metrics(run_id, tracking.epoch_metrics(record), step=record["epoch"])
@@ -200,6 +203,7 @@ def cmd_analyze(args) -> int:
     tracker = tracking.Tracker(cfg)
     run_id = tracker.start_run("analysis", {"stage": "analyze", "git_sha": tracking.git_sha(),
                                             "data_source": summary.get("data_source", ""), "profile": cfg.profile})
+    tracker.log_metrics(run_id, tracking.summary_metrics(summary))
     tracker.log_artifacts(run_id, args.out)
     tracker.end_run(run_id)
     print(f"wrote {args.out}/report.md (MLflow run {run_id})")

@@ -73,6 +73,9 @@ class TrainConfig:
     # step-time breakdown (breakdown.py): every N-th steady-state step is timed by phase, outside the throughput
     # window; 0 = off
     breakdown_every: int = field(default=10, metadata=_range(0))
+    # other processes' CPU use (cores, averaged over the trial) beyond which a trial is flagged as measured under
+    # interference and leaves throughput and efficiency (interference.py)
+    interference_threshold: float = field(default=0.25, metadata=_range(0))
     # DDP communication knobs (ddp, ddp_amp)
     bucket_cap_mb: float = field(default=25.0, metadata=_range(0, lo_open=True))
     grad_as_bucket_view: bool = False

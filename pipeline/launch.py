@@ -324,7 +324,8 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
     strategy = STRATEGIES[cfg.train.strategy](cfg.train, host)
     t0 = time.perf_counter()
     # what else used the host meanwhile (interference.py): recorded with the trial, flagged beyond the threshold
-    monitor = Monitor(cfg.train.devices, host.kind, range(min(cfg.train.devices, host.n)))
+    monitor = Monitor(cfg.train.devices, host.kind, range(min(cfg.train.devices, host.n)),
+                      threshold=cfg.train.interference_threshold)
     try:
         with monitor:
             results = _run(cfg, host, strategy, out_dir, on_epoch, progress, timeout_s)

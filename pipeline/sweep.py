@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import itertools
 import json
@@ -26,7 +27,8 @@ import optuna
 from optuna.trial import TrialState
 
 from . import config as configmod
-from . import tracking
+from . import study_view, tracking
+from .capabilities import host_capabilities
 from .claims import GRACE_S, HEARTBEAT_S, Heartbeat, claim, end_stale_mlflow_runs, fail_stale_trials
 from .devices import probe
 from .errors import Stopped, StoreError, redact
@@ -70,13 +72,18 @@ def trial_config(cfg, strategy: str, point: dict):
 
 
 def study_name(cfg, strategy: str) -> str:
-    """Identifies the search space and everything that changes a trial's result, so spaces never mix."""
+    """Identifies the search space and everything that changes a trial's result, so spaces never mix. The hash
+    stays in the name (also kept as user attribute space_hash): a rerun finds its study by name, so a name without
+    it would either mix spaces or, renamed, orphan every study already in a store."""
+    return f"{cfg.profile}-{strategy}-{space_hash(cfg, strategy)}"
+
+
+def space_hash(cfg, strategy: str) -> str:
     t = cfg.train
     key = {"space": points(cfg, strategy), "epochs": t.epochs, "seed": t.seed, "max_steps": t.max_steps,
            "data": [cfg.data.source, cfg.data.train_limit, cfg.data.test_limit], "warmup": t.warmup_steps,
            "amp": t.amp_dtype, "pruning": cfg.sweep.pruning, "sampler": cfg.sweep.sampler}
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    return f"{cfg.profile}-{strategy}-{digest}"
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def storage_url(cfg) -> str:
@@ -149,6 +156,7 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None,
         tracker.log_params(parent, {"space": json.dumps(choices(cfg, strategy))[:6000], "points": len(feasible),
                                     "epochs": cfg.train.epochs, "storage": redact(storage_url(cfg))})
         study.set_user_attr("mlflow_parent_run_id", parent)
+        study_view.name_study(study, strategy, cfg.profile, space_hash(cfg, strategy))
         for p in feasible[:budget]:
             study.enqueue_trial(p)
         study.set_user_attr("enqueued", len(feasible[:budget]))  # last: tells other workers the queue is ready
@@ -196,10 +204,11 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     try:
         with beat:
             tags = {**tracking.base_tags(tcfg, host, stage=f"sweep@{strategy}"), "trial": trial.number,
-                    "study": study.study_name, "optuna_trial_id": trial._trial_id}
+                    "study": study.study_name, "optuna_trial_id": trial._trial_id, **host_tags(host)}
             run_id = tracker.start_run(f"{strategy} {_fmt_point(p)}", tags, parent_id=parent_id)
             trial.set_user_attr("mlflow_run_id", run_id)
             tracker.log_params(run_id, tracking.trial_params(tcfg))
+            tracker.log_dataset(run_id, tcfg)
             try:
                 metrics = run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
                                     timeout_s=cfg.sweep.trial_timeout_s)
@@ -234,8 +243,15 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
                       f"the sweep: finished trials are kept.") from None
 
 
+@functools.cache
+def host_tags(host) -> dict:
+    """The host's capabilities as run tags, read once per process."""
+    return tracking.capability_tags(host_capabilities(host))
+
+
 def _record_result(study, trial, tracker, run_id, metrics, out_dir) -> str:
     trial.set_user_attr("metrics", metrics)
+    study_view.set_trial_numbers(trial, metrics)
     tracking.log_completed_run(tracker, run_id, metrics, out_dir)
     if metrics["stopped"]:
         trial.set_user_attr("reason", f"pruned after epoch {len(metrics['test_acc'])}")
@@ -336,7 +352,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         if fault is None:
             write_csv(study, strategy, skipped, out_csv)
         if not interrupted:
-            _finish_parent(study, tracker, parent_id, out_csv)
+            _finish_parent(study, tracker, parent_id, out_csv, skipped)
         elif parent_id:  # ended unless another worker is on it; the rerun marks it RUNNING again
             _best_effort(lambda: tracker.close_run(parent_id, "FAILED" if fault else "KILLED", str(fault or ""))
                          if not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) else None)
@@ -365,12 +381,13 @@ def _creating_stores(cfg):
         yield
 
 
-def _finish_parent(study, tracker, parent_id, out_csv) -> None:
+def _finish_parent(study, tracker, parent_id, out_csv, skipped=()) -> None:
     left = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
     if not parent_id or left:
         return
     tracker.end_stale_runs(f"tags.mlflow.parentRunId = '{parent_id}'")  # a trial run whose process died early
     tracker.log_artifact(parent_id, out_csv, "study")
+    _summarise_parent(study, tracker, parent_id, list(skipped))
     try:
         complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
         if not complete:  # nothing to plot (e.g. a strategy this host cannot run): skip matplotlib's start-up
@@ -395,3 +412,17 @@ def _finish_parent(study, tracker, parent_id, out_csv) -> None:
         tracker.log_artifacts(parent_id, plots_dir, "study/plots")
     finally:
         tracker.end_run(parent_id, "FINISHED")
+
+
+def _summarise_parent(study, tracker, parent_id, skipped) -> None:
+    """The study's numbers on its parent run (a collapsed row compares), or, when nothing could run here, why."""
+    tracker.log_metrics(parent_id, study_view.study_metrics(study, len(skipped)))
+    why = study_view.unavailable_reason(study, skipped)
+    if why:
+        # MLflow has no "not applicable" status: FINISHED (nothing failed) with the reason in a tag, the run's
+        # description and its name, which the runs table shows collapsed
+        tracker.set_tags(parent_id, {"parallax.unavailable": why, "mlflow.note.content":
+                                     f"Not run on this host: every point of the space was skipped. {why}"})
+        name = tracker.client.get_run(parent_id).info.run_name
+        if not name.endswith("(unavailable)"):
+            tracker.client.update_run(parent_id, name=f"{name} (unavailable)")

@@ -19,6 +19,10 @@ from .errors import StoreError, redact
 from .preflight import check_store
 
 RUNNING = "RUNNING"
+# MLflow 3's UI reads this experiment tag to choose its view: without it an experiment opens on the GenAI "Traces"
+# overview; "custom_model_development" (mlflow/server/js: ExperimentKind.CUSTOM_MODEL_DEVELOPMENT) opens the runs table
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+MIB = 2**20
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # no "View run at" line per ended run
 # MLflow 3 sends usage telemetry to its servers from a background thread unless told not to; a research pipeline
 # on a cluster should not phone home for its users (set MLFLOW_DISABLE_TELEMETRY=false to allow it)
@@ -88,10 +92,13 @@ class Tracker:
                 artifacts = (repo_root() / "mlruns" / "artifacts").as_uri()
             try:
                 self.client.create_experiment(name, artifact_location=artifacts,
-                                              tags={"profile": cfg.profile})
+                                              tags={"profile": cfg.profile, **EXPERIMENT_KIND})
             except Exception:  # another worker created it first
                 pass
             exp = self.client.get_experiment_by_name(name)
+        for k, v in EXPERIMENT_KIND.items():
+            if exp.tags.get(k) is None:  # an experiment made before the tag was set (or by another tool)
+                self.client.set_experiment_tag(exp.experiment_id, k, v)
         return exp
 
     # --- runs ---------------------------------------------------------------------------------------
@@ -116,6 +123,19 @@ class Tracker:
     def set_tags(self, run_id: str, tags: dict) -> None:
         from mlflow.entities import RunTag
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items() if v is not None])
+
+    def log_dataset(self, run_id: str, cfg, context: str = "train") -> None:
+        """The trial's data as an MLflow input (the runs table's Datasets column): named by its source, with the
+        data files' checksum from data.dir/manifest.json as digest, so real and synthetic data never look alike."""
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.data.sources import LocalArtifactDatasetSource
+        from mlflow.entities import DatasetInput, InputTag
+        root = Path(cfg.data.dir)
+        root = root if root.is_absolute() else repo_root() / root
+        name = "synthetic" if cfg.data.source == "synthetic" else "fashion-mnist"
+        ds = MetaDataset(LocalArtifactDatasetSource(str(root)), name=name, digest=data_digest(root))
+        self.client.log_inputs(run_id, [DatasetInput(ds._to_mlflow_entity(),
+                                                     [InputTag("mlflow.data.context", context)])])
 
     def log_artifact(self, run_id: str, path, subdir: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), subdir)
@@ -161,6 +181,30 @@ def base_tags(cfg, host, stage: str | None = None) -> dict:
     }
 
 
+def data_digest(root) -> str | None:
+    """A checksum of the data files (the md5s in manifest.json), or None without a manifest (MLflow then digests
+    the dataset's name and source)."""
+    import hashlib
+    try:
+        files = json.loads((Path(root) / "manifest.json").read_text())["files"]
+        key = "".join(f"{n}:{files[n]['md5']}\n" for n in sorted(files))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def capability_tags(caps: dict) -> dict:
+    """capabilities.host_capabilities(host) as flat run tags: what makes a number from this host what it is."""
+    cpu, gpus = caps.get("cpu") or {}, caps.get("gpus") or []
+    return {"host.cpu_isa": ",".join(cpu.get("isa") or []) or "none",
+            "host.torch_cpu_capability": cpu.get("torch_cpu_capability"), "host.bf16": caps.get("bf16"),
+            "host.fp16": caps.get("fp16"), "host.cpu_bf16": cpu.get("bf16"), "host.cpu_fp16": cpu.get("fp16"),
+            "host.gpu_name": ",".join(sorted({g["name"] for g in gpus})) or None,
+            "host.gpu_compute_capability": ",".join(sorted({g["compute_capability"] for g in gpus})) or None,
+            "host.nccl": caps.get("nccl") or None, "host.torch": caps.get("torch"),
+            "host.cuda": caps.get("cuda") or None}
+
+
 def trial_params(cfg) -> dict:
     t = cfg.train
     return {"model": t.model, "strategy": t.strategy, "devices": t.devices, "batch_size": t.batch_size,
@@ -172,16 +216,35 @@ def trial_params(cfg) -> dict:
 
 def epoch_metrics(record: dict) -> dict:
     return {"train/loss": record.get("train_loss"), "test/acc": record.get("test_acc"),
-            "perf/epoch_s": record.get("epoch_s"), "perf/throughput_img_s": record.get("throughput_img_s")}
+            "perf/epoch_s": record.get("epoch_s"), "perf/epoch_throughput_img_s": record.get("throughput_img_s")}
 
 
 def final_metrics(m: dict) -> dict:
     out = {"perf/throughput_img_s": m.get("throughput_img_s"), "perf/time_to_acc_s": m.get("time_to_acc_s"),
            "test/final_acc": (m.get("test_acc") or [None])[-1], "mem/imbalance": m.get("mem_imbalance"),
-           "mem/device0_excess_bytes": m.get("mem_device0_excess"), "perf/wall_s": m.get("wall_s")}
-    for i, p in enumerate(m.get("peak_mem_bytes") or []):
-        out[f"mem/peak_bytes/dev{i}"] = p
+           "perf/wall_s": m.get("wall_s")}
+    out.update(memory_metrics(m))
     return {**out, **breakdown_metrics(m.get("breakdown") or {})}
+
+
+def memory_metrics(m: dict) -> dict:
+    """Peak memory per device and device 0's excess in MiB, the report's unit (bytes stay in metrics.json)."""
+    out = {f"mem/peak_mib/dev{i}": p / MIB for i, p in enumerate(m.get("peak_mem_bytes") or []) if p is not None}
+    if m.get("mem_device0_excess") is not None:
+        out["mem/device0_excess_mib"] = m["mem_device0_excess"] / MIB
+    return out
+
+
+def summary_metrics(summary: dict) -> dict:
+    """summary.json's numbers as metrics of the analysis run: the top-level ones under summary/, each strategy's
+    as <strategy>/<name> (sentences, objects and flags stay in the file)."""
+    def numbers(d: dict, prefix: str) -> dict:
+        return {f"{prefix}/{k}": v for k, v in d.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out = numbers(summary, "summary")
+    for name, s in (summary.get("strategies") or {}).items():
+        out.update(numbers(s, name))
+    return out
 
 
 def breakdown_metrics(bd: dict) -> dict:
@@ -199,11 +262,13 @@ def breakdown_metrics(bd: dict) -> dict:
 
 
 def log_completed_run(tracker: Tracker, run_id: str, metrics: dict, out_dir: Path) -> None:
-    """Everything a finished trial leaves in its run: final metrics and the metrics file."""
-    tracker.log_metrics(run_id, final_metrics(metrics))
+    """Everything a finished trial leaves in its run: final metrics (at the last epoch's step, after the learning
+    curves) and the metrics file."""
+    tracker.log_metrics(run_id, final_metrics(metrics), step=len(metrics.get("test_acc") or []))
     tracker.set_tags(run_id, {"mem_method": metrics.get("mem_method"),
                               "parallel_devices": str(metrics.get("parallel_devices")).lower(),
                               "mem_devices": json.dumps(metrics.get("mem_devices")),
-                              "comm_hook_used": metrics.get("comm_hook_used")})
+                              "comm_hook_used": metrics.get("comm_hook_used"),
+                              "mem_peak_bytes": json.dumps(metrics.get("peak_mem_bytes"))})
     if (out_dir / "metrics.json").exists():
         tracker.log_artifact(run_id, out_dir / "metrics.json")

@@ -87,7 +87,8 @@ def test_a_burner_during_the_k1_trial_is_flagged_and_its_efficiency_is_no_findin
         pytest.skip("needs 2 devices")
     if not burn and os.getloadavg()[0] > 1.0:  # the negative case needs a quiet host, as CI's is
         pytest.skip(f"the host is busy (load average {os.getloadavg()[0]:.1f}): other work would be flagged too")
-    base = ("train.strategy=ddp", "data.train_limit=4096", "data.test_limit=128", "train.epochs=1")
+    base = ("train.strategy=ddp", "data.train_limit=4096", "data.test_limit=128", "train.epochs=1",
+            "train.interference_threshold=0.25")
     trials = []
     for k in (1, 2):
         burner = subprocess.Popen([sys.executable, "-c", BURN]) if (burn and k == 1) else None

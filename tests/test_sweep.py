@@ -61,7 +61,7 @@ def test_tiny_study_end_to_end(tiny, tmp_path):
     assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]
     done = next(c for c in children if c.info.status == "FINISHED")
     assert done.data.tags["synthetic"] == "true" and done.data.tags["dvc_stage"] == "sweep@single"
-    assert "test/acc" in done.data.metrics and "mem/peak_bytes/dev0" in done.data.metrics
+    assert "test/acc" in done.data.metrics and "mem/peak_mib/dev0" in done.data.metrics
     assert done.info.run_name.startswith("single k=1 B=64 lr=0.1")
     assert not tr.find_runs("attributes.status = 'RUNNING'")
 

@@ -1,0 +1,100 @@
+"""What the viewers show of a study: optuna-dashboard's metric name and plottable per-trial numbers, and the MLflow
+study parent run's summary metrics (so a collapsed study row compares with the others) or why it ran nothing.
+
+    make dashboard        # optuna-dashboard on http://127.0.0.1:8080 over mlruns/optuna.db
+"""
+from __future__ import annotations
+
+import statistics
+import warnings
+
+import optuna
+from optuna.trial import TrialState
+
+# What the sweep optimises: study.tell(trial, final test accuracy), direction maximize (sweep.run_one)
+OBJECTIVE = "test_acc"
+MIB = 2**20
+
+
+def name_study(study, strategy: str, profile: str, space_hash: str) -> None:
+    """Name the objective and keep what the study name encodes as user attributes (readable in the dashboard)."""
+    if study.metric_names != [OBJECTIVE]:
+        with warnings.catch_warnings():  # "experimental" since Optuna 3.2, still in 5.0
+            warnings.simplefilter("ignore", category=optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([OBJECTIVE])
+    for k, v in {"strategy": strategy, "profile": profile, "space_hash": space_hash}.items():
+        if study.user_attrs.get(k) != v:
+            study.set_user_attr(k, v)
+
+
+def trial_numbers(m: dict) -> dict:
+    """A trial's headline numbers as separate numeric values (optuna-dashboard plots user attributes that are
+    numbers; the `metrics` attribute is one JSON object)."""
+    peaks = [p for p in m.get("peak_mem_bytes") or [] if p is not None]
+    epochs = [e for e in m.get("epoch_s") or [] if e is not None]
+    out = {"throughput_img_s": m.get("throughput_img_s"), "test_acc": (m.get("test_acc") or [None])[-1],
+           "peak_mem_mib_max": max(peaks) / MIB if peaks else None, "mem_imbalance": m.get("mem_imbalance"),
+           "epoch_s": sum(epochs) / len(epochs) if epochs else None}
+    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and v == v and abs(v) != float("inf")}
+
+
+def set_trial_numbers(trial, m: dict) -> None:
+    for k, v in trial_numbers(m).items():
+        trial.set_user_attr(k, v)
+
+
+def _measured(study) -> list:
+    """Complete trials that measured throughput on devices of their own (oversubscribed ones are functional tests)."""
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        m = t.user_attrs.get("metrics") or {}
+        if m.get("throughput_img_s") and not m.get("oversubscribed"):
+            out.append((t.params, m))
+    return out
+
+
+def weak_efficiency_at_max_k(measured: list) -> tuple[float | None, int | None]:
+    """Best T(k)/(k*T(1)) at the largest k >= 2 with a k=1 point at the same per-device batch (and model, knobs);
+    T is the median throughput over learning rates, as in tables.scaling_table."""
+    groups: dict = {}
+    for p, m in measured:
+        k = p["devices"]
+        key = tuple(sorted((n, v) for n, v in p.items() if n not in ("devices", "batch_size", "lr")))
+        groups.setdefault((key, p["batch_size"] // k), {}).setdefault(k, []).append(m["throughput_img_s"])
+    best, at = None, None
+    for by_k in groups.values():
+        if 1 not in by_k:
+            continue
+        t1 = statistics.median(by_k[1])
+        for k, thr in by_k.items():
+            if k < 2 or (at is not None and k < at):
+                continue
+            eff = statistics.median(thr) / (k * t1)
+            if at is None or k > at or eff > best:
+                best, at = eff, k
+    return best, at
+
+
+def study_metrics(study, n_skipped: int) -> dict:
+    """The study parent run's metrics: trial counts, best and median img/s, best accuracy, weak efficiency."""
+    counts = {f"study/n_{name}": sum(t.state == st for t in study.get_trials(deepcopy=False))
+              for name, st in (("complete", TrialState.COMPLETE), ("failed", TrialState.FAIL),
+                               ("pruned", TrialState.PRUNED))}
+    measured = _measured(study)
+    thr = [m["throughput_img_s"] for _, m in measured]
+    accs = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
+    eff, k = weak_efficiency_at_max_k(measured)
+    out = {**counts, "study/n_skipped": n_skipped,
+           "study/best_img_s": max(thr) if thr else None,
+           "study/median_img_s": statistics.median(thr) if thr else None,
+           "study/weak_efficiency_max_k": eff, "study/max_k": k,
+           # the trials' own columns, filled on the collapsed study row: the study's best trial in each
+           "perf/throughput_img_s": max(thr) if thr else None, "test/final_acc": max(accs) if accs else None}
+    return out
+
+
+def unavailable_reason(study, skipped: list) -> str | None:
+    """Why the study ran nothing on this host: every point was skipped (and none waits for a larger host)."""
+    if not skipped or study.get_trials(deepcopy=False):
+        return None
+    return "; ".join(dict.fromkeys(why for _, why in skipped))
