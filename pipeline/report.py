@@ -106,8 +106,8 @@ def _transports(df) -> list[str]:
     used = done.groupby(["strategy", "devices"])["comm_hook_used"].agg(lambda v: "/".join(sorted(set(map(str, v)))))
     names = {"shm": "shared memory", "none": "DDP's own all-reduce (Gloo/NCCL)"}
     parts = [f"{s} k={int(k)}: {names.get(v, v)}" for (s, k), v in used.items()]
-    return [f"Gradient transport (train.comm_hook={joined(done['comm_hook'])}): " + "; ".join(parts) + "."] \
-        if parts else []
+    setting = "/".join(sorted(set(done["comm_hook"]) - {""})) or "none"  # the grouping key reads `none` as empty
+    return [f"Gradient transport (train.comm_hook={setting}): " + "; ".join(parts) + "."] if parts else []
 
 
 def _host_section(df):
