@@ -80,6 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--out", type=Path, default=Path("results/overlap"))
 
+    p = sub.add_parser("collectives", help="time this host's collectives at the trials' sizes (DVC stage)",
+                       description="Time the collectives each strategy issues (all-reduce of DDP's buckets, FSDP's "
+                                   "all-gather and reduce-scatter, scratch's hand-written all-reduce) at the sizes "
+                                   "the trials use, for k = 2..N, and fit latency and bandwidth per collective. "
+                                   "The analysis fits the scaling model on them (labelled modelled). A host with "
+                                   "one device writes why there is nothing to time.")
+    _common(p)
+    p.add_argument("--out", type=Path, default=Path("results/collectives.json"),
+                   help="default: results/collectives.json")
+
     p = sub.add_parser("ui", help="open the MLflow UI on 127.0.0.1 (local only)")
     _common(p)
     p.add_argument("--port", type=int, default=5000)
@@ -207,6 +217,25 @@ def cmd_analyze(args) -> int:
     tracker.log_artifacts(run_id, args.out)
     tracker.end_run(run_id)
     print(f"wrote {args.out}/report.md (MLflow run {run_id})")
+    return 0
+
+
+def cmd_collectives(args) -> int:
+    import json
+
+    from .collectives import measure
+    from .devices import probe
+    configmod.load(args.params, args.overrides)  # validated like every stage, though nothing in it is used yet
+    host = probe()
+    if host.n < 2:
+        result = {"measured": False, "reason": f"this host offers one {host.kind} device: no collective to time"}
+    else:
+        result = measure()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(args.out)
+    print(f"wrote {args.out}" + ("" if result.get("measured", True) else f" ({result['reason']})"))
     return 0
 
 

@@ -71,9 +71,12 @@ def read_collectives(path: Path) -> tuple[dict | None, list[str]]:
     if not path.exists():
         return None, []
     try:
-        return json.loads(path.read_text()), []
+        measured = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         return None, [f"{path} is unreadable ({type(e).__name__}): the model ran without the host's collectives"]
+    if measured.get("measured") is False:  # a one-device host: nothing to time
+        return None, [f"No collectives measured on this host: {measured.get('reason', 'unknown')}."]
+    return measured, []
 
 
 def _why(out: Path, df, eff, collectives, source: str) -> list[str]:

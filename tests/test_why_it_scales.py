@@ -149,3 +149,11 @@ def test_without_the_hosts_collectives_no_error_is_printed_and_projections_say_s
     assert "No measurement of this host's collectives" in text and not re.search(r"modelled error [+-]", text)
     assert "nominal interconnect profiles" in text
     _modelled_values_are_labelled(model, text)
+
+
+def test_a_host_without_collectives_says_so(tmp_path):
+    from pipeline.analyze import read_collectives
+    path = tmp_path / "collectives.json"
+    path.write_text('{"measured": false, "reason": "this host offers one cpu device: no collective to time"}')
+    measured, notes = read_collectives(path)
+    assert measured is None and "one cpu device" in notes[0]
