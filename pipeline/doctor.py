@@ -184,7 +184,7 @@ def markdown(report: dict) -> str:
     h = report["host"]
     lines = [f"# Parallax doctor: {h['hostname']}", "",
              f"- devices: {h['kind']} x{h['devices']} ({h['name']})",
-             f"- torch {h['torch']}, Python {h['python']}, CUDA {h['cuda'] or '-'}, cuDNN {h['cudnn'] or '-'}, "
+             f"- torch {h['torch']}, Python {h['python']}, CUDA build {h['cuda'] or '-'}, cuDNN {h['cudnn'] or '-'}, "
              f"NCCL {h['nccl'] or '-'}, Gloo {'yes' if h['gloo'] else 'no'}",
              f"- CPU ISA: {', '.join(h['cpu']['isa']) or 'baseline'} (PyTorch kernels: "
              f"{h['cpu']['torch_cpu_capability']})",

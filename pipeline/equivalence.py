@@ -65,5 +65,5 @@ def compare(ref: dict, got: dict, init: dict | None = None, low_precision: bool 
     diffs = {n: (ref[n].float() - got[n].float()).abs().max().item() for n in names}
     worst = max(diffs, key=diffs.get)
     ok = all(torch.allclose(ref[n].float(), got[n].float(), atol=atol, rtol=rtol) for n in names)
-    return Verdict(ok, f"max |diff| {diffs[worst]:.3g} vs single (atol {atol:g}, rtol {rtol:g}; worst: {worst})",
+    return Verdict(ok, f"max abs diff {diffs[worst]:.3g} vs single (atol {atol:g}, rtol {rtol:g}; worst: {worst})",
                    diffs[worst])
