@@ -210,7 +210,16 @@ def _failure_reason(err) -> TrialFailed:
                 kind = "oom"
             elif "timed out" in msg.lower() or "timeout" in msg.lower():
                 kind = "timeout" if kind == "error" else kind
+            elif any(s in msg for s in PEER_GONE):
+                # Gloo's all-reduce failed because another rank's connection closed: that rank most likely died.
+                # PyTorch's launcher reports only the first failed rank it polls, which may be this one.
+                parts[-1] += (" (a peer rank's connection closed first: that rank most likely died; the launcher "
+                              "reports only one failed rank)")
+                kind = "worker_died" if kind == "error" else kind
     return TrialFailed("; ".join(parts) or str(err), kind)
+
+
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 
 
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
