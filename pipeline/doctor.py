@@ -61,16 +61,11 @@ def plan(host: Host, strategies, max_devices: int = 2) -> list[Case]:
     cases = []
     for name in strategies:
         cls = STRATEGIES[name]
-        for k in [1] if name == "single" else range(1, kmax + 1):
-            if name == "ddp_amp":
-                cases += [Case(name, k, ("train.amp_dtype=bf16",), "bf16"),
-                          Case(name, k, ("train.amp_dtype=fp16",), "fp16+GradScaler")]
-            else:
-                cases.append(Case(name, k))
-        if cls.multiprocess and host.n < 2 <= max_devices:
-            variants = ["bf16"] if name == "ddp_amp" else [""]
-            cases += [Case(name, 2, ("train.oversubscribe=true",) + (("train.amp_dtype=bf16",) if v else ()), v,
-                           "oversubscribed") for v in variants]
+        for k in [1] if cls.one_device_only else range(1, kmax + 1):
+            cases += [Case(name, k, sets, variant) for variant, sets in cls.VARIANTS]
+        if cls.multiprocess and host.n < 2 <= max_devices:  # ranks sharing the device: the first variant suffices
+            variant, sets = cls.VARIANTS[0]
+            cases.append(Case(name, 2, ("train.oversubscribe=true", *sets), variant, "oversubscribed"))
     return cases
 
 

@@ -20,6 +20,9 @@ class Strategy:
     name = "single"
     multiprocess = False  # True: one process per device, started by PyTorch's elastic launcher
     parallel_on_cpu = True  # False: the k "devices" are run one after another in one process
+    one_device_only = True  # `single`; every parallel strategy sets False
+    # the settings worth checking separately (doctor runs each): (name, --set overrides); one plain run by default
+    VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (("", ()),)
     channels_last_params = True  # False where parameters must stay contiguous (FSDP's flat shards)
     HEAVY_MODULES: tuple[str, ...] = ()  # imported once by the trial's parent before forking ranks (launch.py)
 

@@ -12,6 +12,7 @@ from .ddp import DDPStrategy
 
 class DDPAmpStrategy(DDPStrategy):
     name = "ddp_amp"
+    VARIANTS = (("bf16", ("train.amp_dtype=bf16",)), ("fp16+GradScaler", ("train.amp_dtype=fp16",)))
 
     def setup(self, rank=0, world_size=1):
         device = super().setup(rank, world_size)

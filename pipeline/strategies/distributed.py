@@ -19,6 +19,7 @@ from .base import Strategy
 
 
 class DistributedStrategy(Strategy):
+    one_device_only = False
     multiprocess = True
     # DDP's and FSDP's constructors import torch._dynamo: most of a second in every rank of every trial, unless
     # the parent has it already when it forks them

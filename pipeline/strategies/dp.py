@@ -17,6 +17,7 @@ NEEDS_CUDA = ("torch.nn.DataParallel needs CUDA GPUs: without CUDA it runs the m
 
 
 class DataParallelStrategy(Strategy):
+    one_device_only = False
     name = "dp"
 
     @classmethod

@@ -60,6 +60,7 @@ class ManualSGD:
 
 
 class ScratchStrategy(Strategy):
+    one_device_only = False
     name = "scratch"
     parallel_on_cpu = False
 
