@@ -11,10 +11,7 @@ finished trials. results/sweeps/<strategy>.csv is rewritten from the study after
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
-import itertools
 import json
 import sys
 import time
@@ -24,7 +21,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from . import catalog, claims, paths, study_parent, study_view, tracking
+from . import claims, paths, study_parent, study_view, tracking
 from . import config as configmod
 from .capabilities import host_capabilities
 from .claims import open_storage, storage_url
@@ -32,55 +29,11 @@ from .devices import probe
 from .errors import Stopped, redact
 from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, run_trial
 from .preflight import check_store
+from .space import choices, points, space_hash, study_name, trial_config
 from .sweep_csv import KNOBS, trial_row, write_rows, write_csv
-
-SPACE_KEYS = tuple(f.name for f in dataclasses.fields(configmod.SpaceConfig))  # a trial's point: one value of each
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-
-
-# ----------------------------------------------------------------------------- the space
-
-def points(cfg, strategy: str) -> list[dict]:
-    """Every point of the strategy's space, in a stable order (knob dimensions only where the catalog lists them)."""
-    keys = [k for k in SPACE_KEYS if k not in KNOBS or k in catalog.knobs(strategy)]
-    out = []
-    for space in cfg.space(strategy):
-        for combo in itertools.product(*(getattr(space, k) for k in keys)):
-            if dict(zip(keys, combo)) not in out:
-                out.append(dict(zip(keys, combo)))
-    return out
-
-
-def choices(cfg, strategy: str) -> dict:
-    """Per parameter, every value the space takes (Optuna's categorical distributions)."""
-    out: dict = {}
-    for p in points(cfg, strategy):
-        for k, v in p.items():
-            out.setdefault(k, [])
-            if v not in out[k]:
-                out[k].append(v)
-    return out
-
-
-def trial_config(cfg, strategy: str, point: dict):
-    return configmod.replace_train(cfg, strategy=strategy, **point)
-
-
-def study_name(cfg, strategy: str) -> str:
-    """Identifies the search space and everything that changes a trial's result, so spaces never mix. The hash
-    stays in the name (also kept as user attribute space_hash): a rerun finds its study by name, so a name without
-    it would either mix spaces or, renamed, orphan every study already in a store."""
-    return f"{cfg.profile}-{strategy}-{space_hash(cfg, strategy)}"
-
-
-def space_hash(cfg, strategy: str) -> str:
-    t = cfg.train
-    key = {"space": points(cfg, strategy), "epochs": t.epochs, "seed": t.seed, "max_steps": t.max_steps,
-           "data": [cfg.data.source, cfg.data.train_limit, cfg.data.test_limit], "warmup": t.warmup_steps,
-           "amp": t.amp_dtype, "pruning": cfg.sweep.pruning, "sampler": cfg.sweep.sampler}
-    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
 
 
 # ----------------------------------------------------------------------------- study set-up
