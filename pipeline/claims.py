@@ -2,15 +2,16 @@
 the worker loop. The only module that touches Optuna's private API (study._storage, trial._trial_id,
 storage._get_stale_trial_ids): sweep.py and the rest go through the public functions here.
 
-Why not `study.optimize`: it asks the sampler for a new trial per call, while the sweep enqueues every feasible
-point once when the study is created and workers must share that one queue: (1) on an RDB shared by many workers a
-waiting trial must be claimed atomically (one storage transaction sets it RUNNING; exactly one worker wins it), which
-optimize's pop of the next waiting trial does not promise across hosts without also creating sampler trials when the
-queue looks empty; (2) a worker that dies must have its trial failed once its heartbeat goes stale and a copy
-enqueued again (RetryFailedTrialCallback) - but not when its worker is alive on this host and only late, which
-optimize's built-in fail_stale_trials cannot tell; (3) a worker skips the points this host cannot run (more devices
-than it has, CUDA-only strategies on a CPU host) and leaves them waiting for a larger worker, where optimize would
-take whatever is next.
+Why not `study.optimize`: the sweep enqueues every feasible point once, when the study is created, and any number
+of workers (on one host or many, sharing an RDB) must run exactly that queue. optimize serves a different model:
+(1) when no trial is waiting it asks the sampler for a new point, where a worker here must wait for the trials
+other workers hold and stop when the queue is done; the claim below takes a waiting trial in one storage
+transaction (only one worker wins it) and records a heartbeat and its owner at once, so a worker killed before its
+first beat cannot leave a trial RUNNING for ever; (2) optimize's fail_stale_trials fails every trial with a late
+heartbeat, including one whose worker is alive on this host and only slowed down (a busy host, SQLite writers
+queuing), and a copy must be enqueued again for a dead one; (3) optimize takes whatever trial is next, where a
+worker must skip the points this host cannot run (more devices than it has, a CUDA-only strategy on a CPU host)
+and leave them waiting for a larger worker.
 
 A worker claims a WAITING trial (one storage transaction: only one worker wins it), records who it is (host, pid,
 process start time) and beats every HEARTBEAT_S. A trial whose heartbeat is older than GRACE_S is failed as stale

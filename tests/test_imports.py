@@ -70,3 +70,14 @@ def test_no_private_names_imported_across_modules():
                     found |= {(module, target, a.name) for a in node.names
                               if a.name.startswith("_") and not a.name.startswith("__")}
     assert found <= KNOWN_PRIVATE, f"private names imported across modules: {sorted(found - KNOWN_PRIVATE)}"
+
+
+OPTUNA_PRIVATE = {"_storage", "_trial_id", "_study_id", "_get_stale_trial_ids", "_pop_waiting_trial_id"}
+
+
+def test_only_the_worker_queue_uses_optunas_private_api():
+    """pipeline/claims.py is the one module that reaches into Optuna (study._storage, trial._trial_id, ...)."""
+    found = sorted(f"{module}:{node.lineno} .{node.attr}" for module, path in ig.module_files().items()
+                   if module != "pipeline.claims" for node in ast.walk(ig.parse(path))
+                   if isinstance(node, ast.Attribute) and node.attr in OPTUNA_PRIVATE)
+    assert not found, f"Optuna's private API outside pipeline/claims.py: {found}"
