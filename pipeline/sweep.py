@@ -201,14 +201,19 @@ def _best_effort(*steps) -> None:
 
 # ----------------------------------------------------------------------------- the worker
 
+def _unselected(cfg, strategy: str, out_csv: Path) -> Path:
+    """The table of a strategy params.yaml does not select: every point, with the reason, and no trial run."""
+    why = f"not selected: `{strategy}` is not in sweep.strategies ({', '.join(cfg.sweep.strategies)})"
+    stand_in = type("Unselected", (), {"study_name": study_name(cfg, strategy)})
+    write_rows([trial_row(stand_in, strategy, point=p, reason=why) for p in points(cfg, strategy)], out_csv)
+    print(f"[sweep {strategy}] {why}: no trial run", file=sys.stderr, flush=True)
+    return out_csv
+
+
 def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = None) -> Path:
     host = probe()
     if strategy not in cfg.sweep.strategies:  # DVC runs every sweep@ stage; params.yaml picks which run trials
-        why = f"not selected: `{strategy}` is not in sweep.strategies ({', '.join(cfg.sweep.strategies)})"
-        stand_in = type("Unselected", (), {"study_name": study_name(cfg, strategy)})
-        write_rows([trial_row(stand_in, strategy, point=p, reason=why) for p in points(cfg, strategy)], out_csv)
-        print(f"[sweep {strategy}] {why}: no trial run", file=sys.stderr, flush=True)
-        return out_csv
+        return _unselected(cfg, strategy, out_csv)
     # bad input stops here, before anything is written to the stores
     from .launch import load_data
     data = load_data(configmod.replace_train(cfg, strategy=strategy))  # present, readable, of the right source
