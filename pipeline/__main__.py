@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from . import config as configmod
+from . import paths
 
 EPILOG = """configuration: params.yaml selects a profile (experiments/<profile>.yaml); params.yaml entries override
 the profile; --set overrides both, e.g. --set data.source=synthetic --set train.lr=0.1.
@@ -137,7 +138,7 @@ def _train_cfg(args):
 def cmd_download(args) -> int:
     from . import data
     cfg = configmod.load(args.params, args.overrides)
-    root = configmod.repo_root() / cfg.data.dir
+    root = paths.repo_root() / cfg.data.dir
     manifest = data.prepare(root, cfg.data.source, cfg.data.mirror, progress=True)
     label = " (SYNTHETIC stand-in, not Fashion-MNIST)" if manifest["source"] == "synthetic" else ""
     print(f"data ready in {root}: source {manifest['source']}{label}, {len(manifest['files'])} files checked")
@@ -152,7 +153,7 @@ def cmd_train(args) -> int:
     host = probe()
     check_feasible(cfg, host)  # before any work, before touching the stores
     from . import data
-    ds = data.load(configmod.repo_root() / cfg.data.dir, cfg.data.source, cfg.data.train_limit, 1)  # right source
+    ds = data.load(paths.repo_root() / cfg.data.dir, cfg.data.source, cfg.data.train_limit, 1)  # right source
     check_batch_fits(cfg, len(ds.train_y))
     output_dir(args.out, "--out")
     tracker = run_id = on_epoch = None
@@ -200,7 +201,7 @@ def cmd_sweep(args) -> int:
     from .preflight import output_file
     from .sweep import run_sweep
     cfg = configmod.load(args.params, args.overrides)
-    out = output_file(args.out or configmod.repo_root() / "results" / "sweeps" / f"{args.strategy}.csv", "--out")
+    out = output_file(args.out or paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.csv", "--out")
     run_sweep(cfg, args.strategy, out, max_new_trials=args.n_trials)
     return 0
 

@@ -1,4 +1,17 @@
-"""Which sweep worker runs which trial: atomic claims, heartbeats, and stale trials taken over.
+"""The sweep's worker queue: which worker runs which trial (atomic claims), heartbeats, stale trials taken over, and
+the worker loop. The only module that touches Optuna's private API (study._storage, trial._trial_id,
+storage._get_stale_trial_ids): sweep.py and the rest go through the public functions here.
+
+Why not `study.optimize`: the sweep enqueues every feasible point once, when the study is created, and any number
+of workers (on one host or many, sharing an RDB) must run exactly that queue. optimize serves a different model:
+(1) when no trial is waiting it asks the sampler for a new point, where a worker here must wait for the trials
+other workers hold and stop when the queue is done; the claim below takes a waiting trial in one storage
+transaction (only one worker wins it) and records a heartbeat and its owner at once, so a worker killed before its
+first beat cannot leave a trial RUNNING for ever; (2) optimize's fail_stale_trials fails every trial with a late
+heartbeat, including one whose worker is alive on this host and only slowed down (a busy host, SQLite writers
+queuing), and a copy must be enqueued again for a dead one; (3) optimize takes whatever trial is next, where a
+worker must skip the points this host cannot run (more devices than it has, a CUDA-only strategy on a CPU host)
+and leave them waiting for a larger worker.
 
 A worker claims a WAITING trial (one storage transaction: only one worker wins it), records who it is (host, pid,
 process start time) and beats every HEARTBEAT_S. A trial whose heartbeat is older than GRACE_S is failed as stale
@@ -10,13 +23,21 @@ epoch and records nothing for it.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import os
+import random
 import socket
 import threading
+import time
 
 import optuna
 from optuna.trial import TrialState
+
+from .errors import StoreError, redact
+from .paths import repo_root
+from .preflight import check_store
 
 # A trial whose heartbeat is older than GRACE_S is failed as stale and enqueued again: a rerun after a SIGKILL waits
 # that long for it. PARALLAX_GRACE_S shortens the wait (tests; at least 4 s, so that a live trial, beating every
@@ -129,3 +150,107 @@ def end_stale_mlflow_runs(study, tracker) -> None:
             if run.info.status == "RUNNING":
                 tracker.set_tags(run_id, {"failure": "worker died (heartbeat stale); trial enqueued again"})
                 tracker.end_run(run_id, "KILLED")
+
+
+# ----------------------------------------------------------------------------- the store
+
+def storage_url(cfg) -> str:
+    return cfg.sweep.storage or f"sqlite:///{repo_root() / 'mlruns' / 'optuna.db'}"
+
+
+def open_storage(cfg) -> optuna.storages.RDBStorage:
+    url = storage_url(cfg)
+    check_store(url, "sweep.storage")  # unreachable, corrupt or unwritable: fails now, in seconds
+    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+    stale = ({"heartbeat_stale_trial_callback": retry(max_retry=2)} if retry else
+             {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)})
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(
+                url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
+                heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, **stale)
+        except Exception as e:  # bad URL, server down, missing driver
+            # workers started together on an empty PostgreSQL database race to create the tables; the losers get
+            # IntegrityError (pg_type_typname_nsp_index) and succeed on a retry, the tables being there by then
+            if type(e).__name__ == "IntegrityError" and attempt < 4:
+                time.sleep(0.5 + random.random())
+                continue
+            raise StoreError(
+                f"Cannot open the Optuna storage {redact(url)!r} (sweep.storage): {type(e).__name__}: "
+                f"{redact(str(e).splitlines()[0] if str(e) else '')}. Use an RDB URL such as "
+                f"sqlite:////abs/path/optuna.db or postgresql://user@host:5432/db, with the password in PGPASSWORD "
+                f"or ~/.pgpass rather than in the URL (docs/scale-out.md); the server must be reachable, the "
+                f"database exist and its driver be installed. Or leave sweep.storage empty for the default sqlite "
+                f"file in mlruns/.") from None
+
+
+# ----------------------------------------------------------------------------- what a trial's runner may ask
+
+def heartbeat(trial: optuna.Trial) -> Heartbeat:
+    """The heartbeat of a claimed trial (a context manager: beats while the trial runs)."""
+    return Heartbeat(trial.study._storage, trial._trial_id)
+
+
+def trial_id(trial: optuna.Trial) -> int:
+    """The trial's id in the storage (unique across studies; tagged on its MLflow run)."""
+    return trial._trial_id
+
+
+def fixed_point(trial: optuna.Trial) -> dict:
+    """The enqueued point a claimed trial runs (its params before suggest_* has been called)."""
+    return trial.study._storage.get_trial_system_attrs(trial._trial_id).get("fixed_params") or {}
+
+
+def finished(study: optuna.Study) -> int:
+    """Trials that ran to an end: complete, pruned, or failed by themselves (a trial failed because its worker
+    was interrupted or died is run again, and counted then)."""
+    ended = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+    return sum(t.state != TrialState.FAIL or "failure_kind" in t.user_attrs for t in ended)
+
+
+def running(study: optuna.Study) -> list:
+    return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+
+
+@contextlib.contextmanager
+def creating_stores(*urls: str):
+    """Serialise the creation of local SQLite stores: workers started together would race to create the same
+    tables ("table already exists"). An RDB server shared by many machines needs the stores created once first
+    (`python -m pipeline sweep --strategy S --n-trials 0`), see docs/reliability.md."""
+    if not any(u.startswith("sqlite") for u in urls):
+        yield
+        return
+    lock = repo_root() / "mlruns" / ".create.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file is closed, also if this process dies
+        yield
+
+
+# ----------------------------------------------------------------------------- the worker loop
+
+def serve(study: optuna.Study, tracker, runnable, run, total: int, max_new_trials: int | None = None, say=print,
+          where: str = "") -> int:
+    """Claim and run waiting trials until none is left that this worker can run (or `max_new_trials` ran); returns
+    how many ran here. Each turn first repairs stale trials (and their MLflow runs). `runnable(point)`: can this host
+    run the point; `run(trial, done, eta_s)`: runs one claimed trial and records it (done = trials finished before
+    it, eta_s = the time the `total` trials still need at this worker's pace, or None)."""
+    ran, started = 0, time.monotonic()
+    while max_new_trials is None or ran < max_new_trials:
+        fail_stale_trials(study)
+        end_stale_mlflow_runs(study, tracker)
+        trial = claim(study, runnable)
+        if trial is None:
+            if not running(study):
+                left = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                if left:
+                    say(f"{len(left)} waiting trial(s) need more devices than this host offers{where}: left to a "
+                        f"larger worker")
+                break
+            time.sleep(1.0)  # another worker (or a dead one, until its heartbeat goes stale) holds a trial
+            continue
+        done = finished(study)
+        eta = (time.monotonic() - started) / ran * max(total - done, 0) if ran else None
+        run(trial, done, eta)
+        ran += 1
+    return ran

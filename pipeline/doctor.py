@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import config as configmod
 from . import data as datamod
-from . import equivalence
+from . import catalog, equivalence, paths
 from .capabilities import host_capabilities
 from .devices import Host, probe
 from .errors import DataError, Infeasible
@@ -60,11 +60,11 @@ def plan(host: Host, strategies, max_devices: int = 2) -> list[Case]:
     kmax = max(1, min(host.n, 2, max_devices))
     cases = []
     for name in strategies:
-        cls = STRATEGIES[name]
-        for k in [1] if cls.one_device_only else range(1, kmax + 1):
-            cases += [Case(name, k, sets, variant) for variant, sets in cls.VARIANTS]
-        if cls.multiprocess and host.n < 2 <= max_devices:  # ranks sharing the device: the first variant suffices
-            variant, sets = cls.VARIANTS[0]
+        row, variants = catalog.spec(name), STRATEGIES[name].VARIANTS
+        for k in [1] if row.one_device_only else range(1, kmax + 1):
+            cases += [Case(name, k, sets, variant) for variant, sets in variants]
+        if row.multiprocess and host.n < 2 <= max_devices:  # ranks sharing the device: the first variant suffices
+            variant, sets = variants[0]
             cases.append(Case(name, 2, ("train.oversubscribe=true", *sets), variant, "oversubscribed"))
     return cases
 
@@ -120,7 +120,7 @@ def run_case(case: Case, base, host: Host, ref: dict | None, init: dict, work: P
 def _data(base, work: Path) -> tuple[str, str]:
     """(dir, source): the configured data if it is prepared, else the synthetic stand-in made in `work`."""
     root = Path(base.data.dir)
-    root = root if root.is_absolute() else configmod.repo_root() / root
+    root = root if root.is_absolute() else paths.repo_root() / root
     try:
         datamod.load(root, base.data.source, 1, 1)
         return str(root), base.data.source
@@ -133,7 +133,7 @@ def run(base, out: Path, strategies=None, max_devices: int = 2, steps: int = 30,
         model: str = "lenet", say=print) -> dict:
     """Run every case, write out/doctor.json and out/doctor.md, return the report."""
     host = probe()
-    strategies = list(strategies or configmod.STRATEGY_NAMES)
+    strategies = list(strategies or catalog.NAMES)
     caps = host_capabilities(host)
     say(f"doctor: {host.kind} x{host.n} ({host.name}); torch {caps['torch']}"
         + (f", CUDA {caps['cuda']}, NCCL {caps['nccl']}" if host.kind == "cuda" else
@@ -147,7 +147,7 @@ def run(base, out: Path, strategies=None, max_devices: int = 2, steps: int = 30,
             say("data: SYNTHETIC stand-in (not Fashion-MNIST): equivalence and speed only, accuracy means nothing")
         init = equivalence.initial_state()
         try:
-            ref, _ = equivalence.one_step(base, work / "reference", "single", 1)
+            ref, _ = equivalence.one_step(base, work / "reference", catalog.REFERENCE, 1)
         except Exception as e:
             ref = None
             say(f"the single-device reference step failed: {_first_line(e)}")

@@ -26,7 +26,7 @@ import torch
 
 from . import config as configmod
 from . import data as datamod
-from . import loopback
+from . import loopback, paths
 from .devices import Host, probe
 from .errors import Infeasible, Interrupted, TrialFailed  # defined torch-free, for the CLI's error handler
 from .interference import Monitor
@@ -77,7 +77,7 @@ def check_batch_fits(cfg, n_train: int) -> None:
 
 
 def load_data(cfg) -> datamod.Dataset:
-    root = configmod.repo_root() / cfg.data.dir if not os.path.isabs(cfg.data.dir) else Path(cfg.data.dir)
+    root = paths.repo_root() / cfg.data.dir if not os.path.isabs(cfg.data.dir) else Path(cfg.data.dir)
     return datamod.load(root, cfg.data.source, cfg.data.train_limit, cfg.data.test_limit)
 
 
@@ -325,7 +325,7 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not _USER_INDUCTOR_CACHE:  # importing torch._dynamo makes /tmp/torchinductor_<user>: kept in the repo instead
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(configmod.repo_root() / "runs" / ".torchinductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(paths.repo_root() / "runs" / ".torchinductor")
     for stale in [*out_dir.glob("ack-*"), out_dir / "progress.jsonl", out_dir / "final_state.pt"]:
         stale.unlink(missing_ok=True)
     host = probe()

@@ -9,6 +9,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from . import catalog
 from .tables import BD_PARTS, EXTRAS, MIB, group_by, is_serial
 
 
@@ -92,10 +93,10 @@ def plot_throughput(pts, path, colors, source=""):
         best = g.groupby(["strategy", "k"], sort=False)["throughput_img_s"].max().reset_index()
         ks = sorted(g["k"].unique())
         for s, b in group_by(best, ("strategy",)):
-            if s[0] == "single" and len(b) == 1 and len(ks) > 1:
+            if catalog.is_one_device_only(s[0]) and len(b) == 1 and len(ks) > 1:
                 # one device only: a reference line across k (a lone point at k=1 hides under the others)
                 ax.axhline(b["throughput_img_s"].iloc[0], color=colors[s[0]], ls="--", lw=2, zorder=5,
-                           label="single (1 device), for reference")
+                           label=f"{s[0]} (1 device), for reference")
                 continue
             ax.plot(b["k"], b["throughput_img_s"], marker="o", color=colors[s[0]], label=s[0])
         ax.set_xticks(ks)

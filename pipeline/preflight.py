@@ -13,7 +13,7 @@ import tempfile
 import urllib.parse
 from pathlib import Path
 
-from .config import repo_root
+from .paths import repo_root
 from .errors import PathError, StoreError, has_password, redact
 from .errors import say as say
 

@@ -15,6 +15,7 @@ import math
 
 import pandas as pd
 
+from . import catalog
 from . import scaling_model as sm
 from .tables import EXTRAS, group_by, is_serial
 
@@ -64,7 +65,7 @@ def model_table(df, eff, collectives: dict | None = None, tolerance: float = sm.
     for key, g in group_by(w, ("strategy", "model", "per_device_batch", *EXTRAS)):
         ref = dict(zip(("strategy", "model", "per_device_batch", *EXTRAS), key))
         one, many = g[g["k"] == 1], g[(g["k"] > 1) & g["efficiency"].notna()]
-        if one.empty or many.empty or ref["strategy"] == "single":
+        if one.empty or many.empty or catalog.is_one_device_only(ref["strategy"]):
             continue
         s, model, b = ref["strategy"], ref["model"], int(ref["per_device_batch"])
         try:

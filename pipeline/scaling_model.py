@@ -52,6 +52,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import catalog
+
 MIB = 1 << 20
 DEFAULT_TOLERANCE = 0.10
 PROFILES_FILE = Path(__file__).resolve().parents[1] / "experiments" / "interconnects" / "nominal.yaml"
@@ -133,15 +135,17 @@ def step_collectives(strategy: str, k: int, layout: dict, per_device_batch: int 
     """The collectives one step of `strategy` issues at k: [{"collective", "bytes", "count", "phase"}].
 
     count may be fractional (accum_steps: one all-reduce every a micro-steps). transport names the all-reduce that
-    carries DDP's buckets (allreduce, or allreduce_shm for comm_hook=shm on one CPU host)."""
-    if strategy in ("ddp", "ddp_amp"):
+    carries DDP's buckets (allreduce, or allreduce_shm for comm_hook=shm on one CPU host). The strategy's
+    collective pattern is its catalog row's `comm` (pipeline/catalog.py)."""
+    comm = comm_pattern(strategy)
+    if comm == "bucket_allreduce":
         if comm_hook not in HOOK_BYTES:
             raise ValueError(f"comm_hook={comm_hook!r} is not modelled (modelled: {', '.join(HOOK_BYTES)})")
         name = transport or ("allreduce_shm" if comm_hook == "shm" else "allreduce")
         sizes = ddp_buckets([p["bytes"] for p in layout["params"]], bucket_cap_mb)
         return [{"collective": name, "bytes": int(s * HOOK_BYTES[comm_hook]), "count": 1 / accum_steps,
                  "phase": "backward"} for s in sizes]
-    if strategy == "fsdp":
+    if comm == "shard_units":
         out = []
         for u in layout["fsdp_units"]:
             g = fsdp_gathered_bytes(u["shapes"], k)
@@ -149,19 +153,27 @@ def step_collectives(strategy: str, k: int, layout: dict, per_device_batch: int 
                     {"collective": "allgather", "bytes": g, "count": 1, "phase": "backward", "unit": u["name"]},
                     {"collective": "reduce_scatter", "bytes": g, "count": 1, "phase": "backward", "unit": u["name"]}]
         return out
-    if strategy == "scratch":
+    if comm == "copy_allreduce":
         return [{"collective": "scratch_allreduce", "bytes": p["bytes"], "count": 1, "phase": "after backward"}
                 for p in layout["params"]]
-    if strategy in ("dp", "dp_criterion"):
+    if comm in ("dp_gather_logits", "dp_gather_losses"):
         x = per_device_batch * k * 28 * 28 * 4
-        out_bytes = per_device_batch * k * 10 * 4 if strategy == "dp" else k * 4
+        out_bytes = per_device_batch * k * 10 * 4 if comm == "dp_gather_logits" else k * 4
         return [{"collective": "dp_copy", "bytes": layout["param_bytes"], "count": 1, "phase": "replicate"},
                 {"collective": "dp_scatter", "bytes": x, "count": 1, "phase": "scatter input"},
                 {"collective": "dp_scatter", "bytes": out_bytes, "count": 1, "phase": "gather outputs"},
                 {"collective": "dp_copy", "bytes": layout["param_bytes"], "count": 1, "phase": "reduce gradients"}]
-    if strategy == "single":
+    if comm == "none":
         return []
-    raise ValueError(f"strategy {strategy!r} has no communication model")
+    raise ValueError(f"strategy {strategy!r}: the communication pattern {comm!r} has no model")
+
+
+def comm_pattern(strategy: str) -> str:
+    """The strategy's collective pattern (its catalog row's `comm`); ValueError for a name not in the catalog."""
+    try:
+        return catalog.spec(strategy).comm
+    except catalog.UnknownStrategy as e:
+        raise ValueError(f"strategy {strategy!r} has no communication model ({e})") from None
 
 
 # ----------------------------------------------------------------------------- interconnects
@@ -245,9 +257,10 @@ def predict(strategy: str, k: int, compute_s_per_image: float, interconnect: Int
         c["seconds"] = interconnect.seconds(c["collective"], c["bytes"], k) * c["count"]
     comm = sum(c["seconds"] for c in calls)
     hideable, floor = 0.0, comm
-    if strategy in ("ddp", "ddp_amp") and calls:
+    comm_kind = comm_pattern(strategy)
+    if comm_kind == "bucket_allreduce" and calls:
         hideable, floor = backward_fraction * t1, calls[-1]["seconds"]
-    elif strategy == "fsdp" and calls:
+    elif comm_kind == "shard_units" and calls:
         hideable = t1
         floor = calls[0]["seconds"] + next(c["seconds"] for c in reversed(calls) if c["collective"] == "reduce_scatter")
     exposed = max(min(floor, comm), comm - overlap * hideable)

@@ -11,13 +11,8 @@ finished trials. results/sweeps/<strategy>.csv is rewritten from the study after
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
-import hashlib
-import itertools
 import json
-import random
 import sys
 import time
 import warnings
@@ -26,94 +21,19 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from . import claims, paths, study_parent, study_view, tracking
 from . import config as configmod
-from . import study_view, tracking
 from .capabilities import host_capabilities
-from .claims import GRACE_S, HEARTBEAT_S, Heartbeat, claim, end_stale_mlflow_runs, fail_stale_trials
+from .claims import open_storage, storage_url
 from .devices import probe
-from .errors import Stopped, StoreError, redact
+from .errors import Stopped, redact
 from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, run_trial
 from .preflight import check_store
+from .space import choices, points, space_hash, study_name, trial_config
 from .sweep_csv import KNOBS, trial_row, write_rows, write_csv
-
-SPACE_KEYS = ("model", "devices", "batch_size", "lr", "bucket_cap_mb", "grad_as_bucket_view", "accum_steps",
-              "comm_hook")
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-
-
-# ----------------------------------------------------------------------------- the space
-
-def points(cfg, strategy: str) -> list[dict]:
-    """Every point of the strategy's space, in a stable order (knob dimensions only for DDP strategies)."""
-    keys = [k for k in SPACE_KEYS if k not in KNOBS or strategy in ("ddp", "ddp_amp")]
-    out = []
-    for space in cfg.space(strategy):
-        for combo in itertools.product(*(getattr(space, k) for k in keys)):
-            if dict(zip(keys, combo)) not in out:
-                out.append(dict(zip(keys, combo)))
-    return out
-
-
-def choices(cfg, strategy: str) -> dict:
-    """Per parameter, every value the space takes (Optuna's categorical distributions)."""
-    out: dict = {}
-    for p in points(cfg, strategy):
-        for k, v in p.items():
-            out.setdefault(k, [])
-            if v not in out[k]:
-                out[k].append(v)
-    return out
-
-
-def trial_config(cfg, strategy: str, point: dict):
-    return configmod.replace_train(cfg, strategy=strategy, **point)
-
-
-def study_name(cfg, strategy: str) -> str:
-    """Identifies the search space and everything that changes a trial's result, so spaces never mix. The hash
-    stays in the name (also kept as user attribute space_hash): a rerun finds its study by name, so a name without
-    it would either mix spaces or, renamed, orphan every study already in a store."""
-    return f"{cfg.profile}-{strategy}-{space_hash(cfg, strategy)}"
-
-
-def space_hash(cfg, strategy: str) -> str:
-    t = cfg.train
-    key = {"space": points(cfg, strategy), "epochs": t.epochs, "seed": t.seed, "max_steps": t.max_steps,
-           "data": [cfg.data.source, cfg.data.train_limit, cfg.data.test_limit], "warmup": t.warmup_steps,
-           "amp": t.amp_dtype, "pruning": cfg.sweep.pruning, "sampler": cfg.sweep.sampler}
-    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def storage_url(cfg) -> str:
-    return cfg.sweep.storage or f"sqlite:///{configmod.repo_root() / 'mlruns' / 'optuna.db'}"
-
-
-def open_storage(cfg) -> optuna.storages.RDBStorage:
-    url = storage_url(cfg)
-    check_store(url, "sweep.storage")  # unreachable, corrupt or unwritable: fails now, in seconds
-    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
-    stale = ({"heartbeat_stale_trial_callback": retry(max_retry=2)} if retry else
-             {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)})
-    for attempt in range(5):
-        try:
-            return optuna.storages.RDBStorage(
-                url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
-                heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, **stale)
-        except Exception as e:  # bad URL, server down, missing driver
-            # workers started together on an empty PostgreSQL database race to create the tables; the losers get
-            # IntegrityError (pg_type_typname_nsp_index) and succeed on a retry, the tables being there by then
-            if type(e).__name__ == "IntegrityError" and attempt < 4:
-                time.sleep(0.5 + random.random())
-                continue
-            raise StoreError(
-                f"Cannot open the Optuna storage {redact(url)!r} (sweep.storage): {type(e).__name__}: "
-                f"{redact(str(e).splitlines()[0] if str(e) else '')}. Use an RDB URL such as "
-                f"sqlite:////abs/path/optuna.db or postgresql://user@host:5432/db, with the password in PGPASSWORD "
-                f"or ~/.pgpass rather than in the URL (docs/scale-out.md); the server must be reachable, the "
-                f"database exist and its driver be installed. Or leave sweep.storage empty for the default sqlite "
-                f"file in mlruns/.") from None
 
 
 # ----------------------------------------------------------------------------- study set-up
@@ -187,7 +107,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     p = {k: trial.suggest_categorical(k, vals) for k, vals in choices(cfg, strategy).items()}
     tcfg = trial_config(cfg, strategy, p)
     out_dir = trials_dir / f"{study.study_name}-{trial.number:04d}"
-    beat, run_id, t0 = Heartbeat(study._storage, trial._trial_id), None, time.monotonic()
+    beat, run_id, t0 = claims.heartbeat(trial), None, time.monotonic()
 
     def on_epoch(record):
         tracker.log_metrics(run_id, tracking.epoch_metrics(record), step=record["epoch"])
@@ -204,7 +124,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     try:
         with beat:
             tags = {**tracking.base_tags(tcfg, host, stage=f"sweep@{strategy}"), "trial": trial.number,
-                    "study": study.study_name, "optuna_trial_id": trial._trial_id, **host_tags(host)}
+                    "study": study.study_name, "optuna_trial_id": claims.trial_id(trial), **host_tags(host)}
             run_id = tracker.start_run(f"{strategy} {_fmt_point(p)}", tags, parent_id=parent_id)
             trial.set_user_attr("mlflow_run_id", run_id)
             tracker.log_params(run_id, tracking.trial_params(tcfg))
@@ -279,16 +199,21 @@ def _best_effort(*steps) -> None:
             pass
 
 
-# ----------------------------------------------------------------------------- the worker loop
+# ----------------------------------------------------------------------------- the worker
+
+def _unselected(cfg, strategy: str, out_csv: Path) -> Path:
+    """The table of a strategy params.yaml does not select: every point, with the reason, and no trial run."""
+    why = f"not selected: `{strategy}` is not in sweep.strategies ({', '.join(cfg.sweep.strategies)})"
+    stand_in = type("Unselected", (), {"study_name": study_name(cfg, strategy)})
+    write_rows([trial_row(stand_in, strategy, point=p, reason=why) for p in points(cfg, strategy)], out_csv)
+    print(f"[sweep {strategy}] {why}: no trial run", file=sys.stderr, flush=True)
+    return out_csv
+
 
 def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = None) -> Path:
     host = probe()
     if strategy not in cfg.sweep.strategies:  # DVC runs every sweep@ stage; params.yaml picks which run trials
-        why = f"not selected: `{strategy}` is not in sweep.strategies ({', '.join(cfg.sweep.strategies)})"
-        stand_in = type("Unselected", (), {"study_name": study_name(cfg, strategy)})
-        write_rows([trial_row(stand_in, strategy, point=p, reason=why) for p in points(cfg, strategy)], out_csv)
-        print(f"[sweep {strategy}] {why}: no trial run", file=sys.stderr, flush=True)
-        return out_csv
+        return _unselected(cfg, strategy, out_csv)
     # bad input stops here, before anything is written to the stores
     from .launch import load_data
     data = load_data(configmod.replace_train(cfg, strategy=strategy))  # present, readable, of the right source
@@ -296,20 +221,19 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
     del data
     for url, key in ((storage_url(cfg), "sweep.storage"), (tracking.tracking_uri(cfg), "tracking.uri")):
         check_store(url, key)  # both, before either store is created or opened
-    with _creating_stores(cfg):
+    with claims.creating_stores(storage_url(cfg), tracking.tracking_uri(cfg)):
         storage = open_storage(cfg)  # a bad URL fails now
         tracker = tracking.Tracker(cfg)
         study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, storage, n_train)
     parent_id = study.user_attrs.get("mlflow_parent_run_id")
     if parent_id and tracker.client.get_run(parent_id).info.status != "RUNNING":
         tracker.client.update_run(parent_id, status="RUNNING")
-    trials_dir = configmod.repo_root() / "runs" / "trials"
+    trials_dir = paths.repo_root() / "runs" / "trials"
     total = study.user_attrs.get("enqueued", len(feasible))
     print(f"[sweep {strategy}] study {study.study_name}: {total} trial(s) to run, {len(skipped)} point(s) "
           f"skipped on this host ({host.kind} x{host.n})", file=sys.stderr, flush=True)
     for p, why in skipped:
         print(f"  skipped {_fmt_point(p)}: {why}", file=sys.stderr)
-    ran, started = 0, time.monotonic()
 
     def runnable(point: dict) -> bool:
         try:
@@ -317,31 +241,19 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             return True
         except Infeasible:
             return False
+
+    def run(trial, done: int, eta: float | None) -> None:
+        label = f"[sweep {strategy}] trial {done + 1}/{total}"
+        print(f"{label} (#{trial.number}) {_fmt_point(claims.fixed_point(trial))}"
+              + (f", sweep ETA {eta:.0f} s" if eta else ""), file=sys.stderr, flush=True)
+        outcome = run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir)
+        print(f"{label} -> {outcome}", file=sys.stderr, flush=True)
+        write_csv(study, strategy, skipped, out_csv)
+
     interrupted, fault = True, None
     try:
-        while max_new_trials is None or ran < max_new_trials:
-            fail_stale_trials(study)
-            end_stale_mlflow_runs(study, tracker)
-            trial = claim(study, runnable)
-            if trial is None:
-                running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if not running:
-                    left = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-                    if left:
-                        print(f"[sweep {strategy}] {len(left)} waiting trial(s) need more devices than this host "
-                              f"offers ({host.kind} x{host.n}): left to a larger worker", file=sys.stderr, flush=True)
-                    break
-                time.sleep(1.0)  # another worker (or a dead one, until its heartbeat goes stale) holds a trial
-                continue
-            done = _finished(study)
-            eta = (time.monotonic() - started) / ran * max(total - done, 0) if ran else None
-            label = f"[sweep {strategy}] trial {done + 1}/{total}"
-            print(f"{label} (#{trial.number}) {_fmt_point(study._storage.get_trial_system_attrs(trial._trial_id).get('fixed_params') or {})}"
-                  + (f", sweep ETA {eta:.0f} s" if eta else ""), file=sys.stderr, flush=True)
-            outcome = run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir)
-            print(f"{label} -> {outcome}", file=sys.stderr, flush=True)
-            ran += 1
-            write_csv(study, strategy, skipped, out_csv)
+        claims.serve(study, tracker, runnable, run, total, max_new_trials, where=f" ({host.kind} x{host.n})",
+                     say=lambda msg: print(f"[sweep {strategy}] {msg}", file=sys.stderr, flush=True))
         interrupted = False
     except Exception as e:  # a fault: the trial (if any) is closed already; the parent run is closed below
         fault = e if isinstance(e, Stopped) else Stopped(
@@ -352,77 +264,8 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         if fault is None:
             write_csv(study, strategy, skipped, out_csv)
         if not interrupted:
-            _finish_parent(study, tracker, parent_id, out_csv, skipped)
+            study_parent.finish(study, tracker, parent_id, out_csv, skipped)
         elif parent_id:  # ended unless another worker is on it; the rerun marks it RUNNING again
             _best_effort(lambda: tracker.close_run(parent_id, "FAILED" if fault else "KILLED", str(fault or ""))
-                         if not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) else None)
+                         if not claims.running(study) else None)
     return out_csv
-
-
-def _finished(study) -> int:
-    """Trials that ran to an end: complete, pruned, or failed by themselves (a trial failed because its worker
-    was interrupted or died is run again, and counted then)."""
-    ended = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
-    return sum(t.state != TrialState.FAIL or "failure_kind" in t.user_attrs for t in ended)
-
-
-@contextlib.contextmanager
-def _creating_stores(cfg):
-    """Serialise the creation of local SQLite stores: workers started together would race to create the same
-    tables ("table already exists"). An RDB server shared by many machines needs the stores created once first
-    (`python -m pipeline sweep --strategy S --n-trials 0`), see docs/reliability.md."""
-    if not (storage_url(cfg).startswith("sqlite") or tracking.tracking_uri(cfg).startswith("sqlite")):
-        yield
-        return
-    lock = configmod.repo_root() / "mlruns" / ".create.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file is closed, also if this process dies
-        yield
-
-
-def _finish_parent(study, tracker, parent_id, out_csv, skipped=()) -> None:
-    left = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
-    if not parent_id or left:
-        return
-    tracker.end_stale_runs(f"tags.mlflow.parentRunId = '{parent_id}'")  # a trial run whose process died early
-    tracker.log_artifact(parent_id, out_csv, "study")
-    _summarise_parent(study, tracker, parent_id, list(skipped))
-    try:
-        complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-        if not complete:  # nothing to plot (e.g. a strategy this host cannot run): skip matplotlib's start-up
-            return
-        import matplotlib
-        matplotlib.use("Agg")
-        from optuna.visualization import matplotlib as ovm
-        plots_dir = out_csv.parent / ".plots" / study.study_name
-        plots_dir.mkdir(parents=True, exist_ok=True)
-        # parameter importances need a real sample (and cost seconds): only for studies of 10+ trials
-        fns = ["plot_optimization_history", "plot_slice"] + (["plot_param_importances"] if complete >= 10 else [])
-        for fn in fns:
-            try:
-                with warnings.catch_warnings():  # few trials or one-valued params: matplotlib complains
-                    warnings.simplefilter("ignore")
-                    ax = getattr(ovm, fn)(study)
-                fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
-                fig.savefig(plots_dir / f"{fn}.png", dpi=90, bbox_inches="tight")
-                matplotlib.pyplot.close(fig)
-            except Exception as e:  # too few trials for importances, etc.
-                (plots_dir / f"{fn}.txt").write_text(f"not drawn: {e}\n")
-        tracker.log_artifacts(parent_id, plots_dir, "study/plots")
-    finally:
-        tracker.end_run(parent_id, "FINISHED")
-
-
-def _summarise_parent(study, tracker, parent_id, skipped) -> None:
-    """The study's numbers on its parent run (a collapsed row compares), or, when nothing could run here, why."""
-    tracker.log_metrics(parent_id, study_view.study_metrics(study, len(skipped)))
-    why = study_view.unavailable_reason(study, skipped)
-    if why:
-        # MLflow has no "not applicable" status: FINISHED (nothing failed) with the reason in a tag, the run's
-        # description and its name, which the runs table shows collapsed
-        tracker.set_tags(parent_id, {"parallax.unavailable": why, "mlflow.note.content":
-                                     f"Not run on this host: every point of the space was skipped. {why}"})
-        name = tracker.client.get_run(parent_id).info.run_name
-        if not name.endswith("(unavailable)"):
-            tracker.client.update_run(parent_id, name=f"{name} (unavailable)")

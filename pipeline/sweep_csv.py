@@ -9,9 +9,9 @@ from pathlib import Path
 
 from optuna.trial import TrialState
 
+from .catalog import KNOBS
 from .devices import probe
 
-KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
 # The step-time breakdown (breakdown.py, metrics["breakdown"]) flat, one column per part: seconds per sampled step
 BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")
 BD_COLUMNS = ["bd_step_s", *(f"bd_{p}_s" for p in BD_PARTS), "bd_residual_s", "bd_samples"]

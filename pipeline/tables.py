@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-EXPECTED = ("single", "scratch", "dp", "dp_criterion", "ddp", "ddp_amp", "fsdp")
-KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
+from .catalog import KNOBS, NAMES
+
+EXPECTED = NAMES  # strategies in the catalog's order (pipeline/catalog.py); others sort after them
 # Grouped on, so that a distinct setting is a distinct point; shown only where they vary.
 EXTRAS = ("host", "data_source", *KNOBS)
 # The step-time breakdown's parts (pipeline/breakdown.py PARTS; the sweep CSV's bd_<part>_s columns) and the residual

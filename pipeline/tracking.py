@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .config import repo_root
+from .paths import repo_root
 from .errors import StoreError, redact
 from .preflight import check_store
 

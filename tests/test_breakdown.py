@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 
-from pipeline import breakdown
+from pipeline import breakdown, comm_probes
 from pipeline import meter as metermod
 from pipeline.devices import probe
 from pipeline.launch import run_trial
@@ -100,11 +100,11 @@ def test_unsampled_steps_get_the_do_nothing_clock():
 # ----------------------------------------------------------------------------- the arithmetic
 
 def test_interval_arithmetic():
-    assert breakdown.union([(5, 6), (0, 2), (1, 3)]) == [(0, 3), (5, 6)]
-    assert breakdown.subtract([(0, 10)], [(2, 3), (5, 7)]) == [(0, 2), (3, 5), (7, 10)]
-    assert breakdown.subtract([(0, 2), (4, 6)], [(1, 5)]) == [(0, 1), (5, 6)]
-    assert breakdown.subtract([(0, 2)], []) == [(0, 2)]
-    assert breakdown.overlap([(0, 2), (3, 5)], 1, 4) == 2
+    assert comm_probes.union([(5, 6), (0, 2), (1, 3)]) == [(0, 3), (5, 6)]
+    assert comm_probes.subtract([(0, 10)], [(2, 3), (5, 7)]) == [(0, 2), (3, 5), (7, 10)]
+    assert comm_probes.subtract([(0, 2), (4, 6)], [(1, 5)]) == [(0, 1), (5, 6)]
+    assert comm_probes.subtract([(0, 2)], []) == [(0, 2)]
+    assert comm_probes.overlap([(0, 2), (3, 5)], 1, 4) == 2
 
 
 def test_phase_clock_times_each_phase_and_each_next():
@@ -125,7 +125,7 @@ class OneRank:
         self.other = other
 
     def comm_probe(self, model):
-        return breakdown.NoComm("test", whole=("reduce_gradients",))
+        return comm_probes.NoComm("test", whole=("reduce_gradients",))
 
     def gather(self, obj):
         return [obj, self.other]

@@ -4,8 +4,9 @@ import dataclasses
 import pytest
 
 from pipeline import config as c
+from pipeline.paths import repo_root
 
-REPO = c.repo_root()
+REPO = repo_root()
 
 
 def load(*sets):

@@ -10,17 +10,30 @@ from . import import_graph as ig
 # (This list may only shrink.)
 KNOWN_PRIVATE: set = set()
 
-# The analysis wing: what each floor may import from pipeline/ (analyze.py, the entry, sits on all of them).
+# The analysis wing: what each floor may import from pipeline/ (analyze.py, the entry, sits on all of them). The
+# strategy catalog (torch-free, importing nothing from pipeline/) is below every floor.
+BASE = {"pipeline.catalog"}
 WING = {
-    "pipeline.tables": set(),
-    "pipeline.summary": {"pipeline.tables"},
-    "pipeline.knobs": {"pipeline.tables"},
-    "pipeline.plots": {"pipeline.tables"},
-    "pipeline.report": {"pipeline.tables"},
-    "pipeline.projection": {"pipeline.tables", "pipeline.scaling_model"},
+    "pipeline.tables": BASE,
+    "pipeline.summary": {"pipeline.tables"} | BASE,
+    "pipeline.knobs": {"pipeline.tables"} | BASE,
+    "pipeline.plots": {"pipeline.tables"} | BASE,
+    "pipeline.report": {"pipeline.tables"} | BASE,
+    "pipeline.projection": {"pipeline.tables", "pipeline.scaling_model"} | BASE,
     "pipeline.analyze": {"pipeline.tables", "pipeline.summary", "pipeline.knobs", "pipeline.plots",
-                         "pipeline.report", "pipeline.projection"},
+                         "pipeline.report", "pipeline.projection"} | BASE,
 }
+
+
+def test_catalog_imports_nothing_heavy():
+    """pipeline/catalog.py is read by config validation and the analysis wing: no torch, optuna, mlflow, pandas,
+    and nothing from pipeline/ (so it sits below every module that reads it)."""
+    tree = ig.parse(ig.module_files()["pipeline.catalog"])
+    imported = {a.name.partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {(n.module or "").partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                 and not n.level}
+    assert imported <= {"__future__", "dataclasses"}, f"catalog.py imports {sorted(imported)}"
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), "catalog.py imports pipeline/"
 
 
 def test_no_import_cycles():
@@ -57,3 +70,14 @@ def test_no_private_names_imported_across_modules():
                     found |= {(module, target, a.name) for a in node.names
                               if a.name.startswith("_") and not a.name.startswith("__")}
     assert found <= KNOWN_PRIVATE, f"private names imported across modules: {sorted(found - KNOWN_PRIVATE)}"
+
+
+OPTUNA_PRIVATE = {"_storage", "_trial_id", "_study_id", "_get_stale_trial_ids", "_pop_waiting_trial_id"}
+
+
+def test_only_the_worker_queue_uses_optunas_private_api():
+    """pipeline/claims.py is the one module that reaches into Optuna (study._storage, trial._trial_id, ...)."""
+    found = sorted(f"{module}:{node.lineno} .{node.attr}" for module, path in ig.module_files().items()
+                   if module != "pipeline.claims" for node in ast.walk(ig.parse(path))
+                   if isinstance(node, ast.Attribute) and node.attr in OPTUNA_PRIVATE)
+    assert not found, f"Optuna's private API outside pipeline/claims.py: {found}"

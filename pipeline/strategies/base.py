@@ -12,7 +12,8 @@ import contextlib
 import torch
 from torch import nn
 
-from ..breakdown import NO_CLOCK, NoComm
+from ..breakdown import NO_CLOCK
+from ..comm_probes import NoComm
 from ..devices import Host, device_for, keep_freed_memory
 
 

@@ -16,7 +16,7 @@ import contextlib
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..breakdown import DDPStats
+from ..comm_probes import DDPStats
 from . import shm_allreduce
 from .distributed import DistributedStrategy
 

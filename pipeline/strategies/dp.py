@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..breakdown import ProfiledComm
+from ..comm_probes import ProfiledComm
 from ..devices import device_for
 from .base import Strategy
 

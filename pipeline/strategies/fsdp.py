@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..breakdown import ProfiledComm
+from ..comm_probes import ProfiledComm
 from .distributed import DistributedStrategy
 
 # FSDP2's record_function labels of its collectives (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..breakdown import NoComm
+from ..comm_probes import NoComm
 from ..devices import device_for
 from .base import Strategy
 

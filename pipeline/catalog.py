@@ -1,0 +1,116 @@
+"""The strategies and their knobs: one torch-free table that config, sweep, analysis, the scaling model, doctor, the
+strategy classes and the docs read (docs/strategies.md is checked against it by tests/test_catalog.py).
+
+Nothing heavy is imported here (no torch, optuna, mlflow or pandas): validating params.yaml or listing strategies
+costs nothing. A strategy's behaviour lives in its class under pipeline/strategies/; what the rest of the pipeline
+needs to know about it without importing torch lives in its row here, and tests/test_catalog.py checks that each
+registered class agrees with its row. Code outside strategies/ and this module asks a row (`spec(name).multiprocess`,
+`knobs(name)`, `spec(name).comm`), never compares a strategy's name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The sweep knobs of DDP's communication design: a dimension of the search space only for the strategies whose row
+# accepts it (SpaceConfig holds a default for each; train.<knob> configures one run)
+KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
+
+# The communication patterns the scaling model knows (scaling_model.step_collectives), one per row
+COMM_PATTERNS = {
+    "none": "no communication (one device)",
+    "copy_allreduce": "one copy-based all-reduce per parameter tensor after backward (d2l's scratch)",
+    "dp_gather_logits": "replicate parameters, scatter the batch, gather the logits, reduce gradients to device 0",
+    "dp_gather_losses": "replicate parameters, scatter the batch, gather k losses, reduce gradients to device 0",
+    "bucket_allreduce": "one all-reduce per gradient bucket, overlapped with backward",
+    "shard_units": "per sharded unit: all-gather before forward and backward, reduce-scatter of gradients",
+}
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """One strategy's row. The defaults describe `single`, the baseline every strategy is a difference from."""
+    name: str
+    description: str  # one line, for the docs and the CLI
+    knobs: tuple[str, ...] = ()  # sweep knobs it accepts (a subset of KNOBS, in KNOBS' order)
+    multiprocess: bool = False  # one process per device, started by PyTorch's elastic launcher
+    one_device_only: bool = False  # runs at train.devices=1 only
+    cuda_only: bool = False  # unavailable on a CPU-only host
+    parallel_on_cpu: bool = True  # False: on a CPU host the k "devices" run one after another in one process
+    autocast: bool = False  # runs its forward under autocast with train.amp_dtype
+    comm: str = "none"  # the collective pattern of one step (COMM_PATTERNS), as the scaling model counts it
+
+
+STRATEGIES: tuple[StrategySpec, ...] = (
+    StrategySpec("single", "the baseline: one device, one process, plain SGD", one_device_only=True),
+    StrategySpec("scratch", "d2l's data parallelism from scratch: replicas in one process, hand-written all-reduce",
+                 parallel_on_cpu=False, comm="copy_allreduce"),
+    StrategySpec("dp", "torch.nn.DataParallel: one process, outputs gathered on one device",
+                 cuda_only=True, comm="dp_gather_logits"),
+    StrategySpec("dp_criterion", "DataParallelModel + DataParallelCriterion: the loss computed on each device",
+                 cuda_only=True, comm="dp_gather_losses"),
+    StrategySpec("ddp", "DistributedDataParallel: one process per device, bucketed all-reduce",
+                 knobs=KNOBS, multiprocess=True, comm="bucket_allreduce"),
+    StrategySpec("ddp_amp", "DDP + torch.amp autocast (bf16, or fp16 with a GradScaler), the successor of Apex",
+                 knobs=KNOBS, multiprocess=True, autocast=True, comm="bucket_allreduce"),
+    StrategySpec("fsdp", "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks",
+                 multiprocess=True, comm="shard_units"),
+)
+SPECS: dict[str, StrategySpec] = {s.name: s for s in STRATEGIES}
+NAMES: tuple[str, ...] = tuple(SPECS)
+REFERENCE = NAMES[0]  # the single-device baseline the others are checked and compared against
+
+
+class UnknownStrategy(KeyError):
+    """A name that is not a row of the catalog."""
+
+    def __str__(self) -> str:
+        return f"unknown strategy {self.args[0]!r}; valid: {', '.join(NAMES)}"
+
+
+def spec(name: str) -> StrategySpec:
+    """The row of strategy `name`; UnknownStrategy (a KeyError) for any other name."""
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise UnknownStrategy(name) from None
+
+
+def knobs(name: str) -> tuple[str, ...]:
+    """The sweep knobs `name` accepts (none for an unknown name: a sweep table may hold a retired strategy)."""
+    row = SPECS.get(name)
+    return row.knobs if row else ()
+
+
+def is_one_device_only(name: str) -> bool:
+    """True for a known strategy that runs on one device only (an unknown name: False)."""
+    row = SPECS.get(name)
+    return bool(row and row.one_device_only)
+
+
+def communicates(name: str) -> bool:
+    """True for a known strategy whose step issues collectives (the scaling model has something to model)."""
+    row = SPECS.get(name)
+    return bool(row and row.comm != "none")
+
+
+# docs/strategies.md holds markdown_table() between these lines
+DOC_BEGIN = "<!-- generated from pipeline/catalog.py: catalog.markdown_table() -->"
+DOC_END = "<!-- end of the generated table -->"
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "-"
+
+
+def markdown_table() -> str:
+    """The catalog as a Markdown table (docs/strategies.md holds exactly this between DOC_BEGIN and DOC_END)."""
+    lines = ["| strategy | what it is | sweep knobs | processes | devices | parallel on CPU | autocast | "
+             "communication per step |",
+             "|---|---|---|---|---|---|---|---|"]
+    for s in STRATEGIES:
+        devices = "1 only" if s.one_device_only else "k, CUDA only" if s.cuda_only else "k"
+        on_cpu = "n/a" if s.cuda_only else _yes(s.parallel_on_cpu)
+        lines.append(f"| `{s.name}` | {s.description} | {', '.join(f'`{k}`' for k in s.knobs) or '-'} | "
+                     f"{'one per device' if s.multiprocess else 'one'} | {devices} | {on_cpu} | "
+                     f"{_yes(s.autocast)} | {COMM_PATTERNS[s.comm]} |")
+    return "\n".join(lines) + "\n"

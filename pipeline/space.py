@@ -1,0 +1,57 @@
+"""A strategy's search space as the sweep runs it: its points (the product of each SpaceConfig's lists, with the
+knob dimensions the strategy's catalog row accepts), Optuna's categorical choices, a point's trial configuration, and
+the study name that identifies the space and everything else that changes a trial's result.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+
+from . import catalog
+from . import config as configmod
+from .catalog import KNOBS
+
+SPACE_KEYS = tuple(f.name for f in dataclasses.fields(configmod.SpaceConfig))  # a trial's point: one value of each
+
+
+def points(cfg, strategy: str) -> list[dict]:
+    """Every point of the strategy's space, in a stable order (knob dimensions only where the catalog lists them)."""
+    keys = [k for k in SPACE_KEYS if k not in KNOBS or k in catalog.knobs(strategy)]
+    out = []
+    for space in cfg.space(strategy):
+        for combo in itertools.product(*(getattr(space, k) for k in keys)):
+            if dict(zip(keys, combo)) not in out:
+                out.append(dict(zip(keys, combo)))
+    return out
+
+
+def choices(cfg, strategy: str) -> dict:
+    """Per parameter, every value the space takes (Optuna's categorical distributions)."""
+    out: dict = {}
+    for p in points(cfg, strategy):
+        for k, v in p.items():
+            out.setdefault(k, [])
+            if v not in out[k]:
+                out[k].append(v)
+    return out
+
+
+def trial_config(cfg, strategy: str, point: dict):
+    return configmod.replace_train(cfg, strategy=strategy, **point)
+
+
+def study_name(cfg, strategy: str) -> str:
+    """Identifies the search space and everything that changes a trial's result, so spaces never mix. The hash
+    stays in the name (also kept as user attribute space_hash): a rerun finds its study by name, so a name without
+    it would either mix spaces or, renamed, orphan every study already in a store."""
+    return f"{cfg.profile}-{strategy}-{space_hash(cfg, strategy)}"
+
+
+def space_hash(cfg, strategy: str) -> str:
+    t = cfg.train
+    key = {"space": points(cfg, strategy), "epochs": t.epochs, "seed": t.seed, "max_steps": t.max_steps,
+           "data": [cfg.data.source, cfg.data.train_limit, cfg.data.test_limit], "warmup": t.warmup_steps,
+           "amp": t.amp_dtype, "pruning": cfg.sweep.pruning, "sampler": cfg.sweep.sampler}
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
