@@ -91,3 +91,16 @@ def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool | None:
     if any(math.isnan(v) for v in (*a, *b)):
         return None
     return a[0] <= b[1] and b[0] <= a[1]
+
+
+def point_intervals(num, den, k: float) -> dict:
+    """A scaling-table row's intervals: throughput from `num` (the point's groups); speedup and efficiency against
+    `den` (its k=1 reference's groups, None without one); and how many windows and repeats are behind each end.
+    k=1 against itself is 1 by definition, not a measurement: no interval."""
+    out = dict(zip(("throughput_lo", "throughput_hi"), throughput_interval(num)))
+    out.update(zip(("n_windows", "n_repeats"), counts(num)))
+    out.update(zip(("base_n_windows", "base_n_repeats"), counts(den or [])))
+    unknown = den is None or k == 1
+    out.update(zip(("speedup_lo", "speedup_hi"), NAN2 if unknown else ratio_interval(num, den)))
+    out.update(zip(("efficiency_lo", "efficiency_hi"), NAN2 if unknown else ratio_interval(num, den, scale=k)))
+    return out
