@@ -12,13 +12,15 @@ KNOWN_PRIVATE: set = set()
 
 # The analysis wing: what each floor may import from pipeline/ (analyze.py, the entry, sits on all of them).
 WING = {
-    "pipeline.tables": set(),
+    "pipeline.stats": set(),
+    "pipeline.tables": {"pipeline.stats"},
+    "pipeline.confidence": {"pipeline.tables", "pipeline.stats"},
     "pipeline.summary": {"pipeline.tables"},
     "pipeline.knobs": {"pipeline.tables"},
     "pipeline.plots": {"pipeline.tables"},
-    "pipeline.report": {"pipeline.tables"},
+    "pipeline.report": {"pipeline.tables", "pipeline.confidence"},
     "pipeline.projection": {"pipeline.tables", "pipeline.scaling_model"},
-    "pipeline.analyze": {"pipeline.tables", "pipeline.summary", "pipeline.knobs", "pipeline.plots",
+    "pipeline.analyze": {"pipeline.tables", "pipeline.stats", "pipeline.summary", "pipeline.knobs", "pipeline.plots",
                          "pipeline.report", "pipeline.projection"},
 }
 
