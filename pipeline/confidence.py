@@ -139,3 +139,14 @@ def implausible(r, tag: str) -> str | None:
 def plausible(w):
     """Weak rows that enter the comparison: efficiency <= 1, or above 1 but within noise of 1."""
     return w[(w["efficiency"] <= 1.0) | (w["efficiency_lo"] <= 1.0)]
+
+
+def interval_columns(e):
+    """Scaling-table rows with efficiency_95 ('[lo–hi]', NaN where unknown) and n_measured ('w/t at k; w/t at 1')."""
+    if e.empty:
+        return e.assign(efficiency_95=[], n_measured=[])
+    return e.assign(
+        efficiency_95=[f"[{lo:.2f}–{hi:.2f}]" if known(lo, hi) else math.nan
+                       for lo, hi in zip(e["efficiency_lo"], e["efficiency_hi"])],
+        n_measured=[f"{w:g}/{t:g}; {bw:g}/{bt:g}" for w, t, bw, bt in
+                    zip(e["n_windows"], e["n_repeats"], e["base_n_windows"], e["base_n_repeats"])])

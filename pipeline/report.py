@@ -123,13 +123,15 @@ def _tables(df, pts, eff, mem, acc):
                         "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc"]),
          "\n## Scaling efficiency\n\n",
          "E(k) = T(k)/(k·T(1)) with T(1) measured by the same strategy: weak at fixed per-device "
-         "batch b, strong at fixed global batch B. '—' = no k=1 reference (undefined, not 0).\n"]
+         "batch b, strong at fixed global batch B. '—' = no k=1 reference (undefined, not 0). efficiency_95: its 95% "
+         "bootstrap interval over measurement windows and trials ('—': one measurement, unknown); n_measured: "
+         "windows/trials at k, then at k=1.\n"]
     for kind in ("weak", "strong"):
-        e = eff[(eff["kind"] == kind) & (eff["k"] >= 2)]
+        e = confidence.interval_columns(eff[(eff["kind"] == kind) & (eff["k"] >= 2)])
         s += [f"\n### {kind.capitalize()} scaling\n\n",
               md_table(e, ["strategy", "model", *x, "k", "per_device_batch", "batch_size",
-                           "throughput_img_s", "base_throughput_img_s", "speedup", "efficiency",
-                           "parallel_devices"])]
+                           "throughput_img_s", "base_throughput_img_s", "speedup", "efficiency", "efficiency_95",
+                           "n_measured", "parallel_devices"])]
     mm = mem.assign(per_device_mib=[" / ".join(f"{v / MIB:,.1f}" for v in p) for p in mem["peaks"]],
                     peak_max_mib=mem["peak_max"] / MIB, dev0_excess_mib=mem["dev0_excess_bytes"] / MIB)
     s += ["\n## Memory per device\n\n",
