@@ -45,8 +45,8 @@ def _csv(df, path, cols, shown):
 def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
     """The tidy CSVs of DVC plots; columns that vary (host, data source, knobs) after strategy and model."""
     _csv(eff[eff["efficiency"].notna()], out / "efficiency.csv",
-         ["strategy", "model", "k", "per_device_batch", "batch_size", "kind", "efficiency", "speedup",
-          "throughput_img_s"], x)
+         ["strategy", "model", "k", "per_device_batch", "batch_size", "kind", "efficiency", "efficiency_lo",
+          "efficiency_hi", "speedup", "speedup_lo", "speedup_hi", "throughput_img_s", "n_windows", "n_repeats"], x)
     _csv(pts[pts["throughput_img_s"].notna()], out / "throughput.csv",
          ["strategy", "model", "k", "batch_size", "per_device_batch", "throughput_img_s"], x)
     _csv(memory_devices(mem), out / "memory.csv",
@@ -59,7 +59,7 @@ def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
 def _write_figures(out: Path, status, pts, eff, mem, knobs, source: str) -> None:
     colors = plots.style(status)
     plots.plot_efficiency(eff, out / "efficiency.png", colors, source)
-    plots.plot_throughput(pts, out / "throughput.png", colors, source)
+    plots.plot_throughput(pts, out / "throughput.png", colors, source, eff)
     plots.plot_memory(mem, out / "memory.png", source)
     plots.plot_accuracy(pts, out / "accuracy.png", colors, source)
     for knob in knobs["knob"].unique():

@@ -10,6 +10,11 @@ clock on an unsampled step), as `autocast` is for fp32 strategies.
 - the step-time breakdown (breakdown.py) on every `every`-th steady-state step: such a sampled step is kept out of
   the throughput window (its images and its seconds, from a synchronised clock read before it to one after), so
   throughput is the unsampled steps' as before; the sampled steps still count in epoch_s and time to accuracy;
+- steady-state images/s per measurement window of WINDOW_STEPS timed steps (`throughput_windows`: the spread of
+  the trial's throughput, for stats.py's intervals): a window closes at a synchronised clock read before the step
+  that would be its (N+1)-th unsampled one, never spans an epoch's end (evaluation), and leaves out sampled steps as
+  the overall figure does; an epoch's tail shorter than half a window is not a window (it counts in the overall
+  figure only);
 - seconds per epoch (training only, evaluation excluded) and time to the target accuracy (their running sum);
 - peak memory per device (metrics.memory_meter: the CUDA allocator, or tensor memory of a probe step on CPU).
 """
@@ -22,11 +27,16 @@ from .breakdown import NO_CLOCK, Off
 from .metrics import memory_meter
 
 _UNSAMPLED = contextlib.nullcontext(NO_CLOCK)
+WINDOW_STEPS = 10  # timed steps per throughput window: ~13 windows per epoch in the cpu profile at B=128
 
 
 class Meter:
-    def __init__(self, strategy, batch_size: int, warmup_steps: int, target_acc: float, breakdown=None):
+    def __init__(self, strategy, batch_size: int, warmup_steps: int, target_acc: float, breakdown=None,
+                 window_steps: int = WINDOW_STEPS):
         self.strategy, self.batch_size, self.target_acc = strategy, batch_size, target_acc
+        self.window_steps = max(window_steps, 1)
+        self.windows: list[float] = []  # images/s per closed window
+        self.window = None  # the open window: (first step, clock, excluded steps and seconds at its start)
         self.warmup = max(warmup_steps, 1)  # step 0 is the memory probe on CPU: never timed
         self.memory = memory_meter(strategy)  # resets the CUDA peaks: construct it just before the loop
         self.breakdown = breakdown or Off()
@@ -40,12 +50,35 @@ class Meter:
         self.excluded_steps, self.excluded_s = 0, 0.0  # this epoch's sampled steps, kept out of throughput
         self.strategy.synchronize()
         self.t0 = self.t_steady = time.perf_counter()
+        self.window = self._open(step, self.t0) if step >= self.warmup else None
 
     def tick(self, step: int) -> None:
-        """Before global step `step`: steady state starts at the end of the warm-up (synchronise, read the clock)."""
+        """Before global step `step`: steady state starts at the end of the warm-up (synchronise, read the clock);
+        a full window closes (synchronise, read the clock) and the next one opens."""
         if step == self.warmup:
             self.strategy.synchronize()
             self.t_steady = time.perf_counter()
+            self.window = self._open(step, self.t_steady)
+        elif self.window is not None and self._window_steps(step) >= self.window_steps:
+            self.strategy.synchronize()
+            now = time.perf_counter()
+            self._close(step, now)
+            self.window = self._open(step, now)
+
+    def _open(self, step: int, t: float) -> tuple:
+        return step, t, self.excluded_steps, self.excluded_s
+
+    def _window_steps(self, step: int) -> int:
+        first, _, excluded, _ = self.window
+        return step - first - (self.excluded_steps - excluded)
+
+    def _close(self, step: int, t: float) -> None:
+        """Record the open window's images/s if it holds at least half a window of unsampled steps."""
+        n, (_, t0, _, excluded_s) = self._window_steps(step), self.window
+        seconds = t - t0 - (self.excluded_s - excluded_s)
+        if 2 * n >= self.window_steps and seconds > 0:
+            self.windows.append(n * self.batch_size / seconds)
+        self.window = None
 
     def sample(self, step: int):
         """A context around global step `step` (data in + train_step) giving its phase clock: the breakdown's on a
@@ -77,6 +110,8 @@ class Meter:
         timed = max(0, step - max(self.first_step, self.warmup)) - self.excluded_steps
         timed_s = t_end - self.t_steady - self.excluded_s
         epoch_s = t_end - self.t0
+        if self.window is not None:
+            self._close(step, t_end)
         throughput = timed * self.batch_size / timed_s if timed else None
         if timed:
             self.timed_images += timed * self.batch_size
@@ -98,6 +133,7 @@ class Meter:
             "breakdown": self.breakdown.results(self.timed_s / timed_steps if timed_steps else None,
                                                 self.sampled_s / self.sampled_steps if self.sampled_steps else None),
             "throughput_img_s": self.timed_images / self.timed_s if self.timed_s > 0 else None,
+            "throughput_windows": list(self.windows),
             "timed_steps": timed_steps,
             "time_to_acc_s": self.time_to_acc,
             "epoch_s": self.epoch_s, "epoch_throughput_img_s": self.epoch_throughput,

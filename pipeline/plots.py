@@ -10,7 +10,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from . import catalog
-from .tables import BD_PARTS, EXTRAS, MIB, group_by, is_serial
+from .tables import BD_PARTS, EXTRAS, MIB, POINT, group_by, is_serial
 
 
 LINESTYLES = ("-", "--", "-.", (0, (1, 1)))  # one per batch size within a strategy
@@ -47,7 +47,18 @@ def _label(r, models, part):
     return f"{r['strategy']}{' ' + r['model'] if len(models) > 1 else ''} {part}"
 
 
+def _bars(ax, x, lo, hi, color):
+    """95 % intervals as vertical bars with caps (stats.py), drawn where known: none where unknown (NaN), never a
+    zero-width bar standing in for one."""
+    x, lo, hi = (np.asarray(v, dtype=float) for v in (x, lo, hi))
+    ok = np.isfinite(lo) & np.isfinite(hi)
+    if ok.any():
+        ax.vlines(x[ok], lo[ok], hi[ok], color=color, lw=1.2)
+        ax.plot(np.r_[x[ok], x[ok]], np.r_[lo[ok], hi[ok]], ls="none", marker="_", ms=8, color=color)
+
+
 def plot_efficiency(eff, path, colors, source=""):
+    """Weak and strong efficiency per k, with 95 % interval bars where known."""
     fig = Figure(figsize=(11, 4.2))
     for ax, kind, ref, sym in zip(fig.subplots(1, 2), ("weak", "strong"),
                                   ("per_device_batch", "batch_size"), ("b", "B")):
@@ -66,9 +77,10 @@ def plot_efficiency(eff, path, colors, source=""):
             ax.plot(g["k"], g["efficiency"], marker=MARKERS[i % len(MARKERS)], color=colors[r["strategy"]],
                     ls=":" if is_serial(r) else LINESTYLES[i % len(LINESTYLES)],
                     label=_label(r, models, f"{sym}={r[ref]:g}") + (" (serial)" if is_serial(r) else ""))
+            _bars(ax, g["k"], g["efficiency_lo"], g["efficiency_hi"], colors[r["strategy"]])
         ax.axhline(1.0, color="grey", ls="--", lw=1, label="ideal")
         ax.set_xticks(sorted(e["k"].unique()))
-        ax.set(xlabel="devices k", ylabel="efficiency T(k)/(k·T(1))", ylim=(0, None))
+        ax.set(xlabel="devices k", ylabel="efficiency T(k)/(k·T(1)) (bars: 95% interval)", ylim=(0, None))
         ax.legend(fontsize=7)
     _save(fig, path, source)
 
@@ -87,21 +99,32 @@ def _model_panels(p, what):
     return fig, panels
 
 
-def plot_throughput(pts, path, colors, source=""):
-    fig, panels = _model_panels(pts[pts["throughput_img_s"].notna()], "throughput")
+def plot_throughput(pts, path, colors, source="", eff=None):
+    """Best throughput over batch sizes per strategy and k; with `eff` (scaling_table), its 95 % interval bars."""
+    pts = pts[pts["throughput_img_s"].notna()]
+    if eff is not None and len(eff) and len(pts):
+        keys = [c for c in (*POINT, *EXTRAS) if c in pts]
+        iv = eff[eff["kind"] == "weak"][[*keys, "throughput_lo", "throughput_hi"]].drop_duplicates(keys)
+        pts = pts.merge(iv, on=keys, how="left")
+    else:
+        pts = pts.assign(throughput_lo=np.nan, throughput_hi=np.nan)
+    fig, panels = _model_panels(pts, "throughput")
     for ax, model, g in panels:
-        best = g.groupby(["strategy", "k"], sort=False)["throughput_img_s"].max().reset_index()
+        best = g.loc[g.groupby(["strategy", "k"], sort=False)["throughput_img_s"].idxmax()]
         ks = sorted(g["k"].unique())
         for s, b in group_by(best, ("strategy",)):
             if catalog.is_one_device_only(s[0]) and len(b) == 1 and len(ks) > 1:
                 # one device only: a reference line across k (a lone point at k=1 hides under the others)
                 ax.axhline(b["throughput_img_s"].iloc[0], color=colors[s[0]], ls="--", lw=2, zorder=5,
                            label=f"{s[0]} (1 device), for reference")
+                if np.isfinite(b[["throughput_lo", "throughput_hi"]].to_numpy(dtype=float)).all():
+                    ax.axhspan(b["throughput_lo"].iloc[0], b["throughput_hi"].iloc[0], color=colors[s[0]], alpha=0.15)
                 continue
             ax.plot(b["k"], b["throughput_img_s"], marker="o", color=colors[s[0]], label=s[0])
+            _bars(ax, b["k"], b["throughput_lo"], b["throughput_hi"], colors[s[0]])
         ax.set_xticks(ks)
         ax.set(title=f"{model}: best throughput over batch sizes", xlabel="devices k",
-               ylabel="images / s")
+               ylabel="images / s (bars: 95% interval)")
         ax.legend(fontsize=7)
     _save(fig, path, source)
 

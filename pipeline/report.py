@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import confidence
 from .tables import BD_ALL, BD_PARTS, MIB, best_row, group_by, is_serial, is_unavailable, joined, shown_extras
 
 
@@ -38,30 +39,24 @@ def _mib(v):
     return v / MIB if v is not None and not (isinstance(v, float) and math.isnan(v)) else math.nan
 
 
+# memory peaks are counted bytes, not timed: the note after each memory claim
+MEM_SURE = "how sure: counted (bytes), not timed, so host load does not move it; the median over the point's trials"
+
+
 def _reading(pts, eff, mem, status) -> list[str]:
     """Plain-language findings, generated from the tables (one block per model)."""
     out = []
     for model in sorted(pts["model"].unique()):
         p, e, m = (t[t["model"] == model] for t in (pts, eff, mem))
         tag = f" ({model})" if pts["model"].nunique() > 1 else ""
-        r = best_row(p, "throughput_img_s")
-        if r is not None:
-            out.append(f"Fastest{tag}: **{r['strategy']}**, {r['throughput_img_s']:,.0f} images/s "
-                       f"at k={r['k']:g}, B={r['batch_size']:g}.")
+        fastest = confidence.fastest_claim(confidence.with_throughput_intervals(p, e), tag)
+        out += [fastest] if fastest else []
         w = e[(e["kind"] == "weak") & e["efficiency"].notna() & (e["k"] >= 2)]
-        odd = w[w["efficiency"] > 1.0]
-        for r in odd.to_dict("records"):  # physically implausible: never presented as a finding
-            out.append(f"Implausible{tag}: {r['strategy']} at k={r['k']:g} has a weak-scaling efficiency of "
-                       f"{r['efficiency']:.2f} (> 1, superlinear): most likely its k=1 reference ran slower than "
-                       f"usual (interference or noise), so it is left out of the comparison below.")
-        w = w[w["efficiency"] <= 1.0]
+        # above 1: physically implausible beyond its interval (never presented as a finding), else within noise
+        out += [s for s in (confidence.implausible(r, tag) for r in w.to_dict("records")) if s]
+        w = confidence.plausible(w)
         if len(w):
-            K = w["k"].max()
-            best = w[w["k"] == K].groupby("strategy")["efficiency"].max().sort_values(ascending=False)
-            rest = ", ".join(f"{s} {v:.2f}" for s, v in best.iloc[1:].items())
-            out.append(f"Best weak-scaling efficiency at the largest k with a k=1 reference "
-                       f"(k={K:g}){tag}: **{best.index[0]}** {best.iloc[0]:.2f}"
-                       + (f" (then {rest})." if rest else " (the only one defined there)."))
+            out.append(confidence.efficiency_claim(w, tag))
         else:
             out.append(f"Weak-scaling efficiency{tag}: undefined (no strategy has both k=1 and k≥2 "
                        "at the same per-device batch).")
@@ -71,11 +66,11 @@ def _reading(pts, eff, mem, status) -> list[str]:
             dev0 = m2.assign(dev0=[q[0] for q in m2["peaks"]])
             r0 = best_row(dev0, "dev0")
             out.append(f"Most memory on device 0 with k≥2{tag}: **{r0['strategy']}**, {r0['dev0'] / MIB:,.1f} MiB "
-                       f"(k={r0['k']:g}, B={r0['batch_size']:g}).")
+                       f"(k={r0['k']:g}, B={r0['batch_size']:g}); {MEM_SURE}.")
             imb = best_row(m2, "mem_imbalance")
             out.append(f"Worst memory imbalance (max/mean){tag}: **{imb['strategy']}**, "
                        f"{imb['mem_imbalance']:.2f}× at k={imb['k']:g}, B={imb['batch_size']:g}; "
-                       f"device-0 excess there {_mib(imb['dev0_excess_bytes']):,.1f} MiB.")
+                       f"device-0 excess there {_mib(imb['dev0_excess_bytes']):,.1f} MiB; {MEM_SURE}.")
         if len(m):
             if m["mem_method"].nunique() > 1:
                 out.append("Memory was measured with different methods ("
@@ -84,7 +79,9 @@ def _reading(pts, eff, mem, status) -> list[str]:
         r = best_row(p, "test_acc")
         if r is not None:
             out.append(f"Best final test accuracy{tag}: **{r['strategy']}**, {r['test_acc']:.4f} "
-                       f"(k={r['k']:g}, B={r['batch_size']:g}, lr={r['best_lr']:g}).")
+                       f"(k={r['k']:g}, B={r['batch_size']:g}, lr={r['best_lr']:g}); how sure: best of "
+                       f"{r['n_lrs']:g} lr(s) over {r['n_trials']:g} trial(s) of one seed, whose seed-to-seed spread "
+                       f"is not measured.")
     serial = sorted({r["strategy"] for r in pts.to_dict("records")
                      if r["k"] >= 2 and is_serial(r)})
     for s in serial:
@@ -126,13 +123,15 @@ def _tables(df, pts, eff, mem, acc):
                         "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc"]),
          "\n## Scaling efficiency\n\n",
          "E(k) = T(k)/(k·T(1)) with T(1) measured by the same strategy: weak at fixed per-device "
-         "batch b, strong at fixed global batch B. '—' = no k=1 reference (undefined, not 0).\n"]
+         "batch b, strong at fixed global batch B. '—' = no k=1 reference (undefined, not 0). efficiency_95: its 95% "
+         "bootstrap interval over measurement windows and trials ('—': one measurement, unknown); n_measured: "
+         "windows/trials at k, then at k=1.\n"]
     for kind in ("weak", "strong"):
-        e = eff[(eff["kind"] == kind) & (eff["k"] >= 2)]
+        e = confidence.interval_columns(eff[(eff["kind"] == kind) & (eff["k"] >= 2)])
         s += [f"\n### {kind.capitalize()} scaling\n\n",
               md_table(e, ["strategy", "model", *x, "k", "per_device_batch", "batch_size",
-                           "throughput_img_s", "base_throughput_img_s", "speedup", "efficiency",
-                           "parallel_devices"])]
+                           "throughput_img_s", "base_throughput_img_s", "speedup", "efficiency", "efficiency_95",
+                           "n_measured", "parallel_devices"])]
     mm = mem.assign(per_device_mib=[" / ".join(f"{v / MIB:,.1f}" for v in p) for p in mem["peaks"]],
                     peak_max_mib=mem["peak_max"] / MIB, dev0_excess_mib=mem["dev0_excess_bytes"] / MIB)
     s += ["\n## Memory per device\n\n",

@@ -106,6 +106,10 @@ class SweepConfig:
     n_trials: int = field(default=0, metadata=bounds(0))  # 0 = the whole grid
     pruning: bool = False
     trial_timeout_s: float = field(default=900.0, metadata=bounds(1, TIMEOUT_MAX_S))
+    # each point measured this many times, in alternating rounds (a k=1 reference next to its k>1 points in each)
+    repeats: int = field(default=1, metadata=bounds(1))
+    # a trial flagged as measured under interference is enqueued again, up to this many times (its row is kept)
+    remeasure_interfered: int = field(default=0, metadata=bounds(0))
     # strategy -> a mapping (one product of lists) or a list of mappings (a union of products, for paired
     # settings such as d2l's "k=1 at B=256, k=2 at B=512"); strategies not listed use `default`
     spaces: dict = field(default_factory=dict)

@@ -54,4 +54,6 @@ def space_hash(cfg, strategy: str) -> str:
     key = {"space": points(cfg, strategy), "epochs": t.epochs, "seed": t.seed, "max_steps": t.max_steps,
            "data": [cfg.data.source, cfg.data.train_limit, cfg.data.test_limit], "warmup": t.warmup_steps,
            "amp": t.amp_dtype, "pruning": cfg.sweep.pruning, "sampler": cfg.sweep.sampler}
+    if cfg.sweep.repeats != 1:  # only then: studies made before repeats existed keep their names
+        key["repeats"] = cfg.sweep.repeats
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]

@@ -51,6 +51,13 @@ def _at_largest_k(eff, kind):
     return best_row(e[e["k"] == e["k"].max()], "efficiency") if len(e) else None
 
 
+def _interval(r):
+    """The efficiency's 95 % interval ([null, null] where unknown) and the measurements behind its two ends."""
+    return None if r is None else {"lo": r["efficiency_lo"], "hi": r["efficiency_hi"], "level": 0.95,
+                                   "n_windows": r["n_windows"], "n_repeats": r["n_repeats"],
+                                   "base_n_windows": r["base_n_windows"], "base_n_repeats": r["base_n_repeats"]}
+
+
 def strategy_metrics(s, pts, eff, mem):
     p, e, m = (t[t["strategy"] == s] for t in (pts, eff, mem))
     thr, acc = best_row(p, "throughput_img_s"), best_row(p, "test_acc")
@@ -65,8 +72,10 @@ def strategy_metrics(s, pts, eff, mem):
         "best_throughput_at": _at(thr, ("model", "k", "batch_size")),
         "weak_efficiency": None if weak is None else weak["efficiency"],
         "weak_efficiency_at": _at(weak, ("model", "k", "per_device_batch")),
+        "weak_efficiency_interval": _interval(weak),
         "strong_efficiency": None if strong is None else strong["efficiency"],
         "strong_efficiency_at": _at(strong, ("model", "k", "batch_size")),
+        "strong_efficiency_interval": _interval(strong),
         "worst_mem_imbalance": None if imb is None else imb["mem_imbalance"],
         "worst_mem_imbalance_at": _at(imb, ("model", "k", "batch_size")),
         "max_dev0_excess_bytes": None if exc is None else exc["dev0_excess_bytes"],

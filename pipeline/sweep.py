@@ -2,12 +2,13 @@
 
     python -m pipeline sweep --strategy ddp          # DVC stage sweep@ddp
 
-Every feasible point of the space is enqueued once, when the study is created; workers (one, or many sharing an
-RDB URL) claim waiting trials atomically, run each as one training trial, and log one nested MLflow run per
-trial under the study's parent run. Infeasible points are not run: they appear in the CSV as skipped with the
-reason. Trials carry a heartbeat; a trial whose worker died is failed when its heartbeat goes stale and a copy is
-enqueued again (Optuna's RetryFailedTrialCallback), so a rerun finishes an interrupted study without repeating
-finished trials. results/sweeps/<strategy>.csv is rewritten from the study after every trial.
+Every feasible point of the space is enqueued sweep.repeats times (in alternating rounds), when the study is
+created; workers (one, or many sharing an RDB URL) claim waiting trials atomically in that order, run each as one
+training trial, and log one nested MLflow run per trial under the study's parent run. Infeasible points are not
+run: they appear in the CSV as skipped with the reason. Trials carry a heartbeat; a trial whose worker died is
+failed when its heartbeat goes stale and a copy is enqueued again (Optuna's RetryFailedTrialCallback), so a rerun
+finishes an interrupted study without repeating finished trials. results/sweeps/<strategy>.csv is rewritten from
+the study after every trial.
 """
 from __future__ import annotations
 
@@ -44,9 +45,21 @@ def _sampler(cfg):
     return optuna.samplers.RandomSampler(seed=cfg.train.seed)  # only used for trials outside the queue
 
 
+def enqueue_order(pts: list[dict], repeats: int) -> list[tuple[dict, int]]:
+    """(point, repeat) in the order trials run (claims.claim takes WAITING trials in enqueue order): `repeats`
+    rounds, each over every point, grouped so that points differing only in devices and batch size (a k=1
+    reference and the k>1 points its weak and strong efficiencies divide) run one after another; round 2 the same
+    again. Repeats of one point are thus minutes apart, and each efficiency's two ends seconds apart, in every round."""
+    groups: dict = {}
+    for p in pts:
+        groups.setdefault(tuple((k, v) for k, v in p.items() if k not in ("devices", "batch_size")), []).append(p)
+    return [(p, r) for r in range(repeats) for g in groups.values() for p in g]
+
+
 def prepare_study(cfg, strategy: str, host, tracker, storage=None,
                   n_train: int | None = None) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
-    """Create or load the study; the creator enqueues every feasible point once and opens the parent run."""
+    """Create or load the study; the creator enqueues every feasible point sweep.repeats times (enqueue_order)
+    and opens the parent run."""
     storage = storage or open_storage(cfg)
     name = study_name(cfg, strategy)
     feasible, skipped = [], []
@@ -77,9 +90,10 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None,
                                     "epochs": cfg.train.epochs, "storage": redact(storage_url(cfg))})
         study.set_user_attr("mlflow_parent_run_id", parent)
         study_view.name_study(study, strategy, cfg.profile, space_hash(cfg, strategy))
-        for p in feasible[:budget]:
-            study.enqueue_trial(p)
-        study.set_user_attr("enqueued", len(feasible[:budget]))  # last: tells other workers the queue is ready
+        queue = enqueue_order(feasible[:budget], cfg.sweep.repeats)
+        for p, repeat in queue:
+            study.enqueue_trial(p, user_attrs={"repeat": repeat})
+        study.set_user_attr("enqueued", len(queue))  # last: tells other workers the queue is ready
     else:
         deadline = time.monotonic() + 60
         while "enqueued" not in study.user_attrs and time.monotonic() < deadline:
@@ -143,7 +157,8 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
             tracker.close_run(run_id, "FAILED", reason)
             study.tell(trial, state=TrialState.FAIL)
             return f"failed ({reason})"
-        return _record_result(study, trial, tracker, run_id, metrics, out_dir)
+        outcome = _record_result(study, trial, tracker, run_id, metrics, out_dir)
+        return outcome + _remeasure(cfg, study, trial, p, metrics)
     except optuna.exceptions.UpdateFinishedTrialError:
         return _taken_over(tracker, run_id)
     except BaseException as e:  # interrupted, or a fault (disk full, store gone): leave nothing RUNNING
@@ -181,6 +196,16 @@ def _record_result(study, trial, tracker, run_id, metrics, out_dir) -> str:
     tracker.end_run(run_id, "FINISHED")
     study.tell(trial, metrics["test_acc"][-1])
     return f"{metrics['throughput_img_s'] or 0:.0f} img/s, acc {metrics['test_acc'][-1]:.3f}"
+
+
+def _remeasure(cfg, study, trial, p, metrics) -> str:
+    """A trial flagged as measured under interference is enqueued again (its own row stays, flagged), up to
+    sweep.remeasure_interfered times; the copy runs after the trials already waiting."""
+    done = trial.user_attrs.get("remeasure", 0)
+    if not (metrics.get("interference") or {}).get("interfered") or done >= cfg.sweep.remeasure_interfered:
+        return ""
+    study.enqueue_trial(p, user_attrs={"repeat": trial.user_attrs.get("repeat", 0), "remeasure": done + 1})
+    return f"; measured under interference: enqueued again ({done + 1}/{cfg.sweep.remeasure_interfered})"
 
 
 def _taken_over(tracker, run_id) -> str:

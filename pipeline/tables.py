@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import stats
 from .catalog import KNOBS, NAMES
 
 EXPECTED = NAMES  # strategies in the catalog's order (pipeline/catalog.py); others sort after them
@@ -177,22 +178,52 @@ def point_table(df) -> pd.DataFrame:
     return _sort(pd.DataFrame(rows, columns=cols))
 
 
+def _window_groups(df) -> dict:
+    """Per point (POINT + EXTRAS, as text): one list of window throughputs per complete trial measured without
+    interference (its `throughput_windows`, or its overall figure as one window where it has none), for stats.py."""
+    m = measured(df)
+    m = m[~m["interfered"]]
+    cells = m["throughput_windows"] if "throughput_windows" in m else pd.Series([None] * len(m), index=m.index)
+    out: dict = {}
+    for r, w in zip(m.to_dict("records"), cells):
+        windows = _parse_list(w) if isinstance(w, (list, tuple, str)) else []
+        thr = r["throughput_img_s"]
+        out.setdefault(_point_key(r), []).append(windows or ([] if math.isnan(thr) else [thr]))
+    return out
+
+
+def _point_key(r) -> tuple:
+    return tuple(str(r[c]) for c in (*POINT, *EXTRAS))
+
+
+def _intervals(r, base, windows) -> dict:
+    out = stats.point_intervals(windows.get(_point_key(r), []),
+                                None if base is None else windows.get(_point_key(base), []), r["k"])
+    return {**out, "base_n_interfered": base["n_interfered"] if base is not None else math.nan}
+
+
 def scaling_table(df) -> pd.DataFrame:
     """Weak (fixed b) and strong (fixed B) efficiency T(k)/(k*T(1)) and speedup T(k)/T(1)
-    for every measured k; NaN where the same strategy has no k=1 point at that b/B."""
+    for every measured k; NaN where the same strategy has no k=1 point at that b/B. Each with its 95 % bootstrap
+    interval (stats.py; *_lo/*_hi: NaN where a single measurement leaves it unknown), the windows and repeats
+    behind the point (n_windows, n_repeats) and behind its k=1 reference (base_n_*)."""
     pts = point_table(df)
     pts = pts[pts["throughput_img_s"].notna()]
+    windows = _window_groups(df)
     rows = []
     for kind, ref in (("weak", "per_device_batch"), ("strong", "batch_size")):
         for _, g in group_by(pts, ("strategy", "model", ref, *EXTRAS)):
-            base = g.loc[g["k"] == 1, "throughput_img_s"]
-            t1 = base.iloc[0] if len(base) else math.nan
+            base = g[g["k"] == 1]
+            base = base.iloc[0] if len(base) else None
+            t1 = base["throughput_img_s"] if base is not None else math.nan
             for r in g.to_dict("records"):
                 speedup = r["throughput_img_s"] / t1
                 rows.append({**r, "kind": kind, "base_throughput_img_s": t1,
-                             "speedup": speedup, "efficiency": speedup / r["k"]})
-    cols = [*POINT, *EXTRAS, "kind", "efficiency", "speedup", "throughput_img_s",
-            "base_throughput_img_s", "parallel_devices"]
+                             "speedup": speedup, "efficiency": speedup / r["k"], **_intervals(r, base, windows)})
+    cols = [*POINT, *EXTRAS, "kind", "efficiency", "efficiency_lo", "efficiency_hi", "speedup", "speedup_lo",
+            "speedup_hi", "throughput_img_s", "throughput_lo", "throughput_hi", "base_throughput_img_s",
+            "parallel_devices", "n_windows", "n_repeats", "base_n_windows", "base_n_repeats", "n_interfered",
+            "base_n_interfered"]
     return _sort(pd.DataFrame(rows, columns=cols), ("kind",))
 
 

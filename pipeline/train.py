@@ -129,7 +129,8 @@ def _results(strategy, measured: dict, history: dict, steps: int, stopped: bool,
     devices = [str(d) for d in strategy.devices]
     ranks = strategy.gather({"rank": rank, "node": os.environ.get("GROUP_RANK", "0"),
                              "host": socket.gethostname(), "peak_mem_bytes": measured["peak_mem_bytes"],
-                             "device_names": devices, "throughput_img_s": measured["throughput_img_s"]})
+                             "device_names": devices, "throughput_img_s": measured["throughput_img_s"],
+                             "throughput_windows": measured["throughput_windows"]})
     return {
         "ranks": ranks, "rank": rank, "world_size": world, "steps": steps, "stopped": stopped,
         **measured, **history,

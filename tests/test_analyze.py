@@ -203,7 +203,8 @@ def test_tidy_csvs(run):
     eff = pd.read_csv(out / "efficiency.csv")
     # data_source varies within ddp, so it is a column; host does not
     assert list(eff.columns) == ["strategy", "model", "data_source", "k", "per_device_batch",
-                                 "batch_size", "kind", "efficiency", "speedup", "throughput_img_s"]
+                                 "batch_size", "kind", "efficiency", "efficiency_lo", "efficiency_hi", "speedup",
+                                 "speedup_lo", "speedup_hi", "throughput_img_s", "n_windows", "n_repeats"]
     assert eff["efficiency"].notna().all() and (eff["efficiency"] > 0).all()
     assert "scratch" not in set(eff["strategy"])  # undefined efficiency is absent, not 0
     w = eff[(eff["strategy"] == "ddp") & (eff["kind"] == "weak") & (eff["k"] == 2)]

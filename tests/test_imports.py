@@ -14,13 +14,15 @@ KNOWN_PRIVATE: set = set()
 # strategy catalog (torch-free, importing nothing from pipeline/) is below every floor.
 BASE = {"pipeline.catalog"}
 WING = {
-    "pipeline.tables": BASE,
+    "pipeline.stats": BASE,
+    "pipeline.tables": {"pipeline.stats"} | BASE,
+    "pipeline.confidence": {"pipeline.tables", "pipeline.stats"} | BASE,
     "pipeline.summary": {"pipeline.tables"} | BASE,
     "pipeline.knobs": {"pipeline.tables"} | BASE,
     "pipeline.plots": {"pipeline.tables"} | BASE,
-    "pipeline.report": {"pipeline.tables"} | BASE,
+    "pipeline.report": {"pipeline.tables", "pipeline.confidence"} | BASE,
     "pipeline.projection": {"pipeline.tables", "pipeline.scaling_model"} | BASE,
-    "pipeline.analyze": {"pipeline.tables", "pipeline.summary", "pipeline.knobs", "pipeline.plots",
+    "pipeline.analyze": {"pipeline.tables", "pipeline.stats", "pipeline.summary", "pipeline.knobs", "pipeline.plots",
                          "pipeline.report", "pipeline.projection"} | BASE,
 }
 

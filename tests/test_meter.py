@@ -76,3 +76,53 @@ def test_cpu_memory_is_probed_around_step_zero_only(monkeypatch):
     assert len(strategy.trackers) == 1 and probes[0] is strategy.trackers[0]
     assert all(isinstance(p, contextlib.nullcontext) and not isinstance(p, FakeTracker) for p in probes[1:])
     assert res["peak_mem_bytes"] == [123] and res["mem_method"] == "memtracker"
+
+
+class EveryThird:
+    """A breakdown that samples steady-state steps 2, 5, 8, ... (its own clock: a do-nothing one)."""
+
+    def is_sampled(self, n):
+        return n >= 0 and n % 3 == 2
+
+    def sample(self):
+        return contextlib.nullcontext(metermod.NO_CLOCK)
+
+    def results(self, *_):
+        return None
+
+
+def windows(monkeypatch, epochs, steps, warmup, window_steps, breakdown=None, batch=10):
+    clock = itertools.count()  # every clock read is one second later; steps themselves take no time
+    monkeypatch.setattr(metermod.time, "perf_counter", lambda: float(next(clock)))
+    m = metermod.Meter(FakeStrategy(), batch, warmup, 0.5, breakdown, window_steps=window_steps)
+    step = 0
+    for _ in range(epochs):
+        m.start_epoch(step)
+        for _ in range(steps):
+            m.tick(step)
+            with m.sample(step):
+                step += 1
+        m.end_epoch(step)
+    return m.results()["throughput_windows"]
+
+
+def test_windows_hold_fixed_step_counts_and_drop_a_short_tail(monkeypatch):
+    # steps 1-10 and 11-20 are windows (one clock read apart each); the tail 21-24 (4 < half of 10) is not one
+    assert windows(monkeypatch, 1, 25, 1, 10) == [100.0, 100.0]
+    # a tail of 5 steps (half a window) is one, over its own second
+    assert windows(monkeypatch, 1, 26, 1, 10) == [100.0, 100.0, 50.0]
+
+
+def test_a_window_never_spans_an_epoch_end(monkeypatch):
+    # epoch 1: steps 1-10, tail 11-14 dropped; epoch 2 opens a new window at its start: steps 15-24, tail 25-29
+    assert windows(monkeypatch, 2, 15, 1, 10) == [100.0, 100.0, 50.0]
+
+
+def test_sampled_steps_stay_out_of_windows(monkeypatch):
+    # window 1: steps 1, 2, 4, 5 (3 is sampled, its 1 s left out): 40 images over 2 s; window 2: steps 7, 8, 10
+    # (6 and 9 sampled) over 3 s. A window counts unsampled steps only.
+    assert windows(monkeypatch, 1, 11, 1, 4, EveryThird()) == [20.0, 10.0]
+
+
+def test_no_window_during_warm_up(monkeypatch):
+    assert windows(monkeypatch, 1, 4, 5, 2) == []
