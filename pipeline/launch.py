@@ -9,6 +9,7 @@ so the caller's callback (MLflow logging, Optuna pruning) runs in the caller's p
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import importlib
 import json
@@ -27,10 +28,11 @@ import torch
 from . import config as configmod
 from . import data as datamod
 from . import loopback
+from .capabilities import host_capabilities
 from .devices import Host, probe
 from .errors import Infeasible, Interrupted, TrialFailed  # defined torch-free, for the CLI's error handler
 from .interference import Monitor
-from .metrics import device0_excess, imbalance
+from .record import TrialRecord, capability_fields, summarize
 from .strategies import STRATEGIES
 from .train import DivergenceError, train
 
@@ -320,8 +322,8 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
 
 # ----------------------------------------------------------------------------- a trial
 
-def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: float | None = None) -> dict:
-    """Run one trial, write out_dir/metrics.json and out_dir/final_state.pt, return the metrics."""
+def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: float | None = None) -> TrialRecord:
+    """Run one trial, write out_dir/metrics.json (the record's JSON view) and out_dir/final_state.pt."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not _USER_INDUCTOR_CACHE:  # importing torch._dynamo makes /tmp/torchinductor_<user>: kept in the repo instead
@@ -342,10 +344,16 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
         raise TrialFailed(str(e), "diverged") from None
     except torch.OutOfMemoryError as e:
         raise TrialFailed(f"out of memory: {str(e).splitlines()[0]}", "oom") from None
-    metrics = summarize(cfg, host, strategy, results, time.perf_counter() - t0)
-    metrics["interference"] = monitor.result()
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    return metrics
+    record = summarize(cfg, host, strategy, results, time.perf_counter() - t0, host_fields(host),
+                       interference=monitor.result())
+    (out_dir / "metrics.json").write_text(json.dumps(record.to_json(), indent=2))
+    return record
+
+
+@functools.cache
+def host_fields(host: Host) -> dict:
+    """The host's capabilities as the trial record's host_* fields, read once per process."""
+    return capability_fields(host_capabilities(host))
 
 
 def _run(cfg, host, strategy, out_dir: Path, on_epoch, progress, timeout_s) -> list[dict]:
@@ -356,41 +364,3 @@ def _run(cfg, host, strategy, out_dir: Path, on_epoch, progress, timeout_s) -> l
     result = _run_process(cfg, strategy, 0, 1, data, on_epoch, progress)
     torch.save(result.pop("state_dict"), out_dir / "final_state.pt")
     return [result]
-
-
-def summarize(cfg, host: Host, strategy, results: list[dict], wall_s: float) -> dict:
-    t, main = cfg.train, results[0]
-    ranks = main.get("ranks") or results  # every rank of every node, gathered by the trial itself
-    peaks = [p for r in ranks for p in (r["peak_mem_bytes"] or [])]
-    throughputs = [r["throughput_img_s"] for r in ranks if r["throughput_img_s"]]
-    return {
-        "model": t.model, "strategy": t.strategy, "devices": t.devices, "batch_size": t.batch_size,
-        "per_device_batch": t.batch_size // t.devices, "lr": t.lr, "epochs": t.epochs, "seed": t.seed,
-        "max_steps": t.max_steps, "steps": main["steps"], "stopped": main["stopped"],
-        "data_source": cfg.data.source, "synthetic": cfg.data.source == "synthetic",
-        "train_limit": cfg.data.train_limit, "test_limit": cfg.data.test_limit,
-        "oversubscribed": t.devices > total_devices(cfg, host),
-        "parallel_devices": host.kind == "cuda" or strategy.parallel_on_cpu,
-        "device_kind": host.kind, "device_name": host.name, "host": host.hostname, "host_devices": host.n,
-        "nnodes": t.nnodes, "torch": host.torch, "cuda": host.cuda,
-        # slowest rank: all ranks meet at every all-reduce, so the trial runs at its pace
-        "throughput_img_s": min(throughputs) if throughputs else None,
-        "timed_steps": main["timed_steps"], "warmup_steps": max(t.warmup_steps, 1),
-        "epoch_s": main["epoch_s"], "test_acc": main["test_acc"], "train_loss": main["train_loss"],
-        "epoch_throughput_img_s": main["epoch_throughput_img_s"],
-        "time_to_acc_s": main["time_to_acc_s"], "target_acc": t.target_acc,
-        "eval": "test set split across the trial's processes, correct counts summed" if strategy.multiprocess
-                else "on this process's first device",
-        "peak_mem_bytes": peaks, "mem_imbalance": imbalance(peaks), "mem_device0_excess": device0_excess(peaks),
-        "mem_method": main["mem_method"],
-        "mem_devices": [f"node{r.get('node', '0')}:{r.get('host', host.hostname)}/{d}"
-                        + (f"/rank{r['rank']}" if strategy.multiprocess else "")
-                        for r in ranks for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
-        "bucket_cap_mb": t.bucket_cap_mb, "grad_as_bucket_view": t.grad_as_bucket_view,
-        "accum_steps": t.accum_steps, "comm_hook": t.comm_hook,
-        "comm_hook_used": main.get("comm_hook_used"),  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
-        "amp_dtype": main["amp_dtype"],
-        "backend": main.get("backend"),  # process group of a multi-process trial: nccl or gloo; None otherwise
-        "breakdown": main.get("breakdown"),  # where a sampled steady-state step goes (breakdown.py), main rank's view
-        "wall_s": wall_s,
-    }

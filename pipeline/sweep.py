@@ -4,16 +4,15 @@
 
 Every feasible point of the space is enqueued once, when the study is created; workers (one, or many sharing an
 RDB URL) claim waiting trials atomically, run each as one training trial, and log one nested MLflow run per
-trial under the study's parent run. Infeasible points are not run: they appear in the CSV as skipped with the
+trial under the study's parent run. Infeasible points are not run: they appear in the sweep table as skipped with the
 reason. Trials carry a heartbeat; a trial whose worker died is failed when its heartbeat goes stale and a copy is
 enqueued again (Optuna's RetryFailedTrialCallback), so a rerun finishes an interrupted study without repeating
-finished trials. results/sweeps/<strategy>.csv is rewritten from the study after every trial.
+finished trials. results/sweeps/<strategy>.jsonl is rewritten from the study after every trial.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
 import itertools
 import json
@@ -28,13 +27,13 @@ from optuna.trial import TrialState
 
 from . import config as configmod
 from . import study_view, tracking
-from .capabilities import host_capabilities
 from .claims import GRACE_S, HEARTBEAT_S, Heartbeat, claim, end_stale_mlflow_runs, fail_stale_trials
 from .devices import probe
 from .errors import Stopped, StoreError, redact
-from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, run_trial
+from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, host_fields, run_trial
 from .preflight import check_store
-from .sweep_csv import KNOBS, trial_row, write_rows, write_csv
+from .record import planned
+from .sweep_table import KNOBS, trial_row, write_rows, write_table
 
 SPACE_KEYS = ("model", "devices", "batch_size", "lr", "bucket_cap_mb", "grad_as_bucket_view", "accum_steps",
               "comm_hook")
@@ -203,11 +202,12 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
 
     try:
         with beat:
-            tags = {**tracking.base_tags(tcfg, host, stage=f"sweep@{strategy}"), "trial": trial.number,
-                    "study": study.study_name, "optuna_trial_id": trial._trial_id, **host_tags(host)}
+            plan = planned(tcfg, host, host_fields(host))
+            tags = {**tracking.base_tags(plan, tcfg, stage=f"sweep@{strategy}"), "trial": trial.number,
+                    "study": study.study_name, "optuna_trial_id": trial._trial_id}
             run_id = tracker.start_run(f"{strategy} {_fmt_point(p)}", tags, parent_id=parent_id)
             trial.set_user_attr("mlflow_run_id", run_id)
-            tracker.log_params(run_id, tracking.trial_params(tcfg))
+            tracker.log_params(run_id, plan.params())
             tracker.log_dataset(run_id, tcfg)
             try:
                 metrics = run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
@@ -243,14 +243,8 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
                       f"the sweep: finished trials are kept.") from None
 
 
-@functools.cache
-def host_tags(host) -> dict:
-    """The host's capabilities as run tags, read once per process."""
-    return tracking.capability_tags(host_capabilities(host))
-
-
 def _record_result(study, trial, tracker, run_id, metrics, out_dir) -> str:
-    trial.set_user_attr("metrics", metrics)
+    trial.set_user_attr("metrics", metrics.to_json())
     study_view.set_trial_numbers(trial, metrics)
     tracking.log_completed_run(tracker, run_id, metrics, out_dir)
     if metrics["stopped"]:
@@ -341,7 +335,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             outcome = run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir)
             print(f"{label} -> {outcome}", file=sys.stderr, flush=True)
             ran += 1
-            write_csv(study, strategy, skipped, out_csv)
+            write_table(study, strategy, skipped, out_csv, host)
         interrupted = False
     except Exception as e:  # a fault: the trial (if any) is closed already; the parent run is closed below
         fault = e if isinstance(e, Stopped) else Stopped(
@@ -350,7 +344,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         raise fault from None
     finally:
         if fault is None:
-            write_csv(study, strategy, skipped, out_csv)
+            write_table(study, strategy, skipped, out_csv, host)
         if not interrupted:
             _finish_parent(study, tracker, parent_id, out_csv, skipped)
         elif parent_id:  # ended unless another worker is on it; the rerun marks it RUNNING again
