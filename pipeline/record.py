@@ -1,16 +1,12 @@
-"""One trial's record: every per-trial measurement declared once, with its kind and the views it appears in.
+"""One trial's record: every per-trial measurement declared once, with its kind (its type) and its views.
 
-`summarize` builds a TrialRecord once per trial from every rank's result; everything else is a view of it:
-    JSON    the trial's metrics.json and the Optuna user attribute `metrics` (every field, always)
-    PARAM   an MLflow param (logged before the trial runs, from `planned`)
-    METRIC  an MLflow metric (slash keys; memory in MiB)
-    TAG     an MLflow tag (bools as true/false, lists as JSON)
-    OPTUNA  a numeric Optuna user attribute (what optuna-dashboard plots)
-    TABLE   a column of the sweep table results/sweeps/<strategy>.jsonl, read back typed by `typed` (tables.py)
-A view's key is the field's name unless the declaration names another (metric="perf/wall_s"). Numbers computed from
-fields (final accuracy, mean epoch, peaks in MiB, the breakdown's parts) are declared beside them in DERIVED.
-Adding a measurement: one line in TrialRecord, plus the code that measures it. tests/test_record.py checks that
-every field appears in every view it declares. Torch-free: analysis reads the table through this module.
+`summarize` builds a TrialRecord once per trial from every rank's result; the rest are views of it: metrics.json and
+the Optuna attribute `metrics` (every field); PARAM, METRIC (slash keys, memory in MiB), TAG: MLflow; OPTUNA: numeric
+Optuna user attributes (optuna-dashboard plots them); TABLE: a column of results/sweeps/<strategy>.jsonl, which
+sweep_table.typed reads back for analysis. A view's key is the field's name unless the declaration names another
+(metric="perf/wall_s"). Values computed from fields (final accuracy, peaks in MiB, the breakdown's parts) are
+declared in DERIVED. Adding a measurement: one line in TrialRecord, plus the code that measures it;
+tests/test_record.py checks that every field reaches every view it declares. Torch-free: analysis imports it.
 """
 from __future__ import annotations
 
@@ -99,12 +95,11 @@ class TrialRecord:
     interference: dict = _f()  # what else used the host meanwhile (interference.py)
     wall_s: float = _f(METRIC, TABLE, metric="perf/wall_s", table="duration_s")
 
-    # ---- views
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
-    def params(self) -> dict:
-        return {k: v for k, v in self._view(PARAM).items() if v is not None}
+    def params(self) -> dict:  # None too, logged as "None" as ever
+        return self._view(PARAM)
 
     def metrics(self) -> dict:
         return {k: v for k, v in self._view(METRIC).items() if _finite(v)}
@@ -129,7 +124,6 @@ class TrialRecord:
                 out.update({d.keys[view] + k: v for k, v in value.items()} if d.expand else {d.keys[view]: value})
         return out
 
-    # ---- reading it back
     def __getitem__(self, key: str):  # record["throughput_img_s"]: metrics.json's key, for callers that read by name
         return getattr(self, key)
 
@@ -151,11 +145,7 @@ class Derived:
     fn: object
     views: tuple
     keys: dict
-    expand: bool = False
-
-
-def _last(xs):
-    return xs[-1] if xs else None
+    expand: bool
 
 
 def _mean(xs):
@@ -195,9 +185,9 @@ def _d(name, kind, fn, *views, expand=False, **keys):
 
 
 DERIVED = (
-    _d("final_test_acc", "float", lambda r: _last(r.test_acc), TABLE, METRIC, OPTUNA, table="test_acc",
+    _d("final_test_acc", "float", lambda r: (r.test_acc or [None])[-1], TABLE, METRIC, OPTUNA, table="test_acc",
        metric="test/final_acc", optuna="test_acc"),
-    _d("final_train_loss", "float", lambda r: _last(r.train_loss), TABLE, table="train_loss"),
+    _d("final_train_loss", "float", lambda r: (r.train_loss or [None])[-1], TABLE, table="train_loss"),
     _d("mean_epoch_s", "float", lambda r: _mean(r.epoch_s), TABLE, OPTUNA, table="epoch_s", optuna="epoch_s"),
     _d("peak_mem_max", "float", lambda r: max(_peaks(r), default=None), TABLE),
     _d("peak_mem_mean", "float", lambda r: _mean(_peaks(r)), TABLE),
@@ -219,8 +209,8 @@ BD_COLUMNS = [d.name for d in DERIVED if d.name.startswith("bd_")]
 
 # ---------------------------------------------------------------- building it
 
-def planned(cfg, host, caps: dict | None = None) -> TrialRecord:
-    """What is known before the trial runs: its configuration, the host and the host's capability fields."""
+def planned(cfg, host, host_fields: dict | None = None) -> TrialRecord:
+    """What is known before the trial runs: its configuration, the host and its capability_fields."""
     t = cfg.train
     return TrialRecord(
         model=t.model, strategy=t.strategy, devices=t.devices, batch_size=t.batch_size,
@@ -230,7 +220,7 @@ def planned(cfg, host, caps: dict | None = None) -> TrialRecord:
         target_acc=t.target_acc, bucket_cap_mb=t.bucket_cap_mb, grad_as_bucket_view=t.grad_as_bucket_view,
         accum_steps=t.accum_steps, comm_hook=t.comm_hook, amp_dtype=t.amp_dtype,
         oversubscribed=t.devices > host.n * t.nnodes, device_kind=host.kind, device_name=host.name,
-        host=host.hostname, host_devices=host.n, torch=host.torch, cuda=host.cuda, **(caps or {}))
+        host=host.hostname, host_devices=host.n, torch=host.torch, cuda=host.cuda, **(host_fields or {}))
 
 
 def capability_fields(caps: dict) -> dict:
@@ -245,7 +235,7 @@ def capability_fields(caps: dict) -> dict:
             "host_cuda": caps.get("cuda") or None, "host_interconnect": caps.get("interconnect") or None}
 
 
-def summarize(cfg, host, strategy, results: list[dict], wall_s: float, caps: dict | None = None,
+def summarize(cfg, host, strategy, results: list[dict], wall_s: float, host_fields: dict | None = None,
               interference: dict | None = None) -> TrialRecord:
     """The trial's record from every rank's result (results[0]: the main rank's, which may gather all ranks)."""
     main = results[0]
@@ -254,7 +244,7 @@ def summarize(cfg, host, strategy, results: list[dict], wall_s: float, caps: dic
     throughputs = [r["throughput_img_s"] for r in ranks if r["throughput_img_s"]]
     windows = [r["throughput_windows"] for r in ranks if r.get("throughput_windows")]
     return dataclasses.replace(
-        planned(cfg, host, caps),
+        planned(cfg, host, host_fields),
         parallel_devices=host.kind == "cuda" or strategy.parallel_on_cpu,
         steps=main["steps"], stopped=main["stopped"],
         # slowest rank: all ranks meet at every all-reduce, so the trial runs at its pace (window by window too)
@@ -277,16 +267,12 @@ def summarize(cfg, host, strategy, results: list[dict], wall_s: float, caps: dic
 def imbalance(peaks) -> float | None:
     """max / mean over the trial's devices (1.0 = perfectly balanced)."""
     peaks = [p for p in peaks if p is not None]
-    if not peaks or sum(peaks) == 0:
-        return None
-    return max(peaks) / (sum(peaks) / len(peaks))
+    return max(peaks) / (sum(peaks) / len(peaks)) if peaks and sum(peaks) else None
 
 
 def device0_excess(peaks) -> float | None:
     """peak[0] - mean(peak[1:]): what device 0 holds beyond the others (needs >= 2 devices)."""
-    if len(peaks) < 2:
-        return None
-    return peaks[0] - sum(peaks[1:]) / (len(peaks) - 1)
+    return peaks[0] - sum(peaks[1:]) / (len(peaks) - 1) if len(peaks) >= 2 else None
 
 
 # ---------------------------------------------------------------- the sweep table's columns
