@@ -284,7 +284,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         print(f"[sweep {strategy}] {why}: no trial run", file=sys.stderr, flush=True)
         return out_csv
     # bad input stops here, before anything is written to the stores
-    from .launch import load_data
+    from .ranks import load_data
     data = load_data(configmod.replace_train(cfg, strategy=strategy))  # present, readable, of the right source
     n_train = len(data.train_y)
     del data
