@@ -242,7 +242,7 @@ def summarize(cfg, host, strategy, results: list[dict], wall_s: float, host_fiel
     ranks = main.get("ranks") or results  # every rank of every node, gathered by the trial itself
     peaks = [p for r in ranks for p in (r["peak_mem_bytes"] or [])]
     throughputs = [r["throughput_img_s"] for r in ranks if r["throughput_img_s"]]
-    windows = [r["throughput_windows"] for r in ranks if r.get("throughput_windows")]
+    windows = [r["throughput_windows"] for r in (*ranks, *results) if r.get("throughput_windows")]
     return dataclasses.replace(
         planned(cfg, host, host_fields),
         parallel_devices=host.kind == "cuda" or strategy.parallel_on_cpu,
