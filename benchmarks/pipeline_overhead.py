@@ -9,7 +9,6 @@ interpreter start-up, DVC, data generation, evaluation, MLflow/Optuna bookkeepin
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import shutil
@@ -46,10 +45,10 @@ def main():
     if proc.returncode:
         sys.exit(f"dvc repro failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     train_s, trial_s, trials, lines = 0.0, 0.0, 0, []
-    for f in sorted((tmp / "results" / "sweeps").glob("*.csv")):
-        rows = [r for r in csv.DictReader(open(f)) if r["state"] in ("complete", "pruned")]
-        steps = sum(sum(json.loads(r["epoch_s_list"] or "[]")) for r in rows)
-        walls = sum(float(r["duration_s"]) for r in rows)
+    for f in sorted((tmp / "results" / "sweeps").glob("*.jsonl")):
+        rows = [r for r in map(json.loads, open(f)) if r["state"] in ("complete", "pruned")]
+        steps = sum(sum(r["epoch_s_list"] or []) for r in rows)
+        walls = sum(r["duration_s"] for r in rows)
         train_s, trial_s, trials = train_s + steps, trial_s + walls, trials + len(rows)
         if rows:
             lines.append(f"  {f.stem}: {len(rows)} trials, {walls - steps:.1f} s in trials outside training steps "

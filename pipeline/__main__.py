@@ -60,15 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="run the Optuna study of one strategy (DVC stage sweep@STRATEGY)",
                        description="One Optuna study over devices x batch size x learning rate for one strategy; "
-                                   "every trial is a nested MLflow run; writes results/sweeps/STRATEGY.csv. "
+                                   "every trial is a nested MLflow run; writes results/sweeps/STRATEGY.jsonl. "
                                    "Rerunning resumes: finished trials are not repeated.")
     _common(p)
     p.add_argument("--strategy", required=True, choices=configmod.STRATEGY_NAMES)
-    p.add_argument("--out", type=Path, default=None, help="CSV path (default results/sweeps/STRATEGY.csv)")
+    p.add_argument("--out", type=Path, default=None, help="sweep table path (default results/sweeps/STRATEGY.jsonl)")
     p.add_argument("--n-trials", type=int, default=None, help="run at most N new trials in this worker")
 
     p = sub.add_parser("analyze", help="scaling efficiency, memory imbalance, accuracy: tables, plots, report",
-                       description="Read results/sweeps/*.csv and write results/analysis/ (summary.json, CSVs, "
+                       description="Read results/sweeps/*.jsonl and write results/analysis/ (summary.json, CSVs, "
                                    "PNGs, report.md), logged as an MLflow 'analysis' run.")
     _common(p)
     p.add_argument("--sweeps", type=Path, default=Path("results/sweeps"))
@@ -159,13 +159,13 @@ def cmd_train(args) -> int:
     tracker = run_id = on_epoch = None
     if not args.no_track:
         from . import tracking
-        from .capabilities import host_capabilities
+        from .launch import host_fields
+        from .record import planned
         tracker = tracking.Tracker(cfg)
-        t = cfg.train
+        t, plan = cfg.train, planned(cfg, host, host_fields(host))
         run_id = tracker.start_run(f"{t.strategy} k={t.devices} B={t.batch_size} lr={t.lr}",
-                                   {**tracking.base_tags(cfg, host, stage="train"),
-                                    **tracking.capability_tags(host_capabilities(host))})
-        tracker.log_params(run_id, tracking.trial_params(cfg))
+                                   tracking.base_tags(plan, cfg, stage="train"))
+        tracker.log_params(run_id, plan.params())
         tracker.log_dataset(run_id, cfg)
 
         def on_epoch(record):
@@ -201,7 +201,7 @@ def cmd_sweep(args) -> int:
     from .preflight import output_file
     from .sweep import run_sweep
     cfg = configmod.load(args.params, args.overrides)
-    out = output_file(args.out or paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.csv", "--out")
+    out = output_file(args.out or paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.jsonl", "--out")
     run_sweep(cfg, args.strategy, out, max_new_trials=args.n_trials)
     return 0
 

@@ -1,8 +1,8 @@
-"""Analysis stage: scaling efficiency, memory per device and accuracy from every sweep CSV.
+"""Analysis stage: scaling efficiency, memory per device and accuracy from every sweep table.
 
     python -m pipeline analyze          # or: dvc repro -s analyze
 
-Reads results/sweeps/*.csv (one row per trial, written by sweep.py) and writes into
+Reads results/sweeps/*.jsonl (one row per trial, written by sweep_table.py) and writes into
 results/analysis/: summary.json (DVC metrics), efficiency/throughput/memory/accuracy.csv
 (tidy, for DVC plots), efficiency/throughput/memory/accuracy.png, knobs.csv (+ one knob_*.png per
 varied DDP knob), breakdown.csv + breakdown.png (where a sampled step goes), model.csv + model.png (the scaling
@@ -12,7 +12,7 @@ measures them itself (it launches no processes). Only complete, non-oversubscrib
 everything else is listed with its reason. Undefined stays NaN (CSV: row absent; JSON: null), never 0.
 
 The wing, arrows one way (tests/test_imports.py keeps it so):
-    tables.py    reading the sweep CSVs; point, scaling, memory, accuracy tables (pure pandas)
+    tables.py    reading the sweep tables; point, scaling, memory, accuracy tables (pure pandas)
     summary.py   summary.json's dict; knobs.py  the DDP knobs' table        (on tables)
     plots.py     the figures;        report.py  report.md                  (on tables)
     projection.py  the scaling model's checks and projections, all modelled (on tables, scaling_model)
@@ -93,7 +93,7 @@ def _why(out: Path, df, eff, collectives, source: str) -> list[str]:
 
 def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPECTED,
             collectives_json: Path | None = None) -> dict:
-    """Read every sweep CSV, write all outputs into out_dir and return the summary dict. collectives_json: this
+    """Read every sweep table, write all outputs into out_dir and return the summary dict. collectives_json: this
     host's measured collectives (default: collectives.json beside the sweeps directory, used only if present)."""
     df, notes, files = read_sweeps(sweeps_dir, expected)
     collectives, more = read_collectives(Path(collectives_json or Path(sweeps_dir).parent / "collectives.json"))

@@ -1,38 +1,27 @@
-"""Run one trial: in this process (single, scratch, dp, dp_criterion) or one process per device through
-PyTorch's elastic launcher (ddp, ddp_amp, fsdp), which also returns each rank's result or names the failed rank.
+"""Run one trial: check that it can run here, run its ranks (ranks.py: in this process or one process per device
+through PyTorch's elastic launcher), and build its record (record.py), written as out_dir/metrics.json.
 
     python -m pipeline train --strategy ddp --devices 2 --epochs 1 --out runs/ddp2
-
-The main rank reports each epoch through files in the trial directory (progress.jsonl, answered by ack-<epoch>),
-so the caller's callback (MLflow logging, Optuna pruning) runs in the caller's process, also across nodes.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
-import importlib
+import functools
 import json
 import os
-import select
-import shutil
-import signal
-import tempfile
-import threading
 import time
-import uuid
 from pathlib import Path
 
 import torch
 
-from . import config as configmod
-from . import data as datamod
-from . import loopback, paths
+from . import paths
+from .capabilities import host_capabilities
 from .devices import Host, probe
-from .errors import Infeasible, Interrupted, TrialFailed  # defined torch-free, for the CLI's error handler
+from .errors import Infeasible, TrialFailed  # defined torch-free, for the CLI's error handler
 from .interference import Monitor
-from .metrics import device0_excess, imbalance
+from .ranks import run_ranks
+from .record import TrialRecord, capability_fields, summarize
 from .strategies import STRATEGIES
-from .train import DivergenceError, train
+from .train import DivergenceError
 
 
 def total_devices(cfg, host: Host) -> int:
@@ -76,252 +65,10 @@ def check_batch_fits(cfg, n_train: int) -> None:
                          f"full step fits. Use a batch of at most {n_train}, or more training data.")
 
 
-def load_data(cfg) -> datamod.Dataset:
-    root = paths.repo_root() / cfg.data.dir if not os.path.isabs(cfg.data.dir) else Path(cfg.data.dir)
-    return datamod.load(root, cfg.data.source, cfg.data.train_limit, cfg.data.test_limit)
-
-
-# ----------------------------------------------------------------------------- one process
-
 _USER_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-_DATA: datamod.Dataset | None = None  # set before forking, so forked ranks share it instead of re-reading
-_WAKE: tuple[int, int] | None = None  # (read, write) pipe, set before forking: rank 0 wakes the epoch watcher
 
-
-def _progress_bar(enabled: bool, label: str):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-    bars = {}
-
-    def update(epoch, i, steps):
-        bar = bars.get(epoch)
-        if bar is None:
-            for b in bars.values():
-                b.close()
-            bar = bars[epoch] = tqdm(total=steps, desc=f"{label} epoch {epoch + 1}", unit="step",
-                                     leave=False, dynamic_ncols=True, mininterval=0.5)
-        bar.update(1)
-        if i == steps:
-            bar.close()
-    return update
-
-
-def _run_process(cfg, strategy, rank, world, data, on_epoch, progress):
-    strategy.setup(rank, world)
-    try:
-        label = f"{cfg.train.strategy} k={cfg.train.devices}"
-        return train(cfg, strategy, data, on_epoch=on_epoch,
-                     progress=_progress_bar(progress and strategy.is_main(), label))
-    finally:
-        strategy.teardown()
-
-
-def _file_reporter(out_dir: Path, wait_for_ack: bool, timeout_s: float):
-    """on_epoch for the main rank of a multi-process trial: append the record, wait for the caller's answer."""
-    def report(record: dict) -> bool:
-        with open(out_dir / "progress.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if _WAKE is not None:
-            os.write(_WAKE[1], b"!")  # the file is the record; the byte only saves the watcher's polling delay
-        if not wait_for_ack:
-            return False
-        ack = out_dir / f"ack-{record['epoch']}"
-        deadline = time.monotonic() + timeout_s
-        while not ack.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return ack.exists() and ack.read_text().strip() == "stop"
-    return report
-
-
-def _exit_with_agent() -> None:
-    """Die with the agent: a worker blocked in a collective when its agent is SIGKILLed would otherwise linger
-    until the collective times out (the kernel's parent-death signal only reaches the Python handler later)."""
-    agent = os.getppid()
-
-    def watch():
-        while os.getppid() == agent:
-            time.sleep(0.5)
-        os._exit(1)
-    threading.Thread(target=watch, daemon=True, name="parallax-agent-watch").start()
-
-
-def rank_entry(cfg_dict: dict, out_dir: str, wait_for_ack: bool, progress: bool) -> dict:
-    """Entry point of each worker process started by the elastic launcher."""
-    # forked from the trial's parent: its Python objects (torch, MLflow, Optuna: hundreds of thousands) are never
-    # garbage here, so keep the collector off them (a full collection at teardown walked them all and copied the
-    # shared pages it touched)
-    gc.freeze()
-    _exit_with_agent()
-    cfg = configmod._build(configmod.Config, cfg_dict, "")
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    data = _DATA if _DATA is not None else load_data(cfg)
-    strategy = STRATEGIES[cfg.train.strategy](cfg.train, probe())
-    on_epoch = _file_reporter(Path(out_dir), wait_for_ack, cfg.train.timeout_s)
-    result = _run_process(cfg, strategy, rank, world, data, on_epoch, progress)
-    if result["state_dict"] is not None:
-        torch.save(result.pop("state_dict"), Path(out_dir) / "final_state.pt")
-    result.pop("state_dict", None)
-    result["node"] = os.environ.get("GROUP_RANK", "0")
-    result["local_rank"] = int(os.environ.get("LOCAL_RANK", rank))
-    return result
-
-
-# ----------------------------------------------------------------------------- many processes
-
-def _start_method(cfg, host: Host) -> str:
-    if cfg.train.start_method != "auto":
-        return cfg.train.start_method
-    # fork shares the loaded data and skips re-importing torch; CUDA cannot be used after fork.
-    return "spawn" if host.kind == "cuda" else "fork"
-
-
-def _watch(out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None = None):
-    """Tail progress.jsonl, hand each record to on_epoch, answer with ack-<epoch>."""
-    seen = 0
-    path = out_dir / "progress.jsonl"
-    while not stop.is_set():
-        if wake_fd is not None and select.select([wake_fd], [], [], 0.1)[0]:
-            os.read(wake_fd, 4096)
-        lines = path.read_text().splitlines() if path.exists() else []
-        for line in lines[seen:]:
-            record = json.loads(line)
-            decision = "stop" if on_epoch and on_epoch(record) else "go"
-            (out_dir / f"ack-{record['epoch']}").write_text(decision)
-        seen = len(lines)
-        if wake_fd is None:
-            stop.wait(0.1)  # an epoch record waits at most this long; polling faster steals a core
-
-
-def _failure_reason(err) -> TrialFailed:
-    parts, kind = [], "error"
-    for rank, f in sorted(getattr(err, "failures", {}).items()):
-        if f.exitcode < 0 or f.message == "" or "Signal" in str(f.message):
-            sig = f.signal_name() if f.exitcode < 0 else f"exit code {f.exitcode}"
-            parts.append(f"rank {rank} (pid {f.pid}) died: {sig}")
-            kind = "worker_died" if kind == "error" else kind
-        else:
-            msg = f.message.get("message", str(f.message)) if isinstance(f.message, dict) else str(f.message)
-            msg = msg.strip().splitlines()[0] if msg.strip() else f"exit code {f.exitcode}"
-            parts.append(f"rank {rank} failed: {msg}")
-            if "DivergenceError" in msg or "diverged" in msg:
-                kind = "diverged"
-            elif "out of memory" in msg.lower():
-                kind = "oom"
-            elif "timed out" in msg.lower() or "timeout" in msg.lower():
-                kind = "timeout" if kind == "error" else kind
-            elif any(s in msg for s in PEER_GONE):
-                # Gloo's all-reduce failed because another rank's connection closed: that rank most likely died.
-                # PyTorch's launcher reports only the first failed rank it polls, which may be this one.
-                parts[-1] += (" (a peer rank's connection closed first: that rank most likely died; the launcher "
-                              "reports only one failed rank)")
-                kind = "worker_died" if kind == "error" else kind
-    return TrialFailed("; ".join(parts) or str(err), kind)
-
-
-PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
-
-
-_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-
-
-def _remove_orphaned_scratch() -> None:
-    """The trial folders of sweeps that were SIGKILLed (their pid no longer runs): a killed process removes nothing."""
-    for d in Path(tempfile.gettempdir()).glob("parallax-trial-*-*"):
-        try:
-            os.kill(int(d.name.split("-")[2]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-        except (ValueError, OSError):  # not ours, or another user's live process
-            pass
-
-
-@contextlib.contextmanager
-def _tempdir(path: str):
-    """tempfile's default folder, for this process and the ranks it forks, while the trial runs."""
-    previous = tempfile.tempdir
-    tempfile.tempdir = path
-    try:
-        yield
-    finally:
-        tempfile.tempdir = previous
-
-
-def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s: float | None) -> list[dict]:
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    t = cfg.train
-    nproc = t.devices // t.nnodes
-    standalone = t.nnodes == 1 and not t.rdzv_endpoint
-    if standalone:  # one node: a static rendezvous (the dynamic one costs ~0.4 s a trial), listening on 127.0.0.1
-        rdzv = {"rdzv_backend": loopback.register(), "rdzv_endpoint": "", "rdzv_configs": {},
-                "run_id": f"parallax-{uuid.uuid4().hex[:8]}"}
-    else:  # torchrun's c10d rendezvous: node 0 hosts the store at rdzv_endpoint, the others connect to it
-        rdzv = {"rdzv_backend": "c10d", "rdzv_endpoint": t.rdzv_endpoint, "run_id": t.rdzv_id,
-                "rdzv_configs": {"is_host": t.node_rank == 0}}
-    start_method = _start_method(cfg, host)
-    stop = threading.Event()
-    timed_out = threading.Event()
-
-    def on_timeout():
-        timed_out.set()
-        os.kill(os.getpid(), signal.SIGTERM)  # the agent turns this into an orderly shutdown of every worker
-
-    timer = threading.Timer(timeout_s, on_timeout) if timeout_s else None
-    # the agent installs handlers that raise SignalException and never removes them: restored below, so a Ctrl-C
-    # between trials is a KeyboardInterrupt again (and a late SIGTERM ends the process as it would have)
-    handlers = {s: signal.getsignal(s) for s in _AGENT_SIGNALS}
-    global _DATA, _WAKE
-    _DATA = load_data(cfg) if start_method == "fork" else None
-    _WAKE = os.pipe() if start_method == "fork" and standalone else None
-    watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None),
-                               daemon=True)
-    if start_method == "fork":  # once per process, inherited by every forked rank of every trial
-        for module in STRATEGIES[t.strategy].HEAVY_MODULES:
-            importlib.import_module(module)
-    # the agent's logs (/tmp/torchelastic_*) and torch.multiprocessing's error files (/tmp/pytorch-errorfile-*,
-    # named in the system temp dir before forking, never removed) go to a folder of this trial's, removed below
-    _remove_orphaned_scratch()
-    scratch = tempfile.mkdtemp(prefix=f"parallax-trial-{os.getpid()}-")
-    lc = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=nproc, **rdzv, max_restarts=0,
-                      monitor_interval=0.05, start_method=start_method, logs_specs=DefaultLogsSpecs(log_dir=scratch))
-    watcher.start()
-    if timer:
-        timer.start()
-    try:
-        with loopback.collectives_on_loopback() if standalone else contextlib.nullcontext(), _tempdir(scratch):
-            results = elastic_launch(lc, rank_entry)(cfg.to_dict(), str(out_dir), on_epoch is not None, progress)
-    except ChildFailedError as e:
-        raise _failure_reason(e) from None
-    except SignalException as e:
-        if timed_out.is_set():
-            raise TrialFailed(f"trial exceeded its time budget of {timeout_s:.0f} s (sweep.trial_timeout_s); "
-                              f"every worker was stopped", "timeout") from None
-        raise Interrupted(e.sigval) from None  # exit 128 + the signal: 130 for SIGINT, 143 for SIGTERM
-    finally:
-        if timer:
-            timer.cancel()
-        stop.set()
-        watcher.join()
-        _DATA = None
-        shutil.rmtree(scratch, ignore_errors=True)
-        if _WAKE is not None:
-            for fd in _WAKE:
-                os.close(fd)
-            _WAKE = None
-        if threading.current_thread() is threading.main_thread():
-            for s, h in handlers.items():
-                signal.signal(s, h)
-    return [results[r] for r in sorted(results)]
-
-
-# ----------------------------------------------------------------------------- a trial
-
-def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: float | None = None) -> dict:
-    """Run one trial, write out_dir/metrics.json and out_dir/final_state.pt, return the metrics."""
+def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: float | None = None) -> TrialRecord:
+    """Run one trial, write out_dir/metrics.json (the record's JSON view) and out_dir/final_state.pt."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not _USER_INDUCTOR_CACHE:  # importing torch._dynamo makes /tmp/torchinductor_<user>: kept in the repo instead
@@ -337,60 +84,18 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
                       threshold=cfg.train.interference_threshold)
     try:
         with monitor:
-            results = _run(cfg, host, strategy, out_dir, on_epoch, progress, timeout_s)
+            results = run_ranks(cfg, host, strategy, out_dir, on_epoch, progress, timeout_s)
     except DivergenceError as e:
         raise TrialFailed(str(e), "diverged") from None
     except torch.OutOfMemoryError as e:
         raise TrialFailed(f"out of memory: {str(e).splitlines()[0]}", "oom") from None
-    metrics = summarize(cfg, host, strategy, results, time.perf_counter() - t0)
-    metrics["interference"] = monitor.result()
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    return metrics
+    record = summarize(cfg, host, strategy, results, time.perf_counter() - t0, host_fields(host),
+                       interference=monitor.result())
+    (out_dir / "metrics.json").write_text(json.dumps(record.to_json(), indent=2))
+    return record
 
 
-def _run(cfg, host, strategy, out_dir: Path, on_epoch, progress, timeout_s) -> list[dict]:
-    """Every rank's result: one process per device through the launcher, or this process."""
-    if strategy.multiprocess:
-        return _launch(cfg, host, out_dir, on_epoch, progress, timeout_s)
-    data = load_data(cfg)
-    result = _run_process(cfg, strategy, 0, 1, data, on_epoch, progress)
-    torch.save(result.pop("state_dict"), out_dir / "final_state.pt")
-    return [result]
-
-
-def summarize(cfg, host: Host, strategy, results: list[dict], wall_s: float) -> dict:
-    t, main = cfg.train, results[0]
-    ranks = main.get("ranks") or results  # every rank of every node, gathered by the trial itself
-    peaks = [p for r in ranks for p in (r["peak_mem_bytes"] or [])]
-    throughputs = [r["throughput_img_s"] for r in ranks if r["throughput_img_s"]]
-    return {
-        "model": t.model, "strategy": t.strategy, "devices": t.devices, "batch_size": t.batch_size,
-        "per_device_batch": t.batch_size // t.devices, "lr": t.lr, "epochs": t.epochs, "seed": t.seed,
-        "max_steps": t.max_steps, "steps": main["steps"], "stopped": main["stopped"],
-        "data_source": cfg.data.source, "synthetic": cfg.data.source == "synthetic",
-        "train_limit": cfg.data.train_limit, "test_limit": cfg.data.test_limit,
-        "oversubscribed": t.devices > total_devices(cfg, host),
-        "parallel_devices": host.kind == "cuda" or strategy.parallel_on_cpu,
-        "device_kind": host.kind, "device_name": host.name, "host": host.hostname, "host_devices": host.n,
-        "nnodes": t.nnodes, "torch": host.torch, "cuda": host.cuda,
-        # slowest rank: all ranks meet at every all-reduce, so the trial runs at its pace
-        "throughput_img_s": min(throughputs) if throughputs else None,
-        "timed_steps": main["timed_steps"], "warmup_steps": max(t.warmup_steps, 1),
-        "epoch_s": main["epoch_s"], "test_acc": main["test_acc"], "train_loss": main["train_loss"],
-        "epoch_throughput_img_s": main["epoch_throughput_img_s"],
-        "time_to_acc_s": main["time_to_acc_s"], "target_acc": t.target_acc,
-        "eval": "test set split across the trial's processes, correct counts summed" if strategy.multiprocess
-                else "on this process's first device",
-        "peak_mem_bytes": peaks, "mem_imbalance": imbalance(peaks), "mem_device0_excess": device0_excess(peaks),
-        "mem_method": main["mem_method"],
-        "mem_devices": [f"node{r.get('node', '0')}:{r.get('host', host.hostname)}/{d}"
-                        + (f"/rank{r['rank']}" if strategy.multiprocess else "")
-                        for r in ranks for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
-        "bucket_cap_mb": t.bucket_cap_mb, "grad_as_bucket_view": t.grad_as_bucket_view,
-        "accum_steps": t.accum_steps, "comm_hook": t.comm_hook,
-        "comm_hook_used": main.get("comm_hook_used"),  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
-        "amp_dtype": main["amp_dtype"],
-        "backend": main.get("backend"),  # process group of a multi-process trial: nccl or gloo; None otherwise
-        "breakdown": main.get("breakdown"),  # where a sampled steady-state step goes (breakdown.py), main rank's view
-        "wall_s": wall_s,
-    }
+@functools.cache
+def host_fields(host: Host) -> dict:
+    """The host's capabilities as the trial record's host_* fields, read once per process."""
+    return capability_fields(host_capabilities(host))

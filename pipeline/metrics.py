@@ -87,18 +87,3 @@ def reset_cuda_peaks(devices) -> None:
     for d in devices:
         if d.type == "cuda":
             torch.cuda.reset_peak_memory_stats(d)
-
-
-def imbalance(peaks) -> float | None:
-    """max / mean over the trial's devices (1.0 = perfectly balanced)."""
-    peaks = [p for p in peaks if p is not None]
-    if not peaks or sum(peaks) == 0:
-        return None
-    return max(peaks) / (sum(peaks) / len(peaks))
-
-
-def device0_excess(peaks) -> float | None:
-    """peak[0] - mean(peak[1:]): what device 0 holds beyond the others (needs >= 2 devices)."""
-    if len(peaks) < 2:
-        return None
-    return peaks[0] - sum(peaks[1:]) / (len(peaks) - 1)

@@ -13,7 +13,6 @@ from optuna.trial import TrialState
 
 # What the sweep optimises: study.tell(trial, final test accuracy), direction maximize (sweep.run_one)
 OBJECTIVE = "test_acc"
-MIB = 2**20
 
 
 def name_study(study, strategy: str, profile: str, space_hash: str) -> None:
@@ -27,19 +26,10 @@ def name_study(study, strategy: str, profile: str, space_hash: str) -> None:
             study.set_user_attr(k, v)
 
 
-def trial_numbers(m: dict) -> dict:
-    """A trial's headline numbers as separate numeric values (optuna-dashboard plots user attributes that are
-    numbers; the `metrics` attribute is one JSON object)."""
-    peaks = [p for p in m.get("peak_mem_bytes") or [] if p is not None]
-    epochs = [e for e in m.get("epoch_s") or [] if e is not None]
-    out = {"throughput_img_s": m.get("throughput_img_s"), "test_acc": (m.get("test_acc") or [None])[-1],
-           "peak_mem_mib_max": max(peaks) / MIB if peaks else None, "mem_imbalance": m.get("mem_imbalance"),
-           "epoch_s": sum(epochs) / len(epochs) if epochs else None}
-    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and v == v and abs(v) != float("inf")}
-
-
-def set_trial_numbers(trial, m: dict) -> None:
-    for k, v in trial_numbers(m).items():
+def set_trial_numbers(trial, record) -> None:
+    """The trial record's headline numbers as separate numeric user attributes (optuna-dashboard plots those that
+    are numbers; the `metrics` attribute is one JSON object): its OPTUNA view (record.py)."""
+    for k, v in record.optuna_attrs().items():
         trial.set_user_attr(k, v)
 
 

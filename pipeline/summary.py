@@ -25,8 +25,8 @@ def strategy_status(df, files, sweeps_dir, expected):
         reasons = sorted(set(g.loc[g["state"] == "skipped", "reason"]) - {""})
         if g.empty:
             status = "missing" if s not in files else files[s].split(":")[0]
-            reason = (f"no sweep CSV ({Path(sweeps_dir) / (s + '.csv')})" if s not in files
-                      else f"{s}.csv is {files[s]}")
+            reason = (f"no sweep table ({Path(sweeps_dir) / (s + '.jsonl')})" if s not in files
+                      else f"{s}.jsonl is {files[s]}")
         elif (g["state"] == "skipped").all():
             status = "unavailable" if any(map(is_unavailable, reasons)) else "all skipped"
             reason = "; ".join(reasons) or "skipped (no reason recorded)"

@@ -5,14 +5,13 @@
 Every feasible point of the space is enqueued sweep.repeats times (in alternating rounds), when the study is
 created; workers (one, or many sharing an RDB URL) claim waiting trials atomically in that order, run each as one
 training trial, and log one nested MLflow run per trial under the study's parent run. Infeasible points are not
-run: they appear in the CSV as skipped with the reason. Trials carry a heartbeat; a trial whose worker died is
+run: they appear in the sweep table as skipped with the reason. Trials carry a heartbeat; a trial whose worker died is
 failed when its heartbeat goes stale and a copy is enqueued again (Optuna's RetryFailedTrialCallback), so a rerun
-finishes an interrupted study without repeating finished trials. results/sweeps/<strategy>.csv is rewritten from
+finishes an interrupted study without repeating finished trials. results/sweeps/<strategy>.jsonl is rewritten from
 the study after every trial.
 """
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
@@ -24,14 +23,14 @@ from optuna.trial import TrialState
 
 from . import claims, paths, study_parent, study_view, tracking
 from . import config as configmod
-from .capabilities import host_capabilities
 from .claims import open_storage, storage_url
 from .devices import probe
 from .errors import Stopped, redact
-from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, run_trial
+from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, host_fields, run_trial
 from .preflight import check_store
 from .space import choices, points, space_hash, study_name, trial_config
-from .sweep_csv import KNOBS, trial_row, write_rows, write_csv
+from .record import planned
+from .sweep_table import KNOBS, trial_row, write_rows, write_table
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -137,11 +136,12 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
 
     try:
         with beat:
-            tags = {**tracking.base_tags(tcfg, host, stage=f"sweep@{strategy}"), "trial": trial.number,
-                    "study": study.study_name, "optuna_trial_id": claims.trial_id(trial), **host_tags(host)}
+            plan = planned(tcfg, host, host_fields(host))
+            tags = {**tracking.base_tags(plan, tcfg, stage=f"sweep@{strategy}"), "trial": trial.number,
+                    "study": study.study_name, "optuna_trial_id": claims.trial_id(trial)}
             run_id = tracker.start_run(f"{strategy} {_fmt_point(p)}", tags, parent_id=parent_id)
             trial.set_user_attr("mlflow_run_id", run_id)
-            tracker.log_params(run_id, tracking.trial_params(tcfg))
+            tracker.log_params(run_id, plan.params())
             tracker.log_dataset(run_id, tcfg)
             try:
                 metrics = run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
@@ -178,14 +178,8 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
                       f"the sweep: finished trials are kept.") from None
 
 
-@functools.cache
-def host_tags(host) -> dict:
-    """The host's capabilities as run tags, read once per process."""
-    return tracking.capability_tags(host_capabilities(host))
-
-
 def _record_result(study, trial, tracker, run_id, metrics, out_dir) -> str:
-    trial.set_user_attr("metrics", metrics)
+    trial.set_user_attr("metrics", metrics.to_json())
     study_view.set_trial_numbers(trial, metrics)
     tracking.log_completed_run(tracker, run_id, metrics, out_dir)
     if metrics["stopped"]:
@@ -240,7 +234,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
     if strategy not in cfg.sweep.strategies:  # DVC runs every sweep@ stage; params.yaml picks which run trials
         return _unselected(cfg, strategy, out_csv)
     # bad input stops here, before anything is written to the stores
-    from .launch import load_data
+    from .ranks import load_data
     data = load_data(configmod.replace_train(cfg, strategy=strategy))  # present, readable, of the right source
     n_train = len(data.train_y)
     del data
@@ -273,7 +267,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
               + (f", sweep ETA {eta:.0f} s" if eta else ""), file=sys.stderr, flush=True)
         outcome = run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir)
         print(f"{label} -> {outcome}", file=sys.stderr, flush=True)
-        write_csv(study, strategy, skipped, out_csv)
+        write_table(study, strategy, skipped, out_csv, host)
 
     interrupted, fault = True, None
     try:
@@ -287,7 +281,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         raise fault from None
     finally:
         if fault is None:
-            write_csv(study, strategy, skipped, out_csv)
+            write_table(study, strategy, skipped, out_csv, host)
         if not interrupted:
             study_parent.finish(study, tracker, parent_id, out_csv, skipped)
         elif parent_id:  # ended unless another worker is on it; the rerun marks it RUNNING again

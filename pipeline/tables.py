@@ -1,14 +1,12 @@
 """The analysis wing's floor: sweep tables in, pure pandas tables out (no files written, no figures).
 
-Reads results/sweeps/*.csv (one row per trial, written by sweep.py) into one frame with normalized types, and
-derives per-point throughput, weak/strong scaling efficiency, per-device memory and accuracy from it. Only
-complete, non-oversubscribed trials enter the numbers. Undefined stays NaN, never 0.
+Reads results/sweeps/*.jsonl (one row per trial, written by sweep_table.py, typed by the trial record's schema) into
+one frame, and derives per-point throughput, weak/strong scaling efficiency, per-device memory and accuracy from it.
+Only complete, non-oversubscribed trials enter the numbers. Undefined stays NaN, never 0.
 Everything above this module (summary, knobs, plots, report, analyze) imports from here, never the other way.
 """
 from __future__ import annotations
 
-import ast
-import json
 import math
 from pathlib import Path
 
@@ -17,86 +15,63 @@ import pandas as pd
 
 from . import stats
 from .catalog import KNOBS, NAMES
+from .sweep_table import SUFFIX, read_table, typed
 
 EXPECTED = NAMES  # strategies in the catalog's order (pipeline/catalog.py); others sort after them
 # Grouped on, so that a distinct setting is a distinct point; shown only where they vary.
 EXTRAS = ("host", "data_source", *KNOBS)
-# The step-time breakdown's parts (pipeline/breakdown.py PARTS; the sweep CSV's bd_<part>_s columns) and the residual
+# The step-time breakdown's parts (pipeline/breakdown.py PARTS; the sweep table's bd_<part>_s columns) and the residual
 BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")
 BD_ALL = (*BD_PARTS, "residual")
-BD_NUMERIC = ("bd_step_s", *(f"bd_{p}_s" for p in BD_ALL), "bd_samples")
 POINT = ("strategy", "model", "k", "batch_size", "per_device_batch")
-NUMERIC = ("trial", "devices", "batch_size", "per_device_batch", "lr", "epochs", "host_devices",
-           "throughput_img_s", "epoch_s", "test_acc", "time_to_acc_s", "target_acc",
-           "train_loss", "peak_mem_max", "peak_mem_mean", "mem_imbalance", "duration_s", "foreign_cores",
-           "loadavg_start", *BD_NUMERIC)
-TEXT = ("study", "strategy", "model", "state", "reason", "data_source", "device_kind",
-        "device_name", "host", "epoch_s_list", "test_acc_list", "peak_mem_bytes",
-        "mem_method", "mlflow_run_id", "interference_reason", *KNOBS)
 MIB = 2.0**20
 
 
 # ---------------------------------------------------------------- loading
 
-def _to_bool(v) -> bool | None:
-    s = str(v).strip().lower()
-    return True if s in ("true", "1", "yes", "t") else False if s in ("false", "0", "no", "f") else None
-
-
-def _key_str(v) -> str:
-    """Canonical text for a grouping value: '' for empty, '25' for 25.0, 'True' for 'true'."""
-    s = "" if v is None else str(v).strip()
-    if s.lower() in ("", "nan", "none", "null"):
+def key_text(v) -> str:
+    """A grouping value as text: '' for absent, '25' for 25.0 (a number column with gaps is float), 'True'."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
-    if s.lower() in ("true", "false"):
-        return s.capitalize()
-    try:
-        f = float(s)
-        return str(int(f)) if f.is_integer() else repr(f)
-    except ValueError:
-        return s
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
 
 
 def normalize(df: pd.DataFrame, stem: str) -> pd.DataFrame:
-    df = df.copy()
-    for c in (*TEXT, *NUMERIC, "parallel_devices", "oversubscribed", "interfered"):
-        if c not in df:
-            df[c] = ""
-    for c in TEXT:
-        df[c] = df[c].astype(object).where(df[c].notna(), "").map(lambda v: str(v).strip())
-    for c in NUMERIC:
-        df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
+    """Rows as the sweep table holds them, every column of its kind (sweep_table.typed), plus `k` = devices; a
+    missing strategy is the file's stem."""
+    df = typed(df)
     df["strategy"] = df["strategy"].where(df["strategy"] != "", stem)
     df["state"] = df["state"].str.lower().where(df["state"] != "", "unknown")
-    df["parallel_devices"] = df["parallel_devices"].map(_to_bool).astype(object)
-    df["oversubscribed"] = df["oversubscribed"].map(lambda v: _to_bool(v) is True).astype(bool)
+    df["oversubscribed"] = df["oversubscribed"].map(lambda v: v is True).astype(bool)
     # measured while other processes used the host beyond interference.py's threshold: its speed is not the
     # strategy's, so it leaves throughput and efficiency (accuracy and memory keep it); listed with the reason
-    df["interfered"] = df["interfered"].map(lambda v: _to_bool(v) is True).astype(bool)
+    df["interfered"] = df["interfered"].map(lambda v: v is True).astype(bool)
     df["k"] = df["devices"]
     derived = df["batch_size"] / df["k"]
     df["per_device_batch"] = df["per_device_batch"].fillna(derived.where(derived % 1 == 0))
     for c in EXTRAS:
-        df[c] = df[c].map(_key_str)
+        df[c] = df[c].map(key_text)
     return df
 
 
 def read_sweeps(sweeps_dir, expected):
-    """Rows of every CSV, notes, and per file stem 'ok' | 'empty' | 'unreadable: …'."""
+    """Rows of every sweep table, notes, and per file stem 'ok' | 'empty' | 'unreadable: …'."""
     d, frames, notes, files = Path(sweeps_dir), [], [], {}
-    paths = sorted(d.glob("*.csv")) if d.is_dir() else []
     if not d.is_dir():
         notes.append(f"sweeps directory {d} does not exist")
-    for p in paths:
+    for p in sorted(d.glob("*.csv")) if d.is_dir() else []:
+        notes.append(f"{p.name} is a sweep table of an older Parallax (CSV), not read: rerun its sweep stage to "
+                     f"write {p.stem}{SUFFIX}")
+    for p in sorted(d.glob(f"*{SUFFIX}")) if d.is_dir() else []:
         try:
-            raw = pd.read_csv(p, dtype=str, keep_default_na=False)
-        except pd.errors.EmptyDataError:
-            raw = None
-        except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
+            raw = read_table(p)
+        except (ValueError, UnicodeDecodeError, OSError) as e:
             files[p.stem] = f"unreadable: {type(e).__name__}: {e}".splitlines()[0]
             notes.append(f"{p.name}: {files[p.stem]}")
             continue
-        if raw is None or raw.empty:
+        if raw.empty:
             files[p.stem] = "empty"
             notes.append(f"{p.name} is empty (no trials)")
             continue
@@ -105,13 +80,13 @@ def read_sweeps(sweeps_dir, expected):
     seen = set(files) | {s for f in frames for s in f["strategy"]}
     for s in expected:
         if s not in seen:
-            notes.append(f"no sweep CSV for strategy '{s}' ({d / (s + '.csv')} missing)")
+            notes.append(f"no sweep table for strategy '{s}' ({d / (s + SUFFIX)} missing)")
     df = pd.concat(frames, ignore_index=True) if frames else normalize(pd.DataFrame(), "")
     return df, notes, files
 
 
 def load_sweeps(sweeps_dir, expected=EXPECTED) -> tuple[pd.DataFrame, list[str]]:
-    """All trial rows (normalized types; `k` = devices) and notes on missing/empty/bad CSVs."""
+    """All trial rows (typed; `k` = devices) and notes on missing/empty/bad tables."""
     df, notes, _ = read_sweeps(sweeps_dir, expected)
     return df, notes
 
@@ -121,25 +96,6 @@ def load_sweeps(sweeps_dir, expected=EXPECTED) -> tuple[pd.DataFrame, list[str]]
 def measured(df):
     return df[(df["state"] == "complete") & ~df["oversubscribed"]
               & df["k"].notna() & df["batch_size"].notna()]
-
-
-def _parse_list(v) -> list[float]:
-    if isinstance(v, (list, tuple)):
-        xs = v
-    else:
-        s = str(v).strip()
-        if not s:
-            return []
-        try:
-            xs = json.loads(s)
-        except ValueError:
-            try:
-                xs = ast.literal_eval(s)
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                return []
-    xs = xs if isinstance(xs, (list, tuple)) else [xs]
-    out = [float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan for x in xs]
-    return out if any(not math.isnan(x) for x in out) else []
 
 
 def all_parallel(values) -> bool | None:
@@ -186,7 +142,7 @@ def _window_groups(df) -> dict:
     cells = m["throughput_windows"] if "throughput_windows" in m else pd.Series([None] * len(m), index=m.index)
     out: dict = {}
     for r, w in zip(m.to_dict("records"), cells):
-        windows = _parse_list(w) if isinstance(w, (list, tuple, str)) else []
+        windows = [float(x) for x in w] if isinstance(w, (list, tuple)) else []
         thr = r["throughput_img_s"]
         out.setdefault(_point_key(r), []).append(windows or ([] if math.isnan(thr) else [thr]))
     return out
@@ -232,7 +188,8 @@ def memory_table(df) -> pd.DataFrame:
     device-0 excess peak[0] - mean(peak[1:]) (k >= 2 only)."""
     rows = []
     for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
-        lists = [p for p in g["peak_mem_bytes"].map(_parse_list) if p]
+        lists = [[math.nan if v is None else float(v) for v in p] for p in g["peak_mem_bytes"]
+                 if any(v is not None for v in p)]
         if not lists:
             continue
         n = max(map(len, lists))
@@ -313,7 +270,7 @@ def breakdown_losses(bd, eff) -> pd.DataFrame:
 
 
 def _time_to_acc(r, target):
-    accs, secs = _parse_list(r["test_acc_list"]), _parse_list(r["epoch_s_list"])
+    accs, secs = r["test_acc_list"], r["epoch_s_list"]
     if accs and len(secs) >= len(accs):
         for a, t in zip(accs, np.cumsum(secs)):
             if a >= target:

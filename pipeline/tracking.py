@@ -22,7 +22,6 @@ RUNNING = "RUNNING"
 # MLflow 3's UI reads this experiment tag to choose its view: without it an experiment opens on the GenAI "Traces"
 # overview; "custom_model_development" (mlflow/server/js: ExperimentKind.CUSTOM_MODEL_DEVELOPMENT) opens the runs table
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
-MIB = 2**20
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # no "View run at" line per ended run
 # MLflow 3 sends usage telemetry to its servers from a background thread unless told not to; a research pipeline
 # on a cluster should not phone home for its users (set MLFLOW_DISABLE_TELEMETRY=false to allow it)
@@ -170,15 +169,10 @@ class Tracker:
         return len(runs)
 
 
-def base_tags(cfg, host, stage: str | None = None) -> dict:
-    t = cfg.train
-    return {
-        "strategy": t.strategy, "model": t.model, "devices": t.devices, "device_kind": host.kind,
-        "device_name": host.name, "host": host.hostname, "data_source": cfg.data.source,
-        "synthetic": str(cfg.data.source == "synthetic").lower(), "git_sha": git_sha(),
-        "dvc_stage": stage or ("" if not os.environ.get("DVC_ROOT") else "unknown"), "profile": cfg.profile,
-        "oversubscribed": str(t.devices > host.n * t.nnodes).lower(),
-    }
+def base_tags(planned, cfg, stage: str | None = None) -> dict:
+    """A trial run's tags when it starts: the planned trial record's (record.planned) and where it was run from."""
+    return {**planned.tags(), "git_sha": git_sha(), "profile": cfg.profile,
+            "dvc_stage": stage or ("" if not os.environ.get("DVC_ROOT") else "unknown")}
 
 
 def data_digest(root) -> str | None:
@@ -193,46 +187,9 @@ def data_digest(root) -> str | None:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def capability_tags(caps: dict) -> dict:
-    """capabilities.host_capabilities(host) as flat run tags: what makes a number from this host what it is."""
-    cpu, gpus = caps.get("cpu") or {}, caps.get("gpus") or []
-    return {"host.cpu_isa": ",".join(cpu.get("isa") or []) or "none",
-            "host.torch_cpu_capability": cpu.get("torch_cpu_capability"), "host.bf16": caps.get("bf16"),
-            "host.fp16": caps.get("fp16"), "host.cpu_bf16": cpu.get("bf16"), "host.cpu_fp16": cpu.get("fp16"),
-            "host.gpu_name": ",".join(sorted({g["name"] for g in gpus})) or None,
-            "host.gpu_compute_capability": ",".join(sorted({g["compute_capability"] for g in gpus})) or None,
-            "host.nccl": caps.get("nccl") or None, "host.torch": caps.get("torch"),
-            "host.cuda": caps.get("cuda") or None}
-
-
-def trial_params(cfg) -> dict:
-    t = cfg.train
-    return {"model": t.model, "strategy": t.strategy, "devices": t.devices, "batch_size": t.batch_size,
-            "per_device_batch": t.batch_size // t.devices, "lr": t.lr, "epochs": t.epochs, "seed": t.seed,
-            "max_steps": t.max_steps, "data_source": cfg.data.source, "train_limit": cfg.data.train_limit,
-            "bucket_cap_mb": t.bucket_cap_mb, "grad_as_bucket_view": t.grad_as_bucket_view,
-            "accum_steps": t.accum_steps, "comm_hook": t.comm_hook, "amp_dtype": t.amp_dtype}
-
-
 def epoch_metrics(record: dict) -> dict:
     return {"train/loss": record.get("train_loss"), "test/acc": record.get("test_acc"),
             "perf/epoch_s": record.get("epoch_s"), "perf/epoch_throughput_img_s": record.get("throughput_img_s")}
-
-
-def final_metrics(m: dict) -> dict:
-    out = {"perf/throughput_img_s": m.get("throughput_img_s"), "perf/time_to_acc_s": m.get("time_to_acc_s"),
-           "test/final_acc": (m.get("test_acc") or [None])[-1], "mem/imbalance": m.get("mem_imbalance"),
-           "perf/wall_s": m.get("wall_s")}
-    out.update(memory_metrics(m))
-    return {**out, **breakdown_metrics(m.get("breakdown") or {})}
-
-
-def memory_metrics(m: dict) -> dict:
-    """Peak memory per device and device 0's excess in MiB, the report's unit (bytes stay in metrics.json)."""
-    out = {f"mem/peak_mib/dev{i}": p / MIB for i, p in enumerate(m.get("peak_mem_bytes") or []) if p is not None}
-    if m.get("mem_device0_excess") is not None:
-        out["mem/device0_excess_mib"] = m["mem_device0_excess"] / MIB
-    return out
 
 
 def summary_metrics(summary: dict) -> dict:
@@ -247,28 +204,10 @@ def summary_metrics(summary: dict) -> dict:
     return out
 
 
-def breakdown_metrics(bd: dict) -> dict:
-    """The step-time breakdown as breakdown/<part>_s and breakdown/<part>_share (of the sampled step), the residual
-    included, so the MLflow UI compares trials part by part; nothing where no step was sampled."""
-    step, parts = bd.get("step_s"), dict(bd.get("parts_s") or {})
-    if not bd.get("samples") or not step or not parts:
-        return {}
-    parts["residual"] = bd.get("residual_s")
-    out = {"breakdown/step_s": step, "breakdown/samples": bd["samples"]}
-    for name, s in parts.items():
-        if isinstance(s, (int, float)):
-            out[f"breakdown/{name}_s"], out[f"breakdown/{name}_share"] = s, s / step
-    return out
-
-
-def log_completed_run(tracker: Tracker, run_id: str, metrics: dict, out_dir: Path) -> None:
-    """Everything a finished trial leaves in its run: final metrics (at the last epoch's step, after the learning
-    curves) and the metrics file."""
-    tracker.log_metrics(run_id, final_metrics(metrics), step=len(metrics.get("test_acc") or []))
-    tracker.set_tags(run_id, {"mem_method": metrics.get("mem_method"),
-                              "parallel_devices": str(metrics.get("parallel_devices")).lower(),
-                              "mem_devices": json.dumps(metrics.get("mem_devices")),
-                              "comm_hook_used": metrics.get("comm_hook_used"),
-                              "mem_peak_bytes": json.dumps(metrics.get("peak_mem_bytes"))})
+def log_completed_run(tracker: Tracker, run_id: str, record, out_dir: Path) -> None:
+    """Everything a finished trial leaves in its run: its record's metrics (at the last epoch's step, after the
+    learning curves) and tags (record.py), and the metrics file."""
+    tracker.log_metrics(run_id, record.metrics(), step=len(record.test_acc or []))
+    tracker.set_tags(run_id, record.tags())
     if (out_dir / "metrics.json").exists():
         tracker.log_artifact(run_id, out_dir / "metrics.json")

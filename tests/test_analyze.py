@@ -10,24 +10,30 @@ from pipeline import analyze as A
 
 def row(strategy="ddp", k=1, B=128, lr=0.1, thr=1000.0, acc=0.8, state="complete", reason="",
         peaks=None, **kw):
-    """One sweep-CSV row, as sweep.py writes it (strings, like a CSV read back)."""
+    """One sweep-table row, as sweep_table.py writes it (typed: lists are lists, absent is None)."""
     peaks = peaks if peaks is not None else [100 * 2**20] * k
     r = {"study": f"s-{strategy}", "trial": 0, "strategy": strategy, "model": "lenet", "devices": k,
          "batch_size": B, "per_device_batch": B // k, "lr": lr, "epochs": 2, "state": state,
          "reason": reason, "data_source": "fashion-mnist", "device_kind": "cuda",
-         "device_name": "H100", "host": "node1", "host_devices": 4, "parallel_devices": "True",
-         "oversubscribed": "False", "throughput_img_s": thr if state == "complete" else "",
-         "epoch_s": 1.0, "epoch_s_list": "[1.0, 1.0]", "test_acc": acc if state == "complete" else "",
-         "test_acc_list": json.dumps([acc - 0.1, acc]), "time_to_acc_s": "", "target_acc": 0.85,
-         "train_loss": 0.5, "peak_mem_bytes": json.dumps(peaks), "mem_method": "cuda_max_allocated",
-         "duration_s": 3.0, "mlflow_run_id": "x", "bucket_cap_mb": "", "grad_as_bucket_view": "",
-         "accum_steps": "", "comm_hook": ""}
+         "device_name": "H100", "host": "node1", "host_devices": 4, "parallel_devices": True,
+         "oversubscribed": False, "throughput_img_s": thr if state == "complete" else None,
+         "epoch_s": 1.0, "epoch_s_list": [1.0, 1.0], "test_acc": acc if state == "complete" else None,
+         "test_acc_list": [acc - 0.1, acc], "time_to_acc_s": None, "target_acc": 0.85,
+         "train_loss": 0.5, "peak_mem_bytes": peaks, "mem_method": "cuda_max_allocated",
+         "duration_s": 3.0, "mlflow_run_id": "x", "bucket_cap_mb": None, "grad_as_bucket_view": None,
+         "accum_steps": None, "comm_hook": None}
     r.update(kw)
     return r
 
 
 def frame(rows):
-    return A._normalize(pd.DataFrame(rows).astype(str), "x")
+    return A._normalize(pd.DataFrame(rows), "x")
+
+
+def write(rows, path):
+    """Rows into a sweep table file, through the sweep's own writer."""
+    from pipeline.sweep_table import write_rows
+    write_rows(rows, path)
 
 
 def one(df, **where):
@@ -115,7 +121,7 @@ def test_memory_peaks_median_over_trials():
 def test_failed_and_oversubscribed_rows_are_excluded():
     df = frame([row(k=1, thr=1000), row(k=2, B=256, thr=1800),
                 row(k=2, B=256, lr=0.5, state="failed", reason="CUDA out of memory"),
-                row(k=4, B=512, thr=9999, peaks=[1, 1, 1, 1], oversubscribed="True"),
+                row(k=4, B=512, thr=9999, peaks=[1, 1, 1, 1], oversubscribed=True),
                 row(k=8, B=1024, thr=9999, oversubscribed=True)])
     for t in (A.point_table(df), A.scaling_table(df), A.memory_table(df), A.accuracy_table(df)):
         assert set(t["k"]) == {1, 2}
@@ -123,9 +129,8 @@ def test_failed_and_oversubscribed_rows_are_excluded():
 
 
 def test_accuracy_table_and_time_to_target():
-    df = frame([row(k=1, lr=0.1, acc=0.9, epoch_s_list="[2.0, 3.0]", test_acc_list="[0.86, 0.9]",
-                    time_to_acc_s=2.0),
-                row(k=1, lr=0.5, acc=0.7, epoch_s_list="[2.0, 3.0]", test_acc_list="[0.5, 0.7]")])
+    df = frame([row(k=1, lr=0.1, acc=0.9, epoch_s_list=[2.0, 3.0], test_acc_list=[0.86, 0.9], time_to_acc_s=2.0),
+                row(k=1, lr=0.5, acc=0.7, epoch_s_list=[2.0, 3.0], test_acc_list=[0.5, 0.7])])
     a = A.accuracy_table(df)
     assert one(a, lr=0.1)["time_to_acc_s"] == 2.0 and math.isnan(one(a, lr=0.5)["time_to_acc_s"])
     a = A.accuracy_table(df, target_acc=0.88)  # recomputed from the per-epoch lists
@@ -134,15 +139,20 @@ def test_accuracy_table_and_time_to_target():
 
 
 def test_tolerant_reading(tmp_path):
-    (tmp_path / "old.csv").write_text("strategy,devices,batch_size,state,throughput_img_s,oversubscribed\n"
-                                      "old,1,64,complete,500,false\nold,2,128,complete,900,\n")
-    (tmp_path / "dp.csv").write_text("")
+    # a table with few columns (an older writer's), one row without the flag; an empty one; a CSV of old
+    (tmp_path / "old.jsonl").write_text(
+        '{"strategy": "old", "devices": 1, "batch_size": 64, "state": "complete", "throughput_img_s": 500,'
+        ' "oversubscribed": false}\n{"strategy": "old", "devices": 2, "batch_size": 128, "state": "complete",'
+        ' "throughput_img_s": 900}\n')
+    (tmp_path / "dp.jsonl").write_text("")
     (tmp_path / "fsdp.csv").write_text("study,trial,strategy\n")
     df, notes = A.load_sweeps(tmp_path, expected=("dp", "fsdp", "ddp"))
     assert len(df) == 2 and not df["oversubscribed"].any()
+    assert df["peak_mem_bytes"].map(lambda p: p == []).all() and (df["host"] == "").all()
     assert one(A.scaling_table(df), kind="weak", k=2)["efficiency"] == pytest.approx(0.9)
     text = " ".join(notes)
-    assert "dp.csv is empty" in text and "fsdp.csv is empty" in text and "'ddp'" in text
+    assert "dp.jsonl is empty" in text and "fsdp.csv is a sweep table of an older Parallax" in text
+    assert "'ddp'" in text and "'fsdp'" in text
     assert "'dp'" not in text  # empty, not missing
 
 
@@ -155,16 +165,16 @@ def _sweeps(d):
                 row("ddp", k=4, B=512, thr=3000, data_source="synthetic"),
                 row("ddp", k=4, B=1024, state="failed", reason="CUDA out of memory"),
                 row("ddp", k=2, B=256, lr=0.3, state="pruned", reason="pruned at epoch 1"),
-                row("ddp", k=8, B=1024, state="skipped", reason="k=8 > N=4 devices", trial="")],
-        "dp": [row("dp", k=k, B=128 * k, state="skipped", trial="",
+                row("ddp", k=8, B=1024, state="skipped", reason="k=8 > N=4 devices", trial=None)],
+        "dp": [row("dp", k=k, B=128 * k, state="skipped", trial=None,
                    reason="unavailable: nn.DataParallel needs CUDA") for k in (1, 2)],
-        "scratch": [row("scratch", k=2, B=256, thr=1100, parallel_devices="False",
+        "scratch": [row("scratch", k=2, B=256, thr=1100, parallel_devices=False,
                         peaks=[300 * 2**20, 100 * 2**20]),
-                    row("scratch", k=4, B=512, thr=1200, parallel_devices="False", oversubscribed="True")],
+                    row("scratch", k=4, B=512, thr=1200, parallel_devices=False, oversubscribed=True)],
     }
     for s, rs in rows.items():
-        pd.DataFrame(rs).to_csv(d / f"{s}.csv", index=False)
-    (d / "dp_criterion.csv").write_text("")
+        write(rs, d / f"{s}.jsonl")
+    (d / "dp_criterion.jsonl").write_text("")
     return d
 
 
@@ -262,15 +272,13 @@ def test_partial_and_odd_data_never_crash(tmp_path):
     d = tmp_path / "sweeps"
     d.mkdir()
     # k=1 only, no memory, a complete row without numbers
-    pd.DataFrame([row("single", k=1, peaks=[]),
-                  row("single", k=1, B=256, thr="", test_acc="", test_acc_list="")]).to_csv(
-        d / "single.csv", index=False)
-    pd.DataFrame([row("fsdp", k=2, B=256, state="failed", reason="worker died"),
-                  row("fsdp", k=4, B=512, state="pruned", reason="pruned")]).to_csv(
-        d / "fsdp.csv", index=False)
-    pd.DataFrame([row("ddp", k=2, B=256, thr=1800, peak_mem_bytes="not json", parallel_devices="",
-                      oversubscribed="")]).to_csv(d / "ddp.csv", index=False)
-    (d / "broken.csv").write_bytes(b'a,b\n"unterminated\n')
+    write([row("single", k=1, peaks=[]), row("single", k=1, B=256, thr=None, test_acc=None, test_acc_list=None)],
+          d / "single.jsonl")
+    write([row("fsdp", k=2, B=256, state="failed", reason="worker died"),
+           row("fsdp", k=4, B=512, state="pruned", reason="pruned")], d / "fsdp.jsonl")
+    write([row("ddp", k=2, B=256, thr=1800, peak_mem_bytes="not a list", parallel_devices=None,
+               oversubscribed=None)], d / "ddp.jsonl")
+    (d / "broken.jsonl").write_bytes(b'{"a": 1}\n{"unterminated\n')
     s = A.analyze(d, tmp_path / "out", target_acc=0.5)
     st = s["strategies"]
     assert st["single"]["status"] == "measured" and st["single"]["largest_k"] == 1
@@ -303,9 +311,9 @@ def test_knob_effects_get_a_table_and_a_plot_per_varied_knob(tmp_path):
                      "per_device_batch": 128, "lr": 0.1, "state": "complete", "throughput_img_s": tput,
                      "test_acc": acc, "data_source": "synthetic", "device_kind": "cpu", "host": "h",
                      "host_devices": 2, "parallel_devices": True, "oversubscribed": False,
-                     "peak_mem_bytes": "[100]" if k == 1 else "[100, 100]", "bucket_cap_mb": 25,
+                     "peak_mem_bytes": [100] * k, "bucket_cap_mb": 25,
                      "grad_as_bucket_view": False, "accum_steps": 1, "comm_hook": hook})
-    pd.DataFrame(rows).to_csv(sweeps / "ddp.csv", index=False)
+    write(rows, sweeps / "ddp.jsonl")
     analyze(sweeps, tmp_path / "out")
     table = pd.read_csv(tmp_path / "out" / "knobs.csv")
     assert set(table["knob"]) == {"comm_hook"}
@@ -324,10 +332,10 @@ def test_resolved_transport_does_not_split_the_scaling_groups(tmp_path):
     rows = [{"trial": i, "strategy": "ddp", "model": "lenet", "devices": k, "batch_size": 128 * k,
              "per_device_batch": 128, "lr": 0.1, "state": "complete", "throughput_img_s": tput, "test_acc": 0.8,
              "data_source": "synthetic", "device_kind": "cpu", "host": "h", "host_devices": 2,
-             "parallel_devices": True, "oversubscribed": False, "peak_mem_bytes": "[100]" if k == 1 else "[100, 100]",
+             "parallel_devices": True, "oversubscribed": False, "peak_mem_bytes": [100] * k,
              "bucket_cap_mb": 25, "grad_as_bucket_view": False, "accum_steps": 1, "comm_hook": "auto",
              "comm_hook_used": used} for i, (k, used, tput) in enumerate([(1, "none", 1000), (2, "shm", 1900)])]
-    pd.DataFrame(rows).to_csv(sweeps / "ddp.csv", index=False)
+    write(rows, sweeps / "ddp.jsonl")
     analyze(sweeps, tmp_path / "out")
     eff = pd.read_csv(tmp_path / "out" / "efficiency.csv")
     weak = eff[(eff["kind"] == "weak") & (eff["k"] == 2)]

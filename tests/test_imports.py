@@ -11,11 +11,14 @@ from . import import_graph as ig
 KNOWN_PRIVATE: set = set()
 
 # The analysis wing: what each floor may import from pipeline/ (analyze.py, the entry, sits on all of them). The
-# strategy catalog (torch-free, importing nothing from pipeline/) is below every floor.
+# strategy catalog (torch-free, importing nothing from pipeline/) is below every floor; beneath the wing too, the
+# sweep table's reader and the trial record whose schema types it, which import nothing of the wing.
 BASE = {"pipeline.catalog"}
 WING = {
+    "pipeline.record": BASE,
+    "pipeline.sweep_table": {"pipeline.record"} | BASE,
     "pipeline.stats": BASE,
-    "pipeline.tables": {"pipeline.stats"} | BASE,
+    "pipeline.tables": {"pipeline.stats", "pipeline.sweep_table"} | BASE,
     "pipeline.confidence": {"pipeline.tables", "pipeline.stats"} | BASE,
     "pipeline.summary": {"pipeline.tables"} | BASE,
     "pipeline.knobs": {"pipeline.tables"} | BASE,

@@ -9,6 +9,8 @@ import pytest
 
 from pipeline.interference import Monitor
 
+from .test_analyze import write
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 BURN = "import time\nt = time.time()\nwhile time.time() - t < 30: pass\n"
@@ -63,12 +65,12 @@ def _rows(trials):
     import optuna
     from optuna.distributions import CategoricalDistribution
 
-    from pipeline.sweep_csv import trial_row
+    from pipeline.sweep_table import trial_row
     rows = []
     for i, (params, metrics) in enumerate(trials):
         t = optuna.trial.create_trial(params=params, value=metrics["throughput_img_s"],
                                       distributions={k: CategoricalDistribution([v]) for k, v in params.items()},
-                                      user_attrs={"metrics": metrics})
+                                      user_attrs={"metrics": metrics.to_json()})
         t.number = i
         rows.append(trial_row(types.SimpleNamespace(study_name="s"), "ddp", t=t))
     return rows
@@ -77,8 +79,6 @@ def _rows(trials):
 @pytest.mark.slow
 @pytest.mark.parametrize("burn", [True, False])
 def test_a_burner_during_the_k1_trial_is_flagged_and_its_efficiency_is_no_finding(make_cfg, tmp_path, burn):
-    import pandas as pd
-
     from pipeline.analyze import analyze
     from pipeline.devices import probe
     from pipeline.launch import run_trial
@@ -105,7 +105,7 @@ def test_a_burner_during_the_k1_trial_is_flagged_and_its_efficiency_is_no_findin
     assert trials[0][1]["interference"]["interfered"] is burn
     sweeps = tmp_path / "sweeps"
     sweeps.mkdir()
-    pd.DataFrame(_rows(trials)).to_csv(sweeps / "ddp.csv", index=False)
+    write(_rows(trials), sweeps / "ddp.jsonl")
     analyze(sweeps, tmp_path / "out", expected=("ddp",))
     report = (tmp_path / "out" / "report.md").read_text()
     assert ("Other processes used this host's cores while these trials ran" in report) is burn

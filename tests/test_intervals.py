@@ -55,7 +55,7 @@ def test_repeats_without_windows_still_give_an_interval_and_nan_cells_count_as_n
 def test_an_interfered_repeat_stays_out_of_the_interval():
     r1, w1 = repeats("ddp", 1, 1000.0, n=2, seed=3)
     r2, w2 = repeats("ddp", 2, 1800.0, n=2, seed=4)
-    r1.append(row("ddp", k=1, B=128, thr=500.0, interfered="True"))
+    r1.append(row("ddp", k=1, B=128, thr=500.0, interfered=True))
     e = one(tables.scaling_table(with_windows(r1 + r2, w1 + [[500.0] * 12] + w2)), kind="weak", k=2)
     assert (e["base_n_repeats"], e["base_n_interfered"]) == (2, 1) and e["efficiency_hi"] < 1.0
 

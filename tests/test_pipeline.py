@@ -62,7 +62,7 @@ def clone(tmp_path_factory):
 def test_dvc_repro_runs_every_stage(clone):
     run(["dvc", "repro"], clone)
     for s in ("single", "scratch", "dp", "dp_criterion", "ddp", "ddp_amp", "fsdp"):
-        assert (clone / "results" / "sweeps" / f"{s}.csv").exists()
+        assert (clone / "results" / "sweeps" / f"{s}.jsonl").exists()
     out = clone / "results" / "analysis"
     for f in ("summary.json", "report.md", "efficiency.csv", "memory.csv", "efficiency.png", "memory.png"):
         assert (out / f).exists(), f

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 from matplotlib.figure import Figure
 
 from pipeline import plots
 from pipeline.analyze import analyze
 
-from .test_analyze import row
+from .test_analyze import row, write
 
 
 def test_source_note_names_synthetic_data_loudly():
@@ -40,7 +39,7 @@ def test_every_figure_is_labelled_and_lines_are_distinguishable(tmp_path, monkey
     sweeps = tmp_path / "sweeps"
     sweeps.mkdir()
     for s in ("ddp", "single", "scratch"):
-        pd.DataFrame([r for r in rows if r["strategy"] == s]).to_csv(sweeps / f"{s}.csv", index=False)
+        write([r for r in rows if r["strategy"] == s], sweeps / f"{s}.jsonl")
     seen = _texts(monkeypatch)
     analyze(sweeps, tmp_path / "out", expected=("ddp", "single", "scratch"))
     assert {name for name, _, _ in seen} >= {"efficiency.png", "throughput.png", "memory.png", "accuracy.png"}

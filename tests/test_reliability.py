@@ -10,7 +10,6 @@ docs/reliability.md lists the cases, the figures of a run and what each fault co
 from __future__ import annotations
 
 import ast
-import csv
 import json
 import os
 import re
@@ -103,11 +102,11 @@ def workers(proc) -> list[psutil.Process]:
 
 
 def rows(root, strategy):
-    path = root / "results" / "sweeps" / f"{strategy}.csv"
+    path = root / "results" / "sweeps" / f"{strategy}.jsonl"
     if not path.exists():
         return []
     with open(path) as f:
-        return list(csv.DictReader(f))
+        return [json.loads(line) for line in f]
 
 
 def study(root):
@@ -171,7 +170,7 @@ def test_sigkilled_rank_fails_the_trial_naming_it_and_the_study_goes_on(tmp_path
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks)  # the other rank too
     finish(proc, root)
     states = sorted((r["lr"], r["state"]) for r in rows(root, "ddp"))
-    assert states == [("0.1", "failed"), ("0.2", "complete")]  # the next trial ran
+    assert states == [(0.1, "failed"), (0.2, "complete")]  # the next trial ran
     assert not left_behind(root)
     _, parents, children = mlflow_runs(root)
     assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]
@@ -206,7 +205,7 @@ def test_stopped_rank_fails_the_trial_on_the_collective_timeout(tmp_path, synthe
     assert seconds < 60
     assert not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE  # the stopped rank was killed
     finish(proc, root)
-    assert sorted((r["lr"], r["state"]) for r in rows(root, "ddp")) == [("0.1", "failed"), ("0.2", "complete")]
+    assert sorted((r["lr"], r["state"]) for r in rows(root, "ddp")) == [(0.1, "failed"), (0.2, "complete")]
     assert not left_behind(root)
     runs, _, _ = mlflow_runs(root)
     assert not [r for r in runs if r.info.status == "RUNNING"]
@@ -242,14 +241,14 @@ def test_diverged_multiprocess_trial_fails_and_the_study_goes_on(make_cfg, tmp_p
         train_limit=2048, epochs=1, strategy="ddp", space="{devices: [2], batch_size: [64], lr: [100.0, 0.1]}"))
     cfg = make_cfg(profile="rel")
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    out = tmp_path / "ddp.csv"
+    out = tmp_path / "ddp.jsonl"
     run_sweep(cfg, "ddp", out)
     # the elastic agent's signal handlers are gone again: Ctrl-C between trials is a KeyboardInterrupt
     assert {s: signal.getsignal(s) for s in handlers} == handlers
     with open(out) as f:
-        by_lr = {r["lr"]: r for r in csv.DictReader(f)}
-    assert by_lr["100.0"]["state"] == "failed" and by_lr["0.1"]["state"] == "complete"  # diverged first, then on
-    reason = by_lr["100.0"]["reason"]
+        by_lr = {r["lr"]: r for r in map(json.loads, f)}
+    assert by_lr[100.0]["state"] == "failed" and by_lr[0.1]["state"] == "complete"  # diverged first, then on
+    reason = by_lr[100.0]["reason"]
     assert reason.startswith("diverged") and re.search(r"\b(nan|inf)\b", reason) and "rank" in reason, reason
     _, parents, children = mlflow_runs(tmp_path)
     assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]
@@ -484,7 +483,7 @@ def test_dvc_commands_interpolate_only_validated_strategy_names():
 def test_a_peer_connection_error_is_reported_as_a_likely_dead_rank():
     import types
 
-    from pipeline.launch import _failure_reason
+    from pipeline.ranks import _failure_reason
     f = types.SimpleNamespace(exitcode=1, pid=11, message={"message": "RuntimeError: [pair.cc:545] Read error "
                                                                       "[127.0.0.1]:1: Connection reset by peer."})
     e = _failure_reason(types.SimpleNamespace(failures={0: f}))

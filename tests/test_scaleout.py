@@ -15,7 +15,6 @@ from its bin folder and run as the `postgres` user when the tests run as root).
 """
 from __future__ import annotations
 
-import csv
 import glob
 import json
 import os
@@ -333,9 +332,9 @@ def worker_env(root: Path, values: dict) -> dict:
             "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
-def read_csv(path: Path) -> list[dict]:
+def read_table(path: Path) -> list[dict]:
     with open(path) as f:
-        return list(csv.DictReader(f))
+        return [json.loads(line) for line in f]
 
 
 @pytest.mark.slow
@@ -442,9 +441,9 @@ def test_two_workers_share_one_study_through_postgres_and_mlflow_server(postgres
     # artifacts went through the server into its --artifacts-destination folder
     stored = list(Path(mlflow_server["ARTIFACTS"]).rglob("metrics.json"))
     assert len(stored) == BUDGET, stored
-    assert list(Path(mlflow_server["ARTIFACTS"]).rglob(f"study/{STRATEGY}.csv"))
+    assert list(Path(mlflow_server["ARTIFACTS"]).rglob(f"study/{STRATEGY}.jsonl"))
 
-    # --- the survivor's CSV is the whole study
-    rows = read_csv(roots[survivor.name] / "results" / "sweeps" / f"{STRATEGY}.csv")
+    # --- the survivor's table is the whole study
+    rows = read_table(roots[survivor.name] / "results" / "sweeps" / f"{STRATEGY}.jsonl")
     states = sorted(r["state"] for r in rows)
     assert states == sorted(["complete"] * BUDGET + ["failed"] * len(retries)), states

@@ -191,7 +191,7 @@ def test_a_two_rank_trial_listens_on_loopback_only(tmp_path, synthetic_root):
 
 def test_multi_node_trials_keep_the_endpoint_the_user_names(make_cfg, monkeypatch):
     """The loopback backend is for one-node trials only: nnodes > 1 uses torchrun's c10d on rdzv_endpoint."""
-    from pipeline import launch
+    from pipeline import ranks
     seen = {}
 
     def fake_launch(lc, entry):
@@ -201,10 +201,10 @@ def test_multi_node_trials_keep_the_endpoint_the_user_names(make_cfg, monkeypatc
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.nnodes=2", "train.rdzv_endpoint=10.1.2.3:29400",
                    "train.oversubscribe=true", "train.batch_size=64")
-    launch._launch(cfg, launch.probe(), Path("/nonexistent-out"), None, False, None)
+    ranks._launch(cfg, ranks.probe(), Path("/nonexistent-out"), None, False, None)
     assert seen == {"backend": "c10d", "endpoint": "10.1.2.3:29400", "gloo": None}
     cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.batch_size=64", "train.oversubscribe=true")
-    launch._launch(cfg, launch.probe(), Path("/nonexistent-out"), None, False, None)
+    ranks._launch(cfg, ranks.probe(), Path("/nonexistent-out"), None, False, None)
     assert seen["backend"] == "parallax-loopback" and seen["gloo"] and seen["gloo"].startswith("lo")
 
 

@@ -1,7 +1,6 @@
 """A tiny study end to end: CSV rows, Optuna trial states, MLflow parent/child runs, failure, resume."""
 from __future__ import annotations
 
-import csv
 import json
 
 import optuna
@@ -33,23 +32,24 @@ def tiny(make_cfg, tmp_path):
 
 def read(path):
     with open(path) as f:
-        return list(csv.DictReader(f))
+        return [json.loads(line) for line in f]
 
 
 def test_tiny_study_end_to_end(tiny, tmp_path):
     cfg = tiny()
-    out = tmp_path / "results" / "single.csv"
+    out = tmp_path / "results" / "single.jsonl"
     run_sweep(cfg, "single", out)
     rows = read(out)
     states = sorted((r["devices"], r["lr"], r["state"]) for r in rows)
     # k=2 is infeasible for `single` (skipped, not run); lr=100 diverges and is recorded as failed
-    assert states == [("1", "0.1", "complete"), ("1", "100.0", "failed"), ("2", "0.1", "skipped"),
-                      ("2", "100.0", "skipped")]
+    assert states == [(1, 0.1, "complete"), (1, 100.0, "failed"), (2, 0.1, "skipped"), (2, 100.0, "skipped")]
     failed = next(r for r in rows if r["state"] == "failed")
     assert "diverged" in failed["reason"] and ("nan" in failed["reason"] or "inf" in failed["reason"])
     ok = next(r for r in rows if r["state"] == "complete")
-    assert float(ok["throughput_img_s"]) > 0 and len(json.loads(ok["peak_mem_bytes"])) == 1
-    assert ok["data_source"] == "synthetic"
+    assert ok["throughput_img_s"] > 0 and len(ok["peak_mem_bytes"]) == 1 and isinstance(ok["throughput_windows"], list)
+    assert ok["data_source"] == "synthetic" and ok["host_cpu_isa"] and ok["host_bf16"]
+    skipped = next(r for r in rows if r["state"] == "skipped")
+    assert skipped["host"] == ok["host"] and skipped["throughput_img_s"] is None
 
     study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
@@ -62,6 +62,9 @@ def test_tiny_study_end_to_end(tiny, tmp_path):
     done = next(c for c in children if c.info.status == "FINISHED")
     assert done.data.tags["synthetic"] == "true" and done.data.tags["dvc_stage"] == "sweep@single"
     assert "test/acc" in done.data.metrics and "mem/peak_mib/dev0" in done.data.metrics
+    assert done.data.tags["host.cpu_isa"] == ok["host_cpu_isa"] and done.data.params["lr"] == "0.1"
+    complete = next(t for t in study.trials if t.state.name == "COMPLETE")
+    assert complete.user_attrs["throughput_img_s"] == ok["throughput_img_s"]
     assert done.info.run_name.startswith("single k=1 B=64 lr=0.1")
     assert not tr.find_runs("attributes.status = 'RUNNING'")
 
@@ -70,7 +73,7 @@ def test_unavailable_strategy_rows_say_why(tiny, tmp_path):
     from pipeline.devices import probe
     if probe().kind == "cuda":
         pytest.skip("dp is available on CUDA hosts")
-    out = tmp_path / "dp.csv"
+    out = tmp_path / "dp.jsonl"
     run_sweep(tiny(), "dp", out)
     rows = read(out)
     assert rows and all(r["state"] == "skipped" and "CUDA" in r["reason"] for r in rows)
@@ -79,7 +82,7 @@ def test_unavailable_strategy_rows_say_why(tiny, tmp_path):
 @pytest.mark.slow
 def test_resume_runs_only_what_is_left_and_multiprocess_rows(tiny, tmp_path):
     cfg = tiny()
-    out = tmp_path / "ddp.csv"
+    out = tmp_path / "ddp.jsonl"
     feasible = [p for p in points(cfg, "ddp") if p["batch_size"] % p["devices"] == 0]
     run_sweep(cfg, "ddp", out, max_new_trials=1)
     first = [r for r in read(out) if r["state"] == "complete"]
@@ -90,8 +93,8 @@ def test_resume_runs_only_what_is_left_and_multiprocess_rows(tiny, tmp_path):
     assert len(complete) == len(feasible)  # every point once, none repeated
     assert first[0]["trial"] in {r["trial"] for r in complete}
     assert any(r["state"] == "skipped" and "divisible" in r["reason"] for r in rows)
-    two = next(r for r in complete if r["devices"] == "2")
-    assert len(json.loads(two["peak_mem_bytes"])) == 2
+    two = next(r for r in complete if r["devices"] == 2)
+    assert len(two["peak_mem_bytes"]) == 2
     study = optuna.load_study(study_name=study_name(cfg, "ddp"), storage=open_storage(cfg))
     assert len(study.get_trials(states=(TrialState.COMPLETE,))) == len(feasible)
 
@@ -111,11 +114,11 @@ def test_pruning_reaches_a_multiprocess_trial_through_rank_0(tiny, tmp_path, mon
     monkeypatch.setattr(optuna.Trial, "should_prune", lambda self: True)
     cfg = tiny(100.0, "sweep.pruning=true", "train.epochs=3",
                "sweep.spaces.ddp={devices: [2], batch_size: [64], lr: [0.1]}")
-    out = tmp_path / "ddp.csv"
+    out = tmp_path / "ddp.jsonl"
     run_sweep(cfg, "ddp", out)
     rows = [r for r in read(out) if r["state"] != "skipped"]
     assert [r["state"] for r in rows] == ["pruned"] and "after epoch 1" in rows[0]["reason"]
-    assert len(json.loads(rows[0]["test_acc_list"])) == 1  # both ranks stopped after the first epoch
+    assert len(rows[0]["test_acc_list"]) == 1  # both ranks stopped after the first epoch
     assert [step for _, step in reported] == [1]
     study = optuna.load_study(study_name=study_name(cfg, "ddp"), storage=open_storage(cfg))
     assert [t.state for t in study.trials] == [TrialState.PRUNED]
@@ -123,10 +126,9 @@ def test_pruning_reaches_a_multiprocess_trial_through_rank_0(tiny, tmp_path, mon
     assert [r.info.status for r in runs if "mlflow.parentRunId" in r.data.tags] == ["KILLED"]
 
 
-def test_unselected_strategy_writes_a_csv_saying_so_and_opens_no_store(tiny, tmp_path):
+def test_unselected_strategy_writes_a_table_saying_so_and_opens_no_store(tiny, tmp_path):
     cfg = tiny(100.0, "sweep.strategies=[single, ddp]")
-    out = run_sweep(cfg, "scratch", tmp_path / "scratch.csv")
-    with open(out) as f:
-        rows = list(csv.DictReader(f))
+    out = run_sweep(cfg, "scratch", tmp_path / "scratch.jsonl")
+    rows = read(out)
     assert rows and all(r["state"] == "skipped" and r["reason"].startswith("not selected") for r in rows)
     assert not (tmp_path / "mlruns").exists()

@@ -13,6 +13,7 @@ import optuna
 import pytest
 
 from pipeline import study_view, tracking
+from pipeline.record import TrialRecord
 from pipeline.sweep import open_storage, run_sweep, space_hash, study_name
 
 PROFILE = """
@@ -34,7 +35,7 @@ def views(make_cfg, tmp_path):
 
 def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
     cfg = views
-    run_sweep(cfg, "single", tmp_path / "single.csv")
+    run_sweep(cfg, "single", tmp_path / "single.jsonl")
     tr = tracking.Tracker(cfg)
     exp = tr.client.get_experiment(tr.experiment_id)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
@@ -74,7 +75,7 @@ def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
     from pipeline.__main__ import main
     sweeps = tmp_path / "results" / "sweeps"
     sweeps.mkdir(parents=True)
-    (tmp_path / "single.csv").rename(sweeps / "single.csv")
+    (tmp_path / "single.jsonl").rename(sweeps / "single.jsonl")
     (tmp_path / "params.yaml").write_text("profile: views\n")
     assert main(["analyze", "--sweeps", str(sweeps), "--out", str(tmp_path / "analysis")]) == 0
     (analysis,) = tr.find_runs("tags.stage = 'analyze'")
@@ -88,7 +89,7 @@ def test_unavailable_study_says_why(views, tmp_path):
     from pipeline.devices import probe
     if probe().kind == "cuda":
         pytest.skip("dp is available on CUDA hosts")
-    run_sweep(views, "dp", tmp_path / "dp.csv")
+    run_sweep(views, "dp", tmp_path / "dp.jsonl")
     (parent,) = tracking.Tracker(views).find_runs("tags.role = 'study' and tags.strategy = 'dp'")
     why = parent.data.tags["parallax.unavailable"]
     assert "CUDA" in why and why in parent.data.tags["mlflow.note.content"]
@@ -134,9 +135,9 @@ def test_optuna_dashboard_reads_the_study_back(tmp_path):
     study = optuna.create_study(study_name="views-single-0123456789", storage=url, direction="maximize")
     study_view.name_study(study, "single", "views", "0123456789")
     trial = study.ask()
-    study_view.set_trial_numbers(trial, {"throughput_img_s": 1234.5, "test_acc": [0.5, 0.8],
-                                         "peak_mem_bytes": [2**21, 2**20], "mem_imbalance": 1.33,
-                                         "epoch_s": [1.0, 2.0]})
+    study_view.set_trial_numbers(trial, TrialRecord(throughput_img_s=1234.5, test_acc=[0.5, 0.8],
+                                                    peak_mem_bytes=[2**21, 2**20], mem_imbalance=1.33,
+                                                    epoch_s=[1.0, 2.0]))
     study.tell(trial, 0.8)
     port = _free_port()
     server = subprocess.Popen(

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from optuna.trial import TrialState
 
-from pipeline.sweep_csv import BD_COLUMNS, CSV_COLUMNS, trial_row
-from pipeline.tracking import final_metrics
+from pipeline.record import BD_COLUMNS, COLUMNS, TrialRecord
+from pipeline.sweep_table import trial_row
 
 PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")
 
@@ -25,17 +25,17 @@ def test_sweep_row_and_mlflow_carry_the_breakdown():
     t = SimpleNamespace(user_attrs={"metrics": {"breakdown": bd}}, params={"model": "lenet", "devices": 2,
                         "batch_size": 256, "lr": 0.1}, state=TrialState.COMPLETE, number=3)
     row = trial_row(SimpleNamespace(study_name="s"), "ddp", t=t)
-    assert set(BD_COLUMNS) <= set(CSV_COLUMNS)
+    assert set(BD_COLUMNS) <= set(COLUMNS)
     assert row["bd_step_s"] == 0.1 and row["bd_backward_compute_s"] == 0.04 and row["bd_residual_s"] == 0.01
     assert row["bd_samples"] == 3
     assert sum(row[f"bd_{p}_s"] for p in PARTS) + row["bd_residual_s"] == pytest.approx(row["bd_step_s"])
-    m = final_metrics({"breakdown": bd})
+    m = TrialRecord(breakdown=bd).metrics()
     assert m["breakdown/comm_exposed_s"] == 0.01 and m["breakdown/residual_share"] == pytest.approx(0.1)
     assert sum(m[f"breakdown/{p}_share"] for p in (*PARTS, "residual")) == pytest.approx(1.0)
     # a trial without sampled steps: empty cells, no metric
     t.user_attrs = {"metrics": {}}
-    assert all(trial_row(SimpleNamespace(study_name="s"), "ddp", t=t)[c] == "" for c in BD_COLUMNS)
-    assert not any(k.startswith("breakdown/") for k in final_metrics({}))
+    assert all(trial_row(SimpleNamespace(study_name="s"), "ddp", t=t)[c] is None for c in BD_COLUMNS)
+    assert not any(k.startswith("breakdown/") for k in TrialRecord().metrics())
 
 
 # ----------------------------------------------------------------------------- the analysis
@@ -65,7 +65,7 @@ def _frame(rows=ROWS):
     import pandas as pd
 
     from pipeline.tables import normalize
-    return normalize(pd.DataFrame(rows).astype(str), "x")
+    return normalize(pd.DataFrame(rows), "x")
 
 
 def test_breakdown_table_medians_and_shares_sum_to_one():
@@ -104,10 +104,12 @@ def _analyze(tmp_path, collectives):
     import pandas as pd
 
     from pipeline.analyze import analyze
+
+    from .test_analyze import write
     sweeps = tmp_path / "results" / "sweeps"
     sweeps.mkdir(parents=True)
     for s in ("ddp", "fsdp"):
-        pd.DataFrame([r for r in ROWS if r["strategy"] == s]).to_csv(sweeps / f"{s}.csv", index=False)
+        write([r for r in ROWS if r["strategy"] == s], sweeps / f"{s}.jsonl")
     if collectives:
         (tmp_path / "results" / "collectives.json").write_text(json.dumps(collectives))
     out = tmp_path / "out"

@@ -25,7 +25,7 @@ class Strategy:
     # the settings worth checking separately (doctor runs each): (name, --set overrides); one plain run by default
     VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (("", ()),)
     channels_last_params = True  # False where parameters must stay contiguous (FSDP's flat shards)
-    HEAVY_MODULES: tuple[str, ...] = ()  # imported once by the trial's parent before forking ranks (launch.py)
+    HEAVY_MODULES: tuple[str, ...] = ()  # imported once by the trial's parent before forking ranks (ranks.py)
 
     def __init__(self, train_cfg, host: Host):
         self.cfg, self.host = train_cfg, host
