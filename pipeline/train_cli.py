@@ -4,6 +4,7 @@ The flags (--model, --strategy, ...) become `train.*` overrides on top of params
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from . import config as configmod
@@ -51,7 +52,8 @@ def run(args) -> int:
             return False
     status, reason = "FAILED", ""
     try:
-        metrics = run_trial(cfg, args.out, on_epoch=on_epoch, progress=not args.quiet)
+        with tracking.system_metrics(cfg, run_id) if tracker else contextlib.nullcontext():
+            metrics = run_trial(cfg, args.out, on_epoch=on_epoch, progress=not args.quiet)
         if tracker:
             tracking.log_completed_run(tracker, run_id, metrics, args.out)
         status = "FINISHED"
