@@ -184,11 +184,11 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_analyze(args) -> int:
+    from .analysis_run import log_analysis_run
     from .analyze import analyze
-    from . import tracking
     cfg = configmod.load(args.params, args.overrides)
     summary = analyze(args.sweeps, args.out, target_acc=cfg.analyze.target_acc)
-    run_id = tracking.log_analysis_run(cfg, summary, args.out)
+    run_id = log_analysis_run(cfg, summary, args.out)
     print(f"wrote {args.out}/report.md (MLflow run {run_id})")
     return 0
 

@@ -144,13 +144,6 @@ class Tracker:
     def log_artifacts(self, run_id: str, path, subdir: str | None = None) -> None:
         self.client.log_artifacts(run_id, str(path), subdir)
 
-    def log_figures(self, run_id: str, paths) -> None:
-        """PNG figures as keyed images (figures/<name>): MLflow's run page shows them beside the metric charts."""
-        from PIL import Image  # matplotlib's own dependency
-        for p in paths:
-            with Image.open(p) as im:
-                self.client.log_image(run_id, im.convert("RGB"), key=f"figures/{Path(p).stem}", step=0)
-
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status)
 
@@ -279,26 +272,6 @@ def system_metrics(cfg, run_id: str | None):
         yield monitor
     finally:
         monitor.finish()
-
-
-def log_analysis_run(cfg, summary: dict, out_dir: Path) -> str:
-    """The `analysis` run: summary.json's numbers as metrics, every figure as a keyed image (the run page shows them)
-    and every output file as an artifact; ended FAILED with the reason if logging fails. Returns the run id."""
-    tracker = Tracker(cfg)
-    run_id = tracker.start_run("analysis", {"stage": "analyze", "git_sha": git_sha(), "profile": cfg.profile,
-                                            "data_source": summary.get("data_source", "")})
-    status, reason = "FAILED", ""
-    try:
-        tracker.log_metrics(run_id, summary_metrics(summary))
-        tracker.log_figures(run_id, sorted(Path(out_dir).glob("*.png")))
-        tracker.log_artifacts(run_id, out_dir)
-        status = "FINISHED"
-    except Exception as e:
-        reason = f"{type(e).__name__}: {e}"
-        raise
-    finally:
-        tracker.close_run(run_id, status, reason)
-    return run_id
 
 
 def breakdown_metrics(bd: dict) -> dict:

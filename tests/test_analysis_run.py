@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from pipeline import tracking
+from pipeline import analysis_run, tracking
 from pipeline.__main__ import main
 
 from .test_analyze import row
@@ -35,6 +35,16 @@ def test_analysis_run_carries_figures_and_numbers(make_cfg, tmp_path, synthetic_
         assert any(p.startswith(f"images/figures~{name}+step") for p in images), (name, sorted(images))
     top = {f.path for f in tr.client.list_artifacts(run.info.run_id)}
     assert {f"{name}.png" for name in figures} <= top and "metrics.json" in top
+    # the run's description is the report's opening, up to and including its reading of the results
+    note, report = run.data.tags["mlflow.note.content"], (out / "report.md").read_text()
+    assert note.startswith(report.split("\n")[0]) and "## Reading" in note and len(note) < len(report)
+
+
+def test_report_head_stops_after_the_reading():
+    text = "# R\n\n> warning\n\n## Host\nh\n\n## Reading\n- best: ddp\n\n## Strategies\n| table |\n"
+    head = analysis_run.report_head(text)
+    assert head.startswith("# R\n\n> warning") and "- best: ddp" in head and "| table |" not in head
+    assert analysis_run.report_head("x" * 50, limit=10).startswith("x" * 10 + "\n")
 
 
 def _trial(make_cfg, tmp_path, synthetic_root, *sets):
