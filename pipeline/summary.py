@@ -134,7 +134,7 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     per strategy `test_acc.S` (best) and `n_complete.S`; overall `n_trials`, `n_complete`. The model joins the key
     (`throughput.ddp.resnet18.k2`) only when the sweeps hold more than one. Undefined values are left out, never 0."""
     models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
-    out = {k: summary[k] for k in ("n_trials", "n_complete") if _finite(summary.get(k))}
+    out: dict = {}  # in the order `dvc exp show` shows the columns: the results first, the counts last
     _per_k(out, pts, "throughput_img_s", "throughput", models)
     for kind, name in (("weak", "efficiency"), ("strong", "strong_efficiency")):
         e = eff[(eff["kind"] == kind) & (eff["k"] >= 2)] if len(eff) else eff
@@ -143,8 +143,9 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
         m = mem.assign(peak_mib=mem["peak_max"] / MIB)
         _per_k(out, m, "peak_mib", "peak_mem_mib", models)
         _per_k(out, m[m["k"] >= 2], "mem_imbalance", "mem_imbalance", models)
-    for s, st in (summary.get("strategies") or {}).items():
-        if _finite(st.get("best_test_acc")):
-            out[_key("test_acc", s)] = st["best_test_acc"]
-        out[_key("n_complete", s)] = st.get("n_complete", 0)
+    strategies = summary.get("strategies") or {}
+    out.update({_key("test_acc", s): st["best_test_acc"] for s, st in strategies.items()
+                if _finite(st.get("best_test_acc"))})
+    out.update({_key("n_complete", s): st.get("n_complete", 0) for s, st in strategies.items()})
+    out.update({k: summary[k] for k in ("n_trials", "n_complete") if _finite(summary.get(k))})
     return jsonable(out)

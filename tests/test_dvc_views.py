@@ -46,6 +46,8 @@ def test_metrics_file_is_flat_numbers(analysed):
     assert metrics["peak_mem_mib.ddp.k2"] == pytest.approx(300)
     assert metrics["mem_imbalance.ddp.k2"] == pytest.approx(300 / 200)
     assert metrics["n_trials"] == summary["n_trials"] and metrics["n_complete.dp"] == 0
+    keys = list(metrics)  # dvc exp show's column order: results first, counts last
+    assert keys[0].startswith("throughput.") and keys[-1] == "n_complete"
     assert metrics["test_acc.ddp"] == summary["strategies"]["ddp"]["best_test_acc"]
     # undefined stays absent (no k=1 weak reference for single's k=2: single has no k=2; dp measured nothing)
     assert "efficiency.ddp.k1" not in metrics and not any(k.startswith("throughput.dp.") for k in metrics)
