@@ -1,8 +1,8 @@
 """The MLflow `analysis` run of the analyze stage: what its page shows at first sight.
 
 Its description is the report's opening (title, synthetic-data warning, host, the "Reading" section); its metrics
-are summary.json's numbers (tracking.summary_metrics); every figure is a keyed image (figures/<name>, shown on the
-run page) and every output file an artifact.
+are summary.json's numbers (tracking.summary_metrics); every output file is an artifact (the Artifacts tab previews
+the PNGs) and every figure also a keyed image (figures/<name>, for MLflow's image-grid charts).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def report_head(text: str, limit: int = NOTE_LIMIT) -> str:
 
 
 def log_figures(tracker: tracking.Tracker, run_id: str, paths) -> None:
-    """PNG figures as keyed images (figures/<name>): MLflow's run page shows them beside the metric charts."""
+    """PNG figures as keyed images (figures/<name>, step 0): MLflow's image-grid charts can set them side by side."""
     from PIL import Image  # matplotlib's own dependency
     for p in paths:
         with Image.open(p) as im:
