@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 
 EXTRAS  := pipeline,download,test
 
-.PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline test test-fast ui dashboard clean-results
+.PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline test test-fast ui dashboard plots clean-results
 
 setup: $(STAMP)
 
@@ -65,6 +65,19 @@ dashboard: setup         ## optuna-dashboard on http://127.0.0.1:8080 over the s
 	  "$(BIN)/python -m pip install optuna-dashboard"; exit 1; }
 	$(BIN)/python -c "import sys, optuna_dashboard; optuna_dashboard.run_server(sys.argv[1], host='127.0.0.1', \
 	  port=int(sys.argv[2]))" "$(OPTUNA_STORAGE)" $(DASHBOARD_PORT)
+
+# `dvc plots show` alone writes a page whose scripts come from a CDN: blank offline. This one inlines them (from the
+# vl-convert-python package), so it opens anywhere; the PNGs in results/analysis/ need nothing at all.
+PLOTS_DIR ?= results/dvc_plots
+plots: setup             ## DVC's plots of every experiment as one offline HTML page (results/dvc_plots/index.html)
+	@$(BIN)/python -c "import vl_convert" 2>/dev/null || { echo "The offline page needs vl-convert-python (vega," \
+	  "vega-lite, vega-embed inlined): $(BIN)/python -m pip install vl-convert-python. Without it," \
+	  "'dvc plots show' writes a page that loads them from a CDN and is blank offline;" \
+	  "the figures in results/analysis/*.png need nothing."; exit 1; }
+	$(BIN)/python -m pipeline.plots_offline $(PLOTS_DIR)/offline-template.html
+	$(BIN)/dvc plots show --html-template $(PLOTS_DIR)/offline-template.html -o $(PLOTS_DIR)
+	@echo "open $(PLOTS_DIR)/index.html (no network needed); compare experiments: dvc plots diff EXP1 EXP2" \
+	  "--html-template $(PLOTS_DIR)/offline-template.html -o $(PLOTS_DIR)"
 
 clean-results:           ## forget sweeps and runs (the MLflow/Optuna stores in mlruns/ too)
 	rm -rf results runs mlruns/mlflow.db mlruns/optuna.db mlruns/artifacts

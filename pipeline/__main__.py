@@ -27,7 +27,34 @@ docs: README.md, docs/errors.md (every error message and its fix)."""
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--params", default=None, help="params file (default: params.yaml at the repository root)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a configuration value, e.g. --set train.lr=0.1 (repeatable)")
+                   help="override a configuration value, e.g. --set train.lr=0.1; repeatable, later wins "
+                        "(default: none; layers: built-in < profile < params.yaml < --set)")
+
+
+def _cfg(key: str, text: str) -> str:
+    """Help of a flag that overrides configuration key `key`: where its value comes from when the flag is unset."""
+    section, name = key.split(".")
+    built_in = getattr(getattr(configmod.Config(), section), name)
+    return f"{text} (default: {key} from --set, params.yaml or the profile; built in: {built_in})"
+
+
+def _train_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", choices=configmod.MODELS, help=_cfg("train.model", "model"))
+    p.add_argument("--strategy", choices=configmod.STRATEGY_NAMES, help=_cfg("train.strategy", "strategy"))
+    p.add_argument("--devices", type=int, metavar="K",
+                   help=_cfg("train.devices", "devices (GPUs, or CPU cores) for this trial"))
+    p.add_argument("--batch-size", type=int, metavar="B",
+                   help=_cfg("train.batch_size", "global batch size, split over the devices"))
+    p.add_argument("--lr", type=float, help=_cfg("train.lr", "learning rate (SGD)"))
+    p.add_argument("--epochs", type=int, help=_cfg("train.epochs", "epochs"))
+    p.add_argument("--max-steps", type=int, metavar="N",
+                   help=_cfg("train.max_steps", "stop after N optimizer steps, for quick checks; 0 = no limit"))
+    p.add_argument("--seed", type=int, help=_cfg("train.seed", "seed of data order and initial weights"))
+    p.add_argument("--out", required=True, type=Path, metavar="DIR",
+                   help="output directory for metrics.json and final_state.pt (required: no default)")
+    p.add_argument("--no-track", action="store_true",
+                   help="do not log to MLflow (default: log a run to tracking.uri, mlruns/mlflow.db if empty)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (default: progress bar shown)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,52 +63,57 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("download", help="fetch Fashion-MNIST (or write the synthetic stand-in) into data.dir",
+                       epilog=EPILOG,
                        description="Fetch Fashion-MNIST through torchvision (its mirrors and MD5 checks) into "
                                    "data.dir, or, with data.source=synthetic, write the deterministic offline "
                                    "stand-in in the same IDX format. data.mirror points at a URL or local "
                                    "directory holding the four .gz files, for air-gapped clusters.")
     _common(p)
 
-    p = sub.add_parser("train", help="run one training trial and log it to MLflow",
+    p = sub.add_parser("train", help="run one training trial and log it to MLflow", epilog=EPILOG,
                        description="Run one trial: one model, one strategy on K devices; writes OUT/metrics.json "
-                                   "and OUT/final_state.pt and logs an MLflow run.")
+                                   "and OUT/final_state.pt and logs an MLflow run. Each flag left unset takes "
+                                   "its train.* value from --set, params.yaml or the profile, in that order.")
     _common(p)
-    p.add_argument("--model", choices=configmod.MODELS)
-    p.add_argument("--strategy", choices=configmod.STRATEGY_NAMES)
-    p.add_argument("--devices", type=int, metavar="K", help="devices (GPUs, or CPU cores) for this trial")
-    p.add_argument("--batch-size", type=int, metavar="B", help="global batch size, split over the devices")
-    p.add_argument("--lr", type=float)
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--max-steps", type=int, metavar="N", help="stop after N optimizer steps (quick checks)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
-    p.add_argument("--no-track", action="store_true", help="do not log to MLflow")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _train_flags(p)
 
-    p = sub.add_parser("sweep", help="run the Optuna study of one strategy (DVC stage sweep@STRATEGY)",
+    p = sub.add_parser("sweep", help="run the Optuna study of one strategy (DVC stage sweep@STRATEGY)", epilog=EPILOG,
                        description="One Optuna study over devices x batch size x learning rate for one strategy; "
                                    "every trial is a nested MLflow run; writes results/sweeps/STRATEGY.jsonl. "
-                                   "Rerunning resumes: finished trials are not repeated.")
+                                   "Rerunning resumes: finished trials are not repeated. The search space is "
+                                   "sweep.spaces.STRATEGY of the profile (experiments/PROFILE.yaml).")
     _common(p)
-    p.add_argument("--strategy", required=True, choices=configmod.STRATEGY_NAMES)
-    p.add_argument("--out", type=Path, default=None, help="sweep table path (default results/sweeps/STRATEGY.jsonl)")
-    p.add_argument("--n-trials", type=int, default=None, help="run at most N new trials in this worker")
+    p.add_argument("--strategy", required=True, choices=configmod.STRATEGY_NAMES,
+                   help="the strategy whose study runs (required: no default)")
+    p.add_argument("--out", type=Path, default=None, help="sweep table path (default: results/sweeps/STRATEGY.jsonl)")
+    p.add_argument("--n-trials", type=int, default=None, metavar="N",
+                   help="run at most N new trials in this worker (default: every trial the study still lacks; "
+                        "its size is sweep.n_trials, or the whole grid when that is 0)")
 
     p = sub.add_parser("analyze", help="scaling efficiency, memory imbalance, accuracy: tables, plots, report",
-                       description="Read results/sweeps/*.jsonl and write results/analysis/ (summary.json, CSVs, "
-                                   "PNGs, report.md), logged as an MLflow 'analysis' run.")
+                       epilog=EPILOG,
+                       description="Read results/sweeps/*.jsonl and write results/analysis/ (metrics.json: the DVC "
+                                   "metric, flat numbers; summary.json; CSVs; PNGs; report.md), logged as an "
+                                   "MLflow 'analysis' run with its numbers as metrics and its figures. The target "
+                                   "accuracy is analyze.target_acc (params.yaml or the profile).")
     _common(p)
-    p.add_argument("--sweeps", type=Path, default=Path("results/sweeps"))
-    p.add_argument("--out", type=Path, default=Path("results/analysis"))
+    p.add_argument("--sweeps", type=Path, default=Path("results/sweeps"),
+                   help="directory of the sweep tables, *.jsonl (default: results/sweeps)")
+    p.add_argument("--out", type=Path, default=Path("results/analysis"),
+                   help="output directory (default: results/analysis)")
 
     p = sub.add_parser("overlap", help="do devices compute at once, does communication hide behind compute?",
+                       epilog=EPILOG,
                        description="The seeds' automatic-parallelism experiments: a chain of matrix products on "
                                    "device A, B and both; then compute-and-communicate, sequential vs "
-                                   "overlapped. Writes results/overlap/ and logs an MLflow 'overlap' run.")
+                                   "overlapped. Writes results/overlap/ and logs an MLflow 'overlap' run. Sizes "
+                                   "and repetitions: overlap.* (params.yaml).")
     _common(p)
-    p.add_argument("--out", type=Path, default=Path("results/overlap"))
+    p.add_argument("--out", type=Path, default=Path("results/overlap"),
+                   help="output directory (default: results/overlap)")
 
     p = sub.add_parser("collectives", help="time this host's collectives at the trials' sizes (DVC stage)",
+                       epilog=EPILOG,
                        description="Time the collectives each strategy issues (all-reduce of DDP's buckets, FSDP's "
                                    "all-gather and reduce-scatter, scratch's hand-written all-reduce) at the sizes "
                                    "the trials use, for k = 2..N, and fit latency and bandwidth per collective. "
@@ -89,13 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "one device writes why there is nothing to time.")
     _common(p)
     p.add_argument("--out", type=Path, default=Path("results/collectives.json"),
-                   help="default: results/collectives.json")
+                   help="output file (default: results/collectives.json)")
 
-    p = sub.add_parser("ui", help="open the MLflow UI on 127.0.0.1 (local only)")
+    p = sub.add_parser("ui", help="open the MLflow UI on 127.0.0.1 (local only)", epilog=EPILOG,
+                       description="Start `mlflow ui` on 127.0.0.1 over the tracking store: tracking.uri from "
+                                   "--set or params.yaml (default: mlruns/mlflow.db at the repository root).")
     _common(p)
-    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default: 5000)")
 
-    p = sub.add_parser("profiles", help="list the experiment profiles under experiments/")
+    sub.add_parser("profiles", help="list the experiment profiles under experiments/",
+                   description="Print each profile of experiments/ with its description (question, space, cost). "
+                               "Choose one with `dvc exp run -S profile=NAME` or `profile:` in params.yaml.")
 
     p = sub.add_parser("doctor", help="check this host: every strategy runs, agrees with single-device SGD, costs",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -124,17 +160,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _train_cfg(args):
-    sets = list(args.overrides)
-    for flag, key in [("model", "model"), ("strategy", "strategy"), ("devices", "devices"),
-                      ("batch_size", "batch_size"), ("lr", "lr"), ("epochs", "epochs"),
-                      ("max_steps", "max_steps"), ("seed", "seed")]:
-        v = getattr(args, flag)
-        if v is not None:
-            sets.append(f"train.{key}={v}")
-    return configmod.load(args.params, sets)
-
-
 def cmd_download(args) -> int:
     from . import data
     cfg = configmod.load(args.params, args.overrides)
@@ -146,55 +171,8 @@ def cmd_download(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .devices import probe
-    from .launch import check_batch_fits, check_feasible, run_trial
-    from .preflight import output_dir
-    cfg = _train_cfg(args)
-    host = probe()
-    check_feasible(cfg, host)  # before any work, before touching the stores
-    from . import data
-    ds = data.load(paths.repo_root() / cfg.data.dir, cfg.data.source, cfg.data.train_limit, 1)  # right source
-    check_batch_fits(cfg, len(ds.train_y))
-    output_dir(args.out, "--out")
-    tracker = run_id = on_epoch = None
-    if not args.no_track:
-        from . import tracking
-        from .launch import host_fields
-        from .record import planned
-        tracker = tracking.Tracker(cfg)
-        t, plan = cfg.train, planned(cfg, host, host_fields(host))
-        run_id = tracker.start_run(f"{t.strategy} k={t.devices} B={t.batch_size} lr={t.lr}",
-                                   tracking.base_tags(plan, cfg, stage="train"))
-        tracker.log_params(run_id, plan.params())
-        tracker.log_dataset(run_id, cfg)
-
-        def on_epoch(record):
-            tracker.log_metrics(run_id, tracking.epoch_metrics(record), step=record["epoch"])
-            print(f"epoch {record['epoch']}/{record['epochs']}: loss {record['train_loss']:.4f}, "
-                  f"test acc {record['test_acc']:.4f}, {record['epoch_s']:.2f} s", file=sys.stderr)
-            return False
-    status, reason = "FAILED", ""
-    try:
-        metrics = run_trial(cfg, args.out, on_epoch=on_epoch, progress=not args.quiet)
-        if tracker:
-            tracking.log_completed_run(tracker, run_id, metrics, args.out)
-        status = "FINISHED"
-    except KeyboardInterrupt as e:
-        status, reason = "KILLED", str(e) or "interrupted"
-        raise
-    except Exception as e:
-        reason = f"{getattr(e, 'kind', type(e).__name__)}: {e}"
-        raise
-    finally:
-        if tracker:
-            tracker.close_run(run_id, status, reason)  # never left RUNNING, also when the store fails
-    syn = "  [SYNTHETIC DATA]" if metrics["synthetic"] else ""
-    print(f"{metrics['strategy']} k={metrics['devices']} {metrics['model']}: "
-          f"{metrics['throughput_img_s'] or float('nan'):.0f} img/s, test acc {metrics['test_acc'][-1]:.4f}, "
-          f"peak mem/device {[round(p / 2**20, 1) for p in metrics['peak_mem_bytes']]} MiB{syn}")
-    print(f"wrote {args.out / 'metrics.json'} and {args.out / 'final_state.pt'}"
-          + (f"; MLflow run {run_id}" if run_id else ""))
-    return 0
+    from .train_cli import run
+    return run(args)
 
 
 def cmd_sweep(args) -> int:
@@ -207,16 +185,11 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_analyze(args) -> int:
+    from .analysis_run import log_analysis_run
     from .analyze import analyze
-    from . import tracking
     cfg = configmod.load(args.params, args.overrides)
     summary = analyze(args.sweeps, args.out, target_acc=cfg.analyze.target_acc)
-    tracker = tracking.Tracker(cfg)
-    run_id = tracker.start_run("analysis", {"stage": "analyze", "git_sha": tracking.git_sha(),
-                                            "data_source": summary.get("data_source", ""), "profile": cfg.profile})
-    tracker.log_metrics(run_id, tracking.summary_metrics(summary))
-    tracker.log_artifacts(run_id, args.out)
-    tracker.end_run(run_id)
+    run_id = log_analysis_run(cfg, summary, args.out)
     print(f"wrote {args.out}/report.md (MLflow run {run_id})")
     return 0
 
@@ -309,9 +282,9 @@ def main(argv=None) -> int:
 
 def _exit_now(code: int) -> None:
     """End the process without the interpreter's teardown, which spends over a second freeing the objects and
-    modules of torch, MLflow and Optuna in every stage process. Everything a command writes is committed and closed by
-    the
-    time it returns (the stores write synchronously; files are replaced atomically), so only streams need flushing."""
+    modules of torch, MLflow and Optuna in every stage process. Everything a command writes is committed and closed
+    by the time it returns (the stores write synchronously; files are replaced atomically), so only streams need
+    flushing."""
     import logging
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

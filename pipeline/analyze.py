@@ -3,13 +3,14 @@
     python -m pipeline analyze          # or: dvc repro -s analyze
 
 Reads results/sweeps/*.jsonl (one row per trial, written by sweep_table.py) and writes into
-results/analysis/: summary.json (DVC metrics), efficiency/throughput/memory/accuracy.csv
-(tidy, for DVC plots), efficiency/throughput/memory/accuracy.png, knobs.csv (+ one knob_*.png per
-varied DDP knob), breakdown.csv + breakdown.png (where a sampled step goes), model.csv + model.png (the scaling
-model beside the measurements: every number in them modelled) and report.md. results/collectives.json, when
-present (pipeline/collectives.measure() written as JSON), is this host's collectives for the model; the stage never
-measures them itself (it launches no processes). Only complete, non-oversubscribed trials enter the numbers;
-everything else is listed with its reason. Undefined stays NaN (CSV: row absent; JSON: null), never 0.
+results/analysis/: metrics.json (the DVC metric: flat numbers only), summary.json (the structured summary),
+efficiency/throughput/memory/accuracy.csv (tidy, for DVC plots), efficiency/throughput/memory/accuracy.png,
+knobs.csv (+ one knob_*.png per varied DDP knob), breakdown.csv + breakdown.png (where a sampled step goes),
+model.csv + model.png (the scaling model beside the measurements: every number in them modelled) and report.md.
+results/collectives.json, when present (pipeline/collectives.measure() written as JSON), is this host's collectives
+for the model; the stage never measures them itself (it launches no processes). Only complete, non-oversubscribed
+trials enter the numbers; everything else is listed with its reason.
+Undefined stays NaN (CSV: row absent; JSON: null), never 0.
 
 The wing, arrows one way (tests/test_imports.py keeps it so):
     tables.py    reading the sweep tables; point, scaling, memory, accuracy tables (pure pandas)
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from . import plots, projection, report
 from .knobs import knob_table
-from .summary import strategy_status, summarize
+from .summary import flat_metrics, strategy_status, summarize
 from .tables import (EXPECTED, accuracy_table, breakdown_losses, breakdown_table, memory_devices, memory_table,
                      point_table, read_sweeps, scaling_table, shown_extras)
 
@@ -112,4 +113,6 @@ def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPEC
              + report.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md"))
     report.write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    metrics = flat_metrics(summary, pts, eff, mem)  # the DVC metric: flat numbers (sentences stay in report.md)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, allow_nan=False) + "\n")
     return summary

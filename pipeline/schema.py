@@ -119,6 +119,10 @@ class SweepConfig:
 class TrackingConfig:
     uri: str = ""  # empty = sqlite:///<repo>/mlruns/mlflow.db
     experiment: str = ""  # empty = "parallax-<profile>"
+    # MLflow's system metrics in every trial run (host CPU/RAM/disk/network, per GPU via pynvml; docs/metrics.md):
+    # off by default, since the sampling thread runs in the process whose throughput is measured
+    system_metrics: bool = False
+    system_metrics_interval_s: float = field(default=2.0, metadata=bounds(0.1, TIMEOUT_MAX_S))
 
 
 @dataclass(frozen=True)

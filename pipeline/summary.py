@@ -1,6 +1,8 @@
-"""summary.json of the analysis stage (DVC metrics): per strategy its status, trial counts and headline numbers.
+"""summary.json of the analysis stage: per strategy its status, trial counts and headline numbers; and metrics.json,
+the DVC metric: the same results as one flat mapping of numbers (`dvc metrics show`, `dvc exp show` columns).
 
-Pure: tables in, one dict of plain JSON types out (NaN and inf become null). Built on tables.py only.
+Pure: tables in, plain JSON types out (NaN and inf become null in summary.json, absent in metrics.json). Built on
+tables.py only.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .tables import all_parallel, best_row, is_unavailable, joined, measured
+from .tables import MIB, all_parallel, best_row, is_unavailable, joined, measured
 
 
 def strategy_status(df, files, sweeps_dir, expected):
@@ -113,3 +115,46 @@ def summarize(df, status, pts, eff, mem, target_acc):
         "n_trials": len(df), "n_complete": int((df["state"] == "complete").sum()),
         "strategies": strategies,
     })
+
+
+def _key(*parts) -> str:
+    return ".".join(str(p) for p in parts if p is not None and p != "")
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) \
+        and math.isfinite(float(v))
+
+
+def _per_k(out: dict, table, col: str, name: str, models: bool, best=max) -> None:
+    """out[name.strategy[.model].kK] = best (or worst) `col` over the table's rows of that strategy, model and k."""
+    if table.empty:
+        return
+    for (s, m, k), g in table.groupby(["strategy", "model", "k"], sort=True):
+        vals = [float(v) for v in g[col] if _finite(v)]
+        if vals:
+            out[_key(name, s, m if models else None, f"k{int(k)}")] = best(vals)
+
+
+def flat_metrics(summary: dict, pts, eff, mem) -> dict:
+    """metrics.json: only numbers, flat dotted keys, stable across experiments of one profile. Per strategy and k:
+    `throughput.S.kK` (best img/s over batch sizes), `efficiency.S.kK` (best weak-scaling efficiency, k >= 2),
+    `strong_efficiency.S.kK`, `peak_mem_mib.S.kK` (largest per-device peak), `mem_imbalance.S.kK` (worst, k >= 2);
+    per strategy `test_acc.S` (best) and `n_complete.S`; overall `n_trials`, `n_complete`. The model joins the key
+    (`throughput.ddp.resnet18.k2`) only when the sweeps hold more than one. Undefined values are left out, never 0."""
+    models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
+    out: dict = {}  # in the order `dvc exp show` shows the columns: the results first, the counts last
+    _per_k(out, pts, "throughput_img_s", "throughput", models)
+    for kind, name in (("weak", "efficiency"), ("strong", "strong_efficiency")):
+        e = eff[(eff["kind"] == kind) & (eff["k"] >= 2)] if len(eff) else eff
+        _per_k(out, e, "efficiency", name, models)
+    if len(mem):
+        m = mem.assign(peak_mib=mem["peak_max"] / MIB)
+        _per_k(out, m, "peak_mib", "peak_mem_mib", models)
+        _per_k(out, m[m["k"] >= 2], "mem_imbalance", "mem_imbalance", models)
+    strategies = summary.get("strategies") or {}
+    out.update({_key("test_acc", s): st["best_test_acc"] for s, st in strategies.items()
+                if _finite(st.get("best_test_acc"))})
+    out.update({_key("n_complete", s): st.get("n_complete", 0) for s, st in strategies.items()})
+    out.update({k: summary[k] for k in ("n_trials", "n_complete") if _finite(summary.get(k))})
+    return jsonable(out)

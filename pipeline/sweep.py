@@ -144,8 +144,9 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
             tracker.log_params(run_id, plan.params())
             tracker.log_dataset(run_id, tcfg)
             try:
-                metrics = run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
-                                    timeout_s=cfg.sweep.trial_timeout_s)
+                with tracking.system_metrics(cfg, run_id):  # off unless tracking.system_metrics
+                    metrics = run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
+                                        timeout_s=cfg.sweep.trial_timeout_s)
             except TrialFailed as e:
                 metrics = e
         if beat.lost.is_set():

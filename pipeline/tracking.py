@@ -11,6 +11,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -202,6 +203,32 @@ def summary_metrics(summary: dict) -> dict:
     for name, s in (summary.get("strategies") or {}).items():
         out.update(numbers(s, name))
     return out
+
+
+@contextlib.contextmanager
+def system_metrics(cfg, run_id: str | None):
+    """With tracking.system_metrics on, MLflow's system metrics (system/cpu_utilization_percentage,
+    system/system_memory_usage_megabytes, disk, network and, where pynvml finds NVIDIA GPUs, system/gpu_N_*) are
+    sampled every tracking.system_metrics_interval_s into run `run_id` while the block runs. They describe the whole
+    host (every process), beside the trial's own per-device allocator peaks (mem/peak_mib/devN), never instead."""
+    if not (cfg.tracking.system_metrics and run_id):
+        yield None
+        return
+    try:
+        import psutil  # noqa: F401  (MLflow's CPU monitor needs it)
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    except ImportError as e:
+        print(f"tracking.system_metrics is on but {e.name} is not installed (pip install psutil; pynvml for "
+              f"GPUs): this run has no system metrics", file=sys.stderr)
+        yield None
+        return
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=cfg.tracking.system_metrics_interval_s,
+                                   tracking_uri=tracking_uri(cfg))
+    monitor.start()
+    try:
+        yield monitor
+    finally:
+        monitor.finish()
 
 
 def log_completed_run(tracker: Tracker, run_id: str, record, out_dir: Path) -> None:
