@@ -200,13 +200,19 @@ def load(params: str | Path | None = None, overrides=(), root: Path | None = Non
         prof = _read_yaml(profile_path(profile, root))
         prof.pop("description", None)
         layers.append((prof, f"experiments/{profile}.yaml"))
-    layers += [(raw, str(path)), (sets, "--set")]
+    layers += [(_drop_unset(raw), str(path)), (sets, "--set")]
     layered: dict = {}
     for layer, where in layers:  # each layer's sections must be mappings, whatever the later layers hold
         _check_shapes(Config, layer, "", where)
         layered = _merge(layered, layer)
     layered["profile"] = profile
     return _build(Config, layered, "")
+
+
+def _drop_unset(layer: dict) -> dict:
+    """params.yaml's `key: null` means "unset here: the profile's value" (a placeholder, so that `dvc exp run -S
+    train.epochs=3` has a key to override; DVC refuses to add a key params.yaml lacks)."""
+    return {k: _drop_unset(v) if isinstance(v, dict) else v for k, v in layer.items() if v is not None}
 
 
 def profile_path(profile, root: Path) -> Path:

@@ -108,3 +108,15 @@ def test_non_utf8_params_file_is_refused(tmp_path):
 def test_values_beyond_what_the_libraries_take_are_refused(sets, needle):
     with pytest.raises(c.ConfigError, match=needle):
         load(*sets)
+
+
+def test_a_null_in_params_yaml_leaves_the_profiles_value_and_an_override_replaces_it(tmp_path):
+    """params.yaml lists keys as null so `dvc exp run -S train.epochs=3` has a key to override: null is "unset"."""
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "p.yaml").write_text("train: {epochs: 4, lr: 0.3}\ndata: {train_limit: 100}\n")
+    params = tmp_path / "params.yaml"
+    params.write_text("profile: p\ntrain: {epochs: null, lr: 0.05}\ndata: {train_limit: null}\n")
+    cfg = c.load(params, root=tmp_path)
+    assert (cfg.train.epochs, cfg.train.lr, cfg.data.train_limit) == (4, 0.05, 100)
+    params.write_text("profile: p\ntrain: {epochs: 3}\ndata: {train_limit: null}\n")  # what `-S train.epochs=3` writes
+    assert c.load(params, root=tmp_path).train.epochs == 3
