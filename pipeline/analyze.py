@@ -27,12 +27,14 @@ from pathlib import Path
 from . import plots, projection, report
 from .knobs import knob_table
 from .summary import flat_metrics, strategy_status, summarize
-from .tables import (EXPECTED, accuracy_table, breakdown_losses, breakdown_table, memory_devices, memory_table,
-                     point_table, read_sweeps, scaling_table, shown_extras)
+from .tables import (accuracy_table, breakdown_losses, breakdown_table, memory_devices, memory_table, point_table,
+                     scaling_table, shown_extras)
+from .trial_rows import EXPECTED, read_sweeps
 
 # The names tests/test_analyze.py reaches through this module (the tests predate the split and stay unchanged).
 from .summary import jsonable as _jsonable, strategy_metrics as _strategy_metrics  # noqa: F401
-from .tables import load_sweeps, normalize as _normalize, shown_extras as _shown  # noqa: F401
+from .tables import shown_extras as _shown  # noqa: F401
+from .trial_rows import load_sweeps, normalize as _normalize  # noqa: F401
 
 
 def _csv(df, path, cols, shown):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .tables import KNOBS
+from .catalog import KNOBS
 
 
 def varied(pts: pd.DataFrame) -> list[str]:

@@ -18,15 +18,16 @@ WING = {
     "pipeline.record": BASE,
     "pipeline.sweep_table": {"pipeline.record"} | BASE,
     "pipeline.stats": BASE,
-    "pipeline.tables": {"pipeline.stats", "pipeline.sweep_table"} | BASE,
+    "pipeline.trial_rows": {"pipeline.sweep_table"} | BASE,
+    "pipeline.tables": {"pipeline.stats", "pipeline.trial_rows"} | BASE,
     "pipeline.confidence": {"pipeline.tables", "pipeline.stats"} | BASE,
     "pipeline.summary": {"pipeline.tables"} | BASE,
     "pipeline.knobs": {"pipeline.tables"} | BASE,
     "pipeline.plots": {"pipeline.tables"} | BASE,
     "pipeline.report": {"pipeline.tables", "pipeline.confidence"} | BASE,
     "pipeline.projection": {"pipeline.tables", "pipeline.scaling_model"} | BASE,
-    "pipeline.analyze": {"pipeline.tables", "pipeline.stats", "pipeline.summary", "pipeline.knobs", "pipeline.plots",
-                         "pipeline.report", "pipeline.projection"} | BASE,
+    "pipeline.analyze": {"pipeline.trial_rows", "pipeline.tables", "pipeline.stats", "pipeline.summary",
+                         "pipeline.knobs", "pipeline.plots", "pipeline.report", "pipeline.projection"} | BASE,
 }
 
 

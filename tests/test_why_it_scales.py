@@ -64,7 +64,7 @@ COLLECTIVES = {"host": {"hostname": "testhost"}, "backend": "gloo", "measured_at
 def _frame(rows=ROWS):
     import pandas as pd
 
-    from pipeline.tables import normalize
+    from pipeline.trial_rows import normalize
     return normalize(pd.DataFrame(rows), "x")
 
 

@@ -1,0 +1,79 @@
+"""The sweep tables read for analysis: results/sweeps/*.jsonl (one row per trial, written by sweep_table.py, typed
+by the trial record's schema) into one frame, with notes on missing, empty or unreadable tables. The floor of the
+analysis wing: tables.py derives every table from this frame.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from .catalog import KNOBS, NAMES
+from .sweep_table import SUFFIX, read_table, typed
+
+EXPECTED = NAMES  # strategies in the catalog's order (pipeline/catalog.py); others sort after them
+# Grouped on, so that a distinct setting is a distinct point; shown only where they vary.
+EXTRAS = ("host", "data_source", *KNOBS)
+
+
+def key_text(v) -> str:
+    """A grouping value as text: '' for absent, '25' for 25.0 (a number column with gaps is float), 'True'."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def normalize(df: pd.DataFrame, stem: str) -> pd.DataFrame:
+    """Rows as the sweep table holds them, every column of its kind (sweep_table.typed), plus `k` = devices; a
+    missing strategy is the file's stem."""
+    df = typed(df)
+    df["strategy"] = df["strategy"].where(df["strategy"] != "", stem)
+    df["state"] = df["state"].str.lower().where(df["state"] != "", "unknown")
+    df["oversubscribed"] = df["oversubscribed"].map(lambda v: v is True).astype(bool)
+    # measured while other processes used the host beyond interference.py's threshold: its speed is not the
+    # strategy's, so it leaves throughput and efficiency (accuracy and memory keep it); listed with the reason
+    df["interfered"] = df["interfered"].map(lambda v: v is True).astype(bool)
+    df["k"] = df["devices"]
+    derived = df["batch_size"] / df["k"]
+    df["per_device_batch"] = df["per_device_batch"].fillna(derived.where(derived % 1 == 0))
+    for c in EXTRAS:
+        df[c] = df[c].map(key_text)
+    return df
+
+
+def read_sweeps(sweeps_dir, expected):
+    """Rows of every sweep table, notes, and per file stem 'ok' | 'empty' | 'unreadable: …'."""
+    d, frames, notes, files = Path(sweeps_dir), [], [], {}
+    if not d.is_dir():
+        notes.append(f"sweeps directory {d} does not exist")
+    for p in sorted(d.glob("*.csv")) if d.is_dir() else []:
+        notes.append(f"{p.name} is a sweep table of an older Parallax (CSV), not read: rerun its sweep stage to "
+                     f"write {p.stem}{SUFFIX}")
+    for p in sorted(d.glob(f"*{SUFFIX}")) if d.is_dir() else []:
+        try:
+            raw = read_table(p)
+        except (ValueError, UnicodeDecodeError, OSError) as e:
+            files[p.stem] = f"unreadable: {type(e).__name__}: {e}".splitlines()[0]
+            notes.append(f"{p.name}: {files[p.stem]}")
+            continue
+        if raw.empty:
+            files[p.stem] = "empty"
+            notes.append(f"{p.name} is empty (no trials)")
+            continue
+        files[p.stem] = "ok"
+        frames.append(normalize(raw, p.stem))
+    seen = set(files) | {s for f in frames for s in f["strategy"]}
+    for s in expected:
+        if s not in seen:
+            notes.append(f"no sweep table for strategy '{s}' ({d / (s + SUFFIX)} missing)")
+    df = pd.concat(frames, ignore_index=True) if frames else normalize(pd.DataFrame(), "")
+    return df, notes, files
+
+
+def load_sweeps(sweeps_dir, expected=EXPECTED) -> tuple[pd.DataFrame, list[str]]:
+    """All trial rows (typed; `k` = devices) and notes on missing/empty/bad tables."""
+    df, notes, _ = read_sweeps(sweeps_dir, expected)
+    return df, notes
