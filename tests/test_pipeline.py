@@ -19,6 +19,8 @@ data: {train_limit: 1024, test_limit: 256}
 train: {epochs: 1, warmup_steps: 1}
 sweep:
   sampler: grid
+  repeats: 1                 # dvc.yaml tracks these keys of a profile: it must define them
+  remeasure_interfered: 0
   spaces:
     default: &s {devices: [1, 2], batch_size: [128], lr: [0.2]}
     single: {devices: [1], batch_size: [128], lr: [0.2]}

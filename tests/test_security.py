@@ -69,6 +69,8 @@ sweep:
   strategies: [single, "bogus;touch PWNED_1", "$(touch PWNED_2)"]
   storage: ""
   sampler: grid
+  repeats: 1                 # dvc.yaml tracks these keys of a profile: it must define them
+  remeasure_interfered: 0
   spaces:
     single: {devices: [1], batch_size: [64], lr: [0.1]}
     "bogus;touch PWNED_1": {devices: [1]}
