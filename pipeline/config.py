@@ -112,6 +112,9 @@ class SweepConfig:
     n_trials: int = field(default=0, metadata=_range(0))  # 0 = the whole grid
     pruning: bool = False
     trial_timeout_s: float = field(default=900.0, metadata=_range(1, TIMEOUT_MAX_S))
+    # a trial whose autocast type this host only emulates (bf16 on a CPU without AVX-512-BF16/AMX) runs at most this
+    # many optimizer steps, labelled "bounded" (emulated.py); 0 = no bound
+    emulated_max_steps: int = field(default=0, metadata=_range(0))
     # strategy -> a mapping (one product of lists) or a list of mappings (a union of products, for paired
     # settings such as d2l's "k=1 at B=256, k=2 at B=512"); strategies not listed use `default`
     spaces: dict = field(default_factory=dict)

@@ -27,13 +27,14 @@ import optuna
 from optuna.trial import TrialState
 
 from . import config as configmod
-from . import study_view, tracking
+from . import emulated, study_view, tracking
 from .capabilities import host_capabilities
 from .claims import GRACE_S, HEARTBEAT_S, Heartbeat, claim, end_stale_mlflow_runs, fail_stale_trials
 from .devices import probe
 from .errors import Stopped, StoreError, redact
 from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, run_trial
 from .preflight import check_store
+from .strategies import STRATEGIES
 from .sweep_csv import KNOBS, trial_row, write_rows, write_csv
 
 SPACE_KEYS = ("model", "devices", "batch_size", "lr", "bucket_cap_mb", "grad_as_bucket_view", "accum_steps",
@@ -82,7 +83,8 @@ def space_hash(cfg, strategy: str) -> str:
     t = cfg.train
     key = {"space": points(cfg, strategy), "epochs": t.epochs, "seed": t.seed, "max_steps": t.max_steps,
            "data": [cfg.data.source, cfg.data.train_limit, cfg.data.test_limit], "warmup": t.warmup_steps,
-           "amp": t.amp_dtype, "pruning": cfg.sweep.pruning, "sampler": cfg.sweep.sampler}
+           "amp": t.amp_dtype, "pruning": cfg.sweep.pruning, "sampler": cfg.sweep.sampler,
+           **({"emulated_max_steps": cfg.sweep.emulated_max_steps} if cfg.sweep.emulated_max_steps else {})}
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -185,7 +187,8 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     """Run one claimed trial and record it once: COMPLETE/PRUNED/FAIL in Optuna, FINISHED/KILLED/FAILED in MLflow.
     A trial taken over by another worker is stopped and recorded by that worker only."""
     p = {k: trial.suggest_categorical(k, vals) for k, vals in choices(cfg, strategy).items()}
-    tcfg = trial_config(cfg, strategy, p)
+    tcfg, bounded = emulated.bound(trial_config(cfg, strategy, p), STRATEGIES[strategy].autocast_dtype(
+        cfg.train, host.kind), host_caps(host), cfg.sweep.emulated_max_steps)  # "" = not bounded
     out_dir = trials_dir / f"{study.study_name}-{trial.number:04d}"
     beat, run_id, t0 = Heartbeat(study._storage, trial._trial_id), None, time.monotonic()
 
@@ -208,6 +211,9 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
             run_id = tracker.start_run(f"{strategy} {_fmt_point(p)}", tags, parent_id=parent_id)
             trial.set_user_attr("mlflow_run_id", run_id)
             tracker.log_params(run_id, tracking.trial_params(tcfg))
+            if bounded:
+                trial.set_user_attr("reason", bounded)  # the sweep table's reason column
+                tracker.set_tags(run_id, {"parallax.bounded": bounded})
             tracker.log_dataset(run_id, tcfg)
             try:
                 metrics = run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
@@ -244,9 +250,14 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
 
 
 @functools.cache
+def host_caps(host) -> dict:
+    """capabilities.host_capabilities, read once per process."""
+    return host_capabilities(host)
+
+
 def host_tags(host) -> dict:
-    """The host's capabilities as run tags, read once per process."""
-    return tracking.capability_tags(host_capabilities(host))
+    """The host's capabilities as run tags."""
+    return tracking.capability_tags(host_caps(host))
 
 
 def _record_result(study, trial, tracker, run_id, metrics, out_dir) -> str:

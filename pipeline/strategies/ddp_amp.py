@@ -14,11 +14,15 @@ class DDPAmpStrategy(DDPStrategy):
     name = "ddp_amp"
     VARIANTS = (("bf16", ("train.amp_dtype=bf16",)), ("fp16+GradScaler", ("train.amp_dtype=fp16",)))
 
+    @classmethod
+    def autocast_dtype(cls, t, device_type: str) -> str:
+        if t.amp_dtype != "auto":
+            return t.amp_dtype
+        return "bf16" if device_type == "cpu" or torch.cuda.is_bf16_supported() else "fp16"
+
     def setup(self, rank=0, world_size=1):
         device = super().setup(rank, world_size)
-        want = self.cfg.amp_dtype
-        if want == "auto":
-            want = "bf16" if device.type == "cpu" or torch.cuda.is_bf16_supported() else "fp16"
+        want = self.autocast_dtype(self.cfg, device.type)
         self.dtype = torch.bfloat16 if want == "bf16" else torch.float16
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
         return device
