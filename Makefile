@@ -7,7 +7,8 @@ export PATH := $(BIN):$(PATH)
 
 EXTRAS  := pipeline,download,test
 
-.PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline test test-fast ui dashboard clean-results
+.PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline test test-fast ui dashboard screenshots \
+        clean-results
 
 setup: $(STAMP)
 
@@ -65,6 +66,10 @@ dashboard: setup         ## optuna-dashboard on http://127.0.0.1:8080 over the s
 	  "$(BIN)/python -m pip install optuna-dashboard"; exit 1; }
 	$(BIN)/python -c "import sys, optuna_dashboard; optuna_dashboard.run_server(sys.argv[1], host='127.0.0.1', \
 	  port=int(sys.argv[2]))" "$(OPTUNA_STORAGE)" $(DASHBOARD_PORT)
+
+# needs Chromium (apt-get install -y chromium) and Playwright ($(BIN)/pip install playwright); no browser download
+screenshots: setup       ## the MLflow UI over mlruns/ in headless Chromium: runs table, a trial, compare, analysis -> docs/screenshots/
+	$(BIN)/python benchmarks/screenshots.py
 
 clean-results:           ## forget sweeps and runs (the MLflow/Optuna stores in mlruns/ too)
 	rm -rf results runs mlruns/mlflow.db mlruns/optuna.db mlruns/artifacts
