@@ -38,7 +38,7 @@ def _hosts(df) -> pd.DataFrame:
     if not any(c in df for c in HOST_COLS):
         return pd.DataFrame(columns=["host", *HOST_COLS, "trials"])
     d = df.assign(**{c: df[c].map(_text) if c in df else "" for c in ("host", *HOST_COLS)})
-    d = d[d[list(HOST_COLS)].ne("").any(axis=1)]
+    d = d.loc[d[list(HOST_COLS)].ne("").any(axis=1).astype(bool)]
     return d.groupby(["host", *HOST_COLS], sort=True).size().reset_index(name="trials")
 
 
@@ -97,7 +97,7 @@ def bounded_rows(df) -> list[str]:
     """The trials a sweep bounded because their autocast type is emulated here (emulated.py), per strategy."""
     if "reason" not in df:
         return []
-    b = df[df["reason"].map(is_bounded)]
+    b = df.loc[df["reason"].map(is_bounded).astype(bool)]
     return [f"**{s}**: {len(g)} trial(s) {g['reason'].iloc[0]}." for s, g in b.groupby("strategy", sort=True)]
 
 

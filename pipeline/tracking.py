@@ -201,7 +201,8 @@ def capability_tags(caps: dict) -> dict:
             "host.fp16": caps.get("fp16"), "host.cpu_bf16": cpu.get("bf16"), "host.cpu_fp16": cpu.get("fp16"),
             "host.gpu_name": ",".join(sorted({g["name"] for g in gpus})) or None,
             "host.gpu_compute_capability": ",".join(sorted({g["compute_capability"] for g in gpus})) or None,
-            "host.nccl": caps.get("nccl") or None, "host.torch": caps.get("torch"),
+            "host.nccl": caps.get("nccl") or None, "host.interconnect": caps.get("interconnect") or None,
+            "host.torch": caps.get("torch"),
             "host.cuda": caps.get("cuda") or None}
 
 

@@ -100,3 +100,8 @@ def test_interconnect_from_the_topology_matrix():
 def test_no_nvidia_smi_means_no_topology(monkeypatch):
     monkeypatch.setattr(capabilities.shutil, "which", lambda name: None)
     assert capabilities.gpu_topology() is None
+
+
+def test_no_trials_no_claims():
+    s = text(frame([row("ddp")]).iloc[0:0])
+    assert "## Host capabilities" in s and "Not recorded" in s and "ran slower" not in s
