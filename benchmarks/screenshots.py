@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/screenshots.py [--out docs/screenshots] [--port 0] [--set tracking.uri=...]
 
 Starts `python -m pipeline ui` on a free 127.0.0.1 port over the store params.yaml names (mlruns/mlflow.db by
-default), drives headless Chromium through Playwright, and saves four PNGs: the runs table, one trial run, the
-compare view of the best trial per strategy, and the analysis run. Needs a store with sweeps and an analysis run
+default), drives headless Chromium through Playwright, and saves five PNGs: the runs table (runs-table.png), the
+fastest trial (trial.png), the compare view of the fastest trial per strategy with its parallel-coordinates plot on
+throughput (compare.png), and the analysis run's metrics and efficiency figure (analysis*.png). Needs a store with sweeps and an analysis run
 (`make pipeline-offline`, or `python -m pipeline sweep --strategy S` and `python -m pipeline analyze`).
 
 MLflow 3's runs table shows only the Source, Models and Dataset columns until a user picks metric columns; the pick
@@ -200,7 +201,10 @@ def shrink(path: Path) -> None:
 def take(args, base: str, experiment_id: str, picked: dict) -> None:
     from playwright.sync_api import sync_playwright
     key = f"MLflowLocalStorage-1.1-ExperimentPage-{json.dumps([experiment_id])}-ReactComponentState"
-    state = json.dumps(ui_state(picked["all"]))
+    ui = ui_state(picked["all"])
+    state = json.dumps(ui)
+    # the table is drawn once the first metric column's header is there
+    first_metric = next((c[len("metrics.`"):-1] for c in ui["selectedColumns"] if c.startswith("metrics.")), "Run Name")
     exp = f"{base}/#/experiments/{experiment_id}"
     with tempfile.TemporaryDirectory(prefix="parallax-chromium-") as profile, sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
@@ -208,7 +212,7 @@ def take(args, base: str, experiment_id: str, picked: dict) -> None:
         ctx.add_init_script(f"window.localStorage.setItem({json.dumps(key)}, {json.dumps(state)});")
         page = ctx.new_page()
         page.set_default_timeout(60_000)
-        shoot(page, f"{exp}/runs", args.out / "runs-table.png", "study/best_img_s")
+        shoot(page, f"{exp}/runs", args.out / "runs-table.png", first_metric)
         r = picked["trial"]
         shoot(page, f"{exp}/runs/{r.info.run_id}", args.out / "trial.png", r.info.run_name, height=2000)
         if len(picked["compare"]) >= 2:

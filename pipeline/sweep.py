@@ -212,6 +212,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
             trial.set_user_attr("mlflow_run_id", run_id)
             tracker.log_params(run_id, tracking.trial_params(tcfg))
             if bounded:
+                print(f"  {label} {bounded}", file=sys.stderr, flush=True)
                 trial.set_user_attr("reason", bounded)  # the sweep table's reason column
                 tracker.set_tags(run_id, {"parallax.bounded": bounded})
             tracker.log_dataset(run_id, tcfg)
