@@ -5,8 +5,9 @@
 Starts `python -m pipeline ui` on a free 127.0.0.1 port over the store params.yaml names (mlruns/mlflow.db by
 default), drives headless Chromium through Playwright, and saves five PNGs: the runs table (runs-table.png), the
 fastest trial (trial.png), the compare view of the fastest trial per strategy with its parallel-coordinates plot on
-throughput (compare.png), and the analysis run's metrics and efficiency figure (analysis*.png). Needs a store with sweeps and an analysis run
-(`make pipeline-offline`, or `python -m pipeline sweep --strategy S` and `python -m pipeline analyze`).
+throughput (compare.png), and the analysis run's metrics and efficiency figure (analysis*.png). Needs a store
+with sweeps and an analysis run (`make pipeline-offline`, or `python -m pipeline sweep --strategy S` and
+`python -m pipeline analyze`).
 
 MLflow 3's runs table shows only the Source, Models and Dataset columns until a user picks metric columns; the pick
 is kept in the browser's localStorage under "MLflowLocalStorage-1.1-ExperimentPage-<["id"]>-ReactComponentState"
