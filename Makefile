@@ -7,7 +7,8 @@ export PATH := $(BIN):$(PATH)
 
 EXTRAS  := pipeline,download,test
 
-.PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline test test-fast ui dashboard plots clean-results
+.PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline test test-fast ui dashboard plots \
+        screenshots clean-results
 
 setup: $(STAMP)
 
@@ -78,6 +79,10 @@ plots: setup             ## DVC's plots of every experiment as one offline HTML 
 	$(BIN)/dvc plots show --html-template $(PLOTS_DIR)/offline-template.html -o $(PLOTS_DIR)
 	@echo "open $(PLOTS_DIR)/index.html (no network needed); compare experiments: dvc plots diff EXP1 EXP2" \
 	  "--html-template $(PLOTS_DIR)/offline-template.html -o $(PLOTS_DIR)"
+
+# needs Chromium (apt-get install -y chromium) and Playwright ($(BIN)/pip install playwright); no browser download
+screenshots: setup       ## the MLflow UI over mlruns/ in headless Chromium: runs table, a trial, compare, analysis -> docs/screenshots/
+	$(BIN)/python benchmarks/screenshots.py
 
 clean-results:           ## forget sweeps and runs (the MLflow/Optuna stores in mlruns/ too)
 	rm -rf results runs mlruns/mlflow.db mlruns/optuna.db mlruns/artifacts

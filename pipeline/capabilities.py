@@ -5,6 +5,9 @@ on an AVX-512-BF16 or AMX CPU, or an Ampere-or-newer GPU, it is native. Read onc
 from __future__ import annotations
 
 import platform
+import re
+import shutil
+import subprocess
 
 import torch
 import torch.distributed as dist
@@ -73,12 +76,53 @@ def library_versions() -> dict:
     return out
 
 
+# `nvidia-smi topo -m`'s link codes, fastest first (its legend): NV# = that many NVLinks; the rest are PCIe paths
+LINK_ORDER = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def gpu_topology(timeout_s: float = 10.0) -> str | None:
+    """`nvidia-smi topo -m`'s matrix as text; None where nvidia-smi is absent, fails or does not answer."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return _ANSI.sub("", out.stdout) if out.returncode == 0 and out.stdout.strip() else None
+
+
+def interconnect(topo: str | None) -> str | None:
+    """The GPU-to-GPU links of a `nvidia-smi topo -m` matrix, slowest first: "NV18" (NVLink), "PIX"/"PXB"/"PHB"
+    (PCIe), "NODE"/"SYS" (across a host bridge or socket); "single GPU" for a one-GPU matrix; None without one."""
+    if not topo:
+        return None
+    rows = [line.split() for line in topo.splitlines() if line.strip()]
+    header = next((r for r in rows if r and r[0].startswith("GPU0")), None)
+    if header is None:  # nvidia-smi's header row starts with a tab: its first cell is GPU0
+        return None
+    gpus = [c for c in header if re.fullmatch(r"GPU\d+", c)]
+    links = set()
+    for r in rows:
+        if r and re.fullmatch(r"GPU\d+", r[0]) and r is not header:
+            links.update(c for c in r[1:len(gpus) + 1] if c != "X")
+    if len(gpus) < 2:
+        return "single GPU" if gpus else None
+
+    def rank(link):
+        return next((i for i, p in enumerate(LINK_ORDER) if link.startswith(p)), len(LINK_ORDER))
+    return "/".join(sorted(links, key=rank, reverse=True)) or None
+
+
 def host_capabilities(host) -> dict:
     """Everything above for `host` (pipeline.devices.Host): the CPU always, each GPU where there are GPUs."""
     caps = {"kind": host.kind, "devices": host.n, "name": host.name, "hostname": host.hostname,
             "cpu": cpu_capabilities(), **library_versions()}
+    caps["interconnect"] = None  # a CPU host's ranks talk through shared memory or loopback
     if host.kind == "cuda":
         caps["gpus"] = [gpu_capabilities(i) for i in range(host.n)]
+        caps["interconnect"] = interconnect(gpu_topology())
     dev = caps["gpus"][0] if host.kind == "cuda" else caps["cpu"]
     caps["bf16"], caps["fp16"] = dev["bf16"], dev["fp16"]
     return caps

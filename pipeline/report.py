@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from . import confidence
+from .report_host import host_capabilities_section
 from .tables import BD_ALL, BD_PARTS, MIB, best_row, group_by, is_serial, is_unavailable, joined, shown_extras
 
 
@@ -286,7 +287,7 @@ def write_report(path, df, notes, status, pts, eff, mem, acc, extra=()):
                  "deterministic synthetic Fashion-MNIST-shaped data, not Fashion-MNIST: their "
                  "accuracies say nothing about the real task.\n\n")
     s += [f"{len(df)} trial rows, {int((df['state'] == 'complete').sum())} complete.\n\n"]
-    s += _host_section(df)
+    s += _host_section(df) + host_capabilities_section(df)
     s += ["\n## Reading\n\n", "\n".join(f"- {line}" for line in _reading(pts, eff, mem, status)
                                          + _transports(df)) + "\n"]
     st = pd.DataFrame([{"strategy": k, **v} for k, v in status.items()])

@@ -110,6 +110,9 @@ class SweepConfig:
     repeats: int = field(default=1, metadata=bounds(1))
     # a trial flagged as measured under interference is enqueued again, up to this many times (its row is kept)
     remeasure_interfered: int = field(default=0, metadata=bounds(0))
+    # a trial whose autocast type this host only emulates (bf16 on a CPU without AVX-512-BF16/AMX) runs at most this
+    # many optimizer steps, labelled "bounded" (emulated.py); 0 = no bound
+    emulated_max_steps: int = field(default=0, metadata=bounds(0))
     # strategy -> a mapping (one product of lists) or a list of mappings (a union of products, for paired
     # settings such as d2l's "k=1 at B=256, k=2 at B=512"); strategies not listed use `default`
     spaces: dict = field(default_factory=dict)

@@ -53,7 +53,8 @@ def space_hash(cfg, strategy: str) -> str:
     t = cfg.train
     key = {"space": points(cfg, strategy), "epochs": t.epochs, "seed": t.seed, "max_steps": t.max_steps,
            "data": [cfg.data.source, cfg.data.train_limit, cfg.data.test_limit], "warmup": t.warmup_steps,
-           "amp": t.amp_dtype, "pruning": cfg.sweep.pruning, "sampler": cfg.sweep.sampler}
+           "amp": t.amp_dtype, "pruning": cfg.sweep.pruning, "sampler": cfg.sweep.sampler,
+           **({"emulated_max_steps": cfg.sweep.emulated_max_steps} if cfg.sweep.emulated_max_steps else {})}
     if cfg.sweep.repeats != 1:  # only then: studies made before repeats existed keep their names
         key["repeats"] = cfg.sweep.repeats
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]

@@ -12,6 +12,7 @@ the study after every trial.
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -23,6 +24,8 @@ from optuna.trial import TrialState
 
 from . import claims, paths, study_parent, study_view, tracking
 from . import config as configmod
+from . import emulated
+from .capabilities import host_capabilities
 from .claims import open_storage, storage_url
 from .devices import probe
 from .errors import Stopped, redact
@@ -30,6 +33,7 @@ from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, h
 from .preflight import check_store
 from .space import choices, points, space_hash, study_name, trial_config
 from .record import planned
+from .strategies import STRATEGIES
 from .sweep_table import KNOBS, trial_row, write_rows, write_table
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -118,7 +122,8 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     """Run one claimed trial and record it once: COMPLETE/PRUNED/FAIL in Optuna, FINISHED/KILLED/FAILED in MLflow.
     A trial taken over by another worker is stopped and recorded by that worker only."""
     p = {k: trial.suggest_categorical(k, vals) for k, vals in choices(cfg, strategy).items()}
-    tcfg = trial_config(cfg, strategy, p)
+    tcfg, bounded = emulated.bound(trial_config(cfg, strategy, p), STRATEGIES[strategy].autocast_dtype(
+        cfg.train, host.kind), host_caps(host), cfg.sweep.emulated_max_steps)  # "" = not bounded
     out_dir = trials_dir / f"{study.study_name}-{trial.number:04d}"
     beat, run_id, t0 = claims.heartbeat(trial), None, time.monotonic()
 
@@ -142,6 +147,10 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
             run_id = tracker.start_run(f"{strategy} {_fmt_point(p)}", tags, parent_id=parent_id)
             trial.set_user_attr("mlflow_run_id", run_id)
             tracker.log_params(run_id, plan.params())
+            if bounded:
+                print(f"  {label} {bounded}", file=sys.stderr, flush=True)
+                trial.set_user_attr("reason", bounded)  # the sweep table's reason column
+                tracker.set_tags(run_id, {"parallax.bounded": bounded})
             tracker.log_dataset(run_id, tcfg)
             try:
                 with tracking.system_metrics(cfg, run_id):  # off unless tracking.system_metrics
@@ -177,6 +186,12 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
                       f"The trial was recorded as failed with this reason and enqueued again, its MLflow run "
                       f"ended FAILED. Fix the cause (free disk space, a writable and reachable store) and rerun "
                       f"the sweep: finished trials are kept.") from None
+
+
+@functools.cache
+def host_caps(host) -> dict:
+    """capabilities.host_capabilities, read once per process."""
+    return host_capabilities(host)
 
 
 def _record_result(study, trial, tracker, run_id, metrics, out_dir) -> str:

@@ -114,6 +114,12 @@ class Strategy:
     def autocast(self):
         return contextlib.nullcontext()
 
+    @classmethod
+    def autocast_dtype(cls, t, device_type: str) -> str | None:
+        """The low-precision type `autocast` will compute in for train config `t` ("bf16", "fp16"), None = fp32;
+        known before set-up, so a sweep can tell whether this host runs it natively (capabilities.py)."""
+        return None
+
     def forward_loss(self, model, criterion, x, y) -> torch.Tensor:
         return criterion(model(x), y)
 

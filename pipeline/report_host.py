@@ -1,0 +1,121 @@
+"""The report's "Host capabilities" section: what the sweeps' hosts can do natively (the sweep table's host_*
+columns, from capabilities.py) and the slow rows those capabilities explain.
+
+A pure function of the sweep DataFrame, returning markdown. Its one causal claim: a strategy that autocasts to a
+low-precision type ran slower than the fp32 strategy it differs from, on a host where that type is emulated.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .emulated import is_bounded
+from .tables import measured
+
+# the sweep table's per-trial host columns (sweep_table.py, from the trial record), in the section's order
+HOST_COLS = ("host_cpu_isa", "host_bf16", "host_fp16", "host_gpu_name", "host_gpu_cc", "host_nccl",
+             "host_interconnect")
+HEADERS = ("host", "CPU ISA", "bf16", "fp16", "GPU", "compute capability", "NCCL", "interconnect", "trials")
+# a strategy that autocasts, and the fp32 strategy it is a readable difference from (strategies/ddp_amp.py)
+AUTOCAST_BASELINE = {"ddp_amp": "ddp"}
+SLOWER = 0.9  # below this ratio of its baseline's throughput a point counts as slower (not noise)
+
+
+def _text(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    s = str(v).strip()
+    return "" if s.lower() in ("nan", "none", "null") else s
+
+
+def _cell(v) -> str:
+    return (_text(v) or "—").replace("|", "\\|")
+
+
+def _hosts(df) -> pd.DataFrame:
+    """One row per distinct (host, capabilities) with its trial count; empty without the host_* columns."""
+    if not any(c in df for c in HOST_COLS):
+        return pd.DataFrame(columns=["host", *HOST_COLS, "trials"])
+    d = df.assign(**{c: df[c].map(_text) if c in df else "" for c in ("host", *HOST_COLS)})
+    d = d.loc[d[list(HOST_COLS)].ne("").any(axis=1).astype(bool)]
+    return d.groupby(["host", *HOST_COLS], sort=True).size().reset_index(name="trials")
+
+
+def _dtype(caps: dict, device_kind: str) -> str:
+    """The type ddp_amp's train.amp_dtype=auto picks there: bf16 on CPU, and on GPUs with native bf16; else fp16."""
+    return "bf16" if device_kind != "cuda" or caps.get("host_bf16") == "native" else "fp16"
+
+
+def _cause(caps: dict, device_kind: str, dtype: str) -> str:
+    status, isa = caps.get(f"host_{dtype}", ""), caps.get("host_cpu_isa") or "none"
+    if not any(caps.values()):
+        return ("these sweep tables do not record whether this host runs bf16/fp16 natively, so the cause is not "
+                "known here (rerun the sweeps to record it)")
+    if device_kind == "cuda":
+        where = f"this GPU ({caps.get('host_gpu_name') or 'unnamed'}, compute capability {caps.get('host_gpu_cc')})"
+    else:
+        where = f"this CPU (ISA {isa})"
+    if status == "emulated":
+        missing = ("no AVX-512-BF16/AMX-BF16" if dtype == "bf16" else "no AVX-512-FP16/AMX-FP16") \
+            if device_kind != "cuda" else f"no {dtype} tensor cores"
+        return (f"{dtype} is emulated on {where}: {missing}, so autocast converts through fp32 and adds work "
+                f"instead of saving it")
+    if status == "native":
+        return (f"{dtype} is native on {where}, so emulation does not explain it: at this model's size the casts "
+                f"autocast inserts can cost more than the lower precision saves")
+    return f"this sweep table does not record whether {dtype} is native on {where}"
+
+
+def _medians(rows) -> dict:
+    keep = rows[~rows["interfered"]] if "interfered" in rows else rows
+    return keep.groupby(["model", "k", "batch_size"])["throughput_img_s"].median().dropna().to_dict()
+
+
+def slow_rows(df) -> list[str]:
+    """One sentence per (host, autocasting strategy) whose points ran slower than its fp32 baseline's, with the
+    figures and the cause the host's capabilities give."""
+    out = []
+    m = measured(df)
+    for host, g in m.groupby(m["host"].map(_text) if "host" in m else pd.Series("", index=m.index)):
+        caps = {c: _text(g[c].iloc[0]) if c in g else "" for c in HOST_COLS}
+        kind = _text(g["device_kind"].iloc[0]) if "device_kind" in g else ""
+        for amp, base in AUTOCAST_BASELINE.items():
+            a, b = _medians(g[g["strategy"] == amp]), _medians(g[g["strategy"] == base])
+            slow = [(key, a[key], b[key]) for key in sorted(a) if key in b and a[key] < SLOWER * b[key]]
+            if not slow:
+                continue
+            dtype = _dtype(caps, kind)
+            figures = "; ".join(f"k={k:g}, B={bs:g}{'' if model == 'lenet' else f' ({model})'}: {x:,.0f} img/s vs "
+                                f"{base}'s {y:,.0f} ({y / x:.1f}× slower)" for (model, k, bs), x, y in slow)
+            where = f" on {host}" if host else ""
+            out.append(f"**{amp}** ran slower than **{base}**{where} ({figures}): {_cause(caps, kind, dtype)}.")
+    return out
+
+
+def bounded_rows(df) -> list[str]:
+    """The trials a sweep bounded because their autocast type is emulated here (emulated.py), per strategy."""
+    if "reason" not in df:
+        return []
+    b = df.loc[df["reason"].map(is_bounded).astype(bool)]
+    return [f"**{s}**: {len(g)} trial(s) {g['reason'].iloc[0]}." for s, g in b.groupby("strategy", sort=True)]
+
+
+def host_capabilities_section(df) -> list[str]:
+    """The section's markdown: the capabilities table, then the slow and bounded rows they explain."""
+    h = _hosts(df)
+    s = ["\n## Host capabilities\n\n",
+         "What the host computes natively (pipeline/capabilities.py, recorded per trial): CPU instruction sets, "
+         "whether bf16/fp16 run natively or are emulated through fp32, the GPU and its compute capability, NCCL, "
+         "and the GPU interconnect (`nvidia-smi topo -m`; — on CPU hosts, whose ranks share memory).\n\n"]
+    if h.empty:
+        s.append("_Not recorded: these sweep tables have no host_* columns (sweeps from before they existed); "
+                 "rerun the sweeps to record them._\n")
+    else:
+        s += ["| " + " | ".join(HEADERS) + " |\n", "|" + "---|" * len(HEADERS) + "\n"]
+        s += ["| " + " | ".join(_cell(r[c]) for c in ("host", *HOST_COLS)) + f" | {r['trials']} |\n"
+              for r in h.to_dict("records")]
+    lines = slow_rows(df) + bounded_rows(df)
+    if lines:
+        s.append("\n" + "\n".join(f"- {line}" for line in lines) + "\n")
+    return s

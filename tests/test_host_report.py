@@ -1,0 +1,106 @@
+"""The report's host section: capabilities from the sweep table's host_* columns, slow rows explained by their cause;
+the GPU interconnect read from `nvidia-smi topo -m`."""
+
+from pipeline import analyze as A
+from pipeline import capabilities
+from pipeline.report_host import host_capabilities_section, slow_rows
+
+from .test_analyze import frame, row, write
+
+AVX2 = {"host_cpu_isa": "avx2", "host_bf16": "emulated", "host_fp16": "emulated", "host_gpu_name": "",
+        "host_gpu_cc": "", "host_nccl": "", "host_interconnect": ""}
+BF16 = {**AVX2, "host_cpu_isa": "avx2,avx512f,avx512_bf16,amx_tile,amx_bf16", "host_bf16": "native"}
+
+
+def sweep(caps, amp_thr, ddp_thr, **kw):
+    """ddp and ddp_amp at k=1 and 2 (B=128) on a CPU host with capabilities `caps`."""
+    base = {"device_kind": "cpu", "device_name": "cpu", "host": "box", **caps, **kw}
+    return frame([row(s, k=k, B=128, thr=t * k, **base)
+                  for s, t in (("ddp", ddp_thr), ("ddp_amp", amp_thr)) for k in (1, 2)])
+
+
+def text(df) -> str:
+    return "".join(host_capabilities_section(df))
+
+
+def test_avx2_host_names_its_isa_and_explains_the_slow_amp_rows_with_figures():
+    s = text(sweep(AVX2, amp_thr=700.0, ddp_thr=4900.0))
+    assert "| box | avx2 | emulated | emulated |" in s
+    [line] = slow_rows(sweep(AVX2, amp_thr=700.0, ddp_thr=4900.0))
+    assert "**ddp_amp** ran slower than **ddp**" in line
+    assert "k=1, B=128: 700 img/s vs ddp's 4,900 (7.0× slower)" in line
+    assert "k=2, B=128: 1,400 img/s vs ddp's 9,800" in line
+    assert "bf16 is emulated on this CPU (ISA avx2): no AVX-512-BF16/AMX-BF16" in line
+
+
+def test_bf16_native_host_makes_no_emulation_claim():
+    slow = text(sweep(BF16, amp_thr=2000.0, ddp_thr=4000.0))
+    assert "avx512_bf16" in slow and "emulated on" not in slow
+    assert "bf16 is native on this CPU" in slow and "emulation does not explain it" in slow
+    # as fast as fp32: nothing to explain
+    assert "ran slower" not in text(sweep(BF16, amp_thr=4000.0, ddp_thr=4000.0))
+
+
+def test_amp_as_fast_as_fp32_on_an_emulating_host_is_not_called_slow():
+    assert slow_rows(sweep(AVX2, amp_thr=4800.0, ddp_thr=5000.0)) == []
+
+
+def test_gpu_host_row_and_cause():
+    gpu = {**AVX2, "host_bf16": "emulated", "host_fp16": "native", "host_gpu_name": "Tesla V100",
+           "host_gpu_cc": "7.0", "host_nccl": "2.21.5", "host_interconnect": "NV2"}
+    df = frame([row(s, k=1, B=128, thr=t, host="g1", **gpu) for s, t in (("ddp", 5000.0), ("ddp_amp", 3000.0))])
+    s = text(df)
+    assert "| g1 | avx2 | emulated | native | Tesla V100 | 7.0 | 2.21.5 | NV2 |" in s
+    # ddp_amp picks fp16 where bf16 is not native on the GPU; fp16 is native there
+    assert "fp16 is native on this GPU (Tesla V100, compute capability 7.0)" in s
+
+
+def test_sweeps_without_host_columns_say_so():
+    s = text(frame([row("ddp"), row("ddp_amp", thr=100.0)]))
+    assert "Not recorded" in s
+    assert "do not record whether this host runs bf16/fp16 natively" in s
+
+
+def test_bounded_trials_are_listed():
+    why = "bounded: at most 30 steps (sweep.emulated_max_steps) because bf16 autocast is emulated"
+    s = text(sweep(AVX2, amp_thr=700.0, ddp_thr=4900.0, reason="").assign(
+        reason=lambda d: d["reason"].where(d["strategy"] != "ddp_amp", why)))
+    assert f"**ddp_amp**: 2 trial(s) {why}." in s
+
+
+def test_report_has_the_section(tmp_path):
+    d = tmp_path / "sweeps"
+    d.mkdir()
+    for s in ("ddp", "ddp_amp"):
+        write([row(s, k=k, B=128, thr=(700.0 if s == "ddp_amp" else 4900.0) * k, device_kind="cpu",
+                   host="box", **AVX2) for k in (1, 2)], d / f"{s}.jsonl")
+    A.analyze(d, tmp_path / "out")
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Host capabilities" in report and "bf16 is emulated on this CPU" in report
+
+
+TOPO_NVLINK = ("\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+               "GPU0\t X \tNV18\tSYS\t0-47\t0\t\tN/A\nGPU1\tNV18\t X \tSYS\t0-47\t0\t\tN/A\n"
+               "NIC0\tSYS\tSYS\t X \t\t\t\n\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe\n"
+               "  NV#  = Connection traversing a bonded set of # NVLinks\n")
+TOPO_PCIE = ("\tGPU0\tGPU1\tGPU2\tCPU Affinity\n"
+             "GPU0\t X \tPHB\tSYS\t0-15\nGPU1\tPHB\t X \tSYS\t0-15\nGPU2\tSYS\tSYS\t X \t16-31\n")
+TOPO_ONE = "\t\x1b[4mGPU0\tNIC0\tCPU Affinity\x1b[0m\nGPU0\t X \tPIX\t0-15\n"
+
+
+def test_interconnect_from_the_topology_matrix():
+    assert capabilities.interconnect(TOPO_NVLINK) == "NV18"
+    assert capabilities.interconnect(TOPO_PCIE) == "SYS/PHB"  # slowest first
+    assert capabilities.interconnect(capabilities._ANSI.sub("", TOPO_ONE)) == "single GPU"
+    assert capabilities.interconnect(None) is None
+    assert capabilities.interconnect("No devices were found") is None
+
+
+def test_no_nvidia_smi_means_no_topology(monkeypatch):
+    monkeypatch.setattr(capabilities.shutil, "which", lambda name: None)
+    assert capabilities.gpu_topology() is None
+
+
+def test_no_trials_no_claims():
+    s = text(frame([row("ddp")]).iloc[0:0])
+    assert "## Host capabilities" in s and "Not recorded" in s and "ran slower" not in s
