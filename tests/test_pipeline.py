@@ -21,6 +21,7 @@ sweep:
   sampler: grid
   repeats: 1                 # dvc.yaml tracks these keys of a profile: it must define them
   remeasure_interfered: 0
+  emulated_max_steps: 0
   spaces:
     default: &s {devices: [1, 2], batch_size: [128], lr: [0.2]}
     single: {devices: [1], batch_size: [128], lr: [0.2]}

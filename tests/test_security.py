@@ -71,6 +71,7 @@ sweep:
   sampler: grid
   repeats: 1                 # dvc.yaml tracks these keys of a profile: it must define them
   remeasure_interfered: 0
+  emulated_max_steps: 0
   spaces:
     single: {devices: [1], batch_size: [64], lr: [0.1]}
     "bogus;touch PWNED_1": {devices: [1]}
