@@ -98,6 +98,14 @@ DOC_BEGIN = "<!-- generated from pipeline/catalog.py: catalog.markdown_table() -
 DOC_END = "<!-- end of the generated table -->"
 
 
+def autocast_baselines() -> dict[str, str]:
+    """Each autocast strategy and the strategy it is measured against: the first row without autocast that
+    communicates the same way with the same process model (ddp_amp -> ddp)."""
+    return {a.name: b.name for a in STRATEGIES if a.autocast
+            for b in [next((b for b in STRATEGIES if not b.autocast and b.comm == a.comm
+                            and b.multiprocess == a.multiprocess), None)] if b}
+
+
 def _yes(flag: bool) -> str:
     return "yes" if flag else "-"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import confidence
+from . import catalog, confidence
 from .report_host import host_capabilities_section
 from .tables import BD_ALL, BD_PARTS, MIB, best_row, group_by, is_serial, is_unavailable, joined, shown_extras
 
@@ -201,10 +201,11 @@ def overlap_section(overlap_md: Path) -> list[str]:
 PART_WORDS = {"data": "moving data in", "forward": "forward compute", "backward_compute": "backward compute",
               "optimizer": "the optimizer", "idle": "waiting for the slower rank",
               "residual": "unattributed loop overhead (residual)"}
-COMM_WORDS = {"ddp": "exposed all-reduce", "ddp_amp": "exposed all-reduce",
-              "fsdp": "exposed all-gather/reduce-scatter", "scratch": "the hand-written all-reduce",
-              "dp": "exposed scatter/replicate/gather copies",
-              "dp_criterion": "exposed scatter/replicate/gather copies"}
+# what a step's exposed communication is, per collective pattern of the catalog (catalog.COMM_PATTERNS)
+COMM_WORDS = {"bucket_allreduce": "exposed all-reduce", "shard_units": "exposed all-gather/reduce-scatter",
+              "copy_allreduce": "the hand-written all-reduce",
+              "dp_gather_logits": "exposed scatter/replicate/gather copies",
+              "dp_gather_losses": "exposed scatter/replicate/gather copies"}
 MIN_SHOWN = 0.005  # a part that changed by less than half a percent of the step is not named
 
 
@@ -213,7 +214,10 @@ def _pct(v) -> str:
 
 
 def _words(part, strategy) -> str:
-    return COMM_WORDS.get(strategy, "exposed communication") if part == "comm_exposed" else PART_WORDS[part]
+    if part != "comm_exposed":
+        return PART_WORDS[part]
+    row = catalog.SPECS.get(strategy)
+    return COMM_WORDS.get(row.comm if row else "", "exposed communication")
 
 
 def loss_sentence(r) -> str:

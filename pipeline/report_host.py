@@ -10,6 +10,7 @@ import math
 
 import pandas as pd
 
+from . import catalog
 from .emulated import is_bounded
 from .tables import measured
 
@@ -18,7 +19,6 @@ HOST_COLS = ("host_cpu_isa", "host_bf16", "host_fp16", "host_gpu_name", "host_gp
              "host_interconnect")
 HEADERS = ("host", "CPU ISA", "bf16", "fp16", "GPU", "compute capability", "NCCL", "interconnect", "trials")
 # a strategy that autocasts, and the fp32 strategy it is a readable difference from (strategies/ddp_amp.py)
-AUTOCAST_BASELINE = {"ddp_amp": "ddp"}
 SLOWER = 0.9  # below this ratio of its baseline's throughput a point counts as slower (not noise)
 
 
@@ -80,7 +80,7 @@ def slow_rows(df) -> list[str]:
     for host, g in m.groupby(m["host"].map(_text) if "host" in m else pd.Series("", index=m.index)):
         caps = {c: _text(g[c].iloc[0]) if c in g else "" for c in HOST_COLS}
         kind = _text(g["device_kind"].iloc[0]) if "device_kind" in g else ""
-        for amp, base in AUTOCAST_BASELINE.items():
+        for amp, base in catalog.autocast_baselines().items():
             a, b = _medians(g[g["strategy"] == amp]), _medians(g[g["strategy"] == base])
             slow = [(key, a[key], b[key]) for key in sorted(a) if key in b and a[key] < SLOWER * b[key]]
             if not slow:

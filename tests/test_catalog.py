@@ -131,3 +131,12 @@ def test_the_branch_check_can_fail():
             "    words = {'ddp': 'all-reduce'}\n"  # a lookup table is not a branch
             "    return row.comm == 'bucket_allreduce' or strategy == 'other'\n")
     assert name_branches(ast.parse(code)) == [2, 4]
+
+
+def test_each_autocast_strategy_is_compared_with_its_fp32_twin():
+    """report_host explains a slow autocast row against this baseline: same collectives, same process model."""
+    base = catalog.autocast_baselines()
+    assert base == {s.name: base[s.name] for s in catalog.STRATEGIES if s.autocast}
+    for amp, fp32 in base.items():
+        a, b = catalog.spec(amp), catalog.spec(fp32)
+        assert not b.autocast and (a.comm, a.multiprocess) == (b.comm, b.multiprocess)
