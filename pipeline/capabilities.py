@@ -4,6 +4,7 @@ on an AVX-512-BF16 or AMX CPU, or an Ampere-or-newer GPU, it is native. Read onc
 """
 from __future__ import annotations
 
+import os
 import platform
 import re
 import shutil
@@ -17,6 +18,16 @@ import torch.distributed as dist
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16")
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
+# oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA; DNNL_MAX_CPU_ISA before oneDNN 2): below AVX512_CORE_BF16 oneDNN converts
+# bf16 through fp32 even where the CPU has the instructions. Measured on an AVX-512-BF16 EPYC (benchmarks/amp_cost.py):
+# a bf16 LeNet step 0.45x an fp32 one, 7.5x with ONEDNN_MAX_CPU_ISA=AVX2 (as on an AVX2-only CPU), 1.8x with
+# AVX512_CORE. So the cap decides "native" as much as the flags do. oneDNN's documented order, lowest first:
+ONEDNN_ISA_ORDER = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+                    "AVX512_CORE_BF16", "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512",
+                    "AVX10_2_512_AMX_2")
+ONEDNN_ISA_ALIASES = {"AVX512_CORE_FP16": "AVX10_1_512", "AVX512_CORE_AMX": "AVX10_1_512_AMX",
+                      "AVX512_CORE_AMX_FP16": "AVX10_1_512_AMX_FP16"}
+NEEDS = {"bf16": "AVX512_CORE_BF16", "fp16": "AVX10_1_512"}  # the lowest cap that keeps each type native
 
 
 def cpu_flags() -> set[str]:
@@ -30,20 +41,48 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def cpu_capabilities(flags: set[str] | None = None) -> dict:
+def onednn_isa_cap(env=None) -> str | None:
+    """The oneDNN ISA cap this process's environment sets (upper-cased), None where none is set or it is ALL/DEFAULT."""
+    env = os.environ if env is None else env
+    v = (env.get("ONEDNN_MAX_CPU_ISA") or env.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    return None if v in ("", "ALL", "DEFAULT") else v
+
+
+def _capped_below(cap: str | None, dtype: str) -> bool:
+    """True when oneDNN's cap `cap` lies below what `dtype` needs; an unrecognised cap is not assumed to cap."""
+    cap = ONEDNN_ISA_ALIASES.get(cap, cap)
+    if cap not in ONEDNN_ISA_ORDER:
+        return False
+    return ONEDNN_ISA_ORDER.index(cap) < ONEDNN_ISA_ORDER.index(NEEDS[dtype])
+
+
+def cpu_capabilities(flags: set[str] | None = None, env=None) -> dict:
+    """The CPU's ISA flags and whether bf16/fp16 run natively, given the flags and oneDNN's cap in `env`."""
     flags = cpu_flags() if flags is None else flags
-    bf16 = [f for f in BF16_CPU_FLAGS if f in flags]
-    fp16 = [f for f in FP16_CPU_FLAGS if f in flags]
-    return {
+    cap = onednn_isa_cap(env)
+    out = {
         "arch": platform.machine(),
         "isa": [f for f in ISA_FLAGS if f in flags],
+        "onednn_max_isa": cap,  # ONEDNN_MAX_CPU_ISA as set, None where unset
         # the kernels PyTorch dispatches to here (DEFAULT, AVX2, AVX512, ...)
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "bf16": "native" if bf16 else "emulated",
-        "bf16_why": f"CPU has {', '.join(bf16)}" if bf16 else "no AVX-512-BF16/AMX-BF16: converted through fp32",
-        "fp16": "native" if fp16 else "emulated",
-        "fp16_why": f"CPU has {', '.join(fp16)}" if fp16 else "no AVX-512-FP16/AMX-FP16: converted through fp32",
     }
+    for dtype, have_flags, missing in (("bf16", BF16_CPU_FLAGS, "AVX-512-BF16/AMX-BF16"),
+                                       ("fp16", FP16_CPU_FLAGS, "AVX-512-FP16/AMX-FP16")):
+        have = [f for f in have_flags if f in flags]
+        if have and _capped_below(cap, dtype):
+            out[dtype], out[f"{dtype}_why"] = "emulated", (
+                f"ONEDNN_MAX_CPU_ISA={cap} caps oneDNN below {NEEDS[dtype]} although the CPU has {', '.join(have)}: "
+                "converted through fp32")
+        elif have:
+            out[dtype], out[f"{dtype}_why"] = "native", f"CPU has {', '.join(have)}"
+        else:
+            out[dtype], out[f"{dtype}_why"] = "emulated", f"no {missing}: converted through fp32"
+    # as the sweep table, tags and reports show it: the flags, and oneDNN's cap where one is set
+    out["isa_text"] = (",".join(out["isa"]) or "none") + (f" (oneDNN capped at {cap})" if cap else "")
+    return out
+
+
 
 
 def gpu_capabilities(index: int) -> dict:

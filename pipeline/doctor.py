@@ -137,7 +137,7 @@ def run(base, out: Path, strategies=None, max_devices: int = 2, steps: int = 30,
     caps = host_capabilities(host)
     say(f"doctor: {host.kind} x{host.n} ({host.name}); torch {caps['torch']}"
         + (f", CUDA {caps['cuda']}, NCCL {caps['nccl']}" if host.kind == "cuda" else
-           f", CPU ISA {'/'.join(caps['cpu']['isa']) or 'baseline'}")
+           f", CPU ISA {caps['cpu']['isa_text']}")
         + f"; bf16 {caps['bf16']}, fp16 {caps['fp16']}")
     with tempfile.TemporaryDirectory(prefix="parallax-doctor-") as tmp:
         work = Path(tmp)
@@ -181,7 +181,7 @@ def markdown(report: dict) -> str:
              f"- devices: {h['kind']} x{h['devices']} ({h['name']})",
              f"- torch {h['torch']}, Python {h['python']}, CUDA build {h['cuda'] or '-'}, cuDNN {h['cudnn'] or '-'}, "
              f"NCCL {h['nccl'] or '-'}, Gloo {'yes' if h['gloo'] else 'no'}",
-             f"- CPU ISA: {', '.join(h['cpu']['isa']) or 'baseline'} (PyTorch kernels: "
+             f"- CPU ISA: {h['cpu']['isa_text']} (PyTorch kernels: "
              f"{h['cpu']['torch_cpu_capability']})",
              f"- bf16 {h['bf16']}, fp16 {h['fp16']} on these devices ("
              + ("; ".join(f"GPU {g['index']} {g['name']}: cc {g['compute_capability']}" for g in h.get("gpus", []))

@@ -24,7 +24,8 @@ def bound(tcfg, dtype: str | None, caps: dict, limit: int):
         return tcfg, ""
     dev = (caps.get("gpus") or [caps.get("cpu") or {}])[0]
     why = dev.get(f"{dtype}_why") or f"{dtype} is emulated"
-    isa = ",".join((caps.get("cpu") or {}).get("isa") or []) or "none"
+    cpu = caps.get("cpu") or {}
+    isa = cpu.get("isa_text") or ",".join(cpu.get("isa") or []) or "none"
     note = (f"{BOUNDED}: at most {limit} steps (sweep.emulated_max_steps) because {dtype} autocast is emulated on "
             f"this {caps.get('kind', 'host')} ({why}; ISA {isa}); throughput is measured on those steps, accuracy "
             f"is where training stopped, not after train.epochs={tcfg.train.epochs}")

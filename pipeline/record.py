@@ -226,7 +226,7 @@ def planned(cfg, host, host_fields: dict | None = None) -> TrialRecord:
 def capability_fields(caps: dict) -> dict:
     """capabilities.host_capabilities(host) as the record's host_* fields."""
     cpu, gpus = caps.get("cpu") or {}, caps.get("gpus") or []
-    return {"host_cpu_isa": ",".join(cpu.get("isa") or []) or "none",
+    return {"host_cpu_isa": cpu.get("isa_text") or ",".join(cpu.get("isa") or []) or "none",
             "host_torch_cpu_capability": cpu.get("torch_cpu_capability"), "host_bf16": caps.get("bf16"),
             "host_fp16": caps.get("fp16"), "host_cpu_bf16": cpu.get("bf16"), "host_cpu_fp16": cpu.get("fp16"),
             "host_gpu_name": ",".join(sorted({g["name"] for g in gpus})) or None,

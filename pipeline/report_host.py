@@ -59,6 +59,8 @@ def _cause(caps: dict, device_kind: str, dtype: str) -> str:
     if status == "emulated":
         missing = ("no AVX-512-BF16/AMX-BF16" if dtype == "bf16" else "no AVX-512-FP16/AMX-FP16") \
             if device_kind != "cuda" else f"no {dtype} tensor cores"
+        if device_kind != "cuda" and "oneDNN capped at" in isa:  # capabilities.cpu_capabilities' isa_text
+            missing = "ONEDNN_MAX_CPU_ISA keeps oneDNN from the instructions for it"
         return (f"{dtype} is emulated on {where}: {missing}, so autocast converts through fp32 and adds work "
                 f"instead of saving it")
     if status == "native":

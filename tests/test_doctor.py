@@ -51,6 +51,22 @@ def test_bf16_is_named_native_only_with_the_instructions_for_it():
     assert host["bf16"] in ("native", "emulated") and host["torch"] and host["gloo"] is True
 
 
+def test_onednn_isa_cap_below_the_type_makes_it_emulated_and_is_named():
+    bf16_cpu = {"avx2", "avx512f", "avx512_bf16"}
+    capped = capabilities.cpu_capabilities(bf16_cpu, env={"ONEDNN_MAX_CPU_ISA": "avx2"})
+    assert capped["bf16"] == "emulated" and "ONEDNN_MAX_CPU_ISA=AVX2" in capped["bf16_why"]
+    assert capped["isa_text"] == "avx2,avx512f,avx512_bf16 (oneDNN capped at AVX2)"
+    assert capabilities.cpu_capabilities(bf16_cpu, env={"DNNL_MAX_CPU_ISA": "AVX512_CORE"})["bf16"] == "emulated"
+    for unchanged in ({}, {"ONEDNN_MAX_CPU_ISA": "ALL"}, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+                      {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, {"ONEDNN_MAX_CPU_ISA": "SOMETHING_NEW"}):
+        assert capabilities.cpu_capabilities(bf16_cpu, env=unchanged)["bf16"] == "native", unchanged
+    amx = {"amx_tile", "amx_bf16", "amx_fp16"}
+    fp16 = capabilities.cpu_capabilities(amx, env={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"})
+    assert fp16["bf16"] == "native" and fp16["fp16"] == "emulated"
+    # a cap cannot make a type native that the CPU lacks
+    assert capabilities.cpu_capabilities({"avx2"}, env={"ONEDNN_MAX_CPU_ISA": "ALL"})["bf16"] == "emulated"
+
+
 def _run(make_cfg, tmp_path, strategies, **kw):
     return doctor.run(make_cfg(), tmp_path / "doctor", strategies, max_devices=kw.pop("max_devices", 1),
                       steps=2, per_device_batch=32, say=lambda *_: None, **kw)

@@ -33,6 +33,13 @@ def test_avx2_host_names_its_isa_and_explains_the_slow_amp_rows_with_figures():
     assert "bf16 is emulated on this CPU (ISA avx2): no AVX-512-BF16/AMX-BF16" in line
 
 
+def test_a_onednn_cap_is_named_as_the_cause_not_missing_instructions():
+    capped = {**AVX2, "host_cpu_isa": "avx2,avx512f,avx512_bf16 (oneDNN capped at AVX2)"}
+    [line] = slow_rows(sweep(capped, amp_thr=700.0, ddp_thr=4900.0))
+    assert "bf16 is emulated on this CPU (ISA avx2,avx512f,avx512_bf16 (oneDNN capped at AVX2))" in line
+    assert "ONEDNN_MAX_CPU_ISA keeps oneDNN from the instructions" in line and "no AVX-512-BF16" not in line
+
+
 def test_bf16_native_host_makes_no_emulation_claim():
     slow = text(sweep(BF16, amp_thr=2000.0, ddp_thr=4000.0))
     assert "avx512_bf16" in slow and "emulated on" not in slow
