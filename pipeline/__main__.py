@@ -125,9 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ui", help="open the MLflow UI on 127.0.0.1 (local only)", epilog=EPILOG,
                        description="Start `mlflow ui` on 127.0.0.1 over the tracking store: tracking.uri from "
-                                   "--set or params.yaml (default: mlruns/mlflow.db at the repository root).")
+                                   "--set or params.yaml (default: mlruns/mlflow.db at the repository root). First "
+                                   "it writes the experiment's shared view (MLflow's own 'share view' tag) and "
+                                   "prints its link: the runs table with throughput, efficiency and accuracy "
+                                   "columns and the studies expanded, in any browser, on its first load.")
     _common(p)
     p.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default: 5000)")
+    p.add_argument("--no-view", action="store_true",
+                   help="do not (re)write the experiment's shared runs-table view, the mlflow.sharedViewState.parallax "
+                        "experiment tag behind the printed link (default: written, then the link printed)")
 
     sub.add_parser("profiles", help="list the experiment profiles under experiments/",
                    description="Print each profile of experiments/ with its description (question, space, cost). "
@@ -244,8 +250,16 @@ def cmd_ui(args) -> int:
     env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": tracking.tracking_uri(cfg),
            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     cmd = [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(args.port)]
-    print(f"MLflow UI on http://127.0.0.1:{args.port} for {redact(env['MLFLOW_BACKEND_STORE_URI'])} "
-          f"(local only; Ctrl-C to stop)", flush=True)
+    base = f"http://127.0.0.1:{args.port}"
+    print(f"MLflow UI on {base} for {redact(env['MLFLOW_BACKEND_STORE_URI'])} (local only; Ctrl-C to stop)",
+          flush=True)
+    if not args.no_view:
+        from . import ui_view
+        tracker = tracking.Tracker(cfg)
+        route = ui_view.publish_view(tracker.client, tracker.experiment_id)
+        if route:
+            print(f"The runs table with throughput, efficiency and accuracy columns, in any browser:\n  {base}/{route}",
+                  flush=True)
     os.execve(sys.executable, cmd, env)  # argument vector, no shell
     return 0
 

@@ -2,13 +2,14 @@
 
 Its description is the report's opening (title, synthetic-data warning, host, the "Reading" section); its metrics
 are summary.json's numbers (tracking.summary_metrics); every output file is an artifact (the Artifacts tab previews
-the PNGs) and every figure also a keyed image (figures/<name>, for MLflow's image-grid charts).
+the PNGs) and every figure also a keyed image (figures/<name>, for MLflow's image-grid charts). Then it rewrites the experiment's
+shared runs-table view (ui_view.py), so the link `python -m pipeline ui` prints opens on Parallax's columns.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import tracking
+from . import tracking, ui_view
 
 NOTE_LIMIT = 5000  # characters of report.md in the run's description (MLflow caps tag values at 8,000)
 
@@ -48,4 +49,6 @@ def log_analysis_run(cfg, summary: dict, out_dir: Path) -> str:
         raise
     finally:
         tracker.close_run(run_id, status, reason)
+    ui_view.publish_view(tracker.client, tracker.experiment_id)
     return run_id
+

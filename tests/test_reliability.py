@@ -412,6 +412,9 @@ def test_ui_binds_to_localhost_without_a_shell(make_cfg, tmp_path, monkeypatch):
     assert argv[argv.index("--port") + 1] == "5123"
     assert env["MLFLOW_BACKEND_STORE_URI"] == f"sqlite:///{tmp_path.resolve()}/mlruns/mlflow.db"
     assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"  # no job runners, nothing in /dev/shm
+    from mlflow import MlflowClient  # the shared runs-table view is written before the UI starts
+    exps = MlflowClient(env["MLFLOW_BACKEND_STORE_URI"]).search_experiments()
+    assert any("mlflow.sharedViewState.parallax" in e.tags for e in exps)
     with pytest.raises(SystemExit):  # not a number: refused before anything runs
         main(["ui", "--set", "profile=", "--port", "5000; rm -rf ~"])
     assert len(calls) == 1

@@ -1,0 +1,72 @@
+"""The MLflow experiment page's shared view: the runs table with Parallax's columns on first load, in any browser.
+
+MLflow 3's runs table shows only Source, Models and Dataset until a user ticks metric columns, and keeps that pick
+in the browser's localStorage, so every new browser (a colleague's, a laptop's) starts blank. MLflow's own "share
+view" feature is the server-side way: the page state is an experiment tag `mlflow.sharedViewState.<key>`, and a
+link with `?viewStateShareKey=<key>` loads it (mlflow/server/js: useSharedExperimentViewState). Parallax writes that
+tag with a fixed key (`parallax`) and links to it with `workflowType=machine_learning`, the URL parameter MLflow's
+sidebar reads before its own localStorage choice, so the page opens on model training, not GenAI. Nothing of MLflow
+is re-implemented: the tag and the link are MLflow's; this module only decides the columns.
+
+The UI replaces its whole page state with the shared one, so the tag carries every field of MLflow 3's default
+state (createExperimentPageUIState in MLflow 3.17's bundle), with the columns and expanded study rows changed.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from urllib.parse import urlencode
+
+SHARE_TAG_PREFIX = "mlflow.sharedViewState."  # MLflow's EXPERIMENT_PAGE_VIEW_STATE_SHARE_TAG_PREFIX
+VIEW_KEY = "parallax"
+MAX_EXPANDED = 200  # study rows expanded in the view, newest first
+# the runs table's columns, in order, where the store has them (attributes, then params, then metrics)
+COLUMNS = ("attributes.`Dataset`", "params.`strategy`", "params.`devices`", "params.`batch_size`",
+           "metrics.`perf/throughput_img_s`", "metrics.`study/best_img_s`", "metrics.`study/weak_efficiency_max_k`",
+           "metrics.`test/final_acc`", "metrics.`mem/imbalance`")
+# MLflow 3's search facets for "all active runs, newest first" (useExperimentPageSearchFacets' defaults)
+FACETS = {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
+          "lifecycleFilter": "Active", "modelVersionFilter": "All Runs", "datasetsFilter": []}
+# MLflow 3's default UI state, field for field; the view changes selectedColumns and runsExpanded
+UI_DEFAULTS = {"columnOrder": [], "columnWidths": {}, "runsPinned": [], "runsHidden": [], "runsVisibilityMap": {},
+               "runsHiddenMode": "FIRST_10_RUNS", "viewMaximized": False, "runListHidden": False,
+               "isAccordionReordered": False, "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
+               "groupBy": None, "groupsExpanded": {}, "autoRefreshEnabled": True,
+               "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""}}
+
+
+def view_state(runs) -> dict:
+    """The page state for `runs` (MLflow Run objects of one experiment): the COLUMNS the store has, every study
+    (parent) row expanded so the trials show under it."""
+    have = {f"metrics.`{k}`" for r in runs for k in r.data.metrics} | {
+        f"params.`{k}`" for r in runs for k in r.data.params}
+    cols = [c for c in COLUMNS if c.startswith("attributes.") or c in have]
+    # newest first (search_runs' order); MLflow caps an experiment tag at 20,000 characters, ~45 per expanded row
+    parents = list(dict.fromkeys(r.data.tags["mlflow.parentRunId"] for r in runs
+                                 if "mlflow.parentRunId" in r.data.tags))[:MAX_EXPANDED]
+    return {**FACETS, **UI_DEFAULTS, "selectedColumns": cols, "runsExpanded": dict.fromkeys(parents, True)}
+
+
+def publish(client, experiment_id: str, max_runs: int = 5000) -> dict:
+    """Write the shared view of `experiment_id` (an MlflowClient's store) and return its state."""
+    state = view_state(client.search_runs([experiment_id], max_results=max_runs))
+    client.set_experiment_tag(experiment_id, SHARE_TAG_PREFIX + VIEW_KEY, json.dumps(state, separators=(",", ":")))
+    return state
+
+
+def path(experiment_id: str) -> str:
+    """The UI route that opens the shared view (after http://host:port/)."""
+    query = urlencode({"workflowType": "machine_learning", "viewStateShareKey": VIEW_KEY})
+    return f"#/experiments/{experiment_id}/runs?{query}"
+
+
+def publish_view(client, experiment_id: str) -> str | None:
+    """publish(), for callers whose work is done either way (the analysis stage, `pipeline ui`): the view's UI route,
+    or None with a warning on stderr if the store refused the tag."""
+    try:
+        publish(client, experiment_id)
+    except Exception as e:  # a read-only store, a permission: the view is a convenience, the runs are logged
+        print(f"warning: the MLflow runs-table view was not written ({type(e).__name__}: {e}); pick the columns "
+              f"under Columns in the UI instead", file=sys.stderr)
+        return None
+    return path(experiment_id)
