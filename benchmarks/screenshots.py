@@ -9,11 +9,11 @@ throughput (compare.png), and the analysis run's metrics and efficiency figure (
 with sweeps and an analysis run (`make pipeline-offline`, or `python -m pipeline sweep --strategy S` and
 `python -m pipeline analyze`).
 
-MLflow 3's runs table shows only the Source, Models and Dataset columns until a user picks metric columns; the pick
-is kept in the browser's localStorage under "MLflowLocalStorage-1.1-ExperimentPage-<["id"]>-ReactComponentState"
-(its `selectedColumns`, keys like metrics.`perf/throughput_img_s`). The script writes that entry before the page
-loads, so the table opens with throughput, efficiency and accuracy columns: what a user sees after ticking them once
-under "Columns" (the browser remembers them per experiment).
+The browser is a fresh profile with nothing set in it: the runs table opens through the link `python -m pipeline ui`
+prints (MLflow's shared view that pipeline/ui_view.py writes as an experiment tag), so its throughput, efficiency
+and accuracy columns are what any new browser shows on its first load. Every page is opened with
+`workflowType=machine_learning`, MLflow's own URL parameter for its model-training navigation. The one click the
+script makes for every page is closing MLflow's assistant panel, which covers a third of the page on a first visit.
 
 Requirements (no browser download): Chromium at /usr/bin/chromium (`apt-get install -y chromium`) and the
 `playwright` package (`.venv/bin/pip install playwright`; not `playwright install`).
@@ -38,10 +38,6 @@ sys.path.insert(0, str(REPO))
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
-# the runs table's columns, in order, where the store has them (attributes, then params, then metrics)
-COLUMNS = ["attributes.`Dataset`", "params.`devices`", "params.`batch_size`", "metrics.`perf/throughput_img_s`",
-           "metrics.`study/best_img_s`", "metrics.`study/weak_efficiency_max_k`", "metrics.`test/final_acc`",
-           "metrics.`mem/imbalance`"]
 VIEWPORT = {"width": 1920, "height": 1080}
 # true when a rendered leaf element's text contains the text
 SHOWN_JS = """(text) => [...document.querySelectorAll('body *')].some(e => e.childElementCount === 0
@@ -92,15 +88,6 @@ def pick_runs(client, experiment_id: str) -> dict:
     analysis = next((r for r in runs if r.data.tags.get("stage") == "analyze"), None)
     return {"trial": trials and max(trials, key=lambda r: r.data.metrics["perf/throughput_img_s"]),
             "compare": list(best.values())[:4], "analysis": analysis, "all": runs}
-
-
-def ui_state(runs) -> dict:
-    """The experiment page's persisted state: the columns above that the store has, study rows expanded."""
-    have = {f"metrics.`{k}`" for r in runs for k in r.data.metrics} | {f"params.`{k}`" for r in runs
-                                                                       for k in r.data.params}
-    cols = [c for c in COLUMNS if c.startswith("attributes.") or c in have]
-    parents = {r.data.tags["mlflow.parentRunId"] for r in runs if "mlflow.parentRunId" in r.data.tags}
-    return {"selectedColumns": cols, "runsExpanded": dict.fromkeys(sorted(parents), True)}
 
 
 def start_ui(args, port: int) -> subprocess.Popen:
@@ -162,12 +149,7 @@ def shoot(page, url: str, path: Path, wait_text: str, prepare=None, height: int 
 
 
 def tidy(page) -> None:
-    """Close MLflow 3's assistant panel, which opens beside every page on a first visit; show the model-training
-    navigation rather than the GenAI one."""
-    training = page.get_by_text("Model training", exact=True)
-    if training.count() and training.first.is_visible():
-        training.first.click()
-        page.wait_for_timeout(500)
+    """Close MLflow 3's assistant panel, which opens beside every page on a first visit."""
     close = page.locator('[data-component-id="mlflow.assistant.chat_panel.close"]')
     if close.count() and close.first.is_visible():
         close.first.click()
@@ -201,29 +183,31 @@ def shrink(path: Path) -> None:
 
 def take(args, base: str, experiment_id: str, picked: dict) -> None:
     from playwright.sync_api import sync_playwright
-    key = f"MLflowLocalStorage-1.1-ExperimentPage-{json.dumps([experiment_id])}-ReactComponentState"
-    ui = ui_state(picked["all"])
-    state = json.dumps(ui)
+
+    from pipeline import ui_view
+    ml = "workflowType=machine_learning"
+    view = ui_view.view_state(picked["all"])  # what the shared view the UI server wrote shows
     # the table is drawn once the first metric column's header is there
-    first_metric = next((c[len("metrics.`"):-1] for c in ui["selectedColumns"] if c.startswith("metrics.")), "Run Name")
+    first_metric = next((c[len("metrics.`"):-1] for c in view["selectedColumns"] if c.startswith("metrics.")),
+                        "Run Name")
     exp = f"{base}/#/experiments/{experiment_id}"
     with tempfile.TemporaryDirectory(prefix="parallax-chromium-") as profile, sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
             profile, executable_path=args.chromium, headless=True, args=CHROMIUM_ARGS, viewport=VIEWPORT)
-        ctx.add_init_script(f"window.localStorage.setItem({json.dumps(key)}, {json.dumps(state)});")
         page = ctx.new_page()
         page.set_default_timeout(60_000)
-        shoot(page, f"{exp}/runs", args.out / "runs-table.png", first_metric)
+        shoot(page, f"{base}/{ui_view.path(experiment_id)}", args.out / "runs-table.png", first_metric)
         r = picked["trial"]
-        shoot(page, f"{exp}/runs/{r.info.run_id}", args.out / "trial.png", r.info.run_name, height=2000)
+        shoot(page, f"{exp}/runs/{r.info.run_id}?{ml}", args.out / "trial.png", r.info.run_name, height=2000)
         if len(picked["compare"]) >= 2:
             ids = json.dumps([r.info.run_id for r in picked["compare"]])
-            shoot(page, f"{base}/#/compare-runs?runs={ids}&experiments={json.dumps([experiment_id])}",
+            shoot(page, f"{base}/#/compare-runs?runs={ids}&experiments={json.dumps([experiment_id])}&{ml}",
                   args.out / "compare.png", "Parallel Coordinates Plot", prepare=plot_throughput)
         if picked["analysis"]:
             run = f"{exp}/runs/{picked['analysis'].info.run_id}"
-            shoot(page, run, args.out / "analysis.png", "analysis", height=2000)
-            shoot(page, f"{run}/artifacts/efficiency.png", args.out / "analysis-efficiency.png", "efficiency.png")
+            shoot(page, f"{run}?{ml}", args.out / "analysis.png", "analysis", height=2000)
+            shoot(page, f"{run}/artifacts/efficiency.png?{ml}", args.out / "analysis-efficiency.png",
+                  "efficiency.png")
         ctx.close()
 
 

@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--set or params.yaml (default: mlruns/mlflow.db at the repository root). First "
                                    "it writes the experiment's shared view (MLflow's own 'share view' tag) and "
                                    "prints its link: the runs table with throughput, efficiency and accuracy "
-                                   "columns and the studies expanded, in any browser, on its first load.")
+                                   "columns, in any browser, on its first load.")
     _common(p)
     p.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default: 5000)")
     p.add_argument("--no-view", action="store_true",

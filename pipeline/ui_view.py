@@ -8,8 +8,9 @@ tag with a fixed key (`parallax`) and links to it with `workflowType=machine_lea
 sidebar reads before its own localStorage choice, so the page opens on model training, not GenAI. Nothing of MLflow
 is re-implemented: the tag and the link are MLflow's; this module only decides the columns.
 
-The UI replaces its whole page state with the shared one, so the tag carries every field of MLflow 3's default
-state (createExperimentPageUIState in MLflow 3.17's bundle), with the columns and expanded study rows changed.
+The tag carries every field of MLflow 3's default page state (createExperimentPageUIState in MLflow 3.17's bundle)
+with the columns changed: 3.17's reader fills missing fields with defaults itself, earlier 3.x readers replace the
+whole state with the shared one.
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from urllib.parse import urlencode
 
 SHARE_TAG_PREFIX = "mlflow.sharedViewState."  # MLflow's EXPERIMENT_PAGE_VIEW_STATE_SHARE_TAG_PREFIX
 VIEW_KEY = "parallax"
-MAX_EXPANDED = 200  # study rows expanded in the view, newest first
 # the runs table's columns, in order, where the store has them (attributes, then params, then metrics)
 COLUMNS = ("attributes.`Dataset`", "params.`strategy`", "params.`devices`", "params.`batch_size`",
            "metrics.`perf/throughput_img_s`", "metrics.`study/best_img_s`", "metrics.`study/weak_efficiency_max_k`",
@@ -36,15 +36,13 @@ UI_DEFAULTS = {"columnOrder": [], "columnWidths": {}, "runsPinned": [], "runsHid
 
 
 def view_state(runs) -> dict:
-    """The page state for `runs` (MLflow Run objects of one experiment): the COLUMNS the store has, every study
-    (parent) row expanded so the trials show under it."""
+    """The page state for `runs` (MLflow Run objects of one experiment): the COLUMNS the store has. Study (parent)
+    rows stay collapsed, each showing its study's summary metrics: MLflow does not share expanded rows (its reader
+    drops runsExpanded, runsPinned, runsHidden), so a user expands a study with its +."""
     have = {f"metrics.`{k}`" for r in runs for k in r.data.metrics} | {
         f"params.`{k}`" for r in runs for k in r.data.params}
     cols = [c for c in COLUMNS if c.startswith("attributes.") or c in have]
-    # newest first (search_runs' order); MLflow caps an experiment tag at 20,000 characters, ~45 per expanded row
-    parents = list(dict.fromkeys(r.data.tags["mlflow.parentRunId"] for r in runs
-                                 if "mlflow.parentRunId" in r.data.tags))[:MAX_EXPANDED]
-    return {**FACETS, **UI_DEFAULTS, "selectedColumns": cols, "runsExpanded": dict.fromkeys(parents, True)}
+    return {**FACETS, **UI_DEFAULTS, "selectedColumns": cols, "runsExpanded": {}}
 
 
 def publish(client, experiment_id: str, max_runs: int = 5000) -> dict:
