@@ -55,7 +55,7 @@ test: setup              ## the whole suite (CPU, a few minutes)
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
 
-ui: setup                ## MLflow UI on http://127.0.0.1:5000
+ui: setup                ## MLflow UI on http://127.0.0.1:5000; prints the link that opens the runs table with our columns
 	$(BIN)/python -m pipeline ui
 
 DASHBOARD_PORT ?= 8080

@@ -1,17 +1,25 @@
 """What bf16 autocast costs a LeNet training step on this CPU: the same step in fp32 and under autocast, alternating.
 
-    .venv/bin/python benchmarks/amp_cost.py [--batch 64 128] [--steps 30] [--rounds 5]
+    .venv/bin/python benchmarks/amp_cost.py [--batch 64 128] [--steps 30] [--rounds 5] [--isa-cap AVX2 ...]
 
 One thread (as each sweep worker process has), channels-last input, SGD, random data: the step's cost does not depend
 on the values. Prints the host's ISA and whether bf16 is native (capabilities.py) beside the ratio, so a figure from
 one host is never read as another's: on an AVX2-only CPU bf16 is emulated (the issue's user measured ~7x), on an
 AVX-512-BF16/AMX CPU it is native.
+
+`--isa-cap AVX2` measures the same pairs again under oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA, read once per process,
+so each capped pair runs in its own process), alternating with the uncapped pairs in one run: how an AVX-512-BF16
+host shows what an AVX2-only CPU does to bf16, side by side with what it does itself.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -41,24 +49,49 @@ def step_s(batch: int, steps: int, amp: bool) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def pair(batch: int, steps: int) -> tuple[float, float]:
+    return step_s(batch, steps, amp=False), step_s(batch, steps, amp=True)
+
+
+def capped_pair(cap: str, batch: int, steps: int) -> tuple[float, float]:
+    """One fp32/bf16 pair in a child process under ONEDNN_MAX_CPU_ISA=cap."""
+    out = subprocess.run([sys.executable, __file__, "--one-pair", str(batch), str(steps)], check=True, text=True,
+                         capture_output=True, env={**os.environ, "ONEDNN_MAX_CPU_ISA": cap}).stdout
+    return tuple(json.loads(out.strip().splitlines()[-1]))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, nargs="+", default=[64, 128], help="per-process batches (default 64 128)")
     p.add_argument("--steps", type=int, default=30, help="timed steps per measurement (default 30)")
     p.add_argument("--rounds", type=int, default=5, help="fp32/bf16 pairs per batch (default 5)")
+    p.add_argument("--isa-cap", nargs="*", default=[], metavar="CAP",
+                   help="also measure under ONEDNN_MAX_CPU_ISA=CAP (e.g. AVX2), alternating with the uncapped pairs "
+                        "(default: none, this process's ISA only)")
+    p.add_argument("--one-pair", nargs=2, type=int, help=argparse.SUPPRESS)  # internal: the child of --isa-cap
     args = p.parse_args()
     torch.set_num_threads(1)
-    cpu = cpu_capabilities()
-    print(host_line(), f"| ISA {','.join(cpu['isa']) or 'none'} | bf16 {cpu['bf16']} ({cpu['bf16_why']}) | "
-          f"torch CPU capability {cpu['torch_cpu_capability']}")
+    if args.one_pair:
+        print(json.dumps(pair(*args.one_pair)))
+        return
+    variants = [None, *args.isa_cap]
+    for v in variants:
+        env = os.environ if v is None else {**os.environ, "ONEDNN_MAX_CPU_ISA": v}
+        cpu = cpu_capabilities(env=env)
+        print(host_line(), f"| ISA {cpu['isa_text']} | bf16 {cpu['bf16']} ({cpu['bf16_why']}) | "
+              f"torch CPU capability {cpu['torch_cpu_capability']}")
     for b in args.batch:
-        fp32, bf16 = [], []
+        got = {v: ([], []) for v in variants}
         for _ in range(args.rounds):
-            fp32.append(step_s(b, args.steps, amp=False))
-            bf16.append(step_s(b, args.steps, amp=True))
-        f, h = statistics.median(fp32), statistics.median(bf16)
-        print(f"b={b}: fp32 {f * 1e3:.2f} ms/step, bf16 autocast {h * 1e3:.2f} ms/step, ratio bf16/fp32 {h / f:.2f} "
-              f"(median of {args.rounds} alternating pairs of {args.steps} steps)")
+            for v in variants:  # alternating: every variant once per round
+                f, h = pair(b, args.steps) if v is None else capped_pair(v, b, args.steps)
+                got[v][0].append(f)
+                got[v][1].append(h)
+        for v, (fp32, bf16) in got.items():
+            f, h = statistics.median(fp32), statistics.median(bf16)
+            where = "as is" if v is None else f"ONEDNN_MAX_CPU_ISA={v}"
+            print(f"b={b} {where}: fp32 {f * 1e3:.2f} ms/step, bf16 autocast {h * 1e3:.2f} ms/step, ratio bf16/fp32 "
+                  f"{h / f:.2f} (median of {args.rounds} alternating pairs of {args.steps} steps)")
 
 
 if __name__ == "__main__":
