@@ -23,14 +23,26 @@ class Host:
         return {f"host_{k}" if k in ("kind", "n", "name") else k: v for k, v in asdict(self).items()}
 
 
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU's model name with its family and model numbers, e.g. "AMD EPYC (family 23 model 1)": a hypervisor
+    often shows one generic name ("AMD EPYC") for CPUs of different generations (Zen 1 runs a 256-bit AVX2
+    instruction as two halves; Zen 4 has AVX-512), whose fp32 steps differ by 2x (benchmarks/RESULTS.md section 9)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first processor's block is enough
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if fields.get("cpu family") and fields.get("model"):
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name
 
 
 def probe() -> Host:
@@ -39,7 +51,7 @@ def probe() -> Host:
         return Host("cuda", torch.cuda.device_count(), torch.cuda.get_device_name(0), socket.gethostname(),
                     torch.__version__, torch.version.cuda or "")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return Host("cpu", cores, _cpu_name(), socket.gethostname(), torch.__version__, "")
+    return Host("cpu", cores, cpu_name(), socket.gethostname(), torch.__version__, "")
 
 
 def keep_freed_memory() -> None:

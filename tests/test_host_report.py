@@ -111,3 +111,24 @@ def test_no_nvidia_smi_means_no_topology(monkeypatch):
 def test_no_trials_no_claims():
     s = text(frame([row("ddp")]).iloc[0:0])
     assert "## Host capabilities" in s and "Not recorded" in s and "ran slower" not in s
+
+
+ZEN1 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 23
+model\t\t: 1
+model name\t: AMD EPYC
+flags\t\t: fpu avx avx2
+
+processor\t: 1
+cpu family\t: 99
+model name\t: other
+"""
+
+
+def test_cpu_name_carries_family_and_model_so_generic_names_differ():
+    from pipeline.devices import cpu_name
+    assert cpu_name(ZEN1) == "AMD EPYC (family 23 model 1)"  # the first processor's block only
+    zen4 = ZEN1.replace("cpu family\t: 23\nmodel\t\t: 1", "cpu family\t: 25\nmodel\t\t: 17")
+    assert cpu_name(zen4) == "AMD EPYC (family 25 model 17)" != cpu_name(ZEN1)
+    assert cpu_name("model name\t: Some CPU\n") == "Some CPU"  # no family/model (e.g. an Arm cpuinfo): name alone
