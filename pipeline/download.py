@@ -86,8 +86,9 @@ def download(raw: Path, root: Path, mirror: str, progress: bool) -> str:
     raise DataError(f"Could not download Fashion-MNIST; tried {'; '.join(tried)}. {root} is unchanged. On a machine without internet access, copy the four files "
                     f"({', '.join(n for n, _ in resources)}) into a directory and set the data.mirror option to it "
                     f"(`--set data.mirror=/path/to/dir`, or data.mirror in params.yaml; an http(s) URL works too), or "
-                    f"opt in to the offline source with `--set data.source=synthetic`: deterministic Fashion-MNIST-"
-                    f"shaped synthetic images, labelled synthetic in every run and report.")
+                    f"opt in to the offline source with `--set data.source=synthetic` (under DVC: `make pipeline-offline`, "
+                    f"i.e. `dvc exp run -S data.source=synthetic`): deterministic Fashion-MNIST-shaped synthetic "
+                    f"images, labelled synthetic in every run and report.")
 
 
 def _copy_local(url: str, raw: Path, names: list[str]) -> None:

@@ -177,6 +177,7 @@ def test_offline_without_mirror_explains_both_ways_out(tmp_path, monkeypatch):
         data.prepare(root, "fashion-mnist", progress=False)
     message = str(e.value)
     assert "data.mirror" in message and "data.source=synthetic" in message and url in message
+    assert "make pipeline-offline" in message  # the way out for users of make/dvc, not only the CLI
     assert "\n" not in message
     assert not root.exists() and _leftovers(root) == []
 
