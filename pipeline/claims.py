@@ -84,10 +84,14 @@ def claim(study: optuna.Study, runnable=lambda point: True) -> optuna.Trial | No
             continue
         try:
             if storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
-                # at once: Optuna never calls a trial without a heartbeat stale, so a worker killed before its
-                # first beat would leave the trial RUNNING for ever and every rerun waiting on it
-                storage.record_heartbeat(t._trial_id)
+                # the owner first, then the first beat, both at once: Optuna never calls a trial without a heartbeat
+                # stale, so a worker killed before its first beat would leave the trial RUNNING for ever and every
+                # rerun waiting on it; and a trial with a heartbeat but no owner yet is judged by its heartbeat
+                # alone, so a claimer slowed between the two writes (a loaded host: the owner's write came over
+                # GRACE_S after the beat) lost its live trial to another worker on this host. In this order a trial
+                # is never stale before its owner is recorded.
                 storage.set_trial_system_attr(t._trial_id, WORKER_ATTR, _me())
+                storage.record_heartbeat(t._trial_id)
                 return optuna.Trial(study, t._trial_id)
         except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
             continue

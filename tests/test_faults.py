@@ -95,6 +95,28 @@ def test_a_late_heartbeat_of_a_live_worker_on_this_host_keeps_its_trial(tmp_path
     assert storage.get_trial(trial._trial_id).state == TrialState.RUNNING
 
 
+def test_a_claimer_slowed_between_its_writes_keeps_its_trial(tmp_path, monkeypatch):
+    """A loaded host delays the claimer between its writes (seen in CI: a claimer's owner record came over the grace
+    period after its first heartbeat, and another worker on this host failed the live trial as stale and ran it
+    again). Whatever claim() writes last, another worker judging the trial at that moment must keep it."""
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/slow.db", heartbeat_interval=1, grace_period=1)
+    study = optuna.create_study(storage=storage)
+    study.enqueue_trial({"x": 1})
+    judged = []
+
+    def slowed(write):
+        def wrapper(*args, **kwargs):
+            time.sleep(2.5)  # past the grace period since the claim's earlier writes
+            judged.append(claims.fail_stale_trials(study))  # another worker on this host checks for stale trials
+            return write(*args, **kwargs)
+        return wrapper
+    monkeypatch.setattr(storage, "record_heartbeat", slowed(storage.record_heartbeat))
+    monkeypatch.setattr(storage, "set_trial_system_attr", slowed(storage.set_trial_system_attr))
+    trial = claims.claim(study)
+    assert trial is not None and judged == [[], []]
+    assert storage.get_trial(trial._trial_id).state == TrialState.RUNNING
+
+
 @pytest.mark.parametrize("worker", ["dead pid", "another host", "unknown"])
 def test_a_stale_trial_of_a_dead_or_remote_worker_is_failed(tmp_path, worker):
     storage, study, trial = _stale_study(tmp_path)
