@@ -25,7 +25,9 @@ SUFFIX = ".jsonl"
 def trial_row(study, strategy, t=None, point=None, reason="", state="skipped") -> dict:
     """One row: an Optuna trial (t, its record in user attribute `metrics`) or a point not run (point, reason)."""
     m = (t.user_attrs.get("metrics") if t else None) or {}
-    p = dict(t.params) if t else dict(point)
+    # a trial another worker is starting has only some of its params yet (suggested one by one): its enqueued point
+    # is whole (seen in CI: a table written at that moment stopped the sweep on KeyError 'batch_size')
+    p = {**(t.system_attrs.get("fixed_params") or {}), **t.params} if t else dict(point)
     row = dict.fromkeys(COLUMNS)
     row.update({k: v for k, v in TrialRecord.from_dict(m).table_row().items() if v is not None})
     row.update({k: p[k] for k in POINT_KEYS if k in p}, strategy=strategy)

@@ -132,3 +132,20 @@ def test_unselected_strategy_writes_a_table_saying_so_and_opens_no_store(tiny, t
     rows = read(out)
     assert rows and all(r["state"] == "skipped" and r["reason"].startswith("not selected") for r in rows)
     assert not (tmp_path / "mlruns").exists()
+
+
+def test_a_table_written_while_another_worker_starts_a_trial_has_its_whole_point():
+    """Another worker's trial, claimed and half-way through suggesting its params (model and devices so far), is
+    written as its enqueued point, not a KeyError that stops this worker's sweep."""
+    from pipeline import claims
+    from pipeline.sweep_table import trial_row
+    study = optuna.create_study(storage=optuna.storages.RDBStorage("sqlite:///:memory:", heartbeat_interval=1))
+    point = {"model": "lenet", "devices": 2, "batch_size": 128, "lr": 0.1}
+    study.enqueue_trial(point)
+    trial = claims.claim(study)
+    trial.suggest_categorical("model", ["lenet"])
+    trial.suggest_categorical("devices", [2])
+    [running] = study.get_trials(states=(TrialState.RUNNING,))
+    assert set(running.params) == {"model", "devices"}  # the moment the race happened at
+    row = trial_row(study, "ddp", t=running)
+    assert (row["batch_size"], row["per_device_batch"], row["lr"], row["state"]) == (128, 64, 0.1, "running")
