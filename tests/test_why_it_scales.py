@@ -22,8 +22,8 @@ def _bd(step, residual=0.0, **parts):
 def test_sweep_row_and_mlflow_carry_the_breakdown():
     bd = _bd(0.1, residual=0.01, data=0.01, forward=0.02, backward_compute=0.04, comm_exposed=0.01,
              optimizer=0.01)
-    t = SimpleNamespace(user_attrs={"metrics": {"breakdown": bd}}, params={"model": "lenet", "devices": 2,
-                        "batch_size": 256, "lr": 0.1}, state=TrialState.COMPLETE, number=3)
+    t = SimpleNamespace(user_attrs={"metrics": {"breakdown": bd}}, system_attrs={}, state=TrialState.COMPLETE,
+                        params={"model": "lenet", "devices": 2, "batch_size": 256, "lr": 0.1}, number=3)
     row = trial_row(SimpleNamespace(study_name="s"), "ddp", t=t)
     assert set(BD_COLUMNS) <= set(COLUMNS)
     assert row["bd_step_s"] == 0.1 and row["bd_backward_compute_s"] == 0.04 and row["bd_residual_s"] == 0.01
