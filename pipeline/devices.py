@@ -25,8 +25,8 @@ class Host:
 
 def cpu_name(cpuinfo: str | None = None) -> str:
     """The CPU's model name with its family and model numbers, e.g. "AMD EPYC (family 23 model 1)": a hypervisor
-    often shows one generic name ("AMD EPYC") for CPUs of different generations (Zen 1 runs a 256-bit AVX2
-    instruction as two halves; Zen 4 has AVX-512), whose fp32 steps differ by 2x (benchmarks/RESULTS.md section 9)."""
+    often shows one generic name ("AMD EPYC") for CPUs of different generations: the two EPYC hosts measured here
+    (AVX2 only, and AVX-512-BF16) differ 2.3x in their fp32 LeNet step (benchmarks/RESULTS.md section 9)."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo") as f:
