@@ -1,6 +1,9 @@
 """Parallax's training vs the seeds' own recipe (../shared/peers/d2l_reference.py), side by side, alternating.
 
-    .venv/bin/python benchmarks/vs_d2l.py [--rounds 3] [--batches 60]
+    .venv/bin/python benchmarks/vs_d2l.py [--rounds 3] [--batches 60] [--peer PATH]
+
+The reference script lives beside the repository (../shared/peers/, as in CI's checkout); in a clone elsewhere
+pass its path with --peer.
 
 Same model, same data files, same batch size, same host. The reference (torchvision dataset + ToTensor +
 DataLoader with 4 workers, fp32) reports images/s over its second epoch; ours reports images/s over
@@ -21,10 +24,12 @@ from common import REPO, base_cfg, data_args, ensure_data, host_line, med, probe
 PEER = REPO.parent / "shared" / "peers" / "d2l_reference.py"
 
 
-def d2l(data: Path, model: str, batch: int, batches: int) -> float:
-    out = subprocess.run([sys.executable, str(PEER), str(data), model, str(batch), "0.1", "2", str(batches)],
-                         capture_output=True, text=True, timeout=1800, check=True).stdout
-    return float(re.findall(r"epoch 2: [\d.]+ s, (\d+) img/s", out)[-1])
+def d2l(peer: Path, data: Path, model: str, batch: int, batches: int) -> float:
+    proc = subprocess.run([sys.executable, str(peer), str(data), model, str(batch), "0.1", "2", str(batches)],
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode:
+        sys.exit(f"the d2l reference ({peer}) failed with exit code {proc.returncode}:\n{proc.stderr[-2000:]}")
+    return float(re.findall(r"epoch 2: [\d.]+ s, (\d+) img/s", proc.stdout)[-1])
 
 
 def main():
@@ -32,7 +37,11 @@ def main():
     data_args(p)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batches", type=int, default=60, help="batches per epoch for both (steady-state window)")
+    p.add_argument("--peer", type=Path, default=PEER, help=f"the seeds' reference script (default {PEER})")
     args = p.parse_args()
+    if not args.peer.is_file():
+        p.error(f"no reference script at {args.peer}: it ships in the project's shared/peers/, beside the "
+                f"repository; pass its path with --peer")
     source = resolve_source(args)
     ensure_data(args.data, source)
     host = probe()
@@ -50,7 +59,7 @@ def main():
                 if best_k > 1:
                     ours_best.append(trial(cfg, Path(tmp) / "d", model=model, batch_size=batch * best_k,
                                            strategy="ddp", devices=best_k)["throughput_img_s"])
-            ref.append(d2l(args.data, model, batch, args.batches))
+            ref.append(d2l(args.peer, args.data, model, batch, args.batches))
             print(f"  round {r + 1}: single {ours_single[-1]:,.0f} img/s"
                   + (f", ddp k={best_k} {ours_best[-1]:,.0f} img/s" if ours_best else "")
                   + f", d2l recipe {ref[-1]:,.0f} img/s", flush=True)

@@ -1,8 +1,10 @@
-"""Parallax command line: one subcommand per DVC stage, plus `train` and `ui`.
+"""Parallax command line: one subcommand per DVC stage, plus `train`, `ui`, `profiles` and `doctor`.
 
     python -m pipeline download                       # DVC stage `download`
     python -m pipeline train --strategy ddp --devices 2 --epochs 1 --out runs/ddp2
     python -m pipeline sweep --strategy ddp           # DVC stage `sweep@ddp`
+    python -m pipeline overlap                        # DVC stage `overlap`
+    python -m pipeline collectives                    # DVC stage `collectives`
     python -m pipeline analyze                        # DVC stage `analyze`
     python -m pipeline ui                             # MLflow UI on http://127.0.0.1:5000
     python -m pipeline doctor                         # does every strategy run and agree here? (no MLflow needed)

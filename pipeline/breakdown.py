@@ -23,10 +23,12 @@ Python between phases) is reported, never folded into a part. Waiting for a slow
 (a fast rank's all-reduce waits for the slow rank's bucket) cannot be told apart from transfer time on one rank's
 clock: it counts as comm_exposed; the per-rank table lets analysis compare ranks.
 
-Cost (measured on a 2-core CPU host, LeNet, every=10): single/scratch/ddp add 0.1-1% to epoch_s (barriers, DDP's
-stats); fsdp ~5% (the profiler's start, stop and parsing on each sampled step, ~40 ms there), and its profiled
-step runs ~5% slower than an unsampled one (per-op recording). Each trial reports timed_step_s (unsampled) and
-sampled_wall_s (a sampled step with barriers and probe) so the cost is visible per trial.
+Cost (benchmarks/breakdown_cost.py, benchmarks/RESULTS.md section 6: a 2-core CPU host, LeNet, every=10, two
+rounds): sampling adds 0.1% to single's epoch, 0.6% to ddp's (barriers, DDP's stats) and 3.3% to fsdp's (the
+profiler on each sampled step). The unsampled steps' throughput came out 6% (ddp) and 9% (fsdp) lower with sampling
+on, in ranges that nearly touch: not resolved; train.breakdown_every=0 gives the undisturbed throughput. Each trial
+reports timed_step_s (unsampled) and sampled_wall_s (a sampled step with barriers and probe), so the cost is
+visible per trial.
 """
 from __future__ import annotations
 

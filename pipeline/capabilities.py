@@ -19,9 +19,10 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16")
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
 # oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA; DNNL_MAX_CPU_ISA before oneDNN 2): below AVX512_CORE_BF16 oneDNN converts
-# bf16 through fp32 even where the CPU has the instructions. Measured on an AVX-512-BF16 EPYC (benchmarks/amp_cost.py):
-# a bf16 LeNet step 0.45x an fp32 one, 7.5x with ONEDNN_MAX_CPU_ISA=AVX2 (as on an AVX2-only CPU), 1.8x with
-# AVX512_CORE. So the cap decides "native" as much as the flags do. oneDNN's documented order, lowest first:
+# bf16 through fp32 even where the CPU has the instructions. benchmarks/amp_cost.py, a bf16 LeNet step against an
+# fp32 one (benchmarks/RESULTS.md sections 8 and 10): on an AVX-512-BF16 EPYC 0.45x, 6.6-7.5x with
+# ONEDNN_MAX_CPU_ISA=AVX2 (as on an AVX2-only CPU); on an AVX-512-BF16/FP16 Xeon 1.27x, 7.33x with AVX2 and 2.68x
+# with AVX512_CORE. So the cap decides "native" as much as the flags do. oneDNN's documented order, lowest first:
 ONEDNN_ISA_ORDER = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
                     "AVX512_CORE_BF16", "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512",
                     "AVX10_2_512_AMX_2")

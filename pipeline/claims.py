@@ -2,16 +2,16 @@
 the worker loop. The only module that touches Optuna's private API (study._storage, trial._trial_id,
 storage._get_stale_trial_ids): sweep.py and the rest go through the public functions here.
 
-Why not `study.optimize`: the sweep enqueues every feasible point once, when the study is created, and any number
-of workers (on one host or many, sharing an RDB) must run exactly that queue. optimize serves a different model:
-(1) when no trial is waiting it asks the sampler for a new point, where a worker here must wait for the trials
-other workers hold and stop when the queue is done; the claim below takes a waiting trial in one storage
-transaction (only one worker wins it) and records a heartbeat and its owner at once, so a worker killed before its
-first beat cannot leave a trial RUNNING for ever; (2) optimize's fail_stale_trials fails every trial with a late
-heartbeat, including one whose worker is alive on this host and only slowed down (a busy host, SQLite writers
-queuing), and a copy must be enqueued again for a dead one; (3) optimize takes whatever trial is next, where a
-worker must skip the points this host cannot run (more devices than it has, a CUDA-only strategy on a CPU host)
-and leave them waiting for a larger worker.
+Why not `study.optimize`: the sweep enqueues every feasible point once, when the study is created, and any number of
+workers (on one host or many, sharing an RDB) must run exactly that queue. optimize serves a different model: (1)
+when no trial is waiting it asks the sampler for a new point, where a worker here must wait for the trials other
+workers hold and stop when the queue is done; the claim below takes a waiting trial in one storage transaction (only
+one worker wins it) and records its owner and a first heartbeat right after, in two more commits (milliseconds: a
+worker killed inside that window leaves its trial RUNNING, docs/reliability.md, Limits); (2) optimize's
+fail_stale_trials fails every trial with a late heartbeat, including one whose worker is alive on this host and only
+slowed down (a busy host, SQLite writers queuing), and a copy must be enqueued again for a dead one; (3) optimize
+takes whatever trial is next, where a worker must skip the points this host cannot run (more devices than it has, a
+CUDA-only strategy on a CPU host) and leave them waiting for a larger worker.
 
 A worker claims a WAITING trial (one storage transaction: only one worker wins it), records who it is (host, pid,
 process start time) and beats every HEARTBEAT_S. A trial whose heartbeat is older than GRACE_S is failed as stale
@@ -84,7 +84,7 @@ def claim(study: optuna.Study, runnable=lambda point: True) -> optuna.Trial | No
             continue
         try:
             if storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
-                # the owner first, then the first beat, both at once: Optuna never calls a trial without a heartbeat
+                # the owner first, then the first beat, each right away: Optuna never calls a trial without a heartbeat
                 # stale, so a worker killed before its first beat would leave the trial RUNNING for ever and every
                 # rerun waiting on it; and a trial with a heartbeat but no owner yet is judged by its heartbeat
                 # alone, so a claimer slowed between the two writes (a loaded host: the owner's write came over

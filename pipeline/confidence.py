@@ -96,7 +96,29 @@ def efficiency_claim(w, tag: str) -> str:
     tail = {"only": " (the only one defined there)",
             "best": f", its interval clear of the runner-up's{then}",
             "unknown": f"{then}; not shown to be ahead beyond noise (an interval is unknown)"}[verdict]
-    return f"{head}{tail}. {how_sure(top).capitalize()}."
+    return f"{head}{tail}. {how_sure(top).capitalize()}.{speed_caveat(top, at)}"
+
+
+def speed_caveat(top, at) -> str:
+    """A best efficiency is not a best speed: efficiency compares a strategy with its own k=1. Where another strategy
+    moves more images/s at the same k and per-device batch, say so with both k=1 references ("" where none does)."""
+    same = at["strategy"] != top["strategy"]
+    for c in (c for c in ("per_device_batch", "model", *EXTRAS) if c in at):
+        same &= (at[c].isna() if _nan(top[c]) else at[c] == top[c])
+    same = at[same]
+    faster = same[same["throughput_img_s"] > top["throughput_img_s"]]
+    if faster.empty:
+        return ""
+    f = faster.loc[faster["throughput_img_s"].idxmax()]
+    s, o = top["strategy"], f["strategy"]
+    text = (f" Efficiency measures scaling against a strategy's own k=1, not speed: at k={top['k']:g}, "
+            f"b={top['per_device_batch']:g} **{o}** moves {f['throughput_img_s']:,.0f} images/s to {s}'s "
+            f"{top['throughput_img_s']:,.0f}")
+    if top["base_throughput_img_s"] < f["base_throughput_img_s"]:
+        text += (f"; {s}'s k=1 reference is the slower one ({top['base_throughput_img_s']:,.0f} against "
+                 f"{f['base_throughput_img_s']:,.0f} images/s), and a longer step leaves any communication a smaller "
+                 "share of it")
+    return text + "."
 
 
 def fastest_claim(p, tag: str) -> str | None:

@@ -52,6 +52,7 @@ class Row:
     backend: str = ""
     amp_dtype: str = ""
     comm_hook_used: str = ""
+    timed_steps: int = 0  # steps timed after warm-up: fewer than the settings' where the row's dtype is emulated
     seconds: float = 0.0
 
 
@@ -81,6 +82,7 @@ def run_case(case: Case, base, host: Host, ref: dict | None, init: dict, work: P
     row = Row(case.strategy, case.k, case.variant, case.tag)
     if any(f"amp_dtype={d}" in s for d in emulated for s in case.sets):
         steps = max(5, steps // 6)
+    row.timed_steps = steps
     t0 = time.perf_counter()
     sets = (f"train.strategy={case.strategy}", f"train.devices={case.k}", *case.sets)
     try:
@@ -199,6 +201,8 @@ def markdown(report: dict) -> str:
         if r["tag"] == "oversubscribed" and r["img_s"]:
             tput += " (shared device: not a speed)"
         step = f"{r['step_ms']:.1f}" if r["step_ms"] else "-"
+        if r["step_ms"] and r.get("timed_steps") and r["timed_steps"] != report["settings"]["timed_steps"]:
+            step += f" ({r['timed_steps']} steps: emulated dtype)"
         lines.append(f"| {_label(r)} | {r['status']} | {tput} | {step} | "
                      f"{', '.join(f'{p:.1f}' for p in r['peak_mem_mib']) or '-'} | {r['mem_method'] or '-'} | "
                      f"{r['backend'] or '-'} | {(r['reason'] or r['check']).replace('|', '/')} |")

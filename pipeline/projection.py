@@ -23,8 +23,7 @@ PROJECT_KS = (4, 8)
 COLUMNS = ["strategy", "model", "per_device_batch", *EXTRAS, "k", "role", "basis", "interconnect",
            "interconnect_kind", "modelled_efficiency", "modelled_step_s", "modelled_exposed_comm_s",
            "measured_efficiency", "rel_error", "tolerance", "within_tolerance", "verdict"]
-COLLECTIVES_HOWTO = ("python -c \"import json, pipeline.collectives as c; "
-                     "open('results/collectives.json', 'w').write(json.dumps(c.measure()))\"")
+COLLECTIVES_HOWTO = "dvc repro -s collectives (or: python -m pipeline collectives)"
 
 
 def host_interconnect(collectives: dict | None):

@@ -2,6 +2,8 @@
 unknown intervals said as such; on constructed frames with window lists."""
 from __future__ import annotations
 
+import re
+
 from pipeline import report, tables
 from tests.test_intervals import repeats, with_windows
 
@@ -68,3 +70,17 @@ def test_a_single_measurement_says_its_interval_is_unknown():
     assert "no interval to say by how much" in line(out, "Implausible")  # unknown: still not a finding
     best = line(out, "Best weak-scaling efficiency")
     assert "0.80 (no interval)" in best and "interval unknown" in best
+
+
+def test_a_best_efficiency_that_is_not_the_fastest_says_so_with_both_references():
+    """ddp_amp on a CPU whose bf16 step is slower: the higher efficiency comes from a slower k=1 step, not speed."""
+    out = reading(("ddp", 1, 1000.0, 1), ("ddp", 2, 1700.0, 2), ("ddp_amp", 1, 600.0, 3), ("ddp_amp", 2, 1140.0, 4))
+    best = line(out, "Best weak-scaling efficiency")
+    assert "**ddp_amp** 0.95" in best and "then ddp 0.85" in best
+    assert re.search(r"not speed: at k=2, b=128 \*\*ddp\*\* moves 1,(69|70)\d images/s to ddp_amp's 1,1[34]\d", best)
+    assert re.search(r"ddp_amp's k=1 reference is the slower one \((59|60)\d against (99\d|1,00\d) images/s\)", best)
+
+
+def test_a_best_efficiency_that_is_also_the_fastest_has_no_caveat():
+    out = reading(("ddp", 1, 1000.0, 1), ("ddp", 2, 1800.0, 2), ("fsdp", 1, 1000.0, 3), ("fsdp", 2, 1400.0, 4))
+    assert "not speed" not in line(out, "Best weak-scaling efficiency")

@@ -82,6 +82,7 @@ def test_planted_failure_is_a_failed_row_not_a_crash(make_cfg, tmp_path, monkeyp
     rows = {(r["strategy"], r["k"]): r for r in written["rows"]}
     assert rows[("single", 1)]["status"] == "passed" and rows[("single", 1)]["img_s"] > 0
     assert rows[("single", 1)]["peak_mem_mib"] and rows[("single", 1)]["peak_mem_mib"][0] > 0
+    assert rows[("single", 1)]["timed_steps"] == written["settings"]["timed_steps"]
     assert rows[("scratch", 1)]["status"] == "failed"
     assert "planted fault in the step" in rows[("scratch", 1)]["reason"]
     if probe().kind == "cpu":
@@ -89,6 +90,25 @@ def test_planted_failure_is_a_failed_row_not_a_crash(make_cfg, tmp_path, monkeyp
     assert written["counts"]["failed"] == 1 and written["synthetic"] is True
     md = (tmp_path / "doctor" / "doctor.md").read_text()
     assert "| scratch k=1 | failed |" in md and "SYNTHETIC" in md and f"bf16 {written['host']['bf16']}" in md
+
+
+def test_a_row_timed_on_fewer_steps_says_so_in_the_table():
+    """An emulated dtype's timed run is cut to a sixth of the steps: its row names its own count, not the header's."""
+    rows = [dict(strategy="ddp_amp", k=1, variant=v, tag="", status="passed", reason="", check="ok", img_s=100.0,
+                 step_ms=10.0, peak_mem_mib=[1.0], mem_method="m", backend="gloo", timed_steps=n)
+            for v, n in (("bf16", 30), ("fp16+GradScaler", 5))]
+    host = capabilities.cpu_capabilities({"avx2"}, env={})
+    report = {"host": {"hostname": "h", "kind": "cpu", "devices": 1, "name": "n", "torch": "t", "python": "p",
+                       "cuda": "", "cudnn": "", "nccl": "", "gloo": True,
+                       "cpu": {**host, "torch_cpu_capability": "AVX2"}, "bf16": "emulated", "fp16": "emulated"},
+              "data_source": "synthetic", "synthetic": True, "rows": rows,
+              "settings": {"model": "lenet", "timed_steps": 30, "per_device_batch": 64, "equivalence": "e"},
+              "counts": {"passed": 2, "failed": 0, "unavailable": 0}}
+    md = doctor.markdown(report)
+    assert "30 steps after warm-up" in md
+    fp16 = next(line for line in md.splitlines() if line.startswith("| ddp_amp k=1 (fp16"))
+    bf16 = next(line for line in md.splitlines() if line.startswith("| ddp_amp k=1 (bf16"))
+    assert "(5 steps: emulated dtype)" in fp16 and "steps:" not in bf16
 
 
 def test_a_strategy_that_trains_differently_fails_the_equivalence(make_cfg, tmp_path, monkeypatch):

@@ -141,7 +141,12 @@ def test_report_with_the_hosts_collectives_checks_the_model_and_labels_it(tmp_pa
     assert "| ddp | lenet | 2 | 128 | 1 | 3 | 110 | 9.1% | 18.2% | 45.5% | 5.5% | 9.1% | 2.7% | 10.0% |" in why
     assert "ddp at k=2 (b=128) loses 9%" in why
     line = next(ln for ln in why.splitlines() if ln.startswith("- ddp at k=2") and "modelled error" in ln)
-    assert "tolerance" in line or "MISS" in line
+    row = checks[checks["strategy"] == "ddp"].iloc[0]
+    assert f"modelled error {row['rel_error']:+.1%}" in line  # the check's own error, not a figure of the report's
+    if abs(row["rel_error"]) <= row["tolerance"]:  # the verdict follows the error: within, or a named miss
+        assert "within the" in line and "MISS" not in line
+    else:
+        assert "MISS: the model is off by" in line and "within the" not in line
     _modelled_values_are_labelled(model, text)
 
 
