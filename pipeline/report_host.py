@@ -2,7 +2,9 @@
 columns, from capabilities.py) and the slow rows those capabilities explain.
 
 A pure function of the sweep DataFrame, returning markdown. Its one causal claim: a strategy that autocasts to a
-low-precision type ran slower than the fp32 strategy it differs from, on a host where that type is emulated.
+low-precision type ran slower than the fp32 strategy it differs from, on a host where that type is emulated. Where
+the type is native, it claims no cause: it says where the step's extra time went (the trials' breakdown, measured),
+and that what inside those phases costs it (the low-precision kernels or the casts) is not separated here.
 """
 from __future__ import annotations
 
@@ -64,14 +66,33 @@ def _cause(caps: dict, device_kind: str, dtype: str) -> str:
         return (f"{dtype} is emulated on {where}: {missing}, so autocast converts through fp32 and adds work "
                 f"instead of saving it")
     if status == "native":
-        return (f"{dtype} is native on {where}, so emulation does not explain it: at this model's size the casts "
-                f"autocast inserts can cost more than the lower precision saves")
+        return (f"{dtype} is native on {where}, so emulation does not explain it; whether the {dtype} kernels or "
+                f"the casts around them cost the difference is not separated here")
     return f"this sweep table does not record whether {dtype} is native on {where}"
 
 
-def _medians(rows) -> dict:
+def _medians(rows, col: str = "throughput_img_s") -> dict:
     keep = rows[~rows["interfered"]] if "interfered" in rows else rows
-    return keep.groupby(["model", "k", "batch_size"])["throughput_img_s"].median().dropna().to_dict()
+    if col not in keep:
+        return {}
+    return keep.groupby(["model", "k", "batch_size"])[col].median().dropna().to_dict()
+
+
+# the breakdown's phases (sweep table bd_*_s, breakdown.py) a slow autocast step is compared on, with their words
+PHASES = (("bd_forward_s", "forward"), ("bd_backward_compute_s", "backward"), ("bd_comm_exposed_s", "exposed comm"))
+
+
+def _where_it_went(amp_rows, base_rows, key, base: str) -> str:
+    """Per step at `key`, the breakdown's phases of the autocast strategy against its baseline's, in ms (measured);
+    "" where either has no breakdown."""
+    parts = []
+    for col, word in PHASES:
+        a, b = _medians(amp_rows, col).get(key), _medians(base_rows, col).get(key)
+        if a is None or b is None:
+            return ""
+        parts.append(f"{word} {1e3 * a:.1f} ms vs {1e3 * b:.1f}")
+    model, k, bs = key
+    return f"; per step at k={k:g}, B={bs:g} (the trials' breakdown, measured): " + ", ".join(parts) + f" ({base})"
 
 
 def slow_rows(df) -> list[str]:
@@ -83,7 +104,8 @@ def slow_rows(df) -> list[str]:
         caps = {c: _text(g[c].iloc[0]) if c in g else "" for c in HOST_COLS}
         kind = _text(g["device_kind"].iloc[0]) if "device_kind" in g else ""
         for amp, base in catalog.autocast_baselines().items():
-            a, b = _medians(g[g["strategy"] == amp]), _medians(g[g["strategy"] == base])
+            amp_rows, base_rows = g[g["strategy"] == amp], g[g["strategy"] == base]
+            a, b = _medians(amp_rows), _medians(base_rows)
             slow = [(key, a[key], b[key]) for key in sorted(a) if key in b and a[key] < SLOWER * b[key]]
             if not slow:
                 continue
@@ -91,7 +113,8 @@ def slow_rows(df) -> list[str]:
             figures = "; ".join(f"k={k:g}, B={bs:g}{'' if model == 'lenet' else f' ({model})'}: {x:,.0f} img/s vs "
                                 f"{base}'s {y:,.0f} ({y / x:.1f}× slower)" for (model, k, bs), x, y in slow)
             where = f" on {host}" if host else ""
-            out.append(f"**{amp}** ran slower than **{base}**{where} ({figures}): {_cause(caps, kind, dtype)}.")
+            went = _where_it_went(amp_rows, base_rows, slow[0][0], base)
+            out.append(f"**{amp}** ran slower than **{base}**{where} ({figures}{went}): {_cause(caps, kind, dtype)}.")
     return out
 
 
