@@ -16,7 +16,11 @@ import torch.distributed as dist
 # CPU flags (from /proc/cpuinfo) that make a low-precision type native on the CPU: oneDNN uses them for bf16/fp16
 # convolutions and matrix products; without them PyTorch converts to fp32 and back (emulation)
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16")
+# fp16: AVX-512-FP16 alone does not count. On an AVX-512-FP16 Xeon an fp16-autocast LeNet step took 130-170x an fp32
+# one (benchmarks/amp_cost.py --dtype fp16, RESULTS.md section 10): PyTorch's CPU fp16 kernels for such a model did
+# not use it. AMX-FP16 is taken as native from the flag alone (not measured: no such CPU was reached).
+FP16_CPU_FLAGS = ("amx_fp16",)
+FP16_NOT_ENOUGH = "avx512_fp16"
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
 # oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA; DNNL_MAX_CPU_ISA before oneDNN 2): below AVX512_CORE_BF16 oneDNN converts
 # bf16 through fp32 even where the CPU has the instructions. benchmarks/amp_cost.py, a bf16 LeNet step against an
@@ -69,7 +73,7 @@ def cpu_capabilities(flags: set[str] | None = None, env=None) -> dict:
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
     for dtype, have_flags, missing in (("bf16", BF16_CPU_FLAGS, "AVX-512-BF16/AMX-BF16"),
-                                       ("fp16", FP16_CPU_FLAGS, "AVX-512-FP16/AMX-FP16")):
+                                       ("fp16", FP16_CPU_FLAGS, "AMX-FP16")):
         have = [f for f in have_flags if f in flags]
         if have and _capped_below(cap, dtype):
             out[dtype], out[f"{dtype}_why"] = "emulated", (
@@ -77,6 +81,10 @@ def cpu_capabilities(flags: set[str] | None = None, env=None) -> dict:
                 "converted through fp32")
         elif have:
             out[dtype], out[f"{dtype}_why"] = "native", f"CPU has {', '.join(have)}"
+        elif dtype == "fp16" and FP16_NOT_ENOUGH in flags:
+            out[dtype], out[f"{dtype}_why"] = "emulated", (
+                "CPU has avx512_fp16 but no amx_fp16, and PyTorch's CPU fp16 kernels did not use AVX-512-FP16 on "
+                "such a CPU (an fp16 LeNet step 130x+ fp32, benchmarks/RESULTS.md section 10)")
         else:
             out[dtype], out[f"{dtype}_why"] = "emulated", f"no {missing}: converted through fp32"
     # as the sweep table, tags and reports show it: the flags, and oneDNN's cap where one is set

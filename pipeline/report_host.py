@@ -59,7 +59,7 @@ def _cause(caps: dict, device_kind: str, dtype: str) -> str:
     else:
         where = f"this CPU (ISA {isa})"
     if status == "emulated":
-        missing = ("no AVX-512-BF16/AMX-BF16" if dtype == "bf16" else "no AVX-512-FP16/AMX-FP16") \
+        missing = ("no AVX-512-BF16/AMX-BF16" if dtype == "bf16" else "no AMX-FP16 (AVX-512-FP16 alone is not used)") \
             if device_kind != "cuda" else f"no {dtype} tensor cores"
         if device_kind != "cuda" and "oneDNN capped at" in isa:  # capabilities.cpu_capabilities' isa_text
             missing = "ONEDNN_MAX_CPU_ISA keeps oneDNN from the instructions for it"
