@@ -55,8 +55,9 @@ test: setup              ## the whole suite (CPU; 11 to 25 minutes on 2 cores, b
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
 
-ui: setup                ## MLflow UI on http://127.0.0.1:5000; prints the link that opens the runs table with our columns
-	$(BIN)/python -m pipeline ui
+UI_PORT ?= 5000
+ui: setup                ## MLflow UI on http://127.0.0.1:$(UI_PORT) (make ui UI_PORT=5001); prints the link that opens the runs table with our columns
+	$(BIN)/python -m pipeline ui --port $(UI_PORT)
 
 DASHBOARD_PORT ?= 8080
 # OPTUNA_STORAGE: the default store, or the sweep.storage URL of a shared study (make dashboard OPTUNA_STORAGE=...)

@@ -414,9 +414,27 @@ def test_ui_binds_to_localhost_without_a_shell(make_cfg, tmp_path, monkeypatch):
     from mlflow import MlflowClient  # the shared runs-table view is written before the UI starts
     exps = MlflowClient(env["MLFLOW_BACKEND_STORE_URI"]).search_experiments()
     assert any("mlflow.sharedViewState.parallax" in e.tags for e in exps)
-    with pytest.raises(SystemExit):  # not a number: refused before anything runs
-        main(["ui", "--set", "profile=", "--port", "5000; rm -rf ~"])
+    for bad in ("5000; rm -rf ~", "99999", "-1", "0"):  # not a port: refused before anything runs
+        with pytest.raises(SystemExit):
+            main(["ui", "--set", "profile=", "--port", bad])
     assert len(calls) == 1
+
+
+def test_ui_on_a_busy_port_is_a_clear_error_before_mlflow_starts(make_cfg, monkeypatch, capsys):
+    import socket
+
+    from pipeline.__main__ import main
+    make_cfg()
+    calls = []
+    monkeypatch.setattr(os, "execve", lambda *a: calls.append(a))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["ui", "--set", "profile=", "--port", str(port)]) != 0
+    err = capsys.readouterr().err
+    assert f"Port {port} on 127.0.0.1 is in use" in err and "--port " in err and "UI_PORT=" in err
+    assert calls == []  # MLflow never started
 
 
 def _package_calls():
