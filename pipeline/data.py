@@ -144,8 +144,10 @@ def _publish(tmp: Path, root: Path, manifest: dict) -> None:
 
 # ---------------------------------------------------------------- training-time access
 
-def load(root, source: str, train_limit: int = 0, test_limit: int = 0) -> Dataset:
-    """The prepared data as tensors; limits (0 = all) keep the first n samples (the order is class-shuffled)."""
+def load(root, source: str, train_limit: int = 0, test_limit: int = 0, verify: bool = False) -> Dataset:
+    """The prepared data as tensors; limits (0 = all) keep the first n samples (the order is class-shuffled).
+    verify: check every file against manifest.json's md5 first (~0.1 s; once per sweep or train command, not per
+    rank), so a file changed after `download` is an error, not a silently different data set."""
     root = Path(root)
     make_it = f"Create it with {_RERUN} and data.source={source}."
     try:
@@ -162,6 +164,13 @@ def load(root, source: str, train_limit: int = 0, test_limit: int = 0) -> Datase
         raise DataError(f"{root} holds {found} data but data.source is {source}; synthetic data is never used in "
                         f"place of the real set, or the other way round. Rerun {_RERUN} to prepare {source} data, "
                         f"or set data.source={found} (`--set data.source={found}`).")
+    for name in FILES if verify else ():
+        want, got = manifest.get("files", {}).get(name) or {}, _describe(raw_dir(root) / name)
+        if got != {k: want.get(k) for k in got}:
+            raise DataError(f"{raw_dir(root) / name} does not match {root / 'manifest.json'} (md5 {got['md5']}, "
+                            f"{got['bytes']} bytes; the manifest says md5 {want.get('md5')}, {want.get('bytes')} "
+                            f"bytes): it changed after the download stage wrote it. Delete {root} and rerun "
+                            f"{_RERUN}.")
     x_train, y_train, x_test, y_test = _read_checked(raw_dir(root))
     return Dataset(_first(x_train, train_limit), _first(y_train, train_limit).long(),
                    _first(x_test, test_limit), _first(y_test, test_limit).long(), source)

@@ -31,9 +31,9 @@ from .strategies import STRATEGIES
 from .train import train
 
 
-def load_data(cfg) -> datamod.Dataset:
+def load_data(cfg, verify: bool = False) -> datamod.Dataset:
     root = paths.repo_root() / cfg.data.dir if not os.path.isabs(cfg.data.dir) else Path(cfg.data.dir)
-    return datamod.load(root, cfg.data.source, cfg.data.train_limit, cfg.data.test_limit)
+    return datamod.load(root, cfg.data.source, cfg.data.train_limit, cfg.data.test_limit, verify=verify)
 
 
 # ----------------------------------------------------------------------------- one process

@@ -251,7 +251,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         return _unselected(cfg, strategy, out_csv)
     # bad input stops here, before anything is written to the stores
     from .ranks import load_data
-    data = load_data(configmod.replace_train(cfg, strategy=strategy))  # present, readable, of the right source
+    data = load_data(configmod.replace_train(cfg, strategy=strategy), verify=True)  # present, unchanged, right source
     n_train = len(data.train_y)
     del data
     for url, key in ((storage_url(cfg), "sweep.storage"), (tracking.tracking_uri(cfg), "tracking.uri")):

@@ -31,7 +31,7 @@ def run(args) -> int:
     host = probe()
     check_feasible(cfg, host)  # before any work, before touching the stores
     from . import data
-    ds = data.load(paths.repo_root() / cfg.data.dir, cfg.data.source, cfg.data.train_limit, 1)  # right source
+    ds = data.load(paths.repo_root() / cfg.data.dir, cfg.data.source, cfg.data.train_limit, 1, verify=True)
     check_batch_fits(cfg, len(ds.train_y))
     output_dir(args.out, "--out")
     tracker = run_id = on_epoch = None
