@@ -195,7 +195,10 @@ def cmd_sweep(args) -> int:
 def cmd_analyze(args) -> int:
     from .analysis_run import log_analysis_run
     from .analyze import analyze
+    from .preflight import input_dir
     cfg = configmod.load(args.params, args.overrides)
+    input_dir(args.sweeps, "--sweeps", "the sweep tables (*.jsonl), which the sweep stages write: run them first "
+              "(`dvc repro`, or `python -m pipeline sweep --strategy S` per strategy S) or point --sweeps at them")
     summary = analyze(args.sweeps, args.out, target_acc=cfg.analyze.target_acc)
     run_id = log_analysis_run(cfg, summary, args.out)
     print(f"wrote {args.out}/report.md (MLflow run {run_id})")

@@ -1,10 +1,11 @@
 """A damaged sweep table costs its damaged lines, not its trials: each is skipped, named (file, line number) in the
-report's notes and on stderr."""
+report's notes and on stderr; `analyze --sweeps` at a directory that is not there stops with the stage to run."""
 from __future__ import annotations
 
 import pytest
 
 from pipeline import analyze as A
+from pipeline.__main__ import main
 from pipeline.sweep_table import read_table
 from tests.test_analyze import row, write
 
@@ -51,6 +52,21 @@ def test_read_table_alone_stops_at_the_first_bad_line_naming_it(tmp_path):
         read_table(p)
     bad = []
     assert len(read_table(p, bad)) == 2 and [n for n, _ in bad] == [3]
+
+
+@pytest.mark.parametrize("where", ["nowhere", "afile"])
+def test_analyze_at_a_sweeps_directory_that_is_not_there_stops(tmp_path, monkeypatch, capsys, where):
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("profile: ''\n")
+    (tmp_path / "afile").write_text("not a directory")
+    monkeypatch.setattr(A, "analyze", lambda *a, **k: pytest.fail("analyzed a sweeps directory that is not there"))
+    code = main(["analyze", "--sweeps", str(tmp_path / where), "--out", str(tmp_path / "out")])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2
+    assert f"--sweeps {tmp_path / where} {'does not exist' if where == 'nowhere' else 'is not a directory'}" in err
+    assert "dvc repro" in err and "python -m pipeline sweep --strategy S" in err
+    assert not (tmp_path / "mlruns").exists() and not (tmp_path / "out").exists()  # no MLflow run, no report
 
 
 def test_an_empty_sweeps_directory_still_gives_the_empty_report(tmp_path):
