@@ -195,7 +195,11 @@ def cmd_sweep(args) -> int:
 def cmd_analyze(args) -> int:
     from .analysis_run import log_analysis_run
     from .analyze import analyze
+    from .preflight import input_dir, output_dir
     cfg = configmod.load(args.params, args.overrides)
+    input_dir(args.sweeps, "--sweeps", "the sweep tables (*.jsonl), which the sweep stages write: run them first "
+              "(`dvc repro`, or `python -m pipeline sweep --strategy S` per strategy S) or point --sweeps at them")
+    output_dir(args.out, "--out")  # a directory (report.md, CSVs, figures)
     summary = analyze(args.sweeps, args.out, target_acc=cfg.analyze.target_acc)
     run_id = log_analysis_run(cfg, summary, args.out)
     print(f"wrote {args.out}/report.md (MLflow run {run_id})")
@@ -207,7 +211,9 @@ def cmd_collectives(args) -> int:
 
     from .collectives import measure
     from .devices import probe
+    from .preflight import output_file
     configmod.load(args.params, args.overrides)  # validated like every stage, though nothing in it is used yet
+    output_file(args.out, "--out")  # a file (collectives.json), checked before the benchmark's seconds
     host = probe()
     if host.n < 2:
         result = {"measured": False, "reason": f"this host offers one {host.kind} device: no collective to time"}
@@ -224,7 +230,9 @@ def cmd_collectives(args) -> int:
 def cmd_overlap(args) -> int:
     from . import overlap, tracking
     from .devices import probe
+    from .preflight import output_dir
     cfg = configmod.load(args.params, args.overrides)
+    output_dir(args.out, "--out")  # a directory (overlap.json, overlap.md)
     res = overlap.run(cfg, args.out)
     tracker = tracking.Tracker(cfg)
     host = probe()
@@ -300,6 +308,7 @@ def cmd_ui(args) -> int:
 
 def cmd_doctor(args) -> int:
     from . import doctor
+    from .preflight import output_dir
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in names if s not in configmod.STRATEGY_NAMES]
     if bad or not names:
@@ -309,6 +318,7 @@ def cmd_doctor(args) -> int:
         raise configmod.ConfigError("--max-devices, --steps and --batch-per-device must be at least 1.")
     # the doctor checks the host, not a study: no profile's search spaces, only params.yaml and --set
     base = configmod.load(args.params, ["profile=", "train.timeout_s=120", *args.overrides])
+    output_dir(args.out, "--out")  # a directory (doctor.json, doctor.md): checked before every check is run
     report = doctor.run(base, args.out, names, args.max_devices, args.steps, args.batch_per_device, args.model)
     print(f"wrote {args.out / 'doctor.md'} and {args.out / 'doctor.json'}")
     return 1 if report["counts"]["failed"] else 0

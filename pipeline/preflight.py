@@ -14,7 +14,7 @@ import urllib.parse
 from pathlib import Path
 
 from .paths import repo_root
-from .errors import PathError, StoreError, has_password, redact
+from .errors import DataError, PathError, StoreError, has_password, redact
 from .errors import say as say
 
 PREFLIGHT_TIMEOUT_S = float(os.environ.get("PARALLAX_PREFLIGHT_TIMEOUT_S", "5"))
@@ -105,6 +105,16 @@ def output_dir(path: Path, option: str) -> Path:
         raise PathError(f"{option} {path} is an existing file, but it names the directory to write into. Give a "
                         f"directory path (new or existing). Nothing was run.")
     _writable(path, option, path)
+    return path
+
+
+def input_dir(path: Path, option: str, holds: str) -> Path:
+    """`path` is a directory to read from: it exists (an empty one is read as holding nothing). Checked first, so
+    that a mistyped path stops the command instead of giving an empty result that looks like a real one."""
+    path = Path(path)
+    if not path.is_dir():
+        state = "is not a directory" if path.exists() else "does not exist"
+        raise DataError(f"{option} {path} {state}; it names the directory of {holds}. Nothing was run.")
     return path
 
 

@@ -73,12 +73,34 @@ def _plain(v):
 
 # ---------------------------------------------------------------- reading it back
 
-def read_table(path):
-    """One sweep table as a typed DataFrame (see `typed`); an empty file gives an empty frame."""
+def read_table(path, bad: list | None = None):
+    """One sweep table as a typed DataFrame (see `typed`); an empty file gives an empty frame.
+
+    Line by line, so that one damaged line (a hand edit, a truncated copy) costs that line, not the table: with
+    `bad` a list, each line that is not a JSON object is skipped and listed there as (line number, why); without
+    it, the first such line raises ValueError naming it. Types are JSON's, as written (nothing is parsed from text).
+    """
     import pandas as pd
-    if Path(path).stat().st_size == 0:
-        return pd.DataFrame()
-    return pd.read_json(path, lines=True, orient="records", dtype=False, convert_dates=False)
+    records = []
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line.strip().decode("utf-8"))
+                if not isinstance(rec, dict):
+                    raise ValueError(f"a JSON {type(rec).__name__}, not an object")
+            except json.JSONDecodeError as e:
+                why = f"{e.msg}: column {e.colno}"  # its own "line 1" would be the line within the line
+            except ValueError as e:  # UnicodeDecodeError is one too
+                why = str(e)
+            else:
+                records.append(rec)
+                continue
+            if bad is None:
+                raise ValueError(f"{path} line {n} is not a sweep-table row: {why}")
+            bad.append((n, why))
+    return pd.DataFrame(records)
 
 
 def typed(df):

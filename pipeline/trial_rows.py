@@ -5,6 +5,7 @@ analysis wing: tables.py derives every table from this frame.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +16,7 @@ from .sweep_table import SUFFIX, read_table, typed
 EXPECTED = NAMES  # strategies in the catalog's order (pipeline/catalog.py); others sort after them
 # Grouped on, so that a distinct setting is a distinct point; shown only where they vary.
 EXTRAS = ("host", "data_source", *KNOBS)
+MAX_BAD = 10  # damaged lines of one table named one by one in the notes and on stderr
 
 
 def key_text(v) -> str:
@@ -45,7 +47,8 @@ def normalize(df: pd.DataFrame, stem: str) -> pd.DataFrame:
 
 
 def read_sweeps(sweeps_dir, expected):
-    """Rows of every sweep table, notes, and per file stem 'ok' | 'empty' | 'unreadable: …'."""
+    """Rows of every sweep table, notes, and per file stem 'ok' | 'empty' | 'unreadable: …'. A damaged line is
+    skipped and named (file, line number) in the notes and on stderr; the table's other rows are kept."""
     d, frames, notes, files = Path(sweeps_dir), [], [], {}
     if not d.is_dir():
         notes.append(f"sweeps directory {d} does not exist")
@@ -53,10 +56,16 @@ def read_sweeps(sweeps_dir, expected):
         notes.append(f"{p.name} is a sweep table of an older Parallax (CSV), not read: rerun its sweep stage to "
                      f"write {p.stem}{SUFFIX}")
     for p in sorted(d.glob(f"*{SUFFIX}")) if d.is_dir() else []:
+        bad = []
         try:
-            raw = read_table(p)
-        except (ValueError, UnicodeDecodeError, OSError) as e:
+            raw = read_table(p, bad)
+        except OSError as e:
             files[p.stem] = f"unreadable: {type(e).__name__}: {e}".splitlines()[0]
+            notes.append(f"{p.name}: {files[p.stem]}")
+            continue
+        notes += _skipped(p, bad)
+        if raw.empty and bad:
+            files[p.stem] = f"unreadable: none of its {len(bad)} lines is a row"
             notes.append(f"{p.name}: {files[p.stem]}")
             continue
         if raw.empty:
@@ -71,6 +80,18 @@ def read_sweeps(sweeps_dir, expected):
             notes.append(f"no sweep table for strategy '{s}' ({d / (s + SUFFIX)} missing)")
     df = pd.concat(frames, ignore_index=True) if frames else normalize(pd.DataFrame(), "")
     return df, notes, files
+
+
+def _skipped(p: Path, bad: list) -> list[str]:
+    """Notes on a table's damaged lines (each also a warning on stderr: the run goes on without them). The first
+    MAX_BAD are named one by one; a file of garbage gets one more line for the rest, not thousands."""
+    out = [f"{p} line {n} skipped: not a sweep-table row ({why}). Rerun its sweep stage to rewrite the table, or "
+           f"mend the line" for n, why in bad[:MAX_BAD]]
+    if len(bad) > MAX_BAD:
+        out.append(f"{p}: {len(bad) - MAX_BAD} more damaged lines skipped (lines {bad[MAX_BAD][0]}..{bad[-1][0]})")
+    for note in out:  # not errors.say: the wing imports nothing above the sweep table (tests/test_imports.py)
+        print(f"warning: {note}", file=sys.stderr)
+    return out
 
 
 def load_sweeps(sweeps_dir, expected=EXPECTED) -> tuple[pd.DataFrame, list[str]]:
