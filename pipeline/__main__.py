@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "prints its link: the runs table with throughput, efficiency and accuracy "
                                    "columns, in any browser, on its first load.")
     _common(p)
-    p.add_argument("--port", type=_port, default=5000, help="port on 127.0.0.1, 1-65535 (default: 5000)")
+    p.add_argument("--port", type=port_number, default=5000, help="port on 127.0.0.1, 1-65535 (default: 5000)")
     p.add_argument("--no-view", action="store_true",
                    help="do not (re)write the experiment's shared runs-table view, the mlflow.sharedViewState.parallax "
                         "experiment tag behind the printed link (default: written, then the link printed)")
@@ -251,8 +251,8 @@ def cmd_overlap(args) -> int:
     return 0
 
 
-def _port(text: str) -> int:
-    """argparse type of --port: a whole number from 1 to 65535, refused before anything runs."""
+def port_number(text: str) -> int:
+    """argparse type of --port: a whole number from 1 to 65535, refused before anything runs (ui_cli.py: and free)"""
     try:
         port = int(text)
     except ValueError:
@@ -262,48 +262,9 @@ def _port(text: str) -> int:
     return port
 
 
-def _port_in_use(port: int) -> int | None:
-    """None if 127.0.0.1:port can be bound now (as MLflow's server binds it, address reuse on), else a free port to
-    suggest."""
-    import socket
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return None
-        except OSError:
-            pass
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cmd_ui(args) -> int:
-    from . import tracking
-    from .errors import redact
-    free = _port_in_use(args.port)
-    if free is not None:  # before MLflow starts: its server would print a traceback and still exit 0
-        raise configmod.ConfigError(f"Port {args.port} on 127.0.0.1 is in use (another MLflow UI, `make ui` or "
-                                    f"`make dashboard`?). Stop that one, or pick another port: --port {free} is "
-                                    f"free now (make ui UI_PORT={free}).")
-    cfg = configmod.load(args.params, args.overrides)
-    # the store's URL through the environment, not argv: a password in it stays out of the process list; MLflow 3's
-    # job runners (a huey consumer per task queue, a folder in /dev/shm) serve features Parallax never uses
-    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": tracking.tracking_uri(cfg),
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(args.port)]
-    base = f"http://127.0.0.1:{args.port}"
-    print(f"MLflow UI on {base} for {redact(env['MLFLOW_BACKEND_STORE_URI'])} (local only; Ctrl-C to stop)",
-          flush=True)
-    if not args.no_view:
-        from . import ui_view
-        tracker = tracking.Tracker(cfg)
-        route = ui_view.publish_view(tracker.client, tracker.experiment_id)
-        if route:
-            print(f"The runs table with throughput, efficiency and accuracy columns, in any browser:\n  {base}/{route}",
-                  flush=True)
-    os.execve(sys.executable, cmd, env)  # argument vector, no shell
-    return 0
+    from . import ui_cli
+    return ui_cli.run(args)
 
 
 def cmd_doctor(args) -> int:
