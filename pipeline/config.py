@@ -189,9 +189,14 @@ def parse_set(items) -> dict:
 
 
 def load(params: str | Path | None = None, overrides=(), root: Path | None = None) -> Config:
-    """Read params.yaml (and the profile it names) and apply `--set` overrides."""
+    """Read params.yaml (and the profile it names) and apply `--set` overrides. Without `params`, the repository's
+    params.yaml is optional (none: the profile's and built-in values); a `params` file named explicitly (--params)
+    must exist, or a typo would run silently on other values than the user chose."""
     root = Path(root) if root else repo_root()
     path = Path(params) if params else root / "params.yaml"
+    if params and not path.exists():
+        raise ConfigError(f"The params file {path} (--params) does not exist. Check the path, or leave --params out "
+                          f"to read params.yaml at the repository root. Nothing was run.")
     raw = _read_yaml(path) if path.exists() else {}
     sets = parse_set(overrides)
     profile = sets.get("profile", raw.get("profile", "cpu"))

@@ -120,3 +120,12 @@ def test_a_null_in_params_yaml_leaves_the_profiles_value_and_an_override_replace
     assert (cfg.train.epochs, cfg.train.lr, cfg.data.train_limit) == (4, 0.05, 100)
     params.write_text("profile: p\ntrain: {epochs: 3}\ndata: {train_limit: null}\n")  # what `-S train.epochs=3` writes
     assert c.load(params, root=tmp_path).train.epochs == 3
+
+
+def test_an_explicit_params_file_must_exist_the_default_one_may_not(tmp_path):
+    """--params /typo.yaml used to run silently on the built-in values; only the default params.yaml is optional."""
+    (tmp_path / "experiments").mkdir()
+    missing = tmp_path / "nonexist.yaml"
+    with pytest.raises(c.ConfigError, match=f"params file {missing} .*does not exist"):
+        c.load(missing, ["profile="], root=tmp_path)
+    assert c.load(None, ["profile=", "train.lr=0.2"], root=tmp_path).train.lr == 0.2  # no params.yaml at the root

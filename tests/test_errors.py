@@ -17,6 +17,8 @@ CASES = [
     ("unknown strategy (flag)", ["train", "--out", "{tmp}/o", "--strategy", "horovod"], "invalid choice"),
     ("unknown model", ["train", "--out", "{tmp}/o", "--set", "train.model=vgg16"], "lenet, resnet18"),
     ("unknown params.yaml key", ["train", "--out", "{tmp}/o", "--params", "{tmp}/bad_key.yaml"], "train.lrr"),
+    ("params file that does not exist", ["train", "--out", "{tmp}/o", "--params", "{tmp}/nonexist.yaml"],
+     "does not exist"),
     ("value of the wrong type", ["train", "--out", "{tmp}/o", "--set", "train.epochs=two"], "expected an integer"),
     ("batch size 0", ["train", "--out", "{tmp}/o", "--batch-size", "0"], "must be >= 1"),
     ("batch size negative", ["train", "--out", "{tmp}/o", "--batch-size", "-8"], "must be >= 1"),
