@@ -129,3 +129,12 @@ def test_an_explicit_params_file_must_exist_the_default_one_may_not(tmp_path):
     with pytest.raises(c.ConfigError, match=f"params file {missing} .*does not exist"):
         c.load(missing, ["profile="], root=tmp_path)
     assert c.load(None, ["profile=", "train.lr=0.2"], root=tmp_path).train.lr == 0.2  # no params.yaml at the root
+
+
+@pytest.mark.parametrize("sets", [["train=5", "train.strategy=single"], ["train.lr=0.1", "train.lr.x=2"]])
+def test_a_key_set_as_a_value_and_a_section_names_the_option_that_set_the_value(sets):
+    """train_cli appends `train.strategy=single` for --strategy: the message quotes the user's own --set."""
+    with pytest.raises(c.ConfigError) as e:
+        c.parse_set(sets)
+    assert str(e.value).startswith(f"Malformed --set option {sets[0]!r}")
+    assert f"`{sets[1].split('=')[0]}`" in str(e.value) and sets[1] not in str(e.value)
