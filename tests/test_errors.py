@@ -52,6 +52,8 @@ CASES = [
     ("profile that is a path", ["sweep", "--strategy", "single", "--set", "profile=../params"], "Invalid profile"),
     ("sweep --out at a directory", ["sweep", "--strategy", "single", "--out", "{tmp}"], "is a directory"),
     ("train --out at an existing file", ["train", "--out", "{tmp}/afile"], "is an existing file"),
+    ("train --out empty", ["train", "--out="], "the path is empty"),
+    ("--params empty", ["train", "--out", "{tmp}/o", "--params="], "the path is empty"),
     ("train --out where nothing can be written", ["train", "--out", "{tmp}/afile/o"], "cannot be written"),
     ("seed beyond 32 bits", ["train", "--out", "{tmp}/o", "--seed", str(2**64 + 1)], "must be <= 4294967295"),
     ("collective timeout beyond 30 days", ["train", "--out", "{tmp}/o", "--set", "train.timeout_s=1e300"],
