@@ -15,13 +15,3 @@ def repo_root() -> Path:
             return d
     return here
 
-
-def option_path(text: str) -> Path:
-    """argparse type of a path option (--out, --params, ...): never empty. Path("") is ".", so `--out ""` (an unset
-    shell variable) would write, and clear old outputs, in whatever directory the command runs in."""
-    if not text.strip():
-        import argparse
-        raise argparse.ArgumentTypeError("the path is empty (an unset shell variable?), and an empty path would "
-                                         "silently mean the current directory. Give the path (`.` for the current "
-                                         "directory). Nothing was run.")
-    return Path(text)

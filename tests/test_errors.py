@@ -32,6 +32,7 @@ CASES = [
                                         str(HOST.n + 1), "--batch-size", str(8 * (HOST.n + 1))], "exceeds"),
     ("strategy unavailable on this host", ["train", "--out", "{tmp}/o", "--strategy", "dp"]
      if HOST.kind == "cpu" else None, "needs CUDA"),
+    ("sweep --n-trials negative", ["sweep", "--strategy", "single", "--n-trials", "-1"], "-1 is negative"),
     ("empty search space", ["sweep", "--strategy", "ddp", "--set", "sweep.spaces.ddp.lr=[]"], "empty"),
     ("malformed --set", ["train", "--out", "{tmp}/o", "--set", "train.lr"], "Malformed --set"),
     ("--set of a section as a value, with a flag", ["train", "--out", "{tmp}/o", "--set", "train=5", "--strategy",

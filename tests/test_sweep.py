@@ -82,6 +82,16 @@ def test_a_trial_of_warm_up_steps_only_is_complete_and_says_why_it_has_no_throug
     assert run.info.status == "FINISHED" and why in run.data.tags["parallax.untimed"]
 
 
+def test_n_trials_0_sets_the_study_up_and_says_it_runs_nothing_by_design(tiny, tmp_path, capsys):
+    """The set-up step of docs/scale-out.md: the queue and the parent run, no trial; its console line says so."""
+    cfg = tiny()
+    run_sweep(cfg, "single", tmp_path / "single.jsonl", max_new_trials=0)
+    err = capsys.readouterr().err
+    assert "2 trial(s) to run" in err and "--n-trials 0: the study is set up and no trial is run here, by design" in err
+    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    assert [t.state for t in study.trials] == [TrialState.WAITING] * 2
+
+
 def test_unavailable_strategy_rows_say_why(tiny, tmp_path):
     from pipeline.devices import probe
     if probe().kind == "cuda":
