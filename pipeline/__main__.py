@@ -18,8 +18,8 @@ import os
 import sys
 from pathlib import Path
 
+from . import cli_types, paths
 from . import config as configmod
-from . import paths
 
 EPILOG = """configuration: params.yaml selects a profile (experiments/<profile>.yaml); params.yaml entries override
 the profile; --set overrides both, e.g. --set data.source=synthetic --set train.lr=0.1.
@@ -27,7 +27,8 @@ docs: README.md, docs/errors.md (every error message and its fix)."""
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--params", default=None, help="params file (default: params.yaml at the repository root)")
+    p.add_argument("--params", type=cli_types.path, default=None,
+                   help="params file (default: params.yaml at the repository root)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a configuration value, e.g. --set train.lr=0.1; repeatable, later wins "
                         "(default: none; layers: built-in < profile < params.yaml < --set)")
@@ -52,7 +53,7 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, metavar="N",
                    help=_cfg("train.max_steps", "stop after N optimizer steps, for quick checks; 0 = no limit"))
     p.add_argument("--seed", type=int, help=_cfg("train.seed", "seed of data order and initial weights"))
-    p.add_argument("--out", required=True, type=Path, metavar="DIR",
+    p.add_argument("--out", required=True, type=cli_types.path, metavar="DIR",
                    help="output directory for metrics.json and final_state.pt (required: no default)")
     p.add_argument("--no-track", action="store_true",
                    help="do not log to MLflow (default: log a run to tracking.uri, mlruns/mlflow.db if empty)")
@@ -87,10 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--strategy", required=True, choices=configmod.STRATEGY_NAMES,
                    help="the strategy whose study runs (required: no default)")
-    p.add_argument("--out", type=Path, default=None, help="sweep table path (default: results/sweeps/STRATEGY.jsonl)")
-    p.add_argument("--n-trials", type=int, default=None, metavar="N",
-                   help="run at most N new trials in this worker (default: every trial the study still lacks; "
-                        "its size is sweep.n_trials, or the whole grid when that is 0)")
+    p.add_argument("--out", type=cli_types.path, default=None,
+                   help="sweep table path (default: results/sweeps/STRATEGY.jsonl)")
+    p.add_argument("--n-trials", type=cli_types.n_trials, default=None, metavar="N",
+                   help="run at most N new trials in this worker; 0 sets up the study and runs none (default: every "
+                        "trial the study still lacks; its size is sweep.n_trials, or the whole grid when that is 0)")
 
     p = sub.add_parser("analyze", help="scaling efficiency, memory imbalance, accuracy: tables, plots, report",
                        epilog=EPILOG,
@@ -99,9 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "MLflow 'analysis' run with its numbers as metrics and its figures. The target "
                                    "accuracy is analyze.target_acc (params.yaml or the profile).")
     _common(p)
-    p.add_argument("--sweeps", type=Path, default=Path("results/sweeps"),
+    p.add_argument("--sweeps", type=cli_types.path, default=Path("results/sweeps"),
                    help="directory of the sweep tables, *.jsonl (default: results/sweeps)")
-    p.add_argument("--out", type=Path, default=Path("results/analysis"),
+    p.add_argument("--out", type=cli_types.path, default=Path("results/analysis"),
                    help="output directory (default: results/analysis)")
 
     p = sub.add_parser("overlap", help="do devices compute at once, does communication hide behind compute?",
@@ -111,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "overlapped. Writes results/overlap/ and logs an MLflow 'overlap' run. Sizes "
                                    "and repetitions: overlap.* (params.yaml).")
     _common(p)
-    p.add_argument("--out", type=Path, default=Path("results/overlap"),
+    p.add_argument("--out", type=cli_types.path, default=Path("results/overlap"),
                    help="output directory (default: results/overlap)")
 
     p = sub.add_parser("collectives", help="time this host's collectives at the trials' sizes (DVC stage)",
@@ -122,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "The analysis fits the scaling model on them (labelled modelled). A host with "
                                    "one device writes why there is nothing to time.")
     _common(p)
-    p.add_argument("--out", type=Path, default=Path("results/collectives.json"),
+    p.add_argument("--out", type=cli_types.path, default=Path("results/collectives.json"),
                    help="output file (default: results/collectives.json)")
 
     p = sub.add_parser("ui", help="open the MLflow UI on 127.0.0.1 (local only)", epilog=EPILOG,
@@ -132,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "prints its link: the runs table with throughput, efficiency and accuracy "
                                    "columns, in any browser, on its first load.")
     _common(p)
-    p.add_argument("--port", type=port_number, default=5000, help="port on 127.0.0.1, 1-65535 (default: 5000)")
+    p.add_argument("--port", type=cli_types.port, default=5000, help="port on 127.0.0.1, 1-65535 (default: 5000)")
     p.add_argument("--no-view", action="store_true",
                    help="do not (re)write the experiment's shared runs-table view, the mlflow.sharedViewState.parallax "
                         "experiment tag behind the printed link (default: written, then the link printed)")
@@ -153,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "temporary directory and labelled.\nexample: python -m pipeline doctor "
                               "--max-devices 1 --strategies single,ddp")
     _common(p)
-    p.add_argument("--out", type=Path, default=Path("results/doctor"),
+    p.add_argument("--out", type=cli_types.path, default=Path("results/doctor"),
                    help="where doctor.json and doctor.md go (default: results/doctor)")
     p.add_argument("--max-devices", type=int, default=2, metavar="K",
                    help="largest k to check (default 2; capped at the host's device count, except that a "
@@ -249,17 +251,6 @@ def cmd_overlap(args) -> int:
     tracker.end_run(run_id)
     print((args.out / "overlap.md").read_text())
     return 0
-
-
-def port_number(text: str) -> int:
-    """argparse type of --port: a whole number from 1 to 65535, refused before anything runs (ui_cli.py: and free)"""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a port number (1-65535)")
-    return port
 
 
 def cmd_ui(args) -> int:

@@ -239,6 +239,10 @@ def serve(study: optuna.Study, tracker, runnable, run, total: int, max_new_trial
     how many ran here. Each turn first repairs stale trials (and their MLflow runs). `runnable(point)`: can this host
     run the point; `run(trial, done, eta_s)`: runs one claimed trial and records it (done = trials finished before
     it, eta_s = the time the `total` trials still need at this worker's pace, or None)."""
+    if max_new_trials == 0:
+        say("--n-trials 0: the study is set up and no trial is run here, by design (the set-up step before the "
+            "workers, docs/scale-out.md); the same command without --n-trials 0 runs its trials")
+        return 0
     ran, started = 0, time.monotonic()
     while max_new_trials is None or ran < max_new_trials:
         fail_stale_trials(study)

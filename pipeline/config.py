@@ -165,8 +165,11 @@ _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def parse_set(items) -> dict:
-    """['train.lr=0.1', 'data.source=synthetic'] -> nested dict; values parsed as YAML scalars/lists."""
+    """['train.lr=0.1', 'data.source=synthetic'] -> nested dict; values parsed as YAML scalars/lists. A key set as a
+    value and then used as a section is blamed on the option that set the value: the later one may be made from a
+    flag (train_cli turns --strategy into train.strategy=...), which the user never typed."""
     out: dict = {}
+    by: dict = {}  # dotted key -> the option that last set it as a value
     for item in items or ():
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not p.isidentifier() for p in key.split(".")):
@@ -180,18 +183,29 @@ def parse_set(items) -> dict:
             value = float(value)
         node = out
         parts = key.split(".")
-        for p in parts[:-1]:
+        for i, p in enumerate(parts[:-1]):
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"Malformed --set option {item!r}: `{p}` is set both as a value and a section.")
+                section = ".".join(parts[:i + 1])
+                raise ConfigError(f"Malformed --set option {by.get(section, item)!r}: it sets `{section}` to a "
+                                  f"value, but this command also sets `{key}` inside it (with another --set or a "
+                                  f"flag such as --strategy), and `{section}` cannot be both a value and a section. "
+                                  f"Keep one of the two; a section's keys are set one by one, e.g. "
+                                  f"`--set train.lr=0.1`.")
         node[parts[-1]] = value
+        by[key] = item
     return out
 
 
 def load(params: str | Path | None = None, overrides=(), root: Path | None = None) -> Config:
-    """Read params.yaml (and the profile it names) and apply `--set` overrides."""
+    """Read params.yaml (and the profile it names) and apply `--set` overrides. Without `params`, the repository's
+    params.yaml is optional (none: the profile's and built-in values); a `params` file named explicitly (--params)
+    must exist, or a typo would run silently on other values than the user chose."""
     root = Path(root) if root else repo_root()
     path = Path(params) if params else root / "params.yaml"
+    if params and not path.exists():
+        raise ConfigError(f"The params file {path} (--params) does not exist. Check the path, or leave --params out "
+                          f"to read params.yaml at the repository root. Nothing was run.")
     raw = _read_yaml(path) if path.exists() else {}
     sets = parse_set(overrides)
     profile = sets.get("profile", raw.get("profile", "cpu"))

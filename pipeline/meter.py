@@ -139,3 +139,16 @@ class Meter:
             "epoch_s": self.epoch_s, "epoch_throughput_img_s": self.epoch_throughput,
             "peak_mem_bytes": self.memory.peaks(), "mem_method": self.memory.method,
         }
+
+
+
+def untimed(record) -> str:
+    """Why a finished trial has no images/s, in words for the console, the sweep table's reason and MLflow; "" when
+    it has them. A run of no more steps than the warm-up times none of them; its accuracy still stands."""
+    if record["throughput_img_s"] is not None:
+        return ""
+    steps, warmup = record["steps"], max(record["warmup_steps"], 1)
+    if steps > warmup:
+        return f"no steady-state step was timed in its {steps} step(s)"
+    return (f"no steady-state step was timed: all {steps} step(s) of the run were warm-up (the first {warmup} are "
+            f"never timed, train.warmup_steps); raise data.train_limit or lower train.warmup_steps")

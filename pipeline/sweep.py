@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 
 from . import claims, paths, study_parent, study_view, tracking
 from . import config as configmod
-from . import emulated
+from . import emulated, meter
 from .capabilities import host_capabilities
 from .claims import open_storage, storage_url
 from .devices import probe
@@ -203,9 +203,14 @@ def _record_result(study, trial, tracker, run_id, metrics, out_dir) -> str:
         tracker.end_run(run_id, "KILLED")
         study.tell(trial, state=TrialState.PRUNED)
         return "pruned"
+    untimed = meter.untimed(metrics)
+    if untimed:  # complete, its accuracy valid; the table's reason and the run's tag say why img/s is missing
+        trial.set_user_attr("reason", "; ".join(filter(None, (trial.user_attrs.get("reason"), untimed))))
+        tracker.set_tags(run_id, {"parallax.untimed": untimed})
     tracker.end_run(run_id, "FINISHED")
     study.tell(trial, metrics["test_acc"][-1])
-    return f"{metrics['throughput_img_s'] or 0:.0f} img/s, acc {metrics['test_acc'][-1]:.3f}"
+    speed = f"no throughput ({untimed})" if untimed else f"{metrics['throughput_img_s']:.0f} img/s"
+    return f"{speed}, acc {metrics['test_acc'][-1]:.3f}"
 
 
 def _remeasure(cfg, study, trial, p, metrics) -> str:

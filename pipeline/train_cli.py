@@ -25,6 +25,7 @@ def _train_cfg(args):
 def run(args) -> int:
     """`python -m pipeline train`: one trial, its MLflow run (unless --no-track), metrics.json and the final state."""
     from .devices import probe
+    from . import meter
     from .launch import check_batch_fits, check_feasible, run_trial
     from .preflight import output_dir
     cfg = _train_cfg(args)
@@ -55,8 +56,11 @@ def run(args) -> int:
     try:
         with tracking.system_metrics(cfg, run_id) if tracker else contextlib.nullcontext():
             metrics = run_trial(cfg, args.out, on_epoch=on_epoch, progress=not args.quiet)
+        untimed = meter.untimed(metrics)
         if tracker:
             tracking.log_completed_run(tracker, run_id, metrics, args.out)
+            if untimed:
+                tracker.set_tags(run_id, {"parallax.untimed": untimed})
         status = "FINISHED"
     except KeyboardInterrupt as e:
         status, reason = "KILLED", str(e) or "interrupted"
@@ -68,8 +72,9 @@ def run(args) -> int:
         if tracker:
             tracker.close_run(run_id, status, reason)  # never left RUNNING, also when the store fails
     syn = "  [SYNTHETIC DATA]" if metrics["synthetic"] else ""
+    speed = f"no throughput ({untimed})" if untimed else f"{metrics['throughput_img_s']:.0f} img/s"
     print(f"{metrics['strategy']} k={metrics['devices']} {metrics['model']}: "
-          f"{metrics['throughput_img_s'] or float('nan'):.0f} img/s, test acc {metrics['test_acc'][-1]:.4f}, "
+          f"{speed}, test acc {metrics['test_acc'][-1]:.4f}, "
           f"peak mem/device {[round(p / 2**20, 1) for p in metrics['peak_mem_bytes']]} MiB{syn}")
     print(f"wrote {args.out / 'metrics.json'} and {args.out / 'final_state.pt'}"
           + (f"; MLflow run {run_id}" if run_id else ""))

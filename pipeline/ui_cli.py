@@ -1,6 +1,6 @@
 """`python -m pipeline ui`: MLflow's own UI on 127.0.0.1 over the tracking store, started only on a port that is a
 port and free (MLflow's server prints a traceback and exits 0 on either), after the experiment's shared runs-table
-view is written (ui_view.py). Its --port is parsed by __main__.port_number.
+view is written (ui_view.py). Its --port is parsed by cli_types.port.
 """
 from __future__ import annotations
 

@@ -43,5 +43,5 @@ def make_cfg(synthetic_root, tmp_path, monkeypatch):
                 # the tests' own host may be busy (other suites, a developer's work): trials are not flagged as
                 # measured under interference unless a test asks for it (tests/test_interference.py)
                 "train.interference_threshold=1e6"]
-        return configmod.load(tmp_path / "params.yaml", [*base, *sets], root=tmp_path)
+        return configmod.load(None, [*base, *sets], root=tmp_path)  # tmp_path/params.yaml if any
     return make

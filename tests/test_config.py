@@ -120,3 +120,21 @@ def test_a_null_in_params_yaml_leaves_the_profiles_value_and_an_override_replace
     assert (cfg.train.epochs, cfg.train.lr, cfg.data.train_limit) == (4, 0.05, 100)
     params.write_text("profile: p\ntrain: {epochs: 3}\ndata: {train_limit: null}\n")  # what `-S train.epochs=3` writes
     assert c.load(params, root=tmp_path).train.epochs == 3
+
+
+def test_an_explicit_params_file_must_exist_the_default_one_may_not(tmp_path):
+    """--params /typo.yaml used to run silently on the built-in values; only the default params.yaml is optional."""
+    (tmp_path / "experiments").mkdir()
+    missing = tmp_path / "nonexist.yaml"
+    with pytest.raises(c.ConfigError, match=f"params file {missing} .*does not exist"):
+        c.load(missing, ["profile="], root=tmp_path)
+    assert c.load(None, ["profile=", "train.lr=0.2"], root=tmp_path).train.lr == 0.2  # no params.yaml at the root
+
+
+@pytest.mark.parametrize("sets", [["train=5", "train.strategy=single"], ["train.lr=0.1", "train.lr.x=2"]])
+def test_a_key_set_as_a_value_and_a_section_names_the_option_that_set_the_value(sets):
+    """train_cli appends `train.strategy=single` for --strategy: the message quotes the user's own --set."""
+    with pytest.raises(c.ConfigError) as e:
+        c.parse_set(sets)
+    assert str(e.value).startswith(f"Malformed --set option {sets[0]!r}")
+    assert f"`{sets[1].split('=')[0]}`" in str(e.value) and sets[1] not in str(e.value)

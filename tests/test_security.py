@@ -56,7 +56,7 @@ def test_profile_file_must_exist_and_profiles_lists_only_valid_names(tmp_path):
     (tmp_path / "experiments" / "ok.yaml").write_text("description: fine\n")
     (tmp_path / "experiments" / "Bad Name.yaml").write_text("description: never a profile\n")
     with pytest.raises(configmod.ConfigError, match="Unknown profile `nope`.*Valid profiles: ok\\."):
-        configmod.load(tmp_path / "params.yaml", ["profile=nope"], root=tmp_path)
+        configmod.load(None, ["profile=nope"], root=tmp_path)
     assert [n for n, _ in configmod.describe_profiles(tmp_path)] == ["ok"]
 
 

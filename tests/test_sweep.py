@@ -69,6 +69,29 @@ def test_tiny_study_end_to_end(tiny, tmp_path):
     assert not tr.find_runs("attributes.status = 'RUNNING'")
 
 
+def test_a_trial_of_warm_up_steps_only_is_complete_and_says_why_it_has_no_throughput(tiny, tmp_path, capsys):
+    """2 steps, 3 of warm-up: the trial stays complete (its accuracy is valid); its line read `-> 0 img/s`."""
+    cfg = tiny(100.0, "train.warmup_steps=3", "sweep.spaces.single={devices: [1], batch_size: [256], lr: [0.1]}")
+    out = tmp_path / "single.jsonl"
+    run_sweep(cfg, "single", out)
+    why = "no steady-state step was timed: all 2 step(s) of the run were warm-up (the first 3"
+    assert f"-> no throughput ({why}" in capsys.readouterr().err
+    (row,) = read(out)
+    assert row["state"] == "complete" and row["throughput_img_s"] is None and why in row["reason"]
+    (run,) = [r for r in tracking.Tracker(cfg).find_runs("tags.strategy = 'single'") if "trial" in r.data.tags]
+    assert run.info.status == "FINISHED" and why in run.data.tags["parallax.untimed"]
+
+
+def test_n_trials_0_sets_the_study_up_and_says_it_runs_nothing_by_design(tiny, tmp_path, capsys):
+    """The set-up step of docs/scale-out.md: the queue and the parent run, no trial; its console line says so."""
+    cfg = tiny()
+    run_sweep(cfg, "single", tmp_path / "single.jsonl", max_new_trials=0)
+    err = capsys.readouterr().err
+    assert "2 trial(s) to run" in err and "--n-trials 0: the study is set up and no trial is run here, by design" in err
+    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    assert [t.state for t in study.trials] == [TrialState.WAITING] * 2
+
+
 def test_unavailable_strategy_rows_say_why(tiny, tmp_path):
     from pipeline.devices import probe
     if probe().kind == "cuda":

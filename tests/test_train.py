@@ -59,3 +59,22 @@ def test_divergence_is_a_failure_with_reason(make_cfg, tmp_path):
         run_trial(make_cfg("train.lr=100", "train.batch_size=64", "data.train_limit=2048",
                            "data.test_limit=128", "train.check_every=5"), tmp_path / "o", progress=False)
     assert e.value.kind == "diverged" and "lower the learning rate" in str(e.value)
+
+
+def test_a_run_of_warm_up_steps_only_says_why_it_has_no_throughput(make_cfg, tmp_path, synthetic_root,
+                                                                   monkeypatch, capsys):
+    """2 steps, 3 of warm-up: nothing timed. The line used to read `nan img/s`; it says why, and the MLflow run too."""
+    make_cfg()
+    (tmp_path / "params.yaml").write_text(f"profile: ''\ndata: {{source: synthetic, dir: {synthetic_root}, "
+                                          f"train_limit: 512, test_limit: 128}}\ntrain: {{warmup_steps: 3}}\n")
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", "--strategy", "single", "--devices", "1", "--batch-size", "256", "--epochs", "1",
+                 "--quiet", "--out", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert code == 0 and "nan" not in out and "img/s" not in out.splitlines()[0]
+    assert "no steady-state step was timed: all 2 step(s) of the run were warm-up (the first 3" in out
+    assert "raise data.train_limit or lower train.warmup_steps" in out
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["throughput_img_s"] is None and m["test_acc"][-1] >= 0  # accuracy still stands
+    (run,) = tracking.Tracker(make_cfg()).find_runs("tags.strategy = 'single'")
+    assert run.info.status == "FINISHED" and "all 2 step(s)" in run.data.tags["parallax.untimed"]

@@ -1,0 +1,40 @@
+"""argparse types of the command line's options: each refuses, before anything runs, a value that would otherwise
+run silently on something other than what the user meant."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def path(text: str) -> Path:
+    """A path option (--out, --params, --sweeps): never empty. Path("") is ".", so `--out ""` (an unset shell
+    variable) would write, and clear old outputs, in whatever directory the command runs in."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty (an unset shell variable?), and an empty path would "
+                                         "silently mean the current directory. Give the path (`.` for the current "
+                                         "directory). Nothing was run.")
+    return Path(text)
+
+
+def n_trials(text: str) -> int:
+    """--n-trials: 0 is the study's set-up step (docs/scale-out.md); a negative count used to run nothing, exit 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None  # argparse's own words
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is negative. Give N >= 1 to run at most N trials in this worker, 0 to "
+                                         f"set up the study only (no trial is run), or leave --n-trials out to run "
+                                         f"every trial the study still lacks. Nothing was run.")
+    return n
+
+
+def port(text: str) -> int:
+    """argparse type of --port: a whole number from 1 to 65535, refused before anything runs (ui_cli.py: and free)"""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (1-65535)")
+    return port
