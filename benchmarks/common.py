@@ -27,8 +27,9 @@ def ensure_data(root: Path, source: str) -> Path:
 
 def base_cfg(data_dir: Path, source: str, *sets):
     # d2l init, as the reference uses (it does not change throughput, only what is learned)
-    return configmod.load(REPO / "params.yaml", ["profile=", f"data.dir={data_dir}", f"data.source={source}",
-                                                  "train.init=d2l", *sets], root=REPO)
+    # params.yaml at REPO if there is one (a GPU bundle ships none): optional, as without --params
+    return configmod.load(None, ["profile=", f"data.dir={data_dir}", f"data.source={source}", "train.init=d2l",
+                                 *sets], root=REPO)
 
 
 def trial(cfg, out: Path, **train):
