@@ -277,9 +277,14 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_profiles(args) -> int:
-    for name, desc in configmod.describe_profiles():
+    found = configmod.describe_profiles()
+    for name, desc in found:
         print(f"{name}:\n  " + "\n  ".join(desc.splitlines()) + "\n")
-    return 0
+    if not found:
+        raise configmod.ConfigError(f"No profiles: no experiments/*.yaml under {paths.repo_root()}, taken as the "
+                                    f"repository root. Run from the Parallax checkout (where dvc.yaml is), or set "
+                                    f"DVC_ROOT.")
+    return 1 if any(d.startswith("UNREADABLE: ") for _, d in found) else 0
 
 
 def main(argv=None) -> int:

@@ -234,6 +234,9 @@ def profile_path(profile, root: Path) -> Path:
     known = sorted(p.stem for p in (root / "experiments").glob("*.yaml") if PROFILE_NAME.fullmatch(p.stem))
     fix = (f"Valid profiles: {', '.join(known) or '(none found)'}. Select one with `dvc exp run -S profile=NAME` "
            f"or `--set profile=NAME`.")
+    if not known:  # usually a command run outside the repository: say where the profiles were looked for
+        fix += (f" No experiments/*.yaml under {root}, taken as the repository root (the nearest directory with "
+                f"dvc.yaml or params.yaml, else the current one): run from the Parallax checkout, or set DVC_ROOT.")
     if not isinstance(profile, str) or not PROFILE_NAME.fullmatch(profile):
         raise ConfigError(f"Invalid profile {profile!r}: a profile is the name of a file under experiments/, made of "
                           f"lower-case letters, digits, `_` and `-` (no path, no dots). {fix}")
@@ -267,10 +270,14 @@ def replace_train(cfg: Config, **changes) -> Config:
 
 
 def describe_profiles(root: Path | None = None) -> list[tuple[str, str]]:
+    """(name, description) of each profile; one that cannot be read is listed with its error, not fatal to the list."""
     root = Path(root) if root else repo_root()
     out = []
     for p in sorted((root / "experiments").glob("*.yaml")):
         if PROFILE_NAME.fullmatch(p.stem):
+            try:
                 out.append((p.stem, (_read_yaml(p).get("description") or "").strip()))
+            except (ConfigError, AttributeError) as e:  # bad YAML; a file that is not a mapping
+                out.append((p.stem, f"UNREADABLE: {e}"))
     return out
 

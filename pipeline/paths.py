@@ -14,4 +14,3 @@ def repo_root() -> Path:
         if (d / "dvc.yaml").exists() or (d / "params.yaml").exists():
             return d
     return here
-

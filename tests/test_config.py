@@ -138,3 +138,25 @@ def test_a_key_set_as_a_value_and_a_section_names_the_option_that_set_the_value(
         c.parse_set(sets)
     assert str(e.value).startswith(f"Malformed --set option {sets[0]!r}")
     assert f"`{sets[1].split('=')[0]}`" in str(e.value) and sets[1] not in str(e.value)
+
+
+def test_profiles_lists_the_readable_ones_and_names_the_broken_one(tmp_path, monkeypatch, capsys):
+    from pipeline.__main__ import main
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "ok.yaml").write_text("description: fine\n")
+    (tmp_path / "experiments" / "bad.yaml").write_text("description: [unclosed\n")
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    assert main(["profiles"]) == 1  # a broken profile is a failure, but not one that hides the others
+    out = capsys.readouterr().out
+    assert "ok:\n  fine" in out and "bad:\n  UNREADABLE: " in out and "not valid YAML" in out
+
+
+def test_outside_the_repository_profiles_and_an_unknown_profile_say_where_they_looked(tmp_path, monkeypatch, capsys):
+    from pipeline.__main__ import main
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["profiles"]) != 0
+    assert f"no experiments/*.yaml under {tmp_path.resolve()}" in " ".join(capsys.readouterr().err.split())
+    with pytest.raises(c.ConfigError, match="run from the Parallax checkout, or set DVC_ROOT"):
+        c.profile_path("cpu", tmp_path)
