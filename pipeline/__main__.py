@@ -232,9 +232,10 @@ def cmd_collectives(args) -> int:
 def cmd_overlap(args) -> int:
     from . import overlap, tracking
     from .devices import probe
-    from .preflight import output_dir
+    from .preflight import check_store, output_dir
     cfg = configmod.load(args.params, args.overrides)
     output_dir(args.out, "--out")  # a directory (overlap.json, overlap.md)
+    check_store(tracking.tracking_uri(cfg), "tracking.uri")  # before the experiments, not after them
     res = overlap.run(cfg, args.out)
     tracker = tracking.Tracker(cfg)
     host = probe()

@@ -62,6 +62,8 @@ CASES = [
                                                     "{tmp}/afile/o"], "cannot be written"),
     ("doctor --out at an existing file", ["doctor", "--out", "{tmp}/afile"], "is an existing file"),
     ("overlap --out at an existing file", ["overlap", "--out", "{tmp}/afile"], "is an existing file"),
+    ("overlap with the MLflow server unreachable", ["overlap", "--out", "{tmp}/ov", "--set",
+                                                    "tracking.uri=http://127.0.0.1:1"], "Cannot reach"),
     ("collectives --out at a directory", ["collectives", "--out", "{tmp}"], "is a directory"),
     ("seed beyond 32 bits", ["train", "--out", "{tmp}/o", "--seed", str(2**64 + 1)], "must be <= 4294967295"),
     ("collective timeout beyond 30 days", ["train", "--out", "{tmp}/o", "--set", "train.timeout_s=1e300"],
