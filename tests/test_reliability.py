@@ -150,7 +150,8 @@ def _no_strays(tmp_path):
 
 @pytest.mark.slow
 def test_sigkilled_rank_fails_the_trial_naming_it_and_the_study_goes_on(tmp_path, synthetic_root):
-    root, env = make_repo(tmp_path, synthetic_root, "ddp", "{devices: [2], batch_size: [64], lr: [0.1, 0.2]}")
+    root, env = make_repo(tmp_path, synthetic_root, "ddp", "{devices: [2], batch_size: [64], lr: [0.1, 0.2]}",
+                          epochs=6)  # trial 0 must still run when the signal lands, a few tenths after its epoch 1
     proc = start_sweep(root, env, "ddp")
     wait_for(lambda: trial_started(root, 0), 120, proc, "trial 0 to report its first epoch")
     time.sleep(0.2)  # into epoch 2
@@ -185,7 +186,8 @@ def test_sigkilled_rank_fails_the_trial_naming_it_and_the_study_goes_on(tmp_path
 
 @pytest.mark.slow
 def test_stopped_rank_fails_the_trial_on_the_collective_timeout(tmp_path, synthetic_root):
-    root, env = make_repo(tmp_path, synthetic_root, "ddp", "{devices: [2], batch_size: [64], lr: [0.1, 0.2]}")
+    root, env = make_repo(tmp_path, synthetic_root, "ddp", "{devices: [2], batch_size: [64], lr: [0.1, 0.2]}",
+                          epochs=6)  # trial 0 must still run when the rank is stopped, a few tenths after its epoch 1
     proc = start_sweep(root, env, "ddp", "--set", "train.timeout_s=3", "--set", "sweep.trial_timeout_s=300")
     wait_for(lambda: trial_started(root, 0), 120, proc, "trial 0 to report its first epoch")
     time.sleep(0.2)
@@ -263,8 +265,10 @@ def test_diverged_multiprocess_trial_fails_and_the_study_goes_on(make_cfg, tmp_p
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
 def test_interrupted_sweep_resumes_without_loss_or_repeats(tmp_path, synthetic_root, sig):
+    # six epochs: the signal must land while trial 1 runs, and it is sent a few tenths of a second after trial 1's
+    # first epoch; with two, a fast host (an AVX-512 Xeon, CI) finished trial 1 in that window
     root, env = make_repo(tmp_path, synthetic_root, "ddp",
-                          "{devices: [2], batch_size: [64], lr: [0.1, 0.2, 0.3]}", train_limit=3072)
+                          "{devices: [2], batch_size: [64], lr: [0.1, 0.2, 0.3]}", train_limit=3072, epochs=6)
     proc = start_sweep(root, env, "ddp")
     wait_for(lambda: trial_started(root, 1), 180, proc, "trial 1 to report its first epoch")
     time.sleep(0.2)
