@@ -141,7 +141,6 @@ class Meter:
         }
 
 
-
 def untimed(record) -> str:
     """Why a finished trial has no images/s, in words for the console, the sweep table's reason and MLflow; "" when
     it has them. A run of no more steps than the warm-up times none of them; its accuracy still stands."""
@@ -152,3 +151,9 @@ def untimed(record) -> str:
         return f"no steady-state step was timed in its {steps} step(s)"
     return (f"no steady-state step was timed: all {steps} step(s) of the run were warm-up (the first {warmup} are "
             f"never timed, train.warmup_steps); raise data.train_limit or lower train.warmup_steps")
+
+
+def speed_text(record) -> str:
+    """The trial's speed as the console prints it: its images/s, or why it has none."""
+    why = untimed(record)
+    return f"no throughput ({why})" if why else f"{record['throughput_img_s']:.0f} img/s"

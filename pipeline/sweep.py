@@ -209,8 +209,7 @@ def _record_result(study, trial, tracker, run_id, metrics, out_dir) -> str:
         tracker.set_tags(run_id, {"parallax.untimed": untimed})
     tracker.end_run(run_id, "FINISHED")
     study.tell(trial, metrics["test_acc"][-1])
-    speed = f"no throughput ({untimed})" if untimed else f"{metrics['throughput_img_s']:.0f} img/s"
-    return f"{speed}, acc {metrics['test_acc'][-1]:.3f}"
+    return f"{meter.speed_text(metrics)}, acc {metrics['test_acc'][-1]:.3f}"
 
 
 def _remeasure(cfg, study, trial, p, metrics) -> str:

@@ -72,9 +72,8 @@ def run(args) -> int:
         if tracker:
             tracker.close_run(run_id, status, reason)  # never left RUNNING, also when the store fails
     syn = "  [SYNTHETIC DATA]" if metrics["synthetic"] else ""
-    speed = f"no throughput ({untimed})" if untimed else f"{metrics['throughput_img_s']:.0f} img/s"
     print(f"{metrics['strategy']} k={metrics['devices']} {metrics['model']}: "
-          f"{speed}, test acc {metrics['test_acc'][-1]:.4f}, "
+          f"{meter.speed_text(metrics)}, test acc {metrics['test_acc'][-1]:.4f}, "
           f"peak mem/device {[round(p / 2**20, 1) for p in metrics['peak_mem_bytes']]} MiB{syn}")
     print(f"wrote {args.out / 'metrics.json'} and {args.out / 'final_state.pt'}"
           + (f"; MLflow run {run_id}" if run_id else ""))

@@ -8,7 +8,6 @@ import os
 import sys
 
 from . import config as configmod
-from .config import ConfigError
 
 
 def _port_in_use(port: int) -> int | None:
@@ -32,7 +31,7 @@ def run(args) -> int:
     from .errors import redact
     free = _port_in_use(args.port)
     if free is not None:  # before MLflow starts: its server would print a traceback and still exit 0
-        raise ConfigError(f"Port {args.port} on 127.0.0.1 is in use (another MLflow UI, `make ui` or "
+        raise configmod.ConfigError(f"Port {args.port} on 127.0.0.1 is in use (another MLflow UI, `make ui` or "
                                     f"`make dashboard`?). Stop that one, or pick another port: --port {free} is "
                                     f"free now (make ui UI_PORT={free}).")
     cfg = configmod.load(args.params, args.overrides)
