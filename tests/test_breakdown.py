@@ -1,8 +1,7 @@
-"""The step-time breakdown's bookkeeping: every part present and non-negative, parts + residual = step, no
-communication for one device, sampled steps out of the throughput window; and the interval arithmetic that charges
-profiled communication to phases. One loose bound reads the clock: the residual (the loop's Python between phases)
-stays under a quarter of the median step, so a phase the breakdown forgot to time (forward or backward: each a
-larger share) fails the test, while a preempted sample does not."""
+"""The step-time breakdown's bookkeeping (no timing thresholds: how large each part is belongs to
+benchmarks/breakdown_cost.py): every part present, timed and non-negative, parts + residual = step, no communication
+for one device, sampled steps out of the throughput window; and the interval arithmetic that charges profiled
+communication to phases."""
 from __future__ import annotations
 
 import contextlib
@@ -36,7 +35,8 @@ def test_every_trial_breakdown_adds_up(make_cfg, tmp_path, monkeypatch, strategy
     assert set(b["parts_s"]) == set(breakdown.PARTS)
     assert all(v >= 0 for v in b["parts_s"].values()), b["parts_s"]
     assert sum(b["parts_s"].values()) + b["residual_s"] == pytest.approx(b["step_s"], rel=1e-9)
-    assert 0 <= b["residual_s"] <= 0.25 * b["step_s"], b  # the loop's own Python between phases
+    assert b["residual_s"] >= 0, b  # the loop's own Python between phases: reported, never negative
+    assert all(b["parts_s"][p] > 0 for p in ("forward", "backward_compute")), b  # both phases were timed
     assert set(b["method"]) >= {*breakdown.PARTS, "residual", "step"}
     assert b["timed_step_s"] > 0 and b["sampled_wall_s"] >= b["step_s"]  # the wall adds the barriers and probe
     assert [r["rank"] for r in b["ranks"]] == list(range(k if strategy in ("ddp", "fsdp") else 1))
