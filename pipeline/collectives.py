@@ -13,10 +13,15 @@ What is timed (float32 buffers; the same ranks, devices and transports as the tr
   scratch_allreduce  strategies/scratch.py's allreduce over k in-process replicas (on CPU: memory copies, one core)
   dp_copy, dp_scatter  torch.nn.parallel.comm broadcast / scatter (dp, dp_criterion): CUDA only, else unavailable
 Ranks are started by PyTorch's elastic launcher (static rendezvous on 127.0.0.1), one per device, pinned one per core
-on CPU, one thread each. Each call is timed after a barrier, in two modes: back to back, and after `gap_s` of compute
-(how a training step issues them: Gloo's threads have gone idle by then). A repeat's time is the collective's
+on CPU, one thread each. Each repeat is timed after a barrier, in two modes: back to back, and after `gap_s` of
+compute (how a training step issues them: Gloo's threads have gone idle by then). On GPUs a back-to-back repeat is
+`ops_per_sync` ops between one synchronise before and one after, reported per op, as nccl-tests times them: one host
+sync and Python's overhead per op are as long as a small NCCL op and would inflate alpha. A repeat's time is the
+collective's
 cost to the rank that arrived last (the fastest rank's duration: the others also waited for it, which a step
 breakdown counts as waiting for the slowest rank, not as communication); the slowest rank's is kept beside it.
+Rank 0 times the in-process ops alone, the other ranks waiting on a store key (host-side): a barrier there would be an
+NCCL kernel spinning on the GPUs the copies use, time-sliced against them (other processes' contexts, no MPS).
 beta follows nccl-tests: all-reduce moves 2(k-1)/k * S per device, all-gather / reduce-scatter (k-1)/k * S (S the
 whole tensor), scratch 2(k-1) * S, dp copies (k-1) * S and dp scatter (k-1)/k * S; the fit weights each size by
 1 / time^2, so small messages (latency) and large ones (bandwidth) count alike.
@@ -97,7 +102,8 @@ def _busy(seconds: float, a: torch.Tensor, sync) -> None:
         sync()
 
 
-def _timed(fn, plan, mode, a, sync, barrier) -> list[float]:
+def _timed(fn, plan, mode, a, sync, barrier, ops: int = 1) -> list[float]:
+    """Per repeat: barrier, the compute gap (after_compute), sync, `ops` calls back to back, sync; time per op."""
     out = []
     for i in range(plan["warmup"] + plan["reps"]):
         barrier()
@@ -105,11 +111,18 @@ def _timed(fn, plan, mode, a, sync, barrier) -> list[float]:
             _busy(plan["gap_s"], a, sync)
         sync()
         t = time.perf_counter()
-        fn()
+        for _ in range(ops):
+            fn()
         sync()
         if i >= plan["warmup"]:
-            out.append(time.perf_counter() - t)
+            out.append((time.perf_counter() - t) / ops)
     return out
+
+
+def _ops_per_sync(plan: dict, mode: str) -> int:
+    """N ops per sync pair on GPUs back to back; one after compute (the first op after idle compute is the point),
+    and one on CPU (Gloo's calls return when done: there is no queue for a sync to drain)."""
+    return plan["ops_per_sync"] if plan["device_kind"] == "cuda" and mode == "back_to_back" else 1
 
 
 def _dist_op(name: str, nbytes: int, k: int, dev, shm):
@@ -135,7 +148,7 @@ def _local_op(name: str, nbytes: int, k: int, devices):
     from .strategies.scratch import allreduce
     n = math.ceil(nbytes / 4 / k) * k
     if name == "scratch_allreduce":
-        ts = [torch.ones(n, device=d) for d in devices]
+        ts = [torch.zeros(n, device=d) for d in devices]  # sums of zeros: N repeats never overflow
         return lambda: allreduce(ts)
     t = torch.zeros(n, device=devices[0])
     ids = [d.index for d in devices]
@@ -155,7 +168,9 @@ def _rank(plan: dict) -> dict:
         dev = torch.device("cpu")
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[local % len(os.sched_getaffinity(0))]})
-    dist.init_process_group(plan["backend"], timeout=datetime.timedelta(seconds=plan["timeout_s"]),
+    timeout = datetime.timedelta(seconds=plan["timeout_s"])
+    store, _, _ = next(dist.rendezvous("env://", rank, k, timeout=timeout))  # kept for the host-side wait below
+    dist.init_process_group(plan["backend"], store=store, rank=rank, world_size=k, timeout=timeout,
                             device_id=dev if cuda else None)
     sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
     a = torch.randn(128, 128, device=dev)
@@ -175,9 +190,15 @@ def _rank(plan: dict) -> dict:
             for nbytes in sizes:
                 fn = _dist_op(name, nbytes, k, dev, shm)
                 out["times"].setdefault(name, {}).setdefault(mode, {})[nbytes] = \
-                    _timed(fn, plan, mode, a, sync, dist.barrier)
+                    _timed(fn, plan, mode, a, sync, dist.barrier, _ops_per_sync(plan, mode))
         del shm
-    if rank == 0:  # single-process strategies: one process drives every device; the others wait at the barrier
+    # single-process strategies: rank 0 drives every device alone, once the others are in a host-side wait
+    idle, done = [f"parallax/collectives/idle/{r}" for r in range(k)], "parallax/collectives/local_done"
+    if rank:
+        store.set(idle[rank], "1")
+        store.wait([done], timeout)
+    else:
+        store.wait(idle[1:], timeout)
         devices = [torch.device("cuda", i) for i in range(k)] if cuda else [dev] * k
         sync_all = (lambda: [torch.cuda.synchronize(d) for d in devices]) if cuda else (lambda: None)
         for name in LOCAL:
@@ -185,7 +206,8 @@ def _rank(plan: dict) -> dict:
                 for nbytes in plan["sizes"].get(name, ()):
                     fn = _local_op(name, nbytes, k, devices)
                     out["times"].setdefault(name, {}).setdefault(mode, {})[nbytes] = \
-                        _timed(fn, plan, mode, a, sync_all, lambda: None)
+                        _timed(fn, plan, mode, a, sync_all, lambda: None, _ops_per_sync(plan, mode))
+        store.set(done, "1")
     dist.barrier()
     dist.destroy_process_group()
     return out
@@ -224,7 +246,7 @@ def _launch(k: int, plan: dict, start_method: str) -> dict[int, dict]:
 
 def measure(ks: list[int] | None = None, model: str = "lenet", bucket_cap_mb: float = 25.0, reps: int = 10,
             warmup: int = 3, gap_s: float = 0.01, modes: tuple[str, ...] = MODES, fit_bytes=FIT_BYTES,
-            timeout_s: float = 120.0) -> dict:
+            timeout_s: float = 120.0, ops_per_sync: int = 20) -> dict:
     """Time every strategy's collectives at k in `ks` (default 2..N) and fit (alpha, beta) per collective, k, mode.
 
     Returns a JSON-able dict: host, backend, ks, model, settings, and collectives[name] = {available, reason,
@@ -245,8 +267,10 @@ def measure(ks: list[int] | None = None, model: str = "lenet", bucket_cap_mb: fl
         "measured_at": datetime.datetime.now().isoformat(timespec="seconds"),
         "host": {"hostname": host.hostname, "kind": host.kind, "n": host.n, "name": host.name, "torch": host.torch},
         "settings": {"reps": reps, "warmup": warmup, "gap_s": gap_s, "modes": list(modes),
-                     "fit_bytes": list(fit_bytes),
-                     "timed": "per repeat: the last-arriving rank's duration (min over ranks), after a barrier"},
+                     "fit_bytes": list(fit_bytes), "ops_per_sync": ops_per_sync if cuda else 1,
+                     "timed": "per repeat: the last-arriving rank's duration (min over ranks), after a barrier, "
+                              "per op (GPUs, back to back: ops_per_sync ops between one sync pair); in-process ops: "
+                              "rank 0 alone, the other ranks in a host-side store wait"},
         "collectives": {},
     }
     for name in ISSUED_BY:
@@ -263,7 +287,7 @@ def measure(ks: list[int] | None = None, model: str = "lenet", bucket_cap_mb: fl
         sizes = {name: sorted(set(fit_bytes) | set(in_trial.get(name, ())))
                  for name, e in result["collectives"].items() if e["available"]}
         plan = {"backend": backend, "device_kind": host.kind, "sizes": sizes, "reps": reps, "warmup": warmup,
-                "gap_s": gap_s, "modes": list(modes), "timeout_s": timeout_s}
+                "gap_s": gap_s, "modes": list(modes), "timeout_s": timeout_s, "ops_per_sync": ops_per_sync}
         ranks = _launch(k, plan, "spawn" if cuda else "fork")
         for name, why in ranks[0]["skipped"].items():
             result["collectives"][name].update(available=False, reason=why)

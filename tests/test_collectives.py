@@ -71,3 +71,93 @@ def test_measure_k2_returns_the_documented_keys():
         assert not r["collectives"]["dp_copy"]["available"] and "CUDA" in r["collectives"]["dp_copy"]["reason"]
     ic = sm.from_collectives(r)
     assert ic.kind == "measured" and "allreduce" in ic.links
+
+
+# ----------------------------------------------------------------------------- structure of the timing (GPU-free)
+
+def _record(log_dir, kind, name, t0, t1):
+    import os
+    with open(log_dir / f"{os.getpid()}.log", "a") as f:
+        f.write(f"{kind} {os.environ.get('RANK', '?')} {name} {t0!r} {t1!r}\n")
+
+
+@pytest.mark.skipif(probe().n < 2, reason="needs two CPU cores for two Gloo ranks")
+def test_no_other_rank_is_inside_a_collective_while_rank0_times_the_in_process_ops(tmp_path, monkeypatch):
+    """While rank 0 times the in-process ops (scratch_allreduce; dp_copy and dp_scatter on GPUs), ranks 1..k-1 are
+    inside no torch.distributed call. On NCCL such a call is a kernel spinning on the very GPUs that rank 0's
+    broadcast and scatter use, so they would be timed against another process's resident kernel.
+
+    Two forked Gloo ranks, with every torch.distributed collective and every in-process op wrapped to log its
+    (CLOCK_MONOTONIC) interval; no logged collective interval of rank 1 may intersect one of rank 0's in-process
+    op intervals. Structural only: how much a spinning NCCL kernel slows the copies needs GPUs."""
+    import time
+
+    import torch.distributed as dist
+    for name in ("barrier", "monitored_barrier", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+                 "all_gather_single", "reduce_scatter_tensor", "reduce_scatter_single", "all_gather_object"):
+        if hasattr(dist, name):
+            def wrapped(*a, _f=getattr(dist, name), _n=name, **kw):
+                t0 = time.monotonic()
+                try:
+                    return _f(*a, **kw)
+                finally:
+                    _record(tmp_path, "coll", _n, t0, time.monotonic())
+            monkeypatch.setattr(dist, name, wrapped)
+    local_op = collectives._local_op
+
+    def logged_local_op(name, *a, **kw):
+        fn = local_op(name, *a, **kw)
+
+        def run():
+            t0 = time.monotonic()
+            fn()
+            _record(tmp_path, "local", name, t0, time.monotonic())
+        return run
+    monkeypatch.setattr(collectives, "_local_op", logged_local_op)
+    plan = {"backend": "gloo", "device_kind": "cpu", "sizes": {"allreduce": [4096], "scratch_allreduce": [4096]},
+            "reps": 2, "warmup": 1, "gap_s": 0.0, "modes": ["back_to_back"], "timeout_s": 60, "ops_per_sync": 1}
+    ranks = collectives._launch(2, plan, "fork")  # fork: the ranks inherit the wrappers
+    assert "scratch_allreduce" in ranks[0]["times"]
+    rows = [line.split() for p in tmp_path.glob("*.log") for line in p.read_text().splitlines()]
+    local = [(float(t0), float(t1)) for kind, rank, _, t0, t1 in rows if kind == "local" and rank == "0"]
+    others = [(name, float(t0), float(t1)) for kind, rank, name, t0, t1 in rows if kind == "coll" and rank != "0"]
+    assert local and others  # both were logged
+    inside = [(name, c0, c1) for name, c0, c1 in others if any(c0 < l1 and l0 < c1 for l0, l1 in local)]
+    assert not inside, f"rank 1 was inside {inside[0][0]} while rank 0 timed its in-process ops"
+
+
+class _Clock:
+    """perf_counter that advances one second per timed op, so a repeat's recorded time is its per-op time."""
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_a_repeat_is_n_back_to_back_ops_between_one_sync_pair_reported_per_op(monkeypatch, n):
+    """A repeat issues N ops back to back between one synchronise before and one after, and records the elapsed
+    time divided by N: one host sync per op (its ~10 us plus Python's) is what overstates NCCL's small-message
+    latency, and nccl-tests times N ops the same way. Checks the call structure with a fake clock and counters, not
+    CUDA semantics: the size of the bias needs GPUs."""
+    clock, calls = _Clock(), []
+    monkeypatch.setattr(collectives, "time", clock)
+
+    def op():
+        calls.append("op")
+        clock.now += 1.0
+    plan = {"warmup": 1, "reps": 3, "gap_s": 0.0}
+    out = collectives._timed(op, plan, "back_to_back", None, lambda: calls.append("sync"),
+                             lambda: calls.append("barrier"), ops=n)
+    assert out == [1.0] * 3  # per-op time
+    assert calls == (["barrier", "sync"] + ["op"] * n + ["sync"]) * 4  # one sync pair per repeat of n ops
+
+
+def test_only_back_to_back_on_gpus_batches_ops():
+    """N ops per sync pair on GPUs in back-to-back mode only: after_compute times the first op after idle compute
+    (batching would make ops 2..N warm), and the CPU's Gloo ops are synchronous calls, timed one by one as before."""
+    gpu, cpu = {"device_kind": "cuda", "ops_per_sync": 20}, {"device_kind": "cpu", "ops_per_sync": 20}
+    assert collectives._ops_per_sync(gpu, "back_to_back") == 20
+    assert collectives._ops_per_sync(gpu, "after_compute") == 1
+    assert collectives._ops_per_sync(cpu, "back_to_back") == collectives._ops_per_sync(cpu, "after_compute") == 1
