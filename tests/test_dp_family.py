@@ -198,3 +198,12 @@ def _replica_tensors(original: nn.Module, replica: nn.Module):
         for key, p in m._parameters.items():
             if p is not None:
                 yield key, getattr(r, key)
+
+
+def test_contiguous_weights_leave_the_replicas_as_replicate_made_them(stand_ins):
+    """Without channels_last weights match_layout changes nothing: each replica keeps replicate's own tensors."""
+    model = _model(False)
+    replicas = stand_ins.replicate(model, [0, 1])
+    before = [[id(t) for _, t in _replica_tensors(model, r)] for r in replicas]
+    dp_mod.match_layout(model, replicas)
+    assert [[id(t) for _, t in _replica_tensors(model, r)] for r in replicas] == before

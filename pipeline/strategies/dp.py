@@ -8,9 +8,10 @@ Every replica computes in device 0's memory format (`match_layout`): `replicate`
 `broadcast_coalesced`, which flattens them with `.contiguous()` and hands devices 1.. contiguous copies while
 replica 0 keeps the originals (torch/nn/parallel/comm.py `broadcast_coalesced`, torch/_utils.py
 `_flatten_dense_tensors`). With channels_last weights (train.channels_last) cuDNN would then convert the weights on
-every convolution, forward and backward, on devices 1.. only: per-device work a user did not ask for, showing up as
-dp's and dp_criterion's device imbalance. Copying each such weight back to channels_last once per step keeps the
-per-device kernels alike (the copy is differentiable: gradients still reach the broadcast).
+every convolution call, forward and backward, on devices 1.. only: per-device work a user did not ask for, in dp's
+and dp_criterion's step time. Copying each such weight back to channels_last once per step (one more pass over the
+bytes the broadcast already wrote) gives every device's convolutions the same layouts; the copy is differentiable, so
+gradients still reach the broadcast.
 """
 from __future__ import annotations
 
@@ -26,18 +27,20 @@ NEEDS_CUDA = ("torch.nn.DataParallel needs CUDA GPUs: without CUDA it runs the m
 
 
 def match_layout(module: nn.Module, replicas: list[nn.Module]) -> list[nn.Module]:
-    """`replicas` (replicate's output, modified in place), each 4-D parameter in `module`'s memory format."""
+    """`replicas` (replicate's output, modified in place), each channels_last parameter of `module` channels_last in
+    every replica too; nothing to do (one pass over the parameters) when none is."""
     cl = torch.channels_last
-    originals = list(module.modules())
-    for replica in replicas:
-        for m, r in zip(originals, replica.modules()):  # replicate copies modules() in this order
-            for key, p in m._parameters.items():
-                t = getattr(r, key) if p is not None and p.dim() == 4 else None
-                if t is not None and p.is_contiguous(memory_format=cl) and not t.is_contiguous(memory_format=cl):
-                    t = t.contiguous(memory_format=cl)
-                    setattr(r, key, t)  # replicas hold parameters as plain attributes (replicate.py)
-                    if hasattr(r, "_former_parameters"):
-                        r._former_parameters[key] = t
+    wanted = [(i, key) for i, m in enumerate(module.modules()) for key, p in m._parameters.items()
+              if p is not None and p.dim() == 4 and p.is_contiguous(memory_format=cl) and not p.is_contiguous()]
+    for replica in replicas if wanted else ():
+        mods = list(replica.modules())  # replicate copies module.modules() in this order
+        for i, key in wanted:
+            t = getattr(mods[i], key)  # replicas hold parameters as plain attributes (replicate.py)
+            if not t.is_contiguous(memory_format=cl):
+                t = t.contiguous(memory_format=cl)
+                setattr(mods[i], key, t)
+                if hasattr(mods[i], "_former_parameters"):
+                    mods[i]._former_parameters[key] = t
     return replicas
 
 
