@@ -3,9 +3,19 @@ scatters the batch, and gathers every output onto `output_device`, where the los
 device-0 memory imbalance. `train.output_device` moves the gather (the usual attempted fix).
 
 DataParallel silently becomes a plain one-device call without CUDA, so on a CPU-only host it is unavailable.
+
+Every replica computes in device 0's memory format (`match_layout`): `replicate` broadcasts the parameters through
+`broadcast_coalesced`, which flattens them with `.contiguous()` and hands devices 1.. contiguous copies while
+replica 0 keeps the originals (torch/nn/parallel/comm.py `broadcast_coalesced`, torch/_utils.py
+`_flatten_dense_tensors`). With channels_last weights (train.channels_last) cuDNN would then convert the weights on
+every convolution call, forward and backward, on devices 1.. only: per-device work a user did not ask for, in dp's
+and dp_criterion's step time. Copying each such weight back to channels_last once per step (one more pass over the
+bytes the broadcast already wrote) gives every device's convolutions the same layouts; the copy is differentiable, so
+gradients still reach the broadcast.
 """
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from ..comm_probes import ProfiledComm
@@ -14,6 +24,31 @@ from .base import Strategy
 
 NEEDS_CUDA = ("torch.nn.DataParallel needs CUDA GPUs: without CUDA it runs the module unchanged on one device, "
               "so a k-device run would be a disguised single-device job")
+
+
+def match_layout(module: nn.Module, replicas: list[nn.Module]) -> list[nn.Module]:
+    """`replicas` (replicate's output, modified in place), each channels_last parameter of `module` channels_last in
+    every replica too; nothing to do (one pass over the parameters) when none is."""
+    cl = torch.channels_last
+    wanted = [(i, key) for i, m in enumerate(module.modules()) for key, p in m._parameters.items()
+              if p is not None and p.dim() == 4 and p.is_contiguous(memory_format=cl) and not p.is_contiguous()]
+    for replica in replicas if wanted else ():
+        mods = list(replica.modules())  # replicate copies module.modules() in this order
+        for i, key in wanted:
+            t = getattr(mods[i], key)  # replicas hold parameters as plain attributes (replicate.py)
+            if not t.is_contiguous(memory_format=cl):
+                t = t.contiguous(memory_format=cl)
+                setattr(mods[i], key, t)
+                if hasattr(mods[i], "_former_parameters"):
+                    mods[i]._former_parameters[key] = t
+    return replicas
+
+
+class SameLayoutDataParallel(nn.DataParallel):
+    """nn.DataParallel whose replicas keep device 0's memory format (module docstring)."""
+
+    def replicate(self, module, device_ids):
+        return match_layout(module, super().replicate(module, device_ids))
 
 
 class DataParallelStrategy(Strategy):
@@ -35,7 +70,7 @@ class DataParallelStrategy(Strategy):
 
     def wrap(self, model, criterion):
         out = self.devices[self.cfg.output_device]
-        return (nn.DataParallel(model, device_ids=list(range(self.cfg.devices)), output_device=out),
+        return (SameLayoutDataParallel(model, device_ids=list(range(self.cfg.devices)), output_device=out),
                 criterion.to(out))
 
     def place_batch(self, model, x, y):

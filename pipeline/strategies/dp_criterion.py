@@ -3,13 +3,18 @@
 Delta from `dp`: the model's outputs stay on their devices (no gather of logits onto device 0), the loss is
 computed on each device against its chunk of the targets, and only the k scalar losses are gathered and
 averaged, so device 0 no longer holds every output. CPU-only hosts: unavailable, as for `dp`.
+
+Each `parallel_apply` names the replicas' devices, as nn.DataParallel does: without them every worker thread runs
+under device 0 and cuda:0's current stream, so a tensor a module creates without a device lands on cuda:0
+(torch/nn/parallel/parallel_apply.py turns `None` into the current device). Replicas keep device 0's memory format
+(dp.match_layout).
 """
 from __future__ import annotations
 
 from torch import nn
 from torch.nn.parallel import gather, parallel_apply, replicate, scatter
 
-from .dp import DataParallelStrategy
+from .dp import DataParallelStrategy, match_layout
 
 
 class DataParallelModel(nn.Module):
@@ -21,8 +26,9 @@ class DataParallelModel(nn.Module):
 
     def forward(self, x):
         inputs = scatter(x, self.device_ids)
-        replicas = replicate(self.module, self.device_ids[:len(inputs)])
-        return parallel_apply(replicas, [(i,) for i in inputs])
+        devices = self.device_ids[:len(inputs)]
+        replicas = match_layout(self.module, replicate(self.module, devices))
+        return parallel_apply(replicas, [(i,) for i in inputs], devices=devices)
 
 
 class DataParallelCriterion(nn.Module):
@@ -33,10 +39,11 @@ class DataParallelCriterion(nn.Module):
         self.criterion, self.device_ids = criterion, device_ids
 
     def forward(self, outputs, target):
-        targets = scatter(target, self.device_ids[:len(outputs)])
-        crits = replicate(self.criterion, self.device_ids[:len(outputs)]) if any(
+        devices = self.device_ids[:len(outputs)]
+        targets = scatter(target, devices)
+        crits = replicate(self.criterion, devices) if any(
             True for _ in self.criterion.parameters()) else [self.criterion] * len(outputs)
-        losses = parallel_apply(crits, [(o, t) for o, t in zip(outputs, targets)])
+        losses = parallel_apply(crits, [(o, t) for o, t in zip(outputs, targets)], devices=devices)
         return gather(losses, self.device_ids[0], dim=0).mean()  # equal chunks: mean of means = global mean
 
 
