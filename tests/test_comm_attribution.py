@@ -10,6 +10,7 @@ Kineto emits these events with these times on a given driver, and how large the 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -296,3 +297,20 @@ def test_load_refuses_other_formats(tmp_path):
     with pytest.raises(ValueError, match="parallax-profiler-events"):
         comm_probes.load_events(p)
 
+
+
+def test_doctor_dump_events_writes_replayable_files(make_cfg, tmp_path):
+    """`doctor --dump-events DIR` reaches the trial processes: fsdp's first sampled step is dumped there (on this
+    CPU host through the host-span path) and replays to what the trial attributed. On a GPU host the same files hold
+    Kineto's CUDA events; copying one into tests/fixtures/ makes CI replay it."""
+    from pipeline import doctor
+    doctor.run(make_cfg("train.breakdown_every=5"), tmp_path / "doctor", ["fsdp"], max_devices=1, steps=10,
+               per_device_batch=32, say=lambda *_: None, dump_events=tmp_path / "events")
+    assert comm_probes.DUMP_ENV not in os.environ  # the doctor leaves the environment as it was
+    files = sorted((tmp_path / "events").glob("events-fsdp-*.json"))
+    assert files and any("-rank0" in f.name for f in files)
+    for f in files:
+        dump = comm_probes.load_events(f)
+        assert dump["strategy"] == "fsdp" and dump["synthetic"] is False
+        replay = comm_probes.attribute(dump["events"], dump["probe"]["path"], dump["probe"]["comm_names"])
+        assert replay == pytest.approx(dump["expected_s"], abs=1e-12)
