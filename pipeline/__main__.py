@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-device batch of the timed run (default 128)")
     p.add_argument("--dump-events", type=cli_types.path, default=None, metavar="DIR",
                    help="write the profiled strategies' first sampled step's profiler events to DIR (replay "
-                        "fixtures for tests/fixtures/)")
+                        "fixtures for tests/fixtures/; default: not written)")
     return ap
 
 
