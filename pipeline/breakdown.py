@@ -38,7 +38,7 @@ this phase-serialised step: compare step_s with timed_step_s (an unsampled step)
 an unsampled step. Launch-bound models (LeNet; small batches) show the largest gap.
 
 Profiler sessions on GPUs: each torch.profiler session with CUDA activity starts and stops a Kineto/CUPTI trace,
-and that is what the review's concerns are about: CUPTI left attached after a session slows every later kernel
+and each such session costs the steps around it: CUPTI left attached after a session slows every later kernel
 launch (pytorch#144455) unless Kineto tears it down (TEARDOWN_CUPTI=1, the default of newer Kineto with CUDA >=
 12.6), and teardown followed by re-initialisation in quick succession has crashed (kineto PRs #1169, #1554). A
 torch.profiler.profile with a schedule does not avoid this: every cycle ends in stop_trace and the next begins with
