@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=30, help="timed steps after 3 warm-up steps (default 30)")
     p.add_argument("--batch-per-device", type=int, default=128, metavar="B",
                    help="per-device batch of the timed run (default 128)")
+    p.add_argument("--dump-events", type=cli_types.path, default=None, metavar="DIR",
+                   help="write the profiled strategies' first sampled step's profiler events to DIR (replay "
+                        "fixtures for tests/fixtures/; default: not written)")
     return ap
 
 
@@ -272,7 +275,8 @@ def cmd_doctor(args) -> int:
     # the doctor checks the host, not a study: no profile's search spaces, only params.yaml and --set
     base = configmod.load(args.params, ["profile=", "train.timeout_s=120", *args.overrides])
     output_dir(args.out, "--out")  # a directory (doctor.json, doctor.md): checked before every check is run
-    report = doctor.run(base, args.out, names, args.max_devices, args.steps, args.batch_per_device, args.model)
+    report = doctor.run(base, args.out, names, args.max_devices, args.steps, args.batch_per_device, args.model,
+                        dump_events=args.dump_events)
     print(f"wrote {args.out / 'doctor.md'} and {args.out / 'doctor.json'}")
     return 1 if report["counts"]["failed"] else 0
 

@@ -4,6 +4,9 @@ communication not hidden behind compute (exposed), optimizer, and waiting for th
 Only sampled steps are measured: every `every`-th steady-state step (train.breakdown_every, default EVERY; 0 = off).
 Sampled steps are real training steps, but the meter keeps them out of the throughput
 window (meter.py), so throughput is measured on unsampled steps exactly as before; their cost shows in epoch_s.
+The trial's breakdown names them (`sampled_steps`: steady-state indices, global step = index + warm-up) and what
+they added to the training time (`sampling_added_s` = samples x (sampled_wall_s - timed_step_s)): the epochs'
+time without sampling is sum(epoch_s) - sampling_added_s.
 
 On a sampled step:
 - every rank meets at a barrier first (outside the step: ranks start together), then the step runs under a
@@ -13,7 +16,7 @@ On a sampled step:
   elsewhere), optimizer (zero_grad + optimizer_step);
 - the strategy's `comm_probe` says how much of forward/backward was communication that nothing overlapped:
   DDP's own runtime statistics (DDPStats: ddp, ddp_amp), the profiler (ProfiledComm: FSDP's collective spans on
-  CPU, NCCL/copy kernels on GPUs for fsdp, dp, dp_criterion), nothing for one device (NoComm: single; scratch,
+  Gloo, NCCL/copy kernels on GPUs for fsdp, dp, dp_criterion), nothing for one device (NoComm: single; scratch,
   whose reduce_gradients phase is communication in full);
 - a timed barrier closes the step: its wait, less the barrier's own latency (the shortest wait over the ranks:
   the last rank to arrive waits only for the message), is idle; the latency is the instrument's, left out of the step.
@@ -22,6 +25,33 @@ The parts are a partition of the phases plus idle, so parts + residual = step ex
 Python between phases) is reported, never folded into a part. Waiting for a slower rank *inside* a collective
 (a fast rank's all-reduce waits for the slow rank's bucket) cannot be told apart from transfer time on one rank's
 clock: it counts as comm_exposed; the per-rank table lets analysis compare ranks.
+
+On a GPU a sampled step is a different regime from an unsampled one. `synchronize()` is cudaDeviceSynchronize on
+each of the strategy's devices, before and after every phase and every place_batch item, inside the phase's
+profiler label. So on a sampled step: the host cannot queue the next phase while the device runs this one, and each
+phase's kernel-launch time (Python, dispatch, cudaLaunchKernel) is exposed instead of hidden behind the previous
+phase's kernels; no work overlaps a phase boundary (a copy queued with non_blocking in data completes before forward
+starts; FSDP's prefetch cannot run into the next phase); scratch's per-replica items are separated by syncs, so its
+replicas run one after another, not concurrently across devices; and every kernel of a phase ends inside the phase's
+host label, which is what lets ProfiledComm charge device-side intervals to phases. The parts therefore describe
+this phase-serialised step: compare step_s with timed_step_s (an unsampled step) before reading them as shares of
+an unsampled step. Launch-bound models (LeNet; small batches) show the largest gap.
+
+Profiler sessions on GPUs: each torch.profiler session with CUDA activity starts and stops a Kineto/CUPTI trace,
+and each such session costs the steps around it: CUPTI left attached after a session slows every later kernel
+launch (pytorch#144455) unless Kineto tears it down (TEARDOWN_CUPTI=1, the default of newer Kineto with CUDA >=
+12.6), and teardown followed by re-initialisation in quick succession has crashed (kineto PRs #1169, #1554). A
+torch.profiler.profile with a schedule does not avoid this: every cycle ends in stop_trace and the next begins with
+prepare_trace/start_trace (torch 2.14.1 torch/profiler/profiler.py:1093-1140, the schedule's action map), i.e. a
+Kineto trace disabled and re-enabled per cycle (:468 -> torch/autograd/profiler.py:442 _disable_profiler). So on the
+kernel path the probe opens ONE session per trial process, at the first sampled step, and the breakdown samples no
+further step (`probe.spent`): dp, dp_criterion and fsdp on NCCL report one sample; the other strategies and every
+host-side path (CPU, Gloo: no CUPTI) keep sampling every `every`-th step. This keeps the profiler's cost to one step
+that is out of the throughput window, at the price of a one-sample breakdown; whether CUPTI still lingers after
+that one session (no teardown) shows in an A/B run with train.breakdown_every=0. The regime, the session count and
+TEARDOWN_CUPTI are recorded with the breakdown (`probe`, method["sampling"]). With PARALLAX_DUMP_EVENTS set (doctor
+--dump-events DIR), each trial process's first profiled step writes its events there (comm_probes.dump_events), the
+replay fixture format of tests/fixtures/.
 
 Cost (benchmarks/breakdown_cost.py, benchmarks/RESULTS.md section 6: a 2-core CPU host, LeNet, every=10, two
 rounds): sampling adds 0.1% to single's epoch, 0.6% to ddp's (barriers, DDP's stats) and 3.3% to fsdp's (the
@@ -33,11 +63,15 @@ visible per trial.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections import defaultdict
+from pathlib import Path
 
+import torch
 from torch.profiler import record_function
 
+from . import comm_probes
 from .comm_probes import PHASE
 
 EVERY = 10  # the default of train.breakdown_every
@@ -114,10 +148,15 @@ class Breakdown(Off):
         self.strategy, self.every = strategy, every
         self.comm = strategy.comm_probe(model)
         self.samples: list[dict] = []
+        self.next_step, self.dumped = None, False
 
     def is_sampled(self, n: int) -> bool:
-        """n: steady-state step index (0 = the first step after the warm-up)."""
-        return self.every > 0 and n >= 0 and n % self.every == self.every - 1
+        """n: steady-state step index (0 = the first step after the warm-up). No step once the probe is spent
+        (one profiler session per trial on the kernel path)."""
+        if self.every > 0 and n >= 0 and n % self.every == self.every - 1 and not self.comm.spent:
+            self.next_step = n  # the step the meter's next sample() times
+            return True
+        return False
 
     @contextlib.contextmanager
     def sample(self):
@@ -136,7 +175,23 @@ class Breakdown(Off):
             t2 = time.perf_counter()
         finally:
             comm = self.comm.stop()
-        self.samples.append({"work_s": t1 - t0, "barrier_s": t2 - t1, "phases": dict(clock.s), "comm": comm})
+        self.samples.append({"step": self.next_step, "work_s": t1 - t0, "barrier_s": t2 - t1,
+                             "phases": dict(clock.s), "comm": comm})
+        if os.environ.get(comm_probes.DUMP_ENV) and self.comm.events is not None and not self.dumped:
+            self._dump(Path(os.environ[comm_probes.DUMP_ENV]), comm)
+
+    def _dump(self, out: Path, comm: dict) -> None:
+        """This process's first profiled step, as a replay fixture (comm_probes.dump_events)."""
+        s, facts = self.strategy, self.comm.facts()
+        rank, world = s.data_shard
+        k = world * len(s.devices)
+        self.dumped = True
+        comm_probes.dump_events(
+            out / f"events-{s.name}-k{k}-{facts.get('backend') or 'none'}-rank{rank}.json", self.comm.events,
+            facts, comm, strategy=s.name, k=k, rank=rank, world=world, step=self.next_step,
+            device=str(s.devices[0]), torch=torch.__version__, cuda=torch.version.cuda,
+            teardown_cupti=facts.get("teardown_cupti"),
+            note="dumped by a real run (pipeline/breakdown.py); replayed by tests/test_comm_attribution.py")
 
     def _parts(self, x: dict) -> dict[str, float]:
         """One sample's parts before idle: each phase, less the exposed communication charged to it."""
@@ -162,8 +217,11 @@ class Breakdown(Off):
         latency = [min(col) for col in zip(*(r["barrier_s"] for r in everyone))]
         per_rank = [_summary(r, latency) for r in everyone]
         out = per_rank[[r["rank"] for r in everyone].index(rank)]
+        added = (len(self.samples) * (sampled_wall_s - timed_step_s)
+                 if timed_step_s is not None and sampled_wall_s is not None else None)
         return {**out, "every": self.every, "timed_step_s": timed_step_s, "sampled_wall_s": sampled_wall_s,
-                "method": self._methods(world),
+                "sampled_steps": [x.get("step") for x in self.samples], "sampling_added_s": added,
+                "probe": self.comm.facts(), "method": self._methods(world),
                 "ranks": [{"rank": r["rank"], "step_s": s["step_s"], "idle_s": (s["parts_s"] or {}).get("idle"),
                            "comm_exposed_s": (s["parts_s"] or {}).get("comm_exposed")}
                           for r, s in zip(everyone, per_rank)]}
@@ -181,7 +239,22 @@ class Breakdown(Off):
                      "timed barrier (1-element all-reduce) after the step, less its latency (the shortest wait "
                      "over the ranks in the same sample)"),
             "residual": "step - sum of parts: the loop's own work between phases, never folded into a part",
+            "sampling": self._regime(),
         }
+
+    def _regime(self) -> str:
+        sync = ("each phase and place_batch item between strategy.synchronize() calls (on GPUs a phase-serialised "
+                "step: launch latency exposed, no overlap across phases; breakdown.py)")
+        facts = self.comm.facts()
+        if getattr(self.comm, "cupti", False):
+            how = (f"one profiler session per trial (CUDA activity: CUPTI), at the first sampled step, then no "
+                   f"further sample; sessions opened: {facts.get('profiler_sessions')}; TEARDOWN_CUPTI="
+                   f"{facts.get('teardown_cupti') or 'unset (the Kineto default)'}")
+        elif facts.get("path") in ("kernels", "spans"):
+            how = "one profiler session (host-side activity only: no CUPTI) per sampled step"
+        else:
+            how = "no profiler"
+        return f"every {self.every}-th steady-state step; {how}; {sync}"
 
 
 def _summary(r: dict, latency: list[float]) -> dict:

@@ -6,10 +6,13 @@ For every strategy and k = 1..min(N, 2, --max-devices): the one-step equivalence
 fp16 (+GradScaler). A host with fewer than two devices also runs the multi-process strategies at k=2 with ranks
 sharing its device (Gloo), tagged `oversubscribed`: a functional check whose timings mean nothing.
 Needs only the training core: no MLflow, Optuna or DVC. Writes doctor.json and doctor.md.
+`--dump-events DIR`: each profiled trial process (dp, dp_criterion, fsdp) writes its first sampled step's profiler
+events to DIR (comm_probes.dump_events): on a GPU host, the replay fixtures tests/fixtures/ takes.
 """
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,6 +22,7 @@ from . import config as configmod
 from . import data as datamod
 from . import catalog, equivalence, paths
 from .capabilities import host_capabilities
+from .comm_probes import DUMP_ENV
 from .devices import Host, probe
 from .errors import DataError, Infeasible
 from .launch import check_feasible, run_trial
@@ -132,8 +136,16 @@ def _data(base, work: Path) -> tuple[str, str]:
 
 
 def run(base, out: Path, strategies=None, max_devices: int = 2, steps: int = 30, per_device_batch: int = 128,
-        model: str = "lenet", say=print) -> dict:
+        model: str = "lenet", say=print, dump_events: Path | None = None) -> dict:
     """Run every case, write out/doctor.json and out/doctor.md, return the report."""
+    if dump_events is not None:  # read by breakdown.Breakdown in every trial process (spawned ranks inherit it)
+        os.environ[DUMP_ENV] = str(Path(dump_events).resolve())
+        try:
+            return run(base, out, strategies, max_devices, steps, per_device_batch, model, say)
+        finally:
+            os.environ.pop(DUMP_ENV, None)
+            say(f"profiler events of the profiled strategies' first sampled step: {dump_events}"
+                + ("" if base.train.breakdown_every else " (none: train.breakdown_every=0 samples no step)"))
     host = probe()
     strategies = list(strategies or catalog.NAMES)
     caps = host_capabilities(host)

@@ -37,7 +37,11 @@ def test_every_trial_breakdown_adds_up(make_cfg, tmp_path, monkeypatch, strategy
     assert sum(b["parts_s"].values()) + b["residual_s"] == pytest.approx(b["step_s"], rel=1e-9)
     assert b["residual_s"] >= 0, b  # the loop's own Python between phases: reported, never negative
     assert all(b["parts_s"][p] > 0 for p in ("forward", "backward_compute")), b  # both phases were timed
-    assert set(b["method"]) >= {*breakdown.PARTS, "residual", "step"}
+    assert set(b["method"]) >= {*breakdown.PARTS, "residual", "step", "sampling"}
+    # which steps were sampled, what they added to the epochs, and which probe path measured the communication
+    assert b["sampled_steps"] == list(range(EVERY - 1, STEPS - WARMUP, EVERY))
+    assert b["sampling_added_s"] == pytest.approx(n * (b["sampled_wall_s"] - b["timed_step_s"]))
+    assert b["probe"]["path"] == {"fsdp": "spans", "ddp": "ddp_stats"}.get(strategy, "none")
     assert b["timed_step_s"] > 0 and b["sampled_wall_s"] >= b["step_s"]  # the wall adds the barriers and probe
     assert [r["rank"] for r in b["ranks"]] == list(range(k if strategy in ("ddp", "fsdp") else 1))
     if strategy == "single":
