@@ -68,9 +68,16 @@ class FakeNvml(types.SimpleNamespace):
     def nvmlDeviceGetHandleByUUID(self, uuid):
         self._call("nvmlDeviceGetHandleByUUID")
         uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        if uuid in getattr(self, "migs", {}):  # a MIG instance's own handle: physical GPU migs[uuid]
+            self.asked.append(self.migs[uuid])
+            return ("mig", self.migs[uuid])
         if uuid not in self.uuids:
             raise NVMLError("Not Found")
         return self._handle(self.uuids.index(uuid))
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h):
+        self._call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
+        return ("handle", h[1])
 
     def nvmlDeviceGetHandleByPciBusId(self, bus):
         self._call("nvmlDeviceGetHandleByPciBusId")
@@ -198,6 +205,18 @@ def test_no_pynvml_or_no_device_properties_degrade(nvml, monkeypatch, case):
     with Monitor(2, "cuda", [0, 1]) as m:
         pass
     assert m.result()["gpu_monitor"].startswith("unavailable (")
+
+
+def test_a_mig_instance_is_asked_by_its_mig_uuid_and_clocked_by_its_gpu(nvml, monkeypatch):
+    """CUDA_VISIBLE_DEVICES=MIG-...: CUDA reports the instance's UUID; NVML is asked for the "MIG-" handle (its
+    processes) and the GPU's handle (clocks and reasons). What a real MIG handle supports is for a GPU host to show."""
+    mig = "MIG-5c1f2a3b-0000-5e6f-8a9b-0c1d2e3f4a5b"
+    nvml.migs = {mig: 2}
+    cuda_view(monkeypatch, [2], mig={0: mig})
+    with Monitor(1, "cuda", [0]) as m:
+        pass
+    r = m.result()
+    assert r["gpu_monitor"] == "nvml" and r["gpu_devices"] == [mig] and r["gpu_sm_mhz_min"] == [1902]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
