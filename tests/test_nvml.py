@@ -95,10 +95,6 @@ class FakeNvml(types.SimpleNamespace):
         self._call("nvmlDeviceGetCurrentClocksEventReasons")
         return self.reasons.get((self.phase, h[1]), 0)
 
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):  # the older name of the same call
-        self._call("nvmlDeviceGetCurrentClocksThrottleReasons")
-        return self.reasons.get((self.phase, h[1]), 0)
-
     def nvmlDeviceGetClockInfo(self, h, clock):
         self._call("nvmlDeviceGetClockInfo")
         return self.sm.get((self.phase, h[1]), 1900 + h[1])
