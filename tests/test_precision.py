@@ -77,7 +77,8 @@ def test_the_pin_restores_every_switch_exactly():
 
 def test_host_facts_carry_the_tf32_switches(make_cfg, tmp_path):
     """G6: the TF32 state is a host fact (the doctor's header, every trial's host_* fields)."""
-    from pipeline import capabilities
+    from pipeline import capabilities, launch
+    launch.host_fields.cache_clear()  # read once per process: another test may have run a trial with other switches
     caps = capabilities.host_capabilities(probe())
     assert set(caps["tf32"]) >= {"cudnn_allow_tf32", "matmul_allow_tf32"}
     assert caps["tf32_text"].startswith("cuDNN conv ")
@@ -100,7 +101,7 @@ def test_fp32_rows_on_a_tf32_gpu_are_labelled_tf32_convs():
     def report(kind, cc):
         host = {"hostname": "h", "kind": kind, "devices": 1, "name": "n", "torch": "t", "python": "p", "cuda": "13",
                 "cudnn": "9", "nccl": "2", "gloo": True, "bf16": "native", "fp16": "native",
-                "cpu": {"isa_text": "avx2", "torch_cpu_capability": "AVX2"},
+                "cpu": {"isa_text": "avx2", "torch_cpu_capability": "AVX2", "bf16_why": "b", "fp16_why": "f"},
                 "gpus": [{"index": 0, "name": "H100", "compute_capability": cc}] if kind == "cuda" else [],
                 "tf32": {"cudnn_allow_tf32": True, "matmul_allow_tf32": False},
                 "tf32_text": "cuDNN conv TF32, matmul fp32"}
@@ -144,3 +145,21 @@ def test_the_fp16_check_starts_from_a_scale_that_applies_its_step(make_cfg, tmp_
     hardware to show."""
     _, metrics = equivalence.one_step(make_cfg(), tmp_path / "fp16", "ddp_amp", 1, extra=("train.amp_dtype=fp16",))
     assert metrics["amp_skipped_steps"] == 0 and metrics["amp_scale"] == equivalence.FP16_INIT_SCALE
+
+
+def test_the_reports_host_table_shows_tf32_on_gpu_hosts_only():
+    """G6: the report's host table carries the trials' TF32 switches for a GPU host, and — for a CPU host, where
+    they change nothing. Pure function of a hand-made sweep table."""
+    from pipeline.report_host import host_capabilities_section
+
+    from .test_analyze import frame, row
+    caps = {"host_cpu_isa": "avx2", "host_bf16": "native", "host_fp16": "native", "host_nccl": "2.27",
+            "host_interconnect": "NV18", "host_tf32": "cuDNN conv TF32, matmul fp32"}
+    gpu = {**caps, "host_gpu_name": "NVIDIA H100", "host_gpu_cc": "9.0", "device_kind": "cuda", "host": "gpubox"}
+    cpu = {**caps, "host_gpu_name": "", "host_gpu_cc": "", "device_kind": "cpu", "host": "cpubox",
+           "host_interconnect": ""}
+    s = "".join(host_capabilities_section(frame([row("ddp", k=1, B=128, thr=1.0, **gpu),
+                                                 row("ddp", k=1, B=128, thr=1.0, **cpu)])))
+    assert "| TF32 |" in s
+    assert "| NV18 | cuDNN conv TF32, matmul fp32 | 1 |" in s
+    assert "| — | — | 1 |" in s.split("| cpubox |")[1].splitlines()[0] + "\n"
