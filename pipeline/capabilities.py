@@ -170,6 +170,15 @@ def tf32_text(flags: dict) -> str:
     return f"cuDNN conv {'TF32' if conv else 'fp32'}, matmul {'TF32' if mm else 'fp32'}"
 
 
+def fp32_label(caps: dict) -> str:
+    """How an fp32 result on the host `caps` (host_capabilities) is labelled: "fp32 (TF32 convs)" where cuDNN
+    convolutions run in TF32 (a CUDA host with the switch on and a GPU of compute capability >= 8.0, where TF32's
+    tensor cores start), else "fp32"."""
+    tf32 = caps.get("kind") == "cuda" and "conv TF32" in (caps.get("tf32_text") or "") and any(
+        int(str(g.get("compute_capability", "0")).split(".")[0] or 0) >= 8 for g in caps.get("gpus") or [])
+    return "fp32 (TF32 convs)" if tf32 else "fp32"
+
+
 @contextlib.contextmanager
 def fp32_pinned(enabled: bool = True):
     """IEEE fp32 for cuDNN convolutions and RNNs and for cuBLAS matmuls inside; every switch restored afterwards.

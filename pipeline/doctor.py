@@ -19,7 +19,7 @@ from pathlib import Path
 from . import config as configmod
 from . import data as datamod
 from . import catalog, equivalence, paths
-from .capabilities import host_capabilities
+from .capabilities import fp32_label, host_capabilities
 from .devices import Host, probe
 from .errors import DataError, Infeasible
 from .launch import check_feasible, run_trial
@@ -191,13 +191,11 @@ def _label(r: dict) -> str:
 
 def precision(r: dict, h: dict) -> str:
     """The row's arithmetic: its autocast type, else fp32, "fp32 (TF32 convs)" where the timed run's cuDNN
-    convolutions use TF32 (a CUDA host from compute capability 8.0, TF32's tensor cores, with the switch on)."""
+    convolutions use TF32 (capabilities.fp32_label)."""
     amp = r.get("amp_dtype") or r["variant"].split("+")[0]
     if amp in ("bf16", "fp16", "bfloat16", "float16"):
         return {"bfloat16": "bf16", "float16": "fp16"}.get(amp, amp)
-    tf32 = h.get("kind") == "cuda" and "conv TF32" in (h.get("tf32_text") or "") and any(
-        int(g["compute_capability"].split(".")[0]) >= 8 for g in h.get("gpus", []))
-    return "fp32 (TF32 convs)" if tf32 else "fp32"
+    return fp32_label(h)
 
 
 def markdown(report: dict) -> str:
