@@ -1,9 +1,16 @@
 """What this host's devices can do natively: the facts that change results (ISA, native bf16/fp16, GPU compute
-capability, library versions). A bf16 step on an AVX2-only CPU is emulated and several times slower than fp32;
-on an AVX-512-BF16 or AMX CPU, or an Ampere-or-newer GPU, it is native. Read once, reported with every doctor run.
+capability, library versions, the TF32 switches). A bf16 step on an AVX2-only CPU is emulated and several times
+slower than fp32; on an AVX-512-BF16 or AMX CPU, or an Ampere-or-newer GPU, it is native. Read once, reported with
+every doctor run.
+
+TF32: PyTorch lets cuDNN convolutions use TF32 by default (2.11 torch/backends/cudnn/__init__.py:191,
+`allow_tf32=True`) and keeps cuBLAS matmuls in IEEE fp32, so on Ampere and newer every "fp32" convolution is a TF32
+one. `tf32_flags` records the switches; `fp32_pinned` turns both off for a run (the equivalence check, through
+train.fp32_precision=ieee) and puts every switch back as it was.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -122,6 +129,77 @@ def library_versions() -> dict:
         except (RuntimeError, AttributeError):  # a build without NCCL
             out["nccl"] = ""
     return out
+
+
+# the TF32 switches: the legacy booleans (every supported torch), then the per-operation fp32_precision strings
+# (the newer API; read and restored where this torch has it). Each is (record key, object path, attribute).
+TF32_LEGACY = (("cudnn_allow_tf32", "cudnn", "allow_tf32"), ("matmul_allow_tf32", "cuda.matmul", "allow_tf32"))
+TF32_PRECISION = (("cudnn_conv_fp32_precision", "cudnn.conv", "fp32_precision"),
+                  ("cudnn_rnn_fp32_precision", "cudnn.rnn", "fp32_precision"),
+                  ("matmul_fp32_precision", "cuda.matmul", "fp32_precision"))
+
+
+def _backend(path: str):
+    obj = torch.backends
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def tf32_flags() -> dict:
+    """Every TF32 switch this torch has, as this process has it now. A legacy boolean reads None where torch refuses
+    to read it (a state set through the fp32_precision API that the boolean cannot express)."""
+    out = {}
+    for key, path, attr in TF32_LEGACY + TF32_PRECISION:
+        try:
+            out[key] = getattr(_backend(path), attr)
+        except AttributeError:  # a torch without this switch
+            continue
+        except RuntimeError:  # "you have used a mix of the legacy and new APIs to set the TF32 flags"
+            out[key] = None
+    return out
+
+
+def tf32_text(flags: dict) -> str:
+    """"cuDNN conv TF32, matmul fp32" and the like: what the switches mean for convolutions and matmuls."""
+    def tf32(legacy, precision):
+        v = flags.get(legacy)
+        return v if isinstance(v, bool) else flags.get(precision) == "tf32"
+    conv = tf32("cudnn_allow_tf32", "cudnn_conv_fp32_precision")
+    mm = tf32("matmul_allow_tf32", "matmul_fp32_precision")
+    return f"cuDNN conv {'TF32' if conv else 'fp32'}, matmul {'TF32' if mm else 'fp32'}"
+
+
+def fp32_label(caps: dict) -> str:
+    """How an fp32 result on the host `caps` (host_capabilities) is labelled: "fp32 (TF32 convs)" where cuDNN
+    convolutions run in TF32 (a CUDA host with the switch on and a GPU of compute capability >= 8.0, where TF32's
+    tensor cores start), else "fp32"."""
+    tf32 = caps.get("kind") == "cuda" and "conv TF32" in (caps.get("tf32_text") or "") and any(
+        int(str(g.get("compute_capability", "0")).split(".")[0] or 0) >= 8 for g in caps.get("gpus") or [])
+    return "fp32 (TF32 convs)" if tf32 else "fp32"
+
+
+@contextlib.contextmanager
+def fp32_pinned(enabled: bool = True):
+    """IEEE fp32 for cuDNN convolutions and RNNs and for cuBLAS matmuls inside; every switch restored afterwards.
+
+    Pins through the legacy booleans (present at the 2.11 floor; inside the pin they still read False) unless
+    torch refuses to read them (a mixed state set through the fp32_precision API), then through fp32_precision.
+    Restores the booleans, then the fp32_precision strings, so every switch reads as before."""
+    if not enabled:
+        yield
+        return
+    before = tf32_flags()
+    legacy = [(_backend(p), a, before[k]) for k, p, a in TF32_LEGACY if isinstance(before.get(k), bool)]
+    precision = [(_backend(p), a, before[k]) for k, p, a in TF32_PRECISION if k in before]
+    try:
+        for obj, attr, off in ([(o, a, False) for o, a, _ in legacy] if len(legacy) == len(TF32_LEGACY)
+                               else [(o, a, "ieee") for o, a, _ in precision]):
+            setattr(obj, attr, off)
+        yield
+    finally:
+        for obj, attr, value in legacy + precision:
+            setattr(obj, attr, value)
 
 
 # `nvidia-smi topo -m`'s link codes, fastest first (its legend): NV# = that many NVLinks; the rest are PCIe paths
@@ -252,7 +330,8 @@ def host_capabilities(host, devices=None) -> dict:
     """Everything above for `host` (pipeline.devices.Host): the CPU always, each GPU where there are GPUs. The
     interconnect is that of `devices` (a trial's CUDA ordinals; None: every GPU this process sees)."""
     caps = {"kind": host.kind, "devices": host.n, "name": host.name, "hostname": host.hostname,
-            "cpu": cpu_capabilities(), **library_versions()}
+            "cpu": cpu_capabilities(), **library_versions(), "tf32": tf32_flags()}
+    caps["tf32_text"] = tf32_text(caps["tf32"])
     caps["interconnect"] = None  # a CPU host's ranks talk through shared memory or loopback
     if host.kind == "cuda":
         caps["gpus"] = [gpu_capabilities(i) for i in range(host.n)]

@@ -2,7 +2,8 @@
 single-device SGD, and what each costs (img/s, per-device peak memory); the others are unavailable, with the reason.
 
 For every strategy and k = 1..min(N, 2, --max-devices): the one-step equivalence check the tests use
-(pipeline/equivalence.py), one short timed run, the per-device peak memory. ddp_amp runs twice, bf16 and
+(pipeline/equivalence.py: TF32 off), one short timed run (the host's TF32 switches: an fp32 row on a GPU whose
+cuDNN convolutions use TF32 is labelled "fp32 (TF32 convs)"), the per-device peak memory. ddp_amp runs twice, bf16 and
 fp16 (+GradScaler). A host with fewer than two devices also runs the multi-process strategies at k=2 with ranks
 sharing its device (Gloo), tagged `oversubscribed`: a functional check whose timings mean nothing.
 Needs only the training core: no MLflow, Optuna or DVC. Writes doctor.json and doctor.md.
@@ -21,7 +22,7 @@ from pathlib import Path
 from . import config as configmod
 from . import data as datamod
 from . import catalog, equivalence, paths
-from .capabilities import host_capabilities
+from .capabilities import fp32_label, host_capabilities
 from .comm_probes import DUMP_ENV
 from .devices import Host, probe
 from .errors import DataError, Infeasible
@@ -29,6 +30,15 @@ from .launch import check_feasible, run_trial
 from .strategies import STRATEGIES
 
 MIB = 2**20
+# DDP's reducer collects runtime stats on iterations 1-10 (torch/csrc/distributed/c10d/reducer.cpp,
+# Reducer::should_collect_runtime_stats: num_iterations_ <= 10), and DDP's forward logs them before
+# prepare_for_forward counts the new iteration, so 0-based steps 1-10 wait on the last step's timer events
+# (reducer_cuda.cpp CudaTimer::measureDifference synchronizes them: a host sync on GPUs). The next such step is
+# the 100th (kDDPRuntimeLoggingSampleRate), past the doctor's timed steps.
+DDP_RUNTIME_STATS_ITERATIONS = 10
+# every row's timed window opens after them (Meter times from step index warmup_steps on): the same steps for all
+# strategies, none of them synchronised by DDP's statistics
+WARMUP_STEPS = DDP_RUNTIME_STATS_ITERATIONS + 1
 
 
 @dataclass(frozen=True)
@@ -46,8 +56,8 @@ class Row:
     k: int
     variant: str
     tag: str
-    status: str = "failed"  # passed | failed | unavailable
-    reason: str = ""  # why unavailable, or the error / the mismatch that failed it
+    status: str = "failed"  # passed | failed | skipped (GradScaler skipped the check's step) | unavailable
+    reason: str = ""  # why unavailable or skipped, or the error / the mismatch that failed it
     check: str = ""  # the equivalence verdict in words
     img_s: float | None = None
     step_ms: float | None = None
@@ -99,12 +109,12 @@ def run_case(case: Case, base, host: Host, ref: dict | None, init: dict, work: P
         return row
     try:
         tag = f"{case.strategy}-{case.k}-{case.variant or 'fp32'}-{case.tag or 'x'}".replace("+", "")
-        got, _ = equivalence.one_step(base, work / f"eq-{tag}", case.strategy, case.k, extra=case.sets)
-        verdict = equivalence.compare(ref, got, init=init, low_precision="amp_dtype" in " ".join(case.sets),
-                                      device_kind=host.kind)
+        got, eq = equivalence.one_step(base, work / f"eq-{tag}", case.strategy, case.k, extra=case.sets)
+        verdict = equivalence.check(ref, got, eq, init=init, low_precision="amp_dtype" in " ".join(case.sets),
+                                    device_kind=host.kind)
         row.check = verdict.detail
         batch = per_device_batch * case.k
-        warmup = 3
+        warmup = WARMUP_STEPS
         cfg = configmod.override(base, [*sets, f"train.model={model}", f"train.batch_size={batch}",
                                         f"train.warmup_steps={warmup}", f"train.max_steps={warmup + steps}",
                                         f"data.train_limit={batch * (warmup + steps + 1)}", "data.test_limit=256"])
@@ -114,8 +124,9 @@ def run_case(case: Case, base, host: Host, ref: dict | None, init: dict, work: P
         row.peak_mem_mib = [round(p / MIB, 2) for p in m["peak_mem_bytes"] or []]
         row.mem_method, row.backend = m["mem_method"], m.get("backend") or ""
         row.amp_dtype, row.comm_hook_used = m.get("amp_dtype") or "", m.get("comm_hook_used") or ""
-        row.status = "passed" if verdict.ok else "failed"
-        row.reason = "" if verdict.ok else f"does not match single-device SGD: {verdict.detail}"
+        row.status = "passed" if verdict.ok else "skipped" if verdict.skipped else "failed"
+        row.reason = ("" if verdict.ok else verdict.detail if verdict.skipped
+                      else f"does not match single-device SGD: {verdict.detail}")
     except Exception as e:  # a doctor reports a broken strategy; it does not crash on it
         row.status, row.reason = "failed", _first_line(e)
     finally:
@@ -152,7 +163,7 @@ def run(base, out: Path, strategies=None, max_devices: int = 2, steps: int = 30,
     say(f"doctor: {host.kind} x{host.n} ({host.name}); torch {caps['torch']}"
         + (f", CUDA {caps['cuda']}, NCCL {caps['nccl']}" if host.kind == "cuda" else
            f", CPU ISA {caps['cpu']['isa_text']}")
-        + f"; bf16 {caps['bf16']}, fp16 {caps['fp16']}")
+        + f"; bf16 {caps['bf16']}, fp16 {caps['fp16']}; TF32: {caps['tf32_text']}")
     with tempfile.TemporaryDirectory(prefix="parallax-doctor-") as tmp:
         work = Path(tmp)
         data_dir, source = _data(base, work)
@@ -176,10 +187,11 @@ def run(base, out: Path, strategies=None, max_devices: int = 2, steps: int = 30,
                 + (f" - {row.reason.splitlines()[0]}" if row.reason else "") + f" ({row.seconds:.1f} s)")
     report = {"host": caps, "data_source": source, "synthetic": source == "synthetic",
               "settings": {"model": model, "timed_steps": steps, "per_device_batch": per_device_batch,
-                           "max_devices": max_devices, "equivalence": f"one SGD step, lr {equivalence.LR}, "
-                           "LeNet, global batch 64, against `single`"},
+                           "max_devices": max_devices, "warmup_steps": WARMUP_STEPS,
+                           "equivalence": f"one SGD step, lr {equivalence.LR}, LeNet, global batch 64, against "
+                           f"`single`, TF32 off, fp16 GradScaler from scale {equivalence.FP16_INIT_SCALE:g}"},
               "rows": [asdict(r) for r in rows],
-              "counts": {s: sum(r.status == s for r in rows) for s in ("passed", "failed", "unavailable")}}
+              "counts": {s: sum(r.status == s for r in rows) for s in ("passed", "failed", "skipped", "unavailable")}}
     write(report, out)
     return report
 
@@ -187,6 +199,15 @@ def run(base, out: Path, strategies=None, max_devices: int = 2, steps: int = 30,
 def _label(r: dict) -> str:
     extra = ", ".join(x for x in (r["variant"], r["tag"]) if x)
     return f"{r['strategy']} k={r['k']}" + (f" ({extra})" if extra else "")
+
+
+def precision(r: dict, h: dict) -> str:
+    """The row's arithmetic: its autocast type, else fp32, "fp32 (TF32 convs)" where the timed run's cuDNN
+    convolutions use TF32 (capabilities.fp32_label)."""
+    amp = r.get("amp_dtype") or r["variant"].split("+")[0]
+    if amp in ("bf16", "fp16", "bfloat16", "float16"):
+        return {"bfloat16": "bf16", "float16": "fp16"}.get(amp, amp)
+    return fp32_label(h)
 
 
 def markdown(report: dict) -> str:
@@ -200,14 +221,18 @@ def markdown(report: dict) -> str:
              f"- bf16 {h['bf16']}, fp16 {h['fp16']} on these devices ("
              + ("; ".join(f"GPU {g['index']} {g['name']}: cc {g['compute_capability']}" for g in h.get("gpus", []))
                 or f"bf16: {h['cpu']['bf16_why']}; fp16: {h['cpu']['fp16_why']}") + ")",
+             f"- TF32: {h.get('tf32_text') or 'not recorded'} (the timed runs; the equivalence step pins fp32)",
              f"- data: {report['data_source']}" + (" (SYNTHETIC stand-in, labelled)" if report["synthetic"] else ""),
              f"- equivalence: {report['settings']['equivalence']}; timed run: {report['settings']['model']}, "
-             f"{report['settings']['timed_steps']} steps after warm-up, batch "
-             f"{report['settings']['per_device_batch']} per device",
+             f"{report['settings']['timed_steps']} steps after warm-up"
+             + (f" ({w} steps: past DDP's runtime statistics)" if (w := report["settings"].get("warmup_steps")) else "")
+             + f", batch {report['settings']['per_device_batch']} per device",
              f"- {report['counts']['passed']} passed, {report['counts']['failed']} failed, "
-             f"{report['counts']['unavailable']} unavailable", "",
-             "| strategy | status | img/s | ms/step | peak MiB per device | memory from | backend | check or reason |",
-             "|---|---|---|---|---|---|---|---|"]
+             + (f"{report['counts']['skipped']} skipped, " if report["counts"].get("skipped") else "")
+             + f"{report['counts']['unavailable']} unavailable", "",
+             "| strategy | status | precision | img/s | ms/step | peak MiB per device | memory from | backend "
+             "| check or reason |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         tput = f"{r['img_s']:,.0f}" if r["img_s"] else "-"
         if r["tag"] == "oversubscribed" and r["img_s"]:
@@ -215,7 +240,7 @@ def markdown(report: dict) -> str:
         step = f"{r['step_ms']:.1f}" if r["step_ms"] else "-"
         if r["step_ms"] and r.get("timed_steps") and r["timed_steps"] != report["settings"]["timed_steps"]:
             step += f" ({r['timed_steps']} steps: emulated dtype)"
-        lines.append(f"| {_label(r)} | {r['status']} | {tput} | {step} | "
+        lines.append(f"| {_label(r)} | {r['status']} | {precision(r, h)} | {tput} | {step} | "
                      f"{', '.join(f'{p:.1f}' for p in r['peak_mem_mib']) or '-'} | {r['mem_method'] or '-'} | "
                      f"{r['backend'] or '-'} | {(r['reason'] or r['check']).replace('|', '/')} |")
     return "\n".join(lines) + "\n"

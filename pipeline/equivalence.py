@@ -3,6 +3,13 @@ the parameters of single-device SGD. The one check the tests (tests/test_strateg
 
 fp32 strategies must match to float tolerance; mixed precision (ddp_amp) must move the weights the same way
 within a bf16/fp16 tolerance, measured on the update (new - initial), not on the weights themselves.
+
+The step runs with TF32 off (train.fp32_precision=ieee: IEEE fp32 cuDNN convolutions and matmuls in every process of the
+trial, each switch restored afterwards, capabilities.fp32_pinned): cuDNN picks algorithms per shape, and TF32 ones
+(on by default for convolutions on Ampere and newer) differ from fp32 by about 1e-3 relative, so two batch splits
+would compare TF32 noise against the fp32 tolerance. fp16 starts GradScaler at FP16_INIT_SCALE: at PyTorch's 2**16
+a first step can overflow and be skipped, and a skipped step has no update to compare; one that is still skipped is
+reported as "skipped by GradScaler", never as a mismatch.
 """
 from __future__ import annotations
 
@@ -18,6 +25,9 @@ from .models import build_model
 LR = 0.5  # large enough that one step moves every weight well beyond float noise
 FP32_TOL = {"cpu": (1e-6, 1e-4), "cuda": (1e-5, 1e-3)}  # (atol, rtol); cuDNN picks algorithms per shape
 LOW_PRECISION_REL = 0.05  # relative difference of the update, for bf16/fp16 autocast
+# fp16 GradScaler's first scale in the check: 64x below PyTorch's 2**16 against overflow on the first step, still
+# large enough to keep LeNet's small fp16 gradients above fp16's normal range (6e-5)
+FP16_INIT_SCALE = 2.0**10
 
 
 @dataclass(frozen=True)
@@ -25,6 +35,7 @@ class Verdict:
     ok: bool
     detail: str  # what was compared and the worst difference, in words
     worst: float  # the worst difference (absolute for fp32, relative to the update for mixed precision)
+    skipped: bool = False  # GradScaler skipped the step: nothing was compared
 
 
 def one_step(base_cfg, out_dir: Path, strategy: str, k: int, model: str = "lenet", batch: int = 64,
@@ -32,7 +43,8 @@ def one_step(base_cfg, out_dir: Path, strategy: str, k: int, model: str = "lenet
     """Run one step of `strategy` on k devices; returns (final state_dict, trial metrics)."""
     cfg = configmod.override(base_cfg, [
         f"train.strategy={strategy}", f"train.devices={k}", f"train.model={model}", f"train.batch_size={batch}",
-        "train.max_steps=1", f"train.lr={LR}", f"data.train_limit={batch * 2}", "data.test_limit=64", *extra])
+        "train.max_steps=1", f"train.lr={LR}", f"data.train_limit={batch * 2}", "data.test_limit=64",
+        "train.fp32_precision=ieee", f"train.amp_init_scale={FP16_INIT_SCALE}", *extra])
     metrics = run_trial(cfg, out_dir, progress=False)
     return torch.load(Path(out_dir) / "final_state.pt", weights_only=True), metrics
 
@@ -67,3 +79,19 @@ def compare(ref: dict, got: dict, init: dict | None = None, low_precision: bool 
     ok = all(torch.allclose(ref[n].float(), got[n].float(), atol=atol, rtol=rtol) for n in names)
     return Verdict(ok, f"max abs diff {diffs[worst]:.3g} vs single (atol {atol:g}, rtol {rtol:g}; worst: {worst})",
                    diffs[worst])
+
+
+def skipped_by_scaler(metrics) -> Verdict | None:
+    """A Verdict saying GradScaler skipped the one step (so there is no update to compare), or None."""
+    skipped, steps = metrics.get("amp_skipped_steps") or 0, metrics.get("steps") or 0
+    if not skipped or skipped < steps:
+        return None
+    return Verdict(False, f"skipped by GradScaler: inf/NaN in the fp16 gradients, so the step left the weights "
+                          f"unchanged and nothing was compared (scale after it: {metrics.get('amp_scale'):g})",
+                   float("nan"), skipped=True)
+
+
+def check(ref: dict, got: dict, metrics, init: dict | None = None, low_precision: bool = False,
+          device_kind: str = "cpu") -> Verdict:
+    """compare(), unless GradScaler skipped the step (`metrics`: the trial's record)."""
+    return skipped_by_scaler(metrics) or compare(ref, got, init, low_precision, device_kind)

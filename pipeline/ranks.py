@@ -25,6 +25,7 @@ import torch
 from . import config as configmod
 from . import data as datamod
 from . import loopback, paths
+from .capabilities import fp32_pinned, tf32_flags, tf32_text
 from .devices import Host, probe
 from .errors import Interrupted, TrialFailed
 from .strategies import STRATEGIES
@@ -65,8 +66,11 @@ def _run_process(cfg, strategy, rank, world, data, on_epoch, progress):
     strategy.setup(rank, world)
     try:
         label = f"{cfg.train.strategy} k={cfg.train.devices}"
-        return train(cfg, strategy, data, on_epoch=on_epoch,
-                     progress=_progress_bar(progress and strategy.is_main(), label))
+        # pinned in each process: a spawned rank starts with torch's TF32 defaults, whatever its parent set
+        with fp32_pinned(cfg.train.fp32_precision == "ieee"):
+            return {**train(cfg, strategy, data, on_epoch=on_epoch,
+                            progress=_progress_bar(progress and strategy.is_main(), label)),
+                    "tf32": tf32_text(tf32_flags())}
     finally:
         strategy.teardown()
 

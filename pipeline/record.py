@@ -71,6 +71,8 @@ class TrialRecord:
     host_torch: str = _f(TAG, tag="host.torch")
     host_cuda: str = _f(TAG, tag="host.cuda")
     host_interconnect: str = _f(TAG, TABLE, tag="host.interconnect")
+    host_tf32: str = _f(TAG, TABLE, tag="host.tf32")  # the launching process's TF32 switches (read once)
+    tf32: str = _f(TAG)  # the TF32 switches the main rank trained under (train.fp32_precision=ieee pins them)
     # what it measured
     parallel_devices: bool = _f(TAG, TABLE)
     steps: int = _f()
@@ -90,6 +92,8 @@ class TrialRecord:
     mem_method: str = _f(TAG, TABLE)
     mem_devices: list[str] = _f(TAG)
     comm_hook_used: str = _f(TAG, TABLE)  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
+    amp_scale: float = _f()  # fp16 GradScaler's scale after the last step (ddp_amp); None elsewhere
+    amp_skipped_steps: int = _f()  # optimizer steps GradScaler skipped (inf/NaN gradients); None without one
     backend: str = _f()  # process group of a multi-process trial: nccl or gloo; None otherwise
     breakdown: dict = _f()  # where a sampled steady-state step goes (breakdown.py), main rank's view
     interference: dict = _f()  # what else used the host meanwhile (interference.py)
@@ -232,7 +236,8 @@ def capability_fields(caps: dict) -> dict:
             "host_gpu_name": ",".join(sorted({g["name"] for g in gpus})) or None,
             "host_gpu_cc": ",".join(sorted({g["compute_capability"] for g in gpus})) or None,
             "host_nccl": caps.get("nccl") or None, "host_torch": caps.get("torch"),
-            "host_cuda": caps.get("cuda") or None, "host_interconnect": caps.get("interconnect") or None}
+            "host_cuda": caps.get("cuda") or None, "host_interconnect": caps.get("interconnect") or None,
+            "host_tf32": caps.get("tf32_text")}
 
 
 def summarize(cfg, host, strategy, results: list[dict], wall_s: float, host_fields: dict | None = None,
@@ -261,6 +266,7 @@ def summarize(cfg, host, strategy, results: list[dict], wall_s: float, host_fiel
                      + (f"/rank{r['rank']}" if strategy.multiprocess else "")
                      for r in ranks for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
         comm_hook_used=main.get("comm_hook_used"), amp_dtype=main["amp_dtype"], backend=main.get("backend"),
+        amp_scale=main.get("amp_scale"), amp_skipped_steps=main.get("amp_skipped_steps"), tf32=main.get("tf32"),
         breakdown=main.get("breakdown"), interference=interference, wall_s=wall_s)
 
 

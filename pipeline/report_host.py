@@ -18,8 +18,8 @@ from .tables import measured
 
 # the sweep table's per-trial host columns (sweep_table.py, from the trial record), in the section's order
 HOST_COLS = ("host_cpu_isa", "host_bf16", "host_fp16", "host_gpu_name", "host_gpu_cc", "host_nccl",
-             "host_interconnect")
-HEADERS = ("host", "CPU ISA", "bf16", "fp16", "GPU", "compute capability", "NCCL", "interconnect", "trials")
+             "host_interconnect", "host_tf32")
+HEADERS = ("host", "CPU ISA", "bf16", "fp16", "GPU", "compute capability", "NCCL", "interconnect", "TF32", "trials")
 # a strategy that autocasts, and the fp32 strategy it is a readable difference from (strategies/ddp_amp.py)
 SLOWER = 0.9  # below this ratio of its baseline's throughput a point counts as slower (not noise)
 
@@ -33,6 +33,11 @@ def _text(v) -> str:
 
 def _cell(v) -> str:
     return (_text(v) or "—").replace("|", "\\|")
+
+
+def _row_cells(r: dict) -> list[str]:
+    """A capabilities row's cells; TF32 only where there is a GPU (the switches change nothing on a CPU)."""
+    return [_cell(r[c] if c != "host_tf32" or _text(r["host_gpu_name"]) else "") for c in ("host", *HOST_COLS)]
 
 
 def _hosts(df) -> pd.DataFrame:
@@ -132,13 +137,14 @@ def host_capabilities_section(df) -> list[str]:
     s = ["\n## Host capabilities\n\n",
          "What the host computes natively (pipeline/capabilities.py, recorded per trial): CPU instruction sets, "
          "whether bf16/fp16 run natively or are emulated through fp32, the GPU and its compute capability, NCCL, "
-         "and the GPU interconnect (`nvidia-smi topo -m`; — on CPU hosts, whose ranks share memory).\n\n"]
+         "the GPU interconnect (`nvidia-smi topo -m`; — on CPU hosts, whose ranks share memory), and whether "
+         "\"fp32\" cuDNN convolutions and matmuls ran in TF32 (PyTorch's switches; — on CPU hosts).\n\n"]
     if h.empty:
         s.append("_Not recorded: these sweep tables have no host_* columns (sweeps from before they existed); "
                  "rerun the sweeps to record them._\n")
     else:
         s += ["| " + " | ".join(HEADERS) + " |\n", "|" + "---|" * len(HEADERS) + "\n"]
-        s += ["| " + " | ".join(_cell(r[c]) for c in ("host", *HOST_COLS)) + f" | {r['trials']} |\n"
+        s += ["| " + " | ".join(_row_cells(r)) + f" | {r['trials']} |\n"
               for r in h.to_dict("records")]
     lines = slow_rows(df) + bounded_rows(df)
     if lines:

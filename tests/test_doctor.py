@@ -138,3 +138,24 @@ def test_cli_checks_multiprocess_strategies_and_writes_both_files(synthetic_root
     assert [r["k"] for r in ddp] == list(range(1, k + 1))
     assert all(r["status"] == "passed" and r["backend"] in ("gloo", "nccl") for r in ddp)
     assert (out / "doctor.md").read_text().count("| ddp k=") == k
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_amp"])
+def test_timed_steps_start_after_ddps_runtime_stats_iterations(make_cfg, tmp_path, monkeypatch, strategy):
+    """G22: DDP's reducer collects runtime stats on iterations 1-10 and its next forward waits on them (a host sync
+    on GPUs), so the doctor's timed window opens after them. Checks the warm-up the doctor configures (the timed
+    window opens at step index train.warmup_steps, pipeline/meter.py), not timings; the sync itself is CUDA's."""
+    from pipeline import equivalence
+    seen = {}
+
+    def timed(cfg, out, progress=False):
+        seen["warmup"] = cfg.train.warmup_steps
+        return {"throughput_img_s": 1.0, "peak_mem_bytes": [], "mem_method": "m"}
+    init = equivalence.initial_state()
+    ref = {n: v + 0.01 for n, v in init.items()}
+    monkeypatch.setattr(doctor.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
+    monkeypatch.setattr(doctor, "run_trial", timed)
+    row = doctor.run_case(doctor.Case(strategy, 1), make_cfg(), probe(), ref, init, tmp_path, 2, 16, "lenet")
+    assert row.status == "passed", row.reason
+    # DDP's forward at 0-based step s finds num_iterations_ == s, and collects (syncs) for 1 <= s <= 10
+    assert seen["warmup"] > getattr(doctor, "DDP_RUNTIME_STATS_ITERATIONS", 10)

@@ -2,6 +2,11 @@
 
 Delta from `ddp`: an autocast context (bf16 on CPUs and on GPUs with native bf16, else fp16) and a GradScaler, which is
 a no-op object for bf16 (bf16 keeps fp32's exponent range, so no loss scaling is needed).
+
+GradScaler skips the optimizer step while its scale overflows the fp16 gradients and halves the scale, the first
+steps included (2.11 torch/amp/grad_scaler.py:103-105). The steps it skipped and its final scale are trial facts:
+a skipped step leaves the weights unchanged, which must not read as a wrong update. They are counted on the device
+(no host sync per step) and read once, at the end.
 """
 from __future__ import annotations
 
@@ -26,11 +31,16 @@ class DDPAmpStrategy(DDPStrategy):
         device = super().setup(rank, world_size)
         want = self.autocast_dtype(self.cfg, device.type)
         self.dtype = torch.bfloat16 if want == "bf16" else torch.float16
-        self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=self.cfg.amp_init_scale,
+                                           enabled=self.dtype == torch.float16)
+        self.skipped = torch.zeros((), dtype=torch.int64, device=device)
         return device
 
     def facts(self) -> dict:
-        return {**super().facts(), "amp_dtype": str(self.dtype).replace("torch.", "")}
+        on = self.scaler.is_enabled()
+        return {**super().facts(), "amp_dtype": str(self.dtype).replace("torch.", ""),
+                "amp_scale": self.scaler.get_scale() if on else None,
+                "amp_skipped_steps": int(self.skipped.item()) if on else None}
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.dtype)
@@ -40,4 +50,9 @@ class DDPAmpStrategy(DDPStrategy):
 
     def optimizer_step(self, optimizer):
         self.scaler.step(optimizer)
+        # found_inf per device as step() just used it (GradScaler's own record; private, present since torch 1.6
+        # and at the 2.11 floor): any > 0 means step() skipped optimizer.step()
+        found = self.scaler._found_inf_per_device(optimizer) if self.scaler.is_enabled() else {}
+        if found:
+            self.skipped += (sum(v.to(self.skipped.device) for v in found.values()) > 0).long()
         self.scaler.update()
