@@ -33,14 +33,14 @@ class DDPAmpStrategy(DDPStrategy):
         self.dtype = torch.bfloat16 if want == "bf16" else torch.float16
         self.scaler = torch.amp.GradScaler(device.type, init_scale=self.cfg.amp_init_scale,
                                            enabled=self.dtype == torch.float16)
-        self.skipped = torch.zeros((), dtype=torch.int64, device=device)
+        self.skipped = None  # a device counter, made at the first step (setup allocates nothing on the device)
         return device
 
     def facts(self) -> dict:
         on = self.scaler.is_enabled()
         return {**super().facts(), "amp_dtype": str(self.dtype).replace("torch.", ""),
                 "amp_scale": self.scaler.get_scale() if on else None,
-                "amp_skipped_steps": int(self.skipped.item()) if on else None}
+                "amp_skipped_steps": (int(self.skipped.item()) if self.skipped is not None else 0) if on else None}
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.dtype)
@@ -54,5 +54,7 @@ class DDPAmpStrategy(DDPStrategy):
         # and at the 2.11 floor): any > 0 means step() skipped optimizer.step()
         found = self.scaler._found_inf_per_device(optimizer) if self.scaler.is_enabled() else {}
         if found:
+            if self.skipped is None:
+                self.skipped = torch.zeros((), dtype=torch.int64, device=self.device)
             self.skipped += (sum(v.to(self.skipped.device) for v in found.values()) > 0).long()
         self.scaler.update()
