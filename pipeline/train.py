@@ -95,7 +95,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
                         x = x.contiguous(memory_format=torch.channels_last)
                 with meter.probe(step, model, optimizer):
                     loss = strategy.train_step(model, criterion, optimizer, x, y, clock)
-            loss_sum += loss
+            loss_sum += loss.detach().to(device)  # dp with train.output_device=j returns it on cuda:j
             step, n_steps = step + 1, n_steps + 1
             if step % t.check_every == 0:
                 _check_finite(loss, step, epoch, t.lr)
