@@ -16,7 +16,10 @@ clock on an unsampled step), as `autocast` is for fp32 strategies.
   the overall figure does; an epoch's tail shorter than half a window is not a window (it counts in the overall
   figure only);
 - seconds per epoch (training only, evaluation excluded) and time to the target accuracy (their running sum);
-- peak memory per device (metrics.memory_meter: the CUDA allocator, or tensor memory of a probe step on CPU).
+- memory per device (metrics.memory_meter): on GPUs the allocator's window opens when the meter is built (after
+  the model, optimizer and data are placed: what is resident then is recorded) and is closed around each
+  evaluation (`evaluation()`), so the step's peak above resident is the strategy's own; on CPU, tensor memory of a
+  probe step.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ class Meter:
         self.windows: list[float] = []  # images/s per closed window
         self.window = None  # the open window: (first step, clock, excluded steps and seconds at its start)
         self.warmup = max(warmup_steps, 1)  # step 0 is the memory probe on CPU: never timed
-        self.memory = memory_meter(strategy)  # resets the CUDA peaks: construct it just before the loop
+        self.memory = memory_meter(strategy)  # resets the CUDA peaks: construct it after placement, before the loop
         self.breakdown = breakdown or Off()
         self.sampled_s, self.sampled_steps = 0.0, 0  # sampled steps' wall time, instrument included
         self.timed_images, self.timed_s, self.time_to_acc = 0, 0.0, None
@@ -102,6 +105,15 @@ class Meter:
         """A context around the step's train_step: the memory probe, or a no-op."""
         return self.memory.probe(step, model, optimizer)
 
+    @contextlib.contextmanager
+    def evaluation(self):
+        """Around an evaluation: its memory is not the strategy's step (peaks read before, reset after)."""
+        self.memory.pause()
+        try:
+            yield
+        finally:
+            self.memory.resume()
+
     def end_epoch(self, step: int) -> tuple[float, float | None]:
         """After the epoch's last step (global `step` steps done): (epoch seconds, steady-state images/s or None)."""
         self.strategy.synchronize()
@@ -137,7 +149,8 @@ class Meter:
             "timed_steps": timed_steps,
             "time_to_acc_s": self.time_to_acc,
             "epoch_s": self.epoch_s, "epoch_throughput_img_s": self.epoch_throughput,
-            "peak_mem_bytes": self.memory.peaks(), "mem_method": self.memory.method,
+            "peak_mem_bytes": self.memory.peaks(), "mem_method": self.memory.method, "mem_basis": self.memory.basis,
+            **self.memory.figures(),
         }
 
 
