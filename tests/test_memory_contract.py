@@ -222,3 +222,22 @@ def test_memory_table_carries_the_new_figures_and_loads_old_rows():
     assert m.loc["dp", "mem_basis"] == "step_above_resident"
     assert m.loc["ddp", "resident"] == [] and m.loc["ddp", "mem_basis"] == "memtracker_step"
     assert not math.isnan(m.loc["ddp", "mem_imbalance"])
+
+
+def test_report_memory_section_names_the_basis_and_shows_gpu_figures():
+    """The report says what imbalance and device-0 excess are computed from, and shows the GPU figures where a row
+    has them (a CPU-only report keeps its columns)."""
+    from pipeline import report
+    from pipeline.trial_rows import normalize
+    gpu = _row(mem_resident_bytes=[50 * 2**20, 50 * 2**20], mem_reserved_peak_bytes=[2**30, 2**30],
+               mem_basis="step_above_resident", throughput_img_s=100.0, test_acc_list=[0.5], test_acc=0.5)
+    for rows, shown in (([gpu], True), ([_row(mem_method="memtracker", throughput_img_s=100.0)], False)):
+        df = normalize(pd.DataFrame(rows), "x")
+        pts, eff, mem, acc = (tables.point_table(df), tables.scaling_table(df), tables.memory_table(df),
+                              tables.accuracy_table(df))
+        text = "".join(report._tables(df, pts, eff, mem, acc))
+        reading = " ".join(report._reading(pts, eff, mem, {}))
+        basis = tables.MEM_BASIS["step_above_resident" if shown else "memtracker_step"]
+        assert basis in reading and "mem_basis" in text
+        assert ("resident_mib" in text and "50.0 / 50.0" in text) is shown
+        assert "nvml_used_mib" not in text  # no row measured it
