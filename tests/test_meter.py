@@ -126,3 +126,20 @@ def test_sampled_steps_stay_out_of_windows(monkeypatch):
 
 def test_no_window_during_warm_up(monkeypatch):
     assert windows(monkeypatch, 1, 4, 5, 2) == []
+
+
+def test_evaluation_closes_the_memory_window_and_reopens_it(monkeypatch):
+    """Meter.evaluation(): the memory meter pauses before the evaluation and resumes after it, an error included
+    (the order a GPU run relies on; tests/test_memory_contract.py checks it inside train())."""
+    import pytest
+    calls = []
+    m = metermod.Meter(FakeStrategy(), 10, 1, 0.5)
+    monkeypatch.setattr(m.memory, "pause", lambda: calls.append("pause"))
+    monkeypatch.setattr(m.memory, "resume", lambda: calls.append("resume"))
+    with m.evaluation():
+        calls.append("evaluate")
+    with pytest.raises(ValueError), m.evaluation():
+        raise ValueError
+    assert calls == ["pause", "evaluate", "resume", "pause", "resume"]
+    assert m.memory.figures() == dict.fromkeys(("mem_resident_bytes", "mem_reserved_peak_bytes",
+                                                 "mem_nvml_used_bytes"))
