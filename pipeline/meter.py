@@ -16,10 +16,9 @@ clock on an unsampled step), as `autocast` is for fp32 strategies.
   the overall figure does; an epoch's tail shorter than half a window is not a window (it counts in the overall
   figure only);
 - seconds per epoch (training only, evaluation excluded) and time to the target accuracy (their running sum);
-- memory per device (metrics.memory_meter): on GPUs the allocator's window opens when the meter is built (after
-  the model, optimizer and data are placed: what is resident then is recorded) and is closed around each
-  evaluation (`evaluation()`), so the step's peak above resident is the strategy's own; on CPU, tensor memory of a
-  probe step.
+- memory per device (metrics.memory_meter): on GPUs the allocator's window opens at a step's `tick` (the first
+  time, what is resident is recorded: model, optimizer, data) and closes at `evaluation()` and at `results`, so
+  the step's peak above resident is the strategy's own; on CPU, tensor memory of a probe step.
 """
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ class Meter:
         self.windows: list[float] = []  # images/s per closed window
         self.window = None  # the open window: (first step, clock, excluded steps and seconds at its start)
         self.warmup = max(warmup_steps, 1)  # step 0 is the memory probe on CPU: never timed
-        self.memory = memory_meter(strategy)  # resets the CUDA peaks: construct it after placement, before the loop
+        self.memory = memory_meter(strategy)  # its window opens at the first tick
         self.breakdown = breakdown or Off()
         self.sampled_s, self.sampled_steps = 0.0, 0  # sampled steps' wall time, instrument included
         self.timed_images, self.timed_s, self.time_to_acc = 0, 0.0, None
@@ -57,7 +56,8 @@ class Meter:
 
     def tick(self, step: int) -> None:
         """Before global step `step`: steady state starts at the end of the warm-up (synchronise, read the clock);
-        a full window closes (synchronise, read the clock) and the next one opens."""
+        a full window closes (synchronise, read the clock) and the next one opens. The memory window (re)opens."""
+        self.memory.open()
         if step == self.warmup:
             self.strategy.synchronize()
             self.t_steady = time.perf_counter()
@@ -107,12 +107,10 @@ class Meter:
 
     @contextlib.contextmanager
     def evaluation(self):
-        """Around an evaluation: its memory is not the strategy's step (peaks read before, reset after)."""
-        self.memory.pause()
-        try:
-            yield
-        finally:
-            self.memory.resume()
+        """Around an evaluation: its memory is not the strategy's step (the peaks are read before it; the window
+        reopens at the next tick)."""
+        self.memory.close()
+        yield
 
     def end_epoch(self, step: int) -> tuple[float, float | None]:
         """After the epoch's last step (global `step` steps done): (epoch seconds, steady-state images/s or None)."""
@@ -138,8 +136,8 @@ class Meter:
             self.time_to_acc = sum(self.epoch_s)
 
     def results(self) -> dict:
-        """This process's figures; read after the final state_dict (a collective whose memory counts on GPUs).
-        Collective in a multi-process trial (the breakdown gathers every rank's samples): every rank calls it."""
+        """This process's figures (the memory window closed at the last evaluation). Collective in a multi-process
+        trial (the breakdown gathers every rank's samples): every rank calls it."""
         timed_steps = self.timed_images // self.batch_size
         return {
             "breakdown": self.breakdown.results(self.timed_s / timed_steps if timed_steps else None,

@@ -2,19 +2,19 @@
 
 What "memory per device" means here, on GPUs (CUDA caching allocator, read per device, no sync needed):
 
-- **resident**: `memory_allocated(d)` when the measured window opens, just before the first step and after the
-  model, the optimizer and the data have been placed. It is what Parallax put there, not what the strategy costs:
-  every rank holds the whole uint8 training and test sets (about 53 MiB for Fashion-MNIST), and for LeNet they
-  dwarf the model.
+- **resident**: `memory_allocated(d)` when the measured window opens, at the first step before its batch, after the
+  model, the optimizer and the data (and the epoch's batch order) have been placed. It is what Parallax put there,
+  not what the strategy costs: every rank holds the whole uint8 training and test sets (about 53 MiB for
+  Fashion-MNIST), and for LeNet they dwarf the model.
 - **step peak above resident** (`peak_mem_bytes`, basis `step_above_resident`): the allocator's peak during training
   (`max_memory_allocated`, its peak reset when the window opens) less the resident bytes. `reset_peak_memory_stats`
   sets the peak to the current allocation (2.11 `torch/cuda/memory.py:360`), so without the subtraction everything
   resident would sit inside every peak. What remains is what the strategy itself costs per device: gradients,
   activations, temporaries, DataParallel's replicas and gathered outputs, DDP's buckets in flight, FSDP's
   all-gathered parameters. **Imbalance and device-0 excess use this figure**: it is the one a strategy changes.
-  Evaluation is outside the window: the peaks are read before each evaluation and reset after it, so evaluation's
-  batches (on device 0 only for dp, dp_criterion and scratch) do not count; the final state_dict (an all-gather
-  under FSDP) does.
+  The window holds the training steps only: the peaks are read before each evaluation and reset at the next step, so
+  evaluation's batches (on device 0 only for dp, dp_criterion and scratch), the next epoch's batch order and the
+  final state_dict (an all-gather under FSDP) do not count.
 - **reserved peak**: `max_memory_reserved`, what the caching allocator held from the driver at its peak, resident
   included (what an out-of-memory error is about).
 - **NVML used**: the device's used memory as NVML sees it, read before each evaluation (largest kept): every
@@ -64,25 +64,33 @@ class CpuMemProbe:
 
 
 class CudaPeaks:
-    """Per-device memory on GPUs over the measured window (module docstring); no step is probed. Construct it just
-    before the first step, after the model, optimizer and data are on their devices: it resets the peaks and reads
-    what is resident."""
-    method, basis = "cuda_allocator", "step_above_resident"  # tables.MEM_BASIS says what each means
+    """Per-device memory on GPUs over the measured window (module docstring); no step is probed. The window opens at
+    the first step (`open`, before its data: the model, optimizer and data are on their devices by then), closes
+    before each evaluation (`close`) and reopens at the next step."""
+    method, basis = "cuda_allocator", "step_above_resident"  # tables.MEM_BASIS says what each basis means
 
     def __init__(self, strategy):
         self.devices = list(strategy.devices)
-        reset_cuda_peaks(self.devices)
-        self.resident = [int(torch.cuda.memory_allocated(d)) for d in self.devices]
+        self.resident: list[int] | None = None  # read when the window first opens
         self.step = [0] * len(self.devices)
         self.reserved = [0] * len(self.devices)
         self.nvml: list[int] | None = None
-        self.is_open = True
+        self.is_open = False
 
     def probe(self, step: int, model, optimizer):
         return contextlib.nullcontext()
 
-    def pause(self) -> None:
-        """Close the window (before an evaluation): fold this stretch's peaks into the figures."""
+    def open(self) -> None:
+        """Before a step: the peaks restart from what is allocated now; the first time, that is the resident."""
+        if self.is_open:
+            return
+        reset_cuda_peaks(self.devices)
+        if self.resident is None:
+            self.resident = [int(torch.cuda.memory_allocated(d)) for d in self.devices]
+        self.is_open = True
+
+    def close(self) -> None:
+        """Before an evaluation, and at the end: fold this stretch's peaks into the figures."""
         if not self.is_open:
             return
         self.is_open = False
@@ -92,18 +100,13 @@ class CudaPeaks:
         if used is not None:
             self.nvml = used if self.nvml is None else [max(a, b) for a, b in zip(self.nvml, used)]
 
-    def resume(self) -> None:
-        """Reopen the window (after an evaluation): the peaks restart from what is allocated now."""
-        reset_cuda_peaks(self.devices)
-        self.is_open = True
-
     def peaks(self) -> list[int]:
-        self.pause()
+        self.close()
         return list(self.step)
 
     def figures(self) -> dict:
-        self.pause()
-        return {"mem_resident_bytes": list(self.resident), "mem_reserved_peak_bytes": list(self.reserved),
+        self.close()
+        return {"mem_resident_bytes": self.resident, "mem_reserved_peak_bytes": list(self.reserved),
                 "mem_nvml_used_bytes": self.nvml}
 
 
@@ -121,10 +124,10 @@ class CpuStepPeaks:
         self.tracker = self.strategy.memory_tracker(model, optimizer)
         return self.tracker
 
-    def pause(self) -> None:
-        """Nothing to close: the probe step is the whole measurement."""
+    def open(self) -> None:
+        """No window: the probe step is the whole measurement."""
 
-    def resume(self) -> None:
+    def close(self) -> None:
         pass
 
     def peaks(self) -> list[int] | None:

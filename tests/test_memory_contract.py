@@ -126,7 +126,8 @@ def _first(log, event):
 def test_cuda_window_opens_after_placement_and_closes_before_each_evaluation(make_cfg, monkeypatch):
     """G3 structure: the peaks are reset after the data is placed, the resident memory is read at that reset, and
     every device's peak is read after the epoch's last step and before its evaluation, then reset again before the
-    next step. Intent only: a fake allocator, not CUDA's."""
+    next step (so neither evaluation nor the final state_dict is in them). Intent only: a fake allocator, not
+    CUDA's."""
     out, log = _run(make_cfg, monkeypatch)
     places = [i for i, e in enumerate(log) if e == ("place",)]
     first_reset = _first(log, "reset")

@@ -128,18 +128,19 @@ def test_no_window_during_warm_up(monkeypatch):
     assert windows(monkeypatch, 1, 4, 5, 2) == []
 
 
-def test_evaluation_closes_the_memory_window_and_reopens_it(monkeypatch):
-    """Meter.evaluation(): the memory meter pauses before the evaluation and resumes after it, an error included
-    (the order a GPU run relies on; tests/test_memory_contract.py checks it inside train())."""
-    import pytest
+def test_memory_window_opens_at_each_tick_and_closes_at_evaluation(monkeypatch):
+    """Meter.tick() (re)opens the memory window before a step's data; evaluation() closes it before the evaluation
+    (the order a GPU run relies on; tests/test_memory_contract.py checks it inside train()). On CPU both do nothing
+    and the GPU-only figures are None."""
     calls = []
     m = metermod.Meter(FakeStrategy(), 10, 1, 0.5)
-    monkeypatch.setattr(m.memory, "pause", lambda: calls.append("pause"))
-    monkeypatch.setattr(m.memory, "resume", lambda: calls.append("resume"))
-    with m.evaluation():
-        calls.append("evaluate")
-    with pytest.raises(ValueError), m.evaluation():
-        raise ValueError
-    assert calls == ["pause", "evaluate", "resume", "pause", "resume"]
     assert m.memory.figures() == dict.fromkeys(("mem_resident_bytes", "mem_reserved_peak_bytes",
                                                  "mem_nvml_used_bytes"))
+    monkeypatch.setattr(m.memory, "open", lambda: calls.append("open"))
+    monkeypatch.setattr(m.memory, "close", lambda: calls.append("close"))
+    m.start_epoch(0)
+    m.tick(0)
+    with m.evaluation():
+        calls.append("evaluate")
+    m.tick(1)
+    assert calls == ["open", "close", "evaluate", "open"]
