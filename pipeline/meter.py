@@ -16,7 +16,9 @@ clock on an unsampled step), as `autocast` is for fp32 strategies.
   the overall figure does; an epoch's tail shorter than half a window is not a window (it counts in the overall
   figure only);
 - seconds per epoch (training only, evaluation excluded) and time to the target accuracy (their running sum);
-- peak memory per device (metrics.memory_meter: the CUDA allocator, or tensor memory of a probe step on CPU).
+- memory per device (metrics.memory_meter): on GPUs the allocator's window opens at a step's `tick` (the first
+  time, what is resident is recorded: model, optimizer, data) and closes at `evaluation()` and at `results`, so
+  the step's peak above resident is the strategy's own; on CPU, tensor memory of a probe step.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ class Meter:
         self.windows: list[float] = []  # images/s per closed window
         self.window = None  # the open window: (first step, clock, excluded steps and seconds at its start)
         self.warmup = max(warmup_steps, 1)  # step 0 is the memory probe on CPU: never timed
-        self.memory = memory_meter(strategy)  # resets the CUDA peaks: construct it just before the loop
+        self.memory = memory_meter(strategy)  # its window opens at the first tick
         self.breakdown = breakdown or Off()
         self.sampled_s, self.sampled_steps = 0.0, 0  # sampled steps' wall time, instrument included
         self.timed_images, self.timed_s, self.time_to_acc = 0, 0.0, None
@@ -54,7 +56,8 @@ class Meter:
 
     def tick(self, step: int) -> None:
         """Before global step `step`: steady state starts at the end of the warm-up (synchronise, read the clock);
-        a full window closes (synchronise, read the clock) and the next one opens."""
+        a full window closes (synchronise, read the clock) and the next one opens. The memory window (re)opens."""
+        self.memory.open()
         if step == self.warmup:
             self.strategy.synchronize()
             self.t_steady = time.perf_counter()
@@ -102,6 +105,13 @@ class Meter:
         """A context around the step's train_step: the memory probe, or a no-op."""
         return self.memory.probe(step, model, optimizer)
 
+    @contextlib.contextmanager
+    def evaluation(self):
+        """Around an evaluation: its memory is not the strategy's step (the peaks are read before it; the window
+        reopens at the next tick)."""
+        self.memory.close()
+        yield
+
     def end_epoch(self, step: int) -> tuple[float, float | None]:
         """After the epoch's last step (global `step` steps done): (epoch seconds, steady-state images/s or None)."""
         self.strategy.synchronize()
@@ -126,8 +136,8 @@ class Meter:
             self.time_to_acc = sum(self.epoch_s)
 
     def results(self) -> dict:
-        """This process's figures; read after the final state_dict (a collective whose memory counts on GPUs).
-        Collective in a multi-process trial (the breakdown gathers every rank's samples): every rank calls it."""
+        """This process's figures (the memory window closed at the last evaluation). Collective in a multi-process
+        trial (the breakdown gathers every rank's samples): every rank calls it."""
         timed_steps = self.timed_images // self.batch_size
         return {
             "breakdown": self.breakdown.results(self.timed_s / timed_steps if timed_steps else None,
@@ -137,7 +147,8 @@ class Meter:
             "timed_steps": timed_steps,
             "time_to_acc_s": self.time_to_acc,
             "epoch_s": self.epoch_s, "epoch_throughput_img_s": self.epoch_throughput,
-            "peak_mem_bytes": self.memory.peaks(), "mem_method": self.memory.method,
+            "peak_mem_bytes": self.memory.peaks(), "mem_method": self.memory.method, "mem_basis": self.memory.basis,
+            **self.memory.figures(),
         }
 
 

@@ -86,10 +86,14 @@ class TrialRecord:
     epoch_throughput_img_s: list[float] = _f()
     time_to_acc_s: float = _f(METRIC, TABLE, metric="perf/time_to_acc_s")
     eval: str = _f()
-    peak_mem_bytes: list[float] = _f(TAG, TABLE, tag="mem_peak_bytes")
+    peak_mem_bytes: list[float] = _f(TAG, TABLE, tag="mem_peak_bytes")  # per device, of kind mem_basis
     mem_imbalance: float = _f(METRIC, OPTUNA, TABLE, metric="mem/imbalance")
     mem_device0_excess: float = _f()
     mem_method: str = _f(TAG, TABLE)
+    mem_basis: str = _f(TAG, TABLE)  # what peak_mem_bytes (so imbalance, dev-0 excess) holds
+    mem_resident_bytes: list[float] = _f(TABLE)  # CUDA: allocated when the window opened (model, optimizer, data)
+    mem_reserved_peak_bytes: list[float] = _f(TABLE)  # CUDA: the caching allocator's reserved peak
+    mem_nvml_used_bytes: list[float] = _f(TABLE)  # CUDA with NVML: the device's used memory, every process's
     mem_devices: list[str] = _f(TAG)
     comm_hook_used: str = _f(TAG, TABLE)  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
     amp_scale: float = _f()  # fp16 GradScaler's scale after the last step (ddp_amp); None elsewhere
@@ -161,6 +165,10 @@ def _peaks(r) -> list:
     return [p for p in r.peak_mem_bytes or [] if p is not None]
 
 
+def _mib_per_device(values) -> dict:
+    return {str(i): v / MIB for i, v in enumerate(values or []) if v is not None}
+
+
 def _bd(r) -> dict:
     """The breakdown where the trial sampled a step, else {}."""
     bd = r.breakdown or {}
@@ -196,8 +204,12 @@ DERIVED = (
     _d("peak_mem_max", "float", lambda r: max(_peaks(r), default=None), TABLE),
     _d("peak_mem_mean", "float", lambda r: _mean(_peaks(r)), TABLE),
     _d("peak_mem_mib_max", "float", lambda r: max(_peaks(r)) / MIB if _peaks(r) else None, OPTUNA),
-    _d("peak_mem_mib", "dict", lambda r: {str(i): p / MIB for i, p in enumerate(r.peak_mem_bytes or [])
-                                          if p is not None}, METRIC, expand=True, metric="mem/peak_mib/dev"),
+    _d("peak_mem_mib", "dict", lambda r: _mib_per_device(r.peak_mem_bytes), METRIC, expand=True,
+       metric="mem/peak_mib/dev"),
+    *(_d(name, "dict", lambda r, name=name: _mib_per_device(getattr(r, name)), METRIC, expand=True,
+         metric=f"mem/{key}_mib/dev")
+      for name, key in (("mem_resident_bytes", "resident"), ("mem_reserved_peak_bytes", "reserved_peak"),
+                        ("mem_nvml_used_bytes", "nvml_used"))),
     _d("mem_device0_excess_mib", "float", lambda r: r.mem_device0_excess / MIB
        if r.mem_device0_excess is not None else None, METRIC, metric="mem/device0_excess_mib"),
     _d("breakdown", "dict", lambda r: breakdown_metrics(_bd(r)), METRIC, expand=True, metric="breakdown/"),
@@ -261,7 +273,8 @@ def summarize(cfg, host, strategy, results: list[dict], wall_s: float, host_fiel
         eval="test set split across the trial's processes, correct counts summed" if strategy.multiprocess
              else "on this process's first device",
         peak_mem_bytes=peaks, mem_imbalance=imbalance(peaks), mem_device0_excess=device0_excess(peaks),
-        mem_method=main["mem_method"],
+        mem_method=main["mem_method"], mem_basis=main.get("mem_basis"),
+        **{k: _per_device(ranks, k) for k in ("mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes")},
         mem_devices=[f"node{r.get('node', '0')}:{r.get('host', host.hostname)}/{d}"
                      + (f"/rank{r['rank']}" if strategy.multiprocess else "")
                      for r in ranks for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
@@ -270,14 +283,21 @@ def summarize(cfg, host, strategy, results: list[dict], wall_s: float, host_fiel
         breakdown=main.get("breakdown"), interference=interference, wall_s=wall_s)
 
 
+def _per_device(ranks, key) -> list | None:
+    """Every rank's per-device `key`, aligned with peak_mem_bytes; None where no rank has it (CPU)."""
+    if not any(r.get(key) for r in ranks):
+        return None
+    return [v for r in ranks for v in (r.get(key) or [None] * len(r["peak_mem_bytes"] or []))]
+
+
 def imbalance(peaks) -> float | None:
-    """max / mean over the trial's devices (1.0 = perfectly balanced)."""
+    """max / mean of peak_mem_bytes (of kind mem_basis) over the trial's devices (1.0 = perfectly balanced)."""
     peaks = [p for p in peaks if p is not None]
     return max(peaks) / (sum(peaks) / len(peaks)) if peaks and sum(peaks) else None
 
 
 def device0_excess(peaks) -> float | None:
-    """peak[0] - mean(peak[1:]): what device 0 holds beyond the others (needs >= 2 devices)."""
+    """peak[0] - mean(peak[1:]) (of kind mem_basis): what device 0 holds beyond the others (needs >= 2 devices)."""
     return peaks[0] - sum(peaks[1:]) / (len(peaks) - 1) if len(peaks) >= 2 else None
 
 

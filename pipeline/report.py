@@ -12,7 +12,8 @@ import pandas as pd
 
 from . import catalog, confidence
 from .report_host import host_capabilities_section
-from .tables import BD_ALL, BD_PARTS, MIB, best_row, group_by, is_serial, is_unavailable, joined, shown_extras
+from .tables import (BD_ALL, BD_PARTS, MEM_BASIS, MEM_LISTS, MIB, best_row, group_by, is_serial, is_unavailable,
+                     joined, shown_extras)
 
 
 def _fmt(v) -> str:
@@ -44,6 +45,15 @@ def _mib(v):
 MEM_SURE = "how sure: counted (bytes), not timed, so host load does not move it; the median over the point's trials"
 
 
+def _basis_text(basis: str) -> str:
+    """A memory row's mem_basis in words (one or several, comma-joined)."""
+    return "; ".join(MEM_BASIS.get(b, b) for b in basis.split(", ")) if basis else "basis not recorded"
+
+
+def _per_device_mib(lists) -> list[str]:
+    return [" / ".join(f"{v / MIB:,.1f}" for v in p) if len(p) else "—" for p in lists]
+
+
 def _reading(pts, eff, mem, status) -> list[str]:
     """Plain-language findings, generated from the tables (one block per model)."""
     out = []
@@ -67,13 +77,14 @@ def _reading(pts, eff, mem, status) -> list[str]:
             dev0 = m2.assign(dev0=[q[0] for q in m2["peaks"]])
             r0 = best_row(dev0, "dev0")
             out.append(f"Most memory on device 0 with k≥2{tag}: **{r0['strategy']}**, {r0['dev0'] / MIB:,.1f} MiB "
-                       f"(k={r0['k']:g}, B={r0['batch_size']:g}); {MEM_SURE}.")
+                       f"(k={r0['k']:g}, B={r0['batch_size']:g}; figure: {_basis_text(r0['mem_basis'])}); {MEM_SURE}.")
             imb = best_row(m2, "mem_imbalance")
             out.append(f"Worst memory imbalance (max/mean){tag}: **{imb['strategy']}**, "
                        f"{imb['mem_imbalance']:.2f}× at k={imb['k']:g}, B={imb['batch_size']:g}; "
-                       f"device-0 excess there {_mib(imb['dev0_excess_bytes']):,.1f} MiB; {MEM_SURE}.")
+                       f"device-0 excess there {_mib(imb['dev0_excess_bytes']):,.1f} MiB (both from: "
+                       f"{_basis_text(imb['mem_basis'])}); {MEM_SURE}.")
         if len(m):
-            if m["mem_method"].nunique() > 1:
+            if m["mem_method"].nunique() > 1 or m["mem_basis"].nunique() > 1:
                 out.append("Memory was measured with different methods ("
                            + ", ".join(sorted(set(m["mem_method"]) - {""}))
                            + "): compare across those with care.")
@@ -133,13 +144,21 @@ def _tables(df, pts, eff, mem, acc):
               md_table(e, ["strategy", "model", *x, "k", "per_device_batch", "batch_size",
                            "throughput_img_s", "base_throughput_img_s", "speedup", "efficiency", "efficiency_95",
                            "n_measured", "parallel_devices"])]
-    mm = mem.assign(per_device_mib=[" / ".join(f"{v / MIB:,.1f}" for v in p) for p in mem["peaks"]],
+    mm = mem.assign(per_device_mib=_per_device_mib(mem["peaks"]),
+                    **{f"{c}_mib": _per_device_mib(mem[c]) for c in MEM_LISTS},
                     peak_max_mib=mem["peak_max"] / MIB, dev0_excess_mib=mem["dev0_excess_bytes"] / MIB)
+    gpu = [f"{c}_mib" for c in MEM_LISTS if mem[c].map(len).any()]  # GPU figures, shown where a row has them
     s += ["\n## Memory per device\n\n",
-          "Peak per device in MiB (device 0 first); imbalance = max/mean; device-0 excess = "
-          "peak[0] − mean(peak[1:]) (k ≥ 2).\n\n",
-          md_table(mm, ["strategy", "model", *x, "k", "batch_size", "mem_method", "per_device_mib",
-                        "peak_max_mib", "mem_imbalance", "dev0_excess_mib"]),
+          "Per device in MiB, device 0 first. per_device_mib holds the figure mem_basis names; imbalance = max/mean "
+          "and device-0 excess = peak[0] − mean(peak[1:]) (k ≥ 2) are computed from it. step_above_resident (GPUs): "
+          f"{MEM_BASIS['step_above_resident']}, what the strategy itself costs, data and evaluation left out. "
+          f"memtracker_step (CPU): {MEM_BASIS['memtracker_step']}."
+          + (" resident: allocated before the first step (model, optimizer, the whole data set on every device); "
+             "reserved_peaks: the caching allocator's reserved peak; nvml_used: the device's used memory as NVML "
+             "sees it (every process and CUDA context on it, so extra contexts on device 0 show here); '—': not "
+             "measured." if gpu else "") + "\n\n",
+          md_table(mm, ["strategy", "model", *x, "k", "batch_size", "mem_method", "mem_basis", "per_device_mib",
+                        *gpu, "peak_max_mib", "mem_imbalance", "dev0_excess_mib"]),
           "\n## Accuracy\n\n",
           "Final test accuracy and time to the target accuracy ('—': not reached).\n\n",
           md_table(acc, ["strategy", "model", *x, *(["epochs"] if acc["epochs"].nunique() > 1 else []),

@@ -81,6 +81,8 @@ def strategy_metrics(s, pts, eff, mem):
         "worst_mem_imbalance": None if imb is None else imb["mem_imbalance"],
         "worst_mem_imbalance_at": _at(imb, ("model", "k", "batch_size")),
         "max_dev0_excess_bytes": None if exc is None else exc["dev0_excess_bytes"],
+        # what those two are computed from (tables.MEM_BASIS): on GPUs the step's peak above resident
+        "mem_basis": None if imb is None else imb["mem_basis"] or None,
         "best_test_acc": None if acc is None else acc["test_acc"],
         "best_test_acc_at": _at(acc, ("model", "k", "batch_size", "best_lr")),
     }

@@ -19,6 +19,13 @@ BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", 
 BD_ALL = (*BD_PARTS, "residual")
 POINT = ("strategy", "model", "k", "batch_size", "per_device_batch")
 MIB = 2.0**20
+# What a row's peak_mem_bytes holds (its mem_basis, set by pipeline/metrics.py's meters), hence what imbalance and
+# device-0 excess are computed from. Rows of older tables carry no basis: theirs follows from their method.
+MEM_BASIS = {"step_above_resident": "the step's peak above what was resident before the first step (CUDA allocator)",
+             "memtracker_step": "one probe step's tensor memory, parameters included (PyTorch's MemTracker, CPU)",
+             "peak_with_resident": "the allocator's peak over the whole run, data and evaluation included (older rows)"}
+MEM_LISTS = {"resident": "mem_resident_bytes", "reserved_peaks": "mem_reserved_peak_bytes",
+             "nvml_used": "mem_nvml_used_bytes"}  # memory_table column: the sweep table's per-device column
 
 
 # ---------------------------------------------------------------- tables
@@ -114,36 +121,57 @@ def scaling_table(df) -> pd.DataFrame:
 
 
 def memory_table(df) -> pd.DataFrame:
-    """Per point: per-device peaks (median over trials, bytes), imbalance max/mean and
-    device-0 excess peak[0] - mean(peak[1:]) (k >= 2 only)."""
+    """Per point: per-device figures (median over trials, bytes; device 0 first): `peaks` (of kind mem_basis, the
+    figure imbalance max/mean and device-0 excess peak[0] - mean(peak[1:]) (k >= 2 only) are computed from),
+    `resident`, `reserved_peaks` and `nvml_used` ([] where not measured: CPU, older tables, no NVML)."""
     rows = []
     for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
-        lists = [[math.nan if v is None else float(v) for v in p] for p in g["peak_mem_bytes"]
-                 if any(v is not None for v in p)]
-        if not lists:
+        peaks = _device_medians(g["peak_mem_bytes"])
+        if not peaks:
             continue
-        n = max(map(len, lists))
-        peaks = [float(np.nanmedian([p[i] if i < len(p) else math.nan for p in lists])) for i in range(n)]
+        n = len(peaks)
         mean = float(np.nanmean(peaks))
         r = dict(zip((*POINT, *EXTRAS), key))
         excess = peaks[0] - float(np.nanmean(peaks[1:])) if r["k"] >= 2 and n >= 2 else math.nan
         top = float(np.nanmax(peaks))
-        rows.append({**r, "peaks": peaks, "peak_max": top, "peak_mean": mean,
-                     "mem_imbalance": top / mean if mean > 0 else math.nan,
+        rows.append({**r, "peaks": peaks, **{c: _device_medians(g[src]) for c, src in MEM_LISTS.items()},
+                     "peak_max": top, "peak_mean": mean, "mem_imbalance": top / mean if mean > 0 else math.nan,
                      "dev0_excess_bytes": excess,
-                     "mem_method": ", ".join(sorted(set(g["mem_method"]) - {""}))})
-    cols = [*POINT, *EXTRAS, "peaks", "peak_max", "peak_mean", "mem_imbalance",
-            "dev0_excess_bytes", "mem_method"]
+                     "mem_method": ", ".join(sorted(set(g["mem_method"]) - {""})),
+                     "mem_basis": ", ".join(sorted({basis_of(m, b) for m, b in zip(g["mem_method"], g["mem_basis"])}
+                                                   - {""}))})
+    cols = [*POINT, *EXTRAS, "peaks", *MEM_LISTS, "peak_max", "peak_mean", "mem_imbalance",
+            "dev0_excess_bytes", "mem_method", "mem_basis"]
     return _sort(pd.DataFrame(rows, columns=cols))
 
 
+def basis_of(method: str, basis: str) -> str:
+    """A row's mem_basis; an older row's (none recorded) from its method."""
+    if basis or not method:
+        return basis
+    return "memtracker_step" if method == "memtracker" else "peak_with_resident"
+
+
+def _device_medians(lists) -> list[float]:
+    """Per device, the median over trials of a per-device column ([] where no trial has a value)."""
+    lists = [[math.nan if v is None else float(v) for v in p] for p in lists if any(v is not None for v in p)]
+    if not lists:
+        return []
+    return [float(np.nanmedian([p[i] if i < len(p) else math.nan for p in lists]))
+            for i in range(max(map(len, lists)))]
+
+
 def memory_devices(mem) -> pd.DataFrame:
-    """memory_table exploded to one row per device (tidy, for memory.csv)."""
-    rows = [{**{c: r[c] for c in mem.columns if c != "peaks"}, "device": i,
-             "peak_mem_bytes": int(round(p)), "peak_mem_mib": p / MIB}
+    """memory_table exploded to one row per device (tidy, for memory.csv); resident_bytes, reserved_peak_bytes and
+    nvml_used_bytes NaN where not measured."""
+    lists = ("peaks", *MEM_LISTS)
+    extra = {"resident": "resident_bytes", "reserved_peaks": "reserved_peak_bytes", "nvml_used": "nvml_used_bytes"}
+    rows = [{**{c: r[c] for c in mem.columns if c not in lists}, "device": i,
+             "peak_mem_bytes": int(round(p)), "peak_mem_mib": p / MIB,
+             **{name: r[c][i] if i < len(r[c]) else math.nan for c, name in extra.items()}}
             for r in mem.to_dict("records") for i, p in enumerate(r["peaks"]) if not math.isnan(p)]
-    return pd.DataFrame(rows, columns=[*(c for c in mem.columns if c != "peaks"),
-                                       "device", "peak_mem_bytes", "peak_mem_mib"])
+    return pd.DataFrame(rows, columns=[*(c for c in mem.columns if c not in lists),
+                                       "device", "peak_mem_bytes", "peak_mem_mib", *extra.values()])
 
 
 BD_KEY = ("strategy", "model", "k", "per_device_batch")

@@ -72,7 +72,8 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
     """Train cfg.train.model with `strategy` (already set up) on `data`; returns this process's results."""
     t, device = cfg.train, strategy.device
     model, criterion, optimizer = build(t, strategy)
-    # --- data: uint8 tensors resident on the input device, normalised there per batch
+    # --- data: uint8 tensors resident on the input device, normalised there per batch. Every rank holds the whole
+    # set (its batches index into it); the memory meter counts it as resident, not as the step's (metrics.py)
     train_x, train_y, test_x, test_y = (v.to(device) for v in (data.train_x, data.train_y, data.test_x, data.test_y))
     rank, world = strategy.data_shard
     steps = steps_per_epoch(train_x.shape[0], t.batch_size)
@@ -95,7 +96,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
                         x = x.contiguous(memory_format=torch.channels_last)
                 with meter.probe(step, model, optimizer):
                     loss = strategy.train_step(model, criterion, optimizer, x, y, clock)
-            loss_sum += loss
+            loss_sum += loss.detach().to(device)  # dp with train.output_device=j returns it on cuda:j
             step, n_steps = step + 1, n_steps + 1
             if step % t.check_every == 0:
                 _check_finite(loss, step, epoch, t.lr)
@@ -107,8 +108,9 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
         _check_finite(loss, step, epoch, t.lr)
         # --- end of epoch: loss, evaluation, then the caller's verdict (report, prune), agreed by every rank
         history["train_loss"].append((strategy.reduce(loss_sum) / (n_steps * world)).item())
-        history["test_acc"].append(evaluate(strategy.eval_model(model), strategy, test_x, test_y,
-                                            channels_last=t.channels_last))
+        with meter.evaluation():  # outside the memory window: evaluation is not the strategy's step
+            history["test_acc"].append(evaluate(strategy.eval_model(model), strategy, test_x, test_y,
+                                                channels_last=t.channels_last))
         meter.note_accuracy(history["test_acc"][-1])
         record = {"epoch": epoch + 1, "epochs": t.epochs, "step": step, "epoch_s": epoch_s,
                   "test_acc": history["test_acc"][-1], "train_loss": history["train_loss"][-1],
@@ -129,6 +131,8 @@ def _results(strategy, measured: dict, history: dict, steps: int, stopped: bool,
     devices = [str(d) for d in strategy.devices]
     ranks = strategy.gather({"rank": rank, "node": os.environ.get("GROUP_RANK", "0"),
                              "host": socket.gethostname(), "peak_mem_bytes": measured["peak_mem_bytes"],
+                             **{k: measured[k] for k in ("mem_resident_bytes", "mem_reserved_peak_bytes",
+                                                         "mem_nvml_used_bytes")},
                              "device_names": devices, "throughput_img_s": measured["throughput_img_s"],
                              "throughput_windows": measured["throughput_windows"]})
     return {

@@ -126,3 +126,21 @@ def test_sampled_steps_stay_out_of_windows(monkeypatch):
 
 def test_no_window_during_warm_up(monkeypatch):
     assert windows(monkeypatch, 1, 4, 5, 2) == []
+
+
+def test_memory_window_opens_at_each_tick_and_closes_at_evaluation(monkeypatch):
+    """Meter.tick() (re)opens the memory window before a step's data; evaluation() closes it before the evaluation
+    (the order a GPU run relies on; tests/test_memory_contract.py checks it inside train()). On CPU both do nothing
+    and the GPU-only figures are None."""
+    calls = []
+    m = metermod.Meter(FakeStrategy(), 10, 1, 0.5)
+    assert m.memory.figures() == dict.fromkeys(("mem_resident_bytes", "mem_reserved_peak_bytes",
+                                                 "mem_nvml_used_bytes"))
+    monkeypatch.setattr(m.memory, "open", lambda: calls.append("open"))
+    monkeypatch.setattr(m.memory, "close", lambda: calls.append("close"))
+    m.start_epoch(0)
+    m.tick(0)
+    with m.evaluation():
+        calls.append("evaluate")
+    m.tick(1)
+    assert calls == ["open", "close", "evaluate", "open"]

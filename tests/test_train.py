@@ -78,3 +78,48 @@ def test_a_run_of_warm_up_steps_only_says_why_it_has_no_throughput(make_cfg, tmp
     assert m["throughput_img_s"] is None and m["test_acc"][-1] >= 0  # accuracy still stands
     (run,) = tracking.Tracker(make_cfg()).find_runs("tags.strategy = 'single'")
     assert run.info.status == "FINISHED" and "all 2 step(s)" in run.data.tags["parallax.untimed"]
+
+
+class _OnAnotherDevice(torch.Tensor):
+    """A loss that lives on a device other than the loop's, as dp's loss on cuda:j (train.output_device=j) while the
+    loop's tensors are on cuda:0. Mixing it with a tensor of the loop's device raises TensorIterator's error; moving
+    it with `.to()` gives a tensor of the loop's device. `meta` cannot stand in here: a CPU 0-dim tensor is excused
+    from the same-device check, so `cpu_scalar += meta_scalar` passes (checked on 2.14), and a meta tensor cannot be
+    copied to the CPU after the fix."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs).as_subclass(torch.Tensor)
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if any(type(a) is torch.Tensor for a in tensors) and any(isinstance(a, cls) for a in tensors):
+            raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
+                               "cuda:1 and cuda:0!")
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def test_a_loss_on_another_device_is_moved_to_the_loops_device(make_cfg):
+    """G5: train() moves each step's loss to its own device before summing it (dp with train.output_device=1 returns
+    a loss on cuda:1, the sum lives on cuda:0). A CPU stand-in for the second device checks the loop's intent; that
+    DataParallel's gathered loss really lands on the output device needs two GPUs."""
+    from pipeline import data as datamod
+    from pipeline.devices import Host
+    from pipeline.strategies.base import Strategy
+    from pipeline.train import train
+
+    class LossElsewhere(Strategy):
+        def train_step(self, *args, **kwargs):
+            return super().train_step(*args, **kwargs).as_subclass(_OnAnotherDevice)
+
+    cfg = make_cfg("train.batch_size=32", "train.epochs=1", "train.breakdown_every=0")
+    g = torch.Generator().manual_seed(0)
+    data = datamod.Dataset(torch.randint(0, 255, (128, 28, 28), dtype=torch.uint8, generator=g),
+                           torch.randint(0, 10, (128,), generator=g),
+                           torch.randint(0, 255, (64, 28, 28), dtype=torch.uint8, generator=g),
+                           torch.randint(0, 10, (64,), generator=g), "synthetic")
+    strategy = LossElsewhere(cfg.train, Host("cpu", 1, "cpu", "h", torch.__version__, ""))
+    strategy.setup()
+    out = train(cfg, strategy, data)
+    assert out["steps"] == 4 and type(out["train_loss"][0]) is float and out["train_loss"][0] > 0
