@@ -9,7 +9,8 @@
 #   bash run.sh [OUT_DIR]           (default ./parallax-gpu-results)
 #   PYTHON=python3.12 bash run.sh   the node's Python, the one that has its PyTorch (default: python3)
 #   PARALLAX_SITE=DIR               where the project is installed (default: $TMPDIR/parallax-site)
-#   FIRST_RUN=only                  the first hour on a GPU node: install, then only the first-run check (<= 10 min)
+#   FIRST_RUN=only                  the first hour on a GPU node: install, then only the first-run check (<= 10 min,
+#                                   OUT_DIR/first-run/first-run.md: one row per review finding G1-G22)
 #   FIRST_RUN=skip                  doctor and the benchmark only
 #   QUICK=1                         a two-minute smoke run (a few strategies, a small epoch) instead of the full check
 set -euo pipefail
@@ -46,7 +47,7 @@ if [ "${FIRST_RUN:-}" != skip ]; then
   else
     echo "first-run check skipped: no CUDA device here (it needs one)" | tee "$OUT/first-run.log"
   fi
-  [ "${FIRST_RUN:-}" = only ] && { echo "results in $OUT/first-run (first-run.md, first-run.json)"; exit $status; }
+  [ "${FIRST_RUN:-}" = only ] && { echo "results in $OUT/first-run/first-run.md"; exit $status; }
 fi
 "$PY" -m pipeline doctor --out "$OUT/doctor" "${doctor_args[@]}" 2>&1 | tee "$OUT/doctor.log" || status=1
 # the seeds' recipe needs torchvision, which the documented node lacks: then the benchmark measures Parallax alone
