@@ -28,6 +28,7 @@ lock:                    ## re-resolve pyproject.toml's ranges in a fresh venv a
 
 FLOOR_TORCH       ?= 2.11.0
 FLOOR_TORCHVISION ?= 0.26.0
+# the PyPI wheel is the CUDA build (its device-property fields are checked too): about 0.5 GB plus CUDA libraries
 check-floor:             ## fresh venv with the oldest supported PyTorch, then the project: torch kept, fast tests pass
 	rm -rf .venv-floor && $(PY) -m venv .venv-floor
 	.venv-floor/bin/python -m pip install -q --upgrade pip
@@ -35,7 +36,9 @@ check-floor:             ## fresh venv with the oldest supported PyTorch, then t
 	.venv-floor/bin/python -m pip install -q -e ".[pipeline,test]"
 	.venv-floor/bin/python -c "import torch, sys; v = torch.__version__.split('+')[0]; \
 	  print('torch after installing the project:', torch.__version__); sys.exit(v != '$(FLOOR_TORCH)')"
-	.venv-floor/bin/python -m pytest -m "not slow" -q
+	@echo "every torch attribute a GPU-only branch touches, against torch $(FLOOR_TORCH):"
+	.venv-floor/bin/python -m pytest -q tests/test_torch_floor_signatures.py
+	.venv-floor/bin/python -m pytest -m "not slow" -q --deselect tests/test_torch_floor_signatures.py
 
 gpu-bundle: setup        ## what an air-gapped GPU node needs, in dist/gpu-bundle (+ .tar.gz), size printed
 	$(BIN)/python -m pipeline.bundle --out dist/gpu-bundle

@@ -11,6 +11,9 @@ files. Printed: epoch seconds as measured (Parallax: its one epoch, warm-up step
 steady-state img/s (Parallax: steps after warm-up; d2l: its epoch 2), ratios to the d2l recipe, and MFU = FLOPs per
 training image (torch.utils.flop_counter) x img/s over (a) the GPU's datasheet dense bf16 peak and (b) a bf16 GEMM
 8192^3 measured in this run (CPU host: fp32 GEMM on one core, no datasheet peak). Targets are printed, not asserted.
+Parallax's trials run with train.breakdown_every=0: a sampled step synchronises every phase, and epoch_s counts it.
+A d2l recipe that fails (a node without torchvision) is reported as "d2l peer failed: ..." and Parallax is measured
+alone; --no-peer REASON skips it up front.
 """
 from __future__ import annotations
 
@@ -42,13 +45,20 @@ def datasheet_peak(name: str) -> float | None:
     return tf * 1e12 if tf else None
 
 
+class PeerFailed(Exception):
+    """The d2l recipe did not run (e.g. no torchvision on the node): reported, and the benchmark goes on."""
+
+
 def d2l(peer: Path, data: Path, model: str, batch: int, steps: int) -> dict:
     cmd = [sys.executable, str(peer), str(data), model, str(batch), str(LR[model]), "2", str(steps)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    except subprocess.TimeoutExpired:
+        raise PeerFailed(f"no result in 3600 s: {' '.join(cmd)}") from None
     epochs = re.findall(r"epoch (\d+): ([\d.]+) s, (\d+) img/s", run.stdout)
     if run.returncode or len(epochs) < 2:
-        sys.exit(f"d2l recipe failed (exit {run.returncode}): {' '.join(cmd)}\n"
-                 f"{run.stdout[-2000:]}{run.stderr[-4000:]}")
+        last = (run.stderr.strip() or run.stdout.strip() or "no output").splitlines()[-1]
+        raise PeerFailed(f"exit {run.returncode}, {last} ({' '.join(cmd)})")
     return {"epoch1_s": float(epochs[0][1]), "epoch_s": float(epochs[1][1]), "img_s": float(epochs[1][2])}
 
 
@@ -68,12 +78,15 @@ def main():
     p.add_argument("--peer", type=Path, default=None,
                    help="the d2l recipe (default: the first of ../shared/peers/, shared/peers/, peers/ holding it; "
                         "if none does, Parallax alone is measured and no ratio is printed)")
+    p.add_argument("--no-peer", nargs="?", const="--no-peer given", default=None, metavar="REASON",
+                   help="measure Parallax alone (run.sh passes this, with the reason, on a node without torchvision)")
     p.add_argument("--json", type=Path, default=None, help="also write every figure here")
     args = p.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if args.peer is not None and not args.peer.exists():
         p.error(f"the d2l recipe is not at {args.peer}; pass --peer PATH")
-    args.peer = args.peer or next((q for q in PEERS if q.exists()), None)
+    args.peer = None if args.no_peer else args.peer or next((q for q in PEERS if q.exists()), None)
+    peer_note = args.no_peer or ("" if args.peer else "no d2l_reference.py found")
     if not models or set(models) - set(LR):
         p.error(f"--models takes a comma-separated subset of {', '.join(LR)}; got {args.models!r}")
     source = resolve_source(args)
@@ -113,10 +126,11 @@ def main():
     say(host_line())
     say(f"{images:,} training images per epoch ({steps} steps of {args.batch}) on the first device; "
         f"{args.rounds} round(s), alternating; d2l recipe "
-        + (str(args.peer) if args.peer else "NOT FOUND (no ../shared/peers/d2l_reference.py): no ratios"))
+        + (str(args.peer) if args.peer else f"not run ({peer_note}): no ratios"))
 
+    # breakdown_every=0: a sampled step syncs every phase (and may open a profiler session), and epoch_s counts it
     cfg = base_cfg(args.data, source, f"data.train_limit={images}", "data.test_limit=1000", "train.epochs=1",
-                   f"train.warmup_steps={min(5, steps - 1)}")
+                   f"train.warmup_steps={min(5, steps - 1)}", "train.breakdown_every=0")
     runs = {m: {key: [] for key, _ in ROWS} for m in models}
     gemms = []
     for r in range(args.rounds):
@@ -127,9 +141,13 @@ def main():
                 for strategy in ("single", "ddp_amp"):
                     runs[model][strategy].append(parallax(cfg, Path(tmp), model, strategy, args.batch))
             if args.peer:
-                runs[model]["d2l"].append(d2l(args.peer, args.data, model, args.batch, steps))
+                try:
+                    runs[model]["d2l"].append(d2l(args.peer, args.data, model, args.batch, steps))
+                except PeerFailed as e:  # Parallax's rows still count: reported, then measured alone
+                    print(f"d2l peer failed: {e}", flush=True)
+                    args.peer, peer_note = None, f"failed: {e}"
+            d = runs[model]["d2l"][-1] if (args.peer and runs[model]["d2l"]) else None
             s, a = runs[model]["single"][-1], runs[model]["ddp_amp"][-1]
-            d = runs[model]["d2l"][-1] if args.peer else None
             say(f"round {r + 1} {model}: single {s['epoch_s']:.2f} s, {s['img_s'] or 0:,.0f} img/s; "
                 f"ddp_amp ({a['amp_dtype']}) {a['epoch_s']:.2f} s, {a['img_s'] or 0:,.0f} img/s"
                 + (f"; d2l epoch 1 {d['epoch1_s']:.2f} s, epoch 2 {d['epoch_s']:.2f} s, {d['img_s']:,.0f} img/s"
@@ -139,6 +157,7 @@ def main():
     say(f"peak: measured {gemm / 1e12:,.3f} TFLOP/s (best of {len(gemms)} round(s), {gemm_what}); {sheet_what}")
     report = {"host": host_line(), "data_source": source, "device": host.name, "device_kind": host.kind,
               "images_per_epoch": images, "batch": args.batch, "rounds": args.rounds, "peer": str(args.peer or ""),
+              "peer_note": peer_note,
               "peak_gemm_flops": gemm, "peak_gemm_rounds": gemms, "peak_gemm_what": gemm_what,
               "peak_datasheet_flops": sheet, "models": {}}
     for model in models:

@@ -5,7 +5,12 @@
 The node keeps its own PyTorch (and everything else it has): the bundle carries the project as a wheel, plus wheels
 of only those core requirements the node lacks (from `pip freeze` of the node, or the documented GPU node below),
 the benchmark scripts, the seeds' reference recipe, and run.sh, which installs all of it without a registry into a
-venv that sees the node's packages and runs `doctor` and the GPU benchmarks. The size is printed; over 64 MiB fails.
+folder beside the node's packages and runs the first-run check, `doctor` and the GPU benchmarks. The size is
+printed; over 64 MiB fails.
+
+The documented node has torch, pandas, matplotlib and pytest only (none of which pulls in pyyaml or tqdm), so a
+default bundle carries pyyaml and tqdm: about 4 MiB, since pyyaml's wheels are compiled and one is carried per
+CPython in NODE_PYTHONS (run.sh's pip picks the node's). A richer image (most GPU images have both) ignores them.
 """
 from __future__ import annotations
 
@@ -18,10 +23,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT = 64 * 2**20
-# the GPU node this is designed for (PyTorch 2.11.0+cu130 on Python 3.12, with these and no MLflow/Optuna/DVC)
-DOCUMENTED_NODE = ["torch==2.11.0", "torchvision==0.26.0", "numpy==2.5.2", "pyyaml==6.0.2", "tqdm==4.67.1",
-                   "pandas==2.3.3", "matplotlib==3.10.7", "pytest==8.4.2", "psutil==7.1.0"]
-NODE_PYTHON = "3.12"
+# the GPU node as documented (PyTorch 2.11.0+cu130 on Python 3.12, pandas, matplotlib, pytest; numpy comes with
+# pandas): no pyyaml, tqdm, psutil, torchvision, nvidia-ml-py, MLflow, Optuna or DVC
+DOCUMENTED_NODE = ["torch==2.11.0", "numpy==2.3.3", "pandas==2.3.3", "matplotlib==3.10.7", "pytest==8.4.2"]
+# the CPythons a compiled wheel is carried for: the documented node's 3.12, and its neighbours (a wheel each, <1 MiB)
+NODE_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 
 
@@ -83,10 +89,12 @@ def build(out: Path, node: dict[str, str], peer: Path | None) -> Path:
     if any(r.lower().startswith("torch") for r in lacking):
         raise SystemExit(f"the node lacks a supported PyTorch ({[r for r in lacking if r.startswith('torch')]}): "
                          "install the CUDA build matching its driver there first; a bundle does not carry one.")
-    if lacking:
-        plat = [a for p in PLATFORMS for a in ("--platform", p)]
-        _pip("download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", NODE_PYTHON,
+    plat = [a for p in PLATFORMS for a in ("--platform", p)]
+    for version in NODE_PYTHONS if lacking else ():  # a pure-Python wheel is downloaded once, the others per version
+        _pip("download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", version,
              "--implementation", "cp", *plat, "-d", str(wheels), *lacking)
+    # what run.sh installs by name from wheels/ (pip picks each one's wheel for the node's Python)
+    (wheels / "install.txt").write_text("\n".join(["parallax", *lacking]) + "\n")
     shutil.copytree(REPO / "benchmarks", out / "benchmarks",
                     ignore=shutil.ignore_patterns("out", "__pycache__", "RESULTS.md"))
     if peer and peer.exists():
