@@ -180,8 +180,9 @@ def fp32_label(caps: dict) -> str:
 
 
 @contextlib.contextmanager
-def fp32_pinned(enabled: bool = True):
-    """IEEE fp32 for cuDNN convolutions and RNNs and for cuBLAS matmuls inside; every switch restored afterwards.
+def fp32_pinned(enabled: bool = True, tf32: bool = False):
+    """IEEE fp32 for cuDNN convolutions and RNNs and for cuBLAS matmuls inside (tf32=True: TF32 for all of them,
+    train.fp32_precision=tf32, the other side of the first GPU run's comparison); every switch restored afterwards.
 
     Pins through the legacy booleans (present at the 2.11 floor; inside the pin they still read False) unless
     torch refuses to read them (a mixed state set through the fp32_precision API), then through fp32_precision.
@@ -193,8 +194,8 @@ def fp32_pinned(enabled: bool = True):
     legacy = [(_backend(p), a, before[k]) for k, p, a in TF32_LEGACY if isinstance(before.get(k), bool)]
     precision = [(_backend(p), a, before[k]) for k, p, a in TF32_PRECISION if k in before]
     try:
-        for obj, attr, off in ([(o, a, False) for o, a, _ in legacy] if len(legacy) == len(TF32_LEGACY)
-                               else [(o, a, "ieee") for o, a, _ in precision]):
+        for obj, attr, off in ([(o, a, tf32) for o, a, _ in legacy] if len(legacy) == len(TF32_LEGACY)
+                               else [(o, a, "tf32" if tf32 else "ieee") for o, a, _ in precision]):
             setattr(obj, attr, off)
         yield
     finally:

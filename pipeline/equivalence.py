@@ -9,7 +9,8 @@ trial, each switch restored afterwards, capabilities.fp32_pinned): cuDNN picks a
 (on by default for convolutions on Ampere and newer) differ from fp32 by about 1e-3 relative, so two batch splits
 would compare TF32 noise against the fp32 tolerance. fp16 starts GradScaler at FP16_INIT_SCALE: at PyTorch's 2**16
 a first step can overflow and be skipped, and a skipped step has no update to compare; one that is still skipped is
-reported as "skipped by GradScaler", never as a mismatch.
+reported as "skipped by GradScaler", never as a mismatch. A config with train.fp32_precision=tf32 runs the check in
+TF32 instead (benchmarks/gpu_first_run.py compares the two on a GPU).
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def one_step(base_cfg, out_dir: Path, strategy: str, k: int, model: str = "lenet
     cfg = configmod.override(base_cfg, [
         f"train.strategy={strategy}", f"train.devices={k}", f"train.model={model}", f"train.batch_size={batch}",
         "train.max_steps=1", f"train.lr={LR}", f"data.train_limit={batch * 2}", "data.test_limit=64",
-        "train.fp32_precision=ieee", f"train.amp_init_scale={FP16_INIT_SCALE}", *extra])
+        f"train.fp32_precision={'tf32' if base_cfg.train.fp32_precision == 'tf32' else 'ieee'}",
+        f"train.amp_init_scale={FP16_INIT_SCALE}", *extra])
     metrics = run_trial(cfg, out_dir, progress=False)
     return torch.load(Path(out_dir) / "final_state.pt", weights_only=True), metrics
 

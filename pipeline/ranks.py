@@ -67,7 +67,7 @@ def _run_process(cfg, strategy, rank, world, data, on_epoch, progress):
     try:
         label = f"{cfg.train.strategy} k={cfg.train.devices}"
         # pinned in each process: a spawned rank starts with torch's TF32 defaults, whatever its parent set
-        with fp32_pinned(cfg.train.fp32_precision == "ieee"):
+        with fp32_pinned(cfg.train.fp32_precision != "default", tf32=cfg.train.fp32_precision == "tf32"):
             return {**train(cfg, strategy, data, on_epoch=on_epoch,
                             progress=_progress_bar(progress and strategy.is_main(), label)),
                     "tf32": tf32_text(tf32_flags())}

@@ -59,8 +59,9 @@ class TrainConfig:
     amp_dtype: str = field(default="auto", metadata=choice("auto", "bf16", "fp16"))
     amp_init_scale: float = field(default=65536.0, metadata=bounds(0, lo_open=True))  # fp16 GradScaler's first scale
     # default: PyTorch's TF32 switches (cuDNN convs in TF32 on Ampere+); ieee: IEEE fp32 convs and matmuls in every
-    # process of the trial (capabilities.fp32_pinned; the equivalence check)
-    fp32_precision: str = field(default="default", metadata=choice("default", "ieee"))
+    # process of the trial (capabilities.fp32_pinned; the equivalence check's pin); tf32: TF32 for both (the
+    # equivalence check then runs in TF32: the first GPU run compares the two)
+    fp32_precision: str = field(default="default", metadata=choice("default", "ieee", "tf32"))
     # collective timeout: a hung rank fails the trial
     timeout_s: float = field(default=120.0, metadata=bounds(1, TIMEOUT_MAX_S))
     check_every: int = field(default=25, metadata=bounds(1))  # steps between NaN/inf loss checks (one sync)

@@ -75,6 +75,24 @@ def test_the_pin_restores_every_switch_exactly():
         torch.backends.cudnn.allow_tf32 = True
 
 
+def test_the_tf32_mode_turns_every_switch_on_and_the_check_follows_it(make_cfg, monkeypatch):
+    """G6: train.fp32_precision=tf32 turns TF32 on for convolutions and matmuls inside the pin (the other side of the
+    first GPU run's TF32-on/off equivalence comparison), restores the switches after, and the equivalence check then
+    runs in TF32 rather than pinning IEEE fp32. The switches change no CPU arithmetic: only a GPU shows the effect."""
+    from pipeline import capabilities
+    from pipeline import config as configmod
+    before = capabilities.tf32_flags()
+    with capabilities.fp32_pinned(tf32=True):
+        assert _tf32_now() == (True, True)
+    assert capabilities.tf32_flags() == before
+    seen = []
+    monkeypatch.setattr(equivalence, "run_trial", lambda cfg, out, progress: seen.append(cfg.train.fp32_precision))
+    monkeypatch.setattr(equivalence.torch, "load", lambda *a, **k: {})
+    for mode, pinned in (("default", "ieee"), ("ieee", "ieee"), ("tf32", "tf32")):
+        equivalence.one_step(configmod.override(make_cfg(), [f"train.fp32_precision={mode}"]), "/nowhere", "single", 1)
+        assert seen[-1] == pinned
+
+
 def test_host_facts_carry_the_tf32_switches(make_cfg, tmp_path):
     """G6: the TF32 state is a host fact (the doctor's header, every trial's host_* fields)."""
     from pipeline import capabilities, launch
