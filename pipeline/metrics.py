@@ -154,17 +154,32 @@ def reset_cuda_peaks(devices) -> None:
 
 def nvml_used_bytes(devices) -> list[int] | None:
     """Each CUDA device's used memory as NVML sees it (all processes, contexts included), or None: no `pynvml`, a
-    device that is not CUDA, or any NVML error. NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES;
-    torch's `_get_nvml_device_index` (2.11 `torch/cuda/__init__.py:1077`) maps a CUDA ordinal through it."""
+    device that is not CUDA, or any NVML error. NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES and
+    CUDA_DEVICE_ORDER, so each device is looked up as the GPU monitor does (interference.py): by the UUID torch
+    reports for it (a GPU's, else a MIG instance's), else by its PCI bus id (capabilities.cuda_identity)."""
     if not devices or any(d.type != "cuda" for d in devices):
         return None
     try:
         import pynvml
         pynvml.nvmlInit()
         try:
-            return [int(pynvml.nvmlDeviceGetMemoryInfo(
-                pynvml.nvmlDeviceGetHandleByIndex(torch.cuda._get_nvml_device_index(d))).used) for d in devices]
+            return [int(pynvml.nvmlDeviceGetMemoryInfo(_nvml_handle(pynvml, d.index)).used) for d in devices]
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # an optional figure: MIG, containers and drivers raise many kinds of error
         return None
+
+
+def _nvml_handle(nvml, ordinal: int):
+    from .capabilities import cuda_identity
+    ident = cuda_identity(ordinal)
+    tries = [(nvml.nvmlDeviceGetHandleByUUID, f"{p}{ident['uuid']}") for p in ("GPU-", "MIG-") if ident["uuid"]]
+    if ident["pci"]:
+        tries.append((nvml.nvmlDeviceGetHandleByPciBusId, "{:08X}:{:02X}:{:02X}.0".format(*ident["pci"])))
+    error: Exception = LookupError(f"CUDA device {ordinal}: no UUID or PCI bus id")
+    for call, key in tries:
+        try:
+            return call(key)
+        except Exception as e:  # NVMLError_NotFound: try the next key
+            error = e
+    raise error

@@ -335,3 +335,20 @@ def test_host_capabilities_label_the_visible_gpus_not_every_host_gpu(monkeypatch
     host = Host("cuda", 2, "NVIDIA L40S", "box", torch.__version__, "13.0")
     assert capabilities.host_capabilities(host)["interconnect"] == "PIX"
     assert capabilities.host_capabilities(host, devices=[1])["interconnect"] == "single GPU"
+
+
+def test_the_memory_figure_asks_nvml_about_the_trials_gpus(monkeypatch):
+    """G3/G7: the per-device "used memory as NVML sees it" (metrics.nvml_used_bytes) looks each CUDA device up as the
+    monitor does, by its UUID: with CUDA_VISIBLE_DEVICES=3,1, cuda:0 and cuda:1 are physical GPUs 3 and 1, and an
+    NVML error leaves the optional figure None. Intent only: the real driver's memory figures need a GPU."""
+    from pipeline import metrics
+    nvml = FakeNvml(UUIDS, BUSES)
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=(h[1] + 1) * 2**30)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    cuda_view(monkeypatch, [3, 1])
+    devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert metrics.nvml_used_bytes(devices) == [4 * 2**30, 2 * 2**30]
+    assert nvml.asked == [3, 1]
+    nvml.fail.add("nvmlDeviceGetHandleByUUID")
+    nvml.fail.add("nvmlDeviceGetHandleByPciBusId")
+    assert metrics.nvml_used_bytes(devices) is None
