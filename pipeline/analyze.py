@@ -52,8 +52,10 @@ def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
           "efficiency_hi", "speedup", "speedup_lo", "speedup_hi", "throughput_img_s", "n_windows", "n_repeats"], x)
     _csv(pts[pts["throughput_img_s"].notna()], out / "throughput.csv",
          ["strategy", "model", "k", "batch_size", "per_device_batch", "throughput_img_s"], x)
-    _csv(memory_devices(mem), out / "memory.csv",
-         ["strategy", "model", "k", "batch_size", "device", "peak_mem_bytes", "peak_mem_mib"],
+    devs = memory_devices(mem)  # the GPU-only figures (resident, reserved peak, NVML) where any device has them
+    _csv(devs, out / "memory.csv",
+         ["strategy", "model", "k", "batch_size", "device", "peak_mem_bytes", "peak_mem_mib",
+          *(c for c in ("resident_bytes", "reserved_peak_bytes", "nvml_used_bytes") if devs[c].notna().any())],
          x + (["mem_method"] if mem["mem_method"].nunique() > 1 else []))
     _csv(acc, out / "accuracy.csv",
          ["strategy", "model", "k", "batch_size", "lr", "test_acc", "time_to_acc_s"], x)
