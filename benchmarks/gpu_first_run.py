@@ -58,7 +58,7 @@ PLAN = (
          "doctor with train.breakdown_every=0", (*DOCTOR, "--set", "train.breakdown_every=0", "--out", "{out}"), 115),
     Step("doctor_default", ("G1", "G2", "G12", "G18"),
          "doctor as shipped (sampled steps profiled), one sampled step's events dumped",
-         (*DOCTOR, "--out", "{out}", "--dump-events", "{out}/events.json"), 115,
+         (*DOCTOR, "--out", "{out}", "--dump-events", "{out}/events"), 115,
          fallback=(*DOCTOR, "--out", "{out}")),
     Step("dp_output_device_1", ("G5",), "train dp k=2 with train.output_device=1, one epoch",
          ("-m", "pipeline", "train", *SYNTH, "--strategy", "dp", "--devices", "2", "--epochs", "1",
@@ -106,7 +106,7 @@ def figures(out: Path, limit: int = 40) -> dict:
             found[prefix] = v
 
     for path in sorted(out.rglob("*.json")):
-        if path.name != "events.json":  # the replay fixture: large, and the point is that it exists
+        if path.parent.name != "events":  # the replay fixtures: large, and the point is that they exist
             try:
                 walk(path.stem, json.loads(path.read_text()))
             except (ValueError, OSError):
@@ -178,8 +178,9 @@ def run_step(step: Step, out: Path, timeout_s: float, python: str = sys.executab
                  time.monotonic() - t0, run.returncode, figures(out))
     if argv is step.fallback and step.fallback:
         res.why = (res.why + "; " if res.why else "") + f"this build rejects {step.argv[-2]} (ran without it)"
-    if (out / "events.json").exists():
-        res.figures["replay_fixture"] = str(out / "events.json")
+    fixtures = sorted((out / "events").glob("events-*.json"))  # doctor --dump-events: one per profiled trial
+    if fixtures:
+        res.figures["replay_fixtures"] = ", ".join(str(f) for f in fixtures)
     return res
 
 
