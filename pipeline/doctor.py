@@ -61,8 +61,14 @@ class Row:
     check: str = ""  # the equivalence verdict in words
     img_s: float | None = None
     step_ms: float | None = None
-    peak_mem_mib: list[float] = field(default_factory=list)
+    peak_mem_mib: list[float] = field(default_factory=list)  # per device, as mem_basis says (GPU: above resident)
     mem_method: str = ""
+    mem_basis: str = ""
+    resident_mib: list[float] = field(default_factory=list)  # GPU: data, model, optimizer resident before step 1
+    reserved_peak_mib: list[float] = field(default_factory=list)  # GPU: the caching allocator's reserved peak
+    nvml_used_mib: list[float] = field(default_factory=list)  # GPU: NVML's used memory (every process, contexts)
+    amp_scale: float | None = None  # fp16: GradScaler's final scale
+    amp_skipped_steps: int | None = None  # fp16: optimizer steps GradScaler skipped in the timed run
     backend: str = ""
     amp_dtype: str = ""
     comm_hook_used: str = ""
@@ -123,6 +129,11 @@ def run_case(case: Case, base, host: Host, ref: dict | None, init: dict, work: P
         row.step_ms = 1000 * batch / row.img_s if row.img_s else None
         row.peak_mem_mib = [round(p / MIB, 2) for p in m["peak_mem_bytes"] or []]
         row.mem_method, row.backend = m["mem_method"], m.get("backend") or ""
+        row.mem_basis = m.get("mem_basis") or ""
+        row.resident_mib, row.reserved_peak_mib, row.nvml_used_mib = (
+            [round(p / MIB, 2) for p in m.get(key) or []]
+            for key in ("mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes"))
+        row.amp_scale, row.amp_skipped_steps = m.get("amp_scale"), m.get("amp_skipped_steps")
         row.amp_dtype, row.comm_hook_used = m.get("amp_dtype") or "", m.get("comm_hook_used") or ""
         row.status = "passed" if verdict.ok else "skipped" if verdict.skipped else "failed"
         row.reason = ("" if verdict.ok else verdict.detail if verdict.skipped
