@@ -29,6 +29,7 @@ import torch
 
 from common import REPO, base_cfg, data_args, datamod, ensure_data, host_line, med, probe, resolve_source, trial
 from mfu import flops_per_image, matmul_peak
+from pipeline.capabilities import fp32_label, host_capabilities
 
 PEERS = (REPO.parent / "shared" / "peers" / "d2l_reference.py", REPO / "shared" / "peers" / "d2l_reference.py",
          REPO / "peers" / "d2l_reference.py")
@@ -155,7 +156,12 @@ def main():
 
     gemm = max(gemms)
     say(f"peak: measured {gemm / 1e12:,.3f} TFLOP/s (best of {len(gemms)} round(s), {gemm_what}); {sheet_what}")
+    # fp32 rows on a GPU with cuDNN's TF32 switch on (torch's default, Ampere and newer) are TF32-conv rows
+    caps = host_capabilities(host)
+    fp32 = fp32_label(caps)
+    labels = {key: label.replace("fp32", fp32) for key, label in ROWS}
     report = {"host": host_line(), "data_source": source, "device": host.name, "device_kind": host.kind,
+              "tf32": caps.get("tf32"), "tf32_text": caps.get("tf32_text"), "fp32_label": fp32,
               "images_per_epoch": images, "batch": args.batch, "rounds": args.rounds, "peer": str(args.peer or ""),
               "peer_note": peer_note,
               "peak_gemm_flops": gemm, "peak_gemm_rounds": gemms, "peak_gemm_what": gemm_what,
@@ -165,7 +171,8 @@ def main():
         ref_s, ref_ips = (med([x["epoch_s"] for x in ref]), med([x["img_s"] for x in ref])) if ref else (None, None)
         say(f"{model} B={args.batch}: {fpi[model] / 1e9:,.3f} GFLOP per training image (forward + backward)")
         out = report["models"][model] = {"flops_per_image": fpi[model], "rows": {}}
-        for key, label in ROWS:
+        for key, _ in ROWS:
+            label = labels[key]
             xs = runs[model][key]
             if not xs:
                 continue  # no d2l recipe here
@@ -181,7 +188,7 @@ def main():
             out["rows"][key] = row
             first = (f" (its epoch 2; epoch 1 {med([x['epoch1_s'] for x in xs]):.2f} s)" if key == "d2l"
                      else " (warm-up incl.)")
-            say(f"  {label:26s} epoch {epoch_s:6.2f} s as measured{first} = {row['epoch_s_per_60k']:.2f} s/60k; "
+            say(f"  {label:36s} epoch {epoch_s:6.2f} s as measured{first} = {row['epoch_s_per_60k']:.2f} s/60k; "
                 f"steady state {ips or 0:>9,.0f} img/s = {row['steady_s_per_60k'] or 0:.2f} s/60k")
             mfu = f"MFU {row['mfu_gemm'] or 0:.1%} of measured GEMM" + (f" x {units} cores" if units > 1 else "")
             if sheet:
