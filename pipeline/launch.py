@@ -47,6 +47,11 @@ def check_feasible(cfg, host: Host) -> None:
     if t.nnodes > 1 and not (cls.multiprocess and t.rdzv_endpoint):
         raise Infeasible(f"a trial over train.nnodes={t.nnodes} nodes needs a multi-process strategy (ddp, ddp_amp, "
                          f"fsdp) and train.rdzv_endpoint=HOST:PORT of node 0's rendezvous.")
+    if host.kind == "cuda" and t.start_method == "fork":
+        raise Infeasible("train.start_method=fork cannot run on a CUDA host: this process initialises CUDA when it "
+                         "probes the GPUs, and a forked process cannot initialise it again (PyTorch: \"Cannot "
+                         "re-initialize CUDA in forked subprocess\"). Use train.start_method=spawn, or auto (spawn "
+                         "on GPUs, fork on CPU).")
     if t.batch_size % t.devices:
         raise Infeasible(f"train.batch_size={t.batch_size} is not divisible by train.devices={t.devices}: every "
                          f"device must get the same share of the global batch; pick a multiple of {t.devices}.")

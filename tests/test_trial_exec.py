@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from pipeline import ranks
-from pipeline.devices import Host, device_for, probe
+from pipeline.devices import Host, device_for
 from pipeline.errors import Infeasible, TrialFailed
 from pipeline.launch import check_feasible, run_trial
 from pipeline.strategies.base import Strategy
@@ -56,6 +56,9 @@ def test_an_in_process_strategy_over_its_budget_fails_with_kind_timeout(make_cfg
         releaser.cancel()
     assert e.value.kind == "timeout" and "time budget of 2 s" in str(e.value), (e.value.kind, str(e.value))
     assert not (tmp_path / "o" / "metrics.json").exists()
+    # where it hung: the stopped process's Python stack, named in the reason
+    stacks = tmp_path / "o" / "stacks-rank0.txt"
+    assert str(stacks) in str(e.value) and "in hung_step" in stacks.read_text(), stacks.read_text()
 
 
 def test_an_in_process_strategy_trains_in_a_child_and_reports_its_epochs_to_the_caller(make_cfg, tmp_path,
@@ -78,7 +81,7 @@ def test_an_in_process_strategy_trains_in_a_child_and_reports_its_epochs_to_the_
                        on_epoch=lambda r: called.append((os.getpid(), r["epoch"])) and False)
     trained_in = [int(p) for p in pids.read_text().split()]
     assert len(trained_in) == 1 and trained_in[0] != os.getpid(), (trained_in, os.getpid())
-    assert called == [(os.getpid(), 0)]
+    assert called == [(os.getpid(), 1)]
     assert record["steps"] == 8 and (tmp_path / "o" / "final_state.pt").exists()
     assert not torch.cuda.is_initialized()
 
