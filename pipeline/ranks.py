@@ -151,8 +151,9 @@ def _start_method(cfg, host: Host) -> str:
     return "spawn" if host.kind == "cuda" else "fork"
 
 
-def _watch(out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None = None):
-    """Tail progress.jsonl, hand each record to on_epoch, answer with ack-<epoch>."""
+def _watch(out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None = None, failed: list | None = None):
+    """Tail progress.jsonl, hand each record to on_epoch, answer with ack-<epoch>. An error of on_epoch (its store
+    is down) answers "stop" and goes to `failed`, for the caller to raise once the ranks have ended."""
     seen = 0
     path = out_dir / "progress.jsonl"
     while not stop.is_set():
@@ -161,8 +162,12 @@ def _watch(out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None =
         lines = path.read_text().splitlines() if path.exists() else []
         for line in lines[seen:]:
             record = json.loads(line)
-            decision = "stop" if on_epoch and on_epoch(record) else "go"
-            (out_dir / f"ack-{record['epoch']}").write_text(decision)
+            try:
+                stop_it = bool(failed) or bool(on_epoch and on_epoch(record))
+            except Exception as e:
+                failed.append(e)
+                stop_it = True
+            (out_dir / f"ack-{record['epoch']}").write_text("stop" if stop_it else "go")
         seen = len(lines)
         if wake_fd is None:
             stop.wait(0.1)  # an epoch record waits at most this long; polling faster steals a core
@@ -252,7 +257,8 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     global _DATA, _WAKE
     _DATA = load_data(cfg) if start_method == "fork" else None
     _WAKE = os.pipe() if start_method == "fork" and standalone else None
-    watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None),
+    failed = []  # the error of the caller's on_epoch, if any
+    watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None, failed),
                                daemon=True)
     if start_method == "fork":  # once per process, inherited by every forked rank of every trial
         # torch._dynamo: every trial's optimizer imports it (torch/_compile.py, on its first param group)
@@ -294,6 +300,8 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
         if threading.current_thread() is threading.main_thread():
             for s, h in handlers.items():
                 signal.signal(s, h)
+    if failed:
+        raise failed[0]
     return [results[r] for r in sorted(results)]
 
 

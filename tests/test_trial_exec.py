@@ -68,22 +68,41 @@ def test_an_in_process_strategy_trains_in_a_child_and_reports_its_epochs_to_the_
     GPUs) goes when that process exits, so it is not left to the trials after it. The caller's on_epoch callback
     (MLflow logging, Optuna pruning) still runs in the caller's process, once per epoch, and the final state comes
     back. That the driver frees a process's contexts and memory on exit is CUDA's contract: a GPU shows it."""
-    pids = tmp_path / "trained-in"
-    real_train = ranks.train
+    pids = tmp_path / "pids"
 
-    def spy(*args, **kwargs):
-        with open(pids, "a") as f:
-            f.write(f"{os.getpid()}\n")
-        return real_train(*args, **kwargs)
-    monkeypatch.setattr(ranks, "train", spy)
+    def spy(name, real):
+        def recorded(*args, **kwargs):
+            with open(pids, "a") as f:
+                f.write(f"{name} {os.getpid()}\n")
+            return real(*args, **kwargs)
+        return recorded
+    # where a trial first touches its devices: the strategy's setup (set_device), then the loop (model, data)
+    monkeypatch.setattr(Strategy, "setup", spy("setup", Strategy.setup))
+    monkeypatch.setattr(ranks, "train", spy("train", ranks.train))
     called = []
     record = run_trial(make_cfg("train.strategy=single", *SMALL), tmp_path / "o", progress=False,
                        on_epoch=lambda r: called.append((os.getpid(), r["epoch"])) and False)
-    trained_in = [int(p) for p in pids.read_text().split()]
-    assert len(trained_in) == 1 and trained_in[0] != os.getpid(), (trained_in, os.getpid())
+    ran = [line.split() for line in pids.read_text().splitlines()]
+    assert [name for name, _ in ran] == ["setup", "train"], ran
+    assert str(os.getpid()) not in {pid for _, pid in ran}, (ran, os.getpid())
     assert called == [(os.getpid(), 1)]
     assert record["steps"] == 8 and (tmp_path / "o" / "final_state.pt").exists()
-    assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy,k", [("single", 1), ("ddp", 2)])
+def test_an_error_in_the_callers_epoch_callback_stops_the_trial_and_reaches_the_caller(make_cfg, tmp_path,
+                                                                                       strategy, k):
+    """The caller's on_epoch (MLflow logging: its store may be down) runs in the caller's process while the ranks
+    train elsewhere: its error stops the trial at that epoch and is raised by run_trial, as if the loop had called it,
+    instead of dying with the watcher thread while the ranks wait train.timeout_s for an answer at every epoch."""
+    def store_down(record):
+        raise OSError(f"store unreachable at epoch {record['epoch']}")
+    with pytest.raises(OSError, match="store unreachable at epoch 1"):
+        run_trial(make_cfg(f"train.strategy={strategy}", f"train.devices={k}", "train.oversubscribe=true", *SMALL,
+                           "train.epochs=3", "train.timeout_s=100"), tmp_path / "o", progress=False,
+                  on_epoch=store_down)
+    assert not (tmp_path / "o" / "metrics.json").exists()
 
 
 @pytest.mark.parametrize("strategy,k", [("single", 1), ("ddp", 2)])
