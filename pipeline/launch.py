@@ -1,5 +1,6 @@
-"""Run one trial: check that it can run here, run its ranks (ranks.py: in this process or one process per device
-through PyTorch's elastic launcher), and build its record (record.py), written as out_dir/metrics.json.
+"""Run one trial: check that it can run here, run its ranks (ranks.py: through PyTorch's elastic launcher, one process
+per device or one for a one-process strategy, never this process), and build its record (record.py), written as
+out_dir/metrics.json.
 
     python -m pipeline train --strategy ddp --devices 2 --epochs 1 --out runs/ddp2
 """
