@@ -1,5 +1,6 @@
-"""Run one trial: check that it can run here, run its ranks (ranks.py: in this process or one process per device
-through PyTorch's elastic launcher), and build its record (record.py), written as out_dir/metrics.json.
+"""Run one trial: check that it can run here, run its ranks (ranks.py: through PyTorch's elastic launcher, one process
+per device or one for a one-process strategy, never this process), and build its record (record.py), written as
+out_dir/metrics.json.
 
     python -m pipeline train --strategy ddp --devices 2 --epochs 1 --out runs/ddp2
 """
@@ -47,6 +48,11 @@ def check_feasible(cfg, host: Host) -> None:
     if t.nnodes > 1 and not (cls.multiprocess and t.rdzv_endpoint):
         raise Infeasible(f"a trial over train.nnodes={t.nnodes} nodes needs a multi-process strategy (ddp, ddp_amp, "
                          f"fsdp) and train.rdzv_endpoint=HOST:PORT of node 0's rendezvous.")
+    if host.kind == "cuda" and t.start_method == "fork":
+        raise Infeasible("train.start_method=fork cannot run on a CUDA host: this process initialises CUDA when it "
+                         "probes the GPUs, and a forked process cannot initialise it again (PyTorch: \"Cannot "
+                         "re-initialize CUDA in forked subprocess\"). Use train.start_method=spawn, or auto (spawn "
+                         "on GPUs, fork on CPU).")
     if t.batch_size % t.devices:
         raise Infeasible(f"train.batch_size={t.batch_size} is not divisible by train.devices={t.devices}: every "
                          f"device must get the same share of the global batch; pick a multiple of {t.devices}.")

@@ -1,5 +1,12 @@
-"""A trial's ranks: in this process (single, scratch, dp, dp_criterion) or one process per device through PyTorch's
-elastic launcher (ddp, ddp_amp, fsdp), which also returns each rank's result or names the failed rank.
+"""A trial's ranks, started by PyTorch's elastic launcher, which also returns each rank's result or names the failed
+rank: one process per device (ddp, ddp_amp, fsdp), or one process for a strategy that drives all its devices from
+one (single, scratch, dp, dp_criterion).
+
+Never the caller's process, so every trial has its time budget: a call that never returns (DataParallel's NCCL
+broadcast on a host with broken P2P) can only be stopped from outside; a stopped rank leaves its Python stacks in
+stacks-rank<r>.txt. A long-lived caller (sweep, doctor) keeps none of a trial's device state (CUDA contexts, the
+caching allocator's reserve). Cost: the launcher's start and stop, a few tenths of a second on CPU (fork shares the
+loaded data); on GPUs (spawn) also importing torch and reading the data again, per trial.
 
 The main rank reports each epoch through files in the trial directory (progress.jsonl, answered by ack-<epoch>),
 so the caller's callback (MLflow logging, Optuna pruning) runs in the caller's process, also across nodes.
@@ -7,6 +14,7 @@ so the caller's callback (MLflow logging, Optuna pruning) runs in the caller's p
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import importlib
 import json
@@ -104,6 +112,18 @@ def _exit_with_agent() -> None:
     threading.Thread(target=watch, daemon=True, name="parallax-agent-watch").start()
 
 
+_STACKS = None  # the open file a stopped rank writes its Python stacks to
+
+
+def _stacks_on_stop(path: Path) -> None:
+    """On the launcher's SIGTERM (a trial over its budget, an interrupt), write every thread's Python stack to
+    `path`, then end as SIGTERM does. faulthandler writes from the C signal handler, so it also answers while the
+    main thread is blocked in C (a collective that never returns)."""
+    global _STACKS
+    _STACKS = open(path, "w")
+    faulthandler.register(signal.SIGTERM, file=_STACKS, all_threads=True, chain=True)
+
+
 def rank_entry(cfg_dict: dict, out_dir: str, wait_for_ack: bool, progress: bool) -> dict:
     """Entry point of each worker process started by the elastic launcher."""
     # forked from the trial's parent: its Python objects (torch, MLflow, Optuna: hundreds of thousands) are never
@@ -113,6 +133,7 @@ def rank_entry(cfg_dict: dict, out_dir: str, wait_for_ack: bool, progress: bool)
     _exit_with_agent()
     cfg = configmod._build(configmod.Config, cfg_dict, "")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _stacks_on_stop(Path(out_dir) / f"stacks-rank{rank}.txt")
     data = _DATA if _DATA is not None else load_data(cfg)
     strategy = STRATEGIES[cfg.train.strategy](cfg.train, probe())
     on_epoch = _file_reporter(Path(out_dir), wait_for_ack, cfg.train.timeout_s)
@@ -134,8 +155,9 @@ def _start_method(cfg, host: Host) -> str:
     return "spawn" if host.kind == "cuda" else "fork"
 
 
-def _watch(out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None = None):
-    """Tail progress.jsonl, hand each record to on_epoch, answer with ack-<epoch>."""
+def _watch(out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None = None, failed: list | None = None):
+    """Tail progress.jsonl, hand each record to on_epoch, answer with ack-<epoch>. An error of on_epoch (its store
+    is down) answers "stop" and goes to `failed`, for the caller to raise once the ranks have ended."""
     seen = 0
     path = out_dir / "progress.jsonl"
     while not stop.is_set():
@@ -144,8 +166,12 @@ def _watch(out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None =
         lines = path.read_text().splitlines() if path.exists() else []
         for line in lines[seen:]:
             record = json.loads(line)
-            decision = "stop" if on_epoch and on_epoch(record) else "go"
-            (out_dir / f"ack-{record['epoch']}").write_text(decision)
+            try:
+                stop_it = bool(failed) or bool(on_epoch and on_epoch(record))
+            except Exception as e:
+                failed.append(e)
+                stop_it = True
+            (out_dir / f"ack-{record['epoch']}").write_text("stop" if stop_it else "go")
         seen = len(lines)
         if wake_fd is None:
             stop.wait(0.1)  # an epoch record waits at most this long; polling faster steals a core
@@ -212,7 +238,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     t = cfg.train
-    nproc = t.devices // t.nnodes
+    nproc = t.devices // t.nnodes if STRATEGIES[t.strategy].multiprocess else 1
     standalone = t.nnodes == 1 and not t.rdzv_endpoint
     if standalone:  # one node: a static rendezvous (the dynamic one costs ~0.4 s a trial), listening on 127.0.0.1
         rdzv = {"rdzv_backend": loopback.register(), "rdzv_endpoint": "", "rdzv_configs": {},
@@ -235,10 +261,12 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     global _DATA, _WAKE
     _DATA = load_data(cfg) if start_method == "fork" else None
     _WAKE = os.pipe() if start_method == "fork" and standalone else None
-    watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None),
+    failed = []  # the error of the caller's on_epoch, if any
+    watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None, failed),
                                daemon=True)
     if start_method == "fork":  # once per process, inherited by every forked rank of every trial
-        for module in STRATEGIES[t.strategy].HEAVY_MODULES:
+        # torch._dynamo: every trial's optimizer imports it (torch/_compile.py, on its first param group)
+        for module in ("torch._dynamo", *STRATEGIES[t.strategy].HEAVY_MODULES):
             importlib.import_module(module)
     # the agent's logs (/tmp/torchelastic_*) and torch.multiprocessing's error files (/tmp/pytorch-errorfile-*,
     # named in the system temp dir before forking, never removed) go to a folder of this trial's, removed below
@@ -257,9 +285,12 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     except SignalException as e:
         if timed_out.is_set():
             raise TrialFailed(f"trial exceeded its time budget of {timeout_s:.0f} s (sweep.trial_timeout_s); "
-                              f"every worker was stopped", "timeout") from None
+                              f"every worker was stopped{_stacks_kept(out_dir)}", "timeout") from None
         raise Interrupted(e.sigval) from None  # exit 128 + the signal: 130 for SIGINT, 143 for SIGTERM
     finally:
+        for f in out_dir.glob("stacks-rank*.txt"):
+            if not timed_out.is_set() or not f.stat().st_size:
+                f.unlink(missing_ok=True)
         if timer:
             timer.cancel()
         stop.set()
@@ -273,14 +304,17 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
         if threading.current_thread() is threading.main_thread():
             for s, h in handlers.items():
                 signal.signal(s, h)
+    if failed:
+        raise failed[0]
     return [results[r] for r in sorted(results)]
 
 
+def _stacks_kept(out_dir: Path) -> str:
+    written = sorted(str(f) for f in out_dir.glob("stacks-rank*.txt") if f.stat().st_size)
+    return f"; their Python stacks when stopped: {', '.join(written)}" if written else ""
+
+
 def run_ranks(cfg, host, strategy, out_dir: Path, on_epoch, progress, timeout_s) -> list[dict]:
-    """Every rank's result: one process per device through the launcher, or this process."""
-    if strategy.multiprocess:
-        return _launch(cfg, host, out_dir, on_epoch, progress, timeout_s)
-    data = load_data(cfg)
-    result = _run_process(cfg, strategy, 0, 1, data, on_epoch, progress)
-    torch.save(result.pop("state_dict"), out_dir / "final_state.pt")
-    return [result]
+    """Every rank's result: one process per device (ddp, ddp_amp, fsdp), or one process for a strategy that drives
+    its devices from one (single, scratch, dp, dp_criterion); never this process."""
+    return _launch(cfg, host, out_dir, on_epoch, progress, timeout_s)

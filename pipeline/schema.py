@@ -87,6 +87,7 @@ class TrainConfig:
     node_rank: int = field(default=0, metadata=bounds(0))
     rdzv_endpoint: str = ""  # host:port of the rendezvous (c10d); empty = a free local port
     rdzv_id: str = "parallax"
+    # how a trial's processes start; auto = spawn on GPUs, fork on CPU; fork is refused on GPUs (launch.py)
     start_method: str = field(default="auto", metadata=choice("auto", "fork", "spawn"))
 
 

@@ -2,8 +2,8 @@
 
 The process group is created from the environment the elastic launcher sets (RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR/PORT): NCCL when each rank has its own GPU, Gloo on CPU, and Gloo also when ranks share a
-GPU (an oversubscribed functional check: NCCL refuses two ranks on one device). Its timeout is
-train.timeout_s, so a rank that stops participating fails the trial instead of hanging the sweep.
+GPU (an oversubscribed functional check: NCCL refuses two ranks on one device; shares_gpu holds the rule). Its
+timeout is train.timeout_s, so a rank that stops participating fails the trial instead of hanging the sweep.
 """
 from __future__ import annotations
 
@@ -50,8 +50,15 @@ class DistributedStrategy(Strategy):
 
     @property
     def shares_gpu(self) -> bool:
-        """More ranks on this node than it has GPUs (train.oversubscribe): they share them round-robin."""
-        return self.host.kind == "cuda" and self.cfg.devices // self.cfg.nnodes > self.host.n
+        """Ranks of this node share GPUs round-robin: an oversubscribed trial (train.oversubscribe) with more ranks
+        per node than this rank sees GPUs.
+
+        Not from the count of visible GPUs alone: under a per-rank GPU binding (SLURM --gpus-per-task=1) each rank
+        sees one GPU, its own. Without train.oversubscribe the trial's feasibility check, made where all of the
+        node's GPUs are visible, has given each rank a GPU of its own; should a binding still put two ranks on one
+        GPU, NCCL refuses it by name ("Duplicate GPU detected") instead of a silent Gloo run."""
+        return (self.host.kind == "cuda" and self.cfg.oversubscribe
+                and self.cfg.devices // self.cfg.nnodes > self.host.n)
 
     def facts(self) -> dict:
         return {"backend": self.backend}
