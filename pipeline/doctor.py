@@ -124,7 +124,7 @@ def run_case(case: Case, base, host: Host, ref: dict | None, init: dict, work: P
         cfg = configmod.override(base, [*sets, f"train.model={model}", f"train.batch_size={batch}",
                                         f"train.warmup_steps={warmup}", f"train.max_steps={warmup + steps}",
                                         f"data.train_limit={batch * (warmup + steps + 1)}", "data.test_limit=256"])
-        m = run_trial(cfg, work / f"timed-{tag}", progress=False)
+        m = run_trial(cfg, work / f"timed-{tag}", progress=False, timeout_s=cfg.sweep.trial_timeout_s)
         row.img_s = m["throughput_img_s"]
         row.step_ms = 1000 * batch / row.img_s if row.img_s else None
         row.peak_mem_mib = [round(p / MIB, 2) for p in m["peak_mem_bytes"] or []]

@@ -47,7 +47,7 @@ def one_step(base_cfg, out_dir: Path, strategy: str, k: int, model: str = "lenet
         "train.max_steps=1", f"train.lr={LR}", f"data.train_limit={batch * 2}", "data.test_limit=64",
         f"train.fp32_precision={'tf32' if base_cfg.train.fp32_precision == 'tf32' else 'ieee'}",
         f"train.amp_init_scale={FP16_INIT_SCALE}", *extra])
-    metrics = run_trial(cfg, out_dir, progress=False)
+    metrics = run_trial(cfg, out_dir, progress=False, timeout_s=cfg.sweep.trial_timeout_s)  # a hang fails the row
     return torch.load(Path(out_dir) / "final_state.pt", weights_only=True), metrics
 
 

@@ -95,13 +95,17 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
         raise TrialFailed(str(e), "diverged") from None
     except torch.OutOfMemoryError as e:
         raise TrialFailed(f"out of memory: {str(e).splitlines()[0]}", "oom") from None
-    record = summarize(cfg, host, strategy, results, time.perf_counter() - t0, host_fields(host),
+    facts = host_fields(host, cfg.train.devices)
+    record = summarize(cfg, host, strategy, results, time.perf_counter() - t0, facts,
                        interference=monitor.result())
     (out_dir / "metrics.json").write_text(json.dumps(record.to_json(), indent=2))
     return record
 
 
 @functools.cache
-def host_fields(host: Host) -> dict:
-    """The host's capabilities as the trial record's host_* fields, read once per process."""
-    return capability_fields(host_capabilities(host))
+def host_fields(host: Host, devices: int | None = None) -> dict:
+    """The host's capabilities as the trial record's host_* fields, read once per process and device count: on a
+    GPU host the interconnect is that of the trial's GPUs (CUDA ordinals 0..devices-1, devices.device_for), not of
+    every GPU the host has."""
+    ordinals = None if devices is None or host.kind != "cuda" else range(min(devices, host.n))
+    return capability_fields(host_capabilities(host, ordinals))

@@ -141,7 +141,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
 
     try:
         with beat:
-            plan = planned(tcfg, host, host_fields(host))
+            plan = planned(tcfg, host, host_fields(host, tcfg.train.devices))
             tags = {**tracking.base_tags(plan, tcfg, stage=f"sweep@{strategy}"), "trial": trial.number,
                     "study": study.study_name, "optuna_trial_id": claims.trial_id(trial)}
             run_id = tracker.start_run(f"{strategy} {_fmt_point(p)}", tags, parent_id=parent_id)

@@ -41,7 +41,7 @@ def run(args) -> int:
         from .launch import host_fields
         from .record import planned
         tracker = tracking.Tracker(cfg)
-        t, plan = cfg.train, planned(cfg, host, host_fields(host))
+        t, plan = cfg.train, planned(cfg, host, host_fields(host, cfg.train.devices))
         run_id = tracker.start_run(f"{t.strategy} k={t.devices} B={t.batch_size} lr={t.lr}",
                                    tracking.base_tags(plan, cfg, stage="train"))
         tracker.log_params(run_id, plan.params())

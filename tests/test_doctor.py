@@ -148,8 +148,8 @@ def test_timed_steps_start_after_ddps_runtime_stats_iterations(make_cfg, tmp_pat
     from pipeline import equivalence
     seen = {}
 
-    def timed(cfg, out, progress=False):
-        seen["warmup"] = cfg.train.warmup_steps
+    def timed(cfg, out, progress=False, timeout_s=None):
+        seen["warmup"], seen["timeout_s"] = cfg.train.warmup_steps, timeout_s
         return {"throughput_img_s": 1.0, "peak_mem_bytes": [], "mem_method": "m"}
     init = equivalence.initial_state()
     ref = {n: v + 0.01 for n, v in init.items()}
@@ -159,3 +159,4 @@ def test_timed_steps_start_after_ddps_runtime_stats_iterations(make_cfg, tmp_pat
     assert row.status == "passed", row.reason
     # DDP's forward at 0-based step s finds num_iterations_ == s, and collects (syncs) for 1 <= s <= 10
     assert seen["warmup"] > getattr(doctor, "DDP_RUNTIME_STATS_ITERATIONS", 10)
+    assert seen["timeout_s"] == make_cfg().sweep.trial_timeout_s  # G4: a hung row fails, the doctor goes on

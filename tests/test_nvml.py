@@ -352,3 +352,23 @@ def test_the_memory_figure_asks_nvml_about_the_trials_gpus(monkeypatch):
     nvml.fail.add("nvmlDeviceGetHandleByUUID")
     nvml.fail.add("nvmlDeviceGetHandleByPciBusId")
     assert metrics.nvml_used_bytes(devices) is None
+
+
+def test_a_trials_host_facts_describe_its_own_gpus(monkeypatch):
+    """G17: the record's host facts of a k-GPU trial on a larger host are those of CUDA ordinals 0..k-1 (the trial's
+    GPUs, devices.device_for), read once per device count; a CPU host has no ordinals to name. Intent only."""
+    from pipeline import launch
+    asked = []
+    monkeypatch.setattr(launch, "host_capabilities", lambda host, ordinals=None: asked.append(
+        None if ordinals is None else list(ordinals)) or {"kind": host.kind})
+    monkeypatch.setattr(launch, "capability_fields", lambda caps: dict(caps))
+    launch.host_fields.cache_clear()
+    try:
+        gpus = Host("cuda", 8, "NVIDIA H100", "node", torch.__version__, "12.8")
+        launch.host_fields(gpus, 2)
+        launch.host_fields(gpus, 2)
+        launch.host_fields(gpus, 16)
+        launch.host_fields(Host("cpu", 2, "cpu", "box", torch.__version__, ""), 2)
+    finally:
+        launch.host_fields.cache_clear()
+    assert asked == [[0, 1], list(range(8)), None]

@@ -39,15 +39,16 @@ def test_the_equivalence_run_pins_fp32_and_restores_the_switches(make_cfg, tmp_p
     training call), and leaves the switches as it found them. Checks intent on a CPU build: that the flags are set,
     not what cuDNN does with them."""
     import pipeline.ranks as ranks
-    seen = []
+    log = tmp_path / "tf32-inside.txt"  # the trial trains in a child process: the spy writes what it saw to a file
     real = ranks.train
 
     def spy(*a, **k):
-        seen.append(_tf32_now())
+        with open(log, "a") as f:
+            f.write(f"{_tf32_now()}\n")
         return real(*a, **k)
     monkeypatch.setattr(ranks, "train", spy)
     _, metrics = equivalence.one_step(make_cfg(), tmp_path / "eq", "single", 1)
-    assert seen == [(False, False)]  # inside the run: IEEE fp32 convolutions and matmuls
+    assert log.read_text().splitlines() == [str((False, False))]  # inside: IEEE fp32 convolutions and matmuls
     assert _tf32_now() == (True, True)  # after it: the caller's switches, untouched
     assert "conv fp32" in metrics["tf32"] and "matmul fp32" in metrics["tf32"]  # the record says how it ran
 
@@ -86,7 +87,8 @@ def test_the_tf32_mode_turns_every_switch_on_and_the_check_follows_it(make_cfg, 
         assert _tf32_now() == (True, True)
     assert capabilities.tf32_flags() == before
     seen = []
-    monkeypatch.setattr(equivalence, "run_trial", lambda cfg, out, progress: seen.append(cfg.train.fp32_precision))
+    monkeypatch.setattr(equivalence, "run_trial",
+                        lambda cfg, out, progress, timeout_s=None: seen.append(cfg.train.fp32_precision))
     monkeypatch.setattr(equivalence.torch, "load", lambda *a, **k: {})
     for mode, pinned in (("default", "ieee"), ("ieee", "ieee"), ("tf32", "tf32")):
         equivalence.one_step(configmod.override(make_cfg(), [f"train.fp32_precision={mode}"]), "/nowhere", "single", 1)
@@ -144,7 +146,7 @@ def test_a_step_skipped_by_gradscaler_is_reported_as_skipped(make_cfg, tmp_path,
     fp16 row then says "skipped by GradScaler" (no update to compare), not "does not match"; the trial records the
     skipped steps and the final scale. The timed run is stubbed: only the one-step check is under test."""
     monkeypatch.setattr(equivalence, "FP16_INIT_SCALE", 2.0**60, raising=False)
-    monkeypatch.setattr(doctor, "run_trial", lambda cfg, out, progress=False: {
+    monkeypatch.setattr(doctor, "run_trial", lambda cfg, out, progress=False, timeout_s=None: {
         "throughput_img_s": 1.0, "peak_mem_bytes": [], "mem_method": "m"})
     base = make_cfg()
     ref, _ = equivalence.one_step(base, tmp_path / "ref", "single", 1)
