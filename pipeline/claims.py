@@ -36,7 +36,7 @@ import optuna
 from optuna.trial import TrialState
 
 from .errors import StoreError, redact
-from .paths import repo_root
+from .paths import store_root
 from .preflight import check_store
 
 # A trial whose heartbeat is older than GRACE_S is failed as stale and enqueued again: a rerun after a SIGKILL waits
@@ -159,7 +159,7 @@ def end_stale_mlflow_runs(study, tracker) -> None:
 # ----------------------------------------------------------------------------- the store
 
 def storage_url(cfg) -> str:
-    return cfg.sweep.storage or f"sqlite:///{repo_root() / 'mlruns' / 'optuna.db'}"
+    return cfg.sweep.storage or f"sqlite:///{store_root() / 'mlruns' / 'optuna.db'}"
 
 
 def open_storage(cfg) -> optuna.storages.RDBStorage:
@@ -224,7 +224,7 @@ def creating_stores(*urls: str):
     if not any(u.startswith("sqlite") for u in urls):
         yield
         return
-    lock = repo_root() / "mlruns" / ".create.lock"
+    lock = store_root() / "mlruns" / ".create.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)  # released when the file is closed, also if this process dies

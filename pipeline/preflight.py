@@ -13,7 +13,7 @@ import tempfile
 import urllib.parse
 from pathlib import Path
 
-from .paths import repo_root
+from .paths import store_root
 from .errors import DataError, PathError, StoreError, has_password, redact
 from .errors import say as say
 
@@ -54,7 +54,7 @@ def check_store(url: str, key: str) -> None:
 
 def _check_sqlite(path: Path, url: str, key: str) -> None:
     where = f"{redact(url)} ({key})"
-    if path.parent == repo_root() / "mlruns":  # the default store: its folder is ours to create
+    if path.parent == store_root() / "mlruns":  # the default store: its folder is ours to create
         path.parent.mkdir(parents=True, exist_ok=True)
     if not path.parent.is_dir():
         raise StoreError(f"Cannot use {where}: the directory {path.parent} does not exist. Create it, or fix "

@@ -1,8 +1,9 @@
 """MLflow tracking: the only importer of mlflow in the package.
 
-Store: sqlite:///<repo>/mlruns/mlflow.db with artifacts in <repo>/mlruns/artifacts, anchored at the repository
-root ($DVC_ROOT under DVC, so `dvc exp run --temp` loses nothing). Runs are written through MlflowClient with
-explicit run ids (no global "active run"), so a crashed trial can always be ended with a status.
+Store: sqlite:///<root>/mlruns/mlflow.db with artifacts in <root>/mlruns/artifacts, at paths.store_root(): the
+parent repository under DVC's temp and queued executors too, so every experiment's runs land in one store. Runs
+are written through MlflowClient with explicit run ids (no global "active run"), so a crashed trial can always be
+ended with a status.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from .paths import repo_root
+from .paths import repo_root, store_root
 from .errors import StoreError, redact
 from .preflight import check_store
 
@@ -45,7 +46,7 @@ def _first_contact():
 
 
 def tracking_uri(cfg) -> str:
-    return cfg.tracking.uri or f"sqlite:///{repo_root() / 'mlruns' / 'mlflow.db'}"
+    return cfg.tracking.uri or f"sqlite:///{store_root() / 'mlruns' / 'mlflow.db'}"
 
 
 def experiment_name(cfg) -> str:
@@ -89,7 +90,7 @@ class Tracker:
         if exp is None:
             artifacts = None
             if self.uri.startswith("sqlite:///") or "://" not in self.uri:
-                artifacts = (repo_root() / "mlruns" / "artifacts").as_uri()
+                artifacts = (store_root() / "mlruns" / "artifacts").as_uri()
             try:
                 self.client.create_experiment(name, artifact_location=artifacts,
                                               tags={"profile": cfg.profile, **EXPERIMENT_KIND})
