@@ -228,3 +228,21 @@ def test_a_cpu_out_of_memory_fails_its_trial_and_the_sweep_and_its_rerun_go_on(r
     for t in failed:
         assert t.user_attrs["failure_kind"] == "oom", t.user_attrs
         assert t.user_attrs["reason"].startswith("oom: ") and "can't allocate memory" in t.user_attrs["reason"]
+
+
+def test_a_cpu_out_of_memory_while_the_caller_prepares_a_trial_fails_it_with_kind_oom(make_cfg, tmp_path,
+                                                                                      monkeypatch):
+    """The caller loads a trial's data before forking its ranks (fork shares it): the allocator's RuntimeError there
+    fails that trial with kind `oom` too, instead of stopping the sweep (which would enqueue the point again, and
+    every rerun would stop on it)."""
+    from pipeline import ranks
+    from pipeline.errors import TrialFailed
+    from pipeline.launch import run_trial
+
+    def load_data(cfg, verify=False):
+        raise RuntimeError(CPU_OOM)
+    monkeypatch.setattr(ranks, "load_data", load_data)
+    cfg = make_cfg("train.strategy=single", "train.start_method=fork", "train.batch_size=32", "data.train_limit=256")
+    with pytest.raises(TrialFailed) as e:
+        run_trial(cfg, tmp_path / "o", progress=False, timeout_s=60)
+    assert e.value.kind == "oom" and "can't allocate memory" in str(e.value), (e.value.kind, str(e.value))
