@@ -12,14 +12,14 @@ What is timed (float32 buffers; the same ranks, devices and transports as the tr
   reduce_scatter     dist.reduce_scatter_single: FSDP2's gradient reduce-scatter (per unit)
   scratch_allreduce  strategies/scratch.py's allreduce over k in-process replicas (on CPU: memory copies, one core)
   dp_copy, dp_scatter  torch.nn.parallel.comm broadcast / scatter (dp, dp_criterion): CUDA only, else unavailable
-Ranks are started by PyTorch's elastic launcher (static rendezvous on 127.0.0.1), one per device, pinned one per core
-on CPU, one thread each. Each repeat is timed after a barrier, in two modes: back to back, and after `gap_s` of
-compute (how a training step issues them: Gloo's threads have gone idle by then). On GPUs a back-to-back repeat is
-`ops_per_sync` ops between one synchronise before and one after, reported per op, as nccl-tests times them: one host
-sync and Python's overhead per op are as long as a small NCCL op and would inflate alpha. A repeat's time is the
-collective's
-cost to the rank that arrived last (the fastest rank's duration: the others also waited for it, which a step
-breakdown counts as waiting for the slowest rank, not as communication); the slowest rank's is kept beside it.
+Ranks are started by PyTorch's elastic launcher (stage_ranks.py: rendezvous and Gloo on 127.0.0.1 only), one per
+device, pinned one per core on CPU, one thread each. Each repeat is timed after a barrier, in two modes: back to
+back, and after `gap_s` of compute (how a training step issues them: Gloo's threads have gone idle by then). On GPUs
+a back-to-back repeat is `ops_per_sync` ops between one synchronise before and one after, reported per op, as
+nccl-tests times them: one host sync and Python's overhead per op are as long as a small NCCL op and would inflate
+alpha. A repeat's time is the collective's cost to the rank that arrived last (the fastest rank's duration: the
+others also waited for it, which a step breakdown counts as waiting for the slowest rank, not as communication); the
+slowest rank's is kept beside it.
 Rank 0 times the in-process ops alone, the other ranks waiting on a store key (host-side): a barrier there would be an
 NCCL kernel spinning on the GPUs the copies use, time-sliced against them (other processes' contexts, no MPS).
 beta follows nccl-tests: all-reduce moves 2(k-1)/k * S per device, all-gather / reduce-scatter (k-1)/k * S (S the
@@ -31,10 +31,8 @@ from __future__ import annotations
 import datetime
 import math
 import os
-import socket
 import statistics
 import time
-import uuid
 
 import torch
 import torch.distributed as dist
@@ -226,20 +224,12 @@ def trial_sizes(model: str, k: int, bucket_cap_mb: float, layout: dict | None = 
     return {name: sorted(v) for name, v in out.items()}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _launch(k: int, plan: dict, start_method: str) -> dict[int, dict]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=k, run_id=f"collectives-{uuid.uuid4().hex[:8]}",
-                      rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{_free_port()}", rdzv_configs={"rank": 0},
-                      max_restarts=0, monitor_interval=0.05, start_method=start_method)
+
+    from . import stage_ranks
     try:
-        return elastic_launch(lc, _rank)(plan)
+        return stage_ranks.launch(k, "collectives", start_method, _rank, plan)
     except ChildFailedError as e:
         raise RuntimeError(f"measuring collectives at k={k} failed: {e}") from None
 

@@ -12,14 +12,12 @@ import os
 import time
 from pathlib import Path
 
-import torch
-
 from . import paths
 from .capabilities import host_capabilities
 from .devices import Host, probe
 from .errors import Infeasible, TrialFailed  # defined torch-free, for the CLI's error handler
 from .interference import Monitor
-from .ranks import run_ranks
+from .ranks import is_out_of_memory, run_ranks
 from .record import TrialRecord, capability_fields, summarize
 from .strategies import STRATEGIES
 from .train import DivergenceError
@@ -93,8 +91,11 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
             results = run_ranks(cfg, host, strategy, out_dir, on_epoch, progress, timeout_s)
     except DivergenceError as e:
         raise TrialFailed(str(e), "diverged") from None
-    except torch.OutOfMemoryError as e:
-        raise TrialFailed(f"out of memory: {str(e).splitlines()[0]}", "oom") from None
+    except (RuntimeError, MemoryError) as e:  # this process's share (the data it loads before forking the ranks)
+        text = f"{type(e).__name__}: {e}"
+        if not is_out_of_memory(text):
+            raise
+        raise TrialFailed(f"ran out of memory preparing the trial: {text.splitlines()[0]}", "oom") from None
     facts = host_fields(host, cfg.train.devices)
     record = summarize(cfg, host, strategy, results, time.perf_counter() - t0, facts,
                        interference=monitor.result())

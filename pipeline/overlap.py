@@ -10,8 +10,8 @@ communication hide behind computation?
    differ only in overlap: sequential queues each copy on the compute stream (the next product waits for it),
    overlapped on a side stream that waits for the product (the copy engine runs beside the next product; a copy on
    the compute stream cannot, and one into pageable memory is synchronous). CPU-only host: the two devices are two
-   1-thread worker processes started by PyTorch's elastic launcher, and "shipping" is a Gloo all-reduce of each
-   finished item in the background (async_op=True) while the next one is computed.
+   1-thread worker processes started by PyTorch's elastic launcher (listening on 127.0.0.1 only), and "shipping"
+   is a Gloo all-reduce of each finished item in the background (async_op=True) while the next one is computed.
 Every measurement is repeated (`overlap.reps`) after `overlap.warmup` unrecorded runs; the report gives the
 median and the spread, so a reader can tell a real difference from noise.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import statistics
 import time
-import uuid
 from pathlib import Path
 
 import torch
@@ -141,12 +140,9 @@ def _cpu_worker(size: int, chain: int, items: int, reps: int, warmup: int) -> di
 
 
 def measure_cpu(cfg) -> dict:
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from . import stage_ranks
     o = cfg.overlap
-    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=f"overlap-{uuid.uuid4().hex[:8]}",
-                      rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.05,
-                      start_method="fork")
-    r = elastic_launch(lc, _cpu_worker)(o.size, o.chain, o.items, o.reps, o.warmup)[0]
+    r = stage_ranks.launch(2, "overlap", "fork", _cpu_worker, o.size, o.chain, o.items, o.reps, o.warmup)[0]
     return {"devices": ["cpu worker process 0 (1 thread)", "cpu worker process 1 (1 thread)"],
             "same_device": False,
             "concurrent": {k: _stats(r[k]) for k in ("A", "B", "both")},

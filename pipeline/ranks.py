@@ -190,7 +190,8 @@ def _failure_reason(err) -> TrialFailed:
             parts.append(f"rank {rank} failed: {msg}")
             if "DivergenceError" in msg or "diverged" in msg:
                 kind = "diverged"
-            elif "out of memory" in msg.lower():
+            elif is_out_of_memory(msg):
+                parts[-1] = f"rank {rank} ran out of memory: {msg}"
                 kind = "oom"
             elif "timed out" in msg.lower() or "timeout" in msg.lower():
                 kind = "timeout" if kind == "error" else kind
@@ -204,6 +205,16 @@ def _failure_reason(err) -> TrialFailed:
 
 
 PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+# How running out of memory reads, on every device: CUDA's torch.OutOfMemoryError ("CUDA out of memory"), PyTorch's
+# CPU allocator (a RuntimeError: "DefaultCPUAllocator: can't allocate memory" on Linux, "not enough memory"
+# elsewhere), and Python's own MemoryError.
+OUT_OF_MEMORY = ("out of memory", "defaultcpuallocator", "can't allocate memory", "not enough memory", "memoryerror")
+
+
+def is_out_of_memory(message: str) -> bool:
+    """Whether an error's text (its type name first, as a rank's error file has it) says memory ran out."""
+    low = message.lower()
+    return any(m in low for m in OUT_OF_MEMORY)
 
 
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)

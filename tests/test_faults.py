@@ -176,3 +176,73 @@ def test_a_read_only_store_is_refused_before_anything_opens(repo, tmp_path, monk
     err = " ".join(capsys.readouterr().err.split())
     assert code == 1 and "is read-only" in err and "Traceback" not in err, err
     assert not (tmp_path / "mlruns" / "mlflow.db").exists()
+
+
+CPU_OOM = ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 80000000000 bytes. Error code 12 "
+           "(Cannot allocate memory)")
+NOT_ENOUGH = "[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: not enough memory: you tried to allocate 8"
+
+
+def _oom_in_trial(monkeypatch, message, when=lambda cfg: True):
+    """The trial's training raises PyTorch's CPU allocator error, in the trial's own (forked) process."""
+    from pipeline import ranks
+    real = ranks.train
+
+    def train(cfg, *args, **kwargs):
+        if when(cfg):
+            raise RuntimeError(message)
+        return real(cfg, *args, **kwargs)
+    monkeypatch.setattr(ranks, "train", train)
+
+
+@pytest.mark.parametrize("strategy,devices,message", [("single", 1, CPU_OOM), ("single", 1, NOT_ENOUGH),
+                                                      ("ddp", 2, CPU_OOM)])
+def test_a_cpu_out_of_memory_in_a_trial_fails_it_with_kind_oom(make_cfg, tmp_path, monkeypatch, strategy, devices,
+                                                                message):
+    """PyTorch's CPU allocator raises RuntimeError, not torch.OutOfMemoryError: a trial whose ranks (one process, or
+    one per device) raise it fails with kind `oom` and a reason that says the host ran out of memory."""
+    from pipeline.errors import TrialFailed
+    from pipeline.launch import run_trial
+    _oom_in_trial(monkeypatch, message)
+    cfg = make_cfg(f"train.strategy={strategy}", f"train.devices={devices}", "train.oversubscribe=true",
+                   "train.batch_size=32", "data.train_limit=256", "data.test_limit=64", "train.epochs=1")
+    with pytest.raises(TrialFailed) as e:
+        run_trial(cfg, tmp_path / "o", progress=False, timeout_s=60)
+    assert e.value.kind == "oom", (e.value.kind, str(e.value))
+    assert "out of memory" in str(e.value) and "DefaultCPUAllocator" in str(e.value), str(e.value)
+
+
+def test_a_cpu_out_of_memory_fails_its_trial_and_the_sweep_and_its_rerun_go_on(repo, monkeypatch, capsys):
+    """A point that runs the host out of memory is a failed trial of kind `oom` with the allocator's words; the
+    sweep runs its other points and exits 0, and so does a rerun."""
+    cfg = repo()
+    _oom_in_trial(monkeypatch, CPU_OOM, when=lambda c: c.train.lr == 0.2)
+    for _ in range(2):
+        code = main(["sweep", "--strategy", "single"])
+        err = " ".join(capsys.readouterr().err.split())
+        assert code == 0 and "The sweep stopped" not in err, err
+    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    (done,) = study.get_trials(states=(TrialState.COMPLETE,))
+    failed = study.get_trials(states=(TrialState.FAIL,))
+    assert done.params["lr"] == 0.1 and failed and {t.params["lr"] for t in failed} == {0.2}
+    for t in failed:
+        assert t.user_attrs["failure_kind"] == "oom", t.user_attrs
+        assert t.user_attrs["reason"].startswith("oom: ") and "can't allocate memory" in t.user_attrs["reason"]
+
+
+def test_a_cpu_out_of_memory_while_the_caller_prepares_a_trial_fails_it_with_kind_oom(make_cfg, tmp_path,
+                                                                                      monkeypatch):
+    """The caller loads a trial's data before forking its ranks (fork shares it): the allocator's RuntimeError there
+    fails that trial with kind `oom` too, instead of stopping the sweep (which would enqueue the point again, and
+    every rerun would stop on it)."""
+    from pipeline import ranks
+    from pipeline.errors import TrialFailed
+    from pipeline.launch import run_trial
+
+    def load_data(cfg, verify=False):
+        raise RuntimeError(CPU_OOM)
+    monkeypatch.setattr(ranks, "load_data", load_data)
+    cfg = make_cfg("train.strategy=single", "train.start_method=fork", "train.batch_size=32", "data.train_limit=256")
+    with pytest.raises(TrialFailed) as e:
+        run_trial(cfg, tmp_path / "o", progress=False, timeout_s=60)
+    assert e.value.kind == "oom" and "can't allocate memory" in str(e.value), (e.value.kind, str(e.value))
