@@ -100,4 +100,14 @@ def test_special_and_oversized_files_are_refused(root):
     assert "'zero', 'UNREADABLE" in p.stdout and "not a regular file" in p.stdout, p.stdout + p.stderr[-2000:]
     (root / "params.yaml").write_text("profile: zero\n")
     p = _load(root)
-    assert "ConfigError" in p.stdout and "zero" in p.stdout, p.stdout + p.stderr[-2000:]
+    assert "ConfigError" in p.stdout and "zero.yaml is not a regular file (a character device, through a symbolic " \
+        "link)" in p.stdout, p.stdout + p.stderr[-2000:]
+
+
+def test_a_set_value_and_deep_nesting_are_bounded_too():
+    """A --set value is read with the same alias bound, and nesting too deep to read is a ConfigError."""
+    from pipeline import config
+    with pytest.raises(config.ConfigError, match="--set option .* through its aliases"):
+        config.parse_set(["train.lr=[" + ", ".join(LEVELS) + "]"])
+    with pytest.raises(config.ConfigError, match="nests its values too deeply"):
+        config.parse_set(["train.lr=" + "[" * 5000 + "]" * 5000])
