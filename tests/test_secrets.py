@@ -47,7 +47,7 @@ def test_urls_without_a_password_are_kept():
 def _dashboard(env_url: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "MAKEFLAGS"}
     env.update(OPTUNA_STORAGE=env_url, PYTHONPATH=str(REPO), PARALLAX_PREFLIGHT_TIMEOUT_S="2")
-    return subprocess.run([sys.executable, "-m", "pipeline.dashboard_cli", "--port", "0"], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pipeline.dashboard_cli"], capture_output=True,
                           text=True, timeout=60, env=env, cwd=REPO)
 
 
