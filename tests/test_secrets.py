@@ -68,3 +68,14 @@ def test_make_dashboard_keeps_the_url_off_the_command_line():
                        timeout=60, env=env, cwd=REPO)
     assert p.returncode == 0 and "dashboard_cli" in p.stdout, p.stdout + p.stderr
     assert SECRET not in p.stdout + p.stderr, p.stdout
+
+
+def test_the_store_check_reads_the_host_after_a_password_with_reserved_characters():
+    """The pre-run check finds the host and port after a password holding `/ # ?` (urllib alone ends the password
+    at the first of them and calls the URL's port invalid), and names the store with its password hidden."""
+    from pipeline import preflight
+    from pipeline.errors import StoreError
+    url = f"postgresql://user:p/a#s?w {SECRET}@127.0.0.1:1/db"
+    with pytest.raises(StoreError) as e:
+        preflight.check_store(url, "sweep.storage")
+    assert SECRET not in str(e.value) and "127.0.0.1:1 gave" in str(e.value), str(e.value)
