@@ -63,13 +63,11 @@ ui: setup                ## MLflow UI on http://127.0.0.1:$(UI_PORT) (make ui UI
 	$(BIN)/python -m pipeline ui --port $(UI_PORT)
 
 DASHBOARD_PORT ?= 8080
-# OPTUNA_STORAGE: the default store, or the sweep.storage URL of a shared study (make dashboard OPTUNA_STORAGE=...)
-OPTUNA_STORAGE ?= sqlite:///$(CURDIR)/mlruns/optuna.db
+# OPTUNA_STORAGE (environment): the sweep.storage URL of a shared study; unset, the sweeps' mlruns/optuna.db. The URL
+# reaches the dashboard through the environment, never a command line; `export OPTUNA_STORAGE=...` keeps it out of
+# make's own argv and the shell's history too.
 dashboard: setup         ## optuna-dashboard on http://127.0.0.1:8080 over the sweeps' Optuna store (mlruns/optuna.db)
-	@$(BIN)/python -c "import optuna_dashboard" 2>/dev/null || { echo "optuna-dashboard is not installed:" \
-	  "$(BIN)/python -m pip install optuna-dashboard"; exit 1; }
-	$(BIN)/python -c "import sys, optuna_dashboard; optuna_dashboard.run_server(sys.argv[1], host='127.0.0.1', \
-	  port=int(sys.argv[2]))" "$(OPTUNA_STORAGE)" $(DASHBOARD_PORT)
+	$(BIN)/python -m pipeline.dashboard_cli --port $(DASHBOARD_PORT)
 
 # `dvc plots show` alone writes a page whose scripts come from a CDN: blank offline. This one inlines them (from the
 # vl-convert-python package), so it opens anywhere; the PNGs in results/analysis/ need nothing at all.

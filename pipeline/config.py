@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from . import catalog
+from . import catalog, safe_yaml
 from .paths import repo_root
 from .schema import (COMM_HOOKS, MODELS, PROFILE_NAME, SEED_MAX, SOURCES, SPACE_META, STRATEGY_NAMES,
                      TIMEOUT_MAX_S, AnalyzeConfig, Config, DataConfig, OverlapConfig, SpaceConfig, SweepConfig,
@@ -147,7 +147,9 @@ def _merge(base: dict, top: dict) -> dict:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = safe_yaml.load(safe_yaml.read_text(path), str(path)) or {}
+    except safe_yaml.Refused as e:
+        raise ConfigError(str(e)) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML ({e}). Fix the file's syntax.") from None
     except UnicodeDecodeError as e:
@@ -176,7 +178,9 @@ def parse_set(items) -> dict:
             raise ConfigError(f"Malformed --set option {item!r}: expected KEY=VALUE with a dotted key, "
                               f"for example `--set train.lr=0.1` or `--set data.source=synthetic`.")
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = safe_yaml.load(raw, f"The --set option {item!r}") if raw != "" else ""
+        except safe_yaml.Refused as e:
+            raise ConfigError(str(e)) from None
         except yaml.YAMLError:
             value = raw
         if isinstance(value, str) and _FLOAT.fullmatch(value):  # YAML 1.1 reads 1e-3 as a string
@@ -241,7 +245,7 @@ def profile_path(profile, root: Path) -> Path:
         raise ConfigError(f"Invalid profile {profile!r}: a profile is the name of a file under experiments/, made of "
                           f"lower-case letters, digits, `_` and `-` (no path, no dots). {fix}")
     pfile = root / "experiments" / f"{profile}.yaml"
-    if not pfile.is_file():
+    if not pfile.exists():  # one that is not a regular file is refused, with its kind, when it is read
         raise ConfigError(f"Unknown profile `{profile}`: no file experiments/{profile}.yaml. {fix}")
     return pfile
 

@@ -9,17 +9,43 @@ import signal
 import sys
 import textwrap
 
-# scheme://user:SECRET@host -> scheme://user:***@host; ?password=SECRET -> ?password=*** (libpq, SQLAlchemy)
-_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]*):(?P<secret>[^\s'\"/?#]*)@")
-_QUERY = re.compile(r"(?P<head>[?&;](?:password|passwd|pwd|token|secret|access_token)=)(?P<secret>[^&\s'\"]*)", re.I)
+# scheme://user:SECRET@host -> scheme://user:***@host. SQLAlchemy ends a password at its first `@`, browsers and
+# urllib at the first `/?#`; a password may hold any of them, a space or a quote, so the secret runs from `user:` to
+# the LAST `@` that a host follows, on that line and before the next URL: more is hidden, never less.
+_HEAD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"?#]*:")
+_END = r"(?=[/?#\s'\"),;]|$)"
+_AT_HOST = re.compile(r"@(?:\[[0-9A-Fa-f:.]*\]|[\w.%~-]*)(?::\d+)?" + _END)
+_WORD = re.compile(r"\S*")
+_PORT = re.compile(r"\d{1,5}" + _END)  # scheme://host:PORT/...: no userinfo unless an @host follows in the word
+# ?password=SECRET, &sslpassword=..., &api_token=... -> ***; a quote ends the value only where the URL ends
+_QUERY = re.compile(r"(?P<head>[?&;][\w.-]*(?:password|passwd|pwd|secret|token|credential)[\w.-]*=)"
+                    r"(?P<secret>(?:[^&\s'\"]|['\"](?![\s),;]|$))*)", re.I)
+
+
+def _redact_userinfo(text: str) -> str:
+    out, pos = [], 0
+    while m := _HEAD.search(text, pos):
+        start = m.end()
+        line = text.find("\n", start)
+        line = len(text) if line < 0 else line
+        nxt = text.find("://", start, line)
+        limit = line if nxt < 0 else nxt
+        ats = [a.start() for a in _AT_HOST.finditer(text, start, limit)]
+        word = _WORD.match(text, start).end()
+        if not ats or (_PORT.match(text, start) and ats[0] > word):
+            out.append(text[pos:start])
+            pos = start
+            continue
+        out.append(text[pos:start] + "***")
+        pos = ats[-1]
+    return "".join(out) + text[pos:]
 
 
 def redact(text) -> str:
     """Every URL in `text` with its password (and password/token query values) replaced by ***.
 
     The one helper for anything shown or stored: messages, log lines, MLflow params and tags, CSVs, manifests."""
-    text = _USERINFO.sub(lambda m: f"{m['head']}:***@", str(text))
-    return _QUERY.sub(lambda m: f"{m['head']}***", text)
+    return _QUERY.sub(lambda m: f"{m['head']}***", _redact_userinfo(str(text)))
 
 
 def has_password(url: str) -> bool:

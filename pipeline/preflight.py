@@ -33,7 +33,7 @@ def check_store(url: str, key: str) -> None:
     if url.startswith("sqlite:///"):
         _check_sqlite(Path(url[len("sqlite:///"):]), url, key)
         return
-    parts = urllib.parse.urlsplit(url)
+    parts = urllib.parse.urlsplit(redact(url))  # a password may hold `/?#`, where urllib alone ends the netloc
     scheme = parts.scheme.split("+")[0].lower()
     if scheme not in _PORTS or not parts.hostname:  # a unix socket, a file store, a scheme we do not know
         return
