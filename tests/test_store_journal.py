@@ -66,7 +66,7 @@ def test_a_store_with_a_hot_journal_is_rolled_back_and_passes(tmp_path):
 
 
 def test_a_corrupt_store_is_called_corrupt_and_the_advice_copies_it(tmp_path):
-    """A store whose pages are damaged fails integrity_check: the message says corrupt and advises copying it aside
+    """A store whose pages are damaged (schema included, so a reader meets it) fails integrity_check: the message says corrupt and advises copying it aside
     (it never says move or delete), and the file is left where it was."""
     db = tmp_path / "mlflow.db"
     _store(db)
@@ -75,7 +75,7 @@ def test_a_corrupt_store_is_called_corrupt_and_the_advice_copies_it(tmp_path):
         con.execute("CREATE INDEX by_name ON runs(name)")
     raw = bytearray(db.read_bytes())
     page = 4096
-    for at in range(2 * page + 100, len(raw) - page, page):  # scribble over every page past the schema's
+    for at in (100, *range(2 * page + 100, len(raw) - page, page)):  # the schema's page and those of the rows
         raw[at:at + 64] = b"\xa5" * 64
     db.write_bytes(bytes(raw))
     size = db.stat().st_size
