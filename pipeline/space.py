@@ -36,7 +36,11 @@ def choices(cfg, strategy: str) -> dict:
 
 
 def trial_config(cfg, strategy: str, point: dict):
-    return configmod.replace_train(cfg, strategy=strategy, **point)
+    """cfg with the point's train settings, validated like replace_train. Only the train section is rebuilt: cfg's
+    sweep.spaces (already validated, and as big as the grid) is set aside meanwhile, so a point costs the same
+    whatever the size of the space it comes from."""
+    bare = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, spaces={}))
+    return dataclasses.replace(cfg, train=configmod.replace_train(bare, strategy=strategy, **point).train)
 
 
 def study_name(cfg, strategy: str) -> str:

@@ -66,8 +66,8 @@ def test_a_store_with_a_hot_journal_is_rolled_back_and_passes(tmp_path):
 
 
 def test_a_corrupt_store_is_called_corrupt_and_the_advice_copies_it(tmp_path):
-    """A store whose pages are damaged (schema included, so a reader meets it) fails integrity_check: the message says corrupt and advises copying it aside
-    (it never says move or delete), and the file is left where it was."""
+    """A store whose pages are damaged (its schema's too, so a reader meets it) fails integrity_check: the message
+    says corrupt and advises copying it aside (never moving or deleting it), and the file is left where it was."""
     db = tmp_path / "mlflow.db"
     _store(db)
     with sqlite3.connect(db) as con:
