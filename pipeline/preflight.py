@@ -85,6 +85,7 @@ def _check_sqlite_file(path: Path, where: str, key: str) -> None:
                          f"directory is read-only, so SQLite cannot roll back an unfinished write (a -journal file "
                          f"next to it). Make both writable (chmod u+w) and rerun; the store is not discarded. "
                          f"Nothing was run.")
+    hot = Path(f"{path}-journal").exists()
     try:
         with contextlib.closing(sqlite3.connect(str(path), timeout=60)) as con:  # rolls a hot journal back
             report = [r[0] for r in con.execute("PRAGMA integrity_check").fetchall()]
@@ -96,14 +97,15 @@ def _check_sqlite_file(path: Path, where: str, key: str) -> None:
     except sqlite3.DatabaseError as e:
         report = [str(e)]
     if report == ["ok"]:
-        say(f"note: {where} had an unfinished write (a process was stopped mid-write); SQLite rolled it back and "
-            f"its integrity check passes.")
+        if hot:
+                say(f"note: {where} had an unfinished write (a process was stopped mid-write); SQLite rolled it back "
+                f"and its integrity check passes.")
         return
     raise StoreError(
         f"Cannot use {where}: {path} is not a usable SQLite database: SQLite's integrity check fails "
         f"({'; '.join(report[:3])}). It is corrupt or not a database. Keep it: copy it aside "
         f"(cp {path} {path}.damaged); `sqlite3 {path}.damaged .recover` salvages what rows it can. To run now, "
-        f"or point {key} at a new store file. Nothing was run.")
+        f"point {key} at a new store file. Nothing was run.")
 
 
 def writable_dir(d: Path, what: str) -> None:

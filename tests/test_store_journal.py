@@ -45,9 +45,9 @@ def _kill_mid_write(path):
         proc.stdout.close()
 
 
-def test_a_store_with_a_hot_journal_is_rolled_back_and_passes(tmp_path):
+def test_a_store_with_a_hot_journal_is_rolled_back_and_passes(tmp_path, capsys):
     """A writer SIGKILLed mid-transaction leaves a hot journal; the check accepts the store, and afterwards the store
-    holds exactly what was committed (the journal was rolled back, nothing was moved or lost)."""
+    holds exactly what was committed (the journal was rolled back, nothing was moved or lost); a note says so."""
     db = tmp_path / "optuna.db"
     _store(db)
     _kill_mid_write(db)
@@ -59,6 +59,7 @@ def test_a_store_with_a_hot_journal_is_rolled_back_and_passes(tmp_path):
 
     check_store(f"sqlite:///{db}", "sweep.storage")
 
+    assert "rolled it back" in capsys.readouterr().err
     assert db.exists()
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
         assert con.execute("SELECT id, name FROM runs").fetchall() == [(1, "kept")]
