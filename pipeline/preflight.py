@@ -62,19 +62,50 @@ def _check_sqlite(path: Path, url: str, key: str) -> None:
     if path.exists():
         if not path.is_file():
             raise StoreError(f"Cannot use {where}: {path} is not a file. Point {key} at a database file.")
-        try:
-            with contextlib.closing(sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro",
-                                                  uri=True, timeout=60)) as con:
-                con.execute("PRAGMA schema_version").fetchone()
-        except sqlite3.DatabaseError as e:
-            raise StoreError(
-                f"Cannot use {where}: {path} is not a usable SQLite database ({e}). It is corrupt or not a "
-                f"database: move it aside (the runs in it are lost unless you have a copy) and rerun to create a "
-                f"new one, or point {key} at another store. Nothing was run.") from None
+        _check_sqlite_file(path, where, key)
         if not os.access(path, os.W_OK):
             raise StoreError(f"Cannot write the store {where}: {path} is read-only. Make it writable (chmod u+w) or "
                              f"point {key} at a copy you can write. Nothing was run.")
     writable_dir(path.parent, f"the store {where}")
+
+
+def _check_sqlite_file(path: Path, where: str, key: str) -> None:
+    """Raise StoreError unless `path` reads as a SQLite database. A read-only open is the cheap test; when it fails,
+    only SQLite's integrity_check decides "corrupt": a writer killed mid-transaction leaves a hot journal that a
+    read-only open cannot roll back ("attempt to write a readonly database"), and one read-write open does."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro",
+                                              uri=True, timeout=60)) as con:
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()  # reads and parses the schema
+        return
+    except sqlite3.DatabaseError as e:
+        first = str(e)
+    if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
+        raise StoreError(f"Cannot open the store {where}: {path} did not open read-only ({first}), and it or its "
+                         f"directory is read-only, so SQLite cannot roll back an unfinished write (a -journal file "
+                         f"next to it). Make both writable (chmod u+w) and rerun; the store is not discarded. "
+                         f"Nothing was run.")
+    hot = Path(f"{path}-journal").exists()
+    try:
+        with contextlib.closing(sqlite3.connect(str(path), timeout=60)) as con:  # rolls a hot journal back
+            report = [r[0] for r in con.execute("PRAGMA integrity_check").fetchall()]
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e) or "busy" in str(e):
+            raise StoreError(f"Cannot use {where}: {path} stayed locked by another process for 60 s ({e}). Let "
+                             f"that process finish or stop it, then rerun. Nothing was run.") from None
+        report = [str(e)]
+    except sqlite3.DatabaseError as e:
+        report = [str(e)]
+    if report == ["ok"]:
+        if hot:
+                say(f"note: {where} had an unfinished write (a process was stopped mid-write); SQLite rolled it back "
+                f"and its integrity check passes.")
+        return
+    raise StoreError(
+        f"Cannot use {where}: {path} is not a usable SQLite database: SQLite's integrity check fails "
+        f"({'; '.join(report[:3])}). It is corrupt or not a database. Keep it: copy it aside "
+        f"(cp {path} {path}.damaged); `sqlite3 {path}.damaged .recover` salvages what rows it can. To run now, "
+        f"point {key} at a new store file. Nothing was run.")
 
 
 def writable_dir(d: Path, what: str) -> None:

@@ -31,6 +31,7 @@ from .devices import probe
 from .errors import Stopped, redact
 from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, host_fields, run_trial
 from .preflight import check_store
+from .progress import progress
 from .space import choices, points, space_hash, study_name, trial_config
 from .record import planned
 from .strategies import STRATEGIES
@@ -66,11 +67,12 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None,
     storage = storage or open_storage(cfg)
     name = study_name(cfg, strategy)
     feasible, skipped = [], []
-    for p in points(cfg, strategy):
+    for p in progress(points(cfg, strategy), f"[sweep {strategy}] checking which points run here"):
+        tcfg = trial_config(cfg, strategy, p)
         try:
-            check_feasible(trial_config(cfg, strategy, p), host)
+            check_feasible(tcfg, host)
             if n_train is not None:
-                check_batch_fits(trial_config(cfg, strategy, p), n_train)
+                check_batch_fits(tcfg, n_train)
             feasible.append(p)
         except Infeasible as e:
             skipped.append((p, str(e)))
@@ -94,7 +96,7 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None,
         study.set_user_attr("mlflow_parent_run_id", parent)
         study_view.name_study(study, strategy, cfg.profile, space_hash(cfg, strategy))
         queue = enqueue_order(feasible[:budget], cfg.sweep.repeats)
-        for p, repeat in queue:
+        for p, repeat in progress(queue, f"[sweep {strategy}] enqueueing trials"):  # ~40 ms each on SQLite
             study.enqueue_trial(p, user_attrs={"repeat": repeat})
         study.set_user_attr("enqueued", len(queue))  # last: tells other workers the queue is ready
     else:
