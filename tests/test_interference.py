@@ -103,7 +103,8 @@ def test_a_burner_during_the_k1_trial_is_flagged_and_its_efficiency_is_no_findin
                 burner.wait()
         trials.append(({"model": "lenet", "devices": k, "batch_size": 64 * k, "lr": 0.2}, m))
     if not burn and any(t[1]["interference"]["interfered"] for t in trials):  # work beside the test began meanwhile
-        pytest.skip(f"the host became busy during the trials ({trials[0][1]['interference']['interference_reason']})")
+        busy = [t[1]["interference"]["interference_reason"] for t in trials if t[1]["interference"]["interfered"]]
+        pytest.skip(f"the host became busy during the trials: {'; '.join(busy)}")
     assert trials[0][1]["interference"]["interfered"] is burn
     sweeps = tmp_path / "sweeps"
     sweeps.mkdir()
