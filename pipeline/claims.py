@@ -47,17 +47,24 @@ HEARTBEAT_S = max(1, min(5, GRACE_S // 4))
 WORKER_ATTR = "parallax_worker"
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux), so a reused pid is not taken for the worker."""
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (Linux; [] where unreadable)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return None
+        return []
 
 
-def _me() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "start": _start_time(os.getpid())}
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), so a reused pid is not taken for the worker."""
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else None
+
+
+def me() -> dict:
+    """This worker: its host, pid and process start time (is_alive_here tells whether it still runs)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "start": start_time(os.getpid())}
 
 
 def is_alive_here(worker: dict | None) -> bool:
@@ -71,7 +78,10 @@ def is_alive_here(worker: dict | None) -> bool:
         return True
     except (OSError, TypeError):
         return False
-    start = _start_time(pid)
+    fields = _stat(pid)
+    if fields[:1] in (["Z"], ["X"]):  # exited, not yet reaped by its parent
+        return False
+    start = fields[19] if len(fields) > 19 else None
     return start is None or worker.get("start") in (None, start)
 
 
@@ -90,7 +100,7 @@ def claim(study: optuna.Study, runnable=lambda point: True) -> optuna.Trial | No
                 # alone, so a claimer slowed between the two writes (a loaded host: the owner's write came over
                 # GRACE_S after the beat) lost its live trial to another worker on this host. In this order a trial
                 # is never stale before its owner is recorded.
-                storage.set_trial_system_attr(t._trial_id, WORKER_ATTR, _me())
+                storage.set_trial_system_attr(t._trial_id, WORKER_ATTR, me())
                 storage.record_heartbeat(t._trial_id)
                 return optuna.Trial(study, t._trial_id)
         except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):

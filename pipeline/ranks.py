@@ -84,7 +84,9 @@ def _run_process(cfg, strategy, rank, world, data, on_epoch, progress):
 
 
 def _file_reporter(out_dir: Path, wait_for_ack: bool, timeout_s: float):
-    """on_epoch for the main rank of a multi-process trial: append the record, wait for the caller's answer."""
+    """on_epoch for the main rank of a multi-process trial: append the record, wait for the caller's answer. The
+    other ranks wait for this rank's verdict inside a collective that times out after train.timeout_s, so the answer
+    is awaited for half that: an answer that comes later (a tracking server stalled) is taken at the next epoch."""
     def report(record: dict) -> bool:
         with open(out_dir / "progress.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -93,11 +95,18 @@ def _file_reporter(out_dir: Path, wait_for_ack: bool, timeout_s: float):
         if not wait_for_ack:
             return False
         ack = out_dir / f"ack-{record['epoch']}"
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s / 2
         while not ack.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        return ack.exists() and ack.read_text().strip() == "stop"
+        return any(_said_stop(out_dir / f"ack-{e}") for e in range(1, record["epoch"] + 1))
     return report
+
+
+def _said_stop(ack: Path) -> bool:
+    try:
+        return ack.read_text().strip() == "stop"
+    except OSError:  # not answered yet
+        return False
 
 
 def _exit_with_agent() -> None:
@@ -160,8 +169,9 @@ def _watch(out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None =
     is down) answers "stop" and goes to `failed`, for the caller to raise once the ranks have ended."""
     seen = 0
     path = out_dir / "progress.jsonl"
-    while not stop.is_set():
-        if wake_fd is not None and select.select([wake_fd], [], [], 0.1)[0]:
+    while True:
+        last = stop.is_set()  # after the ranks end, one more pass: records written during a slow on_epoch
+        if wake_fd is not None and not last and select.select([wake_fd], [], [], 0.1)[0]:
             os.read(wake_fd, 4096)
         lines = path.read_text().splitlines() if path.exists() else []
         for line in lines[seen:]:
@@ -173,6 +183,8 @@ def _watch(out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None =
                 stop_it = True
             (out_dir / f"ack-{record['epoch']}").write_text("stop" if stop_it else "go")
         seen = len(lines)
+        if last:
+            return
         if wake_fd is None:
             stop.wait(0.1)  # an epoch record waits at most this long; polling faster steals a core
 

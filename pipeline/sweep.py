@@ -3,9 +3,9 @@
     python -m pipeline sweep --strategy ddp          # DVC stage sweep@ddp
 
 Every feasible point of the space is enqueued sweep.repeats times (in alternating rounds), when the study is
-created; workers (one, or many sharing an RDB URL) claim waiting trials atomically in that order, run each as one
-training trial, and log one nested MLflow run per trial under the study's parent run. Infeasible points are not
-run: they appear in the sweep table as skipped with the reason. Trials carry a heartbeat; a trial whose worker died is
+created (a set-up cut short is completed by the next run, study_setup.py); workers (one, or many sharing an RDB
+URL) claim waiting trials atomically in that order, run each as one training trial, and log one nested MLflow run
+per trial under the study's parent run. Infeasible points are not run: they appear in the sweep table as skipped with the reason. Trials carry a heartbeat; a trial whose worker died is
 failed when its heartbeat goes stale and a copy is enqueued again (Optuna's RetryFailedTrialCallback), so a rerun
 finishes an interrupted study without repeating finished trials. results/sweeps/<strategy>.jsonl is rewritten from
 the study after every trial.
@@ -22,7 +22,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from . import claims, paths, study_parent, study_view, tracking
+from . import claims, paths, study_parent, study_setup, study_view, tracking
 from . import config as configmod
 from . import emulated, meter
 from .capabilities import host_capabilities
@@ -62,8 +62,9 @@ def enqueue_order(pts: list[dict], repeats: int) -> list[tuple[dict, int]]:
 
 def prepare_study(cfg, strategy: str, host, tracker, storage=None,
                   n_train: int | None = None) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
-    """Create or load the study; the creator enqueues every feasible point sweep.repeats times (enqueue_order)
-    and opens the parent run."""
+    """Create or load the study; the creator opens the parent run and enqueues every feasible point
+    sweep.repeats times (enqueue_order). A set-up left incomplete (its creator interrupted) is completed here:
+    the missing trials are enqueued, none twice (study_setup)."""
     storage = storage or open_storage(cfg)
     name = study_name(cfg, strategy)
     feasible, skipped = [], []
@@ -77,15 +78,18 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None,
         except Infeasible as e:
             skipped.append((p, str(e)))
     budget = cfg.sweep.n_trials or len(feasible)
-    direction = "maximize"
+    queue = enqueue_order(feasible[:budget], cfg.sweep.repeats)
     try:
-        study = optuna.create_study(study_name=name, storage=storage, direction=direction,
+        study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                                     sampler=_sampler(cfg), load_if_exists=False)
-        created = True
+        study_setup.begin(study, queue)
     except optuna.exceptions.DuplicatedStudyError:
-        study = optuna.load_study(study_name=name, storage=storage, sampler=_sampler(cfg))
-        created = False
-    if created:
+        study = study_setup.ready(optuna.load_study(study_name=name, storage=storage, sampler=_sampler(cfg)),
+                                  lambda: optuna.load_study(study_name=name, storage=storage, sampler=_sampler(cfg)))
+        if study_setup.DONE in study.user_attrs:
+            return study, feasible, skipped
+        study_setup.begin(study, queue)  # its creator was interrupted: this worker completes the set-up
+    if "mlflow_parent_run_id" not in study.user_attrs:
         parent = tracker.start_run(f"study {strategy}", {
             "strategy": strategy, "study": name, "profile": cfg.profile, "data_source": cfg.data.source,
             "synthetic": str(cfg.data.source == "synthetic").lower(), "device_kind": host.kind,
@@ -94,16 +98,12 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None,
         tracker.log_params(parent, {"space": json.dumps(choices(cfg, strategy))[:6000], "points": len(feasible),
                                     "epochs": cfg.train.epochs, "storage": redact(storage_url(cfg))})
         study.set_user_attr("mlflow_parent_run_id", parent)
-        study_view.name_study(study, strategy, cfg.profile, space_hash(cfg, strategy))
-        queue = enqueue_order(feasible[:budget], cfg.sweep.repeats)
-        for p, repeat in progress(queue, f"[sweep {strategy}] enqueueing trials"):  # ~40 ms each on SQLite
-            study.enqueue_trial(p, user_attrs={"repeat": repeat})
-        study.set_user_attr("enqueued", len(queue))  # last: tells other workers the queue is ready
-    else:
-        deadline = time.monotonic() + 60
-        while "enqueued" not in study.user_attrs and time.monotonic() < deadline:
-            time.sleep(0.5)  # another worker is creating the study right now
-            study = optuna.load_study(study_name=name, storage=storage, sampler=_sampler(cfg))
+    study_view.name_study(study, strategy, cfg.profile, space_hash(cfg, strategy))
+    resumed = len(study.get_trials(deepcopy=False))
+    added = study_setup.complete(study, queue, f"[sweep {strategy}] enqueueing trials")  # marks it complete last
+    if resumed:
+        print(f"[sweep {strategy}] study {name}: its set-up had been interrupted after {resumed} trial(s) were "
+              f"enqueued; the {added} missing trial(s) are enqueued now", file=sys.stderr, flush=True)
     return study, feasible, skipped
 
 
