@@ -2,13 +2,13 @@
 
     python -m pipeline sweep --strategy ddp          # DVC stage sweep@ddp
 
-Every feasible point of the space is enqueued sweep.repeats times (in alternating rounds), when the study is
-created (a set-up cut short is completed by the next run, study_setup.py); workers (one, or many sharing an RDB
-URL) claim waiting trials atomically in that order, run each as one training trial, and log one nested MLflow run
-per trial under the study's parent run. Infeasible points are not run: they appear in the sweep table as skipped with the reason. Trials carry a heartbeat; a trial whose worker died is
-failed when its heartbeat goes stale and a copy is enqueued again (Optuna's RetryFailedTrialCallback), so a rerun
-finishes an interrupted study without repeating finished trials. results/sweeps/<strategy>.jsonl is rewritten from
-the study after every trial.
+Every feasible point of the space is enqueued sweep.repeats times (in alternating rounds), when the study is created
+(a set-up cut short is completed by the next run, study_setup.py); workers (one, or many sharing an RDB URL) claim
+waiting trials atomically in that order, run each as one training trial, and log one nested MLflow run per trial
+under the study's parent run. Infeasible points are not run: they appear in the sweep table as skipped with the
+reason. Trials carry a heartbeat; a trial whose worker died is failed when its heartbeat goes stale and a copy is
+enqueued again (Optuna's RetryFailedTrialCallback), so a rerun finishes an interrupted study without repeating
+finished trials. results/sweeps/<strategy>.jsonl is rewritten from the study after every trial.
 """
 from __future__ import annotations
 
