@@ -29,13 +29,14 @@ import fcntl
 import os
 import random
 import socket
+import sys
 import threading
 import time
 
 import optuna
 from optuna.trial import TrialState
 
-from .errors import StoreError, redact
+from .errors import StoreError, redact, root_cause, store_fault
 from .paths import store_root
 from .preflight import check_store
 
@@ -43,6 +44,8 @@ from .preflight import check_store
 # that long for it. PARALLAX_GRACE_S shortens the wait (tests; at least 4 s, so that a live trial, beating every
 # HEARTBEAT_S, is never taken for a dead one).
 GRACE_S = max(4, int(os.environ.get("PARALLAX_GRACE_S", "20")))
+# a database server's connect (TCP, then its start-up exchange) is bounded: libpq's connect_timeout (2 s at least)
+STORE_TIMEOUT_S = max(2, int(float(os.environ.get("PARALLAX_STORE_TIMEOUT_S", "30"))))
 HEARTBEAT_S = max(1, min(5, GRACE_S // 4))
 WORKER_ATTR = "parallax_worker"
 
@@ -178,12 +181,23 @@ def open_storage(cfg) -> optuna.storages.RDBStorage:
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
     stale = ({"heartbeat_stale_trial_callback": retry(max_retry=2)} if retry else
              {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)})
+    server = url.split(":", 1)[0].split("+")[0].lower() in ("postgresql", "postgres")
+    if server:  # a server that accepts and never answers is given up on, not waited for without end
+        print(f"waiting for the Optuna storage {redact(url)} (sweep.storage; gives up after {STORE_TIMEOUT_S:.0f} s "
+              f"without an answer)", file=sys.stderr, flush=True)
+    args = {"timeout": 60} if url.startswith("sqlite") else {"connect_timeout": STORE_TIMEOUT_S} if server else None
     for attempt in range(5):
         try:
             return optuna.storages.RDBStorage(
-                url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
+                url, engine_kwargs={"connect_args": args} if args else None,
                 heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, **stale)
         except Exception as e:  # bad URL, server down, missing driver
+            if server and store_fault(e) == "no_answer":
+                raise StoreError(f"The Optuna storage {redact(url)} (sweep.storage) did not answer within "
+                                 f"{STORE_TIMEOUT_S:.0f} s: its port accepts connections but no database speaks "
+                                 f"on it ({root_cause(e)}). Check that the address is the database server's and "
+                                 f"that it is not stalled; PARALLAX_STORE_TIMEOUT_S sets the wait. Nothing was "
+                                 f"run.") from None
             # workers started together on an empty PostgreSQL database race to create the tables; the losers get
             # IntegrityError (pg_type_typname_nsp_index) and succeed on a retry, the tables being there by then
             if type(e).__name__ == "IntegrityError" and attempt < 4:

@@ -73,7 +73,7 @@ def _coerce(key: str, typ, value, meta: dict):
     if lo is not None and (value < lo or (meta.get("lo_open") and value == lo)):
         _err(key, f"must be {'>' if meta.get('lo_open') else '>='} {lo}, got {value!r}.")
     if hi is not None and value > hi:
-        _err(key, f"must be <= {hi}, got {value!r}.")
+        _err(key, f"must be <= {hi}, got {value!r}" + (f" ({meta['why']})." if meta.get("why") else "."))
     return value
 
 

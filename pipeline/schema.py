@@ -19,6 +19,11 @@ COMM_HOOKS = ("none", "shm", "fp16", "bf16", "powersgd")
 # a profile is a file name under experiments/, never a path: nothing outside experiments/ is read as one
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 SEED_MAX = 2**32 - 1  # Optuna's samplers seed NumPy, which takes 32 bits; torch would take 64
+# one size x size float32 matrix per item and arm is held in pinned host memory: 8192 is 256 MiB a matrix, already
+# 10 GiB for the default 20 items; larger would exhaust a host's memory instead of measuring anything
+OVERLAP_SIZE_MAX = 8192
+OVERLAP_SIZE_WHY = ("each item holds a size x size float32 matrix in pinned host memory per arm: 8192 is 256 MiB "
+                    "a matrix; larger exhausts the host's memory")
 TIMEOUT_MAX_S = 30 * 86400.0  # timers and PyTorch's collective timeout overflow near 1e9 s; 30 days is plenty
 
 
@@ -26,8 +31,9 @@ def choice(*values):
     return {"choices": values}
 
 
-def bounds(lo=None, hi=None, lo_open=False):
-    return {"lo": lo, "hi": hi, "lo_open": lo_open}
+def bounds(lo=None, hi=None, lo_open=False, why=""):
+    """A number's range; `why` says, in the refusal, what the upper bound protects."""
+    return {"lo": lo, "hi": hi, "lo_open": lo_open, "why": why}
 
 
 @dataclass(frozen=True)
@@ -141,7 +147,7 @@ class AnalyzeConfig:
 
 @dataclass(frozen=True)
 class OverlapConfig:
-    size: int = field(default=512, metadata=bounds(16))  # square matrices
+    size: int = field(default=512, metadata=bounds(16, OVERLAP_SIZE_MAX, why=OVERLAP_SIZE_WHY))  # square matrices
     chain: int = field(default=20, metadata=bounds(1))  # products per chain
     items: int = field(default=20, metadata=bounds(1))  # results computed and communicated
     reps: int = field(default=7, metadata=bounds(1))

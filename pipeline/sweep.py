@@ -28,7 +28,7 @@ from . import emulated, meter
 from .capabilities import host_capabilities
 from .claims import open_storage, storage_url
 from .devices import probe
-from .errors import Stopped, redact
+from .errors import FAULT_TEXT, Stopped, redact, root_cause, store_fault
 from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, host_fields, run_trial
 from .preflight import check_store
 from .progress import progress
@@ -175,19 +175,41 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
         return _taken_over(tracker, run_id)
     except BaseException as e:  # interrupted, or a fault (disk full, store gone): leave nothing RUNNING
         interrupted = isinstance(e, KeyboardInterrupt)
-        why = (f"interrupted ({e or type(e).__name__})" if interrupted else
-               f"error: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}")
-        _best_effort(lambda: tracker.close_run(run_id, "KILLED" if interrupted else "FAILED",
-                                               f"{why}; trial enqueued again") if run_id else None,
-                     lambda: trial.set_user_attr("reason", f"{why}; enqueued again"),
-                     lambda: study.tell(trial, state=TrialState.FAIL),
-                     lambda: study.enqueue_trial(p))
+        why = f"interrupted ({e or type(e).__name__})" if interrupted else f"error: {root_cause(e)}"
+        closed, noted, told, again = _best_effort(
+            lambda: tracker.close_run(run_id, "KILLED" if interrupted else "FAILED",
+                                      f"{why}; trial enqueued again") if run_id else None,
+            lambda: trial.set_user_attr("reason", f"{why}; enqueued again"),
+            lambda: study.tell(trial, state=TrialState.FAIL),
+            lambda: study.enqueue_trial(p))
         if interrupted:
             raise
-        raise Stopped(f"The sweep stopped in trial #{trial.number} ({_fmt_point(p)}) on {why[len('error: '):]}. "
-                      f"The trial was recorded as failed with this reason and enqueued again, its MLflow run "
-                      f"ended FAILED. Fix the cause (free disk space, a writable and reachable store) and rerun "
-                      f"the sweep: finished trials are kept.") from None
+        raise Stopped(f"The sweep stopped in trial #{trial.number} ({_fmt_point(p)}) on {_fault_text(e)}. "
+                      f"{_recorded(tracker, run_id, told, again)} Fix the cause (free disk space, a writable and "
+                      f"reachable store) and rerun the sweep: finished trials are kept.") from None
+
+
+def _fault_text(e: BaseException) -> str:
+    fault = store_fault(e)
+    return f"{FAULT_TEXT[fault]} ({root_cause(e)})" if fault else root_cause(e)
+
+
+def _recorded(tracker, run_id, told: bool, again: bool) -> str:
+    """What the stores hold of a trial stopped by a fault, as read back, never as intended."""
+    if told and again:
+        optuna_part = "The trial was recorded as failed with this reason and enqueued again"
+    elif told:
+        optuna_part = "The trial was recorded as failed, but enqueueing it again failed"
+    else:
+        optuna_part = (f"The Optuna store did not record the trial's failure: it stays RUNNING there until its "
+                       f"heartbeat is {claims.GRACE_S:.0f} s old, when a rerun fails it and runs it again")
+    status = tracker.status(run_id) if run_id else "none"
+    mlflow_part = ("no MLflow run was opened" if status == "none" else
+                   f"its MLflow run ended {status}" if status in ("FAILED", "KILLED", "FINISHED") else
+                   f"its MLflow run {run_id} could not be ended (the store refused the write) and still shows "
+                   f"RUNNING" if status == "RUNNING" else
+                   f"the state of its MLflow run {run_id} could not be read back")
+    return f"{optuna_part}; {mlflow_part}."
 
 
 @functools.cache
@@ -231,13 +253,16 @@ def _taken_over(tracker, run_id) -> str:
     return f"{why}; nothing recorded here"
 
 
-def _best_effort(*steps) -> None:
-    """Each step tried once; a store that is failing is already being reported."""
+def _best_effort(*steps) -> list[bool]:
+    """Each step tried once; a store that is failing is already being reported. Returns which steps succeeded."""
+    done = []
     for step in steps:
         try:
             step()
+            done.append(True)
         except Exception:
-            pass
+            done.append(False)
+    return done
 
 
 # ----------------------------------------------------------------------------- the worker
@@ -298,7 +323,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         interrupted = False
     except Exception as e:  # a fault: the trial (if any) is closed already; the parent run is closed below
         fault = e if isinstance(e, Stopped) else Stopped(
-            f"The sweep stopped on {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}. Fix the "
+            f"The sweep stopped on {_fault_text(e)}. Fix the "
             f"cause (free disk space, a writable and reachable store) and rerun the sweep: finished trials are kept.")
         raise fault from None
     finally:

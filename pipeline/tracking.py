@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import subprocess
@@ -28,6 +29,17 @@ os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # no "V
 # MLflow 3 sends usage telemetry to its servers from a background thread unless told not to; a research pipeline
 # on a cluster should not phone home for its users (set MLFLOW_DISABLE_TELEMETRY=false to allow it)
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+class _NoStoreTracebacks(logging.Filter):
+    """MLflow's SQL store logs a full traceback for each failed write (a locked or full database) before raising it;
+    Parallax reports that fault itself, in one message, so the log record is dropped."""
+
+    def filter(self, record):
+        return not (record.exc_info and record.getMessage().startswith("SQLAlchemy database error"))
+
+
+logging.getLogger("mlflow.store.db.utils").addFilter(_NoStoreTracebacks())
 
 
 @contextlib.contextmanager
@@ -158,6 +170,24 @@ class Tracker:
         except Exception:
             if status == "FINISHED":
                 raise
+
+    def status(self, run_id: str) -> str | None:
+        """The run's state as the store holds it now, or None when the store cannot be read."""
+        try:
+            return self.client.get_run(run_id).info.status
+        except Exception:
+            return None
+
+    def local_artifacts(self, run_id: str | None = None) -> Path | None:
+        """The local folder of a run's artifacts (or of the experiment's), or None for a remote artifact store."""
+        from urllib.parse import unquote, urlsplit
+        try:
+            uri = (self.client.get_run(run_id).info.artifact_uri if run_id else
+                   self.client.get_experiment(self.experiment_id).artifact_location)
+        except Exception:
+            return None
+        parts = urlsplit(uri)
+        return Path(unquote(parts.path)) if parts.scheme in ("", "file") else None
 
     def find_runs(self, filter_string: str) -> list:
         return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=10000)
