@@ -125,6 +125,10 @@ def output_file(path: Path, option: str) -> Path:
     if path.is_dir():
         raise PathError(f"{option} {path} is a directory, but it names the file to write (e.g. "
                         f"{path / 'out.csv'}). Give a file path. Nothing was run.")
+    if path.exists() and not path.is_file():  # a device, FIFO or socket: written through a temp file, replaced
+        raise PathError(f"{option} {path} is not a regular file (a device, FIFO or socket), and the output is "
+                        f"written beside it and then moved onto it, replacing it. Give the path of a regular file "
+                        f"(new or existing). Nothing was run.")
     _writable(path.parent, option, path)
     return path
 
