@@ -214,6 +214,10 @@ def load(params: str | Path | None = None, overrides=(), root: Path | None = Non
     must exist, or a typo would run silently on other values than the user chose."""
     root = Path(root) if root else repo_root()
     path = Path(params) if params else root / "params.yaml"
+    if params and not path.exists() and path.is_symlink():
+        raise ConfigError(f"The params file {path} (--params) is a symbolic link that leads nowhere (to "
+                          f"{path.readlink()}, which is missing or loops back). Point --params at the file itself. "
+                          f"Nothing was run.")
     if params and not path.exists():
         raise ConfigError(f"The params file {path} (--params) does not exist. Check the path, or leave --params out "
                           f"to read params.yaml at the repository root. Nothing was run.")

@@ -128,3 +128,27 @@ def test_a_multi_node_setting_that_cannot_meet_is_refused(root, sets, words):
     cfg = config.load(root=root, overrides=[*base, *sets])
     with pytest.raises(Infeasible, match=words):
         check_feasible(cfg, Host(kind="cpu", n=2, name="cpu", hostname="h", torch="2", cuda=""))
+
+
+@pytest.mark.parametrize("key,env", [("tracking.uri", "MLFLOW_TRACKING_URI"), ("sweep.storage", "OPTUNA_STORAGE")])
+def test_a_store_url_in_the_environment_that_is_not_used_is_named(tmp_path, monkeypatch, capsys, key, env):
+    """MLFLOW_TRACKING_URI or OPTUNA_STORAGE (which `make dashboard` reads) set to a server, and the runs went to the
+    local store in silence; now a warning names the variable, the store used and the key to set."""
+    monkeypatch.setattr(preflight, "_WARNED", set())
+    monkeypatch.setenv(env, "postgresql://user:secret@db.example:5432/runs")
+    preflight.check_store(f"sqlite:///{tmp_path / 'x.db'}", key)
+    err = capsys.readouterr().err
+    assert env in err and f"{key}=" in err.replace("\n", " ") and "secret" not in err
+    monkeypatch.setenv(env, f"sqlite:///{tmp_path / 'x.db'}")  # the same store: nothing to say
+    monkeypatch.setattr(preflight, "_WARNED", set())
+    preflight.check_store(f"sqlite:///{tmp_path / 'x.db'}", key)
+    assert env not in capsys.readouterr().err
+
+
+def test_a_params_file_that_is_a_looping_link_is_named_as_such(tmp_path):
+    """--params naming a symbolic link that loops (or leads nowhere) was called a file that "does not exist"; now
+    the message says it is a link and where it points."""
+    (tmp_path / "a.yaml").symlink_to(tmp_path / "b.yaml")
+    (tmp_path / "b.yaml").symlink_to(tmp_path / "a.yaml")
+    with pytest.raises(ConfigError, match="symbolic link"):
+        config.load(tmp_path / "a.yaml", root=tmp_path)
