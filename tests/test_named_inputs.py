@@ -152,3 +152,32 @@ def test_a_params_file_that_is_a_looping_link_is_named_as_such(tmp_path):
     (tmp_path / "b.yaml").symlink_to(tmp_path / "a.yaml")
     with pytest.raises(ConfigError, match="symbolic link"):
         config.load(tmp_path / "a.yaml", root=tmp_path)
+
+
+@pytest.mark.parametrize("which", ["manifest.json", "FashionMNIST/raw/train-images-idx3-ubyte"])
+def test_a_fifo_in_data_dir_is_named_not_waited_on(synthetic_root, tmp_path, which):
+    """data.dir holding a FIFO in place of manifest.json or an IDX file blocked `train` for good, in silence; now a
+    DataError names the file."""
+    import shutil
+
+    from pipeline import data
+    from pipeline.errors import DataError
+    d = tmp_path / "data"
+    shutil.copytree(synthetic_root, d)
+    (d / which).unlink()
+    os.mkfifo(d / which)
+    got = {}
+
+    def load():
+        try:
+            data.load(d, "synthetic", verify=True)
+        except DataError as e:
+            got["error"] = str(e)
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(20)
+    if t.is_alive():
+        with open(d / which, "wb"):  # release the reader
+            pass
+        pytest.fail("the FIFO was waited on")
+    assert "FIFO" in got.get("error", "")
