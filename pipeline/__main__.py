@@ -175,8 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_download(args) -> int:
     from . import data
+    from .preflight import output_dir
     cfg = configmod.load(args.params, args.overrides)
-    root = paths.repo_root() / cfg.data.dir
+    root = output_dir(paths.repo_root() / cfg.data.dir, "data.dir")  # a directory (the IDX files, manifest.json)
     manifest = data.prepare(root, cfg.data.source, cfg.data.mirror, progress=True)
     label = " (SYNTHETIC stand-in, not Fashion-MNIST)" if manifest["source"] == "synthetic" else ""
     print(f"data ready in {root}: source {manifest['source']}{label}, {len(manifest['files'])} files checked")
@@ -270,10 +271,15 @@ def cmd_doctor(args) -> int:
     if bad or not names:
         raise configmod.ConfigError(f"Unknown strategy `{bad[0] if bad else ''}` in --strategies. Valid: "
                                     f"{', '.join(configmod.STRATEGY_NAMES)} (comma-separated).")
+    if twice := sorted({s for s in names if names.count(s) > 1}):
+        raise configmod.ConfigError(f"--strategies names `{twice[0]}` twice: each strategy is checked once. Name "
+                                    f"it once. Nothing was run.")
     if args.max_devices < 1 or args.steps < 1 or args.batch_per_device < 1:
         raise configmod.ConfigError("--max-devices, --steps and --batch-per-device must be at least 1.")
     # the doctor checks the host, not a study: no profile's search spaces, only params.yaml and --set
     base = configmod.load(args.params, ["profile=", "train.timeout_s=120", *args.overrides])
+    if args.dump_events is not None:
+        output_dir(args.dump_events, "--dump-events")  # a directory of event files, like --out
     output_dir(args.out, "--out")  # a directory (doctor.json, doctor.md): checked before every check is run
     report = doctor.run(base, args.out, names, args.max_devices, args.steps, args.batch_per_device, args.model,
                         dump_events=args.dump_events)

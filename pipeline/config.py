@@ -65,6 +65,12 @@ def _coerce(key: str, typ, value, meta: dict):
             value = ""
         if not isinstance(value, str):
             _err(key, f"expected a string, got {value!r} ({type(value).__name__}).")
+        if _CONTROL.search(value):
+            _err(key, f"{value!r} holds a control character (a newline, a tab, a NUL byte): a name, path or URL that "
+                      f"shows as something else than it is. Write it on one line, without them.")
+        if value != value.strip():
+            _err(key, f"{value!r} is blank or has spaces around it: it would name something other than what "
+                      f"shows (an MLflow experiment, a folder). Remove the spaces, or leave it empty for the default.")
     if "pattern" in meta and value and not meta["pattern"].fullmatch(value):
         _err(key, f"{value!r} is not a name of the form {meta['pattern'].pattern}.")
     if "choices" in meta and value not in meta["choices"]:
@@ -163,6 +169,7 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
@@ -207,6 +214,10 @@ def load(params: str | Path | None = None, overrides=(), root: Path | None = Non
     must exist, or a typo would run silently on other values than the user chose."""
     root = Path(root) if root else repo_root()
     path = Path(params) if params else root / "params.yaml"
+    if params and not path.exists() and path.is_symlink():
+        raise ConfigError(f"The params file {path} (--params) is a symbolic link that leads nowhere (to "
+                          f"{path.readlink()}, which is missing or loops back). Point --params at the file itself. "
+                          f"Nothing was run.")
     if params and not path.exists():
         raise ConfigError(f"The params file {path} (--params) does not exist. Check the path, or leave --params out "
                           f"to read params.yaml at the repository root. Nothing was run.")

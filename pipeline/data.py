@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .datafiles import DOWNLOAD_TIMEOUT_S, FILES, raw_dir  # noqa: F401 (DOWNLOAD_TIMEOUT_S: re-exported)
+from .datafiles import DOWNLOAD_TIMEOUT_S, FILES, open_regular, raw_dir  # noqa: F401 (DOWNLOAD_TIMEOUT_S: re-exported)
 from .datafiles import RERUN as _RERUN
 from .errors import DataError, redact  # defined torch-free, for the CLI's error handler
 
@@ -51,7 +51,8 @@ def read_idx(path) -> torch.Tensor:
     """uint8 tensor backed by the file's bytes (one read, no copy, no per-sample decoding)."""
     path = Path(path)
     try:
-        buf = bytearray(path.read_bytes())
+        with open_regular(path) as f:
+            buf = bytearray(f.read())
     except OSError as e:
         raise DataError(f"Cannot read {path} ({e.strerror or e}). Create the data with {_RERUN}.") from None
     magic = int.from_bytes(buf[:4], "big")
@@ -107,7 +108,7 @@ def prepare(root, source: str, mirror: str = "", progress: bool = True) -> dict:
 
 
 def _describe(path: Path) -> dict:
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         return {"md5": hashlib.file_digest(f, "md5").hexdigest(), "bytes": path.stat().st_size}
 
 
@@ -123,9 +124,14 @@ def _changed(root: Path, files: dict) -> tuple[str, dict] | None:
     return None
 
 
+def _read_manifest(root: Path):
+    with open_regular(root / "manifest.json") as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
 def _current_manifest(root: Path, source: str) -> dict | None:
     try:
-        manifest = json.loads((root / "manifest.json").read_text())
+        manifest = _read_manifest(root)
         files = manifest["files"]
         if manifest["source"] != source or sorted(files) != sorted(FILES):
             return None
@@ -162,7 +168,7 @@ def load(root, source: str, train_limit: int = 0, test_limit: int = 0, verify: b
     root = Path(root)
     make_it = f"Create it with {_RERUN} and data.source={source}."
     try:
-        manifest = json.loads((root / "manifest.json").read_text())
+        manifest = _read_manifest(root)
         found = manifest["source"]
     except FileNotFoundError:
         raise DataError(f"No prepared data in {root} (no manifest.json). {make_it}") from None

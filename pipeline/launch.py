@@ -46,6 +46,7 @@ def check_feasible(cfg, host: Host) -> None:
     if t.nnodes > 1 and not (cls.multiprocess and t.rdzv_endpoint):
         raise Infeasible(f"a trial over train.nnodes={t.nnodes} nodes needs a multi-process strategy (ddp, ddp_amp, "
                          f"fsdp) and train.rdzv_endpoint=HOST:PORT of node 0's rendezvous.")
+    _check_rendezvous(t)
     if host.kind == "cuda" and t.start_method == "fork":
         raise Infeasible("train.start_method=fork cannot run on a CUDA host: this process initialises CUDA when it "
                          "probes the GPUs, and a forked process cannot initialise it again (PyTorch: \"Cannot "
@@ -58,6 +59,26 @@ def check_feasible(cfg, host: Host) -> None:
         cls(t, host).check_devices()
     except ValueError as e:
         raise Infeasible(str(e)) from None
+
+
+def _check_rendezvous(t) -> None:
+    """Raise Infeasible for multi-node settings with which the nodes can never meet: each node would wait on the
+    rendezvous until its timeout, or torch would refuse them with a message that names none of the keys."""
+    if t.node_rank >= t.nnodes:
+        raise Infeasible(f"train.node_rank={t.node_rank} is not a node of train.nnodes={t.nnodes}: the nodes are "
+                         f"numbered 0..{t.nnodes - 1}, node 0 hosting the rendezvous. Give each node its own rank.")
+    if not t.rdzv_endpoint:
+        return
+    host, colon, port = t.rdzv_endpoint.rpartition(":")
+    if colon and not host.strip("[]"):
+        raise Infeasible(f"train.rdzv_endpoint={t.rdzv_endpoint!r} names no host: write HOST:PORT of node 0, e.g. "
+                         f"10.0.0.1:29500, the same on every node.")
+    if not (colon and port.isdigit() and 1 <= int(port) <= 65535):
+        raise Infeasible(f"train.rdzv_endpoint={t.rdzv_endpoint!r} has no valid port (1-65535): write HOST:PORT of "
+                         f"node 0, e.g. {host or port}:29500, the same on every node.")
+    if not t.rdzv_id:
+        raise Infeasible("train.rdzv_id is empty: torch would give each node a random id, and nodes with different "
+                         "ids never meet. Give the same id on every node (default: parallax).")
 
 
 def check_batch_fits(cfg, n_train: int) -> None:

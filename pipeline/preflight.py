@@ -19,6 +19,7 @@ from .errors import say as say
 
 PREFLIGHT_TIMEOUT_S = float(os.environ.get("PARALLAX_PREFLIGHT_TIMEOUT_S", "5"))
 _WARNED: set[str] = set()
+_ENV = {"tracking.uri": "MLFLOW_TRACKING_URI", "sweep.storage": "OPTUNA_STORAGE"}  # read by the tools, not by us
 _PORTS = {"http": 80, "https": 443, "postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
 
 
@@ -30,6 +31,7 @@ def check_store(url: str, key: str) -> None:
         say(f"warning: {key} carries a password ({redact(url)}). Parallax never shows or stores it, but DVC "
             f"records tracked parameters verbatim in dvc.lock and the shell keeps --set options in its history: "
             f"prefer PGPASSWORD, ~/.pgpass or MLFLOW_TRACKING_PASSWORD (docs/scale-out.md).")
+    _unused_env(url, key)
     if url.startswith("sqlite:///"):
         _check_sqlite(Path(url[len("sqlite:///"):]), url, key)
         return
@@ -50,6 +52,18 @@ def check_store(url: str, key: str) -> None:
             f"Cannot reach {redact(url)} ({key}): {parts.hostname}:{port} gave {why} within "
             f"{PREFLIGHT_TIMEOUT_S:.0f} s. Start the server or fix the address (docs/scale-out.md), or leave {key} "
             f"empty for the local SQLite store in mlruns/. Nothing was run.") from None
+
+
+def _unused_env(url: str, key: str) -> None:
+    """Warn, once per key, when the environment names another store than `key` does: MLflow's and optuna-dashboard's
+    own variable (`make dashboard` reads OPTUNA_STORAGE) are not read by the pipeline, whose stores DVC tracks."""
+    env = _ENV.get(key)
+    if not env or not os.environ.get(env) or os.environ[env] == url or f"{key}/{env}" in _WARNED:
+        return
+    _WARNED.add(f"{key}/{env}")
+    say(f"warning: {env} is set ({redact(os.environ[env])}), but Parallax writes to {key}, {redact(url)}: the "
+        f"pipeline reads its stores from params.yaml, which DVC tracks, not from the environment. To use that store, "
+        f"set {key}=URL (params.yaml or --set).")
 
 
 def _check_sqlite(path: Path, url: str, key: str) -> None:
@@ -125,6 +139,10 @@ def output_file(path: Path, option: str) -> Path:
     if path.is_dir():
         raise PathError(f"{option} {path} is a directory, but it names the file to write (e.g. "
                         f"{path / 'out.csv'}). Give a file path. Nothing was run.")
+    if path.exists() and not path.is_file():  # a device, FIFO or socket: written through a temp file, replaced
+        raise PathError(f"{option} {path} is not a regular file (a device, FIFO or socket), and the output is "
+                        f"written beside it and then moved onto it, replacing it. Give the path of a regular file "
+                        f"(new or existing). Nothing was run.")
     _writable(path.parent, option, path)
     return path
 

@@ -49,6 +49,31 @@ def _expanded_size(root: yaml.Node, where: str) -> int:
     return size(root)
 
 
+def _refuse_duplicate_keys(root: yaml.Node, where: str) -> None:
+    """Raise Refused if a mapping holds one key twice: YAML readers keep the last and drop the first without a word
+    (a second `train:` section replaces the whole first one). Each node is visited once, however often aliased."""
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen or isinstance(node, yaml.ScalarNode):
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            todo += node.value
+            continue
+        first: dict = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                line = first.get((key.tag, key.value))
+                if line is not None:
+                    raise Refused(f"{where} sets `{key.value}` twice in one mapping (lines {line} and "
+                                  f"{key.start_mark.line + 1}): the second would silently replace the first. "
+                                  f"Keep one, merging their keys.")
+                first[key.tag, key.value] = key.start_mark.line + 1
+            todo += [key, value]
+
+
 def load(text: str, where: str):
     """yaml.safe_load, refusing a document that expands to more than MAX_YAML_VALUES values through its aliases."""
     loader = yaml.SafeLoader(text)
@@ -56,6 +81,7 @@ def load(text: str, where: str):
         node = loader.get_single_node()
         if node is None:
             return None
+        _refuse_duplicate_keys(node, where)
         if _expanded_size(node, where) > MAX_YAML_VALUES:
             raise Refused(f"{where} expands to more than {MAX_YAML_VALUES:,} values through its aliases (*name "
                               f"repeats the value anchored &name, and aliases of aliases multiply): a parameters "

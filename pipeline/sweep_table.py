@@ -8,10 +8,12 @@ torch-free: analysis imports it.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import numbers
 import os
+import stat
 from pathlib import Path
 
 from .catalog import KNOBS
@@ -82,7 +84,7 @@ def read_table(path, bad: list | None = None):
     """
     import pandas as pd
     records = []
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -101,6 +103,19 @@ def read_table(path, bad: list | None = None):
                 raise ValueError(f"{path} line {n} is not a sweep-table row: {why}")
             bad.append((n, why))
     return pd.DataFrame(records)
+
+
+def _open_regular(path):
+    """`path` opened for reading if it is a regular file; else OSError naming its kind. Opened non-blocking and
+    checked before any read: a FIFO named like a table would otherwise block the reader for good."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a special file"
+        raise OSError(errno.EINVAL, f"not a regular file ({kind})", str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def typed(df):
