@@ -32,7 +32,7 @@ import torch
 
 from . import config as configmod
 from . import data as datamod
-from . import loopback, paths
+from . import loopback, node_addr, paths
 from .capabilities import fp32_pinned, tf32_flags, tf32_text
 from .devices import Host, probe
 from .errors import Interrupted, TrialFailed
@@ -311,7 +311,8 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     # a node that does not host the rendezvous ends its trial once node 0's store stops answering (rdzv_watch.py)
     watch = RendezvousWatch(t.rdzv_endpoint, t.timeout_s) if t.nnodes > 1 and t.node_rank else None
     try:
-        with loopback.collectives_on_loopback() if standalone else contextlib.nullcontext(), _tempdir(scratch), \
+        with loopback.collectives_on_loopback() if standalone else node_addr.collectives_on(t.local_addr), \
+                _tempdir(scratch), \
                 watch or contextlib.nullcontext():
             results = elastic_launch(lc, rank_entry)(cfg.to_dict(), str(out_dir), on_epoch is not None, progress)
     except Exception as e:
