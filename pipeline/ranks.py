@@ -318,9 +318,9 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     except Exception as e:
         if watch and watch.lost:
             raise TrialFailed(f"lost the rendezvous host {t.rdzv_endpoint} (node 0): it did not answer for "
-                              f"{t.timeout_s:.0f} s (train.timeout_s), so node 0 stopped or died or the network "
-                              f"between the nodes is down; this node's ranks were stopped. Check node 0's output "
-                              f"and the link between the nodes, then run the trial again on every node.",
+                              f"{t.timeout_s:.0f} s (train.timeout_s): node 0 never started, stopped or died, or "
+                              f"the network between the nodes is down; this node's ranks were stopped. Check node "
+                              f"0's output and the link between the nodes, then run the trial again on every node.",
                               "worker_died") from None
         if isinstance(e, ChildFailedError):
             raise _failure_reason(e) from None

@@ -66,7 +66,8 @@ class RendezvousWatch:
         store = None
         while not self._stop.is_set() and not self.lost:
             try:
-                if store is None:
+                if store is None:  # not up yet, or unreachable: asked in Python first (torch prints a C++ dump)
+                    socket.create_connection((self.host, self.port), timeout=self.interval_s).close()
                     store = TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
                                      timeout=datetime.timedelta(seconds=self.interval_s * 2))
                 store.add("parallax/rdzv_watch", 1)
