@@ -7,8 +7,10 @@ out_dir/metrics.json.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -47,6 +49,8 @@ def check_feasible(cfg, host: Host) -> None:
         raise Infeasible(f"a trial over train.nnodes={t.nnodes} nodes needs a multi-process strategy (ddp, ddp_amp, "
                          f"fsdp) and train.rdzv_endpoint=HOST:PORT of node 0's rendezvous.")
     _check_rendezvous(t)
+    if t.nnodes > 1:
+        _check_advertised_address(t)
     if host.kind == "cuda" and t.start_method == "fork":
         raise Infeasible("train.start_method=fork cannot run on a CUDA host: this process initialises CUDA when it "
                          "probes the GPUs, and a forked process cannot initialise it again (PyTorch: \"Cannot "
@@ -79,6 +83,35 @@ def _check_rendezvous(t) -> None:
     if not t.rdzv_id:
         raise Infeasible("train.rdzv_id is empty: torch would give each node a random id, and nodes with different "
                          "ids never meet. Give the same id on every node (default: parallax).")
+
+
+def _addresses(name: str) -> set[str]:
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(name, None)}
+    except (OSError, UnicodeError):
+        return set()
+
+
+def _loopback_only(addresses: set[str]) -> bool:
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def _check_advertised_address(t) -> None:
+    """Without train.local_addr, torch's agent advertises this host's name (socket.getfqdn()) to the other nodes, which
+    connect to it for the trial's store; a name that resolves to a loopback address only (Debian's `127.0.1.1 myhost`
+    line) is unreachable from another machine, and the trial would fail after a minute without saying why. Nodes that
+    all run on this machine (a loopback rendezvous) need no other address."""
+    rdzv_host = t.rdzv_endpoint.rsplit(":", 1)[0].strip("[]")
+    if t.local_addr or _loopback_only(_addresses(rdzv_host)):
+        return
+    name = socket.getfqdn()
+    addresses = _addresses(name)
+    if _loopback_only(addresses):
+        raise Infeasible(f"this host's name `{name}` resolves only to the loopback address "
+                         f"{', '.join(sorted(addresses))} (/etc/hosts), so the other nodes of this "
+                         f"train.nnodes={t.nnodes} trial could not reach it. Set train.local_addr to the address the "
+                         f"other nodes reach this node at (for example --set train.local_addr=10.0.0.12), or make the "
+                         f"host name resolve to it.")
 
 
 def check_batch_fits(cfg, n_train: int) -> None:

@@ -32,10 +32,11 @@ import torch
 
 from . import config as configmod
 from . import data as datamod
-from . import loopback, paths
+from . import loopback, node_addr, paths
 from .capabilities import fp32_pinned, tf32_flags, tf32_text
 from .devices import Host, probe
 from .errors import Interrupted, TrialFailed
+from .rdzv_watch import RendezvousWatch
 from .strategies import STRATEGIES
 from .train import train
 
@@ -254,6 +255,18 @@ def _tempdir(path: str):
         tempfile.tempdir = previous
 
 
+def rendezvous_args(t) -> dict:
+    """LaunchConfig's rendezvous arguments for train config `t`."""
+    if t.nnodes == 1 and not t.rdzv_endpoint:
+        # one node: a static rendezvous (the dynamic one costs ~0.4 s a trial), listening on 127.0.0.1
+        return {"rdzv_backend": loopback.register(), "rdzv_endpoint": "", "rdzv_configs": {},
+                "run_id": f"parallax-{uuid.uuid4().hex[:8]}"}
+    # torchrun's c10d rendezvous: node 0 hosts the store at rdzv_endpoint, the others connect to it; this node is
+    # known to them by train.local_addr, or by its host name (torch's default)
+    return {"rdzv_backend": "c10d", "rdzv_endpoint": t.rdzv_endpoint, "run_id": t.rdzv_id,
+            "rdzv_configs": {"is_host": t.node_rank == 0}, "local_addr": t.local_addr or None}
+
+
 def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s: float | None) -> list[dict]:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -263,12 +276,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     t = cfg.train
     nproc = t.devices // t.nnodes if STRATEGIES[t.strategy].multiprocess else 1
     standalone = t.nnodes == 1 and not t.rdzv_endpoint
-    if standalone:  # one node: a static rendezvous (the dynamic one costs ~0.4 s a trial), listening on 127.0.0.1
-        rdzv = {"rdzv_backend": loopback.register(), "rdzv_endpoint": "", "rdzv_configs": {},
-                "run_id": f"parallax-{uuid.uuid4().hex[:8]}"}
-    else:  # torchrun's c10d rendezvous: node 0 hosts the store at rdzv_endpoint, the others connect to it
-        rdzv = {"rdzv_backend": "c10d", "rdzv_endpoint": t.rdzv_endpoint, "run_id": t.rdzv_id,
-                "rdzv_configs": {"is_host": t.node_rank == 0}}
+    rdzv = rendezvous_args(t)
     start_method = _start_method(cfg, host)
     stop = threading.Event()
     timed_out = threading.Event()
@@ -300,12 +308,24 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     watcher.start()
     if timer:
         timer.start()
+    # a node that does not host the rendezvous ends its trial once node 0's store stops answering (rdzv_watch.py)
+    watch = RendezvousWatch(t.rdzv_endpoint, t.timeout_s) if t.nnodes > 1 and t.node_rank else None
     try:
-        with loopback.collectives_on_loopback() if standalone else contextlib.nullcontext(), _tempdir(scratch):
+        with loopback.collectives_on_loopback() if standalone else node_addr.collectives_on(t.local_addr), \
+                _tempdir(scratch), \
+                watch or contextlib.nullcontext():
             results = elastic_launch(lc, rank_entry)(cfg.to_dict(), str(out_dir), on_epoch is not None, progress)
-    except ChildFailedError as e:
-        raise _failure_reason(e) from None
-    except SignalException as e:
+    except Exception as e:
+        if watch and watch.lost:
+            raise TrialFailed(f"lost the rendezvous host {t.rdzv_endpoint} (node 0): it did not answer for "
+                              f"{t.timeout_s:.0f} s (train.timeout_s): node 0 never started, stopped or died, or "
+                              f"the network between the nodes is down; this node's ranks were stopped. Check node "
+                              f"0's output and the link between the nodes, then run the trial again on every node.",
+                              "worker_died") from None
+        if isinstance(e, ChildFailedError):
+            raise _failure_reason(e) from None
+        if not isinstance(e, SignalException):
+            raise
         if timed_out.is_set():
             raise TrialFailed(f"trial exceeded its time budget of {timeout_s:.0f} s (sweep.trial_timeout_s); "
                               f"every worker was stopped{_stacks_kept(out_dir)}", "timeout") from None

@@ -93,6 +93,9 @@ class TrainConfig:
     node_rank: int = field(default=0, metadata=bounds(0))
     rdzv_endpoint: str = ""  # host:port of the rendezvous (c10d); empty = a free local port
     rdzv_id: str = "parallax"
+    # the address this node advertises to the others (torch's LaunchConfig.local_addr); empty = torch's default, the
+    # host name, refused for nodes on separate machines when it resolves to a loopback address only (launch.py)
+    local_addr: str = ""
     # how a trial's processes start; auto = spawn on GPUs, fork on CPU; fork is refused on GPUs (launch.py)
     start_method: str = field(default="auto", metadata=choice("auto", "fork", "spawn"))
 
