@@ -1,0 +1,63 @@
+"""Scratch folders named by the process that owns them, and the removal of those whose process is gone.
+
+A process killed with SIGKILL removes nothing: its scratch folder stays. Naming each folder
+`<prefix><pid>@<host>-<random>` lets the next run of the same command remove the folders of processes of this host
+that no longer run, and leave alone those of a live one (a second run beside it) and those of other hosts (a folder
+on a shared file system). Stdlib only.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+
+def remove_orphaned(prefix: str, parent=None, suffix: str = "") -> int:
+    """Remove the folders `<prefix><pid>@<host>-*<suffix>` of this host in `parent` (default: the temp dir) whose
+    pid no longer runs; returns how many. A folder of another host, or whose pid runs (or belongs to another user),
+    or whose name is not of this form, is kept."""
+    parent = Path(parent if parent is not None else tempfile.gettempdir())
+    removed = 0
+    for d in parent.glob(f"{glob_escape(prefix)}*@*-*{suffix}"):
+        owner = d.name[len(prefix):len(d.name) - len(suffix)].rpartition("-")[0]
+        pid, _, host = owner.partition("@")
+        if (not pid.isdigit() or host != _host() or int(pid) == os.getpid() or not d.is_dir()
+                or d.is_symlink()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+            removed += 1
+        except OSError:  # another user's live process
+            pass
+    return removed
+
+
+def make(prefix: str, parent=None, suffix: str = "") -> str:
+    """A new folder `<prefix><pid>@<host>-<random><suffix>` in `parent` (default: the temp dir), after removing the ones
+    killed processes left there."""
+    remove_orphaned(prefix, parent, suffix)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}@{_host()}-", suffix=suffix, dir=parent)
+
+
+@contextlib.contextmanager
+def folder(prefix: str):
+    """A scratch folder in the temp dir (see `make`) for the duration of the block, removed at its end."""
+    path = make(prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _host() -> str:
+    """This host's name as it appears in a folder name (letters, digits, `.` and `-` only)."""
+    return "".join(c for c in socket.gethostname() if c.isalnum() or c in ".-") or "host"
+
+
+def glob_escape(text: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
