@@ -24,16 +24,9 @@ def remove_orphaned(prefix: str, parent=None, suffix: str = "") -> int:
     for d in parent.glob(f"{glob_escape(prefix)}*@*-*{suffix}"):
         owner = d.name[len(prefix):len(d.name) - len(suffix)].rpartition("-")[0]
         pid, _, host = owner.partition("@")
-        if (not pid.isdigit() or host != _host() or int(pid) == os.getpid() or not d.is_dir()
-                or d.is_symlink()):
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+        if pid.isdigit() and host == host_tag() and d.is_dir() and not d.is_symlink() and not alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
             removed += 1
-        except OSError:  # another user's live process
-            pass
     return removed
 
 
@@ -41,7 +34,7 @@ def make(prefix: str, parent=None, suffix: str = "") -> str:
     """A new folder `<prefix><pid>@<host>-<random><suffix>` in `parent` (default: the temp dir), after removing the ones
     killed processes left there."""
     remove_orphaned(prefix, parent, suffix)
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}@{_host()}-", suffix=suffix, dir=parent)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}@{host_tag()}-", suffix=suffix, dir=parent)
 
 
 @contextlib.contextmanager
@@ -54,9 +47,25 @@ def folder(prefix: str):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _host() -> str:
-    """This host's name as it appears in a folder name (letters, digits, `.` and `-` only)."""
-    return "".join(c for c in socket.gethostname() if c.isalnum() or c in ".-") or "host"
+def host_tag() -> str:
+    """This host's name (letters, digits, `.` and `-` only) and its PID namespace: the processes whose pids
+    `alive` can see. Two containers sharing a host name (host networking) have different PID namespaces."""
+    name = "".join(c for c in socket.gethostname() if c.isalnum() or c in ".-") or "host"
+    try:
+        return f"{name}.{''.join(c for c in os.readlink('/proc/self/ns/pid') if c.isdigit())}"
+    except OSError:
+        return name
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` of this PID namespace runs (this one included; another user's counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
 
 
 def glob_escape(text: str) -> str:

@@ -231,6 +231,15 @@ def _taken_over(tracker, run_id) -> str:
     return f"{why}; nothing recorded here"
 
 
+def _others_running(study) -> bool:
+    """Whether trials of the study run (in other workers); False when the Optuna store cannot say (lost or
+    unreachable): the parent run is then ended, not left RUNNING, and a live worker's rerun marks it RUNNING again."""
+    try:
+        return bool(claims.running(study))
+    except Exception:
+        return False
+
+
 def _best_effort(*steps) -> None:
     """Each step tried once; a store that is failing is already being reported."""
     for step in steps:
@@ -308,5 +317,5 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             study_parent.finish(study, tracker, parent_id, out_csv, skipped)
         elif parent_id:  # ended unless another worker is on it; the rerun marks it RUNNING again
             _best_effort(lambda: tracker.close_run(parent_id, "FAILED" if fault else "KILLED", str(fault or ""))
-                         if not claims.running(study) else None)
+                         if not _others_running(study) else None)
     return out_csv

@@ -3,7 +3,6 @@ collectives and doctor commands in the temp dir, and the half-built data folder 
 process that still runs (a second run beside this one) is kept. No training: launches are replaced by stubs."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import tempfile
@@ -11,7 +10,7 @@ import tempfile
 import pytest
 
 from pipeline import config as configmod
-from pipeline import data, doctor, stage_ranks
+from pipeline import data, doctor, scratch, stage_ranks
 from pipeline.errors import DataError
 
 
@@ -19,7 +18,7 @@ def dead_pid() -> str:
     """`<pid>@<host>` of a process of this host that has ended."""
     pid = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                              text=True, check=True).stdout)
-    return f"{pid}@{''.join(c for c in socket.gethostname() if c.isalnum() or c in '.-')}"
+    return f"{pid}@{scratch.host_tag()}"
 
 
 @pytest.fixture
