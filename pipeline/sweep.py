@@ -28,7 +28,7 @@ from . import emulated, meter
 from .capabilities import host_capabilities
 from .claims import open_storage, storage_url
 from .devices import probe
-from .errors import Stopped, redact
+from .errors import Stopped, interruption, redact
 from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, host_fields, run_trial
 from .preflight import check_store
 from .progress import progress
@@ -174,7 +174,9 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     except optuna.exceptions.UpdateFinishedTrialError:
         return _taken_over(tracker, run_id)
     except BaseException as e:  # interrupted, or a fault (disk full, store gone): leave nothing RUNNING
-        interrupted = isinstance(e, KeyboardInterrupt)
+        signalled = interruption(e)  # Ctrl-C, or a signal torch's launcher caught as SignalException
+        interrupted = signalled is not None
+        e = e if isinstance(e, KeyboardInterrupt) else signalled or e
         why = (f"interrupted ({e or type(e).__name__})" if interrupted else
                f"error: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}")
         _best_effort(lambda: tracker.close_run(run_id, "KILLED" if interrupted else "FAILED",
@@ -183,7 +185,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
                      lambda: study.tell(trial, state=TrialState.FAIL),
                      lambda: study.enqueue_trial(p))
         if interrupted:
-            raise
+            raise e from None
         raise Stopped(f"The sweep stopped in trial #{trial.number} ({_fmt_point(p)}) on {why[len('error: '):]}. "
                       f"The trial was recorded as failed with this reason and enqueued again, its MLflow run "
                       f"ended FAILED. Fix the cause (free disk space, a writable and reachable store) and rerun "
@@ -306,6 +308,8 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
                      say=lambda msg: print(f"[sweep {strategy}] {msg}", file=sys.stderr, flush=True))
         interrupted = False
     except Exception as e:  # a fault: the trial (if any) is closed already; the parent run is closed below
+        if (signalled := interruption(e)) is not None:
+            raise signalled from None
         fault = e if isinstance(e, Stopped) else Stopped(
             f"The sweep stopped on {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}. Fix the "
             f"cause (free disk space, a writable and reachable store) and rerun the sweep: finished trials are kept.")

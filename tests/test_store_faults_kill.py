@@ -82,3 +82,24 @@ def test_a_run_left_running_by_a_killed_command_is_ended_by_the_next(make_cfg, t
     run = tr.client.get_run(dead)
     assert run.info.status == "KILLED" and "died" in run.data.tags.get("parallax.ended_by", "")
     assert tr.client.get_run(live).info.status == "RUNNING"
+
+
+def test_a_second_ctrl_c_during_a_trial_teardown_is_an_interruption(make_cfg, tmp_path, monkeypatch):
+    """A second Ctrl-C that reaches the sweep while the elastic launcher tears a trial down arrives as torch's
+    SignalException, not KeyboardInterrupt: it still ends the sweep as interrupted (exit 130), the trial's MLflow
+    run KILLED and the trial enqueued again, never as a fault 'Fix the cause (free disk space ...)'."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from pipeline.errors import Interrupted
+    cfg = make_cfg(*ONE_POINT)
+
+    def second_ctrl_c(*a, **k):
+        raise SignalException("Process 1 got signal: 2", sigval=signal.SIGINT)
+    monkeypatch.setattr(sweep, "run_trial", second_ctrl_c)
+    with pytest.raises(Interrupted) as e:
+        sweep.run_sweep(cfg, "single", tmp_path / "single.jsonl")
+    assert e.value.signum == signal.SIGINT
+    runs = {r.info.run_name: r.info.status for r in tracking.Tracker(cfg).find_runs("attributes.status != ''")}
+    assert runs == {"study single": "KILLED", "single k=1 B=64 lr=0.1": "KILLED"}
