@@ -16,18 +16,29 @@ from pathlib import Path
 
 
 def remove_orphaned(prefix: str, parent=None, suffix: str = "") -> int:
-    """Remove the folders `<prefix><pid>@<host>-*<suffix>` of this host in `parent` (default: the temp dir) whose
-    pid no longer runs; returns how many. A folder of another host, or whose pid runs (or belongs to another user),
-    or whose name is not of this form, is kept."""
+    """Remove the folders (or files) `<prefix><pid>@<host>-*<suffix>` of this host in `parent` (default: the temp
+    dir) whose pid no longer runs; returns how many. One of another host, or whose pid runs (or belongs to another
+    user), or whose name is not of this form, is kept."""
     parent = Path(parent if parent is not None else tempfile.gettempdir())
     removed = 0
     for d in parent.glob(f"{glob_escape(prefix)}*@*-*{suffix}"):
         owner = d.name[len(prefix):len(d.name) - len(suffix)].rpartition("-")[0]
         pid, _, host = owner.partition("@")
-        if pid.isdigit() and host == host_tag() and d.is_dir() and not d.is_symlink() and not alive(int(pid)):
-            shutil.rmtree(d, ignore_errors=True)
+        if pid.isdigit() and host == host_tag() and not d.is_symlink() and not alive(int(pid)):
+            if d.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
+            else:
+                d.unlink(missing_ok=True)
             removed += 1
     return removed
+
+
+def file_name(prefix: str, suffix: str) -> str:
+    """The path `<prefix><pid>@<host>-w<suffix>` of this process's scratch file (`prefix` a path); the files that
+    killed processes left under the same prefix are removed first."""
+    parent, name = os.path.split(prefix)
+    remove_orphaned(name, parent or ".", suffix)
+    return f"{prefix}{os.getpid()}@{host_tag()}-w{suffix}"
 
 
 def make(prefix: str, parent=None, suffix: str = "") -> str:

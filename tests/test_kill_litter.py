@@ -69,3 +69,14 @@ def test_a_killed_download_half_built_folder_is_removed_by_the_next_download(tmp
     (stale / "FashionMNIST" / "raw").mkdir(parents=True)
     data.prepare(root, "synthetic", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fashion-mnist"]
+
+
+def test_a_sweep_table_half_written_by_a_killed_sweep_is_removed_by_the_next_write(tmp_path):
+    """A sweep SIGKILLed while writing its table leaves `<table>.<pid>...tmp` in results/sweeps, which analyze takes
+    whole as its input (a DVC directory dependency): the next table write removes it, keeping a live writer's."""
+    from pipeline.sweep_table import write_rows
+    out = tmp_path / "single.jsonl"
+    stale = tmp_path / f"single.jsonl.{dead_pid()}-w.tmp"
+    stale.write_text('{"study": "half')
+    write_rows([], out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["single.jsonl"]
