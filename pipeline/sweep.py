@@ -94,7 +94,7 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None,
             "strategy": strategy, "study": name, "profile": cfg.profile, "data_source": cfg.data.source,
             "synthetic": str(cfg.data.source == "synthetic").lower(), "device_kind": host.kind,
             "host": host.hostname, "git_sha": tracking.git_sha(), "dvc_stage": f"sweep@{strategy}",
-            "role": "study"})
+            "role": "study"}, owned=False)  # every worker of the study shares it; study_parent ends it
         tracker.log_params(parent, {"space": json.dumps(choices(cfg, strategy))[:6000], "points": len(feasible),
                                     "epochs": cfg.train.epochs, "storage": redact(storage_url(cfg))})
         study.set_user_attr("mlflow_parent_run_id", parent)

@@ -117,9 +117,12 @@ class Tracker:
         return exp
 
     # --- runs ---------------------------------------------------------------------------------------
-    def start_run(self, name: str, tags: dict, parent_id: str | None = None) -> str:
+    def start_run(self, name: str, tags: dict, parent_id: str | None = None, owned: bool = True) -> str:
+        """owned: the run ends with this process (ended KILLED by a later command if the process dies first);
+        False for a run that several processes share, whose end is theirs to decide (a study's parent run)."""
         tags = {k: str(v) for k, v in tags.items() if v is not None}
-        tags.update({"parallax.pid": str(os.getpid()), "parallax.host": scratch.host_tag()})  # _end_orphaned_runs
+        if owned:
+            tags.update({"parallax.pid": str(os.getpid()), "parallax.host": scratch.host_tag()})
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
         return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id

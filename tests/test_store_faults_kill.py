@@ -103,3 +103,12 @@ def test_a_second_ctrl_c_during_a_trial_teardown_is_an_interruption(make_cfg, tm
     assert e.value.signum == signal.SIGINT
     runs = {r.info.run_name: r.info.status for r in tracking.Tracker(cfg).find_runs("attributes.status != ''")}
     assert runs == {"study single": "KILLED", "single k=1 B=64 lr=0.1": "KILLED"}
+
+
+def test_a_study_parent_run_is_not_ended_for_the_worker_that_opened_it(make_cfg, tmp_path):
+    """A study's parent run is shared by every worker of the study (the one that opened it may exit while others
+    run): it carries no owner process, so a later command never ends it as orphaned; its trial runs do."""
+    cfg = make_cfg(*ONE_POINT)
+    sweep.run_sweep(cfg, "single", tmp_path / "single.jsonl", max_new_trials=0)
+    (parent,) = tracking.Tracker(cfg).find_runs("attributes.run_name = 'study single'")
+    assert parent.info.status == "RUNNING" and "parallax.pid" not in parent.data.tags
