@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 
 from .datafiles import DOWNLOAD_TIMEOUT_S, FILES, open_regular, raw_dir  # noqa: F401 (DOWNLOAD_TIMEOUT_S: re-exported)
 from .datafiles import RERUN as _RERUN
+from . import scratch
 from .errors import DataError, redact  # defined torch-free, for the CLI's error handler
 
 SOURCES = ("fashion-mnist", "synthetic")
@@ -88,7 +88,8 @@ def prepare(root, source: str, mirror: str = "", progress: bool = True) -> dict:
         return current
     home = root.resolve()
     home.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{home.name}.", suffix=".partial", dir=home.parent))
+    # named by this process: the next download removes the one a SIGKILLed download left
+    tmp = Path(scratch.make(f".{home.name}.", home.parent, suffix=".partial"))
     try:
         raw = raw_dir(tmp)
         raw.mkdir(parents=True)

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import config as configmod
 from . import data as datamod
-from . import catalog, equivalence, paths
+from . import catalog, equivalence, paths, scratch
 from .capabilities import fp32_label, host_capabilities
 from .comm_probes import DUMP_ENV
 from .devices import Host, probe
@@ -175,7 +174,7 @@ def run(base, out: Path, strategies=None, max_devices: int = 2, steps: int = 30,
         + (f", CUDA {caps['cuda']}, NCCL {caps['nccl']}" if host.kind == "cuda" else
            f", CPU ISA {caps['cpu']['isa_text']}")
         + f"; bf16 {caps['bf16']}, fp16 {caps['fp16']}; TF32: {caps['tf32_text']}")
-    with tempfile.TemporaryDirectory(prefix="parallax-doctor-") as tmp:
+    with scratch.folder("parallax-doctor-") as tmp:  # also removes the folders of killed doctor runs
         work = Path(tmp)
         data_dir, source = _data(base, work)
         base = configmod.override(base, [f"data.dir={data_dir}", f"data.source={source}", "train.epochs=1"])

@@ -128,6 +128,19 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(f"interrupted by {signal.Signals(self.signum).name}")
 
 
+def interruption(e: BaseException) -> Interrupted | None:
+    """`e` as an Interrupted when it is one: Ctrl-C, or torch's elastic SignalException (a signal that reached the
+    launcher's handlers, e.g. a second Ctrl-C while it tears a trial's workers down); None for any other error."""
+    if isinstance(e, Interrupted):
+        return e
+    if isinstance(e, KeyboardInterrupt):
+        return Interrupted(signal.SIGINT)
+    sigval = getattr(e, "sigval", None)
+    if type(e).__name__ == "SignalException" and sigval is not None:
+        return Interrupted(sigval)
+    return None
+
+
 class _Status:
     code = 0
 
@@ -172,7 +185,11 @@ def user_errors():
              f"which installs the tested set){hint}.")
         status.code = 2
     except Exception as e:
-        _unexpected(e, status)
+        if (signalled := interruption(e)) is None:
+            _unexpected(e, status)
+            return
+        say(f"interrupted ({signal.Signals(signalled.signum).name})")
+        status.code = 128 + signalled.signum
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

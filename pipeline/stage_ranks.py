@@ -1,7 +1,7 @@
 """The ranks of the pipeline's own measurement stages (overlap, collectives) on this node, started as a one-node
 trial's are (ranks.py): the rendezvous store and Gloo on the loopback interface only (loopback.py), and the
 launcher's scratch (its torchelastic_* log folder, torch.multiprocessing's pytorch-errorfile-* files) in a folder
-of the stage's own, removed when the ranks end.
+of the stage's own, removed when the ranks end (and by the next run when a SIGKILL left it).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import uuid
 
-from . import loopback
+from . import loopback, scratch as scratch_dirs
 
 LOCAL_ADDR = "127.0.0.1"
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -31,7 +31,7 @@ def launch(nproc: int, name: str, start_method: str, entrypoint, *args) -> dict[
     """Run entrypoint(*args) in `nproc` ranks on this node; every rank's return value by rank. A failed rank raises
     torch's ChildFailedError, as elastic_launch does."""
     from torch.distributed.launcher.api import elastic_launch
-    scratch = tempfile.mkdtemp(prefix=f"parallax-{name}-")
+    scratch = scratch_dirs.make(f"parallax-{name}-")  # and removes those of killed runs
     previous = tempfile.tempdir
     # the agent installs handlers that raise SignalException and never removes them: restored afterwards
     handlers = {s: signal.getsignal(s) for s in _AGENT_SIGNALS}

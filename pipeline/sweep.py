@@ -28,7 +28,7 @@ from . import emulated, meter
 from .capabilities import host_capabilities
 from .claims import open_storage, storage_url
 from .devices import probe
-from .errors import FAULT_TEXT, Stopped, redact, root_cause, store_fault
+from .errors import FAULT_TEXT, Stopped, interruption, redact, root_cause, store_fault
 from .launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, host_fields, run_trial
 from .preflight import check_store
 from .progress import progress
@@ -94,7 +94,7 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None,
             "strategy": strategy, "study": name, "profile": cfg.profile, "data_source": cfg.data.source,
             "synthetic": str(cfg.data.source == "synthetic").lower(), "device_kind": host.kind,
             "host": host.hostname, "git_sha": tracking.git_sha(), "dvc_stage": f"sweep@{strategy}",
-            "role": "study"})
+            "role": "study"}, owned=False)  # every worker of the study shares it; study_parent ends it
         tracker.log_params(parent, {"space": json.dumps(choices(cfg, strategy))[:6000], "points": len(feasible),
                                     "epochs": cfg.train.epochs, "storage": redact(storage_url(cfg))})
         study.set_user_attr("mlflow_parent_run_id", parent)
@@ -174,7 +174,9 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     except optuna.exceptions.UpdateFinishedTrialError:
         return _taken_over(tracker, run_id)
     except BaseException as e:  # interrupted, or a fault (disk full, store gone): leave nothing RUNNING
-        interrupted = isinstance(e, KeyboardInterrupt)
+        signalled = interruption(e)  # Ctrl-C, or a signal torch's launcher caught as SignalException
+        interrupted = signalled is not None
+        e = e if isinstance(e, KeyboardInterrupt) else signalled or e
         why = f"interrupted ({e or type(e).__name__})" if interrupted else f"error: {root_cause(e)}"
         closed, noted, told, again = _best_effort(
             lambda: tracker.close_run(run_id, "KILLED" if interrupted else "FAILED",
@@ -183,7 +185,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
             lambda: study.tell(trial, state=TrialState.FAIL),
             lambda: study.enqueue_trial(p))
         if interrupted:
-            raise
+            raise e from None
         raise Stopped(f"The sweep stopped in trial #{trial.number} ({_fmt_point(p)}) on {_fault_text(e)}. "
                       f"{_recorded(tracker, run_id, told, again)} Fix the cause (free disk space, a writable and "
                       f"reachable store) and rerun the sweep: finished trials are kept.") from None
@@ -251,6 +253,15 @@ def _taken_over(tracker, run_id) -> str:
     _best_effort(lambda: tracker.close_run(run_id, "KILLED", why)
                  if run_id and tracker.client.get_run(run_id).info.status == "RUNNING" else None)
     return f"{why}; nothing recorded here"
+
+
+def _others_running(study) -> bool:
+    """Whether trials of the study run (in other workers); False when the Optuna store cannot say (lost or
+    unreachable): the parent run is then ended, not left RUNNING, and a live worker's rerun marks it RUNNING again."""
+    try:
+        return bool(claims.running(study))
+    except Exception:
+        return False
 
 
 def _best_effort(*steps) -> list[bool]:
@@ -322,6 +333,8 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
                      say=lambda msg: print(f"[sweep {strategy}] {msg}", file=sys.stderr, flush=True))
         interrupted = False
     except Exception as e:  # a fault: the trial (if any) is closed already; the parent run is closed below
+        if (signalled := interruption(e)) is not None:
+            raise signalled from None
         fault = e if isinstance(e, Stopped) else Stopped(
             f"The sweep stopped on {_fault_text(e)}. Fix the "
             f"cause (free disk space, a writable and reachable store) and rerun the sweep: finished trials are kept.")
@@ -333,5 +346,5 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             study_parent.finish(study, tracker, parent_id, out_csv, skipped)
         elif parent_id:  # ended unless another worker is on it; the rerun marks it RUNNING again
             _best_effort(lambda: tracker.close_run(parent_id, "FAILED" if fault else "KILLED", str(fault or ""))
-                         if not claims.running(study) else None)
+                         if not _others_running(study) else None)
     return out_csv

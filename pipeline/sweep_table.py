@@ -16,6 +16,7 @@ import os
 import stat
 from pathlib import Path
 
+from . import scratch
 from .catalog import KNOBS
 from .record import COLUMNS, TrialRecord, table_kinds
 
@@ -61,7 +62,8 @@ def write_table(study, strategy: str, skipped, out: Path, host) -> None:
 def write_rows(rows: list[dict], out: Path) -> None:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # per process: workers of one study share the table
+    # per process (workers of one study share the table); a killed writer's is removed here
+    tmp = Path(scratch.file_name(f"{out.parent / out.name}.", ".tmp"))
     with open(tmp, "w") as f:
         for r in rows:
             f.write(json.dumps({c: _plain(r.get(c)) for c in COLUMNS}, allow_nan=False) + "\n")

@@ -17,9 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from . import scratch
 from .paths import repo_root, store_root
 from .errors import StoreError, redact
-from .preflight import check_store
+from .preflight import check_store, writable_dir
 
 RUNNING = "RUNNING"
 # MLflow 3's UI reads this experiment tag to choose its view: without it an experiment opens on the GenAI "Traces"
@@ -88,6 +89,8 @@ class Tracker:
             with _first_contact():
                 self.client = MlflowClient(tracking_uri=uri)
                 exp = self._get_or_create(name, cfg)
+        except StoreError:
+            raise
         except Exception as e:  # a server that answers but is not MLflow, a schema MLflow cannot migrate, ...
             raise StoreError(
                 f"Cannot use the MLflow tracking store {redact(uri)} (tracking.uri): {type(e).__name__}: "
@@ -96,6 +99,8 @@ class Tracker:
                 f"the local store in mlruns/. Nothing was run.") from None
         self.experiment_id = exp.experiment_id
         self.name = name
+        _check_artifacts(exp.artifact_location or "", name)
+        self._end_orphaned_runs()
 
     def _get_or_create(self, name, cfg):
         exp = self.client.get_experiment_by_name(name)
@@ -109,14 +114,27 @@ class Tracker:
             except Exception:  # another worker created it first
                 pass
             exp = self.client.get_experiment_by_name(name)
+        if exp.lifecycle_stage == "deleted":
+            i = exp.experiment_id
+            raise StoreError(
+                f"The MLflow experiment {name!r} (id {i}) in {redact(self.uri)} (tracking.uri) is deleted: it is in "
+                f"MLflow's trash (deleted in the UI or by `mlflow experiments delete`), where no run can be added "
+                f"and no experiment of that name made. Restore it with its runs: MLFLOW_TRACKING_URI="
+                f"{redact(self.uri)} mlflow experiments restore --experiment-id {i}; or remove it for good: mlflow "
+                f"gc --backend-store-uri {redact(self.uri)} --experiment-ids {i}; or set tracking.experiment to "
+                f"another name. Nothing was run.")
         for k, v in EXPERIMENT_KIND.items():
             if exp.tags.get(k) is None:  # an experiment made before the tag was set (or by another tool)
                 self.client.set_experiment_tag(exp.experiment_id, k, v)
         return exp
 
     # --- runs ---------------------------------------------------------------------------------------
-    def start_run(self, name: str, tags: dict, parent_id: str | None = None) -> str:
+    def start_run(self, name: str, tags: dict, parent_id: str | None = None, owned: bool = True) -> str:
+        """owned: the run ends with this process (ended KILLED by a later command if the process dies first);
+        False for a run that several processes share, whose end is theirs to decide (a study's parent run)."""
         tags = {k: str(v) for k, v in tags.items() if v is not None}
+        if owned:
+            tags.update({"parallax.pid": str(os.getpid()), "parallax.host": scratch.host_tag()})
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
         return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
@@ -192,6 +210,19 @@ class Tracker:
     def find_runs(self, filter_string: str) -> list:
         return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=10000)
 
+    def _end_orphaned_runs(self) -> None:
+        """End KILLED the RUNNING runs this host's processes opened and that process no longer runs (a SIGKILLed
+        train, analyze or sweep): MLflow would show them RUNNING for good. Runs of other hosts are left alone."""
+        try:
+            runs = self.find_runs(f"tags.`parallax.host` = '{scratch.host_tag()}' and attributes.status = 'RUNNING'")
+            for r in runs:
+                pid = r.data.tags.get("parallax.pid", "")
+                if pid.isdigit() and not scratch.alive(int(pid)):
+                    self.set_tags(r.info.run_id, {"parallax.ended_by": f"its process ({pid}) died: killed"})
+                    self.end_run(r.info.run_id, "KILLED")
+        except Exception:  # a repair only: a store that fails is reported by the command's own first write
+            pass
+
     def end_stale_runs(self, filter_string: str, status: str = "KILLED") -> int:
         """End RUNNING runs left behind by a killed process (matched by filter); returns how many."""
         runs = self.find_runs(f"{filter_string} and attributes.status = 'RUNNING'")
@@ -199,6 +230,24 @@ class Tracker:
             self.set_tags(r.info.run_id, {"parallax.ended_by": "resume: its process died"})
             self.end_run(r.info.run_id, status)
         return len(runs)
+
+
+def _check_artifacts(location: str, name: str) -> None:
+    """Raise StoreError unless the experiment's artifact folder, when it is a local one, can be written: else the
+    first artifact fails after the training, as an unexpected error."""
+    if location.startswith("file:"):
+        import urllib.parse
+        location = urllib.parse.unquote(urllib.parse.urlsplit(location).path)
+    elif "://" in location or ":/" in location:  # a server's or an object store's artifacts
+        return
+    path = Path(location)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"Cannot write the MLflow artifacts of experiment {name!r}: {path} is not a writable folder "
+                         f"({e.strerror or e}). Put a writable folder there (a file or a read-only mount is in its "
+                         f"place), or point tracking.uri elsewhere. Nothing was run.") from None
+    writable_dir(path, f"the MLflow artifacts of experiment {name!r}")
 
 
 def base_tags(planned, cfg, stage: str | None = None) -> dict:

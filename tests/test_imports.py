@@ -11,9 +11,10 @@ from . import import_graph as ig
 KNOWN_PRIVATE: set = set()
 
 # The analysis wing: what each floor may import from pipeline/ (analyze.py, the entry, sits on all of them). The
-# strategy catalog (torch-free, importing nothing from pipeline/) is below every floor; beneath the wing too, the
-# sweep table's reader and the trial record whose schema types it, which import nothing of the wing.
-BASE = {"pipeline.catalog"}
+# strategy catalog (torch-free, importing nothing from pipeline/) and the scratch-file namer (stdlib only) are below
+# every floor; beneath the wing too, the sweep table's reader and the trial record whose schema types it, which
+# import nothing of the wing.
+BASE = {"pipeline.catalog", "pipeline.scratch"}
 WING = {
     "pipeline.record": BASE,
     "pipeline.sweep_table": {"pipeline.record"} | BASE,
