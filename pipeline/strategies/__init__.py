@@ -1,7 +1,7 @@
 """STRATEGIES: one small module per data-parallel strategy, all behind base.Strategy, in the catalog's order.
 
 pipeline/catalog.py holds each strategy's row (knobs, capabilities) without torch; `disagreements()` lists where a
-class here says otherwise (tests/test_catalog.py keeps it empty).
+class here says otherwise (tests/architecture/test_catalog.py keeps it empty).
 """
 from .. import catalog
 from ..devices import Host
