@@ -37,11 +37,11 @@ check-floor:             ## fresh venv with the oldest supported PyTorch, then t
 	.venv-floor/bin/python -c "import torch, sys; v = torch.__version__.split('+')[0]; \
 	  print('torch after installing the project:', torch.__version__); sys.exit(v != '$(FLOOR_TORCH)')"
 	@echo "every torch attribute a GPU-only branch touches, against torch $(FLOOR_TORCH):"
-	.venv-floor/bin/python -m pytest -q tests/test_torch_floor_signatures.py
-	.venv-floor/bin/python -m pytest -m "not slow" -q --deselect tests/test_torch_floor_signatures.py
+	.venv-floor/bin/python -m pytest -q tests/architecture/test_torch_floor_signatures.py
+	.venv-floor/bin/python -m pytest -m "not slow" -q --deselect tests/architecture/test_torch_floor_signatures.py
 
 gpu-bundle: setup        ## what an air-gapped GPU node needs, in dist/gpu-bundle (+ .tar.gz), size printed
-	$(BIN)/python -m pipeline.bundle --out dist/gpu-bundle
+	$(BIN)/python -m pipeline.doctor.bundle --out dist/gpu-bundle
 
 doctor: setup            ## does every strategy run and agree with single-device SGD on this host? (results/doctor/)
 	$(BIN)/python -m pipeline doctor
@@ -67,7 +67,7 @@ DASHBOARD_PORT ?= 8080
 # reaches the dashboard through the environment, never a command line; `export OPTUNA_STORAGE=...` keeps it out of
 # make's own argv and the shell's history too.
 dashboard: setup         ## optuna-dashboard on http://127.0.0.1:8080 over the sweeps' Optuna store (mlruns/optuna.db)
-	$(BIN)/python -m pipeline.dashboard_cli --port $(DASHBOARD_PORT)
+	$(BIN)/python -m pipeline.cli.dashboard --port $(DASHBOARD_PORT)
 
 # `dvc plots show` alone writes a page whose scripts come from a CDN: blank offline. This one inlines them (from the
 # vl-convert-python package), so it opens anywhere; the PNGs in results/analysis/ need nothing at all.
@@ -77,14 +77,14 @@ plots: setup             ## DVC's plots of every experiment as one offline HTML 
 	  "vega-lite, vega-embed inlined): $(BIN)/python -m pip install vl-convert-python. Without it," \
 	  "'dvc plots show' writes a page that loads them from a CDN and is blank offline;" \
 	  "the figures in results/analysis/*.png need nothing."; exit 1; }
-	$(BIN)/python -m pipeline.plots_offline $(PLOTS_DIR)/offline-template.html
+	$(BIN)/python -m pipeline.analysis.dvc_template $(PLOTS_DIR)/offline-template.html
 	$(BIN)/dvc plots show --html-template $(PLOTS_DIR)/offline-template.html -o $(PLOTS_DIR)
 	@echo "open $(PLOTS_DIR)/index.html (no network needed); compare experiments: dvc plots diff EXP1 EXP2" \
 	  "--html-template $(PLOTS_DIR)/offline-template.html -o $(PLOTS_DIR)"
 
 # needs Chromium (apt-get install -y chromium) and Playwright ($(BIN)/pip install playwright); no browser download
 screenshots: setup       ## the MLflow UI over mlruns/ in headless Chromium: runs table, a trial, compare, analysis -> docs/screenshots/
-	$(BIN)/python benchmarks/screenshots.py
+	$(BIN)/python tools/screenshots.py
 
 clean-results:           ## forget sweeps and runs (the MLflow/Optuna stores in mlruns/ too)
 	rm -rf results runs mlruns/mlflow.db mlruns/optuna.db mlruns/artifacts

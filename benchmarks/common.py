@@ -1,17 +1,16 @@
 """Shared helpers for the benchmark scripts: data on disk, one trial, the host line, medians."""
 from __future__ import annotations
 
+import argparse
 import datetime
 import statistics
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from pipeline.config import loader as configmod
+from pipeline.data import store as datamod
+from pipeline.host.devices import probe
 
-from pipeline import config as configmod  # noqa: E402
-from pipeline import data as datamod  # noqa: E402
-from pipeline.devices import probe  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def ensure_data(root: Path, source: str) -> Path:
@@ -33,7 +32,7 @@ def base_cfg(data_dir: Path, source: str, *sets):
 
 
 def trial(cfg, out: Path, **train):
-    from pipeline.launch import run_trial
+    from pipeline.trial.launch import run_trial
     return run_trial(configmod.replace_train(cfg, **train), out, progress=False)
 
 
@@ -66,3 +65,11 @@ def resolve_source(args) -> str:
         return args.source
     manifest = args.data / "manifest.json"
     return json.loads(manifest.read_text())["source"] if manifest.exists() else "synthetic"
+
+
+def parser(doc: str, data: bool = True) -> argparse.ArgumentParser:
+    """The preamble every benchmark shares: its docstring's first line as the description, and the data flags."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    if data:
+        data_args(p)
+    return p

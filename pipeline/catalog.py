@@ -1,9 +1,10 @@
 """The strategies and their knobs: one torch-free table that config, sweep, analysis, the scaling model, doctor, the
-strategy classes and the docs read (docs/strategies.md is checked against it by tests/test_catalog.py).
+strategy classes and the docs read (docs/strategies.md is checked against it by tests/architecture/test_catalog.py).
 
 Nothing heavy is imported here (no torch, optuna, mlflow or pandas): validating params.yaml or listing strategies
 costs nothing. A strategy's behaviour lives in its class under pipeline/strategies/; what the rest of the pipeline
-needs to know about it without importing torch lives in its row here, and tests/test_catalog.py checks that each
+needs to know about it without importing torch lives in its row here, and tests/architecture/test_catalog.py checks
+that each
 registered class agrees with its row. Code outside strategies/ and this module asks a row (`spec(name).multiprocess`,
 `knobs(name)`, `spec(name).comm`), never compares a strategy's name.
 """

@@ -153,7 +153,7 @@ def _on_sigterm(signum, frame):
 def user_errors():
     """Turn the package's errors into one paragraph on stderr and an exit status; never a raw traceback
     (PARALLAX_TRACEBACK=1 shows it for an unexpected error)."""
-    from .config import ConfigError
+    from pipeline.config.loader import ConfigError
     status = _Status()
     previous = None
     if threading_main():

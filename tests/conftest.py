@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import config as configmod
+from pipeline.config import loader as configmod
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def synthetic_root(tmp_path_factory) -> Path:
-    from pipeline import data
+    from pipeline.data import store as data
     root = tmp_path_factory.mktemp("data") / "fashion-mnist"
     data.prepare(root, "synthetic", progress=False)
     return root
@@ -41,7 +41,7 @@ def make_cfg(synthetic_root, tmp_path, monkeypatch):
         base = [f"profile={profile}", "data.source=synthetic", f"data.dir={synthetic_root}",
                 "train.warmup_steps=1", "train.timeout_s=60",
                 # the tests' own host may be busy (other suites, a developer's work): trials are not flagged as
-                # measured under interference unless a test asks for it (tests/test_interference.py)
+                # measured under interference unless a test asks for it (tests/measure/test_interference.py)
                 "train.interference_threshold=1e6"]
         return configmod.load(None, [*base, *sets], root=tmp_path)  # tmp_path/params.yaml if any
     return make

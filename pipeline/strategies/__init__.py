@@ -1,10 +1,10 @@
 """STRATEGIES: one small module per data-parallel strategy, all behind base.Strategy, in the catalog's order.
 
 pipeline/catalog.py holds each strategy's row (knobs, capabilities) without torch; `disagreements()` lists where a
-class here says otherwise (tests/test_catalog.py keeps it empty).
+class here says otherwise (tests/architecture/test_catalog.py keeps it empty).
 """
 from .. import catalog
-from ..devices import Host
+from pipeline.host.devices import Host
 from .base import Strategy
 from .ddp import DDPStrategy
 from .ddp_amp import DDPAmpStrategy

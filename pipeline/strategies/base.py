@@ -12,9 +12,9 @@ import contextlib
 import torch
 from torch import nn
 
-from ..breakdown import NO_CLOCK
-from ..comm_probes import NoComm
-from ..devices import Host, device_for, keep_freed_memory
+from pipeline.measure.breakdown import NO_CLOCK
+from pipeline.measure.comm_probes import NoComm
+from pipeline.host.devices import Host, device_for, keep_freed_memory
 
 
 class Strategy:
@@ -174,7 +174,7 @@ class Strategy:
 
     def memory_tracker(self, model, optimizer):
         """A context measuring tensor memory of one probe step on a CPU host (see metrics.py)."""
-        from ..metrics import CpuMemProbe
+        from pipeline.measure.memory import CpuMemProbe
         return CpuMemProbe(self.devices, model, optimizer)
 
     def teardown(self) -> None:

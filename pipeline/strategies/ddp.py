@@ -6,7 +6,7 @@ views, a compression hook, and `no_sync` accumulation: all-reduce only every `ac
 
 The gradient transport is DDP's own all-reduce by default (comm_hook=none: Gloo on CPU, NCCL on GPUs), so `ddp`
 measures what users run. comm_hook=shm exchanges gradients through shared memory between the ranks of one CPU host
-(shm_allreduce.py, as NCCL does between the GPUs of one node); the cpu-comm profile and benchmarks/scaling.py
+(shm_allreduce.py, as NCCL does between the GPUs of one node); the cpu-comm profile and benchmarks/scaling/scaling.py
 measure it beside Gloo. fp16/bf16/powersgd are PyTorch's compression hooks.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import contextlib
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..comm_probes import DDPStats
+from pipeline.measure.comm_probes import DDPStats
 from . import shm_allreduce
 from .distributed import DistributedStrategy
 

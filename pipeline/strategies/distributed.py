@@ -14,7 +14,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..devices import device_for, keep_freed_memory
+from pipeline.host.devices import device_for, keep_freed_memory
 from .base import Strategy
 
 

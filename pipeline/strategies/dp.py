@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..comm_probes import ProfiledComm
-from ..devices import device_for
+from pipeline.measure.comm_probes import ProfiledComm
+from pipeline.host.devices import device_for
 from .base import Strategy
 
 NEEDS_CUDA = ("torch.nn.DataParallel needs CUDA GPUs: without CUDA it runs the module unchanged on one device, "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..comm_probes import ProfiledComm
+from pipeline.measure.comm_probes import ProfiledComm
 from .distributed import DistributedStrategy
 
 # FSDP2's record_function labels of its collectives (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
@@ -54,5 +54,5 @@ class FSDPStrategy(DistributedStrategy):
 
     def memory_tracker(self, model, optimizer):
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-        from ..metrics import CpuMemProbe
+        from pipeline.measure.memory import CpuMemProbe
         return CpuMemProbe(self.devices, model, optimizer, tracker=FSDPMemTracker(model, optimizer))

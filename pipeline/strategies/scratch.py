@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..comm_probes import NoComm
-from ..devices import device_for
+from pipeline.measure.comm_probes import NoComm
+from pipeline.host.devices import device_for
 from .base import Strategy
 
 

@@ -2,7 +2,7 @@
 
 Why: on a CPU host DDP's default transport is Gloo over TCP loopback. Between two 1-thread ranks its 0.5 MB
 all-reduce is fast back to back but several times slower right after a compute phase, which is when DDP calls it
-(its threads have gone to sleep and must be woken through the kernel; `benchmarks/ddp_sync.py` measures both
+(its threads have gone to sleep and must be woken through the kernel; `benchmarks/scaling/ddp_sync.py` measures both
 transports both ways, benchmarks/RESULTS.md has the figures). NCCL on GPUs uses shared memory
 within a node for the same reason; the Gloo in this PyTorch build has no shared-memory path, so this hook provides
 one: every rank copies its bucket into its own slot of a segment in /dev/shm, publishes a sequence number, waits

@@ -1,0 +1,219 @@
+"""One full epoch on the host's first device: Parallax `single` (fp32) and `ddp_amp` k=1 (bf16) vs the d2l recipe.
+
+    .venv/bin/python -m benchmarks.gpu.gpu_epoch [--models resnet18,lenet] [--rounds 2] [--images 60000] [--batch 256]
+        [--peer PATH] [--data DIR] [--source synthetic] [--json out.json]
+    .venv/bin/python -m benchmarks.gpu.gpu_epoch --models lenet --images 4096 --rounds 1    # CPU smoke run, ~1 min
+
+Per model, alternating in every round: one epoch over the first --images training images (whole batches of
+--batch) with Parallax `single` (fp32), with `ddp_amp` at k=1 (train.amp_dtype=bf16), and with the seeds' recipe
+(d2l_reference.py: torchvision + ToTensor + DataLoader with 4 workers, fp32, 2 epochs) on the same device and data
+files. Printed: epoch seconds as measured (Parallax: its one epoch, warm-up steps included; d2l: epochs 1 and 2),
+steady-state img/s (Parallax: steps after warm-up; d2l: its epoch 2), ratios to the d2l recipe, and MFU = FLOPs per
+training image (torch.utils.flop_counter) x img/s over (a) the GPU's datasheet dense bf16 peak and (b) a bf16 GEMM
+8192^3 measured in this run (CPU host: fp32 GEMM on one core, no datasheet peak). Targets are printed, not asserted.
+Parallax's trials run with train.breakdown_every=0: a sampled step synchronises every phase, and epoch_s counts it.
+A d2l recipe that fails (a node without torchvision) is reported as "d2l peer failed: ..." and Parallax is measured
+alone; --no-peer REASON skips it up front.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import REPO, base_cfg, datamod, ensure_data, host_line, med, parser, probe, resolve_source, trial
+from benchmarks.speed.mfu import flops_per_image, matmul_peak
+from pipeline.host.capabilities import fp32_label, host_capabilities
+
+PEERS = (REPO.parent / "shared" / "peers" / "d2l_reference.py", REPO / "shared" / "peers" / "d2l_reference.py",
+         REPO / "peers" / "d2l_reference.py")
+# dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s, matched against
+# torch.cuda.get_device_name: first substring wins. Any other H100 (e.g. "NVIDIA H100 80GB HBM3") is an SXM part.
+DATASHEET_BF16_TFLOPS = (("H200", 989), ("H100 PCIe", 756), ("H100 NVL", None), ("H100", 989), ("A100", 312))
+LR = {"lenet": 0.2, "resnet18": 0.1}  # d2l's: multiple-gpus.md (LeNet), multiple-gpus-concise.md (ResNet-18)
+ROWS = (("single", "parallax single fp32"), ("ddp_amp", "parallax ddp_amp k=1 bf16"), ("d2l", "d2l recipe fp32"))
+TARGET_EPOCH_S, TARGET_RATIO = 0.6, 5.0  # ResNet-18 ddp_amp k=1 on one GPU, per 60k images
+
+
+def datasheet_peak(name: str) -> float | None:
+    tf = next((tf for key, tf in DATASHEET_BF16_TFLOPS if key.lower() in name.lower()), None)
+    return tf * 1e12 if tf else None
+
+
+class PeerFailed(Exception):
+    """The d2l recipe did not run (e.g. no torchvision on the node): reported, and the benchmark goes on."""
+
+
+def d2l(peer: Path, data: Path, model: str, batch: int, steps: int) -> dict:
+    cmd = [sys.executable, str(peer), str(data), model, str(batch), str(LR[model]), "2", str(steps)]
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    except subprocess.TimeoutExpired:
+        raise PeerFailed(f"no result in 3600 s: {' '.join(cmd)}") from None
+    epochs = re.findall(r"epoch (\d+): ([\d.]+) s, (\d+) img/s", run.stdout)
+    if run.returncode or len(epochs) < 2:
+        last = (run.stderr.strip() or run.stdout.strip() or "no output").splitlines()[-1]
+        raise PeerFailed(f"exit {run.returncode}, {last} ({' '.join(cmd)})")
+    return {"epoch1_s": float(epochs[0][1]), "epoch_s": float(epochs[1][1]), "img_s": float(epochs[1][2])}
+
+
+def parallax(cfg, tmp: Path, model: str, strategy: str, batch: int) -> dict:
+    extra = {"amp_dtype": "bf16"} if strategy == "ddp_amp" else {}
+    m = trial(cfg, tmp / strategy, model=model, strategy=strategy, devices=1, batch_size=batch, lr=LR[model], **extra)
+    return {"epoch_s": m["epoch_s"][0], "img_s": m["throughput_img_s"], "amp_dtype": m["amp_dtype"]}
+
+
+def main():
+    p = parser(__doc__)
+    p.add_argument("--models", default="resnet18,lenet", help="comma-separated: resnet18, lenet")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--images", type=int, default=60000, help="training images per epoch (default: all 60,000)")
+    p.add_argument("--batch", type=int, default=256, help="batch size for all three (d2l's: 256)")
+    p.add_argument("--peer", type=Path, default=None,
+                   help="the d2l recipe (default: the first of ../shared/peers/, shared/peers/, peers/ holding it; "
+                        "if none does, Parallax alone is measured and no ratio is printed)")
+    p.add_argument("--no-peer", nargs="?", const="--no-peer given", default=None, metavar="REASON",
+                   help="measure Parallax alone (run.sh passes this, with the reason, on a node without torchvision)")
+    p.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    args = p.parse_args()
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.peer is not None and not args.peer.exists():
+        p.error(f"the d2l recipe is not at {args.peer}; pass --peer PATH")
+    args.peer = None if args.no_peer else args.peer or next((q for q in PEERS if q.exists()), None)
+    peer_note = args.no_peer or ("" if args.peer else "no d2l_reference.py found")
+    if not models or set(models) - set(LR):
+        p.error(f"--models takes a comma-separated subset of {', '.join(LR)}; got {args.models!r}")
+    source = resolve_source(args)
+    ensure_data(args.data, source)
+    available = datamod.load(args.data, source).train_x.shape[0]
+    steps = min(args.images, available) // args.batch
+    if steps < 2:
+        p.error(f"--images {args.images} gives {steps} batch(es) of {args.batch}; need at least 2")
+    images = steps * args.batch  # every run trains exactly these: whole batches, same count for all three
+    host = probe()
+
+    def say(*parts):
+        print(*parts, f"| data: {source}", flush=True)
+
+    # --- the matmul peak (measured in every round, best kept) and FLOPs per image
+    threads = torch.get_num_threads()
+
+    def gemm_peak() -> float:
+        if host.kind == "cuda":
+            flops = matmul_peak(torch.device("cuda", 0), 8192, torch.bfloat16)
+            torch.cuda.empty_cache()  # give the GEMM's 384 MiB back before training
+            return flops
+        torch.set_num_threads(1)
+        flops = matmul_peak(torch.device("cpu"), 1024, torch.float32)
+        torch.set_num_threads(threads)
+        return flops
+
+    if host.kind == "cuda":
+        gemm_what = "bf16 GEMM 8192^3 on cuda:0"
+        sheet = datasheet_peak(host.name)
+        sheet_what = (f"datasheet dense bf16 {sheet / 1e12:,.0f} TFLOP/s ({host.name})" if sheet
+                      else f"no datasheet entry for {host.name!r}")
+    else:
+        gemm_what = "fp32 GEMM 1024^3, one core; the bf16 rows are measured against it too"
+        sheet, sheet_what = None, "no datasheet peak (CPU host)"
+    fpi = {m: flops_per_image(m, 8, torch.device("cpu")) for m in models}  # per image: batch-independent
+    say(host_line())
+    say(f"{images:,} training images per epoch ({steps} steps of {args.batch}) on the first device; "
+        f"{args.rounds} round(s), alternating; d2l recipe "
+        + (str(args.peer) if args.peer else f"not run ({peer_note}): no ratios"))
+
+    # breakdown_every=0: a sampled step syncs every phase (and may open a profiler session), and epoch_s counts it
+    cfg = base_cfg(args.data, source, f"data.train_limit={images}", "data.test_limit=1000", "train.epochs=1",
+                   f"train.warmup_steps={min(5, steps - 1)}", "train.breakdown_every=0")
+    runs = {m: {key: [] for key, _ in ROWS} for m in models}
+    gemms = []
+    for r in range(args.rounds):
+        gemms.append(gemm_peak())
+        say(f"round {r + 1} peak: {gemms[-1] / 1e12:,.3f} TFLOP/s ({gemm_what})")
+        for model in models:
+            with tempfile.TemporaryDirectory() as tmp:
+                for strategy in ("single", "ddp_amp"):
+                    runs[model][strategy].append(parallax(cfg, Path(tmp), model, strategy, args.batch))
+            if args.peer:
+                try:
+                    runs[model]["d2l"].append(d2l(args.peer, args.data, model, args.batch, steps))
+                except PeerFailed as e:  # Parallax's rows still count: reported, then measured alone
+                    print(f"d2l peer failed: {e}", flush=True)
+                    args.peer, peer_note = None, f"failed: {e}"
+            d = runs[model]["d2l"][-1] if (args.peer and runs[model]["d2l"]) else None
+            s, a = runs[model]["single"][-1], runs[model]["ddp_amp"][-1]
+            say(f"round {r + 1} {model}: single {s['epoch_s']:.2f} s, {s['img_s'] or 0:,.0f} img/s; "
+                f"ddp_amp ({a['amp_dtype']}) {a['epoch_s']:.2f} s, {a['img_s'] or 0:,.0f} img/s"
+                + (f"; d2l epoch 1 {d['epoch1_s']:.2f} s, epoch 2 {d['epoch_s']:.2f} s, {d['img_s']:,.0f} img/s"
+                   if d else ""))
+
+    gemm = max(gemms)
+    say(f"peak: measured {gemm / 1e12:,.3f} TFLOP/s (best of {len(gemms)} round(s), {gemm_what}); {sheet_what}")
+    # fp32 rows on a GPU with cuDNN's TF32 switch on (torch's default, Ampere and newer) are TF32-conv rows
+    caps = host_capabilities(host)
+    fp32 = fp32_label(caps)
+    labels = {key: label.replace("fp32", fp32) for key, label in ROWS}
+    report = {"host": host_line(), "data_source": source, "device": host.name, "device_kind": host.kind,
+              "tf32": caps.get("tf32"), "tf32_text": caps.get("tf32_text"), "fp32_label": fp32,
+              "images_per_epoch": images, "batch": args.batch, "rounds": args.rounds, "peer": str(args.peer or ""),
+              "peer_note": peer_note,
+              "peak_gemm_flops": gemm, "peak_gemm_rounds": gemms, "peak_gemm_what": gemm_what,
+              "peak_datasheet_flops": sheet, "models": {}}
+    for model in models:
+        ref = runs[model]["d2l"]
+        ref_s, ref_ips = (med([x["epoch_s"] for x in ref]), med([x["img_s"] for x in ref])) if ref else (None, None)
+        say(f"{model} B={args.batch}: {fpi[model] / 1e9:,.3f} GFLOP per training image (forward + backward)")
+        out = report["models"][model] = {"flops_per_image": fpi[model], "rows": {}}
+        for key, _ in ROWS:
+            label = labels[key]
+            xs = runs[model][key]
+            if not xs:
+                continue  # no d2l recipe here
+            epoch_s, ips = med([x["epoch_s"] for x in xs]), med([x["img_s"] for x in xs])
+            # one device, except the d2l recipe on a CPU host: it computes with every core
+            units = host.n if (key == "d2l" and host.kind == "cpu") else 1
+            row = {"runs": xs, "epoch_s": epoch_s, "epoch_s_per_60k": epoch_s * 60000 / images, "img_s": ips,
+                   "steady_s_per_60k": 60000 / ips if ips else None,
+                   "epoch_ratio_vs_d2l": ref_s / epoch_s if ref_s else None,
+                   "img_s_ratio_vs_d2l": ips / ref_ips if (ips and ref_ips) else None,
+                   "mfu_gemm": fpi[model] * ips / (gemm * units) if ips else None,
+                   "mfu_datasheet": fpi[model] * ips / sheet if (ips and sheet) else None}
+            out["rows"][key] = row
+            first = (f" (its epoch 2; epoch 1 {med([x['epoch1_s'] for x in xs]):.2f} s)" if key == "d2l"
+                     else " (warm-up incl.)")
+            say(f"  {label:36s} epoch {epoch_s:6.2f} s as measured{first} = {row['epoch_s_per_60k']:.2f} s/60k; "
+                f"steady state {ips or 0:>9,.0f} img/s = {row['steady_s_per_60k'] or 0:.2f} s/60k")
+            mfu = f"MFU {row['mfu_gemm'] or 0:.1%} of measured GEMM" + (f" x {units} cores" if units > 1 else "")
+            if sheet:
+                mfu += f", {row['mfu_datasheet'] or 0:.1%} of datasheet"
+            if key != "d2l" and ref:
+                say(f"  {'':26s} vs d2l recipe: epoch {row['epoch_ratio_vs_d2l']:.2f}x faster, "
+                    f"img/s {row['img_s_ratio_vs_d2l'] or 0:.2f}x; {mfu}")
+            else:
+                say(f"  {'':26s} {mfu}" + ("" if ref else "; no d2l recipe: no ratio"))
+        if model == "resnet18":
+            row = out["rows"]["ddp_amp"]
+            where = "" if host.kind == "cuda" else " (GPU targets; this host is a CPU)"
+            met = {"epoch_s_per_60k": row["epoch_s_per_60k"] <= TARGET_EPOCH_S,
+                   "epoch_ratio": (row["epoch_ratio_vs_d2l"] or 0) >= TARGET_RATIO,
+                   "img_s_ratio": (row["img_s_ratio_vs_d2l"] or 0) >= TARGET_RATIO}
+            out["targets"] = {"epoch_s_per_60k_max": TARGET_EPOCH_S, "ratio_vs_d2l_min": TARGET_RATIO, "met": met}
+            yes = {True: "met", False: "NOT met"}
+            say(f"  target{where}: resnet18 ddp_amp k=1 epoch <= {TARGET_EPOCH_S} s/60k: "
+                f"{row['epoch_s_per_60k']:.2f} s as measured -> {yes[met['epoch_s_per_60k']]} "
+                f"(steady state {row['steady_s_per_60k'] or 0:.2f} s)")
+            say(f"  target{where}: resnet18 ddp_amp k=1 >= {TARGET_RATIO:.0f}x the d2l recipe: "
+                f"epoch {row['epoch_ratio_vs_d2l'] or 0:.2f}x -> {yes[met['epoch_ratio']]}, "
+                f"img/s {row['img_s_ratio_vs_d2l'] or 0:.2f}x -> {yes[met['img_s_ratio']]}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+        say(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""How fast a trial runs: against the seeds' recipe, MFU, autocast's cost, ablations."""

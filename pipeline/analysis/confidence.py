@@ -1,0 +1,174 @@
+"""How sure each claim of the report's reading is: figures quoted with their 95 % interval (stats.py, through
+tables.scaling_table), a "best" named only when its interval clears the runner-up's ("indistinguishable within the
+95% interval" otherwise), efficiency above 1 called implausible only beyond its interval, and a short note per claim
+of what is behind it (windows, repeats, interval width, interfered trials left out).
+
+Pure: table rows in, sentences out. report.py places them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pipeline.analysis import stats
+from pipeline.analysis.tables import EXTRAS, POINT
+
+LEVEL = f"{stats.LEVEL:.0%} interval"
+UNKNOWN = "no interval"
+
+
+def _nan(v) -> bool:
+    return v is None or (isinstance(v, (float, np.floating)) and math.isnan(v))
+
+
+def known(lo, hi) -> bool:
+    return not (_nan(lo) or _nan(hi))
+
+
+def fmt(v, lo, hi, digits: int = 2) -> str:
+    """'0.85 [0.80–0.90]', or '0.85 (no interval)'; thousands for throughput (digits=0)."""
+    f = (lambda x: f"{x:,.0f}") if digits == 0 else (lambda x: f"{x:.{digits}f}")
+    return f"{f(v)} [{f(lo)}–{f(hi)}]" if known(lo, hi) else f"{f(v)} ({UNKNOWN})"
+
+
+def _n(count, what: str) -> str:
+    return f"{int(count)} {what}{'' if int(count) == 1 else 's'}"
+
+
+def how_sure(r, value: str = "efficiency") -> str:
+    """The note after a claim about one scaling-table row: measurements behind it (trials: repeats and learning
+    rates of the point), interval width, trials left out as measured under interference."""
+    lo, hi = r.get(f"{value}_lo"), r.get(f"{value}_hi")
+    n = f"{_n(r['n_windows'], 'window')} over {_n(r['n_repeats'], 'trial')}"
+    if value != "throughput" and not _nan(r.get("base_n_repeats")):
+        n += f" at k={r['k']:g}, {_n(r['base_n_windows'], 'window')} over {_n(r['base_n_repeats'], 'trial')} at k=1"
+    width = (f"{LEVEL} {hi - lo:,.{0 if value == 'throughput' else 2}f} wide" if known(lo, hi)
+             else "interval unknown: measured once, so a second measurement could differ by any amount")
+    inter = sum(int(r.get(c) or 0) for c in ("n_interfered", "base_n_interfered") if not _nan(r.get(c)))
+    excluded = f"; {_n(inter, 'trial')} measured under interference left out" if inter else ""
+    return f"how sure: {n}; {width}{excluded}"
+
+
+def with_throughput_intervals(pts, eff):
+    """point_table rows with the throughput interval and counts of their scaling-table (weak) rows."""
+    cols = ["throughput_lo", "throughput_hi", "n_windows", "n_repeats"]
+    keys = [c for c in (*POINT, *EXTRAS) if c in pts]
+    if len(pts) == 0 or len(eff) == 0:
+        return pts.assign(**{c: math.nan for c in cols})
+    iv = eff[eff["kind"] == "weak"][[*keys, *cols]].drop_duplicates(keys)
+    return pts.drop(columns=[c for c in cols if c in pts]).merge(iv, on=keys, how="left")
+
+
+def ranking(rows, value: str) -> tuple[str, list, list]:
+    """rows: one per strategy, best first. ('best' | 'indistinguishable' | 'unknown' | 'only', the strategies tied
+    with the first within their intervals (first included), the rest)."""
+    if len(rows) == 1:
+        return "only", rows[:1], []
+    top = rows[0]
+    verdicts = [stats.overlap((top[f"{value}_lo"], top[f"{value}_hi"]), (r[f"{value}_lo"], r[f"{value}_hi"]))
+                for r in rows[1:]]
+    tied = [top] + [r for r, v in zip(rows[1:], verdicts) if v]
+    rest = [r for r, v in zip(rows[1:], verdicts) if not v]
+    if len(tied) > 1:
+        return "indistinguishable", tied, rest
+    return ("unknown" if any(v is None for v in verdicts) else "best"), tied, rest
+
+
+def efficiency_claim(w, tag: str) -> str:
+    """The weak-scaling comparison at the largest k with a k=1 reference; w: plausible weak rows (k >= 2)."""
+    K = w["k"].max()
+    at = w[w["k"] == K]
+    rows = [r for r in at.loc[at.groupby("strategy")["efficiency"].idxmax()]
+            .sort_values("efficiency", ascending=False).to_dict("records")]
+    verdict, tied, rest = ranking(rows, "efficiency")
+    where = f"Best weak-scaling efficiency at the largest k with a k=1 reference (k={K:g}){tag}"
+
+    def q(r):
+        return f"{r['strategy']} {fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}"
+    then = f" (then {', '.join(map(q, rest))})" if rest else ""
+    if verdict == "indistinguishable":
+        return (f"Weak-scaling efficiency at the largest k with a k=1 reference (k={K:g}){tag}: "
+                + " and ".join(f"**{q(r)}**" for r in tied) + f" are indistinguishable within the {LEVEL}: no best "
+                f"named{then}. {how_sure(tied[0]).capitalize()}.")
+    top = rows[0]
+    head = f"{where}: **{top['strategy']}** {fmt(top['efficiency'], top['efficiency_lo'], top['efficiency_hi'])}"
+    tail = {"only": " (the only one defined there)",
+            "best": f", its interval clear of the runner-up's{then}",
+            "unknown": f"{then}; not shown to be ahead beyond noise (an interval is unknown)"}[verdict]
+    return f"{head}{tail}. {how_sure(top).capitalize()}.{speed_caveat(top, at)}"
+
+
+def speed_caveat(top, at) -> str:
+    """A best efficiency is not a best speed: efficiency compares a strategy with its own k=1. Where another strategy
+    moves more images/s at the same k and per-device batch, say so with both k=1 references ("" where none does)."""
+    same = at["strategy"] != top["strategy"]
+    for c in (c for c in ("per_device_batch", "model", *EXTRAS) if c in at):
+        same &= (at[c].isna() if _nan(top[c]) else at[c] == top[c])
+    same = at[same]
+    faster = same[same["throughput_img_s"] > top["throughput_img_s"]]
+    if faster.empty:
+        return ""
+    f = faster.loc[faster["throughput_img_s"].idxmax()]
+    s, o = top["strategy"], f["strategy"]
+    text = (f" Efficiency measures scaling against a strategy's own k=1, not speed: at k={top['k']:g}, "
+            f"b={top['per_device_batch']:g} **{o}** moves {f['throughput_img_s']:,.0f} images/s to {s}'s "
+            f"{top['throughput_img_s']:,.0f}")
+    if top["base_throughput_img_s"] < f["base_throughput_img_s"]:
+        text += (f"; {s}'s k=1 reference is the slower one ({top['base_throughput_img_s']:,.0f} against "
+                 f"{f['base_throughput_img_s']:,.0f} images/s), and a longer step leaves any communication a smaller "
+                 "share of it")
+    return text + "."
+
+
+def fastest_claim(p, tag: str) -> str | None:
+    """The fastest point per strategy compared; p: point_table rows with_throughput_intervals."""
+    p = p[p["throughput_img_s"].notna()]
+    if p.empty:
+        return None
+    rows = p.loc[p.groupby("strategy")["throughput_img_s"].idxmax()].sort_values(
+        "throughput_img_s", ascending=False).to_dict("records")
+    verdict, tied, rest = ranking(rows, "throughput")
+
+    def q(r):
+        return (f"**{r['strategy']}**, {fmt(r['throughput_img_s'], r['throughput_lo'], r['throughput_hi'], 0)} "
+                f"images/s at k={r['k']:g}, B={r['batch_size']:g}")
+    top = rows[0]
+    if verdict == "indistinguishable":
+        return (f"Highest throughput{tag}: " + " and ".join(map(q, tied))
+                + f" are indistinguishable within the {LEVEL}: no fastest named. "
+                f"{how_sure(top, 'throughput').capitalize()}.")
+    note = {"only": "", "best": " (its interval clear of the runner-up's)",
+            "unknown": " (not shown to be ahead beyond noise: an interval is unknown)"}[verdict]
+    return f"Fastest{tag}: {q(top)}{note}. {how_sure(top, 'throughput').capitalize()}."
+
+
+def implausible(r, tag: str) -> str | None:
+    """Efficiency above 1 (superlinear): implausible beyond its interval (or with none), else within noise of 1;
+    None for efficiency <= 1."""
+    e, lo, hi = r["efficiency"], r["efficiency_lo"], r["efficiency_hi"]
+    if not e > 1.0:
+        return None
+    head = f"{r['strategy']} at k={r['k']:g} has a weak-scaling efficiency of {fmt(e, lo, hi)}"
+    if known(lo, hi) and lo <= 1.0:
+        return (f"Within noise of 1{tag}: {head}: above 1, but its {LEVEL} includes 1, so not superlinear beyond "
+                f"the noise ({how_sure(r)}).")
+    why = f"above 1 beyond its {LEVEL}" if known(lo, hi) else "above 1, with no interval to say by how much"
+    return (f"Implausible{tag}: {head} ({why}, superlinear): most likely its k=1 reference ran slower than usual "
+            f"(interference or noise), so it is left out of the comparison below ({how_sure(r)}).")
+
+
+def plausible(w):
+    """Weak rows that enter the comparison: efficiency <= 1, or above 1 but within noise of 1."""
+    return w[(w["efficiency"] <= 1.0) | (w["efficiency_lo"] <= 1.0)]
+
+
+def interval_columns(e):
+    """Scaling-table rows with efficiency_95 ('[lo–hi]', NaN where unknown) and n_measured ('w/t at k; w/t at 1')."""
+    if e.empty:
+        return e.assign(efficiency_95=[], n_measured=[])
+    return e.assign(
+        efficiency_95=[f"[{lo:.2f}–{hi:.2f}]" if known(lo, hi) else math.nan
+                       for lo, hi in zip(e["efficiency_lo"], e["efficiency_hi"])],
+        n_measured=[f"{w:g}/{t:g}; {bw:g}/{bt:g}" for w, t, bw, bt in
+                    zip(e["n_windows"], e["n_repeats"], e["base_n_windows"], e["base_n_repeats"])])

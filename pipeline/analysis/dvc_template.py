@@ -1,0 +1,67 @@
+"""An HTML template for `dvc plots show --html-template` that works offline.
+
+DVC's own page loads vega, vega-lite and vega-embed from a CDN (dvc_render's VegaRenderer.SCRIPTS), so without a
+network it is blank. DVC fills a template's `{plot_divs}` with its plots and, where the template has it, `{scripts}`
+with those CDN tags; this template has no `{scripts}` and inlines the three libraries instead, from the Python
+package vl-convert-python (`vl_convert.javascript_bundle()`, which assigns vegaEmbed, vegaLite and vega to the
+window, as the CDN scripts do). Nothing here is fetched at run time.
+
+    python -m pipeline.analysis.dvc_template results/dvc_plots/offline.html     # or: make plots
+    dvc plots show --html-template results/dvc_plots/offline.html -o results/dvc_plots
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+VEGA_LITE = "5.21"  # the major version of DVC's templates ("$schema": .../vega-lite/v5.json)
+INSTALL = "python -m pip install vl-convert-python"
+
+PAGE = """<!DOCTYPE html>
+<html>
+<head>
+    <meta charset="utf-8">
+    <title>Parallax: DVC plots (offline)</title>
+    <script type="text/javascript">
+{bundle}
+    </script>
+    <style>body {{ font-family: sans-serif; }} table {{ border-spacing: 15px; }}</style>
+</head>
+<body>
+    <p>Parallax plots through <code>dvc plots show</code>; vega, vega-lite and vega-embed are inlined (vega-lite
+    {version}), so this page needs no network.</p>
+    {{plot_divs}}
+</body>
+</html>
+"""
+
+
+def template(bundle: str, version: str = VEGA_LITE) -> str:
+    """The page around a JavaScript bundle: `{plot_divs}` for DVC, no `{scripts}` (DVC's CDN tags)."""
+    if "{plot_divs}" in bundle or "{scripts}" in bundle:
+        raise ValueError("the JavaScript bundle contains a DVC placeholder")
+    bundle = bundle.replace("</script", "<\\/script")  # an inline script ends at the first </script
+    return PAGE.format(bundle=bundle, version=version)
+
+
+def write(path: Path) -> Path:
+    """Write the offline template to `path`; ImportError names the package when vl-convert-python is missing."""
+    try:
+        import vl_convert
+    except ImportError:
+        raise ImportError(f"The offline plots template needs vl-convert-python, which ships vega, vega-lite and "
+                          f"vega-embed: {INSTALL}. Without it, `dvc plots show` writes a page that loads them "
+                          f"from a CDN (blank offline); the PNG figures in results/analysis/ need nothing.") from None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(template(vl_convert.javascript_bundle(vl_version=VEGA_LITE)), encoding="utf-8")
+    return path
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: python -m pipeline.analysis.dvc_template OUT.html  (needs: {INSTALL})")
+    try:
+        print(f"wrote {write(Path(sys.argv[1]))}")
+    except ImportError as e:
+        sys.exit(str(e))

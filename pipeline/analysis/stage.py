@@ -1,0 +1,122 @@
+"""Analysis stage: scaling efficiency, memory per device and accuracy from every sweep table.
+
+    python -m pipeline analyze          # or: dvc repro -s analyze
+
+Reads results/sweeps/*.jsonl (one row per trial, written by sweep_table.py) and writes into
+results/analysis/: metrics.json (the DVC metric: flat numbers only), summary.json (the structured summary),
+efficiency/throughput/memory/accuracy.csv (tidy, for DVC plots), efficiency/throughput/memory/accuracy.png,
+knobs.csv (+ one knob_*.png per varied DDP knob), breakdown.csv + breakdown.png (where a sampled step goes),
+model.csv + model.png (the scaling model beside the measurements: every number in them modelled) and report.md.
+results/collectives.json, when present (pipeline/collectives.measure() written as JSON), is this host's collectives
+for the model; the stage never measures them itself (it launches no processes). Only complete, non-oversubscribed
+trials enter the numbers; everything else is listed with its reason.
+Undefined stays NaN (CSV: row absent; JSON: null), never 0.
+
+The wing, arrows one way (tests/architecture/test_imports.py keeps it so):
+    tables.py    reading the sweep tables; point, scaling, memory, accuracy tables (pure pandas)
+    summary.py   summary.json's dict; knobs.py  the DDP knobs' table        (on tables)
+    plots.py     the figures;        report.py  report.md                  (on tables)
+    projection.py  the scaling model's checks and projections, all modelled (on tables, scaling_model)
+    analyze.py   this entry: the only module that decides which files are written (on all of them)
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.analysis import plots, projection, report
+from pipeline.analysis.knob_effects import knob_table
+from pipeline.analysis.summary import flat_metrics, strategy_status, summarize
+from pipeline.analysis.tables import (accuracy_table, breakdown_losses, breakdown_table, memory_devices, memory_table,
+    point_table, scaling_table, shown_extras)
+from pipeline.analysis.rows import EXPECTED, read_sweeps
+
+# The names tests/analysis/test_analyze.py reaches through this module (the tests predate the split and stay unchanged).
+from pipeline.analysis.summary import jsonable as _jsonable, strategy_metrics as _strategy_metrics  # noqa: F401
+from pipeline.analysis.tables import shown_extras as _shown  # noqa: F401
+from pipeline.analysis.rows import load_sweeps, normalize as _normalize  # noqa: F401
+
+
+def _csv(df, path, cols, shown):
+    df = df[[*cols[:2], *shown, *cols[2:]]].copy()
+    for c in ("k", "batch_size", "per_device_batch", "device", "peak_mem_bytes"):
+        if c in df and df[c].dropna().map(lambda v: float(v).is_integer()).all():
+            df[c] = df[c].astype("Int64")  # 2, not 2.0; an empty cell stays empty
+    df.to_csv(path, index=False)
+
+
+def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
+    """The tidy CSVs of DVC plots; columns that vary (host, data source, knobs) after strategy and model."""
+    _csv(eff[eff["efficiency"].notna()], out / "efficiency.csv",
+         ["strategy", "model", "k", "per_device_batch", "batch_size", "kind", "efficiency", "efficiency_lo",
+          "efficiency_hi", "speedup", "speedup_lo", "speedup_hi", "throughput_img_s", "n_windows", "n_repeats"], x)
+    _csv(pts[pts["throughput_img_s"].notna()], out / "throughput.csv",
+         ["strategy", "model", "k", "batch_size", "per_device_batch", "throughput_img_s"], x)
+    devs = memory_devices(mem)  # the GPU-only figures (resident, reserved peak, NVML) where any device has them
+    _csv(devs, out / "memory.csv",
+         ["strategy", "model", "k", "batch_size", "device", "peak_mem_bytes", "peak_mem_mib",
+          *(c for c in ("resident_bytes", "reserved_peak_bytes", "nvml_used_bytes") if devs[c].notna().any())],
+         x + (["mem_method"] if mem["mem_method"].nunique() > 1 else []))
+    _csv(acc, out / "accuracy.csv",
+         ["strategy", "model", "k", "batch_size", "lr", "test_acc", "time_to_acc_s"], x)
+
+
+def _write_figures(out: Path, status, pts, eff, mem, knobs, source: str) -> None:
+    colors = plots.style(status)
+    plots.plot_efficiency(eff, out / "efficiency.png", colors, source)
+    plots.plot_throughput(pts, out / "throughput.png", colors, source, eff)
+    plots.plot_memory(mem, out / "memory.png", source)
+    plots.plot_accuracy(pts, out / "accuracy.png", colors, source)
+    for knob in knobs["knob"].unique():
+        plots.plot_knob(knobs, knob, out / f"knob_{knob}.png", source)
+
+
+def read_collectives(path: Path) -> tuple[dict | None, list[str]]:
+    """This host's measured collectives (results/collectives.json), if present and readable."""
+    if not path.exists():
+        return None, []
+    try:
+        measured = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return None, [f"{path} is unreadable ({type(e).__name__}): the model ran without the host's collectives"]
+    if measured.get("measured") is False:  # a one-device host: nothing to time
+        return None, [f"No collectives measured on this host: {measured.get('reason', 'unknown')}."]
+    return measured, []
+
+
+def _why(out: Path, df, eff, collectives, source: str) -> list[str]:
+    """Breakdown and model: their CSVs, figures and the report's "Why it scales" section."""
+    bd = breakdown_table(df)
+    losses = breakdown_losses(bd, eff)
+    model, model_notes = projection.model_table(df, eff, collectives)
+    bd.to_csv(out / "breakdown.csv", index=False)
+    model.to_csv(out / "model.csv", index=False)
+    plots.plot_breakdown(bd, out / "breakdown.png", source)
+    plots.plot_model(eff, model, out / "model.png", source)
+    return report.why_section(bd, losses, model, model_notes)
+
+
+def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPECTED,
+            collectives_json: Path | None = None) -> dict:
+    """Read every sweep table, write all outputs into out_dir and return the summary dict. collectives_json: this
+    host's measured collectives (default: collectives.json beside the sweeps directory, used only if present)."""
+    df, notes, files = read_sweeps(sweeps_dir, expected)
+    collectives, more = read_collectives(Path(collectives_json or Path(sweeps_dir).parent / "collectives.json"))
+    notes += more
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pts, eff, mem = point_table(df), scaling_table(df), memory_table(df)
+    acc = accuracy_table(df, target_acc)
+    status = strategy_status(df, files, sweeps_dir, expected)
+    summary = summarize(df, status, pts, eff, mem, target_acc)
+    knobs = knob_table(pts, eff)
+    _write_csvs(out, pts, eff, mem, acc, shown_extras(df))
+    _write_figures(out, status, pts, eff, mem, knobs, summary.get("data_source") or "")
+    knobs.to_csv(out / "knobs.csv", index=False)
+    extra = (_why(out, df, eff, collectives, summary.get("data_source") or "") + report.knob_section(knobs)
+             + report.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md"))
+    report.write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    metrics = flat_metrics(summary, pts, eff, mem)  # the DVC metric: flat numbers (sentences stay in report.md)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, allow_nan=False) + "\n")
+    return summary

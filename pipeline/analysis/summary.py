@@ -1,0 +1,162 @@
+"""summary.json of the analysis stage: per strategy its status, trial counts and headline numbers; and metrics.json,
+the DVC metric: the same results as one flat mapping of numbers (`dvc metrics show`, `dvc exp show` columns).
+
+Pure: tables in, plain JSON types out (NaN and inf become null in summary.json, absent in metrics.json). Built on
+tables.py only.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.analysis.tables import MIB, all_parallel, best_row, is_unavailable, joined, measured
+
+
+def strategy_status(df, files, sweeps_dir, expected):
+    """Per strategy: status, reason and trial counts."""
+    names = list(dict.fromkeys([*expected, *sorted(set(df["strategy"]) | set(files))]))
+    out = {}
+    for s in names:
+        g = df[df["strategy"] == s]
+        counts = {f"n_{st}": int((g["state"] == st).sum())
+                  for st in ("complete", "failed", "pruned", "skipped")}
+        counts["n_oversubscribed"] = int(g["oversubscribed"].sum())
+        reasons = sorted(set(g.loc[g["state"] == "skipped", "reason"]) - {""})
+        if g.empty:
+            status = "missing" if s not in files else files[s].split(":")[0]
+            reason = (f"no sweep table ({Path(sweeps_dir) / (s + '.jsonl')})" if s not in files
+                      else f"{s}.jsonl is {files[s]}")
+        elif (g["state"] == "skipped").all():
+            status = "unavailable" if any(map(is_unavailable, reasons)) else "all skipped"
+            reason = "; ".join(reasons) or "skipped (no reason recorded)"
+        elif len(measured(g)):
+            status, reason = "measured", ""
+        elif counts["n_complete"]:
+            status = "oversubscribed only"
+            reason = "complete trials were all oversubscribed (functional tests)"
+        else:
+            status, reason = "no complete trials", "; ".join(sorted(set(g["reason"]) - {""}))
+        out[s] = {"status": status, "reason": reason, "n_trials": len(g), **counts}
+    return out
+
+
+def _at(r, cols):
+    return None if r is None else {c: r[c] for c in cols}
+
+
+def _at_largest_k(eff, kind):
+    """Best efficiency of `kind` at the largest k >= 2 where it is defined."""
+    e = eff[(eff["kind"] == kind) & eff["efficiency"].notna() & (eff["k"] >= 2)]
+    return best_row(e[e["k"] == e["k"].max()], "efficiency") if len(e) else None
+
+
+def _interval(r):
+    """The efficiency's 95 % interval ([null, null] where unknown) and the measurements behind its two ends."""
+    return None if r is None else {"lo": r["efficiency_lo"], "hi": r["efficiency_hi"], "level": 0.95,
+                                   "n_windows": r["n_windows"], "n_repeats": r["n_repeats"],
+                                   "base_n_windows": r["base_n_windows"], "base_n_repeats": r["base_n_repeats"]}
+
+
+def strategy_metrics(s, pts, eff, mem):
+    p, e, m = (t[t["strategy"] == s] for t in (pts, eff, mem))
+    thr, acc = best_row(p, "throughput_img_s"), best_row(p, "test_acc")
+    weak, strong = _at_largest_k(e, "weak"), _at_largest_k(e, "strong")
+    m2 = m[m["k"] >= 2]
+    imb, exc = best_row(m2, "mem_imbalance"), best_row(m2, "dev0_excess_bytes")
+    par = all_parallel(p.loc[p["k"] >= 2, "parallel_devices"])
+    return {
+        "largest_k": None if p.empty else int(p["k"].max()),
+        "parallel_devices": par,
+        "best_throughput_img_s": None if thr is None else thr["throughput_img_s"],
+        "best_throughput_at": _at(thr, ("model", "k", "batch_size")),
+        "weak_efficiency": None if weak is None else weak["efficiency"],
+        "weak_efficiency_at": _at(weak, ("model", "k", "per_device_batch")),
+        "weak_efficiency_interval": _interval(weak),
+        "strong_efficiency": None if strong is None else strong["efficiency"],
+        "strong_efficiency_at": _at(strong, ("model", "k", "batch_size")),
+        "strong_efficiency_interval": _interval(strong),
+        "worst_mem_imbalance": None if imb is None else imb["mem_imbalance"],
+        "worst_mem_imbalance_at": _at(imb, ("model", "k", "batch_size")),
+        "max_dev0_excess_bytes": None if exc is None else exc["dev0_excess_bytes"],
+        # what those two are computed from (tables.MEM_BASIS): on GPUs the step's peak above resident
+        "mem_basis": None if imb is None else imb["mem_basis"] or None,
+        "best_test_acc": None if acc is None else acc["test_acc"],
+        "best_test_acc_at": _at(acc, ("model", "k", "batch_size", "best_lr")),
+    }
+
+
+def jsonable(v):
+    """Plain JSON types; NaN/inf -> None (summary.json must never carry NaN)."""
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        f = float(v)
+        return None if not math.isfinite(f) else int(f) if f.is_integer() and abs(f) < 2**53 else f
+    return None if v is None or v is pd.NA else v
+
+
+def summarize(df, status, pts, eff, mem, target_acc):
+    strategies = {s: {**st, **strategy_metrics(s, pts, eff, mem)} for s, st in status.items()}
+    targets = sorted(set(df["target_acc"].dropna()))
+    return jsonable({
+        "host": joined(df["host"]), "device_kind": joined(df["device_kind"]),
+        "device_name": joined(df["device_name"]),
+        "host_devices": None if df["host_devices"].dropna().empty else df["host_devices"].max(),
+        "data_source": joined(df["data_source"]),
+        "synthetic_data": bool((df["data_source"] == "synthetic").any()),
+        "target_acc": target_acc if target_acc is not None else (targets[0] if len(targets) == 1 else None),
+        "n_trials": len(df), "n_complete": int((df["state"] == "complete").sum()),
+        "strategies": strategies,
+    })
+
+
+def _key(*parts) -> str:
+    return ".".join(str(p) for p in parts if p is not None and p != "")
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) \
+        and math.isfinite(float(v))
+
+
+def _per_k(out: dict, table, col: str, name: str, models: bool, best=max) -> None:
+    """out[name.strategy[.model].kK] = best (or worst) `col` over the table's rows of that strategy, model and k."""
+    if table.empty:
+        return
+    for (s, m, k), g in table.groupby(["strategy", "model", "k"], sort=True):
+        vals = [float(v) for v in g[col] if _finite(v)]
+        if vals:
+            out[_key(name, s, m if models else None, f"k{int(k)}")] = best(vals)
+
+
+def flat_metrics(summary: dict, pts, eff, mem) -> dict:
+    """metrics.json: only numbers, flat dotted keys, stable across experiments of one profile. Per strategy and k:
+    `throughput.S.kK` (best img/s over batch sizes), `efficiency.S.kK` (best weak-scaling efficiency, k >= 2),
+    `strong_efficiency.S.kK`, `peak_mem_mib.S.kK` (largest per-device peak), `mem_imbalance.S.kK` (worst, k >= 2);
+    per strategy `test_acc.S` (best) and `n_complete.S`; overall `n_trials`, `n_complete`. The model joins the key
+    (`throughput.ddp.resnet18.k2`) only when the sweeps hold more than one. Undefined values are left out, never 0."""
+    models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
+    out: dict = {}  # in the order `dvc exp show` shows the columns: the results first, the counts last
+    _per_k(out, pts, "throughput_img_s", "throughput", models)
+    for kind, name in (("weak", "efficiency"), ("strong", "strong_efficiency")):
+        e = eff[(eff["kind"] == kind) & (eff["k"] >= 2)] if len(eff) else eff
+        _per_k(out, e, "efficiency", name, models)
+    if len(mem):
+        m = mem.assign(peak_mib=mem["peak_max"] / MIB)
+        _per_k(out, m, "peak_mib", "peak_mem_mib", models)
+        _per_k(out, m[m["k"] >= 2], "mem_imbalance", "mem_imbalance", models)
+    strategies = summary.get("strategies") or {}
+    out.update({_key("test_acc", s): st["best_test_acc"] for s, st in strategies.items()
+                if _finite(st.get("best_test_acc"))})
+    out.update({_key("n_complete", s): st.get("n_complete", 0) for s, st in strategies.items()})
+    out.update({k: summary[k] for k in ("n_trials", "n_complete") if _finite(summary.get(k))})
+    return jsonable(out)

@@ -1,0 +1,292 @@
+"""The analysis wing's floor: sweep tables in, pure pandas tables out (no files written, no figures).
+
+From the trial rows (trial_rows.py: results/sweeps/*.jsonl read into one typed frame) it derives per-point
+throughput, weak/strong scaling efficiency, per-device memory and accuracy.
+Only complete, non-oversubscribed trials enter the numbers. Undefined stays NaN, never 0.
+Everything above this module (summary, knobs, plots, report, analyze) imports from here, never the other way.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from pipeline.analysis import stats
+from pipeline.analysis.rows import EXPECTED, EXTRAS
+# The step-time breakdown's parts (pipeline/measure/breakdown.py PARTS; the sweep table's bd_<part>_s columns) and
+# the residual
+BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")
+BD_ALL = (*BD_PARTS, "residual")
+POINT = ("strategy", "model", "k", "batch_size", "per_device_batch")
+MIB = 2.0**20
+# What a row's peak_mem_bytes holds (its mem_basis, set by pipeline/measure/memory.py's meters), hence what imbalance
+# and
+# device-0 excess are computed from. Rows of older tables carry no basis: theirs follows from their method.
+MEM_BASIS = {"step_above_resident": "the step's peak above what was resident before the first step (CUDA allocator)",
+             "memtracker_step": "one probe step's tensor memory, parameters included (PyTorch's MemTracker, CPU)",
+             "peak_with_resident": "the allocator's peak over the whole run, data and evaluation included (older rows)"}
+MEM_LISTS = {"resident": "mem_resident_bytes", "reserved_peaks": "mem_reserved_peak_bytes",
+             "nvml_used": "mem_nvml_used_bytes"}  # memory_table column: the sweep table's per-device column
+
+
+# ---------------------------------------------------------------- tables
+
+def measured(df):
+    return df[(df["state"] == "complete") & ~df["oversubscribed"]
+              & df["k"].notna() & df["batch_size"].notna()]
+
+
+def all_parallel(values) -> bool | None:
+    vals = [v for v in values if v is not None]
+    return None if not vals else all(vals)
+
+
+def is_serial(r) -> bool:
+    """The row's k devices ran one after another (parallel_devices is False, as bool or numpy bool)."""
+    v = r.get("parallel_devices")
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and not bool(v)
+
+
+def group_by(df, keys):
+    return df.groupby(list(keys), sort=False, dropna=False)
+
+
+def point_table(df) -> pd.DataFrame:
+    """One row per measured point (strategy, model, k, B, knobs): throughput is the median
+    over lrs (and repeats) of complete trials; accuracy comes from the best lr."""
+    cols = [*POINT, *EXTRAS, "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc",
+            "time_to_acc_s", "parallel_devices", "n_interfered"]
+    rows = []
+    for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
+        acc = g[g["test_acc"].notna()]
+        best = acc.sort_values(["test_acc", "time_to_acc_s"], ascending=[False, True]).head(1)
+        at_best = {c: best[c].iloc[0] if len(best) else math.nan for c in ("lr", "test_acc", "time_to_acc_s")}
+        rows.append({**dict(zip((*POINT, *EXTRAS), key)),
+                     # NaN if none measured, or every trial of the point was measured under interference
+                     "throughput_img_s": g.loc[~g["interfered"], "throughput_img_s"].median(),
+                     "n_interfered": int(g["interfered"].sum()),
+                     "n_trials": len(g), "n_lrs": g["lr"].nunique(),
+                     "best_lr": at_best["lr"], "test_acc": at_best["test_acc"],
+                     "time_to_acc_s": at_best["time_to_acc_s"],
+                     "parallel_devices": all_parallel(g["parallel_devices"])})
+    return _sort(pd.DataFrame(rows, columns=cols))
+
+
+def _window_groups(df) -> dict:
+    """Per point (POINT + EXTRAS, as text): one list of window throughputs per complete trial measured without
+    interference (its `throughput_windows`, or its overall figure as one window where it has none), for stats.py."""
+    m = measured(df)
+    m = m[~m["interfered"]]
+    cells = m["throughput_windows"] if "throughput_windows" in m else pd.Series([None] * len(m), index=m.index)
+    out: dict = {}
+    for r, w in zip(m.to_dict("records"), cells):
+        windows = [float(x) for x in w] if isinstance(w, (list, tuple)) else []
+        thr = r["throughput_img_s"]
+        out.setdefault(_point_key(r), []).append(windows or ([] if math.isnan(thr) else [thr]))
+    return out
+
+
+def _point_key(r) -> tuple:
+    return tuple(str(r[c]) for c in (*POINT, *EXTRAS))
+
+
+def _intervals(r, base, windows) -> dict:
+    out = stats.point_intervals(windows.get(_point_key(r), []),
+                                None if base is None else windows.get(_point_key(base), []), r["k"])
+    return {**out, "base_n_interfered": base["n_interfered"] if base is not None else math.nan}
+
+
+def scaling_table(df) -> pd.DataFrame:
+    """Weak (fixed b) and strong (fixed B) efficiency T(k)/(k*T(1)) and speedup T(k)/T(1)
+    for every measured k; NaN where the same strategy has no k=1 point at that b/B. Each with its 95 % bootstrap
+    interval (stats.py; *_lo/*_hi: NaN where a single measurement leaves it unknown), the windows and repeats
+    behind the point (n_windows, n_repeats) and behind its k=1 reference (base_n_*)."""
+    pts = point_table(df)
+    pts = pts[pts["throughput_img_s"].notna()]
+    windows = _window_groups(df)
+    rows = []
+    for kind, ref in (("weak", "per_device_batch"), ("strong", "batch_size")):
+        for _, g in group_by(pts, ("strategy", "model", ref, *EXTRAS)):
+            base = g[g["k"] == 1]
+            base = base.iloc[0] if len(base) else None
+            t1 = base["throughput_img_s"] if base is not None else math.nan
+            for r in g.to_dict("records"):
+                speedup = r["throughput_img_s"] / t1
+                rows.append({**r, "kind": kind, "base_throughput_img_s": t1,
+                             "speedup": speedup, "efficiency": speedup / r["k"], **_intervals(r, base, windows)})
+    cols = [*POINT, *EXTRAS, "kind", "efficiency", "efficiency_lo", "efficiency_hi", "speedup", "speedup_lo",
+            "speedup_hi", "throughput_img_s", "throughput_lo", "throughput_hi", "base_throughput_img_s",
+            "parallel_devices", "n_windows", "n_repeats", "base_n_windows", "base_n_repeats", "n_interfered",
+            "base_n_interfered"]
+    return _sort(pd.DataFrame(rows, columns=cols), ("kind",))
+
+
+def memory_table(df) -> pd.DataFrame:
+    """Per point: per-device figures (median over trials, bytes; device 0 first): `peaks` (of kind mem_basis, the
+    figure imbalance max/mean and device-0 excess peak[0] - mean(peak[1:]) (k >= 2 only) are computed from),
+    `resident`, `reserved_peaks` and `nvml_used` ([] where not measured: CPU, older tables, no NVML)."""
+    rows = []
+    for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
+        peaks = _device_medians(g["peak_mem_bytes"])
+        if not peaks:
+            continue
+        n = len(peaks)
+        mean = float(np.nanmean(peaks))
+        r = dict(zip((*POINT, *EXTRAS), key))
+        excess = peaks[0] - float(np.nanmean(peaks[1:])) if r["k"] >= 2 and n >= 2 else math.nan
+        top = float(np.nanmax(peaks))
+        rows.append({**r, "peaks": peaks, **{c: _device_medians(g[src]) for c, src in MEM_LISTS.items()},
+                     "peak_max": top, "peak_mean": mean, "mem_imbalance": top / mean if mean > 0 else math.nan,
+                     "dev0_excess_bytes": excess,
+                     "mem_method": ", ".join(sorted(set(g["mem_method"]) - {""})),
+                     "mem_basis": ", ".join(sorted({basis_of(m, b) for m, b in zip(g["mem_method"], g["mem_basis"])}
+                                                   - {""}))})
+    cols = [*POINT, *EXTRAS, "peaks", *MEM_LISTS, "peak_max", "peak_mean", "mem_imbalance",
+            "dev0_excess_bytes", "mem_method", "mem_basis"]
+    return _sort(pd.DataFrame(rows, columns=cols))
+
+
+def basis_of(method: str, basis: str) -> str:
+    """A row's mem_basis; an older row's (none recorded) from its method."""
+    if basis or not method:
+        return basis
+    return "memtracker_step" if method == "memtracker" else "peak_with_resident"
+
+
+def _device_medians(lists) -> list[float]:
+    """Per device, the median over trials of a per-device column ([] where no trial has a value)."""
+    lists = [[math.nan if v is None else float(v) for v in p] for p in lists if any(v is not None for v in p)]
+    if not lists:
+        return []
+    return [float(np.nanmedian([p[i] if i < len(p) else math.nan for p in lists]))
+            for i in range(max(map(len, lists)))]
+
+
+def memory_devices(mem) -> pd.DataFrame:
+    """memory_table exploded to one row per device (tidy, for memory.csv); resident_bytes, reserved_peak_bytes and
+    nvml_used_bytes NaN where not measured."""
+    lists = ("peaks", *MEM_LISTS)
+    extra = {"resident": "resident_bytes", "reserved_peaks": "reserved_peak_bytes", "nvml_used": "nvml_used_bytes"}
+    rows = [{**{c: r[c] for c in mem.columns if c not in lists}, "device": i,
+             "peak_mem_bytes": int(round(p)), "peak_mem_mib": p / MIB,
+             **{name: r[c][i] if i < len(r[c]) else math.nan for c, name in extra.items()}}
+            for r in mem.to_dict("records") for i, p in enumerate(r["peaks"]) if not math.isnan(p)]
+    return pd.DataFrame(rows, columns=[*(c for c in mem.columns if c not in lists),
+                                       "device", "peak_mem_bytes", "peak_mem_mib", *extra.values()])
+
+
+BD_KEY = ("strategy", "model", "k", "per_device_batch")
+
+
+def breakdown_table(df) -> pd.DataFrame:
+    """Where a sampled step goes, per (strategy, model, k, per-device batch, extras): the median over complete trials
+    of the step and of each part (seconds), and each part's share of that median step. The residual is the median
+    step less the parts' medians: the measured residual (the loop's own work between phases) exactly when the point
+    has one trial, plus what medians of separate parts leave over when it has several; so the shares and the
+    residual's share sum to 1 by construction."""
+    m = measured(df)
+    m = m[m["bd_step_s"].notna() & (m["bd_step_s"] > 0)]
+    rows = []
+    for key, g in group_by(m, (*BD_KEY, *EXTRAS)):
+        r = {**dict(zip((*BD_KEY, *EXTRAS), key)), "batch_size": g["batch_size"].iloc[0], "n_trials": len(g),
+             "samples": g["bd_samples"].sum(), "step_s": g["bd_step_s"].median()}
+        for p in BD_PARTS:
+            r[f"{p}_s"] = g[f"bd_{p}_s"].median()
+        r["residual_s"] = r["step_s"] - sum(r[f"{p}_s"] for p in BD_PARTS)
+        for p in BD_ALL:
+            r[f"{p}_share"] = r[f"{p}_s"] / r["step_s"]
+        rows.append(r)
+    cols = [*BD_KEY, *EXTRAS, "batch_size", "n_trials", "samples", "step_s", *(f"{p}_s" for p in BD_ALL),
+            *(f"{p}_share" for p in BD_ALL)]
+    return _sort(pd.DataFrame(rows, columns=cols))
+
+
+def breakdown_losses(bd, eff) -> pd.DataFrame:
+    """Per strategy at each k > 1 with a k=1 breakdown at the same per-device batch (and extras): what the step lost
+    against k=1, part by part. loss_<part> = (part(k) - part(1)) / step(k), so the parts' losses sum to the step's
+    loss 1 - step(1)/step(k) exactly (a negative loss is a part that got faster); measured_efficiency is the weak
+    scaling efficiency from throughput (unsampled steps) beside it."""
+    weak = eff[eff["kind"] == "weak"] if len(eff) else eff
+    rows = []
+    for key, g in group_by(bd, ("strategy", "model", "per_device_batch", *EXTRAS)):
+        base = g[g["k"] == 1]
+        if base.empty:
+            continue
+        one = base.iloc[0]
+        for r in g[g["k"] > 1].to_dict("records"):
+            e = weak
+            for c, v in zip(("strategy", "model", "per_device_batch", *EXTRAS), key):
+                e = e[e[c] == v] if len(e) else e
+            e = e[e["k"] == r["k"]] if len(e) else e
+            out = {c: r[c] for c in (*BD_KEY, *EXTRAS)}
+            out.update(step_s=r["step_s"], step_k1_s=one["step_s"], loss=1 - one["step_s"] / r["step_s"],
+                       measured_efficiency=e["efficiency"].iloc[0] if len(e) else math.nan)
+            for p in BD_ALL:
+                out[f"loss_{p}"] = (r[f"{p}_s"] - one[f"{p}_s"]) / r["step_s"]
+            rows.append(out)
+    cols = [*BD_KEY, *EXTRAS, "step_s", "step_k1_s", "loss", "measured_efficiency", *(f"loss_{p}" for p in BD_ALL)]
+    return _sort(pd.DataFrame(rows, columns=cols))
+
+
+def _time_to_acc(r, target):
+    accs, secs = r["test_acc_list"], r["epoch_s_list"]
+    if accs and len(secs) >= len(accs):
+        for a, t in zip(accs, np.cumsum(secs)):
+            if a >= target:
+                return float(t)
+        return math.nan
+    return r["time_to_acc_s"] if r["target_acc"] == target else math.nan
+
+
+def accuracy_table(df, target_acc: float | None = None) -> pd.DataFrame:
+    """Final test accuracy and time to target per (strategy, model, k, B, lr); with target_acc,
+    time is recomputed as cumulative training-epoch seconds until the first epoch >= target."""
+    m = measured(df).copy()
+    if target_acc is not None:
+        m["time_to_acc_s"] = [_time_to_acc(r, target_acc) for r in m.to_dict("records")]
+        m["target_acc"] = float(target_acc)
+    keys = (*POINT, "lr", "epochs", *EXTRAS)
+    rows = [{**dict(zip(keys, key)), "test_acc": g["test_acc"].median(),
+             # a repeat that never reached the target makes the point "not reached"
+             "time_to_acc_s": g["time_to_acc_s"].median(skipna=False),
+             "target_acc": g["target_acc"].max(), "n_trials": len(g)}
+            for key, g in group_by(m, keys)]
+    cols = [*keys, "test_acc", "time_to_acc_s", "target_acc", "n_trials"]
+    return _sort(pd.DataFrame(rows, columns=cols), ("lr",))
+
+
+def _sort(df, extra=()):
+    """Strategies in EXPECTED's order (others after them), then model, k, b, B and `extra`."""
+    rank = {s: i for i, s in enumerate(EXPECTED)}
+    by = [c for c in ("strategy", "model", "k", "per_device_batch", "batch_size", *extra) if c in df]
+
+    def key(col):
+        return col.map(lambda s: f"{rank.get(s, 99):02d}{s}") if col.name == "strategy" else col
+    return df.sort_values(by, key=key, kind="stable").reset_index(drop=True) if len(df) else df
+
+
+# ---------------------------------------------------------------- helpers for the summary and the report
+
+def shown_extras(df, cols=EXTRAS):
+    """Extras worth a column: they vary within a strategy (host/data_source: anywhere)."""
+    if df.empty:
+        return []
+    return [c for c in cols if c in df and (df.groupby("strategy")[c].nunique().max() > 1
+                                            or (c in ("host", "data_source") and df[c].nunique() > 1))]
+
+
+def is_unavailable(reason) -> bool:
+    return "unavailable" in str(reason).lower()
+
+
+def best_row(df, col, ascending=False):
+    """The row with the largest (ascending: smallest) defined `col`, or None."""
+    d = df[df[col].notna()]
+    return None if d.empty else d.sort_values(col, ascending=ascending, kind="stable").iloc[0]
+
+
+def joined(series):
+    """Distinct non-empty values, sorted and comma-joined; None if there are none."""
+    vals = sorted(set(series) - {""})
+    return ", ".join(vals) if vals else None

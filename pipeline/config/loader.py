@@ -1,0 +1,299 @@
+"""Configuration: params.yaml -> frozen dataclasses (schema.py), the only YAML reader in the package.
+
+Layers, later wins: dataclass defaults < experiments/<profile>.yaml < params.yaml < --set a.b=v.
+Unknown keys and invalid values raise ConfigError (one paragraph naming the key and the valid values)
+before any work starts; a search space may set only the sweep knobs its strategy accepts (pipeline/catalog.py).
+A Config is never mutated: `override` returns a new one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import typing
+from pathlib import Path
+
+import yaml
+
+from pipeline import catalog
+from pipeline.config import safe_yaml
+from pipeline.paths import repo_root
+from pipeline.config.schema import (COMM_HOOKS, MODELS, PROFILE_NAME, SEED_MAX, SOURCES, SPACE_META, STRATEGY_NAMES,
+    TIMEOUT_MAX_S, AnalyzeConfig, Config, DataConfig, OverlapConfig, SpaceConfig, SweepConfig, TrackingConfig,
+    TrainConfig, choice)
+
+__all__ = ["COMM_HOOKS", "MODELS", "PROFILE_NAME", "SEED_MAX", "SOURCES", "STRATEGY_NAMES", "TIMEOUT_MAX_S",
+           "AnalyzeConfig", "Config", "ConfigError", "DataConfig", "OverlapConfig", "SpaceConfig", "SweepConfig",
+           "TrackingConfig", "TrainConfig", "describe_profiles", "load", "override", "parse_set", "profile_path",
+           "replace_train"]
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration error; the message says what is wrong and how to fix it."""
+
+
+# ----------------------------------------------------------------------------- building
+
+def _err(key, msg):
+    raise ConfigError(f"Invalid configuration value for `{key}`: {msg} Fix it in params.yaml, the profile "
+                      f"file under experiments/, or with `--set {key}=...`.")
+
+
+def _coerce(key: str, typ, value, meta: dict):
+    origin = typing.get_origin(typ)
+    if origin is tuple:
+        (elem, _) = typing.get_args(typ)
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        if not value:
+            _err(key, "the list is empty; give at least one value (an empty search space runs nothing).")
+        return tuple(_coerce(f"{key}[{i}]", elem, v, meta) for i, v in enumerate(value))
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        _err(key, f"expected true or false, got {value!r}.")
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _err(key, f"expected an integer, got {value!r} ({type(value).__name__}).")
+    elif typ is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _err(key, f"expected a number, got {value!r} ({type(value).__name__}).")
+        value = float(value)
+        if not math.isfinite(value):
+            _err(key, f"expected a finite number, got {value!r}.")
+    elif typ is str:
+        if value is None:
+            value = ""
+        if not isinstance(value, str):
+            _err(key, f"expected a string, got {value!r} ({type(value).__name__}).")
+        if _CONTROL.search(value):
+            _err(key, f"{value!r} holds a control character (a newline, a tab, a NUL byte): a name, path or URL that "
+                      f"shows as something else than it is. Write it on one line, without them.")
+        if value != value.strip():
+            _err(key, f"{value!r} is blank or has spaces around it: it would name something other than what "
+                      f"shows (an MLflow experiment, a folder). Remove the spaces, or leave it empty for the default.")
+    if "pattern" in meta and value and not meta["pattern"].fullmatch(value):
+        _err(key, f"{value!r} is not a name of the form {meta['pattern'].pattern}.")
+    if "choices" in meta and value not in meta["choices"]:
+        _err(key, f"{value!r} is not one of: {', '.join(map(str, meta['choices']))}.")
+    lo, hi = meta.get("lo"), meta.get("hi")
+    if lo is not None and (value < lo or (meta.get("lo_open") and value == lo)):
+        _err(key, f"must be {'>' if meta.get('lo_open') else '>='} {lo}, got {value!r}.")
+    if hi is not None and value > hi:
+        _err(key, f"must be <= {hi}, got {value!r}" + (f" ({meta['why']})." if meta.get("why") else "."))
+    return value
+
+
+def _build(cls, mapping, prefix: str):
+    if mapping is None:
+        mapping = {}
+    if not isinstance(mapping, dict):
+        _err(prefix, f"expected a mapping of keys, got {mapping!r}.")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(mapping) - set(fields))
+    if unknown:
+        where = f"section `{prefix}`" if prefix else "the top level"
+        raise ConfigError(f"Unknown configuration key `{(prefix + '.') if prefix else ''}{unknown[0]}` in {where}. "
+                          f"Valid keys there: {', '.join(fields)}. Check the spelling in params.yaml, the profile "
+                          f"under experiments/, or your --set option.")
+    kwargs = {}
+    for name, value in mapping.items():
+        key = f"{prefix}.{name}" if prefix else name
+        typ = hints[name]
+        if dataclasses.is_dataclass(typ):
+            kwargs[name] = _build(typ, value, key)
+        elif name == "spaces":
+            kwargs[name] = _build_spaces(value, key)
+        else:
+            meta = dict(fields[name].metadata)
+            if name == "strategies":
+                meta = choice(*STRATEGY_NAMES)
+            kwargs[name] = _coerce(key, typ, value, meta)
+    return cls(**kwargs)
+
+
+def _build_spaces(value, key: str) -> dict:
+    """sweep.spaces: strategy (or `default`) -> a union of products; a strategy's own space may vary only the sweep
+    knobs that strategy accepts (pipeline/catalog.py); `default` may hold any, each strategy using its own."""
+    if not isinstance(value, dict):
+        _err(key, "expected a mapping strategy -> search space.")
+    for s in value:
+        if s not in STRATEGY_NAMES + ("default",):
+            _err(f"{key}.{s}", f"unknown strategy; valid: {', '.join(STRATEGY_NAMES)}, default.")
+    out = {}
+    for s, v in value.items():
+        parts = v if isinstance(v, list) else [v]
+        out[s] = tuple(_build_space(part, f"{key}.{s}" + (f"[{i}]" if isinstance(v, list) else ""), s)
+                       for i, part in enumerate(parts))
+    return out
+
+
+def _build_space(mapping, prefix, strategy: str = "default"):
+    space = _build(SpaceConfig, mapping, prefix)
+    for name, meta in SPACE_META.items():
+        for i, v in enumerate(getattr(space, name)):
+            _coerce(f"{prefix}.{name}[{i}]", type(v), v, meta)
+    if strategy != "default":
+        accepted = catalog.knobs(strategy)
+        for knob in catalog.KNOBS:
+            if knob not in accepted and getattr(space, knob) != getattr(SpaceConfig, knob):
+                takers = [n for n in catalog.NAMES if knob in catalog.knobs(n)]
+                _err(f"{prefix}.{knob}", f"`{strategy}` has no `{knob}` knob (it accepts "
+                     f"{', '.join(accepted) or 'no sweep knobs'}); `{knob}` applies to {', '.join(takers)}. Remove it "
+                     f"from this space.")
+    return space
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in (top or {}).items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = safe_yaml.load(safe_yaml.read_text(path), str(path)) or {}
+    except safe_yaml.Refused as e:
+        raise ConfigError(str(e)) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML ({e}). Fix the file's syntax.") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}). Save it "
+                          f"as UTF-8; YAML files are read as UTF-8 whatever the locale.") from None
+    except OSError as e:
+        raise ConfigError(f"Cannot read {path} ({e.strerror or e}). Check that it is a readable file.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (data, train, sweep, ...), "
+                          f"not {type(data).__name__}.")
+    return data
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def parse_set(items) -> dict:
+    """['train.lr=0.1', 'data.source=synthetic'] -> nested dict; values parsed as YAML scalars/lists. A key set as a
+    value and then used as a section is blamed on the option that set the value: the later one may be made from a
+    flag (train_cli turns --strategy into train.strategy=...), which the user never typed."""
+    out: dict = {}
+    by: dict = {}  # dotted key -> the option that last set it as a value
+    for item in items or ():
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not p.isidentifier() for p in key.split(".")):
+            raise ConfigError(f"Malformed --set option {item!r}: expected KEY=VALUE with a dotted key, "
+                              f"for example `--set train.lr=0.1` or `--set data.source=synthetic`.")
+        try:
+            value = safe_yaml.load(raw, f"The --set option {item!r}") if raw != "" else ""
+        except safe_yaml.Refused as e:
+            raise ConfigError(str(e)) from None
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, str) and _FLOAT.fullmatch(value):  # YAML 1.1 reads 1e-3 as a string
+            value = float(value)
+        node = out
+        parts = key.split(".")
+        for i, p in enumerate(parts[:-1]):
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                section = ".".join(parts[:i + 1])
+                raise ConfigError(f"Malformed --set option {by.get(section, item)!r}: it sets `{section}` to a "
+                                  f"value, but this command also sets `{key}` inside it (with another --set or a "
+                                  f"flag such as --strategy), and `{section}` cannot be both a value and a section. "
+                                  f"Keep one of the two; a section's keys are set one by one, e.g. "
+                                  f"`--set train.lr=0.1`.")
+        node[parts[-1]] = value
+        by[key] = item
+    return out
+
+
+def load(params: str | Path | None = None, overrides=(), root: Path | None = None) -> Config:
+    """Read params.yaml (and the profile it names) and apply `--set` overrides. Without `params`, the repository's
+    params.yaml is optional (none: the profile's and built-in values); a `params` file named explicitly (--params)
+    must exist, or a typo would run silently on other values than the user chose."""
+    root = Path(root) if root else repo_root()
+    path = Path(params) if params else root / "params.yaml"
+    if params and not path.exists() and path.is_symlink():
+        raise ConfigError(f"The params file {path} (--params) is a symbolic link that leads nowhere (to "
+                          f"{path.readlink()}, which is missing or loops back). Point --params at the file itself. "
+                          f"Nothing was run.")
+    if params and not path.exists():
+        raise ConfigError(f"The params file {path} (--params) does not exist. Check the path, or leave --params out "
+                          f"to read params.yaml at the repository root. Nothing was run.")
+    raw = _read_yaml(path) if path.exists() else {}
+    sets = parse_set(overrides)
+    profile = sets.get("profile", raw.get("profile", "cpu"))
+    layers = []
+    if profile:
+        prof = _read_yaml(profile_path(profile, root))
+        prof.pop("description", None)
+        layers.append((prof, f"experiments/{profile}.yaml"))
+    layers += [(_drop_unset(raw), str(path)), (sets, "--set")]
+    layered: dict = {}
+    for layer, where in layers:  # each layer's sections must be mappings, whatever the later layers hold
+        _check_shapes(Config, layer, "", where)
+        layered = _merge(layered, layer)
+    layered["profile"] = profile
+    return _build(Config, layered, "")
+
+
+def _drop_unset(layer: dict) -> dict:
+    """params.yaml's `key: null` means "unset here: the profile's value" (a placeholder, so that `dvc exp run -S
+    train.epochs=3` has a key to override; DVC refuses to add a key params.yaml lacks)."""
+    return {k: _drop_unset(v) if isinstance(v, dict) else v for k, v in layer.items() if v is not None}
+
+
+def profile_path(profile, root: Path) -> Path:
+    """experiments/<profile>.yaml for a profile name of the fixed alphabet that names an existing file."""
+    known = sorted(p.stem for p in (root / "experiments").glob("*.yaml") if PROFILE_NAME.fullmatch(p.stem))
+    fix = (f"Valid profiles: {', '.join(known) or '(none found)'}. Select one with `dvc exp run -S profile=NAME` "
+           f"or `--set profile=NAME`.")
+    if not known:  # usually a command run outside the repository: say where the profiles were looked for
+        fix += (f" No experiments/*.yaml under {root}, taken as the repository root (the nearest directory with "
+                f"dvc.yaml or params.yaml, else the current one): run from the Parallax checkout, or set DVC_ROOT.")
+    if not isinstance(profile, str) or not PROFILE_NAME.fullmatch(profile):
+        raise ConfigError(f"Invalid profile {profile!r}: a profile is the name of a file under experiments/, made of "
+                          f"lower-case letters, digits, `_` and `-` (no path, no dots). {fix}")
+    pfile = root / "experiments" / f"{profile}.yaml"
+    if not pfile.exists():  # one that is not a regular file is refused, with its kind, when it is read
+        raise ConfigError(f"Unknown profile `{profile}`: no file experiments/{profile}.yaml. {fix}")
+    return pfile
+
+
+def _check_shapes(cls, layer: dict, prefix: str, where: str) -> None:
+    hints = typing.get_type_hints(cls)
+    for name, value in layer.items():
+        typ = hints.get(name)
+        key = f"{prefix}.{name}" if prefix else name
+        if typ is not None and dataclasses.is_dataclass(typ) and value is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"Invalid configuration value for `{key}` in {where}: expected a mapping of keys "
+                                  f"(a section), got {value!r}. Write it as `{key}: {{...}}` or leave it out; a "
+                                  f"section of another shape is never dropped silently, with or without --set.")
+            _check_shapes(typ, value, key, where)
+
+
+def override(cfg: Config, items) -> Config:
+    """A new Config with dotted overrides applied (validated like the file)."""
+    return _build(Config, _merge(cfg.to_dict(), parse_set(items)), "")
+
+
+def replace_train(cfg: Config, **changes) -> Config:
+    """A new Config whose train section has `changes` (validated)."""
+    return _build(Config, _merge(cfg.to_dict(), {"train": changes}), "")
+
+
+def describe_profiles(root: Path | None = None) -> list[tuple[str, str]]:
+    """(name, description) of each profile; one that cannot be read is listed with its error, not fatal to the list."""
+    root = Path(root) if root else repo_root()
+    out = []
+    for p in sorted((root / "experiments").glob("*.yaml")):
+        if PROFILE_NAME.fullmatch(p.stem):
+            try:
+                out.append((p.stem, (_read_yaml(p).get("description") or "").strip()))
+            except (ConfigError, AttributeError) as e:  # bad YAML; a file that is not a mapping
+                out.append((p.stem, f"UNREADABLE: {e}"))
+    return out
+

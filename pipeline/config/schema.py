@@ -1,0 +1,191 @@
+"""The configuration's schema: frozen dataclasses, one per params.yaml section, with each field's default and the
+metadata config.py validates it by (`choice(...)`: one of these values; `bounds(...)`: a range). Nothing here reads a
+file; config.py builds and validates these from params.yaml, the profile and --set.
+
+A new field is one line in its dataclass (with `metadata=choice(...)`/`bounds(...)` where it has limits).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+
+from pipeline import catalog
+
+MODELS = ("lenet", "resnet18")
+STRATEGY_NAMES = catalog.NAMES
+SOURCES = ("fashion-mnist", "synthetic")
+COMM_HOOKS = ("none", "shm", "fp16", "bf16", "powersgd")
+# a profile is a file name under experiments/, never a path: nothing outside experiments/ is read as one
+PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+SEED_MAX = 2**32 - 1  # Optuna's samplers seed NumPy, which takes 32 bits; torch would take 64
+# one size x size float32 matrix per item and arm is held in pinned host memory: 8192 is 256 MiB a matrix, already
+# 10 GiB for the default 20 items; larger would exhaust a host's memory instead of measuring anything
+OVERLAP_SIZE_MAX = 8192
+OVERLAP_SIZE_WHY = ("each item holds a size x size float32 matrix in pinned host memory per arm: 8192 is 256 MiB "
+                    "a matrix; larger exhausts the host's memory")
+TIMEOUT_MAX_S = 30 * 86400.0  # timers and PyTorch's collective timeout overflow near 1e9 s; 30 days is plenty
+
+
+def choice(*values):
+    return {"choices": values}
+
+
+def bounds(lo=None, hi=None, lo_open=False, why=""):
+    """A number's range; `why` says, in the refusal, what the upper bound protects."""
+    return {"lo": lo, "hi": hi, "lo_open": lo_open, "why": why}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = field(default="fashion-mnist", metadata=choice(*SOURCES))
+    dir: str = "data/fashion-mnist"
+    mirror: str = ""  # URL or local directory holding the four .gz files (air-gapped clusters)
+    train_limit: int = field(default=0, metadata=bounds(0))  # 0 = all 60,000
+    test_limit: int = field(default=0, metadata=bounds(0))  # 0 = all 10,000
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = field(default="lenet", metadata=choice(*MODELS))
+    strategy: str = field(default=catalog.REFERENCE, metadata=choice(*STRATEGY_NAMES))
+    devices: int = field(default=1, metadata=bounds(1))
+    batch_size: int = field(default=256, metadata=bounds(1))  # global batch, split over devices
+    lr: float = field(default=0.2, metadata=bounds(0, lo_open=True))
+    epochs: int = field(default=1, metadata=bounds(1))
+    max_steps: int = field(default=0, metadata=bounds(0))  # 0 = no limit
+    seed: int = field(default=0, metadata=bounds(0, SEED_MAX))  # NumPy's (Optuna's samplers) limit: 32 bits
+    # weight init: PyTorch's default (Kaiming-uniform), or d2l's N(0, 0.01) for conv/linear weights, which leaves
+    # LeNet on a loss plateau for its first ~150-200 steps (use it to reproduce the seeds exactly)
+    init: str = field(default="default", metadata=choice("default", "d2l"))
+    warmup_steps: int = field(default=3, metadata=bounds(0))  # excluded from throughput
+    target_acc: float = field(default=0.8, metadata=bounds(0, 1))
+    oversubscribe: bool = False  # functional tests only: k > N allowed, run tagged and excluded from analysis
+    output_device: int = field(default=0, metadata=bounds(0))  # dp: where outputs are gathered
+    amp_dtype: str = field(default="auto", metadata=choice("auto", "bf16", "fp16"))
+    amp_init_scale: float = field(default=65536.0, metadata=bounds(0, lo_open=True))  # fp16 GradScaler's first scale
+    # default: PyTorch's TF32 switches (cuDNN convs in TF32 on Ampere+); ieee: IEEE fp32 convs and matmuls in every
+    # process of the trial (capabilities.fp32_pinned; the equivalence check's pin); tf32: TF32 for both (the
+    # equivalence check then runs in TF32: the first GPU run compares the two)
+    fp32_precision: str = field(default="default", metadata=choice("default", "ieee", "tf32"))
+    # collective timeout: a hung rank fails the trial
+    timeout_s: float = field(default=120.0, metadata=bounds(1, TIMEOUT_MAX_S))
+    check_every: int = field(default=25, metadata=bounds(1))  # steps between NaN/inf loss checks (one sync)
+    pin_cores: bool = True  # CPU hosts: pin worker process r of a multi-process trial to core r
+    channels_last: bool = True  # NHWC activations: faster convolutions on CPU (oneDNN) and GPU (tensor cores)
+    compile: bool = False  # torch.compile the model
+    # step-time breakdown (breakdown.py): every N-th steady-state step is timed by phase, outside the throughput
+    # window; 0 = off
+    breakdown_every: int = field(default=10, metadata=bounds(0))
+    # other processes' CPU use (cores, averaged over the trial) beyond which a trial is flagged as measured under
+    # interference and leaves throughput and efficiency (interference.py)
+    interference_threshold: float = field(default=0.25, metadata=bounds(0))
+    # DDP communication knobs (ddp, ddp_amp)
+    bucket_cap_mb: float = field(default=25.0, metadata=bounds(0, lo_open=True))
+    grad_as_bucket_view: bool = False
+    # optimizer steps use no_sync for accum_steps-1 micro-batches
+    accum_steps: int = field(default=1, metadata=bounds(1))
+    # none = DDP as PyTorch ships it (its own all-reduce: Gloo on CPU, NCCL on GPUs); shm = shared memory between the
+    # ranks of one CPU host (strategies/shm_allreduce.py); fp16/bf16/powersgd = PyTorch's compression hooks
+    comm_hook: str = field(default="none", metadata=choice(*COMM_HOOKS))
+    # multi-node (torchrun c10d rendezvous); nnodes=1 runs standalone on this host
+    nnodes: int = field(default=1, metadata=bounds(1))
+    node_rank: int = field(default=0, metadata=bounds(0))
+    rdzv_endpoint: str = ""  # host:port of the rendezvous (c10d); empty = a free local port
+    rdzv_id: str = "parallax"
+    # the address this node advertises to the others (torch's LaunchConfig.local_addr); empty = torch's default, the
+    # host name, refused for nodes on separate machines when it resolves to a loopback address only (launch.py)
+    local_addr: str = ""
+    # how a trial's processes start; auto = spawn on GPUs, fork on CPU; fork is refused on GPUs (launch.py)
+    start_method: str = field(default="auto", metadata=choice("auto", "fork", "spawn"))
+
+
+@dataclass(frozen=True)
+class SpaceConfig:
+    """One strategy's search space; every trial is a point of the product of these lists."""
+    model: tuple[str, ...] = ("lenet",)
+    devices: tuple[int, ...] = (1, 2)
+    batch_size: tuple[int, ...] = (256,)
+    lr: tuple[float, ...] = (0.2,)
+    bucket_cap_mb: tuple[float, ...] = (25.0,)
+    grad_as_bucket_view: tuple[bool, ...] = (False,)
+    accum_steps: tuple[int, ...] = (1,)
+    comm_hook: tuple[str, ...] = ("none",)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    strategies: tuple[str, ...] = STRATEGY_NAMES
+    storage: str = ""  # Optuna RDB URL; empty = sqlite file mlruns/optuna.db at the repository root
+    sampler: str = field(default="grid", metadata=choice("grid", "tpe"))
+    n_trials: int = field(default=0, metadata=bounds(0))  # 0 = the whole grid
+    pruning: bool = False
+    trial_timeout_s: float = field(default=900.0, metadata=bounds(1, TIMEOUT_MAX_S))
+    # each point measured this many times, in alternating rounds (a k=1 reference next to its k>1 points in each)
+    repeats: int = field(default=1, metadata=bounds(1))
+    # a trial flagged as measured under interference is enqueued again, up to this many times (its row is kept)
+    remeasure_interfered: int = field(default=0, metadata=bounds(0))
+    # a trial whose autocast type this host only emulates (bf16 on a CPU without AVX-512-BF16/AMX) runs at most this
+    # many optimizer steps, labelled "bounded" (emulated.py); 0 = no bound
+    emulated_max_steps: int = field(default=0, metadata=bounds(0))
+    # strategy -> a mapping (one product of lists) or a list of mappings (a union of products, for paired
+    # settings such as d2l's "k=1 at B=256, k=2 at B=512"); strategies not listed use `default`
+    spaces: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    uri: str = ""  # empty = sqlite:///<repo>/mlruns/mlflow.db
+    experiment: str = ""  # empty = "parallax-<profile>"
+    # MLflow's system metrics in every trial run (host CPU/RAM/disk/network, per GPU via pynvml; docs/metrics.md):
+    # off by default, since the sampling thread runs in the process whose throughput is measured
+    system_metrics: bool = False
+    system_metrics_interval_s: float = field(default=2.0, metadata=bounds(0.1, TIMEOUT_MAX_S))
+
+
+@dataclass(frozen=True)
+class AnalyzeConfig:
+    target_acc: float = field(default=0.8, metadata=bounds(0, 1))
+
+
+@dataclass(frozen=True)
+class OverlapConfig:
+    size: int = field(default=512, metadata=bounds(16, OVERLAP_SIZE_MAX, why=OVERLAP_SIZE_WHY))  # square matrices
+    chain: int = field(default=20, metadata=bounds(1))  # products per chain
+    items: int = field(default=20, metadata=bounds(1))  # results computed and communicated
+    reps: int = field(default=7, metadata=bounds(1))
+    warmup: int = field(default=2, metadata=bounds(0))
+
+
+@dataclass(frozen=True)
+class Config:
+    profile: str = field(default="cpu", metadata={"pattern": PROFILE_NAME})  # "" = no profile
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    sweep: SweepConfig = SweepConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    analyze: AnalyzeConfig = AnalyzeConfig()
+    overlap: OverlapConfig = OverlapConfig()
+
+    def space(self, strategy: str) -> tuple[SpaceConfig, ...]:
+        """The strategy's search space: a union of products (one SpaceConfig per product)."""
+        spaces = self.sweep.spaces
+        return spaces.get(strategy) or spaces.get("default") or (SpaceConfig(),)
+
+    def to_dict(self) -> dict:
+        return plain(dataclasses.asdict(self))
+
+
+def plain(x):
+    """Dataclass dicts to plain YAML-able values (tuples become lists)."""
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    return x
+
+
+# What each search-space list holds (SpaceConfig's fields are tuples: every element is checked against this)
+SPACE_META = {"model": choice(*MODELS), "devices": bounds(1), "batch_size": bounds(1),
+              "lr": bounds(0, lo_open=True), "bucket_cap_mb": bounds(0, lo_open=True),
+              "accum_steps": bounds(1), "comm_hook": choice(*COMM_HOOKS)}

@@ -1,0 +1,16 @@
+"""Host checks: every strategy runs and agrees with single-device SGD; the GPU bundle.
+
+The face is lazy: importing one module of this folder does not load the others (torch, mlflow).
+"""
+import importlib
+
+_FACE = {
+    'run': 'checks',
+}
+__all__ = sorted(_FACE)
+
+
+def __getattr__(name: str):
+    if name in _FACE:
+        return getattr(importlib.import_module(f"{__name__}.{_FACE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

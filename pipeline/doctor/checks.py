@@ -1,0 +1,264 @@
+"""`python -m pipeline doctor`: on this host, in one command, which strategies run, whether each agrees with
+single-device SGD, and what each costs (img/s, per-device peak memory); the others are unavailable, with the reason.
+
+For every strategy and k = 1..min(N, 2, --max-devices): the one-step equivalence check the tests use
+(pipeline/doctor/equivalence.py: TF32 off), one short timed run (the host's TF32 switches: an fp32 row on a GPU whose
+cuDNN convolutions use TF32 is labelled "fp32 (TF32 convs)"), the per-device peak memory. ddp_amp runs twice, bf16 and
+fp16 (+GradScaler). A host with fewer than two devices also runs the multi-process strategies at k=2 with ranks
+sharing its device (Gloo), tagged `oversubscribed`: a functional check whose timings mean nothing.
+Needs only the training core: no MLflow, Optuna or DVC. Writes doctor.json and doctor.md.
+`--dump-events DIR`: each profiled trial process (dp, dp_criterion, fsdp) writes its first sampled step's profiler
+events to DIR (comm_probes.dump_events): on a GPU host, the replay fixtures tests/fixtures/ takes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipeline.config import loader as configmod
+from pipeline.data import store as datamod
+from pipeline import catalog, paths, scratch
+from pipeline.doctor import equivalence
+from pipeline.host.capabilities import fp32_label, host_capabilities
+from pipeline.measure.comm_probes import DUMP_ENV
+from pipeline.host.devices import Host, probe
+from pipeline.errors import DataError, Infeasible
+from pipeline.trial.launch import check_feasible, run_trial
+from pipeline.strategies import STRATEGIES
+
+MIB = 2**20
+# DDP's reducer collects runtime stats on iterations 1-10 (torch/csrc/distributed/c10d/reducer.cpp,
+# Reducer::should_collect_runtime_stats: num_iterations_ <= 10), and DDP's forward logs them before
+# prepare_for_forward counts the new iteration, so 0-based steps 1-10 wait on the last step's timer events
+# (reducer_cuda.cpp CudaTimer::measureDifference synchronizes them: a host sync on GPUs). The next such step is
+# the 100th (kDDPRuntimeLoggingSampleRate), past the doctor's timed steps.
+DDP_RUNTIME_STATS_ITERATIONS = 10
+# every row's timed window opens after them (Meter times from step index warmup_steps on): the same steps for all
+# strategies, none of them synchronised by DDP's statistics
+WARMUP_STEPS = DDP_RUNTIME_STATS_ITERATIONS + 1
+
+
+@dataclass(frozen=True)
+class Case:
+    strategy: str
+    k: int
+    sets: tuple[str, ...] = ()  # extra configuration of this variant (e.g. train.amp_dtype=fp16)
+    variant: str = ""  # its name in the table
+    tag: str = ""  # "oversubscribed": ranks share a device; functional only
+
+
+@dataclass
+class Row:
+    strategy: str
+    k: int
+    variant: str
+    tag: str
+    status: str = "failed"  # passed | failed | skipped (GradScaler skipped the check's step) | unavailable
+    reason: str = ""  # why unavailable or skipped, or the error / the mismatch that failed it
+    check: str = ""  # the equivalence verdict in words
+    img_s: float | None = None
+    step_ms: float | None = None
+    peak_mem_mib: list[float] = field(default_factory=list)  # per device, as mem_basis says (GPU: above resident)
+    mem_method: str = ""
+    mem_basis: str = ""
+    resident_mib: list[float] = field(default_factory=list)  # GPU: data, model, optimizer resident before step 1
+    reserved_peak_mib: list[float] = field(default_factory=list)  # GPU: the caching allocator's reserved peak
+    nvml_used_mib: list[float] = field(default_factory=list)  # GPU: NVML's used memory (every process, contexts)
+    amp_scale: float | None = None  # fp16: GradScaler's final scale
+    amp_skipped_steps: int | None = None  # fp16: optimizer steps GradScaler skipped in the timed run
+    backend: str = ""
+    amp_dtype: str = ""
+    comm_hook_used: str = ""
+    timed_steps: int = 0  # steps timed after warm-up: fewer than the settings' where the row's dtype is emulated
+    seconds: float = 0.0
+
+
+def plan(host: Host, strategies, max_devices: int = 2) -> list[Case]:
+    """The cases to run on `host`, in table order."""
+    kmax = max(1, min(host.n, 2, max_devices))
+    cases = []
+    for name in strategies:
+        row, variants = catalog.spec(name), STRATEGIES[name].VARIANTS
+        for k in [1] if row.one_device_only else range(1, kmax + 1):
+            cases += [Case(name, k, sets, variant) for variant, sets in variants]
+        if row.multiprocess and host.n < 2 <= max_devices:  # ranks sharing the device: the first variant suffices
+            variant, sets = variants[0]
+            cases.append(Case(name, 2, ("train.oversubscribe=true", *sets), variant, "oversubscribed"))
+    return cases
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def run_case(case: Case, base, host: Host, ref: dict | None, init: dict, work: Path, steps: int,
+             per_device_batch: int, model: str, emulated: tuple[str, ...] = ()) -> Row:
+    """One row: feasibility, the equivalence step, the timed run. `emulated`: dtypes this host only emulates
+    (their timed run is cut to a sixth of the steps: an emulated fp16 step on a CPU is ~10x slower)."""
+    row = Row(case.strategy, case.k, case.variant, case.tag)
+    if any(f"amp_dtype={d}" in s for d in emulated for s in case.sets):
+        steps = max(5, steps // 6)
+    row.timed_steps = steps
+    t0 = time.perf_counter()
+    sets = (f"train.strategy={case.strategy}", f"train.devices={case.k}", *case.sets)
+    try:
+        check_feasible(configmod.override(base, sets), host)
+    except Infeasible as e:
+        row.status, row.reason = "unavailable", str(e)
+        return row
+    if ref is None:
+        row.reason = "the single-device reference step failed; nothing to compare with"
+        return row
+    try:
+        tag = f"{case.strategy}-{case.k}-{case.variant or 'fp32'}-{case.tag or 'x'}".replace("+", "")
+        got, eq = equivalence.one_step(base, work / f"eq-{tag}", case.strategy, case.k, extra=case.sets)
+        verdict = equivalence.check(ref, got, eq, init=init, low_precision="amp_dtype" in " ".join(case.sets),
+                                    device_kind=host.kind)
+        row.check = verdict.detail
+        batch = per_device_batch * case.k
+        warmup = WARMUP_STEPS
+        cfg = configmod.override(base, [*sets, f"train.model={model}", f"train.batch_size={batch}",
+                                        f"train.warmup_steps={warmup}", f"train.max_steps={warmup + steps}",
+                                        f"data.train_limit={batch * (warmup + steps + 1)}", "data.test_limit=256"])
+        m = run_trial(cfg, work / f"timed-{tag}", progress=False, timeout_s=cfg.sweep.trial_timeout_s)
+        row.img_s = m["throughput_img_s"]
+        row.step_ms = 1000 * batch / row.img_s if row.img_s else None
+        row.peak_mem_mib = [round(p / MIB, 2) for p in m["peak_mem_bytes"] or []]
+        row.mem_method, row.backend = m["mem_method"], m.get("backend") or ""
+        row.mem_basis = m.get("mem_basis") or ""
+        row.resident_mib, row.reserved_peak_mib, row.nvml_used_mib = (
+            [round(p / MIB, 2) for p in m.get(key) or []]
+            for key in ("mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes"))
+        row.amp_scale, row.amp_skipped_steps = m.get("amp_scale"), m.get("amp_skipped_steps")
+        row.amp_dtype, row.comm_hook_used = m.get("amp_dtype") or "", m.get("comm_hook_used") or ""
+        row.status = "passed" if verdict.ok else "skipped" if verdict.skipped else "failed"
+        row.reason = ("" if verdict.ok else verdict.detail if verdict.skipped
+                      else f"does not match single-device SGD: {verdict.detail}")
+    except Exception as e:  # a doctor reports a broken strategy; it does not crash on it
+        row.status, row.reason = "failed", _first_line(e)
+    finally:
+        row.seconds = round(time.perf_counter() - t0, 2)
+    return row
+
+
+def _data(base, work: Path) -> tuple[str, str]:
+    """(dir, source): the configured data if it is prepared, else the synthetic stand-in made in `work`."""
+    root = Path(base.data.dir)
+    root = root if root.is_absolute() else paths.repo_root() / root
+    try:
+        datamod.load(root, base.data.source, 1, 1)
+        return str(root), base.data.source
+    except DataError:
+        datamod.prepare(work / "data", "synthetic", progress=False)
+        return str(work / "data"), "synthetic"
+
+
+def run(base, out: Path, strategies=None, max_devices: int = 2, steps: int = 30, per_device_batch: int = 128,
+        model: str = "lenet", say=print, dump_events: Path | None = None) -> dict:
+    """Run every case, write out/doctor.json and out/doctor.md, return the report."""
+    if dump_events is not None:  # read by breakdown.Breakdown in every trial process (spawned ranks inherit it)
+        os.environ[DUMP_ENV] = str(Path(dump_events).resolve())
+        try:
+            return run(base, out, strategies, max_devices, steps, per_device_batch, model, say)
+        finally:
+            os.environ.pop(DUMP_ENV, None)
+            say(f"profiler events of the profiled strategies' first sampled step: {dump_events}"
+                + ("" if base.train.breakdown_every else " (none: train.breakdown_every=0 samples no step)"))
+    host = probe()
+    strategies = list(strategies or catalog.NAMES)
+    caps = host_capabilities(host)
+    say(f"doctor: {host.kind} x{host.n} ({host.name}); torch {caps['torch']}"
+        + (f", CUDA {caps['cuda']}, NCCL {caps['nccl']}" if host.kind == "cuda" else
+           f", CPU ISA {caps['cpu']['isa_text']}")
+        + f"; bf16 {caps['bf16']}, fp16 {caps['fp16']}; TF32: {caps['tf32_text']}")
+    with scratch.folder("parallax-doctor-") as tmp:  # also removes the folders of killed doctor runs
+        work = Path(tmp)
+        data_dir, source = _data(base, work)
+        base = configmod.override(base, [f"data.dir={data_dir}", f"data.source={source}", "train.epochs=1"])
+        if source == "synthetic":
+            say("data: SYNTHETIC stand-in (not Fashion-MNIST): equivalence and speed only, accuracy means nothing")
+        init = equivalence.initial_state()
+        try:
+            ref, _ = equivalence.one_step(base, work / "reference", catalog.REFERENCE, 1)
+        except Exception as e:
+            ref = None
+            say(f"the single-device reference step failed: {_first_line(e)}")
+        cases = plan(host, strategies, max_devices)
+        rows = []
+        for i, case in enumerate(cases, 1):
+            row = run_case(case, base, host, ref, init, work, steps, per_device_batch, model,
+                           tuple(d for d in ("bf16", "fp16") if caps[d] != "native"))
+            rows.append(row)
+            say(f"[{i}/{len(cases)}] {_label(asdict(row))}: {row.status}"
+                + (f", {row.img_s:,.0f} img/s" if row.img_s else "")
+                + (f" - {row.reason.splitlines()[0]}" if row.reason else "") + f" ({row.seconds:.1f} s)")
+    report = {"host": caps, "data_source": source, "synthetic": source == "synthetic",
+              "settings": {"model": model, "timed_steps": steps, "per_device_batch": per_device_batch,
+                           "max_devices": max_devices, "warmup_steps": WARMUP_STEPS,
+                           "equivalence": f"one SGD step, lr {equivalence.LR}, LeNet, global batch 64, against "
+                           f"`single`, TF32 off, fp16 GradScaler from scale {equivalence.FP16_INIT_SCALE:g}"},
+              "rows": [asdict(r) for r in rows],
+              "counts": {s: sum(r.status == s for r in rows) for s in ("passed", "failed", "skipped", "unavailable")}}
+    write(report, out)
+    return report
+
+
+def _label(r: dict) -> str:
+    extra = ", ".join(x for x in (r["variant"], r["tag"]) if x)
+    return f"{r['strategy']} k={r['k']}" + (f" ({extra})" if extra else "")
+
+
+def precision(r: dict, h: dict) -> str:
+    """The row's arithmetic: its autocast type, else fp32, "fp32 (TF32 convs)" where the timed run's cuDNN
+    convolutions use TF32 (capabilities.fp32_label)."""
+    amp = r.get("amp_dtype") or r["variant"].split("+")[0]
+    if amp in ("bf16", "fp16", "bfloat16", "float16"):
+        return {"bfloat16": "bf16", "float16": "fp16"}.get(amp, amp)
+    return fp32_label(h)
+
+
+def markdown(report: dict) -> str:
+    h = report["host"]
+    lines = [f"# Parallax doctor: {h['hostname']}", "",
+             f"- devices: {h['kind']} x{h['devices']} ({h['name']})",
+             f"- torch {h['torch']}, Python {h['python']}, CUDA build {h['cuda'] or '-'}, cuDNN {h['cudnn'] or '-'}, "
+             f"NCCL {h['nccl'] or '-'}, Gloo {'yes' if h['gloo'] else 'no'}",
+             f"- CPU ISA: {h['cpu']['isa_text']} (PyTorch kernels: "
+             f"{h['cpu']['torch_cpu_capability']})",
+             f"- bf16 {h['bf16']}, fp16 {h['fp16']} on these devices ("
+             + ("; ".join(f"GPU {g['index']} {g['name']}: cc {g['compute_capability']}" for g in h.get("gpus", []))
+                or f"bf16: {h['cpu']['bf16_why']}; fp16: {h['cpu']['fp16_why']}") + ")",
+             f"- TF32: {h.get('tf32_text') or 'not recorded'} (the timed runs; the equivalence step pins fp32)",
+             f"- data: {report['data_source']}" + (" (SYNTHETIC stand-in, labelled)" if report["synthetic"] else ""),
+             f"- equivalence: {report['settings']['equivalence']}; timed run: {report['settings']['model']}, "
+             f"{report['settings']['timed_steps']} steps after warm-up"
+             + (f" ({w} steps: past DDP's runtime statistics)" if (w := report["settings"].get("warmup_steps")) else "")
+             + f", batch {report['settings']['per_device_batch']} per device",
+             f"- {report['counts']['passed']} passed, {report['counts']['failed']} failed, "
+             + (f"{report['counts']['skipped']} skipped, " if report["counts"].get("skipped") else "")
+             + f"{report['counts']['unavailable']} unavailable", "",
+             "| strategy | status | precision | img/s | ms/step | peak MiB per device | memory from | backend "
+             "| check or reason |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        tput = f"{r['img_s']:,.0f}" if r["img_s"] else "-"
+        if r["tag"] == "oversubscribed" and r["img_s"]:
+            tput += " (shared device: not a speed)"
+        step = f"{r['step_ms']:.1f}" if r["step_ms"] else "-"
+        if r["step_ms"] and r.get("timed_steps") and r["timed_steps"] != report["settings"]["timed_steps"]:
+            step += f" ({r['timed_steps']} steps: emulated dtype)"
+        lines.append(f"| {_label(r)} | {r['status']} | {precision(r, h)} | {tput} | {step} | "
+                     f"{', '.join(f'{p:.1f}' for p in r['peak_mem_mib']) or '-'} | {r['mem_method'] or '-'} | "
+                     f"{r['backend'] or '-'} | {(r['reason'] or r['check']).replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict, out: Path) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "doctor.json").write_text(json.dumps(report, indent=2))
+    (out / "doctor.md").write_text(markdown(report))

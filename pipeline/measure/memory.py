@@ -1,0 +1,185 @@
+"""Per-device memory measurement and the derived figures every strategy reports the same way.
+
+What "memory per device" means here, on GPUs (CUDA caching allocator, read per device, no sync needed):
+
+- **resident**: `memory_allocated(d)` when the measured window opens, at the first step before its batch, after the
+  model, the optimizer and the data (and the epoch's batch order) have been placed. It is what Parallax put there,
+  not what the strategy costs: every rank holds the whole uint8 training and test sets (about 53 MiB for
+  Fashion-MNIST), and for LeNet they dwarf the model.
+- **step peak above resident** (`peak_mem_bytes`, basis `step_above_resident`): the allocator's peak during training
+  (`max_memory_allocated`, its peak reset when the window opens) less the resident bytes. `reset_peak_memory_stats`
+  sets the peak to the current allocation (2.11 `torch/cuda/memory.py:360`), so without the subtraction everything
+  resident would sit inside every peak. What remains is what the strategy itself costs per device: gradients,
+  activations, temporaries, DataParallel's replicas and gathered outputs, DDP's buckets in flight, FSDP's
+  all-gathered parameters. **Imbalance and device-0 excess use this figure**: it is the one a strategy changes.
+  The window holds the training steps only: the peaks are read before each evaluation and reset at the next step, so
+  evaluation's batches (on device 0 only for dp, dp_criterion and scratch), the next epoch's batch order and the
+  final state_dict (an all-gather under FSDP) do not count.
+- **reserved peak**: `max_memory_reserved`, what the caching allocator held from the driver at its peak, resident
+  included (what an out-of-memory error is about).
+- **NVML used**: the device's used memory as NVML sees it, read before each evaluation (largest kept): every
+  process's allocations and CUDA contexts, so extra contexts that other ranks open on device 0 show here and in no
+  allocator figure. Optional: None without `pynvml` or on any NVML error (MIG, containers).
+
+CPU worker processes: tensor memory of one probe step (the first step, which is a warm-up step and so never
+timed), seen through PyTorch's MemTracker (FSDPMemTracker for FSDP): parameters, gradients, optimizer state,
+activations and temporaries that pass through the dispatcher (basis `memtracker_step`). Communication buffers
+allocated outside the dispatcher (e.g. DDP's gradient buckets when they are not views) are not counted: the figure
+is a lower bound. It includes the parameters, which on GPUs are resident, so CPU and GPU figures are different
+measures; the method and basis fields say which one a record holds.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+class CpuMemProbe:
+    """Context: peak tensor bytes of one step, one entry per device this process drives."""
+    method = "memtracker"
+
+    def __init__(self, devices, model, optimizer, tracker=None):
+        from torch.distributed._tools.mem_tracker import MemTracker
+        self.devices = devices
+        self.tracker = tracker or MemTracker()
+        # a hand-written optimizer (scratch's manual SGD) keeps no state tensors to track
+        self.tracker.track_external(model, optimizer if isinstance(optimizer, torch.optim.Optimizer) else None)
+        self.peak = 0
+
+    def __enter__(self):
+        self.tracker.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.tracker.__exit__(*exc)
+        snap = self.tracker.get_tracker_snapshot("peak")
+        self.peak = int(sum(v.get("Total", 0) for v in snap.values()))
+        return False
+
+    def peaks(self) -> list[int]:
+        # On a CPU host a process is one device; a single process driving k replicas (scratch)
+        # holds them all in one address space, so one figure is reported for it.
+        return [self.peak]
+
+
+class CudaPeaks:
+    """Per-device memory on GPUs over the measured window (module docstring); no step is probed. The window opens at
+    the first step (`open`, before its data: the model, optimizer and data are on their devices by then), closes
+    before each evaluation (`close`) and reopens at the next step."""
+    method, basis = "cuda_allocator", "step_above_resident"  # tables.MEM_BASIS says what each basis means
+
+    def __init__(self, strategy):
+        self.devices = list(strategy.devices)
+        self.resident: list[int] | None = None  # read when the window first opens
+        self.step = [0] * len(self.devices)
+        self.reserved = [0] * len(self.devices)
+        self.nvml: list[int] | None = None
+        self.is_open = False
+
+    def probe(self, step: int, model, optimizer):
+        return contextlib.nullcontext()
+
+    def open(self) -> None:
+        """Before a step: the peaks restart from what is allocated now; the first time, that is the resident."""
+        if self.is_open:
+            return
+        reset_cuda_peaks(self.devices)
+        if self.resident is None:
+            self.resident = [int(torch.cuda.memory_allocated(d)) for d in self.devices]
+        self.is_open = True
+
+    def close(self) -> None:
+        """Before an evaluation, and at the end: fold this stretch's peaks into the figures."""
+        if not self.is_open:
+            return
+        self.is_open = False
+        self.step = [max(s, p - r) for s, p, r in zip(self.step, cuda_peaks(self.devices), self.resident)]
+        self.reserved = [max(s, int(torch.cuda.max_memory_reserved(d))) for s, d in zip(self.reserved, self.devices)]
+        used = nvml_used_bytes(self.devices)
+        if used is not None:
+            self.nvml = used if self.nvml is None else [max(a, b) for a, b in zip(self.nvml, used)]
+
+    def peaks(self) -> list[int]:
+        self.close()
+        return list(self.step)
+
+    def figures(self) -> dict:
+        self.close()
+        return {"mem_resident_bytes": self.resident, "mem_reserved_peak_bytes": list(self.reserved),
+                "mem_nvml_used_bytes": self.nvml}
+
+
+class CpuStepPeaks:
+    """Per-device memory on a CPU host: the strategy's tracker around step 0 (a warm-up step, never timed); every
+    other step runs unprobed."""
+    method, basis = "memtracker", "memtracker_step"
+
+    def __init__(self, strategy):
+        self.strategy, self.tracker = strategy, None
+
+    def probe(self, step: int, model, optimizer):
+        if step != 0:
+            return contextlib.nullcontext()
+        self.tracker = self.strategy.memory_tracker(model, optimizer)
+        return self.tracker
+
+    def open(self) -> None:
+        """No window: the probe step is the whole measurement."""
+
+    def close(self) -> None:
+        pass
+
+    def peaks(self) -> list[int] | None:
+        return self.tracker.peaks() if self.tracker else None
+
+    def figures(self) -> dict:
+        return {"mem_resident_bytes": None, "mem_reserved_peak_bytes": None, "mem_nvml_used_bytes": None}
+
+
+def memory_meter(strategy) -> CudaPeaks | CpuStepPeaks:
+    """How this process's devices report memory: the CUDA allocator's window, or a probe step on CPU."""
+    return CudaPeaks(strategy) if strategy.device.type == "cuda" else CpuStepPeaks(strategy)
+
+
+def cuda_peaks(devices) -> list[int]:
+    return [int(torch.cuda.max_memory_allocated(d)) for d in devices]
+
+
+def reset_cuda_peaks(devices) -> None:
+    for d in devices:
+        if d.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(d)
+
+
+def nvml_used_bytes(devices) -> list[int] | None:
+    """Each CUDA device's used memory as NVML sees it (all processes, contexts included), or None: no `pynvml`, a
+    device that is not CUDA, or any NVML error. NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES and
+    CUDA_DEVICE_ORDER, so each device is looked up as the GPU monitor does (interference.py): by the UUID torch
+    reports for it (a GPU's, else a MIG instance's), else by its PCI bus id (capabilities.cuda_identity)."""
+    if not devices or any(d.type != "cuda" for d in devices):
+        return None
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            return [int(pynvml.nvmlDeviceGetMemoryInfo(_nvml_handle(pynvml, d.index)).used) for d in devices]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # an optional figure: MIG, containers and drivers raise many kinds of error
+        return None
+
+
+def _nvml_handle(nvml, ordinal: int):
+    from pipeline.host.capabilities import cuda_identity
+    ident = cuda_identity(ordinal)
+    tries = [(nvml.nvmlDeviceGetHandleByUUID, f"{p}{ident['uuid']}") for p in ("GPU-", "MIG-") if ident["uuid"]]
+    if ident["pci"]:
+        tries.append((nvml.nvmlDeviceGetHandleByPciBusId, "{:08X}:{:02X}:{:02X}.0".format(*ident["pci"])))
+    error: Exception = LookupError(f"CUDA device {ordinal}: no UUID or PCI bus id")
+    for call, key in tries:
+        try:
+            return call(key)
+        except Exception as e:  # NVMLError_NotFound: try the next key
+            error = e
+    raise error

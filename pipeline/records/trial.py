@@ -1,0 +1,330 @@
+"""One trial's record: every per-trial measurement declared once, with its kind (its type) and its views.
+
+`summarize` builds a TrialRecord once per trial from every rank's result; the rest are views of it: metrics.json and
+the Optuna attribute `metrics` (every field); PARAM, METRIC (slash keys, memory in MiB), TAG: MLflow; OPTUNA: numeric
+Optuna user attributes (optuna-dashboard plots them); TABLE: a column of results/sweeps/<strategy>.jsonl, which
+sweep_table.typed reads back for analysis. A view's key is the field's name unless the declaration names another
+(metric="perf/wall_s"). Values computed from fields (final accuracy, peaks in MiB, the breakdown's parts) are
+declared in DERIVED. Adding a measurement: one line in TrialRecord, plus the code that measures it;
+tests/records/test_record.py checks that every field reaches every view it declares. Torch-free: analysis imports it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+
+JSON, PARAM, METRIC, TAG, OPTUNA, TABLE = "json", "param", "metric", "tag", "optuna", "table"
+MIB = 2**20
+# The step-time breakdown's parts (breakdown.py PARTS), one table column each: seconds per sampled step
+BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")
+# Table columns that describe the Optuna trial (or the skipped point), not the run: filled by sweep_table.trial_row
+ROW_COLUMNS = {"study": "str", "trial": "int", "state": "str", "reason": "str", "mlflow_run_id": "str"}
+
+
+def _f(*views: str, **keys: str):
+    return field(default=None, metadata={"views": frozenset(views), "keys": keys})
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    # what was asked (the trial's configuration: known before it runs)
+    model: str = _f(PARAM, TAG, TABLE)
+    strategy: str = _f(PARAM, TAG, TABLE)
+    devices: int = _f(PARAM, TAG, TABLE)
+    batch_size: int = _f(PARAM, TABLE)
+    per_device_batch: int = _f(PARAM, TABLE)
+    lr: float = _f(PARAM, TABLE)
+    epochs: int = _f(PARAM, TABLE)
+    seed: int = _f(PARAM)
+    max_steps: int = _f(PARAM)
+    data_source: str = _f(PARAM, TAG, TABLE)
+    synthetic: bool = _f(TAG)
+    train_limit: int = _f(PARAM)
+    test_limit: int = _f()
+    nnodes: int = _f()
+    warmup_steps: int = _f()
+    target_acc: float = _f(TABLE)
+    bucket_cap_mb: int = _f(PARAM, TABLE)
+    grad_as_bucket_view: bool = _f(PARAM, TABLE)
+    accum_steps: int = _f(PARAM, TABLE)
+    comm_hook: str = _f(PARAM, TABLE)
+    amp_dtype: str = _f(PARAM)  # the setting before the trial, what the strategy resolved after (ddp_amp)
+    # where it ran (capabilities.host_capabilities: the facts that change a number)
+    oversubscribed: bool = _f(TAG, TABLE)
+    device_kind: str = _f(TAG, TABLE)
+    device_name: str = _f(TAG, TABLE)
+    host: str = _f(TAG, TABLE)
+    host_devices: int = _f(TABLE)
+    torch: str = _f()
+    cuda: str = _f()
+    host_cpu_isa: str = _f(TAG, TABLE, tag="host.cpu_isa")
+    host_torch_cpu_capability: str = _f(TAG, tag="host.torch_cpu_capability")
+    host_bf16: str = _f(TAG, TABLE, tag="host.bf16")
+    host_fp16: str = _f(TAG, TABLE, tag="host.fp16")
+    host_cpu_bf16: str = _f(TAG, tag="host.cpu_bf16")
+    host_cpu_fp16: str = _f(TAG, tag="host.cpu_fp16")
+    host_gpu_name: str = _f(TAG, TABLE, tag="host.gpu_name")
+    host_gpu_cc: str = _f(TAG, TABLE, tag="host.gpu_compute_capability")
+    host_nccl: str = _f(TAG, TABLE, tag="host.nccl")
+    host_torch: str = _f(TAG, tag="host.torch")
+    host_cuda: str = _f(TAG, tag="host.cuda")
+    host_interconnect: str = _f(TAG, TABLE, tag="host.interconnect")
+    host_tf32: str = _f(TAG, TABLE, tag="host.tf32")  # the launching process's TF32 switches (read once)
+    tf32: str = _f(TAG)  # the TF32 switches the main rank trained under (train.fp32_precision=ieee pins them)
+    # what it measured
+    parallel_devices: bool = _f(TAG, TABLE)
+    steps: int = _f()
+    stopped: bool = _f()
+    throughput_img_s: float = _f(METRIC, OPTUNA, TABLE, metric="perf/throughput_img_s")
+    throughput_windows: list[float] = _f(TABLE)  # steady-state img/s per window, element-wise slowest rank
+    timed_steps: int = _f()
+    epoch_s: list[float] = _f(TABLE, table="epoch_s_list")
+    test_acc: list[float] = _f(TABLE, table="test_acc_list")
+    train_loss: list[float] = _f()
+    epoch_throughput_img_s: list[float] = _f()
+    time_to_acc_s: float = _f(METRIC, TABLE, metric="perf/time_to_acc_s")
+    eval: str = _f()
+    peak_mem_bytes: list[float] = _f(TAG, TABLE, tag="mem_peak_bytes")  # per device, of kind mem_basis
+    mem_imbalance: float = _f(METRIC, OPTUNA, TABLE, metric="mem/imbalance")
+    mem_device0_excess: float = _f()
+    mem_method: str = _f(TAG, TABLE)
+    mem_basis: str = _f(TAG, TABLE)  # what peak_mem_bytes (so imbalance, dev-0 excess) holds
+    mem_resident_bytes: list[float] = _f(TABLE)  # CUDA: allocated when the window opened (model, optimizer, data)
+    mem_reserved_peak_bytes: list[float] = _f(TABLE)  # CUDA: the caching allocator's reserved peak
+    mem_nvml_used_bytes: list[float] = _f(TABLE)  # CUDA with NVML: the device's used memory, every process's
+    mem_devices: list[str] = _f(TAG)
+    comm_hook_used: str = _f(TAG, TABLE)  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
+    amp_scale: float = _f()  # fp16 GradScaler's scale after the last step (ddp_amp); None elsewhere
+    amp_skipped_steps: int = _f()  # optimizer steps GradScaler skipped (inf/NaN gradients); None without one
+    backend: str = _f()  # process group of a multi-process trial: nccl or gloo; None otherwise
+    breakdown: dict = _f()  # where a sampled steady-state step goes (breakdown.py), main rank's view
+    interference: dict = _f()  # what else used the host meanwhile (interference.py)
+    wall_s: float = _f(METRIC, TABLE, metric="perf/wall_s", table="duration_s")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def params(self) -> dict:  # None too, logged as "None" as ever
+        return self._view(PARAM)
+
+    def metrics(self) -> dict:
+        return {k: v for k, v in self._view(METRIC).items() if _finite(v)}
+
+    def tags(self) -> dict:
+        return {k: _tag(v) for k, v in self._view(TAG).items() if v is not None}
+
+    def optuna_attrs(self) -> dict:
+        return {k: float(v) for k, v in self._view(OPTUNA).items() if _finite(v)}
+
+    def table_row(self) -> dict:
+        return self._view(TABLE)
+
+    def _view(self, view: str) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            if view in f.metadata["views"]:
+                out[f.metadata["keys"].get(view, f.name)] = getattr(self, f.name)
+        for d in DERIVED:
+            if view in d.views:
+                value = d.fn(self)
+                out.update({d.keys[view] + k: v for k, v in value.items()} if d.expand else {d.keys[view]: value})
+        return out
+
+    def __getitem__(self, key: str):  # record["throughput_img_s"]: metrics.json's key, for callers that read by name
+        return getattr(self, key)
+
+    def get(self, key: str, default=None):
+        return getattr(self, key, default)
+
+    @classmethod
+    def from_dict(cls, m: dict) -> TrialRecord:
+        """A record from its metrics.json (keys it does not know are dropped, missing ones are None)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (m or {}).items() if k in names})
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A value computed from the record's fields; `expand`: a dict whose keys are appended to the view's key."""
+    name: str
+    kind: str
+    fn: object
+    views: tuple
+    keys: dict
+    expand: bool
+
+
+def _mean(xs):
+    xs = [x for x in xs or [] if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _peaks(r) -> list:
+    return [p for p in r.peak_mem_bytes or [] if p is not None]
+
+
+def _mib_per_device(values) -> dict:
+    return {str(i): v / MIB for i, v in enumerate(values or []) if v is not None}
+
+
+def _bd(r) -> dict:
+    """The breakdown where the trial sampled a step, else {}."""
+    bd = r.breakdown or {}
+    return bd if bd.get("samples") and bd.get("step_s") is not None else {}
+
+
+def breakdown_metrics(bd: dict) -> dict:
+    """<part>_s and <part>_share (of the sampled step), the residual included, step_s and samples."""
+    parts = dict(bd.get("parts_s") or {})
+    if not bd.get("step_s") or not parts:
+        return {}
+    parts["residual"] = bd.get("residual_s")
+    out = {"step_s": bd["step_s"], "samples": bd["samples"]}
+    for name, s in parts.items():
+        if isinstance(s, (int, float)):
+            out[f"{name}_s"], out[f"{name}_share"] = s, s / bd["step_s"]
+    return out
+
+
+def _bd_cell(key: str):
+    return lambda r: (_bd(r).get("parts_s") or {}).get(key[:-2]) if key[:-2] in BD_PARTS else _bd(r).get(key)
+
+
+def _d(name, kind, fn, *views, expand=False, **keys):
+    return Derived(name, kind, fn, views, {v: keys.get(v, name) for v in views}, expand)
+
+
+DERIVED = (
+    _d("final_test_acc", "float", lambda r: (r.test_acc or [None])[-1], TABLE, METRIC, OPTUNA, table="test_acc",
+       metric="test/final_acc", optuna="test_acc"),
+    _d("final_train_loss", "float", lambda r: (r.train_loss or [None])[-1], TABLE, table="train_loss"),
+    _d("mean_epoch_s", "float", lambda r: _mean(r.epoch_s), TABLE, OPTUNA, table="epoch_s", optuna="epoch_s"),
+    _d("peak_mem_max", "float", lambda r: max(_peaks(r), default=None), TABLE),
+    _d("peak_mem_mean", "float", lambda r: _mean(_peaks(r)), TABLE),
+    _d("peak_mem_mib_max", "float", lambda r: max(_peaks(r)) / MIB if _peaks(r) else None, OPTUNA),
+    _d("peak_mem_mib", "dict", lambda r: _mib_per_device(r.peak_mem_bytes), METRIC, expand=True,
+       metric="mem/peak_mib/dev"),
+    *(_d(name, "dict", lambda r, name=name: _mib_per_device(getattr(r, name)), METRIC, expand=True,
+         metric=f"mem/{key}_mib/dev")
+      for name, key in (("mem_resident_bytes", "resident"), ("mem_reserved_peak_bytes", "reserved_peak"),
+                        ("mem_nvml_used_bytes", "nvml_used"))),
+    _d("mem_device0_excess_mib", "float", lambda r: r.mem_device0_excess / MIB
+       if r.mem_device0_excess is not None else None, METRIC, metric="mem/device0_excess_mib"),
+    _d("breakdown", "dict", lambda r: breakdown_metrics(_bd(r)), METRIC, expand=True, metric="breakdown/"),
+    *(_d(f"bd_{key}", "float", _bd_cell(key), TABLE)
+      for key in ("step_s", *(f"{p}_s" for p in BD_PARTS), "residual_s", "samples")),
+    _d("interfered", "bool", lambda r: (r.interference or {}).get("interfered"), TABLE),
+    *(_d(key, "float", lambda r, key=key: (r.interference or {}).get(key), TABLE)
+      for key in ("foreign_cores", "loadavg_start")),
+    _d("interference_reason", "str", lambda r: (r.interference or {}).get("interference_reason"), TABLE),
+)
+BD_COLUMNS = [d.name for d in DERIVED if d.name.startswith("bd_")]
+
+
+# ---------------------------------------------------------------- building it
+
+def planned(cfg, host, host_fields: dict | None = None) -> TrialRecord:
+    """What is known before the trial runs: its configuration, the host and its capability_fields."""
+    t = cfg.train
+    return TrialRecord(
+        model=t.model, strategy=t.strategy, devices=t.devices, batch_size=t.batch_size,
+        per_device_batch=t.batch_size // t.devices, lr=t.lr, epochs=t.epochs, seed=t.seed, max_steps=t.max_steps,
+        data_source=cfg.data.source, synthetic=cfg.data.source == "synthetic", train_limit=cfg.data.train_limit,
+        test_limit=cfg.data.test_limit, nnodes=t.nnodes, warmup_steps=max(t.warmup_steps, 1),
+        target_acc=t.target_acc, bucket_cap_mb=t.bucket_cap_mb, grad_as_bucket_view=t.grad_as_bucket_view,
+        accum_steps=t.accum_steps, comm_hook=t.comm_hook, amp_dtype=t.amp_dtype,
+        oversubscribed=t.devices > host.n * t.nnodes, device_kind=host.kind, device_name=host.name,
+        host=host.hostname, host_devices=host.n, torch=host.torch, cuda=host.cuda, **(host_fields or {}))
+
+
+def capability_fields(caps: dict) -> dict:
+    """capabilities.host_capabilities(host) as the record's host_* fields."""
+    cpu, gpus = caps.get("cpu") or {}, caps.get("gpus") or []
+    return {"host_cpu_isa": cpu.get("isa_text") or ",".join(cpu.get("isa") or []) or "none",
+            "host_torch_cpu_capability": cpu.get("torch_cpu_capability"), "host_bf16": caps.get("bf16"),
+            "host_fp16": caps.get("fp16"), "host_cpu_bf16": cpu.get("bf16"), "host_cpu_fp16": cpu.get("fp16"),
+            "host_gpu_name": ",".join(sorted({g["name"] for g in gpus})) or None,
+            "host_gpu_cc": ",".join(sorted({g["compute_capability"] for g in gpus})) or None,
+            "host_nccl": caps.get("nccl") or None, "host_torch": caps.get("torch"),
+            "host_cuda": caps.get("cuda") or None, "host_interconnect": caps.get("interconnect") or None,
+            "host_tf32": caps.get("tf32_text")}
+
+
+def summarize(cfg, host, strategy, results: list[dict], wall_s: float, host_fields: dict | None = None,
+              interference: dict | None = None) -> TrialRecord:
+    """The trial's record from every rank's result (results[0]: the main rank's, which may gather all ranks)."""
+    main = results[0]
+    ranks = main.get("ranks") or results  # every rank of every node, gathered by the trial itself
+    peaks = [p for r in ranks for p in (r["peak_mem_bytes"] or [])]
+    throughputs = [r["throughput_img_s"] for r in ranks if r["throughput_img_s"]]
+    windows = [r["throughput_windows"] for r in (*ranks, *results) if r.get("throughput_windows")]
+    return dataclasses.replace(
+        planned(cfg, host, host_fields),
+        parallel_devices=host.kind == "cuda" or strategy.parallel_on_cpu,
+        steps=main["steps"], stopped=main["stopped"],
+        # slowest rank: all ranks meet at every all-reduce, so the trial runs at its pace (window by window too)
+        throughput_img_s=min(throughputs) if throughputs else None,
+        throughput_windows=[min(w) for w in zip(*windows)] if windows else [],
+        timed_steps=main["timed_steps"], epoch_s=main["epoch_s"], test_acc=main["test_acc"],
+        train_loss=main["train_loss"], epoch_throughput_img_s=main["epoch_throughput_img_s"],
+        time_to_acc_s=main["time_to_acc_s"],
+        eval="test set split across the trial's processes, correct counts summed" if strategy.multiprocess
+             else "on this process's first device",
+        peak_mem_bytes=peaks, mem_imbalance=imbalance(peaks), mem_device0_excess=device0_excess(peaks),
+        mem_method=main["mem_method"], mem_basis=main.get("mem_basis"),
+        **{k: _per_device(ranks, k) for k in ("mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes")},
+        mem_devices=[f"node{r.get('node', '0')}:{r.get('host', host.hostname)}/{d}"
+                     + (f"/rank{r['rank']}" if strategy.multiprocess else "")
+                     for r in ranks for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
+        comm_hook_used=main.get("comm_hook_used"), amp_dtype=main["amp_dtype"], backend=main.get("backend"),
+        amp_scale=main.get("amp_scale"), amp_skipped_steps=main.get("amp_skipped_steps"), tf32=main.get("tf32"),
+        breakdown=main.get("breakdown"), interference=interference, wall_s=wall_s)
+
+
+def _per_device(ranks, key) -> list | None:
+    """Every rank's per-device `key`, aligned with peak_mem_bytes; None where no rank has it (CPU)."""
+    if not any(r.get(key) for r in ranks):
+        return None
+    return [v for r in ranks for v in (r.get(key) or [None] * len(r["peak_mem_bytes"] or []))]
+
+
+def imbalance(peaks) -> float | None:
+    """max / mean of peak_mem_bytes (of kind mem_basis) over the trial's devices (1.0 = perfectly balanced)."""
+    peaks = [p for p in peaks if p is not None]
+    return max(peaks) / (sum(peaks) / len(peaks)) if peaks and sum(peaks) else None
+
+
+def device0_excess(peaks) -> float | None:
+    """peak[0] - mean(peak[1:]) (of kind mem_basis): what device 0 holds beyond the others (needs >= 2 devices)."""
+    return peaks[0] - sum(peaks[1:]) / (len(peaks) - 1) if len(peaks) >= 2 else None
+
+
+# ---------------------------------------------------------------- the sweep table's columns
+
+def _kind(annotation: str) -> str:
+    return annotation.split("[")[0].split("|")[0].strip()
+
+
+def table_kinds() -> dict:
+    """Every column of the sweep table and its kind (int, float, str, bool, list)."""
+    out = dict(ROW_COLUMNS)
+    for f in dataclasses.fields(TrialRecord):
+        if TABLE in f.metadata["views"]:
+            out[f.metadata["keys"].get(TABLE, f.name)] = _kind(f.type)
+    out.update({d.keys[TABLE]: d.kind for d in DERIVED if TABLE in d.views})
+    return out
+
+
+COLUMNS = list(table_kinds())
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _tag(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    return json.dumps(v) if isinstance(v, (list, dict)) else str(v)

@@ -1,0 +1,16 @@
+"""The sweep stage: one Optuna study per strategy, its queue of trials, its MLflow parent run.
+
+The face is lazy: importing one module of this folder does not load the others (torch, mlflow).
+"""
+import importlib
+
+_FACE = {
+    'run_sweep': 'stage',
+}
+__all__ = sorted(_FACE)
+
+
+def __getattr__(name: str):
+    if name in _FACE:
+        return getattr(importlib.import_module(f"{__name__}.{_FACE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,320 @@
+"""MLflow tracking: the only importer of mlflow in the package.
+
+Store: sqlite:///<root>/mlruns/mlflow.db with artifacts in <root>/mlruns/artifacts, at paths.store_root(): the
+parent repository under DVC's temp and queued executors too, so every experiment's runs land in one store. Runs
+are written through MlflowClient with explicit run ids (no global "active run"), so a crashed trial can always be
+ended with a status.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline import scratch
+from pipeline.paths import repo_root, store_root
+from pipeline.errors import StoreError, redact
+from pipeline.preflight import check_store, writable_dir
+
+RUNNING = "RUNNING"
+# MLflow 3's UI reads this experiment tag to choose its view: without it an experiment opens on the GenAI "Traces"
+# overview; "custom_model_development" (mlflow/server/js: ExperimentKind.CUSTOM_MODEL_DEVELOPMENT) opens the runs table
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # no "View run at" line per ended run
+# MLflow 3 sends usage telemetry to its servers from a background thread unless told not to; a research pipeline
+# on a cluster should not phone home for its users (set MLFLOW_DISABLE_TELEMETRY=false to allow it)
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+class _NoStoreTracebacks(logging.Filter):
+    """MLflow's SQL store logs a full traceback for each failed write (a locked or full database) before raising it;
+    Parallax reports that fault itself, in one message, so the log record is dropped."""
+
+    def filter(self, record):
+        return not (record.exc_info and record.getMessage().startswith("SQLAlchemy database error"))
+
+
+logging.getLogger("mlflow.store.db.utils").addFilter(_NoStoreTracebacks())
+
+
+@contextlib.contextmanager
+def _first_contact():
+    """MLflow's HTTP client retries 7 times over about two minutes, and waits 120 s per request: right for a long
+    sweep against a busy server, wrong for the first request, which should say at once that nobody answers."""
+    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+    saved = {k: os.environ.get(k) for k in quick}
+    os.environ.update({k: v for k, v in quick.items() if saved[k] is None})  # the user's settings win
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+
+
+def tracking_uri(cfg) -> str:
+    return cfg.tracking.uri or f"sqlite:///{store_root() / 'mlruns' / 'mlflow.db'}"
+
+
+def experiment_name(cfg) -> str:
+    return cfg.tracking.experiment or f"parallax-{cfg.profile}"
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class Tracker:
+    """One MLflow experiment; creates the store once (before any parallel writer) and the experiment if needed."""
+
+    def __init__(self, cfg):
+        import mlflow
+        from mlflow.tracking import MlflowClient
+        uri = tracking_uri(cfg)
+        check_store(uri, "tracking.uri")  # unreachable, corrupt or unwritable: fails now, in seconds
+        mlflow.set_tracking_uri(uri)
+        self.uri = uri
+        name = experiment_name(cfg)
+        try:
+            with _first_contact():
+                self.client = MlflowClient(tracking_uri=uri)
+                exp = self._get_or_create(name, cfg)
+        except StoreError:
+            raise
+        except Exception as e:  # a server that answers but is not MLflow, a schema MLflow cannot migrate, ...
+            raise StoreError(
+                f"Cannot use the MLflow tracking store {redact(uri)} (tracking.uri): {type(e).__name__}: "
+                f"{redact((str(e).strip().splitlines() or [''])[0][:300])}. Check that it is an MLflow tracking "
+                f"server or database of a supported version (docs/scale-out.md), or leave tracking.uri empty for "
+                f"the local store in mlruns/. Nothing was run.") from None
+        self.experiment_id = exp.experiment_id
+        self.name = name
+        _check_artifacts(exp.artifact_location or "", name)
+        self._end_orphaned_runs()
+
+    def _get_or_create(self, name, cfg):
+        exp = self.client.get_experiment_by_name(name)
+        if exp is None:
+            artifacts = None
+            if self.uri.startswith("sqlite:///") or "://" not in self.uri:
+                artifacts = (store_root() / "mlruns" / "artifacts").as_uri()
+            try:
+                self.client.create_experiment(name, artifact_location=artifacts,
+                                              tags={"profile": cfg.profile, **EXPERIMENT_KIND})
+            except Exception:  # another worker created it first
+                pass
+            exp = self.client.get_experiment_by_name(name)
+        if exp.lifecycle_stage == "deleted":
+            i = exp.experiment_id
+            raise StoreError(
+                f"The MLflow experiment {name!r} (id {i}) in {redact(self.uri)} (tracking.uri) is deleted: it is in "
+                f"MLflow's trash (deleted in the UI or by `mlflow experiments delete`), where no run can be added "
+                f"and no experiment of that name made. Restore it with its runs: MLFLOW_TRACKING_URI="
+                f"{redact(self.uri)} mlflow experiments restore --experiment-id {i}; or remove it for good: mlflow "
+                f"gc --backend-store-uri {redact(self.uri)} --experiment-ids {i}; or set tracking.experiment to "
+                f"another name. Nothing was run.")
+        for k, v in EXPERIMENT_KIND.items():
+            if exp.tags.get(k) is None:  # an experiment made before the tag was set (or by another tool)
+                self.client.set_experiment_tag(exp.experiment_id, k, v)
+        return exp
+
+    # --- runs ---------------------------------------------------------------------------------------
+    def start_run(self, name: str, tags: dict, parent_id: str | None = None, owned: bool = True) -> str:
+        """owned: the run ends with this process (ended KILLED by a later command if the process dies first);
+        False for a run that several processes share, whose end is theirs to decide (a study's parent run)."""
+        tags = {k: str(v) for k, v in tags.items() if v is not None}
+        if owned:
+            tags.update({"parallax.pid": str(os.getpid()), "parallax.host": scratch.host_tag()})
+        if parent_id:
+            tags["mlflow.parentRunId"] = parent_id
+        return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+
+    def log_params(self, run_id: str, params: dict) -> None:
+        from mlflow.entities import Param
+        self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+
+    def log_metrics(self, run_id: str, metrics: dict, step: int | None = None) -> None:
+        from mlflow.entities import Metric
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()
+                 if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))]
+        if batch:
+            self.client.log_batch(run_id, metrics=batch)
+
+    def set_tags(self, run_id: str, tags: dict) -> None:
+        from mlflow.entities import RunTag
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items() if v is not None])
+
+    def log_dataset(self, run_id: str, cfg, context: str = "train") -> None:
+        """The trial's data as an MLflow input (the runs table's Datasets column): named by its source, with the
+        data files' checksum from data.dir/manifest.json as digest, so real and synthetic data never look alike."""
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.data.sources import LocalArtifactDatasetSource
+        from mlflow.entities import DatasetInput, InputTag
+        root = Path(cfg.data.dir)
+        root = root if root.is_absolute() else repo_root() / root
+        name = "synthetic" if cfg.data.source == "synthetic" else "fashion-mnist"
+        ds = MetaDataset(LocalArtifactDatasetSource(str(root)), name=name, digest=data_digest(root))
+        self.client.log_inputs(run_id, [DatasetInput(ds._to_mlflow_entity(),
+                                                     [InputTag("mlflow.data.context", context)])])
+
+    def log_artifact(self, run_id: str, path, subdir: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), subdir)
+
+    def log_artifacts(self, run_id: str, path, subdir: str | None = None) -> None:
+        self.client.log_artifacts(run_id, str(path), subdir)
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status)
+
+    def close_run(self, run_id: str, status: str, reason: str = "") -> None:
+        """End a run with its status and, for one that did not finish, the reason as tag `failure`. When the store
+        itself fails, a run that did not finish is left as it is (the fault is being reported); a FINISHED one
+        raises, so that no failure passes for a success."""
+        try:
+            if reason:
+                self.set_tags(run_id, {"failure": redact(reason)[:5000]})
+            self.end_run(run_id, status)
+        except Exception:
+            if status == "FINISHED":
+                raise
+
+    def status(self, run_id: str) -> str | None:
+        """The run's state as the store holds it now, or None when the store cannot be read."""
+        try:
+            return self.client.get_run(run_id).info.status
+        except Exception:
+            return None
+
+    def local_artifacts(self, run_id: str | None = None) -> Path | None:
+        """The local folder of a run's artifacts (or of the experiment's), or None for a remote artifact store."""
+        from urllib.parse import unquote, urlsplit
+        try:
+            uri = (self.client.get_run(run_id).info.artifact_uri if run_id else
+                   self.client.get_experiment(self.experiment_id).artifact_location)
+        except Exception:
+            return None
+        parts = urlsplit(uri)
+        return Path(unquote(parts.path)) if parts.scheme in ("", "file") else None
+
+    def find_runs(self, filter_string: str) -> list:
+        return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=10000)
+
+    def _end_orphaned_runs(self) -> None:
+        """End KILLED the RUNNING runs this host's processes opened and that process no longer runs (a SIGKILLed
+        train, analyze or sweep): MLflow would show them RUNNING for good. Runs of other hosts are left alone."""
+        try:
+            runs = self.find_runs(f"tags.`parallax.host` = '{scratch.host_tag()}' and attributes.status = 'RUNNING'")
+            for r in runs:
+                pid = r.data.tags.get("parallax.pid", "")
+                if pid.isdigit() and not scratch.alive(int(pid)):
+                    self.set_tags(r.info.run_id, {"parallax.ended_by": f"its process ({pid}) died: killed"})
+                    self.end_run(r.info.run_id, "KILLED")
+        except Exception:  # a repair only: a store that fails is reported by the command's own first write
+            pass
+
+    def end_stale_runs(self, filter_string: str, status: str = "KILLED") -> int:
+        """End RUNNING runs left behind by a killed process (matched by filter); returns how many."""
+        runs = self.find_runs(f"{filter_string} and attributes.status = 'RUNNING'")
+        for r in runs:
+            self.set_tags(r.info.run_id, {"parallax.ended_by": "resume: its process died"})
+            self.end_run(r.info.run_id, status)
+        return len(runs)
+
+
+def _check_artifacts(location: str, name: str) -> None:
+    """Raise StoreError unless the experiment's artifact folder, when it is a local one, can be written: else the
+    first artifact fails after the training, as an unexpected error."""
+    if location.startswith("file:"):
+        import urllib.parse
+        location = urllib.parse.unquote(urllib.parse.urlsplit(location).path)
+    elif "://" in location or ":/" in location:  # a server's or an object store's artifacts
+        return
+    path = Path(location)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"Cannot write the MLflow artifacts of experiment {name!r}: {path} is not a writable folder "
+                         f"({e.strerror or e}). Put a writable folder there (a file or a read-only mount is in its "
+                         f"place), or point tracking.uri elsewhere. Nothing was run.") from None
+    writable_dir(path, f"the MLflow artifacts of experiment {name!r}")
+
+
+def base_tags(planned, cfg, stage: str | None = None) -> dict:
+    """A trial run's tags when it starts: the planned trial record's (record.planned) and where it was run from."""
+    return {**planned.tags(), "git_sha": git_sha(), "profile": cfg.profile,
+            "dvc_stage": stage or ("" if not os.environ.get("DVC_ROOT") else "unknown")}
+
+
+def data_digest(root) -> str | None:
+    """A checksum of the data files (the md5s in manifest.json), or None without a manifest (MLflow then digests
+    the dataset's name and source)."""
+    import hashlib
+    try:
+        files = json.loads((Path(root) / "manifest.json").read_text())["files"]
+        key = "".join(f"{n}:{files[n]['md5']}\n" for n in sorted(files))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def epoch_metrics(record: dict) -> dict:
+    return {"train/loss": record.get("train_loss"), "test/acc": record.get("test_acc"),
+            "perf/epoch_s": record.get("epoch_s"), "perf/epoch_throughput_img_s": record.get("throughput_img_s")}
+
+
+def summary_metrics(summary: dict) -> dict:
+    """summary.json's numbers as metrics of the analysis run: the top-level ones under summary/, each strategy's
+    as <strategy>/<name> (sentences, objects and flags stay in the file)."""
+    def numbers(d: dict, prefix: str) -> dict:
+        return {f"{prefix}/{k}": v for k, v in d.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out = numbers(summary, "summary")
+    for name, s in (summary.get("strategies") or {}).items():
+        out.update(numbers(s, name))
+    return out
+
+
+@contextlib.contextmanager
+def system_metrics(cfg, run_id: str | None):
+    """With tracking.system_metrics on, MLflow's system metrics (system/cpu_utilization_percentage,
+    system/system_memory_usage_megabytes, disk, network and, where pynvml finds NVIDIA GPUs, system/gpu_N_*) are
+    sampled every tracking.system_metrics_interval_s into run `run_id` while the block runs. They describe the whole
+    host (every process), beside the trial's own per-device allocator peaks (mem/peak_mib/devN), never instead."""
+    if not (cfg.tracking.system_metrics and run_id):
+        yield None
+        return
+    try:
+        import psutil  # noqa: F401  (MLflow's CPU monitor needs it)
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    except ImportError as e:
+        print(f"tracking.system_metrics is on but {e.name} is not installed (pip install psutil; pynvml for "
+              f"GPUs): this run has no system metrics", file=sys.stderr)
+        yield None
+        return
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=cfg.tracking.system_metrics_interval_s,
+                                   tracking_uri=tracking_uri(cfg))
+    monitor.start()
+    try:
+        yield monitor
+    finally:
+        monitor.finish()
+
+
+def log_completed_run(tracker: Tracker, run_id: str, record, out_dir: Path) -> None:
+    """Everything a finished trial leaves in its run: its record's metrics (at the last epoch's step, after the
+    learning curves) and tags (record.py), and the metrics file."""
+    tracker.log_metrics(run_id, record.metrics(), step=len(record.test_acc or []))
+    tracker.set_tags(run_id, record.tags())
+    if (out_dir / "metrics.json").exists():
+        tracker.log_artifact(run_id, out_dir / "metrics.json")

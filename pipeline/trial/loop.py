@@ -1,0 +1,145 @@
+"""THE training loop: strategy-agnostic, no optuna, no mlflow. One call = one process's part of one trial.
+
+Per-epoch reporting and pruning arrive as a callback `on_epoch(record) -> bool` (True = stop), called on the
+main process only; the stop decision is then agreed by every rank.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+
+import torch
+from torch import nn
+
+from pipeline.data import store as datamod
+from pipeline.measure import breakdown
+from pipeline.measure.meter import Meter
+from pipeline.models import build_model
+
+
+class DivergenceError(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, strategy, x: torch.Tensor, y: torch.Tensor, batch: int = 512,
+             channels_last: bool = False) -> float:
+    """Test accuracy; the test set is split across processes like the training data, counts summed.
+
+    Batches of 512 in the model's memory format: batches of 2,048 were slower on CPU (their activations no longer
+    fit the cache)."""
+    model.eval()
+    rank, world = strategy.data_shard
+    part = torch.arange(rank, x.shape[0], world, device=x.device)
+    correct = torch.zeros((), dtype=torch.float64, device=strategy.device)
+    for i in range(0, part.numel(), batch):
+        idx = part[i:i + batch]
+        inputs = datamod.normalize(x[idx], strategy.device)
+        if channels_last:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        pred = model(inputs).argmax(1)
+        correct += (pred == y[idx].to(pred.device)).sum().to(correct.device)
+    return strategy.reduce(correct).item() / x.shape[0]
+
+
+def _check_finite(loss: torch.Tensor, step: int, epoch: int, lr: float) -> None:
+    value = loss.item()
+    if not math.isfinite(value):
+        raise DivergenceError(f"loss became {value} at step {step} (epoch {epoch + 1}): the run diverged; "
+                              f"lower the learning rate (train.lr={lr}).")
+
+
+def build(t, strategy):
+    """The model with its parallelism applied (before the loop), its criterion and optimizer."""
+    model = build_model(t.model, t.seed, t.init).to(strategy.device)
+    if t.channels_last and strategy.channels_last_params:
+        model = model.to(memory_format=torch.channels_last)
+    model, criterion = strategy.wrap(model, nn.CrossEntropyLoss())
+    if t.compile:
+        model = torch.compile(model)
+    return model, criterion, strategy.build_optimizer(model)
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    if n < batch_size:
+        raise ValueError(f"the training set ({n} images) is smaller than one global batch "
+                         f"(train.batch_size={batch_size}); lower the batch size or raise data.train_limit.")
+    return n // batch_size
+
+
+def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) -> dict:
+    """Train cfg.train.model with `strategy` (already set up) on `data`; returns this process's results."""
+    t, device = cfg.train, strategy.device
+    model, criterion, optimizer = build(t, strategy)
+    # --- data: uint8 tensors resident on the input device, normalised there per batch. Every rank holds the whole
+    # set (its batches index into it); the memory meter counts it as resident, not as the step's (metrics.py)
+    train_x, train_y, test_x, test_y = (v.to(device) for v in (data.train_x, data.train_y, data.test_x, data.test_y))
+    rank, world = strategy.data_shard
+    steps = steps_per_epoch(train_x.shape[0], t.batch_size)
+    every = t.breakdown_every  # 0 = off
+    meter = Meter(strategy, t.batch_size, t.warmup_steps, t.target_acc,
+                  breakdown.Breakdown(strategy, model, every) if every else breakdown.Off())
+    history = {"test_acc": [], "train_loss": []}
+    step, stopped = 0, False
+    for epoch in range(t.epochs):
+        batches = datamod.epoch_batches(train_x.shape[0], t.batch_size, epoch, t.seed, rank, world).to(device)
+        model.train()
+        loss_sum, n_steps = torch.zeros((), device=device), 0
+        meter.start_epoch(step)
+        for i in range(steps):
+            meter.tick(step)
+            with meter.sample(step) as clock:  # the step-time breakdown's phases on sampled steps, else no-ops
+                with clock("data"):
+                    x, y = datamod.normalize(train_x[batches[i]], device), train_y[batches[i]]
+                    if t.channels_last:
+                        x = x.contiguous(memory_format=torch.channels_last)
+                with meter.probe(step, model, optimizer):
+                    loss = strategy.train_step(model, criterion, optimizer, x, y, clock)
+            loss_sum += loss.detach().to(device)  # dp with train.output_device=j returns it on cuda:j
+            step, n_steps = step + 1, n_steps + 1
+            if step % t.check_every == 0:
+                _check_finite(loss, step, epoch, t.lr)
+            if progress is not None:
+                progress(epoch, i + 1, steps)
+            if t.max_steps and step >= t.max_steps:
+                break
+        epoch_s, throughput = meter.end_epoch(step)
+        _check_finite(loss, step, epoch, t.lr)
+        # --- end of epoch: loss, evaluation, then the caller's verdict (report, prune), agreed by every rank
+        history["train_loss"].append((strategy.reduce(loss_sum) / (n_steps * world)).item())
+        with meter.evaluation():  # outside the memory window: evaluation is not the strategy's step
+            history["test_acc"].append(evaluate(strategy.eval_model(model), strategy, test_x, test_y,
+                                                channels_last=t.channels_last))
+        meter.note_accuracy(history["test_acc"][-1])
+        record = {"epoch": epoch + 1, "epochs": t.epochs, "step": step, "epoch_s": epoch_s,
+                  "test_acc": history["test_acc"][-1], "train_loss": history["train_loss"][-1],
+                  "throughput_img_s": throughput}
+        stop = on_epoch(record) if (on_epoch is not None and strategy.is_main()) else False
+        if strategy.broadcast_flag(bool(stop)):
+            stopped = True
+            break
+        if t.max_steps and step >= t.max_steps:
+            break
+    state = strategy.state_dict(model)  # collective for sharded parameters: every rank calls it
+    return _results(strategy, meter.results(), history, step, stopped, state)
+
+
+def _results(strategy, measured: dict, history: dict, steps: int, stopped: bool, state: dict) -> dict:
+    """This process's part of the trial; the main rank's carries every rank's devices, on every node."""
+    rank, world = strategy.data_shard
+    devices = [str(d) for d in strategy.devices]
+    ranks = strategy.gather({"rank": rank, "node": os.environ.get("GROUP_RANK", "0"),
+                             "host": socket.gethostname(), "peak_mem_bytes": measured["peak_mem_bytes"],
+                             **{k: measured[k] for k in ("mem_resident_bytes", "mem_reserved_peak_bytes",
+                                                         "mem_nvml_used_bytes")},
+                             "device_names": devices, "throughput_img_s": measured["throughput_img_s"],
+                             "throughput_windows": measured["throughput_windows"]})
+    return {
+        "ranks": ranks, "rank": rank, "world_size": world, "steps": steps, "stopped": stopped,
+        **measured, **history,
+        "amp_dtype": None, "comm_hook_used": None,
+        **strategy.facts(),  # what the strategy resolved at run time (ddp: comm_hook_used; ddp_amp: amp_dtype)
+        "device_names": devices,
+        "state_dict": state if strategy.is_main() else None,
+    }

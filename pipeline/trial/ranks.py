@@ -1,0 +1,365 @@
+"""A trial's ranks, started by PyTorch's elastic launcher, which also returns each rank's result or names the failed
+rank: one process per device (ddp, ddp_amp, fsdp), or one process for a strategy that drives all its devices from
+one (single, scratch, dp, dp_criterion).
+
+Never the caller's process, so every trial has its time budget: a call that never returns (DataParallel's NCCL
+broadcast on a host with broken P2P) can only be stopped from outside; a stopped rank leaves its Python stacks in
+stacks-rank<r>.txt. A long-lived caller (sweep, doctor) keeps none of a trial's device state (CUDA contexts, the
+caching allocator's reserve). Cost: the launcher's start and stop, a few tenths of a second on CPU (fork shares the
+loaded data); on GPUs (spawn) also importing torch and reading the data again, per trial.
+
+The main rank reports each epoch through files in the trial directory (progress.jsonl, answered by ack-<epoch>),
+so the caller's callback (MLflow logging, Optuna pruning) runs in the caller's process, also across nodes.
+"""
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import gc
+import importlib
+import json
+import os
+import select
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+from pipeline.config import loader as configmod
+from pipeline.data import store as datamod
+from pipeline.host import loopback
+from pipeline import paths
+from pipeline.trial import node_addr
+from pipeline.host.capabilities import fp32_pinned, tf32_flags, tf32_text
+from pipeline.host.devices import Host, probe
+from pipeline.errors import Interrupted, TrialFailed
+from pipeline.trial.rdzv_watch import RendezvousWatch
+from pipeline.strategies import STRATEGIES
+from pipeline.trial.loop import train
+
+
+def load_data(cfg, verify: bool = False) -> datamod.Dataset:
+    root = paths.repo_root() / cfg.data.dir if not os.path.isabs(cfg.data.dir) else Path(cfg.data.dir)
+    return datamod.load(root, cfg.data.source, cfg.data.train_limit, cfg.data.test_limit, verify=verify)
+
+
+# ----------------------------------------------------------------------------- one process
+
+_DATA: datamod.Dataset | None = None  # set before forking, so forked ranks share it instead of re-reading
+_WAKE: tuple[int, int] | None = None  # (read, write) pipe, set before forking: rank 0 wakes the epoch watcher
+
+
+def _progress_bar(enabled: bool, label: str):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    bars = {}
+
+    def update(epoch, i, steps):
+        bar = bars.get(epoch)
+        if bar is None:
+            for b in bars.values():
+                b.close()
+            bar = bars[epoch] = tqdm(total=steps, desc=f"{label} epoch {epoch + 1}", unit="step",
+                                     leave=False, dynamic_ncols=True, mininterval=0.5)
+        bar.update(1)
+        if i == steps:
+            bar.close()
+    return update
+
+
+def _run_process(cfg, strategy, rank, world, data, on_epoch, progress):
+    strategy.setup(rank, world)
+    try:
+        label = f"{cfg.train.strategy} k={cfg.train.devices}"
+        # pinned in each process: a spawned rank starts with torch's TF32 defaults, whatever its parent set
+        with fp32_pinned(cfg.train.fp32_precision != "default", tf32=cfg.train.fp32_precision == "tf32"):
+            return {**train(cfg, strategy, data, on_epoch=on_epoch,
+                            progress=_progress_bar(progress and strategy.is_main(), label)),
+                    "tf32": tf32_text(tf32_flags())}
+    finally:
+        strategy.teardown()
+
+
+def _file_reporter(out_dir: Path, wait_for_ack: bool, timeout_s: float):
+    """on_epoch for the main rank of a multi-process trial: append the record, wait for the caller's answer. The
+    other ranks wait for this rank's verdict inside a collective that times out after train.timeout_s, so the answer
+    is awaited for half that: an answer that comes later (a tracking server stalled) is taken at the next epoch."""
+    def report(record: dict) -> bool:
+        with open(out_dir / "progress.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if _WAKE is not None:
+            os.write(_WAKE[1], b"!")  # the file is the record; the byte only saves the watcher's polling delay
+        if not wait_for_ack:
+            return False
+        ack = out_dir / f"ack-{record['epoch']}"
+        deadline = time.monotonic() + timeout_s / 2
+        while not ack.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return any(_said_stop(out_dir / f"ack-{e}") for e in range(1, record["epoch"] + 1))
+    return report
+
+
+def _said_stop(ack: Path) -> bool:
+    try:
+        return ack.read_text().strip() == "stop"
+    except OSError:  # not answered yet
+        return False
+
+
+def _exit_with_agent() -> None:
+    """Die with the agent: a worker blocked in a collective when its agent is SIGKILLed would otherwise linger
+    until the collective times out (the kernel's parent-death signal only reaches the Python handler later)."""
+    agent = os.getppid()
+
+    def watch():
+        while os.getppid() == agent:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="parallax-agent-watch").start()
+
+
+_STACKS = None  # the open file a stopped rank writes its Python stacks to
+
+
+def _stacks_on_stop(path: Path) -> None:
+    """On the launcher's SIGTERM (a trial over its budget, an interrupt), write every thread's Python stack to
+    `path`, then end as SIGTERM does. faulthandler writes from the C signal handler, so it also answers while the
+    main thread is blocked in C (a collective that never returns)."""
+    global _STACKS
+    _STACKS = open(path, "w")
+    faulthandler.register(signal.SIGTERM, file=_STACKS, all_threads=True, chain=True)
+
+
+def rank_entry(cfg_dict: dict, out_dir: str, wait_for_ack: bool, progress: bool) -> dict:
+    """Entry point of each worker process started by the elastic launcher."""
+    # forked from the trial's parent: its Python objects (torch, MLflow, Optuna: hundreds of thousands) are never
+    # garbage here, so keep the collector off them (a full collection at teardown walked them all and copied the
+    # shared pages it touched)
+    gc.freeze()
+    _exit_with_agent()
+    cfg = configmod._build(configmod.Config, cfg_dict, "")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _stacks_on_stop(Path(out_dir) / f"stacks-rank{rank}.txt")
+    data = _DATA if _DATA is not None else load_data(cfg)
+    strategy = STRATEGIES[cfg.train.strategy](cfg.train, probe())
+    on_epoch = _file_reporter(Path(out_dir), wait_for_ack, cfg.train.timeout_s)
+    result = _run_process(cfg, strategy, rank, world, data, on_epoch, progress)
+    if result["state_dict"] is not None:
+        torch.save(result.pop("state_dict"), Path(out_dir) / "final_state.pt")
+    result.pop("state_dict", None)
+    result["node"] = os.environ.get("GROUP_RANK", "0")
+    result["local_rank"] = int(os.environ.get("LOCAL_RANK", rank))
+    return result
+
+
+# ----------------------------------------------------------------------------- many processes
+
+def _start_method(cfg, host: Host) -> str:
+    if cfg.train.start_method != "auto":
+        return cfg.train.start_method
+    # fork shares the loaded data and skips re-importing torch; CUDA cannot be used after fork.
+    return "spawn" if host.kind == "cuda" else "fork"
+
+
+def _watch(out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None = None, failed: list | None = None):
+    """Tail progress.jsonl, hand each record to on_epoch, answer with ack-<epoch>. An error of on_epoch (its store
+    is down) answers "stop" and goes to `failed`, for the caller to raise once the ranks have ended."""
+    seen = 0
+    path = out_dir / "progress.jsonl"
+    while True:
+        last = stop.is_set()  # after the ranks end, one more pass: records written during a slow on_epoch
+        if wake_fd is not None and not last and select.select([wake_fd], [], [], 0.1)[0]:
+            os.read(wake_fd, 4096)
+        lines = path.read_text().splitlines() if path.exists() else []
+        for line in lines[seen:]:
+            record = json.loads(line)
+            try:
+                stop_it = bool(failed) or bool(on_epoch and on_epoch(record))
+            except Exception as e:
+                failed.append(e)
+                stop_it = True
+            (out_dir / f"ack-{record['epoch']}").write_text("stop" if stop_it else "go")
+        seen = len(lines)
+        if last:
+            return
+        if wake_fd is None:
+            stop.wait(0.1)  # an epoch record waits at most this long; polling faster steals a core
+
+
+def _failure_reason(err) -> TrialFailed:
+    parts, kind = [], "error"
+    for rank, f in sorted(getattr(err, "failures", {}).items()):
+        if f.exitcode < 0 or f.message == "" or "Signal" in str(f.message):
+            sig = f.signal_name() if f.exitcode < 0 else f"exit code {f.exitcode}"
+            parts.append(f"rank {rank} (pid {f.pid}) died: {sig}")
+            kind = "worker_died" if kind == "error" else kind
+        else:
+            msg = f.message.get("message", str(f.message)) if isinstance(f.message, dict) else str(f.message)
+            msg = msg.strip().splitlines()[0] if msg.strip() else f"exit code {f.exitcode}"
+            parts.append(f"rank {rank} failed: {msg}")
+            if "DivergenceError" in msg or "diverged" in msg:
+                kind = "diverged"
+            elif is_out_of_memory(msg):
+                parts[-1] = f"rank {rank} ran out of memory: {msg}"
+                kind = "oom"
+            elif "timed out" in msg.lower() or "timeout" in msg.lower():
+                kind = "timeout" if kind == "error" else kind
+            elif any(s in msg for s in PEER_GONE):
+                # Gloo's all-reduce failed because another rank's connection closed: that rank most likely died.
+                # PyTorch's launcher reports only the first failed rank it polls, which may be this one.
+                parts[-1] += (" (a peer rank's connection closed first: that rank most likely died; the launcher "
+                              "reports only one failed rank)")
+                kind = "worker_died" if kind == "error" else kind
+    return TrialFailed("; ".join(parts) or str(err), kind)
+
+
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+# How running out of memory reads, on every device: CUDA's torch.OutOfMemoryError ("CUDA out of memory"), PyTorch's
+# CPU allocator (a RuntimeError: "DefaultCPUAllocator: can't allocate memory" on Linux, "not enough memory"
+# elsewhere), and Python's own MemoryError.
+OUT_OF_MEMORY = ("out of memory", "defaultcpuallocator", "can't allocate memory", "not enough memory", "memoryerror")
+
+
+def is_out_of_memory(message: str) -> bool:
+    """Whether an error's text (its type name first, as a rank's error file has it) says memory ran out."""
+    low = message.lower()
+    return any(m in low for m in OUT_OF_MEMORY)
+
+
+_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _remove_orphaned_scratch() -> None:
+    """The trial folders of sweeps that were SIGKILLed (their pid no longer runs): a killed process removes nothing."""
+    for d in Path(tempfile.gettempdir()).glob("parallax-trial-*-*"):
+        try:
+            os.kill(int(d.name.split("-")[2]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, OSError):  # not ours, or another user's live process
+            pass
+
+
+@contextlib.contextmanager
+def _tempdir(path: str):
+    """tempfile's default folder, for this process and the ranks it forks, while the trial runs."""
+    previous = tempfile.tempdir
+    tempfile.tempdir = path
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous
+
+
+def rendezvous_args(t) -> dict:
+    """LaunchConfig's rendezvous arguments for train config `t`."""
+    if t.nnodes == 1 and not t.rdzv_endpoint:
+        # one node: a static rendezvous (the dynamic one costs ~0.4 s a trial), listening on 127.0.0.1
+        return {"rdzv_backend": loopback.register(), "rdzv_endpoint": "", "rdzv_configs": {},
+                "run_id": f"parallax-{uuid.uuid4().hex[:8]}"}
+    # torchrun's c10d rendezvous: node 0 hosts the store at rdzv_endpoint, the others connect to it; this node is
+    # known to them by train.local_addr, or by its host name (torch's default)
+    return {"rdzv_backend": "c10d", "rdzv_endpoint": t.rdzv_endpoint, "run_id": t.rdzv_id,
+            "rdzv_configs": {"is_host": t.node_rank == 0}, "local_addr": t.local_addr or None}
+
+
+def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s: float | None) -> list[dict]:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    t = cfg.train
+    nproc = t.devices // t.nnodes if STRATEGIES[t.strategy].multiprocess else 1
+    standalone = t.nnodes == 1 and not t.rdzv_endpoint
+    rdzv = rendezvous_args(t)
+    start_method = _start_method(cfg, host)
+    stop = threading.Event()
+    timed_out = threading.Event()
+
+    def on_timeout():
+        timed_out.set()
+        os.kill(os.getpid(), signal.SIGTERM)  # the agent turns this into an orderly shutdown of every worker
+
+    timer = threading.Timer(timeout_s, on_timeout) if timeout_s else None
+    # the agent installs handlers that raise SignalException and never removes them: restored below, so a Ctrl-C
+    # between trials is a KeyboardInterrupt again (and a late SIGTERM ends the process as it would have)
+    handlers = {s: signal.getsignal(s) for s in _AGENT_SIGNALS}
+    global _DATA, _WAKE
+    _DATA = load_data(cfg) if start_method == "fork" else None
+    _WAKE = os.pipe() if start_method == "fork" and standalone else None
+    failed = []  # the error of the caller's on_epoch, if any
+    watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None, failed),
+                               daemon=True)
+    if start_method == "fork":  # once per process, inherited by every forked rank of every trial
+        # torch._dynamo: every trial's optimizer imports it (torch/_compile.py, on its first param group)
+        for module in ("torch._dynamo", *STRATEGIES[t.strategy].HEAVY_MODULES):
+            importlib.import_module(module)
+    # the agent's logs (/tmp/torchelastic_*) and torch.multiprocessing's error files (/tmp/pytorch-errorfile-*,
+    # named in the system temp dir before forking, never removed) go to a folder of this trial's, removed below
+    _remove_orphaned_scratch()
+    scratch = tempfile.mkdtemp(prefix=f"parallax-trial-{os.getpid()}-")
+    lc = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=nproc, **rdzv, max_restarts=0,
+                      monitor_interval=0.05, start_method=start_method, logs_specs=DefaultLogsSpecs(log_dir=scratch))
+    watcher.start()
+    if timer:
+        timer.start()
+    # a node that does not host the rendezvous ends its trial once node 0's store stops answering (rdzv_watch.py)
+    watch = RendezvousWatch(t.rdzv_endpoint, t.timeout_s) if t.nnodes > 1 and t.node_rank else None
+    try:
+        with loopback.collectives_on_loopback() if standalone else node_addr.collectives_on(t.local_addr), \
+                _tempdir(scratch), \
+                watch or contextlib.nullcontext():
+            results = elastic_launch(lc, rank_entry)(cfg.to_dict(), str(out_dir), on_epoch is not None, progress)
+    except Exception as e:
+        if watch and watch.lost:
+            raise TrialFailed(f"lost the rendezvous host {t.rdzv_endpoint} (node 0): it did not answer for "
+                              f"{t.timeout_s:.0f} s (train.timeout_s): node 0 never started, stopped or died, or "
+                              f"the network between the nodes is down; this node's ranks were stopped. Check node "
+                              f"0's output and the link between the nodes, then run the trial again on every node.",
+                              "worker_died") from None
+        if isinstance(e, ChildFailedError):
+            raise _failure_reason(e) from None
+        if not isinstance(e, SignalException):
+            raise
+        if timed_out.is_set():
+            raise TrialFailed(f"trial exceeded its time budget of {timeout_s:.0f} s (sweep.trial_timeout_s); "
+                              f"every worker was stopped{_stacks_kept(out_dir)}", "timeout") from None
+        raise Interrupted(e.sigval) from None  # exit 128 + the signal: 130 for SIGINT, 143 for SIGTERM
+    finally:
+        for f in out_dir.glob("stacks-rank*.txt"):
+            if not timed_out.is_set() or not f.stat().st_size:
+                f.unlink(missing_ok=True)
+        if timer:
+            timer.cancel()
+        stop.set()
+        watcher.join()
+        _DATA = None
+        shutil.rmtree(scratch, ignore_errors=True)
+        if _WAKE is not None:
+            for fd in _WAKE:
+                os.close(fd)
+            _WAKE = None
+        if threading.current_thread() is threading.main_thread():
+            for s, h in handlers.items():
+                signal.signal(s, h)
+    if failed:
+        raise failed[0]
+    return [results[r] for r in sorted(results)]
+
+
+def _stacks_kept(out_dir: Path) -> str:
+    written = sorted(str(f) for f in out_dir.glob("stacks-rank*.txt") if f.stat().st_size)
+    return f"; their Python stacks when stopped: {', '.join(written)}" if written else ""
+
+
+def run_ranks(cfg, host, strategy, out_dir: Path, on_epoch, progress, timeout_s) -> list[dict]:
+    """Every rank's result: one process per device (ddp, ddp_amp, fsdp), or one process for a strategy that drives
+    its devices from one (single, scratch, dp, dp_criterion); never this process."""
+    return _launch(cfg, host, out_dir, on_epoch, progress, timeout_s)

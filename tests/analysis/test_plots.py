@@ -1,0 +1,49 @@
+"""Figures say what they show: the data source on every figure, one style per line, no invented zero bars."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from pipeline.analysis import plots
+from pipeline.analysis.stage import analyze
+
+from .test_analyze import row, write
+
+
+def test_source_note_names_synthetic_data_loudly():
+    assert "SYNTHETIC" in plots.source_note("synthetic") and "not Fashion-MNIST" in plots.source_note("synthetic")
+    assert plots.source_note("fashion-mnist") == "data: fashion-mnist"
+    assert plots.source_note("") == ""
+
+
+def _texts(monkeypatch):
+    """Every Figure.savefig call's figure texts and its lines' styles, captured."""
+    seen = []
+    real = Figure.savefig
+
+    def spy(fig, path, *a, **k):
+        lines = [[(ln.get_color(), ln.get_linestyle(), ln.get_marker()) for ln in ax.get_lines()
+                  if not ln.get_label().startswith("_") and ln.get_label() != "ideal"] for ax in fig.axes]
+        seen.append((Path(path).name, [t.get_text() for t in fig.texts], lines))
+        return real(fig, path, *a, **k)
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return seen
+
+
+def test_every_figure_is_labelled_and_lines_are_distinguishable(tmp_path, monkeypatch):
+    rows = [row("ddp", k=k, B=B * k, thr=900.0 * k, data_source="synthetic") for k in (1, 2) for B in (64, 128)]
+    rows += [row("ddp", k=2, B=256, thr=1500.0, data_source="synthetic"),
+             row("single", k=1, B=128, thr=1000.0, data_source="synthetic"),
+             row("scratch", k=2, B=256, thr=800.0, peaks=[100 * 2**20], data_source="synthetic")]
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    for s in ("ddp", "single", "scratch"):
+        write([r for r in rows if r["strategy"] == s], sweeps / f"{s}.jsonl")
+    seen = _texts(monkeypatch)
+    analyze(sweeps, tmp_path / "out", expected=("ddp", "single", "scratch"))
+    assert {name for name, _, _ in seen} >= {"efficiency.png", "throughput.png", "memory.png", "accuracy.png"}
+    for name, texts, panels in seen:
+        assert any("SYNTHETIC" in t for t in texts), name
+        for lines in panels:  # within one panel
+            assert len(set(lines)) == len(lines), f"{name}: two lines share colour, style and marker: {lines}"

@@ -1,0 +1,129 @@
+"""pipeline/'s imports, read from the code with `ast`: no cycles (lazy imports inside functions count), the folders
+point one way (FLOORS), the torch-free folders load no torch, and no module imports another's private
+(leading-underscore) names."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+import pytest
+
+from ..conftest import REPO
+from . import import_graph as ig
+
+# Private names still imported across files elsewhere in the package, each to be made public by its module's owner.
+# (This list may only shrink.)
+KNOWN_PRIVATE: set = set()
+
+# The wings, lowest floor first: what each folder (or top-level module) of pipeline/ may import from pipeline/, by
+# folder. Arrows only point down this list, so the folders import one another without a cycle (docs: LAYOUT).
+TOP = {"catalog": set(), "paths": set(), "models": set(), "scratch": set()}
+FLOORS = {
+    "config": {"catalog", "paths"},
+    "errors": {"config"},
+    "preflight": {"errors", "paths"},
+    "records": {"scratch", "config", "catalog"},
+    "data": {"scratch", "errors"},
+    "host": set(),
+    "measure": {"host"},
+    "strategies": {"host", "measure", "catalog"},
+    "trial": {"scratch", "config", "records", "data", "host", "measure", "strategies", "errors", "paths", "models"},
+    "tracking": {"scratch", "errors", "paths", "preflight"},
+    "scaling": {"catalog", "host", "strategies", "trial", "models"},
+    "sweep": {"config", "records", "host", "measure", "strategies", "trial", "tracking", "catalog", "errors", "paths",
+              "preflight"},
+    "analysis": {"records", "scaling", "catalog"},
+    "doctor": {"scratch", "config", "data", "host", "measure", "strategies", "trial", "catalog", "errors", "paths",
+               "models"},
+    "cli": {"config", "records", "data", "host", "measure", "trial", "tracking", "scaling", "sweep", "analysis",
+            "doctor", "errors", "paths", "preflight"},
+    "__main__": {"cli"},
+    **TOP,
+}
+TORCH_FREE = ["pipeline.config", "pipeline.records", "pipeline.analysis", "pipeline.catalog"]
+
+
+def wing(module: str) -> str:
+    """pipeline.sweep.queue -> sweep; pipeline.errors -> errors; pipeline -> '' (the empty package)."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def folder_graph() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for module, deps in ig.graph().items():
+        out.setdefault(wing(module), set()).update(wing(d) for d in deps)
+    return {w: deps - {w, ""} for w, deps in out.items()}
+
+
+def test_folders_point_one_way():
+    for w, deps in folder_graph().items():
+        if w:
+            assert w in FLOORS, f"pipeline/{w} is on no floor of tests/architecture/test_imports.py's FLOORS"
+            assert deps <= FLOORS[w], (f"pipeline/{w} imports {sorted(deps - FLOORS[w])}; "
+                                       f"it may import {sorted(FLOORS[w])}")
+
+
+def test_the_floors_have_no_cycle():
+    cycle = ig.find_cycle({w: set(d) for w, d in FLOORS.items()})
+    assert cycle is None, "the floors of FLOORS import each other: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_torch_free_folders_load_no_torch(module):
+    """config/, records/, analysis/ and catalog.py cost nothing to import: no torch, even through an __init__."""
+    code = f"import sys, {module}; sys.exit('torch' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"importing {module} loads torch" + run.stderr[-2000:]
+
+
+def test_catalog_imports_nothing_heavy():
+    """pipeline/catalog.py is read by config validation and the analysis wing: no torch, optuna, mlflow, pandas,
+    and nothing from pipeline/ (so it sits below every module that reads it)."""
+    tree = ig.parse(ig.module_files()["pipeline.catalog"])
+    imported = {a.name.partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {(n.module or "").partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                 and not n.level}
+    assert imported <= {"__future__", "dataclasses"}, f"catalog.py imports {sorted(imported)}"
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), "catalog.py imports pipeline/"
+
+
+def test_no_import_cycles():
+    cycle = ig.find_cycle(ig.graph())
+    assert cycle is None, "import cycle in pipeline/: " + " -> ".join(cycle)
+
+
+def test_a_lazy_import_closes_a_cycle(tmp_path):
+    """The check itself: an import inside a function counts (today's analyze <-> plots cycle was one)."""
+    pkg = tmp_path / "pipeline"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import f\n")
+    (pkg / "b.py").write_text("def f():\n    from . import a\n    return a\n")
+    (pkg / "c.py").write_text("import pipeline.a\nfrom pipeline import b\n")
+    g = ig.graph(tmp_path)
+    assert g["pipeline.c"] == {"pipeline.a", "pipeline.b"}
+    assert ig.find_cycle(g) in (["pipeline.a", "pipeline.b", "pipeline.a"], ["pipeline.b", "pipeline.a", "pipeline.b"])
+
+
+def test_no_private_names_imported_across_modules():
+    files = ig.module_files()
+    found = set()
+    for module, path in files.items():
+        for node in ast.walk(ig.parse(path)):
+            if isinstance(node, ast.ImportFrom):
+                for target in ig.targets(node, module, path.name == "__init__.py", files):
+                    found |= {(module, target, a.name) for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")}
+    assert found <= KNOWN_PRIVATE, f"private names imported across modules: {sorted(found - KNOWN_PRIVATE)}"
+
+
+OPTUNA_PRIVATE = {"_storage", "_trial_id", "_study_id", "_get_stale_trial_ids", "_pop_waiting_trial_id"}
+
+
+def test_only_the_worker_queue_uses_optunas_private_api():
+    """pipeline/sweep/queue.py is the one module that reaches into Optuna (study._storage, trial._trial_id, ...)."""
+    found = sorted(f"{module}:{node.lineno} .{node.attr}" for module, path in ig.module_files().items()
+                   if module != "pipeline.sweep.queue" for node in ast.walk(ig.parse(path))
+                   if isinstance(node, ast.Attribute) and node.attr in OPTUNA_PRIVATE)
+    assert not found, f"Optuna's private API outside pipeline/sweep/queue.py: {found}"

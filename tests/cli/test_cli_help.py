@@ -1,0 +1,56 @@
+"""`python -m pipeline COMMAND --help` describes every flag: what it does and its default (or that it is required),
+and the flags that override a configuration key say where an unset value comes from."""
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from pipeline.config import loader as configmod
+from pipeline.cli import build_parser, main
+
+COMMANDS = ("download", "train", "sweep", "overlap", "collectives", "analyze", "ui", "profiles", "doctor")
+
+
+def _subparsers(ap: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in ap._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def _flags(p: argparse.ArgumentParser):
+    return [a for a in p._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+
+
+def test_every_command_is_there():
+    assert set(COMMANDS) <= set(_subparsers(build_parser()))
+
+
+@pytest.mark.parametrize("name", sorted(_subparsers(build_parser())))
+def test_every_flag_has_help_and_its_default(name):
+    p = _subparsers(build_parser())[name]
+    assert p.description, f"`{name}` has no description"
+    for a in _flags(p):
+        flag = "/".join(a.option_strings)
+        assert a.help and a.help.strip(), f"{name} {flag}: no help text"
+        assert a.required or re.search(r"\bdefault\b", a.help), f"{name} {flag}: help does not give the default"
+
+
+def test_config_flags_say_where_unset_values_come_from():
+    p = _subparsers(build_parser())["train"]
+    built_in = configmod.TrainConfig()
+    for a in _flags(p):
+        if a.default is None and not a.required and a.dest != "params":  # unset: the configuration decides
+            assert "params.yaml" in a.help and "profile" in a.help, a.option_strings
+            assert f"built in: {getattr(built_in, a.dest)}" in a.help, a.option_strings
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_prints(name, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([name, "--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: python -m pipeline " + name)
+    for a in _flags(_subparsers(build_parser())[name]):
+        assert a.option_strings[-1] in text

@@ -1,0 +1,162 @@
+"""params.yaml -> frozen dataclasses; every invalid value is refused before any work, naming key and fix."""
+import dataclasses
+
+import pytest
+
+from pipeline.config import loader as c
+from pipeline.paths import repo_root
+
+REPO = repo_root()
+
+
+def load(*sets):
+    return c.load(REPO / "params.yaml", list(sets), root=REPO)
+
+
+def test_repo_params_and_every_profile_load():
+    for name, desc in c.describe_profiles(REPO):
+        cfg = load(f"profile={name}")
+        assert desc, f"profile {name} has no description"
+        assert cfg.profile == name
+        for s in cfg.sweep.strategies:
+            assert cfg.space(s)
+
+
+def test_layers_profile_then_params_then_set():
+    import yaml
+    cfg = load()
+    profile = yaml.safe_load((REPO / "experiments" / "cpu.yaml").read_text())
+    assert cfg.profile == "cpu" and cfg.data.train_limit == profile["data"]["train_limit"] > 0
+    assert load("data.train_limit=500").data.train_limit == 500
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        load().train.lr = 1.0
+
+
+def test_override_returns_new_config():
+    cfg = load()
+    new = c.override(cfg, ["train.lr=0.05"])
+    assert new.train.lr == 0.05 and cfg.train.lr != 0.05
+
+
+@pytest.mark.parametrize("sets,needle", [
+    (["train.model=vgg"], "lenet, resnet18"),
+    (["train.strategy=horovod"], "ddp"),
+    (["train.bogus=1"], "Valid keys"),
+    (["train.lr=fast"], "expected a number"),
+    (["train.lr=0"], "must be > 0"),
+    (["train.lr=-0.1"], "must be > 0"),
+    (["train.lr=.nan"], "finite"),
+    (["train.batch_size=0"], "must be >= 1"),
+    (["train.batch_size=-4"], "must be >= 1"),
+    (["train.batch_size=2.5"], "expected an integer"),
+    (["train.epochs=0"], "must be >= 1"),
+    (["train.oversubscribe=maybe"], "true or false"),
+    (["data.source=mnist"], "synthetic"),
+    (["profile=nope"], "Valid profiles"),
+    (["sweep.spaces.ddp.lr=[]"], "empty"),
+    (["sweep.spaces.ddp.devices=[0, 2]"], "must be >= 1"),
+    (["sweep.spaces.tpu={devices: [1]}"], "unknown strategy"),
+    (["train.lr"], "Malformed --set"),
+    (["=3"], "Malformed --set"),
+])
+def test_invalid_values_are_refused_with_key_and_choices(sets, needle):
+    with pytest.raises(c.ConfigError) as e:
+        load(*sets)
+    assert needle in str(e.value)
+    key = sets[0].split("=")[0]
+    if not str(e.value).startswith("Malformed") and not key.startswith("profile"):
+        assert key.split(".")[-1] in str(e.value)
+
+
+def test_unknown_key_in_params_file(tmp_path):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "params.yaml").write_text("profile: ''\ntrain:\n  lrr: 0.1\n")
+    with pytest.raises(c.ConfigError, match="train.lrr"):
+        c.load(tmp_path / "params.yaml", root=tmp_path)
+
+
+def test_space_union_of_products():
+    cfg = load("profile=d2l")
+    from pipeline.sweep.stage import points
+    pts = points(cfg, "dp")
+    assert [(p["devices"], p["batch_size"], p["lr"]) for p in pts] == [(1, 256, 0.1), (2, 512, 0.2)]
+
+
+@pytest.mark.parametrize("sets", [[], ["train.lr=0.1"], ["train.epochs=2", "data.train_limit=100"]])
+def test_section_shapes_are_checked_with_or_without_overrides(tmp_path, sets):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "params.yaml").write_text("profile: ''\ntrain: [1, 2]\n")
+    with pytest.raises(c.ConfigError, match=r"`train`.*expected a mapping"):
+        c.load(tmp_path / "params.yaml", sets, root=tmp_path)
+
+
+def test_non_utf8_params_file_is_refused(tmp_path):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "params.yaml").write_bytes(b"profile: ''\ntrain: {lr: 0.1}  # caf\xe9\n")
+    with pytest.raises(c.ConfigError, match="not UTF-8 text"):
+        c.load(tmp_path / "params.yaml", root=tmp_path)
+
+
+@pytest.mark.parametrize("sets,needle", [
+    ([f"train.seed={2**64 + 1}"], "must be <= 4294967295"),
+    (["train.timeout_s=1e300"], "must be <= 2592000"),
+    (["sweep.trial_timeout_s=1e300"], "must be <= 2592000"),
+])
+def test_values_beyond_what_the_libraries_take_are_refused(sets, needle):
+    with pytest.raises(c.ConfigError, match=needle):
+        load(*sets)
+
+
+def test_a_null_in_params_yaml_leaves_the_profiles_value_and_an_override_replaces_it(tmp_path):
+    """params.yaml lists keys as null so `dvc exp run -S train.epochs=3` has a key to override: null is "unset"."""
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "p.yaml").write_text("train: {epochs: 4, lr: 0.3}\ndata: {train_limit: 100}\n")
+    params = tmp_path / "params.yaml"
+    params.write_text("profile: p\ntrain: {epochs: null, lr: 0.05}\ndata: {train_limit: null}\n")
+    cfg = c.load(params, root=tmp_path)
+    assert (cfg.train.epochs, cfg.train.lr, cfg.data.train_limit) == (4, 0.05, 100)
+    params.write_text("profile: p\ntrain: {epochs: 3}\ndata: {train_limit: null}\n")  # what `-S train.epochs=3` writes
+    assert c.load(params, root=tmp_path).train.epochs == 3
+
+
+def test_an_explicit_params_file_must_exist_the_default_one_may_not(tmp_path):
+    """--params /typo.yaml used to run silently on the built-in values; only the default params.yaml is optional."""
+    (tmp_path / "experiments").mkdir()
+    missing = tmp_path / "nonexist.yaml"
+    with pytest.raises(c.ConfigError, match=f"params file {missing} .*does not exist"):
+        c.load(missing, ["profile="], root=tmp_path)
+    assert c.load(None, ["profile=", "train.lr=0.2"], root=tmp_path).train.lr == 0.2  # no params.yaml at the root
+
+
+@pytest.mark.parametrize("sets", [["train=5", "train.strategy=single"], ["train.lr=0.1", "train.lr.x=2"]])
+def test_a_key_set_as_a_value_and_a_section_names_the_option_that_set_the_value(sets):
+    """train_cli appends `train.strategy=single` for --strategy: the message quotes the user's own --set."""
+    with pytest.raises(c.ConfigError) as e:
+        c.parse_set(sets)
+    assert str(e.value).startswith(f"Malformed --set option {sets[0]!r}")
+    assert f"`{sets[1].split('=')[0]}`" in str(e.value) and sets[1] not in str(e.value)
+
+
+def test_profiles_lists_the_readable_ones_and_names_the_broken_one(tmp_path, monkeypatch, capsys):
+    from pipeline.cli import main
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "ok.yaml").write_text("description: fine\n")
+    (tmp_path / "experiments" / "bad.yaml").write_text("description: [unclosed\n")
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    assert main(["profiles"]) == 1  # a broken profile is a failure, but not one that hides the others
+    out = capsys.readouterr().out
+    assert "ok:\n  fine" in out and "bad:\n  UNREADABLE: " in out and "not valid YAML" in out
+
+
+def test_outside_the_repository_profiles_and_an_unknown_profile_say_where_they_looked(tmp_path, monkeypatch, capsys):
+    from pipeline.cli import main
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["profiles"]) != 0
+    assert f"no experiments/*.yaml under {tmp_path.resolve()}" in " ".join(capsys.readouterr().err.split())
+    with pytest.raises(c.ConfigError, match="run from the Parallax checkout, or set DVC_ROOT"):
+        c.profile_path("cpu", tmp_path)

@@ -1,0 +1,164 @@
+"""`doctor`: what it plans on each kind of host, what it writes, and that a broken strategy is a failed row."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.host import capabilities
+from pipeline.doctor import checks as doctor
+from pipeline.host.devices import Host, probe
+from pipeline.strategies.scratch import ScratchStrategy
+
+from ..conftest import REPO
+
+
+def _host(kind, n):
+    return Host(kind, n, "test device", "testhost", "2.11.0", "13.0" if kind == "cuda" else "")
+
+
+def _labels(cases):
+    return {(c.strategy, c.k, c.variant, c.tag) for c in cases}
+
+
+def test_one_gpu_plan_covers_every_cuda_path_one_gpu_allows():
+    cases = doctor.plan(_host("cuda", 1), ["single", "scratch", "dp", "dp_criterion", "ddp", "ddp_amp", "fsdp"])
+    labels = _labels(cases)
+    for s in ("single", "scratch", "dp", "dp_criterion", "ddp", "fsdp"):
+        assert (s, 1, "", "") in labels  # all seven at k=1 ...
+    assert {("ddp_amp", 1, "bf16", ""), ("ddp_amp", 1, "fp16+GradScaler", "")} <= labels  # ... both AMP dtypes
+    # two ranks sharing the one GPU, for the multi-process strategies only, tagged
+    over = {(c.strategy, c.k) for c in cases if c.tag == "oversubscribed"}
+    assert over == {("ddp", 2), ("ddp_amp", 2), ("fsdp", 2)}
+    assert all("train.oversubscribe=true" in c.sets for c in cases if c.tag)
+    assert max(c.k for c in cases if not c.tag) == 1
+
+
+def test_plan_stops_at_two_devices_and_at_max_devices():
+    assert max(c.k for c in doctor.plan(_host("cuda", 8), ["ddp"])) == 2
+    assert {c.k for c in doctor.plan(_host("cpu", 4), ["ddp"], max_devices=1)} == {1}
+    assert [c.k for c in doctor.plan(_host("cpu", 4), ["single"])] == [1]
+    assert not any(c.tag for c in doctor.plan(_host("cpu", 2), ["ddp", "fsdp"]))
+
+
+def test_bf16_is_named_native_only_with_the_instructions_for_it():
+    avx2 = capabilities.cpu_capabilities({"avx2", "fma"})
+    assert avx2["bf16"] == "emulated" and avx2["fp16"] == "emulated" and avx2["isa"] == ["avx2"]
+    assert capabilities.cpu_capabilities({"avx2", "avx512f", "avx512_bf16"})["bf16"] == "native"
+    assert capabilities.cpu_capabilities({"amx_tile", "amx_bf16", "amx_fp16"})["fp16"] == "native"
+    # AVX-512-FP16 without AMX-FP16: PyTorch's CPU fp16 step measured 130x+ fp32 there (RESULTS section 10)
+    fp16_only = capabilities.cpu_capabilities({"avx2", "avx512f", "avx512_bf16", "avx512_fp16"}, env={})
+    assert fp16_only["bf16"] == "native" and fp16_only["fp16"] == "emulated"
+    assert "avx512_fp16 but no amx_fp16" in fp16_only["fp16_why"]
+    host = capabilities.host_capabilities(probe())
+    assert host["bf16"] in ("native", "emulated") and host["torch"] and host["gloo"] is True
+
+
+def test_onednn_isa_cap_below_the_type_makes_it_emulated_and_is_named():
+    bf16_cpu = {"avx2", "avx512f", "avx512_bf16"}
+    capped = capabilities.cpu_capabilities(bf16_cpu, env={"ONEDNN_MAX_CPU_ISA": "avx2"})
+    assert capped["bf16"] == "emulated" and "ONEDNN_MAX_CPU_ISA=AVX2" in capped["bf16_why"]
+    assert capped["isa_text"] == "avx2,avx512f,avx512_bf16 (oneDNN capped at AVX2)"
+    assert capabilities.cpu_capabilities(bf16_cpu, env={"DNNL_MAX_CPU_ISA": "AVX512_CORE"})["bf16"] == "emulated"
+    for unchanged in ({}, {"ONEDNN_MAX_CPU_ISA": "ALL"}, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+                      {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, {"ONEDNN_MAX_CPU_ISA": "SOMETHING_NEW"}):
+        assert capabilities.cpu_capabilities(bf16_cpu, env=unchanged)["bf16"] == "native", unchanged
+    amx = {"amx_tile", "amx_bf16", "amx_fp16"}
+    fp16 = capabilities.cpu_capabilities(amx, env={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"})
+    assert fp16["bf16"] == "native" and fp16["fp16"] == "emulated"
+    # a cap cannot make a type native that the CPU lacks
+    assert capabilities.cpu_capabilities({"avx2"}, env={"ONEDNN_MAX_CPU_ISA": "ALL"})["bf16"] == "emulated"
+
+
+def _run(make_cfg, tmp_path, strategies, **kw):
+    return doctor.run(make_cfg(), tmp_path / "doctor", strategies, max_devices=kw.pop("max_devices", 1),
+                      steps=2, per_device_batch=32, say=lambda *_: None, **kw)
+
+
+def test_planted_failure_is_a_failed_row_not_a_crash(make_cfg, tmp_path, monkeypatch):
+    def broken(self, *a, **k):
+        raise RuntimeError("planted fault in the step")
+    monkeypatch.setattr(ScratchStrategy, "train_step", broken)
+    report = _run(make_cfg, tmp_path, ["single", "scratch", "dp"])
+    written = json.loads((tmp_path / "doctor" / "doctor.json").read_text())
+    assert written == json.loads(json.dumps(report))
+    rows = {(r["strategy"], r["k"]): r for r in written["rows"]}
+    assert rows[("single", 1)]["status"] == "passed" and rows[("single", 1)]["img_s"] > 0
+    assert rows[("single", 1)]["peak_mem_mib"] and rows[("single", 1)]["peak_mem_mib"][0] > 0
+    assert rows[("single", 1)]["timed_steps"] == written["settings"]["timed_steps"]
+    assert rows[("scratch", 1)]["status"] == "failed"
+    assert "planted fault in the step" in rows[("scratch", 1)]["reason"]
+    if probe().kind == "cpu":
+        assert rows[("dp", 1)]["status"] == "unavailable" and "CUDA" in rows[("dp", 1)]["reason"]
+    assert written["counts"]["failed"] == 1 and written["synthetic"] is True
+    md = (tmp_path / "doctor" / "doctor.md").read_text()
+    assert "| scratch k=1 | failed |" in md and "SYNTHETIC" in md and f"bf16 {written['host']['bf16']}" in md
+
+
+def test_a_row_timed_on_fewer_steps_says_so_in_the_table():
+    """An emulated dtype's timed run is cut to a sixth of the steps: its row names its own count, not the header's."""
+    rows = [dict(strategy="ddp_amp", k=1, variant=v, tag="", status="passed", reason="", check="ok", img_s=100.0,
+                 step_ms=10.0, peak_mem_mib=[1.0], mem_method="m", backend="gloo", timed_steps=n)
+            for v, n in (("bf16", 30), ("fp16+GradScaler", 5))]
+    host = capabilities.cpu_capabilities({"avx2"}, env={})
+    report = {"host": {"hostname": "h", "kind": "cpu", "devices": 1, "name": "n", "torch": "t", "python": "p",
+                       "cuda": "", "cudnn": "", "nccl": "", "gloo": True,
+                       "cpu": {**host, "torch_cpu_capability": "AVX2"}, "bf16": "emulated", "fp16": "emulated"},
+              "data_source": "synthetic", "synthetic": True, "rows": rows,
+              "settings": {"model": "lenet", "timed_steps": 30, "per_device_batch": 64, "equivalence": "e"},
+              "counts": {"passed": 2, "failed": 0, "unavailable": 0}}
+    md = doctor.markdown(report)
+    assert "30 steps after warm-up" in md
+    fp16 = next(line for line in md.splitlines() if line.startswith("| ddp_amp k=1 (fp16"))
+    bf16 = next(line for line in md.splitlines() if line.startswith("| ddp_amp k=1 (bf16"))
+    assert "(5 steps: emulated dtype)" in fp16 and "steps:" not in bf16
+
+
+def test_a_strategy_that_trains_differently_fails_the_equivalence(make_cfg, tmp_path, monkeypatch):
+    import torch
+    monkeypatch.setattr(ScratchStrategy, "build_optimizer",
+                        lambda self, model: torch.optim.SGD(model.parameters(), lr=self.cfg.lr * 1.01))
+    rows = {r["strategy"]: r for r in _run(make_cfg, tmp_path, ["scratch"])["rows"]}
+    assert rows["scratch"]["status"] == "failed"
+    assert rows["scratch"]["reason"].startswith("does not match single-device SGD")
+
+
+@pytest.mark.slow
+def test_cli_checks_multiprocess_strategies_and_writes_both_files(synthetic_root, tmp_path):
+    out = tmp_path / "doc"
+    k = min(2, probe().n)
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "doctor", "--strategies", "single,ddp",
+                           "--max-devices", str(k), "--steps", "3", "--out", str(out),
+                           "--set", f"data.dir={synthetic_root}", "--set", "data.source=synthetic"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    rows = json.loads((out / "doctor.json").read_text())["rows"]
+    ddp = [r for r in rows if r["strategy"] == "ddp"]
+    assert [r["k"] for r in ddp] == list(range(1, k + 1))
+    assert all(r["status"] == "passed" and r["backend"] in ("gloo", "nccl") for r in ddp)
+    assert (out / "doctor.md").read_text().count("| ddp k=") == k
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_amp"])
+def test_timed_steps_start_after_ddps_runtime_stats_iterations(make_cfg, tmp_path, monkeypatch, strategy):
+    """G22: DDP's reducer collects runtime stats on iterations 1-10 and its next forward waits on them (a host sync
+    on GPUs), so the doctor's timed window opens after them. Checks the warm-up the doctor configures (the timed
+    window opens at step index train.warmup_steps, pipeline/measure/meter.py), not timings; the sync itself is
+    CUDA's."""
+    from pipeline.doctor import equivalence
+    seen = {}
+
+    def timed(cfg, out, progress=False, timeout_s=None):
+        seen["warmup"], seen["timeout_s"] = cfg.train.warmup_steps, timeout_s
+        return {"throughput_img_s": 1.0, "peak_mem_bytes": [], "mem_method": "m"}
+    init = equivalence.initial_state()
+    ref = {n: v + 0.01 for n, v in init.items()}
+    monkeypatch.setattr(doctor.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
+    monkeypatch.setattr(doctor, "run_trial", timed)
+    row = doctor.run_case(doctor.Case(strategy, 1), make_cfg(), probe(), ref, init, tmp_path, 2, 16, "lenet")
+    assert row.status == "passed", row.reason
+    # DDP's forward at 0-based step s finds num_iterations_ == s, and collects (syncs) for 1 <= s <= 10
+    assert seen["warmup"] > getattr(doctor, "DDP_RUNTIME_STATS_ITERATIONS", 10)
+    assert seen["timeout_s"] == make_cfg().sweep.trial_timeout_s  # G4: a hung row fails, the doctor goes on

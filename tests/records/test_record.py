@@ -1,0 +1,120 @@
+"""The trial record owns its schema: every field reaches every view it declares (metrics.json, MLflow params, metrics
+and tags, Optuna's numeric attributes, the sweep table and the table read back), so a new field cannot be
+half-wired; and summarize builds it from the ranks' results."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.records import trial as R
+from pipeline.records import table as T
+
+VALUE = {"int": 3, "float": 1.5, "str": "x", "bool": True, "list": [2.0, 1.0]}
+DICTS = {"breakdown": {"step_s": 0.1, "parts_s": dict.fromkeys(R.BD_PARTS, 0.01), "residual_s": 0.04,
+                       "samples": 3},
+         "interference": {"interfered": True, "foreign_cores": 0.5, "loadavg_start": 1.25,
+                          "interference_reason": "other processes"}}
+
+
+def _full() -> R.TrialRecord:
+    """A record with every field set, of its declared kind."""
+    values = {f.name: DICTS[f.name] if f.name in DICTS else VALUE[R._kind(f.type)]
+              for f in dataclasses.fields(R.TrialRecord)}
+    return R.TrialRecord(**values)
+
+
+def _views(r: R.TrialRecord) -> dict:
+    return {R.PARAM: r.params(), R.METRIC: r.metrics(), R.TAG: r.tags(), R.OPTUNA: r.optuna_attrs(),
+            R.TABLE: r.table_row()}
+
+
+def _declared():
+    """(name, view, key, expands) for every field and derived value, as declared."""
+    for f in dataclasses.fields(R.TrialRecord):
+        for v in f.metadata["views"]:
+            yield f.name, v, f.metadata["keys"].get(v, f.name), False
+    for d in R.DERIVED:
+        for v in d.views:
+            yield d.name, v, d.keys[v], d.expand
+
+
+def test_every_field_is_in_every_view_it_declares(tmp_path):
+    r = _full()
+    views = _views(r)
+    T.write_rows([{**r.table_row(), "study": "s", "trial": 0, "state": "complete"}], tmp_path / "t.jsonl")
+    back = T.typed(T.read_table(tmp_path / "t.jsonl")).iloc[0]
+    checked = set()
+    for name, view, key, expands in _declared():
+        got = views[view]
+        keys = [k for k in got if k.startswith(key)] if expands else [key] if key in got else []
+        assert keys, f"{name} declares view {view} as {key!r}, which its {view} view lacks"
+        if view == R.TABLE:
+            assert key in R.COLUMNS and key in back.index, f"{name}: column {key} not written or not read back"
+            assert back[key] == pytest.approx(got[key]), f"{name}: column {key} changed on the way through the file"
+        checked.add((name, view))
+    assert {(f.name, v) for f in dataclasses.fields(R.TrialRecord) for v in f.metadata["views"]} <= checked
+    # metrics.json carries every field, and reads back as the same record
+    assert set(r.to_json()) == {f.name for f in dataclasses.fields(R.TrialRecord)}
+    assert R.TrialRecord.from_dict(json.loads(json.dumps(r.to_json()))) == r
+
+
+def test_table_kinds_survive_the_file(tmp_path):
+    r = _full()
+    T.write_rows([r.table_row()], tmp_path / "t.jsonl")
+    back = T.typed(T.read_table(tmp_path / "t.jsonl")).iloc[0]
+    for col, kind in R.table_kinds().items():
+        if col in r.table_row():
+            want = {"int": float, "float": float, "str": str, "bool": bool, "list": list}[kind]
+            assert isinstance(back[col], want), (col, kind, type(back[col]))
+
+
+def test_a_record_that_measured_nothing_leaves_views_empty_not_wrong(tmp_path):
+    r = R.TrialRecord(model="lenet", devices=2)
+    assert r.metrics() == {} and r.optuna_attrs() == {}
+    assert r.tags() == {"model": "lenet", "devices": "2"} and r.params()["devices"] == 2
+    row = r.table_row()
+    assert all(row[c] is None for c in R.BD_COLUMNS) and row["peak_mem_max"] is None
+    T.write_rows([row], tmp_path / "t.jsonl")
+    back = T.typed(T.read_table(tmp_path / "t.jsonl")).iloc[0]
+    assert back["peak_mem_bytes"] == [] and back["host"] == "" and back["parallel_devices"] is None
+
+
+def _rank(thr, windows=None, peaks=(100,), rank=0):
+    out = {"throughput_img_s": thr, "peak_mem_bytes": list(peaks), "device_names": ["cpu"] * len(peaks),
+           "rank": rank, "steps": 10, "stopped": False, "timed_steps": 8, "epoch_s": [1.0], "test_acc": [0.5],
+           "train_loss": [1.0], "epoch_throughput_img_s": [100.0], "time_to_acc_s": None, "mem_method": "m",
+           "amp_dtype": None}
+    if windows is not None:
+        out["throughput_windows"] = windows
+    return out
+
+
+def test_summarize_takes_the_slowest_rank_window_by_window(make_cfg):
+    cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.batch_size=64")
+    host = SimpleNamespace(kind="cpu", n=2, name="cpu", hostname="h", torch="t", cuda="")
+    ddp = SimpleNamespace(multiprocess=True, parallel_on_cpu=True)
+    ranks = [_rank(90.0, [100.0, 80.0, 95.0], rank=0), _rank(85.0, [90.0, 85.0, 99.0], rank=1)]
+    r = R.summarize(cfg, host, ddp, ranks, 2.0, {"host_cpu_isa": "avx2"})
+    assert r.throughput_windows == [90.0, 80.0, 95.0] and r.throughput_img_s == 85.0
+    assert r.peak_mem_bytes == [100, 100] and r.mem_imbalance == 1.0 and r.host_cpu_isa == "avx2"
+    assert r.table_row()["throughput_windows"] == [90.0, 80.0, 95.0]
+    # ranks that report no windows: none to take; an older train() reports none at all
+    assert R.summarize(cfg, host, ddp, [_rank(90.0), _rank(85.0, [1.0, 2.0], rank=1)], 2.0).throughput_windows \
+        == [1.0, 2.0]
+    assert R.summarize(cfg, host, ddp, [_rank(90.0), _rank(85.0, rank=1)], 2.0).throughput_windows == []
+
+
+def test_capability_fields_keep_the_host_tag_names():
+    caps = {"bf16": "native", "fp16": "emulated", "nccl": "2.21.5", "torch": "2.5", "cuda": "12.4",
+            "cpu": {"isa": ["avx2", "avx512f"], "torch_cpu_capability": "AVX512", "bf16": "emulated",
+                    "fp16": "emulated"},
+            "gpus": [{"name": "H100", "compute_capability": "9.0"}, {"name": "H100", "compute_capability": "9.0"}]}
+    r = R.TrialRecord(**R.capability_fields(caps))
+    tags, row = r.tags(), r.table_row()
+    assert tags["host.cpu_isa"] == row["host_cpu_isa"] == "avx2,avx512f"
+    assert tags["host.gpu_compute_capability"] == row["host_gpu_cc"] == "9.0"
+    assert tags["host.gpu_name"] == "H100" and tags["host.bf16"] == "native" and row["host_nccl"] == "2.21.5"
+    assert "host.interconnect" not in tags and row["host_interconnect"] is None

@@ -1,0 +1,170 @@
+"""The scaling model's arithmetic (pipeline/scaling/model.py): ring volumes, k=1, monotonicity, labels, the
+interconnect file, the error check. No timing."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.scaling import model as sm
+from pipeline.models import MODELS
+from pipeline.strategies import fsdp as fsdp_strategy
+
+LENET_BYTES = 129_068 * 4
+STRATEGIES = ("ddp", "ddp_amp", "fsdp", "scratch", "dp", "dp_criterion")
+
+
+def link(alpha=0.0, beta=1e9):
+    return sm.Interconnect("test link", "profile", {"*": {"alpha_s": alpha, "beta_Bps": beta, "k_ref": None}})
+
+
+@pytest.fixture(scope="module")
+def lenet():
+    return sm.model_layout("lenet")
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 8, 64])
+def test_ring_allreduce_moves_2_k_minus_1_over_k_of_the_buffer(k):
+    s = 1_000_000
+    assert link(beta=1.0).seconds("allreduce", s, k) == pytest.approx(2 * (k - 1) / k * s)
+    assert link(beta=1.0).seconds("allgather", s, k) == pytest.approx((k - 1) / k * s)
+    assert link(beta=1.0).seconds("reduce_scatter", s, k) == pytest.approx((k - 1) / k * s)
+    assert link(beta=1.0).seconds("scratch_allreduce", s, k) == pytest.approx(2 * (k - 1) * s)
+
+
+def test_latency_grows_with_ring_steps_from_the_measured_k():
+    ic = sm.Interconnect("m", "measured", {"allreduce": {"alpha_s": 1e-3, "beta_Bps": None, "k_ref": 2}})
+    assert ic.seconds("allreduce", 0, 2) == pytest.approx(1e-3)
+    assert ic.seconds("allreduce", 0, 4) == pytest.approx(3e-3)  # 2(k-1) steps: 6 vs 2
+    assert link(alpha=1e-6).seconds("allgather", 0, 5) == pytest.approx(4e-6)  # profile: per step
+
+
+def test_lenet_layout_and_buckets(lenet):
+    assert lenet["param_bytes"] == LENET_BYTES
+    assert sm.ddp_buckets([p["bytes"] for p in lenet["params"]], 25.0) == [LENET_BYTES]  # 0.5 MB: one bucket
+    calls = sm.step_collectives("ddp", 2, lenet)
+    assert [(c["collective"], c["bytes"]) for c in calls] == [("allreduce", LENET_BYTES)]
+
+
+def test_ddp_buckets_cover_every_parameter_and_respect_the_cap():
+    sizes = [4_000_000] * 20 + [100] * 5
+    buckets = sm.ddp_buckets(sizes, 25.0)
+    assert sum(buckets) == sum(sizes)
+    assert all(b >= 25 * sm.MIB for b in buckets[:-1])
+    assert len(sm.ddp_buckets(sizes, 1.0)) > len(buckets)
+
+
+def test_resnet18_is_several_buckets():
+    r = sm.model_layout("resnet18")
+    buckets = sm.ddp_buckets([p["bytes"] for p in r["params"]], 25.0)
+    assert len(buckets) >= 2 and sum(buckets) == r["param_bytes"] == 11_175_818 * 4
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_fsdp_units_are_the_blocks_fsdp_shards(model):
+    m = MODELS[model]()
+    blocks = list(fsdp_strategy._blocks(m))
+    units = sm.model_layout(model)["fsdp_units"]
+    assert [u["bytes"] for u in units] == [sum(p.numel() * 4 for p in b.parameters()) for b in blocks]
+
+
+def test_fsdp_pads_dim0_to_a_multiple_of_k():
+    assert sm.fsdp_gathered_bytes([[20, 1, 3, 3], [20]], 2) == (180 + 20) * 4
+    assert sm.fsdp_gathered_bytes([[10]], 4) == 12 * 4
+    calls = sm.step_collectives("fsdp", 2, sm.model_layout("lenet"))
+    assert [c["collective"] for c in calls[:3]] == ["allgather", "allgather", "reduce_scatter"]
+    assert len(calls) == 3 * 4  # LeNet: four units with parameters
+
+
+def test_amp_changes_no_gradient_bytes_compression_halves_them(lenet):
+    plain = sm.step_collectives("ddp_amp", 2, lenet)
+    assert plain == sm.step_collectives("ddp", 2, lenet)
+    assert sm.step_collectives("ddp", 2, lenet, comm_hook="fp16")[0]["bytes"] == LENET_BYTES // 2
+    with pytest.raises(ValueError, match="powersgd"):
+        sm.step_collectives("ddp", 2, lenet, comm_hook="powersgd")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_k1_is_efficiency_one(strategy, lenet):
+    p = sm.predict(strategy, 1, 1e-4, link(alpha=1e-3, beta=1e6), layout=lenet)
+    assert p["efficiency"] == 1.0 and p["exposed_comm_s"] == 0.0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_efficiency_rises_with_bandwidth_and_falls_with_k(strategy, lenet):
+    effs = [sm.predict(strategy, 4, 1e-4, link(alpha=1e-5, beta=b), layout=lenet)["efficiency"]
+            for b in (1e7, 1e8, 1e9, 1e10)]
+    assert effs == sorted(effs) and effs[0] < effs[-1] <= 1
+    by_k = [sm.predict(strategy, k, 1e-4, link(alpha=1e-5, beta=1e8), layout=lenet)["efficiency"] for k in (2, 4, 8)]
+    assert by_k == sorted(by_k, reverse=True)
+
+
+def test_step_time_equation(lenet):
+    p = sm.predict("ddp", 2, 2e-4, link(alpha=5e-4, beta=1e9), per_device_batch=100, layout=lenet)
+    comm = 1e-3 + 1.0 * LENET_BYTES / 1e9  # a profile's alpha per ring step x 2(k-1) = 2 steps; 2(k-1)/k = 1
+    assert p["comm_s"] == pytest.approx(comm)
+    assert p["step_s"] == pytest.approx(100 * 2e-4 + comm)
+    assert p["throughput_img_s"] == pytest.approx(200 / p["step_s"])
+    assert p["efficiency"] == pytest.approx(100 * 2e-4 / p["step_s"])
+
+
+def test_serial_replicas_cost_k_times_the_compute(lenet):
+    p = sm.predict("scratch", 2, 1e-4, link(beta=1e12), serial_replicas=True, layout=lenet)
+    assert p["efficiency"] == pytest.approx(0.5, rel=1e-3)
+
+
+def test_overlap_hides_communication_but_never_the_last_bucket():
+    layout = {"params": [{"bytes": 30 * sm.MIB}] * 3, "param_bytes": 90 * sm.MIB, "fsdp_units": []}
+    ic = link(beta=1e9)
+    none = sm.predict("ddp", 2, 1e-3, ic, layout=layout)
+    full = sm.predict("ddp", 2, 1e-3, ic, layout=layout, overlap=1.0, backward_fraction=1.0)
+    assert none["exposed_comm_s"] == pytest.approx(none["comm_s"])  # default: nothing hidden
+    assert full["exposed_comm_s"] == pytest.approx(full["collectives"][-1]["seconds"])
+    assert full["efficiency"] > none["efficiency"]
+
+
+def test_interconnect_file_parses_and_every_profile_names_its_source():
+    profiles = sm.load_profiles()
+    assert {"nvlink4", "pcie_gen4_x16", "pcie_gen5_x16"} <= set(profiles)
+    for p in profiles.values():
+        assert p.kind == "profile" and p.source.strip() and "nominal" in p.note
+        assert p.link("allreduce")["beta_Bps"] > 0
+    assert profiles["nvlink4"].link("*")["beta_Bps"] == pytest.approx(450e9)
+
+
+def test_a_profile_without_a_source_is_refused(tmp_path):
+    f = tmp_path / "i.yaml"
+    f.write_text("interconnects:\n  x: {busbw_GBps: 1, latency_us: 1, note: nominal}\n")
+    with pytest.raises(ValueError, match="source"):
+        sm.load_profiles(f)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_output_is_labelled_modelled(strategy, lenet):
+    ic = sm.load_profiles()["pcie_gen4_x16"]
+    p = sm.predict(strategy, 8, 1e-4, ic, layout=lenet)
+    assert p["modelled"] is True and p["interconnect"] == "pcie_gen4_x16" and p["assumptions"]
+    c = sm.check(p, 0.9)
+    assert c["modelled"] is True and c["interconnect"] == "pcie_gen4_x16"
+
+
+def test_check_reports_a_miss_and_changes_nothing(lenet):
+    p = sm.predict("ddp", 2, 1e-4, link(alpha=1e-4, beta=1e9), layout=lenet)
+    before = dict(p)
+    ok = sm.check(p, p["efficiency"] * 1.05)
+    miss = sm.check(p, p["efficiency"] * 0.8)
+    assert ok["within_tolerance"] and ok["rel_error"] == pytest.approx(1 / 1.05 - 1)
+    assert not miss["within_tolerance"] and miss["verdict"].startswith("MISS") and miss["tolerance"] == 0.10
+    assert sm.check(p, p["efficiency"] * 0.8, tolerance=0.3)["within_tolerance"]
+    assert p == before
+
+
+def test_measured_host_interconnect_from_a_collectives_result():
+    fit = {"alpha_s": 1e-4, "beta_Bps": 2e9}
+    measured = {"host": {"hostname": "h"}, "backend": "gloo", "ks": [2], "measured_at": "now",
+                "collectives": {"allreduce": {"available": True, "by_k": {"2": {"after_compute": {"fit": fit}}}},
+                                "dp_copy": {"available": False, "by_k": {}}}}
+    ic = sm.from_collectives(measured)
+    assert ic.kind == "measured" and "measured" in ic.name and set(ic.links) == {"allreduce"}
+    assert ic.seconds("allreduce", 1e6, 2) == pytest.approx(1e-4 + 1e6 / 2e9)
+    assert math.isclose(ic.seconds("allreduce", 0, 3), 2e-4)

@@ -1,0 +1,100 @@
+"""Call-order contracts of the CUDA paths, checked on a CPU with `unittest.mock` and Host(kind="cuda", n=2).
+
+torch.cuda's calls and the process group's creation are replaced by recorders, so what these tests prove is the
+intent: which calls the code makes, in which order, with which devices. They do not show CUDA semantics (that a
+synchronize waits for the right streams, that NCCL binds the communicator to the device): that needs a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import types
+from unittest import mock
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pipeline.measure import meter as meter_mod
+from pipeline.measure.breakdown import NO_CLOCK
+from pipeline.config.loader import Config
+from pipeline.host.devices import Host
+from pipeline.strategies import STRATEGIES
+from pipeline.strategies.dp import DataParallelStrategy
+
+GPUS = Host(kind="cuda", n=2, name="stand-in GPU", hostname="test", torch=torch.__version__, cuda="12")
+MULTIPROCESS = [name for name, cls in STRATEGIES.items() if cls.multiprocess]
+
+
+def _train_cfg(devices: int = 2):
+    return dataclasses.replace(Config().train, devices=devices)
+
+
+@pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled")  # ddp_amp's scaler, built in setup
+@pytest.mark.parametrize("name", MULTIPROCESS)
+def test_set_device_comes_before_init_process_group_with_the_ranks_device(name, monkeypatch):
+    """Each rank binds its GPU (torch.cuda.set_device) before the NCCL process group is created with
+    device_id=that GPU, so the communicator, the barrier and all_gather_object use the rank's own device rather than
+    cuda:0. Intent only: NCCL's eager communicator set-up on a real device needs a GPU."""
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # keep the test process's own threads
+    calls = mock.Mock()
+    monkeypatch.setattr(torch.cuda, "set_device", calls.set_device)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", calls.init_process_group)
+    monkeypatch.setattr(dist, "get_backend", lambda *a, **k: "nccl")
+    strategy = STRATEGIES[name](_train_cfg(), GPUS)
+    device = strategy.setup(rank=1, world_size=2)
+    assert device == torch.device("cuda", 1)
+    names = [c[0] for c in calls.mock_calls]
+    assert names == ["set_device", "init_process_group"]
+    assert calls.set_device.call_args.args == (torch.device("cuda", 1),)
+    kwargs = calls.init_process_group.call_args.kwargs
+    assert calls.init_process_group.call_args.args[:1] == ("nccl",) and kwargs["device_id"] == torch.device("cuda", 1)
+
+
+class _Sampled:
+    """A breakdown that samples every other steady-state step and measures nothing."""
+    every = 2
+
+    def is_sampled(self, n):
+        return n >= 0 and n % 2 == 1
+
+    def sample(self):
+        return contextlib.nullcontext(NO_CLOCK)
+
+    def results(self, *a):
+        return None
+
+
+def test_every_device_is_synchronised_before_each_clock_read(monkeypatch):
+    """Every clock read in meter.py (epoch start and end, steady-state start, window edges, around a sampled step)
+    comes after a synchronize of every device in strategy.devices since the previous read, so queued kernels on any
+    GPU are counted in the interval they belong to. Intent only: what cudaDeviceSynchronize waits for needs a GPU."""
+    strategy = DataParallelStrategy(_train_cfg(), GPUS)
+    want = set(strategy.devices)
+    assert want == {torch.device("cuda", 0), torch.device("cuda", 1)}
+    synced: set = set()
+    reads: list[set] = []
+
+    def perf_counter():
+        reads.append(set(synced))
+        synced.clear()
+        return float(len(reads))
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synced.add(torch.device(d)))
+    monkeypatch.setattr(meter_mod, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setattr(meter_mod, "memory_meter", lambda s: mock.Mock())  # the CUDA allocator's peaks: not here
+    m = meter_mod.Meter(strategy, batch_size=8, warmup_steps=2, target_acc=1.0, breakdown=_Sampled(),
+                        window_steps=3)
+    step = 0
+    for _ in range(2):  # two epochs of 12 steps: warm-up, windows, sampled steps, epoch edges
+        m.start_epoch(step)
+        for _ in range(12):
+            m.tick(step)
+            with m.sample(step):
+                pass
+            step += 1
+        m.end_epoch(step)
+    assert m.sampled_steps > 0 and m.windows and m.epoch_throughput[-1]  # each kind of clock read happened
+    assert all(r == want for r in reads), reads

@@ -1,0 +1,90 @@
+"""Repeats in alternating rounds: the order trials are enqueued and claimed, the study name, and re-measuring a
+trial measured under interference. No training: prepare_study and claim on a throw-away SQLite store."""
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from pipeline.sweep import stage as sweep
+from pipeline.sweep.queue import claim
+from pipeline.host.devices import probe
+
+SPACE = ["sweep.spaces.ddp.devices=[1, 2]", "sweep.spaces.ddp.batch_size=[64, 128]", "sweep.spaces.ddp.lr=[0.1, 0.2]"]
+
+
+class FakeTracker:
+    def start_run(self, *a, **k):
+        return "parent"
+
+    def log_params(self, *a, **k):
+        pass
+
+
+def claimed_order(study):
+    out = []
+    while (t := claim(study)) is not None:
+        out.append((dict(study._storage.get_trial(t._trial_id).params or
+                         study._storage.get_trial_system_attrs(t._trial_id)["fixed_params"]),
+                    t.user_attrs["repeat"]))
+    return out
+
+
+@pytest.fixture
+def host():
+    h = probe()
+    if h.n < 2:
+        pytest.skip("needs 2 devices for the k=2 points")
+    return h
+
+
+def test_rounds_run_every_point_once_each_with_k1_beside_its_k2(make_cfg, host):
+    cfg = make_cfg(*SPACE, "sweep.repeats=3")
+    study, feasible, skipped = sweep.prepare_study(cfg, "ddp", host, FakeTracker())
+    assert not skipped and len(feasible) == 8 and study.user_attrs["enqueued"] == 24
+    order = claimed_order(study)  # the order workers take them in
+    assert [(p, r) for p, r in order] == sweep.enqueue_order(feasible, 3)
+    for r in range(3):  # round r: trials r*8 .. r*8+7, every point once
+        rnd = order[8 * r:8 * (r + 1)]
+        assert {rep for _, rep in rnd} == {r}
+        assert sorted(map(str, (p for p, _ in rnd))) == sorted(map(str, feasible))
+        lrs = [p["lr"] for p, _ in rnd]  # a group (one lr) runs together: its k=1 references next to its k=2 points
+        assert lrs == sorted(lrs, key=lrs.index) and len(set(lrs[:4])) == 1
+        assert {(p["devices"], p["batch_size"]) for p, _ in rnd[:4]} == {(1, 64), (1, 128), (2, 64), (2, 128)}
+
+
+def test_one_repeat_enqueues_each_point_once_in_space_order(make_cfg, host):
+    cfg = make_cfg(*SPACE)
+    study, feasible, _ = sweep.prepare_study(cfg, "ddp", host, FakeTracker())
+    order = claimed_order(study)
+    assert len(order) == len(feasible) and {r for _, r in order} == {0}
+    assert sorted(map(str, (p for p, _ in order))) == sorted(map(str, feasible))
+
+
+def test_repeats_name_a_new_study_and_one_repeat_keeps_the_old_name(make_cfg):
+    one, default, two = (make_cfg(*SPACE, *s) for s in (["sweep.repeats=1"], [], ["sweep.repeats=2"]))
+    assert sweep.study_name(one, "ddp") == sweep.study_name(default, "ddp")
+    assert sweep.study_name(two, "ddp") != sweep.study_name(one, "ddp")
+
+
+@pytest.mark.parametrize("bad", ["sweep.repeats=0", "sweep.remeasure_interfered=-1"])
+def test_repeats_and_remeasure_are_validated(make_cfg, bad):
+    from pipeline.config.loader import ConfigError
+    with pytest.raises(ConfigError, match=bad.split("=")[0]):
+        make_cfg(bad)
+
+
+def test_an_interfered_trial_is_enqueued_again_up_to_the_limit(make_cfg):
+    cfg = make_cfg("sweep.remeasure_interfered=1")
+    study = optuna.create_study(storage=sweep.open_storage(cfg), study_name="remeasure")
+    p = {"devices": 1, "batch_size": 64, "lr": 0.1}
+    study.enqueue_trial(p, user_attrs={"repeat": 1})
+    interfered, quiet = {"interference": {"interfered": True}}, {"interference": {"interfered": False}}
+    first = claim(study)
+    assert sweep._remeasure(cfg, study, first, p, quiet) == ""  # a quiet trial: nothing enqueued
+    assert "enqueued again (1/1)" in sweep._remeasure(cfg, study, first, p, interfered)
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert len(waiting) == 1 and waiting[0].user_attrs == {"repeat": 1, "remeasure": 1}
+    again = claim(study)
+    assert sweep._remeasure(cfg, study, again, p, interfered) == ""  # the limit reached: kept, not re-run
+    assert not study.get_trials(states=(TrialState.WAITING,))

@@ -1,0 +1,86 @@
+"""The MLflow runs-table view Parallax shares (pipeline/tracking/ui_view.py): written as MLflow's own share tag on a
+real
+store, with the columns the store has, and still matching what the installed MLflow UI reads."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+from mlflow import MlflowClient  # noqa: E402
+
+from pipeline.tracking import ui_view  # noqa: E402
+
+BUNDLE = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
+
+
+def _store(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("parallax", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(exp, run_name="study ddp")
+    client.log_metric(parent.info.run_id, "study/best_img_s", 5000.0)
+    for k in (1, 2):
+        run = client.create_run(exp, run_name=f"trial k={k}", tags={"mlflow.parentRunId": parent.info.run_id})
+        client.log_param(run.info.run_id, "devices", k)
+        client.log_param(run.info.run_id, "batch_size", 128)
+        client.log_metric(run.info.run_id, "perf/throughput_img_s", 2500.0 * k)
+    return client, exp, parent.info.run_id
+
+
+def test_publish_writes_mlflows_share_tag_with_the_columns_the_store_has(tmp_path):
+    client, exp, _ = _store(tmp_path)
+    route = ui_view.publish_view(client, exp)
+    tag = client.get_experiment(exp).tags["mlflow.sharedViewState.parallax"]
+    state = json.loads(tag)
+    assert state["selectedColumns"] == ["attributes.`Dataset`", "params.`devices`", "params.`batch_size`",
+                                        "metrics.`perf/throughput_img_s`", "metrics.`study/best_img_s`"]
+    assert state["runsExpanded"] == {}  # MLflow does not share expanded rows: the studies show their summaries
+    assert state["lifecycleFilter"] == "Active" and state["runsPinned"] == [] and state["groupBy"] is None
+    assert route == f"#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey=parallax"
+
+
+def test_publishing_again_follows_new_runs(tmp_path):
+    client, exp, _ = _store(tmp_path)
+    ui_view.publish(client, exp)
+    run = client.create_run(exp, run_name="trial")
+    client.log_metric(run.info.run_id, "test/final_acc", 0.8)
+    state = ui_view.publish(client, exp)
+    assert "metrics.`test/final_acc`" in state["selectedColumns"]
+    assert json.loads(client.get_experiment(exp).tags["mlflow.sharedViewState.parallax"]) == state
+
+
+def test_a_refused_tag_is_a_warning_not_a_failure(capsys):
+    class ReadOnly:
+        def search_runs(self, *a, **k):
+            return []
+
+        def set_experiment_tag(self, *a):
+            raise PermissionError("read-only store")
+    assert ui_view.publish_view(ReadOnly(), "1") is None
+    assert "runs-table view was not written (PermissionError: read-only store)" in capsys.readouterr().err
+
+
+def _bundle() -> str:
+    files = sorted(BUNDLE.glob("main.*.js"))
+    if not files:
+        pytest.skip(f"the installed MLflow has no UI bundle under {BUNDLE}")
+    return files[0].read_text(errors="replace")
+
+
+def test_the_installed_mlflow_ui_reads_this_tag_link_and_state():
+    """If an MLflow upgrade renames the share tag, the URL parameters or the page-state fields, this fails: the view
+    would silently stop applying."""
+    js = _bundle()
+    assert f'"{ui_view.SHARE_TAG_PREFIX}"' in js and '"viewStateShareKey"' in js
+    assert '"workflowType"' in js and '"machine_learning"' in js
+    fields = re.search(r'\["selectedColumns","columnOrder",[^\]]*\]', js)
+    assert fields, "MLflow's list of page-state fields was not found in its bundle"
+    ui_fields = set(json.loads(fields.group(0)))
+    ours = set(ui_view.UI_DEFAULTS) | {"selectedColumns", "runsExpanded"}
+    # every field the UI keeps is set (it replaces its state with the shared one); charts' own config may be unset
+    assert ui_fields - ours <= {"compareRunCharts", "compareRunSections", "chartsSearchFilter"}, ui_fields - ours
+    assert ours <= ui_fields, ours - ui_fields  # nothing the UI does not know
+    facets = re.search(r'\["searchFilter","orderByKey",[^\]]*\]', "".join(p.read_text(errors="replace")
+                                                                          for p in BUNDLE.glob("*.js")))
+    assert facets and set(json.loads(facets.group(0))) == set(ui_view.FACETS)

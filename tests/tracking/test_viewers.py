@@ -1,0 +1,166 @@
+"""What the viewers show: MLflow (experiment kind, learning curves, MiB, dataset input, host tags, study summaries,
+unavailable studies, analysis metrics) and Optuna (metric name, numeric user attributes, optuna-dashboard)."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import optuna
+import pytest
+
+from pipeline.sweep import study_view
+from pipeline.tracking import client as tracking
+from pipeline.records.trial import TrialRecord
+from pipeline.sweep.stage import open_storage, run_sweep, space_hash, study_name
+
+PROFILE = """
+data: {train_limit: 512, test_limit: 256}
+train: {epochs: 2, warmup_steps: 1}
+sweep:
+  spaces:
+    single: {devices: [1, 2], batch_size: [64], lr: [0.1]}
+    dp: {devices: [1], batch_size: [64], lr: [0.1]}
+"""
+
+
+@pytest.fixture
+def views(make_cfg, tmp_path):
+    (tmp_path / "experiments").mkdir(exist_ok=True)
+    (tmp_path / "experiments" / "views.yaml").write_text(PROFILE)
+    return make_cfg(profile="views")
+
+
+def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
+    cfg = views
+    run_sweep(cfg, "single", tmp_path / "single.jsonl")
+    tr = tracking.Tracker(cfg)
+    exp = tr.client.get_experiment(tr.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+    (parent,) = tr.find_runs("tags.role = 'study'")
+    (trial,) = tr.find_runs(f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    rid = trial.info.run_id
+    for key in ("train/loss", "test/acc", "perf/epoch_s"):  # learning curves: one point per epoch
+        assert [h.step for h in tr.client.get_metric_history(rid, key)] == [1, 2], key
+    # the trial's final numbers sit at the last epoch, not at step 0 before the curves
+    assert [h.step for h in tr.client.get_metric_history(rid, "perf/throughput_img_s")] == [2]
+    m = trial.data.metrics
+    assert 0 < m["mem/peak_mib/dev0"] < 2**20 and not any(k.startswith("mem/peak_bytes") for k in m)
+    assert json.loads(trial.data.tags["mem_peak_bytes"])[0] == pytest.approx(m["mem/peak_mib/dev0"] * 2**20)
+
+    (ds,) = tr.client.get_run(rid).inputs.dataset_inputs
+    assert ds.dataset.name == "synthetic" and ds.dataset.digest == tracking.data_digest(synthetic_root)
+    assert ds.dataset.digest and {t.key: t.value for t in ds.tags}["mlflow.data.context"] == "train"
+    tags = trial.data.tags
+    assert tags["host.bf16"] in ("native", "emulated") and tags["host.cpu_isa"] and tags["host.torch"]
+
+    p = parent.data.metrics
+    assert p["study/n_complete"] == 1 and p["study/n_failed"] == 0 and p["study/n_skipped"] == 1
+    assert p["study/best_img_s"] == p["study/median_img_s"] == p["perf/throughput_img_s"] > 0
+    assert "study/weak_efficiency_max_k" not in p  # no k >= 2 point measured: undefined, not 0
+    assert "parallax.unavailable" not in parent.data.tags
+
+    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    assert study.metric_names == ["test_acc"] and study.direction == optuna.study.StudyDirection.MAXIMIZE
+    assert study.user_attrs["space_hash"] == space_hash(cfg, "single") and study.user_attrs["strategy"] == "single"
+    (t,) = study.trials
+    for k in ("throughput_img_s", "test_acc", "peak_mem_mib_max", "mem_imbalance", "epoch_s"):
+        assert isinstance(t.user_attrs[k], float), k
+    assert t.user_attrs["test_acc"] == t.value and "metrics" in t.user_attrs
+
+    # the analysis run carries summary.json's numbers as metrics
+    from pipeline.cli import main
+    sweeps = tmp_path / "results" / "sweeps"
+    sweeps.mkdir(parents=True)
+    (tmp_path / "single.jsonl").rename(sweeps / "single.jsonl")
+    (tmp_path / "params.yaml").write_text("profile: views\n")
+    assert main(["analyze", "--sweeps", str(sweeps), "--out", str(tmp_path / "analysis")]) == 0
+    (analysis,) = tr.find_runs("tags.stage = 'analyze'")
+    summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
+    assert analysis.data.metrics["summary/n_complete"] == summary["n_complete"] == 1
+    assert analysis.data.metrics["single/best_throughput_img_s"] == pytest.approx(
+        summary["strategies"]["single"]["best_throughput_img_s"])
+
+
+def test_unavailable_study_says_why(views, tmp_path):
+    from pipeline.host.devices import probe
+    if probe().kind == "cuda":
+        pytest.skip("dp is available on CUDA hosts")
+    run_sweep(views, "dp", tmp_path / "dp.jsonl")
+    (parent,) = tracking.Tracker(views).find_runs("tags.role = 'study' and tags.strategy = 'dp'")
+    why = parent.data.tags["parallax.unavailable"]
+    assert "CUDA" in why and why in parent.data.tags["mlflow.note.content"]
+    assert parent.info.run_name == "study dp (unavailable)" and parent.info.status == "FINISHED"
+    assert parent.data.metrics["study/n_complete"] == 0 and parent.data.metrics["study/n_skipped"] == 1
+
+
+def test_existing_experiment_gets_the_kind_tag(make_cfg):
+    cfg = make_cfg()
+    tr = tracking.Tracker(cfg)
+    tr.client.delete_experiment_tag(tr.experiment_id, "mlflow.experimentKind")
+    assert "mlflow.experimentKind" not in tr.client.get_experiment(tr.experiment_id).tags
+    tr = tracking.Tracker(cfg)
+    assert tr.client.get_experiment(tr.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_weak_efficiency_from_the_study_trials():
+    def t(k, b, thr, lr=0.1):
+        return {"model": "lenet", "devices": k, "batch_size": b, "lr": lr}, {"throughput_img_s": thr}
+    measured = [t(1, 64, 100.0), t(1, 64, 120.0, lr=0.2), t(2, 128, 150.0), t(4, 256, 200.0), t(2, 64, 999.0)]
+    eff, k = study_view.weak_efficiency_at_max_k(measured)
+    assert k == 4 and eff == pytest.approx(200.0 / (4 * 110.0))
+    assert study_view.weak_efficiency_at_max_k([t(2, 128, 150.0)]) == (None, None)
+
+
+def test_summary_numbers_become_analysis_metrics():
+    summary = {"n_trials": 4, "n_complete": 3, "synthetic_data": True, "host": "h", "target_acc": None,
+               "strategies": {"ddp": {"status": "measured", "best_throughput_img_s": 900.5, "n_complete": 3,
+                                      "best_throughput_at": {"k": 2}, "parallel_devices": True}}}
+    assert tracking.summary_metrics(summary) == {"summary/n_trials": 4, "summary/n_complete": 3,
+                                                 "ddp/best_throughput_img_s": 900.5, "ddp/n_complete": 3}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_optuna_dashboard_reads_the_study_back(tmp_path):
+    pytest.importorskip("optuna_dashboard", reason="optuna-dashboard is not installed (pip install optuna-dashboard)")
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="views-single-0123456789", storage=url, direction="maximize")
+    study_view.name_study(study, "single", "views", "0123456789")
+    trial = study.ask()
+    study_view.set_trial_numbers(trial, TrialRecord(throughput_img_s=1234.5, test_acc=[0.5, 0.8],
+                                                    peak_mem_bytes=[2**21, 2**20], mem_imbalance=1.33,
+                                                    epoch_s=[1.0, 2.0]))
+    study.tell(trial, 0.8)
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import sys, optuna_dashboard; "
+                               "optuna_dashboard.run_server(sys.argv[1], host='127.0.0.1', port=int(sys.argv[2]))",
+         url, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline, studies = time.monotonic() + 60, None
+        while studies is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as r:
+                    studies = json.load(r)["study_summaries"]
+            except OSError:
+                assert server.poll() is None, server.stderr.read().decode()[-2000:]
+                assert time.monotonic() < deadline, "optuna-dashboard did not answer within 60 s"
+                time.sleep(0.5)
+        (s,) = [s for s in studies if s["study_name"] == study.study_name]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{s['study_id']}", timeout=10) as r:
+            detail = json.load(r)
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert detail["objective_names"] == ["test_acc"]  # optuna-dashboard serves study.metric_names under this key
+    attrs = {a["key"]: a["value"] for a in detail["trials"][0]["user_attrs"]}
+    assert float(attrs["throughput_img_s"]) == 1234.5 and float(attrs["peak_mem_mib_max"]) == 2.0
