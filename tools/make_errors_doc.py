@@ -17,7 +17,7 @@ os.environ["PYTHONWARNINGS"] = "ignore"
 
 def main():
     import pytest  # noqa: F401  (the cases' module imports it)
-    from tests import test_errors as te
+    from tests.config import test_errors as te
     from pipeline.data import store as data
     from pipeline.cli import main as cli
     tmp = Path(tempfile.mkdtemp())
