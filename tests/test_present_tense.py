@@ -71,7 +71,8 @@ def test_the_scan_sees_the_project():
 def test_the_patterns_catch_history_and_spare_ordinary_words():
     caught = ["fixed in issue 24", "see issue #7", "(issues 15, 16, 17)", "the issue's user measured", "session 2",
               "not resolved this session", "build step 12", "exactly as before", "changed since the split",
-              "default was: auto", "the session-2 figures", "a negative count used to run nothing", "the tests predate the split"]
+              "default was: auto", "the session-2 figures", "a negative count used to run nothing",
+              "the tests predate the split"]
     spared = ["a synthetic data directory made once per session", "one profiler session per trial process",
               "start_new_session=True", "loss became nan at step 5", "steps 1 and 2 run on svc01",
               "is as empty afterwards as before", "as before the first step", "the MLflow session",
