@@ -49,7 +49,7 @@ class Result:
     figures: dict = field(default_factory=dict)
 
 
-# the review's "Proposed order for the first GPU run", with the facts the other findings need first
+# the GPU review's "Proposed order for the first GPU run" (docs/gpu.md), with the facts the other findings need first
 PLAN = (
     Step("host", ("G7", "G17", "G20"), "CUDA ordinals vs NVML (uuid), CUDA_VISIBLE_DEVICES, nvidia-smi topo",
          (str(Path(__file__).resolve()), "--host-facts", "{out}/host.json"), 30),

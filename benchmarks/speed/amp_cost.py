@@ -6,7 +6,7 @@ alternating.
 
 One thread (as each sweep worker process has), channels-last input, SGD, random data: the step's cost does not depend
 on the values. Prints the host's ISA and whether bf16 is native (capabilities.py) beside the ratio, so a figure from
-one host is never read as another's: on an AVX2-only CPU bf16 is emulated (the issue's user measured ~7x), on an
+one host is never read as another's: on an AVX2-only CPU bf16 is emulated (~7x slower, measured on such a host), on an
 AVX-512-BF16/AMX CPU it is native.
 
 `--isa-cap AVX2` measures the same pairs again under oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA, read once per process,

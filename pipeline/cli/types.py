@@ -17,7 +17,7 @@ def path(text: str) -> Path:
 
 
 def n_trials(text: str) -> int:
-    """--n-trials: 0 is the study's set-up step (docs/scale-out.md); a negative count used to run nothing, exit 0."""
+    """--n-trials: 0 is the study's set-up step (docs/scale-out.md); a negative count is refused."""
     try:
         n = int(text)
     except ValueError:

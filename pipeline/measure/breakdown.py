@@ -3,7 +3,7 @@ communication not hidden behind compute (exposed), optimizer, and waiting for th
 
 Only sampled steps are measured: every `every`-th steady-state step (train.breakdown_every, default EVERY; 0 = off).
 Sampled steps are real training steps, but the meter keeps them out of the throughput
-window (meter.py), so throughput is measured on unsampled steps exactly as before; their cost shows in epoch_s.
+window (meter.py), so throughput is measured on unsampled steps only; their cost shows in epoch_s.
 The trial's breakdown names them (`sampled_steps`: steady-state indices, global step = index + warm-up) and what
 they added to the training time (`sampling_added_s` = samples x (sampled_wall_s - timed_step_s)): the epochs'
 time without sampling is sum(epoch_s) - sampling_added_s.

@@ -9,7 +9,7 @@ clock on an unsampled step), as `autocast` is for fp32 strategies.
   timed, and devices are synchronised before each clock read;
 - the step-time breakdown (breakdown.py) on every `every`-th steady-state step: such a sampled step is kept out of
   the throughput window (its images and its seconds, from a synchronised clock read before it to one after), so
-  throughput is the unsampled steps' as before; the sampled steps still count in epoch_s and time to accuracy;
+  throughput is the unsampled steps' alone; the sampled steps still count in epoch_s and time to accuracy;
 - steady-state images/s per measurement window of WINDOW_STEPS timed steps (`throughput_windows`: the spread of
   the trial's throughput, for stats.py's intervals): a window closes at a synchronised clock read before the step
   that would be its (N+1)-th unsampled one, never spans an epoch's end (evaluation), and leaves out sampled steps as

@@ -123,7 +123,7 @@ def test_a_null_in_params_yaml_leaves_the_profiles_value_and_an_override_replace
 
 
 def test_an_explicit_params_file_must_exist_the_default_one_may_not(tmp_path):
-    """--params /typo.yaml used to run silently on the built-in values; only the default params.yaml is optional."""
+    """--params /typo.yaml is refused, not run on the built-in values; only the default params.yaml is optional."""
     (tmp_path / "experiments").mkdir()
     missing = tmp_path / "nonexist.yaml"
     with pytest.raises(c.ConfigError, match=f"params file {missing} .*does not exist"):

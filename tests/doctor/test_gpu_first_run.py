@@ -21,7 +21,7 @@ SCRIPT = REPO / "benchmarks" / "gpu" / "gpu_first_run.py"
 def test_the_plan_follows_the_reviews_order_within_ten_minutes():
     names = [s.name for s in fr.PLAN]
     order = ["doctor_breakdown_off", "doctor_default", "dp_output_device_1", "equivalence_tf32_on",
-             "memory_single", "collectives", "overlap"]  # the review's "Proposed order for the first GPU run"
+             "memory_single", "collectives", "overlap"]  # the GPU review's "Proposed order for the first GPU run"
     assert [n for n in names if n in order] == order
     assert sum(s.timeout_s for s in fr.PLAN) <= 600 and all(s.timeout_s > 0 for s in fr.PLAN)
     assert {g for s in fr.PLAN for g in s.findings} | set(fr.UNCOVERED) <= set(fr.FINDINGS)

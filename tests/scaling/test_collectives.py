@@ -156,7 +156,7 @@ def test_a_repeat_is_n_back_to_back_ops_between_one_sync_pair_reported_per_op(mo
 
 def test_only_back_to_back_on_gpus_batches_ops():
     """N ops per sync pair on GPUs in back-to-back mode only: after_compute times the first op after idle compute
-    (batching would make ops 2..N warm), and the CPU's Gloo ops are synchronous calls, timed one by one as before."""
+    (batching would make ops 2..N warm), and the CPU's Gloo ops are synchronous calls, timed one by one."""
     gpu, cpu = {"device_kind": "cuda", "ops_per_sync": 20}, {"device_kind": "cpu", "ops_per_sync": 20}
     assert collectives._ops_per_sync(gpu, "back_to_back") == 20
     assert collectives._ops_per_sync(gpu, "after_compute") == 1

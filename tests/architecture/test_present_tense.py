@@ -11,8 +11,8 @@ import re
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SELF = "tests/test_present_tense.py"
+REPO = Path(__file__).resolve().parents[2]
+SELF = "tests/architecture/test_present_tense.py"
 
 SUFFIXES = (".md", ".py", ".yaml", ".yml", ".toml")
 NAMES = ("Makefile", ".ci/run")
