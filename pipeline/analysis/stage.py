@@ -31,7 +31,7 @@ from pipeline.analysis.tables import (accuracy_table, breakdown_losses, breakdow
     point_table, scaling_table, shown_extras)
 from pipeline.analysis.rows import EXPECTED, read_sweeps
 
-# The names tests/analysis/test_analyze.py reaches through this module (kept so those tests read the names where they are defined for users).
+# Names tests/analysis/test_analyze.py reaches through this module.
 from pipeline.analysis.summary import jsonable as _jsonable, strategy_metrics as _strategy_metrics  # noqa: F401
 from pipeline.analysis.tables import shown_extras as _shown  # noqa: F401
 from pipeline.analysis.rows import load_sweeps, normalize as _normalize  # noqa: F401

@@ -25,7 +25,7 @@ def test_bad_lines_are_skipped_and_named_the_good_rows_kept(tmp_path, capsys):
     assert summary["strategies"]["ddp"]["status"] == "measured"
     assert summary["strategies"]["ddp"]["n_complete"] == 2
     eff = A.load_sweeps(d, ["ddp"])[0]
-    assert sorted(eff["k"]) == [1.0, 2.0] and eff["peak_mem_bytes"].map(type).eq(list).all()  # typed like a clean table's
+    assert sorted(eff["k"]) == [1.0, 2.0] and eff["peak_mem_bytes"].map(type).eq(list).all()  # typed
     err = " ".join(capsys.readouterr().err.split())
     report = (tmp_path / "out" / "report.md").read_text()
     for n in (3, 4, 5):  # the blank line 6 is no row and no damage

@@ -63,7 +63,8 @@ def test_divergence_is_a_failure_with_reason(make_cfg, tmp_path):
 
 def test_a_run_of_warm_up_steps_only_says_why_it_has_no_throughput(make_cfg, tmp_path, synthetic_root,
                                                                    monkeypatch, capsys):
-    """2 steps, 3 of warm-up: nothing timed. The line says why img/s is missing (never `nan img/s`), and the MLflow run too."""
+    """2 steps, 3 of warm-up: nothing timed. The line says why img/s is missing (no `nan img/s`), and so does the
+    MLflow run."""
     make_cfg()
     (tmp_path / "params.yaml").write_text(f"profile: ''\ndata: {{source: synthetic, dir: {synthetic_root}, "
                                           f"train_limit: 512, test_limit: 128}}\ntrain: {{warmup_steps: 3}}\n")
