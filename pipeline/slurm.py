@@ -20,7 +20,9 @@ Off (no partition) is `local`, launch.run_trial on this host; submitit is import
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -96,7 +98,17 @@ def node_main(cfg_dict: dict, out_dir: str, timeout_s: float | None) -> dict:
     except TrialFailed as e:
         return {"node": env.node, "failed": (str(e), e.kind)}
     is_main = (node_dir / "final_state.pt").exists()
-    return {"node": env.node, "host": env.hostnames[env.node], "record": record if is_main else None}
+    return {"node": env.node, "host": env.hostnames[env.node], "record": record if is_main else None,
+            "machine": _boot_id(), "cores": len(os.sched_getaffinity(0)),
+            "procs": cfg.train.devices // cfg.train.nnodes}
+
+
+def _boot_id() -> str:
+    """The kernel's boot id: the same on "nodes" that are one machine (containers, network namespaces)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 # ----------------------------------------------------------------------------- on the login node
@@ -121,6 +133,18 @@ def hostnames(nodelist: str) -> list[str]:
         return out.stdout.split()
     except (OSError, subprocess.TimeoutExpired):
         return []
+
+
+def _shared_cores(record, results: list):
+    """The record, tagged oversubscribed where nodes that are one machine (one boot id) ran more ranks in all than
+    it has cores: each node alone sees all the cores, so the trial's own check cannot tell."""
+    machines: dict = {}
+    for r in results:
+        used = machines.setdefault(r.get("machine") or r["node"], [0, r.get("cores", 0)])
+        used[0] += r.get("procs", 0)
+    if record.oversubscribed or not any(n > cores for n, cores in machines.values()):
+        return record
+    return dataclasses.replace(record, oversubscribed=True)
 
 
 def tasks(job) -> list:
@@ -197,7 +221,6 @@ class Runner:
         lines = []
         for f in sorted(out_dir.glob("node*/progress.jsonl")):
             lines = f.read_text().splitlines()
-        import json
         for line in lines[seen:]:
             try:
                 record = json.loads(line)
@@ -251,9 +274,12 @@ class Runner:
         main = next((r for r in results if r.get("record") is not None), None)
         if main is None:
             raise TrialFailed(f"{why}: no node returned the main rank's record", "error")
+        record = _shared_cores(main["record"], results)
         node_dir = out_dir / f"node{main['node']}"
         for f in ("metrics.json", "final_state.pt"):
             if (node_dir / f).exists():
                 shutil.copy2(node_dir / f, out_dir / f)
+        if record is not main["record"]:
+            (out_dir / "metrics.json").write_text(json.dumps(record.to_json(), indent=2))
         say(f"done: {state} on {info.get('NodeList', '?')}")
-        return main["record"]
+        return record
