@@ -23,6 +23,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -120,10 +121,10 @@ def scontrol(*args: str) -> dict:
     except (OSError, subprocess.TimeoutExpired):
         return {}
     fields = {}
-    for word in out.split():
+    for word in re.split(r"\s+(?=[A-Za-z][\w/:]*=)", out.strip()):  # values may hold spaces (Reason=Not responding)
         key, eq, value = word.partition("=")
         if eq:
-            fields.setdefault(key, value)
+            fields.setdefault(key, value.strip())
     return fields
 
 
@@ -203,7 +204,7 @@ class Runner:
             state = info.get("JobState", "")
             shown = "queued" if state in ("PENDING", "CONFIGURING", "REQUEUED") else (
                 "running" if state in ("RUNNING", "COMPLETING") else state.lower())
-            if shown and shown != last:
+            if shown in ("queued", "running") and shown != last:  # the end is said by outcome()
                 where = {"queued": f" (Reason={info.get('Reason', '?')})",
                          "running": f" on {info.get('NodeList', '?')}"}.get(shown, "")
                 say(shown + where)
