@@ -185,8 +185,10 @@ class Runner:
         job = self.executor(out_dir / "slurm", nodes, label).submit(node_main, tcfg.to_dict(), str(out_dir), timeout_s)
         if note:
             note({"slurm_job_id": str(job.job_id), "nodes": nodes})
-        say = lambda msg: print(f"  {label} SLURM job {job.job_id} ({nodes} node{'s' * (nodes > 1)}): {msg}",
-                                file=sys.stderr, flush=True)
+
+        def say(msg: str) -> None:
+            print(f"  {label} SLURM job {job.job_id} ({nodes} node{'s' * (nodes > 1)}): {msg}", file=sys.stderr,
+                  flush=True)
         ended = False
         try:
             info = self.wait(job, out_dir, on_epoch, say)
