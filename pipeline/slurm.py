@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import TrialFailed
+from pipeline.errors import TrialFailed
 
 REQUEUE = {"CANCELLED", "PREEMPTED", "DEADLINE"}  # not the trial's fault: run it again (up to MAX_REQUEUES times)
 ENDED = REQUEUE | {"COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "SPECIAL_EXIT"}
@@ -55,7 +55,7 @@ def sized(cfg, tcfg):
     """The trial as it runs on the cluster (for the feasibility check): its node count and a rendezvous."""
     if not is_on(cfg):
         return tcfg
-    from .config import replace_train
+    from pipeline.config.loader import replace_train
     n = nodes_for(cfg.slurm, tcfg.train.devices)
     return replace_train(tcfg, nnodes=n, rdzv_endpoint="first-node:0" if n > 1 else "")
 
@@ -74,7 +74,7 @@ def runner(cfg):
 
 
 def local(tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="", note=None):
-    from .launch import run_trial
+    from pipeline.trial.launch import run_trial
     return run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=progress, timeout_s=timeout_s)
 
 
@@ -85,8 +85,8 @@ def node_main(cfg_dict: dict, out_dir: str, timeout_s: float | None) -> dict:
     this node holds the main rank (its final_state.pt), and a failure as (text, kind) rather than raising it."""
     import submitit
 
-    from . import config as configmod
-    from .launch import run_trial
+    from pipeline.config import loader as configmod
+    from pipeline.trial.launch import run_trial
     env = submitit.JobEnvironment()
     cfg = configmod._build(configmod.Config, cfg_dict, "")
     if env.num_nodes > 1:
@@ -180,7 +180,7 @@ class Runner:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         nodes = nodes_for(self.scfg, tcfg.train.devices)
-        from . import config as configmod
+        from pipeline.config import loader as configmod
         tcfg = configmod.replace_train(tcfg, nnodes=1, rdzv_endpoint="")  # node_main sets the allocation's
         job = self.executor(out_dir / "slurm", nodes, label).submit(node_main, tcfg.to_dict(), str(out_dir), timeout_s)
         if note:

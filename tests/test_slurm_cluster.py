@@ -2,7 +2,7 @@
 slurmd nodes, each in its own network namespace. Skipped visibly without root or the programs; a failure instead
 when PARALLAX_REQUIRE_SLURM=1 (.ci/run sets it once it has installed Debian's slurm-wlm and munge).
 
-    .venv/bin/python -m pytest tests/test_slurm_cluster.py -rP      # timings in the PASSES section
+    .venv/bin/python -m pytest tests/sweep/test_slurm_cluster.py -rP      # timings in the PASSES section
 """
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ import optuna
 import pytest
 import torch
 
-from pipeline import tracking
-from pipeline.sweep import open_storage, run_sweep, study_name
+from pipeline.tracking import client as tracking
+from pipeline.sweep.stage import open_storage, run_sweep, study_name
 from tests import slurm_cluster
 
 slurm = slurm_cluster.slurm  # the module's cluster (a fixture: assigned, not imported by name)
@@ -52,7 +52,7 @@ def counts(cfg, strategy, out):
 
 
 def test_sweep_points_span_nodes_and_k4_matches_single(on_cluster, make_cfg, tmp_path, capfd):
-    from pipeline.launch import run_trial
+    from pipeline.trial.launch import run_trial
     cfg = on_cluster("train.max_steps=1", "sweep.spaces.ddp={devices: [1, 2, 4], batch_size: [64], lr: [0.5]}")
     out = tmp_path / "ddp.jsonl"
     t0 = time.monotonic()
