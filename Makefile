@@ -5,7 +5,7 @@ BIN     := $(CURDIR)/$(VENV)/bin
 STAMP   := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-EXTRAS  := pipeline,download,test
+EXTRAS  := pipeline,download,test,slurm
 
 .PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline test test-fast ui dashboard plots \
         screenshots clean-results

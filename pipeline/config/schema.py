@@ -158,6 +158,18 @@ class OverlapConfig:
 
 
 @dataclass(frozen=True)
+class SlurmConfig:
+    """The SLURM cluster a sweep submits its trials to (slurm.py); partition "" = off: trials run on this host."""
+    partition: str = ""
+    devices_per_node: int = field(default=1, metadata=bounds(1))  # a k-device trial gets ceil(k/this) nodes
+    device: str = field(default="cuda", metadata=choice("cuda", "cpu"))  # GPUs (gres) or cores per node
+    time_limit_min: int = field(default=60, metadata=bounds(1))  # each trial's job
+    account: str = ""
+    rdzv_port: int = field(default=29400, metadata=bounds(1024, 65000))  # c10d on the first node; + job id % 500
+    poll_s: float = field(default=2.0, metadata=bounds(0.1, 600))  # `scontrol show job` every this many seconds
+
+
+@dataclass(frozen=True)
 class Config:
     profile: str = field(default="cpu", metadata={"pattern": PROFILE_NAME})  # "" = no profile
     data: DataConfig = DataConfig()
@@ -166,6 +178,7 @@ class Config:
     tracking: TrackingConfig = TrackingConfig()
     analyze: AnalyzeConfig = AnalyzeConfig()
     overlap: OverlapConfig = OverlapConfig()
+    slurm: SlurmConfig = SlurmConfig()
 
     def space(self, strategy: str) -> tuple[SpaceConfig, ...]:
         """The strategy's search space: a union of products (one SpaceConfig per product)."""

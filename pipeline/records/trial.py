@@ -43,7 +43,7 @@ class TrialRecord:
     synthetic: bool = _f(TAG)
     train_limit: int = _f(PARAM)
     test_limit: int = _f()
-    nnodes: int = _f()
+    nnodes: int = _f(PARAM, TAG, TABLE)  # a SLURM trial's ceil(k / slurm.devices_per_node)
     warmup_steps: int = _f()
     target_acc: float = _f(TABLE)
     bucket_cap_mb: int = _f(PARAM, TABLE)

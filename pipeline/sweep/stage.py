@@ -22,7 +22,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from pipeline.sweep import queue as claims, study_parent, study_setup, study_view
+from pipeline.sweep import queue as claims, slurm, study_parent, study_setup, study_view
 from pipeline import paths
 from pipeline.tracking import client as tracking
 from pipeline.config import loader as configmod
@@ -32,7 +32,7 @@ from pipeline.host.capabilities import host_capabilities
 from pipeline.sweep.queue import open_storage, storage_url
 from pipeline.host.devices import probe
 from pipeline.errors import FAULT_TEXT, Stopped, interruption, redact, root_cause, store_fault
-from pipeline.trial.launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, host_fields, run_trial
+from pipeline.trial.launch import Infeasible, TrialFailed, check_batch_fits, check_feasible, host_fields
 from pipeline.preflight import check_store
 from pipeline.sweep.progress import progress
 from pipeline.sweep.space import choices, points, space_hash, study_name, trial_config
@@ -74,7 +74,7 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None,
     for p in progress(points(cfg, strategy), f"[sweep {strategy}] checking which points run here"):
         tcfg = trial_config(cfg, strategy, p)
         try:
-            check_feasible(tcfg, host)
+            check_feasible(slurm.sized(cfg, tcfg), slurm.cluster_host(cfg, host))  # SLURM: one node's devices
             if n_train is not None:
                 check_batch_fits(tcfg, n_train)
             feasible.append(p)
@@ -132,6 +132,11 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     out_dir = trials_dir / f"{study.study_name}-{trial.number:04d}"
     beat, run_id, t0 = claims.heartbeat(trial), None, time.monotonic()
 
+    def note(attrs: dict) -> None:
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        tracker.set_tags(run_id, {f"parallax.{k}": v for k, v in attrs.items()})
+
     def on_epoch(record):
         tracker.log_metrics(run_id, tracking.epoch_metrics(record), step=record["epoch"])
         eta = (time.monotonic() - t0) / record["epoch"] * (record["epochs"] - record["epoch"])
@@ -146,7 +151,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
 
     try:
         with beat:
-            plan = planned(tcfg, host, host_fields(host, tcfg.train.devices))
+            plan = planned(slurm.sized(cfg, tcfg), host, host_fields(host, tcfg.train.devices))
             tags = {**tracking.base_tags(plan, tcfg, stage=f"sweep@{strategy}"), "trial": trial.number,
                     "study": study.study_name, "optuna_trial_id": claims.trial_id(trial)}
             run_id = tracker.start_run(f"{strategy} {_fmt_point(p)}", tags, parent_id=parent_id)
@@ -159,8 +164,9 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
             tracker.log_dataset(run_id, tcfg)
             try:
                 with tracking.system_metrics(cfg, run_id):  # off unless tracking.system_metrics
-                    metrics = run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
-                                        timeout_s=cfg.sweep.trial_timeout_s)
+                    # here, or as a SLURM job when slurm.partition is set (slurm.py; note: its job id, node count)
+                    metrics = slurm.runner(cfg)(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
+                                                timeout_s=cfg.sweep.trial_timeout_s, label=label, note=note)
             except TrialFailed as e:
                 metrics = e
         if beat.lost.is_set():
@@ -168,6 +174,8 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
         if isinstance(metrics, TrialFailed):
             reason = f"{metrics.kind}: {metrics}"
             trial.set_user_attr("reason", reason)
+            if getattr(metrics, "requeue", False):  # SLURM cancelled or preempted its job (slurm.Requeued)
+                return _requeue(study, trial, tracker, run_id, p, reason)
             trial.set_user_attr("failure_kind", metrics.kind)
             tracker.close_run(run_id, "FAILED", reason)
             study.tell(trial, state=TrialState.FAIL)
@@ -251,6 +259,20 @@ def _remeasure(cfg, study, trial, p, metrics) -> str:
     return f"; measured under interference: enqueued again ({done + 1}/{cfg.sweep.remeasure_interfered})"
 
 
+def _requeue(study, trial, tracker, run_id, p, reason) -> str:
+    """A trial whose SLURM job was cancelled or preempted: failed with SLURM's reason and its point enqueued again
+    (up to slurm.MAX_REQUEUES times, then failed for good), never left RUNNING."""
+    n = trial.user_attrs.get("requeued", 0)
+    tracker.close_run(run_id, "KILLED", reason)
+    if n >= slurm.MAX_REQUEUES:
+        trial.set_user_attr("failure_kind", "slurm_requeues")
+        study.tell(trial, state=TrialState.FAIL)
+        return f"failed ({reason}; already enqueued again {n} times)"
+    study.tell(trial, state=TrialState.FAIL)
+    study.enqueue_trial(p, user_attrs={"repeat": trial.user_attrs.get("repeat", 0), "requeued": n + 1})
+    return f"{reason} ({n + 1}/{slurm.MAX_REQUEUES})"
+
+
 def _taken_over(tracker, run_id) -> str:
     why = "taken over: another worker failed this trial as stale (late heartbeat) and runs it again"
     _best_effort(lambda: tracker.close_run(run_id, "KILLED", why)
@@ -317,7 +339,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
 
     def runnable(point: dict) -> bool:
         try:
-            check_feasible(trial_config(cfg, strategy, point), host)
+            check_feasible(slurm.sized(cfg, trial_config(cfg, strategy, point)), slurm.cluster_host(cfg, host))
             return True
         except Infeasible:
             return False

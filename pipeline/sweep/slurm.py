@@ -1,0 +1,288 @@
+"""A sweep's trials as SLURM jobs, submitted through submitit, when params.yaml or the profile sets `slurm.partition`.
+
+    python -m pipeline sweep --strategy ddp --set slurm.partition=gpu --set slurm.devices_per_node=8   # login node
+
+A k-device trial on nodes of g devices is one job of ceil(k/g) nodes x 1 task; each task runs the trial's ranks
+through PyTorch's elastic launcher (launch.run_trial, nproc_per_node = k / nodes), and the nodes meet through the
+c10d rendezvous on the allocation's first node, exactly as a hand-typed multi-node `train` does (train.nnodes,
+node_rank, rdzv_endpoint). The sweep process stays on the login node: it holds the Optuna claim and its heartbeat,
+logs each epoch (the main rank's progress.jsonl, on the shared filesystem) and records the result as for a local
+trial, with the job id and node count.
+
+Why `scontrol show job` and not submitit's own watcher: submitit asks `sacct`, which needs SLURM's accounting
+database; without one (a small cluster, the test cluster) a job that ends without its result file (scancel,
+preemption, time limit, a node lost) would look RUNNING for ever. submitit still writes the batch script, pickles
+the call and reads the results back. Jobs are submitted with --no-requeue: the Optuna queue is the only record of
+what runs, so a cancelled or preempted job's trial is enqueued again there (Requeued), never behind its back.
+
+Off (no partition) is `local`, launch.run_trial on this host; submitit is imported only when SLURM is on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline.errors import TrialFailed
+
+REQUEUE = {"CANCELLED", "PREEMPTED", "DEADLINE"}  # not the trial's fault: run it again (up to MAX_REQUEUES times)
+ENDED = REQUEUE | {"COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "SPECIAL_EXIT"}
+MAX_REQUEUES = 2
+
+
+class Requeued(TrialFailed):
+    """SLURM ended the trial's job (scancel, preemption): the sweep enqueues the point again."""
+    requeue = True
+
+
+def is_on(cfg) -> bool:
+    return bool(cfg.slurm.partition)
+
+
+def nodes_for(scfg, devices: int) -> int:
+    """The nodes a k-device trial gets: ceil(k / slurm.devices_per_node)."""
+    return math.ceil(devices / scfg.devices_per_node)
+
+
+def sized(cfg, tcfg):
+    """The trial as it runs on the cluster (for the feasibility check): its node count and a rendezvous."""
+    if not is_on(cfg):
+        return tcfg
+    from pipeline.config.loader import replace_train
+    n = nodes_for(cfg.slurm, tcfg.train.devices)
+    return replace_train(tcfg, nnodes=n, rdzv_endpoint="first-node:0" if n > 1 else "")
+
+
+def cluster_host(cfg, host):
+    """What one node of the cluster offers, as the feasibility check reads a host."""
+    if not is_on(cfg):
+        return host
+    return dataclasses.replace(host, kind=cfg.slurm.device, n=cfg.slurm.devices_per_node,
+                               hostname=f"slurm:{cfg.slurm.partition}")
+
+
+def runner(cfg):
+    """The function that runs one trial: on this host, or as a SLURM job."""
+    return Runner(cfg.slurm) if is_on(cfg) else local
+
+
+def local(tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="", note=None):
+    from pipeline.trial.launch import run_trial
+    return run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=progress, timeout_s=timeout_s)
+
+
+# ----------------------------------------------------------------------------- on each node of the job
+
+def node_main(cfg_dict: dict, out_dir: str, timeout_s: float | None) -> dict:
+    """One task per node: this node's share of the trial's ranks, in out_dir/node<i>. Returns the record where
+    this node holds the main rank (its final_state.pt), and a failure as (text, kind) rather than raising it."""
+    import submitit
+
+    from pipeline.config import loader as configmod
+    from pipeline.trial.launch import run_trial
+    env = submitit.JobEnvironment()
+    cfg = configmod._build(configmod.Config, cfg_dict, "")
+    if env.num_nodes > 1:
+        port = cfg.slurm.rdzv_port + int(str(env.job_id).split("_")[0]) % 500
+        cfg = configmod.replace_train(cfg, nnodes=env.num_nodes, node_rank=env.node,
+                                      rdzv_endpoint=f"{env.hostnames[0]}:{port}", rdzv_id=f"slurm-{env.job_id}")
+    node_dir = Path(out_dir) / f"node{env.node}"
+    try:
+        record = run_trial(cfg, node_dir, on_epoch=None, progress=False, timeout_s=timeout_s)
+    except TrialFailed as e:
+        return {"node": env.node, "failed": (str(e), e.kind)}
+    is_main = (node_dir / "final_state.pt").exists()
+    return {"node": env.node, "host": env.hostnames[env.node], "record": record if is_main else None,
+            "machine": _boot_id(), "cores": len(os.sched_getaffinity(0)),
+            "procs": cfg.train.devices // cfg.train.nnodes}
+
+
+def _boot_id() -> str:
+    """The kernel's boot id: the same on "nodes" that are one machine (containers, network namespaces)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+# ----------------------------------------------------------------------------- on the login node
+
+def scontrol(*args: str) -> dict:
+    """`scontrol show ... -o` as a dict ({} when SLURM does not know it, or cannot be asked)."""
+    try:
+        out = subprocess.run(["scontrol", "show", *args, "-o"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    fields = {}
+    for word in re.split(r"\s+(?=[A-Za-z][\w/:]*=)", out.strip()):  # values may hold spaces (Reason=Not responding)
+        key, eq, value = word.partition("=")
+        if eq:
+            fields.setdefault(key, value.strip())
+    return fields
+
+
+def hostnames(nodelist: str) -> list[str]:
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        return out.stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+
+
+def _shared_cores(record, results: list):
+    """The record, tagged oversubscribed where nodes that are one machine (one boot id) ran more ranks in all than
+    it has cores: each node alone sees all the cores, so the trial's own check cannot tell."""
+    machines: dict = {}
+    for r in results:
+        used = machines.setdefault(r.get("machine") or r["node"], [0, r.get("cores", 0)])
+        used[0] += r.get("procs", 0)
+    if record.oversubscribed or not any(n > cores for n, cores in machines.values()):
+        return record
+    return dataclasses.replace(record, oversubscribed=True)
+
+
+def tasks(job) -> list:
+    """submitit's per-task jobs (one per node) of a job."""
+    return list(job._sub_jobs) or [job]
+
+
+def _tail(path: Path, n: int = 300) -> str:
+    try:
+        return " ".join(Path(path).read_text(errors="replace")[-n:].split())
+    except OSError:
+        return "(none)"
+
+
+class Runner:
+    """Runs one trial as a SLURM job and waits for it, saying when it is queued, running and done."""
+
+    def __init__(self, scfg):
+        self.scfg = scfg
+
+    def executor(self, folder: Path, nodes: int, label: str):
+        import submitit  # the optional extra `slurm`: only here
+        s = self.scfg
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0, python=sys.executable)
+        per_node = {"cpus_per_task": s.devices_per_node} if s.device == "cpu" else {"gpus_per_node": s.devices_per_node}
+        ex.update_parameters(partition=s.partition, nodes=nodes, ntasks_per_node=1, time=s.time_limit_min,
+                             job_name=f"parallax {label}"[:120], additional_parameters={"no_requeue": True},
+                             **per_node, **({"account": s.account} if s.account else {}))
+        return ex
+
+    def __call__(self, tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="", note=None):
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        nodes = nodes_for(self.scfg, tcfg.train.devices)
+        from pipeline.config import loader as configmod
+        tcfg = configmod.replace_train(tcfg, nnodes=1, rdzv_endpoint="")  # node_main sets the allocation's
+        job = self.executor(out_dir / "slurm", nodes, label).submit(node_main, tcfg.to_dict(), str(out_dir), timeout_s)
+        if note:
+            note({"slurm_job_id": str(job.job_id), "nodes": nodes})
+
+        def say(msg: str) -> None:
+            print(f"  {label} SLURM job {job.job_id} ({nodes} node{'s' * (nodes > 1)}): {msg}", file=sys.stderr,
+                  flush=True)
+        ended = False
+        try:
+            info = self.wait(job, out_dir, on_epoch, say)
+            ended = True
+        finally:
+            if not ended:  # interrupted, or stopped by the sweep: never leave the job behind
+                subprocess.run(["scancel", str(job.job_id)], capture_output=True, timeout=30)
+        return self.outcome(job, info, nodes, out_dir, say)
+
+    def wait(self, job, out_dir: Path, on_epoch, say) -> dict:
+        """Poll `scontrol show job` until the job ends, handing each epoch record to on_epoch meanwhile."""
+        seen, last, missing = 0, None, 0
+        while True:
+            info = scontrol("job", str(job.job_id))
+            state = info.get("JobState", "")
+            shown = "queued" if state in ("PENDING", "CONFIGURING", "REQUEUED") else (
+                "running" if state in ("RUNNING", "COMPLETING") else state.lower())
+            if shown in ("queued", "running") and shown != last:  # the end is said by outcome()
+                where = {"queued": f" (Reason={info.get('Reason', '?')})",
+                         "running": f" on {info.get('NodeList', '?')}"}.get(shown, "")
+                say(shown + where)
+                last = shown
+            seen = self.epochs(out_dir, seen, on_epoch, job)
+            if state in ENDED:
+                return info
+            if not info:
+                missing += 1
+                if missing * self.scfg.poll_s > 60 or all(t.paths.result_pickle.exists() for t in tasks(job)):
+                    return info  # SLURM forgot it (MinJobAge), or scontrol is unreachable
+            time.sleep(self.scfg.poll_s)
+
+    def epochs(self, out_dir: Path, seen: int, on_epoch, job) -> int:
+        lines = []
+        for f in sorted(out_dir.glob("node*/progress.jsonl")):
+            lines = f.read_text().splitlines()
+        for line in lines[seen:]:
+            try:
+                record = json.loads(line)
+            except ValueError:  # being written
+                return seen
+            if on_epoch and on_epoch(record):
+                subprocess.run(["scancel", str(job.job_id)], capture_output=True, timeout=30)
+                raise TrialFailed(f"stopped at epoch {record['epoch']} by the sweep; SLURM job {job.job_id} "
+                                  f"cancelled (pruning and taken-over trials end their job)", "stopped")
+            seen += 1
+        return seen
+
+    def outcome(self, job, info: dict, nodes: int, out_dir: Path, say):
+        state = info.get("JobState", "UNKNOWN")
+        why = f"SLURM job {job.job_id} ended {state}" + (
+            f" (Reason={info['Reason']})" if info.get("Reason", "None") != "None" else "")
+        if state in REQUEUE:
+            say(f"done: {state}; the trial is enqueued again")
+            raise Requeued(f"{why}: not the trial's fault; its point is enqueued again", "slurm_" + state.lower())
+        if state == "NODE_FAIL":
+            lost = [f"{h} ({n.get('State', '?')}: {n.get('Reason', '?')})" for h in hostnames(info.get("NodeList", ""))
+                    for n in [scontrol("node", h)] if "DOWN" in n.get("State", "") or "NOT_RESPONDING" in
+                    n.get("State", "")]
+            say(f"done: NODE_FAIL {', '.join(lost)}")
+            raise TrialFailed(f"{why}: node(s) {', '.join(lost) or info.get('NodeList', '?')} stopped responding "
+                              f"to SLURM mid-trial", "node_fail")
+        if state == "TIMEOUT":
+            say("done: TIMEOUT")
+            raise TrialFailed(f"{why}: over its time limit of {self.scfg.time_limit_min} min "
+                              f"(slurm.time_limit_min)", "timeout")
+        deadline = time.monotonic() + 10  # a shared filesystem may show the result files late
+        while not all(t.paths.result_pickle.exists() for t in tasks(job)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        missing = [t for t in tasks(job) if not t.paths.result_pickle.exists()]
+        if missing:  # submitit's result() would wait for ever (it asks sacct)
+            tail = " | ".join(_tail(t.paths.stderr) for t in missing)
+            say(f"done: {state}, {len(missing)} task(s) left no result")
+            raise TrialFailed(f"{why}: {len(missing)} of its {nodes} task(s) left no result; stderr: {tail}",
+                              "error")
+        try:
+            results = [t.result() for t in tasks(job)]
+        except Exception as e:  # an exception outside the trial (the node could not import the package)
+            text = (str(e).strip().splitlines() or [""])[-1][:400]
+            say(f"done: {state}, error")
+            raise TrialFailed(f"{why}: {text}", "error") from None
+        failed = [r["failed"] for r in results if "failed" in r]
+        if failed:
+            say(f"done: {state}, trial failed")
+            raise TrialFailed(f"{failed[0][0]} (SLURM job {job.job_id}, node {results[0].get('node')})",
+                              failed[0][1])
+        main = next((r for r in results if r.get("record") is not None), None)
+        if main is None:
+            raise TrialFailed(f"{why}: no node returned the main rank's record", "error")
+        record = _shared_cores(main["record"], results)
+        node_dir = out_dir / f"node{main['node']}"
+        for f in ("metrics.json", "final_state.pt"):
+            if (node_dir / f).exists():
+                shutil.copy2(node_dir / f, out_dir / f)
+        if record is not main["record"]:
+            (out_dir / "metrics.json").write_text(json.dumps(record.to_json(), indent=2))
+        say(f"done: {state} on {info.get('NodeList', '?')}")
+        return record
