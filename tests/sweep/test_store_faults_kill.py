@@ -99,7 +99,7 @@ def test_a_second_ctrl_c_during_a_trial_teardown_is_an_interruption(make_cfg, tm
 
     def second_ctrl_c(*a, **k):
         raise SignalException("Process 1 got signal: 2", sigval=signal.SIGINT)
-    monkeypatch.setattr(sweep, "run_trial", second_ctrl_c)
+    monkeypatch.setattr("pipeline.trial.launch.run_trial", second_ctrl_c)  # the local runner looks it up there
     with pytest.raises(Interrupted) as e:
         sweep.run_sweep(cfg, "single", tmp_path / "single.jsonl")
     assert e.value.signum == signal.SIGINT
