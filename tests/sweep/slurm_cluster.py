@@ -58,7 +58,7 @@ NODES = ("node1", "node2")
 START_TIMEOUT_S = 45  # both nodes idle within this, or the start fails with the daemons' log tails
 
 SLURM_CONF = """\
-# Throwaway cluster for tests (tests/slurm_cluster.py): root everywhere, no cgroups, no accounting.
+# Throwaway cluster for tests (tests/sweep/slurm_cluster.py): root everywhere, no cgroups, no accounting.
 ClusterName=parallax
 SlurmctldHost={ctl_name}({ctl_addr})
 SlurmctldPort={ctl_port}

@@ -1,4 +1,4 @@
-"""The throwaway SLURM cluster (tests/slurm_cluster.py) works as a sweep will need it: a real slurmctld and two
+"""The throwaway SLURM cluster (tests/sweep/slurm_cluster.py) works as a sweep will need it: a real slurmctld and two
 slurmd nodes, each in its own network namespace. Skipped visibly without root or the programs; a failure instead
 when PARALLAX_REQUIRE_SLURM=1 (.ci/run sets it once it has installed Debian's slurm-wlm and munge).
 

@@ -1,4 +1,4 @@
-"""Sweeps through a real SLURM (tests/slurm_cluster.py: slurmctld + two slurmd of 2 CPU "devices" each, in network
+"""Sweeps through a real SLURM (tests/sweep/slurm_cluster.py: slurmctld + two slurmd of 2 CPU "devices" each, in network
 namespaces): every point is a job of ceil(k/2) nodes; k=4 spans both and matches single-device SGD after one step;
 a scancelled job's trial runs again, nothing repeated or left RUNNING; a node lost mid-trial fails its trial."""
 from __future__ import annotations
