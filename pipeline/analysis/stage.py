@@ -17,6 +17,7 @@ The wing, arrows one way (tests/architecture/test_imports.py keeps it so):
     tables.py    reading the sweep tables; point, scaling, memory, accuracy tables (pure pandas)
     summary.py   summary.json's dict; knobs.py  the DDP knobs' table        (on tables)
     plots.py     the figures;        report.py  report.md                  (on tables)
+    answer.py    report.md's first screen and best.yaml: strategy, k, why, cost, how sure, command
     projection.py  the scaling model's checks and projections, all modelled (on tables, scaling_model)
     analyze.py   this entry: the only module that decides which files are written (on all of them)
 """
