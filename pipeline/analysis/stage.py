@@ -5,7 +5,8 @@
 Reads results/sweeps/*.jsonl (one row per trial, written by sweep_table.py) and writes into
 results/analysis/: metrics.json (the DVC metric: flat numbers only), summary.json (the structured summary),
 efficiency/throughput/memory/accuracy.csv (tidy, for DVC plots), efficiency/throughput/memory/accuracy.png,
-knobs.csv (+ one knob_*.png per varied DDP knob), breakdown.csv + breakdown.png (where a sampled step goes),
+knobs.csv (+ one knob_*.png per varied DDP knob), best.yaml (the fastest configuration as a params-style `train:`
+section), breakdown.csv + breakdown.png (where a sampled step goes),
 model.csv + model.png (the scaling model beside the measurements: every number in them modelled) and report.md.
 results/collectives.json, when present (pipeline/collectives.measure() written as JSON), is this host's collectives
 for the model; the stage never measures them itself (it launches no processes). Only complete, non-oversubscribed
@@ -16,6 +17,7 @@ The wing, arrows one way (tests/architecture/test_imports.py keeps it so):
     tables.py    reading the sweep tables; point, scaling, memory, accuracy tables (pure pandas)
     summary.py   summary.json's dict; knobs.py  the DDP knobs' table        (on tables)
     plots.py     the figures;        report.py  report.md                  (on tables)
+    answer.py    report.md's first screen and best.yaml: strategy, k, why, cost, how sure, command
     projection.py  the scaling model's checks and projections, all modelled (on tables, scaling_model)
     analyze.py   this entry: the only module that decides which files are written (on all of them)
 """
@@ -24,7 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.analysis import plots, projection, report
+from pipeline.analysis import answer, plots, projection, report, report_why
 from pipeline.analysis.knob_effects import knob_table
 from pipeline.analysis.summary import flat_metrics, strategy_status, summarize
 from pipeline.analysis.tables import (accuracy_table, breakdown_losses, breakdown_table, memory_devices, memory_table,
@@ -93,7 +95,7 @@ def _why(out: Path, df, eff, collectives, source: str) -> list[str]:
     model.to_csv(out / "model.csv", index=False)
     plots.plot_breakdown(bd, out / "breakdown.png", source)
     plots.plot_model(eff, model, out / "model.png", source)
-    return report.why_section(bd, losses, model, model_notes)
+    return report_why.why_section(bd, losses, model, model_notes)
 
 
 def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPECTED,
@@ -115,7 +117,9 @@ def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPEC
     knobs.to_csv(out / "knobs.csv", index=False)
     extra = (_why(out, df, eff, collectives, summary.get("data_source") or "") + report.knob_section(knobs)
              + report.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md"))
-    report.write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra)
+    best = answer.build(df, status, pts, eff, mem)
+    (out / "best.yaml").write_text(answer.best_yaml(best))
+    report.write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra, best)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     metrics = flat_metrics(summary, pts, eff, mem)  # the DVC metric: flat numbers (sentences stay in report.md)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, allow_nan=False) + "\n")

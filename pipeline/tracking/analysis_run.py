@@ -1,10 +1,10 @@
 """The MLflow `analysis` run of the analyze stage: what its page shows at first sight.
 
-Its description is the report's opening (title, synthetic-data warning, host, the "Reading" section); its metrics
-are summary.json's numbers (tracking.summary_metrics); every output file is an artifact (the Artifacts tab previews
-the PNGs) and every figure also a keyed image (figures/<name>, for MLflow's image-grid charts). Then it rewrites
-the experiment's shared runs-table view (ui_view.py), so the link `python -m pipeline ui` prints opens on
-Parallax's columns.
+Its description is the report's opening (title, synthetic-data warning, the answer, host, the "Reading" section); its
+metrics are summary.json's numbers (tracking.summary_metrics); every output file is an artifact (best.yaml included;
+the Artifacts tab previews the PNGs) and every figure also a keyed image (figures/<name>, for MLflow's image-grid
+charts). Then it rewrites the experiment's shared runs-table view (ui_view.py), so the link `python -m pipeline ui`
+prints opens on Parallax's columns.
 """
 from __future__ import annotations
 

@@ -245,6 +245,9 @@ def test_report(run):
     _, out = run
     text = (out / "report.md").read_text()
     assert text.index("SYNTHETIC DATA") < text.index("## Host")
+    first_screen = "".join(text.splitlines(True)[:25])  # the answer: strategy, k, and a command to run it
+    assert "## Answer" in first_screen and "python -m pipeline train --model lenet --strategy" in first_screen
+    assert "train:" in (out / "best.yaml").read_text()
     unavailable = text.split("## Unavailable on this host")[1].split("\n## ")[0]
     assert "**dp**: unavailable: nn.DataParallel needs CUDA" in unavailable
     assert "**fsdp**" in unavailable and "**dp_criterion**" in unavailable

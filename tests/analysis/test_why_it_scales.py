@@ -83,7 +83,7 @@ def test_breakdown_table_medians_and_shares_sum_to_one():
 
 
 def test_the_sentence_names_the_largest_loss_first():
-    from pipeline.analysis.report import loss_sentence
+    from pipeline.analysis.report_why import loss_sentence
     from pipeline.analysis.tables import BD_ALL, breakdown_losses, breakdown_table, scaling_table
     df = _frame()
     losses = breakdown_losses(breakdown_table(df), scaling_table(df))

@@ -1,0 +1,101 @@
+"""The report's first screen (analysis/answer.py): a clear winner named with its k and a command the project's own
+parser and config loader take; a tie said as a tie; no answer said with its cause; a k=1 compute difference from
+autocast named in the why. On constructed frames with window lists (three trials of twelve windows per point)."""
+from __future__ import annotations
+
+import shlex
+
+import pandas as pd
+
+from pipeline.analysis import answer, report, tables
+from pipeline.analysis.rows import normalize
+from pipeline.analysis.summary import strategy_status
+from pipeline.cli.parser import build_parser
+from pipeline.config import loader
+from tests.analysis.test_analyze import frame, row
+from tests.analysis.test_intervals import repeats, with_windows
+from tests.conftest import REPO
+
+WIDE = (0.9, 1.0, 1.1)  # trials far apart from each other: a wide interval
+
+
+def build(*points, **kw):
+    """points: (strategy, k, mean throughput, seed[, spread]); kw: columns of every row. The answer and the frame."""
+    rows, wins = [], []
+    for strategy, k, mean, seed, *spread in points:
+        r, w = repeats(strategy, k, mean, seed=seed, **kw)
+        if spread:
+            w = [[x * f for x in g] for g, f in zip(w, spread[0])]
+        rows, wins = rows + r, wins + w
+    df = with_windows(rows, wins)
+    status = {s: {"status": "measured", "reason": ""} for s in set(df["strategy"])}
+    return answer.build(df, status, tables.point_table(df), tables.scaling_table(df), tables.memory_table(df)), df
+
+
+def text(ans) -> str:
+    return "\n".join(ans.lines)
+
+
+def test_a_clear_winner_names_strategy_and_k_and_its_command_and_yaml_run(tmp_path):
+    """The fastest strategy beyond noise is named with its k; the command parses with the CLI's own parser into
+    those values (the knob as --set), and best.yaml loads with the config loader as that train section."""
+    ans, _ = build(("ddp", 1, 1000.0, 1), ("ddp", 2, 1800.0, 2), ("fsdp", 1, 1000.0, 3), ("fsdp", 2, 1400.0, 4),
+                   bucket_cap_mb=50.0)
+    t = text(ans)
+    assert "**Use ddp at k=2**" in t and "clear of the runner-up's (fsdp 1,3" in t and "tie" not in t.lower()
+    assert "weak-scaling efficiency of 0.9" in t and ans.command in t.replace(" \\\n    ", " ")
+    words = shlex.split(ans.command)
+    assert words[:4] == ["python", "-m", "pipeline", "train"]
+    args = build_parser().parse_args(words[3:])
+    assert (args.strategy, args.devices, args.batch_size, args.lr, args.epochs) == ("ddp", 2, 256, 0.1, 2)
+    cfg = loader.load(overrides=args.overrides, root=REPO)
+    assert cfg.train.bucket_cap_mb == 50.0 and str(args.out) == answer.RUN_DIR
+    path = tmp_path / "best.yaml"
+    path.write_text(answer.best_yaml(ans))
+    train = loader.load(params=path, root=REPO).train
+    assert (train.strategy, train.devices, train.batch_size, train.lr, train.bucket_cap_mb) == (
+        "ddp", 2, 256, 0.1, 50.0)
+
+
+def test_a_tie_is_said_as_a_tie():
+    """Overlapping throughput intervals: the headline and the how-sure line say tie, no strategy is "used"."""
+    ans, _ = build(("ddp", 1, 1000.0, 1, WIDE), ("ddp", 2, 1800.0, 2, WIDE),
+                   ("ddp_amp", 1, 1000.0, 3, WIDE), ("ddp_amp", 2, 1760.0, 4, WIDE))
+    t = text(ans)
+    assert "**Tie: ddp and ddp_amp within noise**" in t and "tie: ddp and ddp_amp within noise" in t
+    assert "**Use " not in t and "clear of the runner-up" not in t
+    assert ans.train["strategy"] == "ddp"  # the command runs the higher median, and says so
+    assert "the higher median" in t
+
+
+def test_no_answer_says_why():
+    """Every trial under interference: no answer, the cause named, best.yaml an empty mapping saying why; trials
+    that never completed: the summary's per-strategy reason."""
+    ans, df = build(("ddp", 1, 1000.0, 1), ("ddp", 2, 1800.0, 2), interfered=True)
+    assert ans.train == {} and ans.command == ""
+    assert "**No answer on this host:** every one of the 6 complete trials was measured under interference" \
+        in text(ans)
+    assert answer.best_yaml(ans).startswith("# No best configuration on this host: every one")
+    failed = frame([row("ddp", k=1, state="failed", reason="CUDA out of memory")])
+    status = strategy_status(failed, {"ddp": "ok"}, "results/sweeps", ["ddp"])
+    cause = answer.why_no_answer(failed, status)
+    assert cause.startswith("no complete, non-oversubscribed trial") and "CUDA out of memory" in cause
+    empty = normalize(pd.DataFrame(), "")
+    assert "no sweep table holds a trial" in answer.why_no_answer(empty, {})
+
+
+def test_autocast_compute_at_k1_is_the_why():
+    """ddp_amp already faster than single at k=1: the why names the k=1 ratio and autocast compute."""
+    ans, _ = build(("single", 1, 1000.0, 1), ("ddp", 1, 1000.0, 2), ("ddp", 2, 1800.0, 3),
+                   ("ddp_amp", 1, 1700.0, 4), ("ddp_amp", 2, 3100.0, 5), host_bf16="native")
+    why = [s for s in ans.lines if s.startswith("- **Why:**")][0]
+    assert "**Use ddp_amp at k=2**" in text(ans)
+    assert "at k=1 ddp_amp already runs 1.70× single" in why and "autocast (bf16 native on this host)" in why
+
+
+def test_even_memory_is_no_finding_and_equal_accuracy_is_a_tie():
+    """Equal per-device peaks: "no imbalance beyond noise", never a worst strategy; equal accuracies: a tie."""
+    df = frame([row("ddp", k=1), row("ddp", k=2, B=256), row("fsdp", k=1), row("fsdp", k=2, B=256)])
+    out = " ".join(report._reading(tables.point_table(df), tables.scaling_table(df), tables.memory_table(df), {}))
+    assert "no imbalance beyond noise" in out and "Worst memory imbalance" not in out
+    assert "Best final test accuracy: **tie: ddp, fsdp** within 0.005" in out
