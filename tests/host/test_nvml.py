@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.host import capabilities
+from pipeline.host import capabilities, topology
 from pipeline.measure import interference
 from pipeline.host.devices import Host
 from pipeline.measure.interference import Monitor
@@ -327,12 +327,12 @@ def test_host_capabilities_label_the_visible_gpus_not_every_host_gpu(monkeypatch
     cuda_view(monkeypatch, [4, 5], uuids, buses)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (8, 9))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA L40S")
-    monkeypatch.setattr(capabilities.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(topology.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
 
     def smi(cmd, **kw):
         out = topo if cmd[1:] == ["topo", "-m"] else table if any("--query-gpu" in c for c in cmd) else ""
         return subprocess.CompletedProcess(cmd, 0 if out else 6, out, "")
-    monkeypatch.setattr(capabilities.subprocess, "run", smi)
+    monkeypatch.setattr(topology.subprocess, "run", smi)
     host = Host("cuda", 2, "NVIDIA L40S", "box", torch.__version__, "13.0")
     assert capabilities.host_capabilities(host)["interconnect"] == "PIX"
     assert capabilities.host_capabilities(host, devices=[1])["interconnect"] == "single GPU"
