@@ -29,78 +29,78 @@ def _f(*views: str, **keys: str):
 @dataclass(frozen=True)
 class TrialRecord:
     # what was asked (the trial's configuration: known before it runs)
-    model: str = _f(PARAM, TAG, TABLE)
-    strategy: str = _f(PARAM, TAG, TABLE)
-    devices: int = _f(PARAM, TAG, TABLE)
-    batch_size: int = _f(PARAM, TABLE)
-    per_device_batch: int = _f(PARAM, TABLE)
-    lr: float = _f(PARAM, TABLE)
-    epochs: int = _f(PARAM, TABLE)
-    seed: int = _f(PARAM)
-    max_steps: int = _f(PARAM)
-    data_source: str = _f(PARAM, TAG, TABLE)
-    synthetic: bool = _f(TAG)
-    train_limit: int = _f(PARAM)
-    test_limit: int = _f()
-    nnodes: int = _f(PARAM, TAG, TABLE)  # a SLURM trial's ceil(k / slurm.devices_per_node)
-    warmup_steps: int = _f()
-    target_acc: float = _f(TABLE)
-    bucket_cap_mb: int = _f(PARAM, TABLE)
-    grad_as_bucket_view: bool = _f(PARAM, TABLE)
-    accum_steps: int = _f(PARAM, TABLE)
-    comm_hook: str = _f(PARAM, TABLE)
-    amp_dtype: str = _f(PARAM)  # the setting before the trial, what the strategy resolved after (ddp_amp)
+    model: str | None = _f(PARAM, TAG, TABLE)
+    strategy: str | None = _f(PARAM, TAG, TABLE)
+    devices: int | None = _f(PARAM, TAG, TABLE)
+    batch_size: int | None = _f(PARAM, TABLE)
+    per_device_batch: int | None = _f(PARAM, TABLE)
+    lr: float | None = _f(PARAM, TABLE)
+    epochs: int | None = _f(PARAM, TABLE)
+    seed: int | None = _f(PARAM)
+    max_steps: int | None = _f(PARAM)
+    data_source: str | None = _f(PARAM, TAG, TABLE)
+    synthetic: bool | None = _f(TAG)
+    train_limit: int | None = _f(PARAM)
+    test_limit: int | None = _f()
+    nnodes: int | None = _f(PARAM, TAG, TABLE)  # a SLURM trial's ceil(k / slurm.devices_per_node)
+    warmup_steps: int | None = _f()
+    target_acc: float | None = _f(TABLE)
+    bucket_cap_mb: int | None = _f(PARAM, TABLE)
+    grad_as_bucket_view: bool | None = _f(PARAM, TABLE)
+    accum_steps: int | None = _f(PARAM, TABLE)
+    comm_hook: str | None = _f(PARAM, TABLE)
+    amp_dtype: str | None = _f(PARAM)  # the setting before the trial, what the strategy resolved after (ddp_amp)
     # where it ran (capabilities.host_capabilities: the facts that change a number)
-    oversubscribed: bool = _f(TAG, TABLE)
-    device_kind: str = _f(TAG, TABLE)
-    device_name: str = _f(TAG, TABLE)
-    host: str = _f(TAG, TABLE)
-    host_devices: int = _f(TABLE)
-    torch: str = _f()
-    cuda: str = _f()
-    host_cpu_isa: str = _f(TAG, TABLE, tag="host.cpu_isa")
-    host_torch_cpu_capability: str = _f(TAG, tag="host.torch_cpu_capability")
-    host_bf16: str = _f(TAG, TABLE, tag="host.bf16")
-    host_fp16: str = _f(TAG, TABLE, tag="host.fp16")
-    host_cpu_bf16: str = _f(TAG, tag="host.cpu_bf16")
-    host_cpu_fp16: str = _f(TAG, tag="host.cpu_fp16")
-    host_gpu_name: str = _f(TAG, TABLE, tag="host.gpu_name")
-    host_gpu_cc: str = _f(TAG, TABLE, tag="host.gpu_compute_capability")
-    host_nccl: str = _f(TAG, TABLE, tag="host.nccl")
-    host_torch: str = _f(TAG, tag="host.torch")
-    host_cuda: str = _f(TAG, tag="host.cuda")
-    host_interconnect: str = _f(TAG, TABLE, tag="host.interconnect")
-    host_tf32: str = _f(TAG, TABLE, tag="host.tf32")  # the launching process's TF32 switches (read once)
-    tf32: str = _f(TAG)  # the TF32 switches the main rank trained under (train.fp32_precision=ieee pins them)
+    oversubscribed: bool | None = _f(TAG, TABLE)
+    device_kind: str | None = _f(TAG, TABLE)
+    device_name: str | None = _f(TAG, TABLE)
+    host: str | None = _f(TAG, TABLE)
+    host_devices: int | None = _f(TABLE)
+    torch: str | None = _f()
+    cuda: str | None = _f()
+    host_cpu_isa: str | None = _f(TAG, TABLE, tag="host.cpu_isa")
+    host_torch_cpu_capability: str | None = _f(TAG, tag="host.torch_cpu_capability")
+    host_bf16: str | None = _f(TAG, TABLE, tag="host.bf16")
+    host_fp16: str | None = _f(TAG, TABLE, tag="host.fp16")
+    host_cpu_bf16: str | None = _f(TAG, tag="host.cpu_bf16")
+    host_cpu_fp16: str | None = _f(TAG, tag="host.cpu_fp16")
+    host_gpu_name: str | None = _f(TAG, TABLE, tag="host.gpu_name")
+    host_gpu_cc: str | None = _f(TAG, TABLE, tag="host.gpu_compute_capability")
+    host_nccl: str | None = _f(TAG, TABLE, tag="host.nccl")
+    host_torch: str | None = _f(TAG, tag="host.torch")
+    host_cuda: str | None = _f(TAG, tag="host.cuda")
+    host_interconnect: str | None = _f(TAG, TABLE, tag="host.interconnect")
+    host_tf32: str | None = _f(TAG, TABLE, tag="host.tf32")  # the launching process's TF32 switches (read once)
+    tf32: str | None = _f(TAG)  # the TF32 switches the main rank trained under (train.fp32_precision=ieee pins them)
     # what it measured
-    parallel_devices: bool = _f(TAG, TABLE)
-    steps: int = _f()
-    stopped: bool = _f()
-    throughput_img_s: float = _f(METRIC, OPTUNA, TABLE, metric="perf/throughput_img_s")
-    throughput_windows: list[float] = _f(TABLE)  # steady-state img/s per window, element-wise slowest rank
-    timed_steps: int = _f()
-    epoch_s: list[float] = _f(TABLE, table="epoch_s_list")
-    test_acc: list[float] = _f(TABLE, table="test_acc_list")
-    train_loss: list[float] = _f()
-    epoch_throughput_img_s: list[float] = _f()
-    time_to_acc_s: float = _f(METRIC, TABLE, metric="perf/time_to_acc_s")
-    eval: str = _f()
-    peak_mem_bytes: list[float] = _f(TAG, TABLE, tag="mem_peak_bytes")  # per device, of kind mem_basis
-    mem_imbalance: float = _f(METRIC, OPTUNA, TABLE, metric="mem/imbalance")
-    mem_device0_excess: float = _f()
-    mem_method: str = _f(TAG, TABLE)
-    mem_basis: str = _f(TAG, TABLE)  # what peak_mem_bytes (so imbalance, dev-0 excess) holds
-    mem_resident_bytes: list[float] = _f(TABLE)  # CUDA: allocated when the window opened (model, optimizer, data)
-    mem_reserved_peak_bytes: list[float] = _f(TABLE)  # CUDA: the caching allocator's reserved peak
-    mem_nvml_used_bytes: list[float] = _f(TABLE)  # CUDA with NVML: the device's used memory, every process's
-    mem_devices: list[str] = _f(TAG)
-    comm_hook_used: str = _f(TAG, TABLE)  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
-    amp_scale: float = _f()  # fp16 GradScaler's scale after the last step (ddp_amp); None elsewhere
-    amp_skipped_steps: int = _f()  # optimizer steps GradScaler skipped (inf/NaN gradients); None without one
-    backend: str = _f()  # process group of a multi-process trial: nccl or gloo; None otherwise
-    breakdown: dict = _f()  # where a sampled steady-state step goes (breakdown.py), main rank's view
-    interference: dict = _f()  # what else used the host meanwhile (interference.py)
-    wall_s: float = _f(METRIC, TABLE, metric="perf/wall_s", table="duration_s")
+    parallel_devices: bool | None = _f(TAG, TABLE)
+    steps: int | None = _f()
+    stopped: bool | None = _f()
+    throughput_img_s: float | None = _f(METRIC, OPTUNA, TABLE, metric="perf/throughput_img_s")
+    throughput_windows: list[float] | None = _f(TABLE)  # steady-state img/s per window, element-wise slowest rank
+    timed_steps: int | None = _f()
+    epoch_s: list[float] | None = _f(TABLE, table="epoch_s_list")
+    test_acc: list[float] | None = _f(TABLE, table="test_acc_list")
+    train_loss: list[float] | None = _f()
+    epoch_throughput_img_s: list[float] | None = _f()
+    time_to_acc_s: float | None = _f(METRIC, TABLE, metric="perf/time_to_acc_s")
+    eval: str | None = _f()
+    peak_mem_bytes: list[float] | None = _f(TAG, TABLE, tag="mem_peak_bytes")  # per device, of kind mem_basis
+    mem_imbalance: float | None = _f(METRIC, OPTUNA, TABLE, metric="mem/imbalance")
+    mem_device0_excess: float | None = _f()
+    mem_method: str | None = _f(TAG, TABLE)
+    mem_basis: str | None = _f(TAG, TABLE)  # what peak_mem_bytes (so imbalance, dev-0 excess) holds
+    mem_resident_bytes: list[float] | None = _f(TABLE)  # CUDA: allocated as the window opened (model, optimizer, data)
+    mem_reserved_peak_bytes: list[float] | None = _f(TABLE)  # CUDA: the caching allocator's reserved peak
+    mem_nvml_used_bytes: list[float] | None = _f(TABLE)  # CUDA with NVML: the device's used memory, every process's
+    mem_devices: list[str] | None = _f(TAG)
+    comm_hook_used: str | None = _f(TAG, TABLE)  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
+    amp_scale: float | None = _f()  # fp16 GradScaler's scale after the last step (ddp_amp); None elsewhere
+    amp_skipped_steps: int | None = _f()  # optimizer steps GradScaler skipped (inf/NaN gradients); None without one
+    backend: str | None = _f()  # process group of a multi-process trial: nccl or gloo; None otherwise
+    breakdown: dict | None = _f()  # where a sampled steady-state step goes (breakdown.py), main rank's view
+    interference: dict | None = _f()  # what else used the host meanwhile (interference.py)
+    wall_s: float | None = _f(METRIC, TABLE, metric="perf/wall_s", table="duration_s")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -197,7 +197,9 @@ def summarize(cfg, host, strategy, results: list[dict], wall_s: float, host_fiel
              else "on this process's first device",
         peak_mem_bytes=peaks, mem_imbalance=imbalance(peaks), mem_device0_excess=device0_excess(peaks),
         mem_method=main["mem_method"], mem_basis=main.get("mem_basis"),
-        **{k: _per_device(ranks, k) for k in ("mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes")},
+        mem_resident_bytes=_per_device(ranks, "mem_resident_bytes"),
+        mem_reserved_peak_bytes=_per_device(ranks, "mem_reserved_peak_bytes"),
+        mem_nvml_used_bytes=_per_device(ranks, "mem_nvml_used_bytes"),
         mem_devices=[f"node{r.get('node', '0')}:{r.get('host', host.hostname)}/{d}"
                      + (f"/rank{r['rank']}" if strategy.multiprocess else "")
                      for r in ranks for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
@@ -235,7 +237,7 @@ def table_kinds() -> dict:
     out = dict(ROW_COLUMNS)
     for f in dataclasses.fields(TrialRecord):
         if TABLE in f.metadata["views"]:
-            out[f.metadata["keys"].get(TABLE, f.name)] = _kind(f.type)
+            out[f.metadata["keys"].get(TABLE, f.name)] = _kind(str(f.type))
     out.update({d.keys[TABLE]: d.kind for d in DERIVED if TABLE in d.views})
     return out
 
