@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 JSON, PARAM, METRIC, TAG, OPTUNA, TABLE = "json", "param", "metric", "tag", "optuna", "table"
+# POINT: a number the analysis carries per measured point (its median over the point's trials: tables.point_table)
+# and per strategy and k into metrics.json (<name>.S.kK); the field needs TABLE too
+POINT = "point"
 MIB = 2**20
 # The step-time breakdown's parts (breakdown.py PARTS), one table column each: seconds per sampled step
 BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")

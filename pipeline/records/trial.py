@@ -5,7 +5,8 @@ the Optuna attribute `metrics` (every field); PARAM, METRIC (slash keys, memory 
 Optuna user attributes (optuna-dashboard plots them); TABLE: a column of results/sweeps/<strategy>.jsonl, which
 sweep_table.typed reads back for analysis. A view's key is the field's name unless the declaration names another
 (metric="perf/wall_s"). Values computed from fields (final accuracy, peaks in MiB, the breakdown's parts) are
-declared in DERIVED. Adding a measurement: one line in TrialRecord, plus the code that measures it;
+declared in DERIVED. Adding a measurement: one line in TrialRecord (rank= fills it from the ranks' results;
+POINT carries it into the analysis and metrics.json), plus the code that measures it;
 tests/records/test_record.py checks that every field reaches every view it declares. Torch-free: analysis imports it.
 """
 from __future__ import annotations
@@ -16,14 +17,30 @@ import math
 from dataclasses import dataclass, field
 
 from pipeline.records.derived import (  # noqa: F401 (BD_COLUMNS, BD_PARTS, JSON, breakdown_metrics: the record's names)
-    BD_COLUMNS, BD_PARTS, DERIVED, JSON, METRIC, MIB, OPTUNA, PARAM, TABLE, TAG, breakdown_metrics)
+    BD_COLUMNS, BD_PARTS, DERIVED, JSON, METRIC, MIB, OPTUNA, PARAM, POINT, TABLE, TAG, breakdown_metrics)
 
 # Table columns that describe the Optuna trial (or the skipped point), not the run: filled by sweep_table.trial_row
 ROW_COLUMNS = {"study": "str", "trial": "int", "state": "str", "reason": "str", "mlflow_run_id": "str"}
 
 
-def _f(*views: str, **keys: str):
-    return field(default=None, metadata={"views": frozenset(views), "keys": keys})
+def _f(*views: str, rank: str | None = None, **keys: str):
+    """A field, the views it appears in and their keys; `rank`: how summarize fills it from the ranks' results by
+    its own name (RANK_AGGREGATES), so a measurement a rank returns needs no line of its own there."""
+    if rank is not None and rank not in RANK_AGGREGATES:
+        raise ValueError(f"rank={rank!r}: one of {sorted(RANK_AGGREGATES)}")
+    return field(default=None, metadata={"views": frozenset(views), "keys": keys, "rank": rank})
+
+
+def _numbers(ranks, key) -> list:
+    return [r[key] for r in ranks if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+
+
+# how a rank-measured field becomes the trial's value: the main rank's, or the largest / smallest over every rank
+RANK_AGGREGATES = {
+    "main": lambda main, ranks, key: main.get(key),
+    "max": lambda main, ranks, key: max(_numbers(ranks, key), default=None),
+    "min": lambda main, ranks, key: min(_numbers(ranks, key), default=None),
+}
 
 
 @dataclass(frozen=True)
@@ -205,7 +222,9 @@ def summarize(cfg, host, strategy, results: list[dict], wall_s: float, host_fiel
                      for r in ranks for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
         comm_hook_used=main.get("comm_hook_used"), amp_dtype=main["amp_dtype"], backend=main.get("backend"),
         amp_scale=main.get("amp_scale"), amp_skipped_steps=main.get("amp_skipped_steps"), tf32=main.get("tf32"),
-        breakdown=main.get("breakdown"), interference=interference, wall_s=wall_s)
+        breakdown=main.get("breakdown"), interference=interference, wall_s=wall_s,
+        **{f.name: RANK_AGGREGATES[f.metadata["rank"]](main, ranks, f.name) for f in dataclasses.fields(TrialRecord)
+           if f.metadata["rank"]})
 
 
 def _per_device(ranks, key) -> list | None:
@@ -243,6 +262,12 @@ def table_kinds() -> dict:
 
 
 COLUMNS = list(table_kinds())
+
+
+def point_columns(record=TrialRecord) -> list[str]:
+    """The sweep-table columns of the fields declared with the POINT view: analysed per point and in metrics.json."""
+    return [f.metadata["keys"].get(TABLE, f.name) for f in dataclasses.fields(record)
+            if POINT in f.metadata["views"] and TABLE in f.metadata["views"]]
 
 
 def _finite(v) -> bool:
