@@ -5,9 +5,9 @@ BIN     := $(CURDIR)/$(VENV)/bin
 STAMP   := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-EXTRAS  := pipeline,download,test,slurm
+EXTRAS  := pipeline,download,test,slurm,dev
 
-.PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline test test-fast ui dashboard plots \
+.PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline test test-fast typecheck lint ui dashboard plots \
         screenshots clean-results
 
 setup: $(STAMP)
@@ -57,6 +57,14 @@ test: setup              ## the whole suite (CPU; 10 to 25 minutes on 2 cores, b
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
+
+typecheck: setup         ## mypy on the torch-free wings (config, records, analysis, catalog.py: pyproject's [tool.mypy])
+	$(BIN)/mypy
+
+lint: setup              ## what CI and pre-commit check before the tests: ruff check, ruff format --check, mypy
+	$(BIN)/ruff check --no-cache .
+	$(BIN)/ruff format --no-cache --check .
+	$(BIN)/mypy
 
 UI_PORT ?= 5000
 ui: setup                ## MLflow UI on http://127.0.0.1:$(UI_PORT) (make ui UI_PORT=5001); prints the link that opens the runs table with our columns

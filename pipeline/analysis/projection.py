@@ -60,7 +60,8 @@ def model_table(df, eff, collectives: dict | None = None, tolerance: float = sm.
         "is not computed, and projections use the nominal interconnect profiles only (modelled, not measured "
         f"anywhere here). Measure them with: `{COLLECTIVES_HOWTO}`."]
     w = eff[(eff["kind"] == "weak") & eff["throughput_img_s"].notna()] if len(eff) else eff
-    rows, layouts = [], {}
+    rows: list = []
+    layouts: dict = {}
     for key, g in group_by(w, ("strategy", "model", "per_device_batch", *EXTRAS)):
         ref = dict(zip(("strategy", "model", "per_device_batch", *EXTRAS), key))
         one, many = g[g["k"] == 1], g[(g["k"] > 1) & g["efficiency"].notna()]

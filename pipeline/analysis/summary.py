@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.analysis.tables import MIB, all_parallel, best_row, is_unavailable, joined, measured
+from pipeline.records.trial import point_columns
 
 
 def strategy_status(df, files, sweeps_dir, expected):
@@ -142,7 +143,8 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     """metrics.json: only numbers, flat dotted keys, stable across experiments of one profile. Per strategy and k:
     `throughput.S.kK` (best img/s over batch sizes), `efficiency.S.kK` (best weak-scaling efficiency, k >= 2),
     `strong_efficiency.S.kK`, `peak_mem_mib.S.kK` (largest per-device peak), `mem_imbalance.S.kK` (worst, k >= 2);
-    per strategy `test_acc.S` (best) and `n_complete.S`; overall `n_trials`, `n_complete`. The model joins the key
+    `<name>.S.kK` (largest) for each field the trial record declares with the POINT view; per strategy `test_acc.S`
+    (best) and `n_complete.S`; overall `n_trials`, `n_complete`. The model joins the key
     (`throughput.ddp.resnet18.k2`) only when the sweeps hold more than one. Undefined values are left out, never 0."""
     models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
     out: dict = {}  # in the order `dvc exp show` shows the columns: the results first, the counts last
@@ -154,6 +156,9 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
         m = mem.assign(peak_mib=mem["peak_max"] / MIB)
         _per_k(out, m, "peak_mib", "peak_mem_mib", models)
         _per_k(out, m[m["k"] >= 2], "mem_imbalance", "mem_imbalance", models)
+    for col in point_columns():  # the record's POINT fields: the largest over a strategy's points at each k
+        if col in pts:
+            _per_k(out, pts, col, col, models)
     strategies = summary.get("strategies") or {}
     out.update({_key("test_acc", s): st["best_test_acc"] for s, st in strategies.items()
                 if _finite(st.get("best_test_acc"))})

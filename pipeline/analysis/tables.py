@@ -14,6 +14,7 @@ import pandas as pd
 
 from pipeline.analysis import stats
 from pipeline.analysis.rows import EXPECTED, EXTRAS
+from pipeline.records.trial import point_columns
 # The step-time breakdown's parts (pipeline/measure/breakdown.py PARTS; the sweep table's bd_<part>_s columns) and
 # the residual
 BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")
@@ -55,8 +56,9 @@ def group_by(df, keys):
 def point_table(df) -> pd.DataFrame:
     """One row per measured point (strategy, model, k, B, knobs): throughput is the median
     over lrs (and repeats) of complete trials; accuracy comes from the best lr."""
+    measures = [c for c in point_columns() if c in df]  # the record's POINT fields: each one's median per point
     cols = [*POINT, *EXTRAS, "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc",
-            "time_to_acc_s", "parallel_devices", "n_interfered"]
+            "time_to_acc_s", "parallel_devices", "n_interfered", *measures]
     rows = []
     for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
         acc = g[g["test_acc"].notna()]
@@ -69,7 +71,8 @@ def point_table(df) -> pd.DataFrame:
                      "n_trials": len(g), "n_lrs": g["lr"].nunique(),
                      "best_lr": at_best["lr"], "test_acc": at_best["test_acc"],
                      "time_to_acc_s": at_best["time_to_acc_s"],
-                     "parallel_devices": all_parallel(g["parallel_devices"])})
+                     "parallel_devices": all_parallel(g["parallel_devices"]),
+                     **{c: g[c].median() for c in measures}})
     return _sort(pd.DataFrame(rows, columns=cols))
 
 

@@ -10,7 +10,7 @@ _FACE = {
     'Dataset': 'store',
     'epoch_batches': 'store',
     'normalize': 'store',
-    'make_synthetic': 'store',
+    'make_synthetic': 'synthetic',
 }
 __all__ = sorted(_FACE)
 

@@ -5,7 +5,8 @@ the Optuna attribute `metrics` (every field); PARAM, METRIC (slash keys, memory 
 Optuna user attributes (optuna-dashboard plots them); TABLE: a column of results/sweeps/<strategy>.jsonl, which
 sweep_table.typed reads back for analysis. A view's key is the field's name unless the declaration names another
 (metric="perf/wall_s"). Values computed from fields (final accuracy, peaks in MiB, the breakdown's parts) are
-declared in DERIVED. Adding a measurement: one line in TrialRecord, plus the code that measures it;
+declared in DERIVED. Adding a measurement: one line in TrialRecord (rank= fills it from the ranks' results;
+POINT carries it into the analysis and metrics.json), plus the code that measures it;
 tests/records/test_record.py checks that every field reaches every view it declares. Torch-free: analysis imports it.
 """
 from __future__ import annotations
@@ -15,93 +16,108 @@ import json
 import math
 from dataclasses import dataclass, field
 
-JSON, PARAM, METRIC, TAG, OPTUNA, TABLE = "json", "param", "metric", "tag", "optuna", "table"
-MIB = 2**20
-# The step-time breakdown's parts (breakdown.py PARTS), one table column each: seconds per sampled step
-BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")
+from pipeline.records.derived import (  # noqa: F401 (BD_COLUMNS, BD_PARTS, JSON, breakdown_metrics: the record's names)
+    BD_COLUMNS, BD_PARTS, DERIVED, JSON, METRIC, MIB, OPTUNA, PARAM, POINT, TABLE, TAG, breakdown_metrics)
+
 # Table columns that describe the Optuna trial (or the skipped point), not the run: filled by sweep_table.trial_row
 ROW_COLUMNS = {"study": "str", "trial": "int", "state": "str", "reason": "str", "mlflow_run_id": "str"}
 
 
-def _f(*views: str, **keys: str):
-    return field(default=None, metadata={"views": frozenset(views), "keys": keys})
+def _f(*views: str, rank: str | None = None, **keys: str):
+    """A field, the views it appears in and their keys; `rank`: how summarize fills it from the ranks' results by
+    its own name (RANK_AGGREGATES), so a measurement a rank returns needs no line of its own there."""
+    if rank is not None and rank not in RANK_AGGREGATES:
+        raise ValueError(f"rank={rank!r}: one of {sorted(RANK_AGGREGATES)}")
+    return field(default=None, metadata={"views": frozenset(views), "keys": keys, "rank": rank})
+
+
+def _numbers(ranks, key) -> list:
+    return [r[key] for r in ranks if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+
+
+# how a rank-measured field becomes the trial's value: the main rank's, or the largest / smallest over every rank
+RANK_AGGREGATES = {
+    "main": lambda main, ranks, key: main.get(key),
+    "max": lambda main, ranks, key: max(_numbers(ranks, key), default=None),
+    "min": lambda main, ranks, key: min(_numbers(ranks, key), default=None),
+}
 
 
 @dataclass(frozen=True)
 class TrialRecord:
     # what was asked (the trial's configuration: known before it runs)
-    model: str = _f(PARAM, TAG, TABLE)
-    strategy: str = _f(PARAM, TAG, TABLE)
-    devices: int = _f(PARAM, TAG, TABLE)
-    batch_size: int = _f(PARAM, TABLE)
-    per_device_batch: int = _f(PARAM, TABLE)
-    lr: float = _f(PARAM, TABLE)
-    epochs: int = _f(PARAM, TABLE)
-    seed: int = _f(PARAM)
-    max_steps: int = _f(PARAM)
-    data_source: str = _f(PARAM, TAG, TABLE)
-    synthetic: bool = _f(TAG)
-    train_limit: int = _f(PARAM)
-    test_limit: int = _f()
-    nnodes: int = _f(PARAM, TAG, TABLE)  # a SLURM trial's ceil(k / slurm.devices_per_node)
-    warmup_steps: int = _f()
-    target_acc: float = _f(TABLE)
-    bucket_cap_mb: int = _f(PARAM, TABLE)
-    grad_as_bucket_view: bool = _f(PARAM, TABLE)
-    accum_steps: int = _f(PARAM, TABLE)
-    comm_hook: str = _f(PARAM, TABLE)
-    amp_dtype: str = _f(PARAM)  # the setting before the trial, what the strategy resolved after (ddp_amp)
+    model: str | None = _f(PARAM, TAG, TABLE)
+    strategy: str | None = _f(PARAM, TAG, TABLE)
+    devices: int | None = _f(PARAM, TAG, TABLE)
+    batch_size: int | None = _f(PARAM, TABLE)
+    per_device_batch: int | None = _f(PARAM, TABLE)
+    lr: float | None = _f(PARAM, TABLE)
+    epochs: int | None = _f(PARAM, TABLE)
+    seed: int | None = _f(PARAM)
+    max_steps: int | None = _f(PARAM)
+    data_source: str | None = _f(PARAM, TAG, TABLE)
+    synthetic: bool | None = _f(TAG)
+    train_limit: int | None = _f(PARAM)
+    test_limit: int | None = _f()
+    nnodes: int | None = _f(PARAM, TAG, TABLE)  # a SLURM trial's ceil(k / slurm.devices_per_node)
+    warmup_steps: int | None = _f()
+    target_acc: float | None = _f(TABLE)
+    bucket_cap_mb: int | None = _f(PARAM, TABLE)
+    grad_as_bucket_view: bool | None = _f(PARAM, TABLE)
+    accum_steps: int | None = _f(PARAM, TABLE)
+    comm_hook: str | None = _f(PARAM, TABLE)
+    amp_dtype: str | None = _f(PARAM)  # the setting before the trial, what the strategy resolved after (ddp_amp)
     # where it ran (capabilities.host_capabilities: the facts that change a number)
-    oversubscribed: bool = _f(TAG, TABLE)
-    device_kind: str = _f(TAG, TABLE)
-    device_name: str = _f(TAG, TABLE)
-    host: str = _f(TAG, TABLE)
-    host_devices: int = _f(TABLE)
-    torch: str = _f()
-    cuda: str = _f()
-    host_cpu_isa: str = _f(TAG, TABLE, tag="host.cpu_isa")
-    host_torch_cpu_capability: str = _f(TAG, tag="host.torch_cpu_capability")
-    host_bf16: str = _f(TAG, TABLE, tag="host.bf16")
-    host_fp16: str = _f(TAG, TABLE, tag="host.fp16")
-    host_cpu_bf16: str = _f(TAG, tag="host.cpu_bf16")
-    host_cpu_fp16: str = _f(TAG, tag="host.cpu_fp16")
-    host_gpu_name: str = _f(TAG, TABLE, tag="host.gpu_name")
-    host_gpu_cc: str = _f(TAG, TABLE, tag="host.gpu_compute_capability")
-    host_nccl: str = _f(TAG, TABLE, tag="host.nccl")
-    host_torch: str = _f(TAG, tag="host.torch")
-    host_cuda: str = _f(TAG, tag="host.cuda")
-    host_interconnect: str = _f(TAG, TABLE, tag="host.interconnect")
-    host_tf32: str = _f(TAG, TABLE, tag="host.tf32")  # the launching process's TF32 switches (read once)
-    tf32: str = _f(TAG)  # the TF32 switches the main rank trained under (train.fp32_precision=ieee pins them)
+    oversubscribed: bool | None = _f(TAG, TABLE)
+    device_kind: str | None = _f(TAG, TABLE)
+    device_name: str | None = _f(TAG, TABLE)
+    host: str | None = _f(TAG, TABLE)
+    host_devices: int | None = _f(TABLE)
+    torch: str | None = _f()
+    cuda: str | None = _f()
+    host_cpu_isa: str | None = _f(TAG, TABLE, tag="host.cpu_isa")
+    host_torch_cpu_capability: str | None = _f(TAG, tag="host.torch_cpu_capability")
+    host_bf16: str | None = _f(TAG, TABLE, tag="host.bf16")
+    host_fp16: str | None = _f(TAG, TABLE, tag="host.fp16")
+    host_cpu_bf16: str | None = _f(TAG, tag="host.cpu_bf16")
+    host_cpu_fp16: str | None = _f(TAG, tag="host.cpu_fp16")
+    host_gpu_name: str | None = _f(TAG, TABLE, tag="host.gpu_name")
+    host_gpu_cc: str | None = _f(TAG, TABLE, tag="host.gpu_compute_capability")
+    host_nccl: str | None = _f(TAG, TABLE, tag="host.nccl")
+    host_torch: str | None = _f(TAG, tag="host.torch")
+    host_cuda: str | None = _f(TAG, tag="host.cuda")
+    host_interconnect: str | None = _f(TAG, TABLE, tag="host.interconnect")
+    host_tf32: str | None = _f(TAG, TABLE, tag="host.tf32")  # the launching process's TF32 switches (read once)
+    tf32: str | None = _f(TAG)  # the TF32 switches the main rank trained under (train.fp32_precision=ieee pins them)
     # what it measured
-    parallel_devices: bool = _f(TAG, TABLE)
-    steps: int = _f()
-    stopped: bool = _f()
-    throughput_img_s: float = _f(METRIC, OPTUNA, TABLE, metric="perf/throughput_img_s")
-    throughput_windows: list[float] = _f(TABLE)  # steady-state img/s per window, element-wise slowest rank
-    timed_steps: int = _f()
-    epoch_s: list[float] = _f(TABLE, table="epoch_s_list")
-    test_acc: list[float] = _f(TABLE, table="test_acc_list")
-    train_loss: list[float] = _f()
-    epoch_throughput_img_s: list[float] = _f()
-    time_to_acc_s: float = _f(METRIC, TABLE, metric="perf/time_to_acc_s")
-    eval: str = _f()
-    peak_mem_bytes: list[float] = _f(TAG, TABLE, tag="mem_peak_bytes")  # per device, of kind mem_basis
-    mem_imbalance: float = _f(METRIC, OPTUNA, TABLE, metric="mem/imbalance")
-    mem_device0_excess: float = _f()
-    mem_method: str = _f(TAG, TABLE)
-    mem_basis: str = _f(TAG, TABLE)  # what peak_mem_bytes (so imbalance, dev-0 excess) holds
-    mem_resident_bytes: list[float] = _f(TABLE)  # CUDA: allocated when the window opened (model, optimizer, data)
-    mem_reserved_peak_bytes: list[float] = _f(TABLE)  # CUDA: the caching allocator's reserved peak
-    mem_nvml_used_bytes: list[float] = _f(TABLE)  # CUDA with NVML: the device's used memory, every process's
-    mem_devices: list[str] = _f(TAG)
-    comm_hook_used: str = _f(TAG, TABLE)  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
-    amp_scale: float = _f()  # fp16 GradScaler's scale after the last step (ddp_amp); None elsewhere
-    amp_skipped_steps: int = _f()  # optimizer steps GradScaler skipped (inf/NaN gradients); None without one
-    backend: str = _f()  # process group of a multi-process trial: nccl or gloo; None otherwise
-    breakdown: dict = _f()  # where a sampled steady-state step goes (breakdown.py), main rank's view
-    interference: dict = _f()  # what else used the host meanwhile (interference.py)
-    wall_s: float = _f(METRIC, TABLE, metric="perf/wall_s", table="duration_s")
+    parallel_devices: bool | None = _f(TAG, TABLE)
+    steps: int | None = _f()
+    stopped: bool | None = _f()
+    throughput_img_s: float | None = _f(METRIC, OPTUNA, TABLE, metric="perf/throughput_img_s")
+    throughput_windows: list[float] | None = _f(TABLE)  # steady-state img/s per window, element-wise slowest rank
+    timed_steps: int | None = _f()
+    epoch_s: list[float] | None = _f(TABLE, table="epoch_s_list")
+    test_acc: list[float] | None = _f(TABLE, table="test_acc_list")
+    train_loss: list[float] | None = _f()
+    epoch_throughput_img_s: list[float] | None = _f()
+    time_to_acc_s: float | None = _f(METRIC, TABLE, metric="perf/time_to_acc_s")
+    eval: str | None = _f()
+    peak_mem_bytes: list[float] | None = _f(TAG, TABLE, tag="mem_peak_bytes")  # per device, of kind mem_basis
+    mem_imbalance: float | None = _f(METRIC, OPTUNA, TABLE, metric="mem/imbalance")
+    mem_device0_excess: float | None = _f()
+    mem_method: str | None = _f(TAG, TABLE)
+    mem_basis: str | None = _f(TAG, TABLE)  # what peak_mem_bytes (so imbalance, dev-0 excess) holds
+    mem_resident_bytes: list[float] | None = _f(TABLE)  # CUDA: allocated as the window opened (model, optimizer, data)
+    mem_reserved_peak_bytes: list[float] | None = _f(TABLE)  # CUDA: the caching allocator's reserved peak
+    mem_nvml_used_bytes: list[float] | None = _f(TABLE)  # CUDA with NVML: the device's used memory, every process's
+    mem_devices: list[str] | None = _f(TAG)
+    comm_hook_used: str | None = _f(TAG, TABLE)  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
+    amp_scale: float | None = _f()  # fp16 GradScaler's scale after the last step (ddp_amp); None elsewhere
+    amp_skipped_steps: int | None = _f()  # optimizer steps GradScaler skipped (inf/NaN gradients); None without one
+    backend: str | None = _f()  # process group of a multi-process trial: nccl or gloo; None otherwise
+    breakdown: dict | None = _f()  # where a sampled steady-state step goes (breakdown.py), main rank's view
+    interference: dict | None = _f()  # what else used the host meanwhile (interference.py)
+    wall_s: float | None = _f(METRIC, TABLE, metric="perf/wall_s", table="duration_s")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -145,82 +161,6 @@ class TrialRecord:
         return cls(**{k: v for k, v in (m or {}).items() if k in names})
 
 
-@dataclass(frozen=True)
-class Derived:
-    """A value computed from the record's fields; `expand`: a dict whose keys are appended to the view's key."""
-    name: str
-    kind: str
-    fn: object
-    views: tuple
-    keys: dict
-    expand: bool
-
-
-def _mean(xs):
-    xs = [x for x in xs or [] if x is not None]
-    return sum(xs) / len(xs) if xs else None
-
-
-def _peaks(r) -> list:
-    return [p for p in r.peak_mem_bytes or [] if p is not None]
-
-
-def _mib_per_device(values) -> dict:
-    return {str(i): v / MIB for i, v in enumerate(values or []) if v is not None}
-
-
-def _bd(r) -> dict:
-    """The breakdown where the trial sampled a step, else {}."""
-    bd = r.breakdown or {}
-    return bd if bd.get("samples") and bd.get("step_s") is not None else {}
-
-
-def breakdown_metrics(bd: dict) -> dict:
-    """<part>_s and <part>_share (of the sampled step), the residual included, step_s and samples."""
-    parts = dict(bd.get("parts_s") or {})
-    if not bd.get("step_s") or not parts:
-        return {}
-    parts["residual"] = bd.get("residual_s")
-    out = {"step_s": bd["step_s"], "samples": bd["samples"]}
-    for name, s in parts.items():
-        if isinstance(s, (int, float)):
-            out[f"{name}_s"], out[f"{name}_share"] = s, s / bd["step_s"]
-    return out
-
-
-def _bd_cell(key: str):
-    return lambda r: (_bd(r).get("parts_s") or {}).get(key[:-2]) if key[:-2] in BD_PARTS else _bd(r).get(key)
-
-
-def _d(name, kind, fn, *views, expand=False, **keys):
-    return Derived(name, kind, fn, views, {v: keys.get(v, name) for v in views}, expand)
-
-
-DERIVED = (
-    _d("final_test_acc", "float", lambda r: (r.test_acc or [None])[-1], TABLE, METRIC, OPTUNA, table="test_acc",
-       metric="test/final_acc", optuna="test_acc"),
-    _d("final_train_loss", "float", lambda r: (r.train_loss or [None])[-1], TABLE, table="train_loss"),
-    _d("mean_epoch_s", "float", lambda r: _mean(r.epoch_s), TABLE, OPTUNA, table="epoch_s", optuna="epoch_s"),
-    _d("peak_mem_max", "float", lambda r: max(_peaks(r), default=None), TABLE),
-    _d("peak_mem_mean", "float", lambda r: _mean(_peaks(r)), TABLE),
-    _d("peak_mem_mib_max", "float", lambda r: max(_peaks(r)) / MIB if _peaks(r) else None, OPTUNA),
-    _d("peak_mem_mib", "dict", lambda r: _mib_per_device(r.peak_mem_bytes), METRIC, expand=True,
-       metric="mem/peak_mib/dev"),
-    *(_d(name, "dict", lambda r, name=name: _mib_per_device(getattr(r, name)), METRIC, expand=True,
-         metric=f"mem/{key}_mib/dev")
-      for name, key in (("mem_resident_bytes", "resident"), ("mem_reserved_peak_bytes", "reserved_peak"),
-                        ("mem_nvml_used_bytes", "nvml_used"))),
-    _d("mem_device0_excess_mib", "float", lambda r: r.mem_device0_excess / MIB
-       if r.mem_device0_excess is not None else None, METRIC, metric="mem/device0_excess_mib"),
-    _d("breakdown", "dict", lambda r: breakdown_metrics(_bd(r)), METRIC, expand=True, metric="breakdown/"),
-    *(_d(f"bd_{key}", "float", _bd_cell(key), TABLE)
-      for key in ("step_s", *(f"{p}_s" for p in BD_PARTS), "residual_s", "samples")),
-    _d("interfered", "bool", lambda r: (r.interference or {}).get("interfered"), TABLE),
-    *(_d(key, "float", lambda r, key=key: (r.interference or {}).get(key), TABLE)
-      for key in ("foreign_cores", "loadavg_start")),
-    _d("interference_reason", "str", lambda r: (r.interference or {}).get("interference_reason"), TABLE),
-)
-BD_COLUMNS = [d.name for d in DERIVED if d.name.startswith("bd_")]
 
 
 # ---------------------------------------------------------------- building it
@@ -274,13 +214,17 @@ def summarize(cfg, host, strategy, results: list[dict], wall_s: float, host_fiel
              else "on this process's first device",
         peak_mem_bytes=peaks, mem_imbalance=imbalance(peaks), mem_device0_excess=device0_excess(peaks),
         mem_method=main["mem_method"], mem_basis=main.get("mem_basis"),
-        **{k: _per_device(ranks, k) for k in ("mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes")},
+        mem_resident_bytes=_per_device(ranks, "mem_resident_bytes"),
+        mem_reserved_peak_bytes=_per_device(ranks, "mem_reserved_peak_bytes"),
+        mem_nvml_used_bytes=_per_device(ranks, "mem_nvml_used_bytes"),
         mem_devices=[f"node{r.get('node', '0')}:{r.get('host', host.hostname)}/{d}"
                      + (f"/rank{r['rank']}" if strategy.multiprocess else "")
                      for r in ranks for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
         comm_hook_used=main.get("comm_hook_used"), amp_dtype=main["amp_dtype"], backend=main.get("backend"),
         amp_scale=main.get("amp_scale"), amp_skipped_steps=main.get("amp_skipped_steps"), tf32=main.get("tf32"),
-        breakdown=main.get("breakdown"), interference=interference, wall_s=wall_s)
+        breakdown=main.get("breakdown"), interference=interference, wall_s=wall_s,
+        **{f.name: RANK_AGGREGATES[f.metadata["rank"]](main, ranks, f.name) for f in dataclasses.fields(TrialRecord)
+           if f.metadata["rank"]})
 
 
 def _per_device(ranks, key) -> list | None:
@@ -312,12 +256,18 @@ def table_kinds() -> dict:
     out = dict(ROW_COLUMNS)
     for f in dataclasses.fields(TrialRecord):
         if TABLE in f.metadata["views"]:
-            out[f.metadata["keys"].get(TABLE, f.name)] = _kind(f.type)
+            out[f.metadata["keys"].get(TABLE, f.name)] = _kind(str(f.type))
     out.update({d.keys[TABLE]: d.kind for d in DERIVED if TABLE in d.views})
     return out
 
 
 COLUMNS = list(table_kinds())
+
+
+def point_columns(record=TrialRecord) -> list[str]:
+    """The sweep-table columns of the fields declared with the POINT view: analysed per point and in metrics.json."""
+    return [f.metadata["keys"].get(TABLE, f.name) for f in dataclasses.fields(record)
+            if POINT in f.metadata["views"] and TABLE in f.metadata["views"]]
 
 
 def _finite(v) -> bool:

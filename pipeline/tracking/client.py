@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import os
 import subprocess
@@ -20,7 +19,8 @@ from pathlib import Path
 from pipeline import scratch
 from pipeline.paths import repo_root, store_root
 from pipeline.errors import StoreError, redact
-from pipeline.preflight import check_store, writable_dir
+from pipeline.preflight import check_store
+from pipeline.tracking.store_checks import check_artifacts, first_contact
 
 RUNNING = "RUNNING"
 # MLflow 3's UI reads this experiment tag to choose its view: without it an experiment opens on the GenAI "Traces"
@@ -30,32 +30,6 @@ os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # no "V
 # MLflow 3 sends usage telemetry to its servers from a background thread unless told not to; a research pipeline
 # on a cluster should not phone home for its users (set MLFLOW_DISABLE_TELEMETRY=false to allow it)
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-
-
-class _NoStoreTracebacks(logging.Filter):
-    """MLflow's SQL store logs a full traceback for each failed write (a locked or full database) before raising it;
-    Parallax reports that fault itself, in one message, so the log record is dropped."""
-
-    def filter(self, record):
-        return not (record.exc_info and record.getMessage().startswith("SQLAlchemy database error"))
-
-
-logging.getLogger("mlflow.store.db.utils").addFilter(_NoStoreTracebacks())
-
-
-@contextlib.contextmanager
-def _first_contact():
-    """MLflow's HTTP client retries 7 times over about two minutes, and waits 120 s per request: right for a long
-    sweep against a busy server, wrong for the first request, which should say at once that nobody answers."""
-    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
-    saved = {k: os.environ.get(k) for k in quick}
-    os.environ.update({k: v for k, v in quick.items() if saved[k] is None})  # the user's settings win
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
 
 
 def tracking_uri(cfg) -> str:
@@ -86,7 +60,7 @@ class Tracker:
         self.uri = uri
         name = experiment_name(cfg)
         try:
-            with _first_contact():
+            with first_contact():
                 self.client = MlflowClient(tracking_uri=uri)
                 exp = self._get_or_create(name, cfg)
         except StoreError:
@@ -99,7 +73,7 @@ class Tracker:
                 f"the local store in mlruns/. Nothing was run.") from None
         self.experiment_id = exp.experiment_id
         self.name = name
-        _check_artifacts(exp.artifact_location or "", name)
+        check_artifacts(exp.artifact_location or "", name)
         self._end_orphaned_runs()
 
     def _get_or_create(self, name, cfg):
@@ -230,24 +204,6 @@ class Tracker:
             self.set_tags(r.info.run_id, {"parallax.ended_by": "resume: its process died"})
             self.end_run(r.info.run_id, status)
         return len(runs)
-
-
-def _check_artifacts(location: str, name: str) -> None:
-    """Raise StoreError unless the experiment's artifact folder, when it is a local one, can be written: else the
-    first artifact fails after the training, as an unexpected error."""
-    if location.startswith("file:"):
-        import urllib.parse
-        location = urllib.parse.unquote(urllib.parse.urlsplit(location).path)
-    elif "://" in location or ":/" in location:  # a server's or an object store's artifacts
-        return
-    path = Path(location)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise StoreError(f"Cannot write the MLflow artifacts of experiment {name!r}: {path} is not a writable folder "
-                         f"({e.strerror or e}). Put a writable folder there (a file or a read-only mount is in its "
-                         f"place), or point tracking.uri elsewhere. Nothing was run.") from None
-    writable_dir(path, f"the MLflow artifacts of experiment {name!r}")
 
 
 def base_tags(planned, cfg, stage: str | None = None) -> dict:

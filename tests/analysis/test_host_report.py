@@ -2,7 +2,7 @@
 the GPU interconnect read from `nvidia-smi topo -m`."""
 
 from pipeline.analysis import stage as A
-from pipeline.host import capabilities
+from pipeline.host import capabilities, topology
 from pipeline.analysis.report_host import host_capabilities_section, slow_rows
 
 from .test_analyze import frame, row, write
@@ -114,13 +114,13 @@ TOPO_ONE = "\t\x1b[4mGPU0\tNIC0\tCPU Affinity\x1b[0m\nGPU0\t X \tPIX\t0-15\n"
 def test_interconnect_from_the_topology_matrix():
     assert capabilities.interconnect(TOPO_NVLINK) == "NV18"
     assert capabilities.interconnect(TOPO_PCIE) == "SYS/PHB"  # slowest first
-    assert capabilities.interconnect(capabilities._ANSI.sub("", TOPO_ONE)) == "single GPU"
+    assert capabilities.interconnect(topology._ANSI.sub("", TOPO_ONE)) == "single GPU"
     assert capabilities.interconnect(None) is None
     assert capabilities.interconnect("No devices were found") is None
 
 
 def test_no_nvidia_smi_means_no_topology(monkeypatch):
-    monkeypatch.setattr(capabilities.shutil, "which", lambda name: None)
+    monkeypatch.setattr(topology.shutil, "which", lambda name: None)
     assert capabilities.gpu_topology() is None
 
 

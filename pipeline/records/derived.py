@@ -1,0 +1,92 @@
+"""The trial record's derived values: numbers computed from its fields (final accuracy, peaks in MiB, the step-time
+breakdown's parts), each with its kind and the views it appears in; and the names of those views.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+JSON, PARAM, METRIC, TAG, OPTUNA, TABLE = "json", "param", "metric", "tag", "optuna", "table"
+# POINT: a number the analysis carries per measured point (its median over the point's trials: tables.point_table)
+# and per strategy and k into metrics.json (<name>.S.kK); the field needs TABLE too
+POINT = "point"
+MIB = 2**20
+# The step-time breakdown's parts (breakdown.py PARTS), one table column each: seconds per sampled step
+BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A value computed from the record's fields; `expand`: a dict whose keys are appended to the view's key."""
+    name: str
+    kind: str
+    fn: object
+    views: tuple
+    keys: dict
+    expand: bool
+
+
+def _mean(xs):
+    xs = [x for x in xs or [] if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _peaks(r) -> list:
+    return [p for p in r.peak_mem_bytes or [] if p is not None]
+
+
+def _mib_per_device(values) -> dict:
+    return {str(i): v / MIB for i, v in enumerate(values or []) if v is not None}
+
+
+def _bd(r) -> dict:
+    """The breakdown where the trial sampled a step, else {}."""
+    bd = r.breakdown or {}
+    return bd if bd.get("samples") and bd.get("step_s") is not None else {}
+
+
+def breakdown_metrics(bd: dict) -> dict:
+    """<part>_s and <part>_share (of the sampled step), the residual included, step_s and samples."""
+    parts = dict(bd.get("parts_s") or {})
+    if not bd.get("step_s") or not parts:
+        return {}
+    parts["residual"] = bd.get("residual_s")
+    out = {"step_s": bd["step_s"], "samples": bd["samples"]}
+    for name, s in parts.items():
+        if isinstance(s, (int, float)):
+            out[f"{name}_s"], out[f"{name}_share"] = s, s / bd["step_s"]
+    return out
+
+
+def _bd_cell(key: str):
+    return lambda r: (_bd(r).get("parts_s") or {}).get(key[:-2]) if key[:-2] in BD_PARTS else _bd(r).get(key)
+
+
+def _d(name, kind, fn, *views, expand=False, **keys):
+    return Derived(name, kind, fn, views, {v: keys.get(v, name) for v in views}, expand)
+
+
+DERIVED = (
+    _d("final_test_acc", "float", lambda r: (r.test_acc or [None])[-1], TABLE, METRIC, OPTUNA, table="test_acc",
+       metric="test/final_acc", optuna="test_acc"),
+    _d("final_train_loss", "float", lambda r: (r.train_loss or [None])[-1], TABLE, table="train_loss"),
+    _d("mean_epoch_s", "float", lambda r: _mean(r.epoch_s), TABLE, OPTUNA, table="epoch_s", optuna="epoch_s"),
+    _d("peak_mem_max", "float", lambda r: max(_peaks(r), default=None), TABLE),
+    _d("peak_mem_mean", "float", lambda r: _mean(_peaks(r)), TABLE),
+    _d("peak_mem_mib_max", "float", lambda r: max(_peaks(r)) / MIB if _peaks(r) else None, OPTUNA),
+    _d("peak_mem_mib", "dict", lambda r: _mib_per_device(r.peak_mem_bytes), METRIC, expand=True,
+       metric="mem/peak_mib/dev"),
+    *(_d(name, "dict", lambda r, name=name: _mib_per_device(getattr(r, name)), METRIC, expand=True,
+         metric=f"mem/{key}_mib/dev")
+      for name, key in (("mem_resident_bytes", "resident"), ("mem_reserved_peak_bytes", "reserved_peak"),
+                        ("mem_nvml_used_bytes", "nvml_used"))),
+    _d("mem_device0_excess_mib", "float", lambda r: r.mem_device0_excess / MIB
+       if r.mem_device0_excess is not None else None, METRIC, metric="mem/device0_excess_mib"),
+    _d("breakdown", "dict", lambda r: breakdown_metrics(_bd(r)), METRIC, expand=True, metric="breakdown/"),
+    *(_d(f"bd_{key}", "float", _bd_cell(key), TABLE)
+      for key in ("step_s", *(f"{p}_s" for p in BD_PARTS), "residual_s", "samples")),
+    _d("interfered", "bool", lambda r: (r.interference or {}).get("interfered"), TABLE),
+    *(_d(key, "float", lambda r, key=key: (r.interference or {}).get(key), TABLE)
+      for key in ("foreign_cores", "loadavg_start")),
+    _d("interference_reason", "str", lambda r: (r.interference or {}).get("interference_reason"), TABLE),
+)
+BD_COLUMNS = [d.name for d in DERIVED if d.name.startswith("bd_")]
