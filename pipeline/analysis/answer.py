@@ -175,7 +175,8 @@ def build(df, status, pts, eff, mem) -> Answer:
         cause = why_no_answer(df, status)
         return Answer(("## Answer", "", f"**No answer on this host:** {cause}"), cause=cause)
     bd, synthetic = breakdown_table(df), bool((df["data_source"] == "synthetic").any())
-    lines, first = ["## Answer", ""], {}
+    lines: list[str] = ["## Answer", ""]
+    first: dict = {}
     for model in sorted(p["model"].unique()):
         pm = p[p["model"] == model]
         rows = pm.loc[pm.groupby("strategy")["throughput_img_s"].idxmax()].sort_values(
