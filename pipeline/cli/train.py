@@ -1,6 +1,7 @@
 """`python -m pipeline train`: one training trial from the command line, logged as one MLflow run.
 
-The flags (--model, --strategy, ...) become `train.*` overrides on top of params.yaml, the profile and --set.
+The flags (--model, --strategy, ...) are the last layer on top of params.yaml, the profile and --set, as typed
+values: the trial's Config is built and validated once, here, and passed on as it is.
 """
 from __future__ import annotations
 
@@ -10,16 +11,17 @@ import sys
 from pipeline.config import loader as configmod
 from pipeline import paths
 
+FLAGS = ("model", "strategy", "devices", "batch_size", "lr", "epochs", "max_steps", "seed")  # each sets train.<name>
+
 
 def _train_cfg(args):
-    sets = list(args.overrides)
-    for flag, key in [("model", "model"), ("strategy", "strategy"), ("devices", "devices"),
-                      ("batch_size", "batch_size"), ("lr", "lr"), ("epochs", "epochs"),
-                      ("max_steps", "max_steps"), ("seed", "seed")]:
-        v = getattr(args, flag)
-        if v is not None:
-            sets.append(f"train.{key}={v}")
-    return configmod.load(args.params, sets)
+    flags = {k: v for k in FLAGS if (v := getattr(args, k)) is not None}
+    return configmod.load(args.params, args.overrides, flags={"train": flags})
+
+
+def _print_epoch(record) -> None:
+    print(f"epoch {record['epoch']}/{record['epochs']}: loss {record['train_loss']:.4f}, "
+          f"test acc {record['test_acc']:.4f}, {record['epoch_s']:.2f} s", file=sys.stderr)
 
 
 def run(args) -> int:
@@ -35,46 +37,31 @@ def run(args) -> int:
     ds = data.load(paths.repo_root() / cfg.data.dir, cfg.data.source, cfg.data.train_limit, 1, verify=True)
     check_batch_fits(cfg, len(ds.train_y))
     output_dir(args.out, "--out")
-    tracker = run_id = on_epoch = None
+    run = on_epoch = None
     if not args.no_track:
         from pipeline.tracking import client as tracking
+        from pipeline.tracking.trial_run import TrialRun
         from pipeline.trial.launch import host_fields
         from pipeline.records.trial import planned
-        tracker = tracking.Tracker(cfg)
-        t, plan = cfg.train, planned(cfg, host, host_fields(host, cfg.train.devices))
-        run_id = tracker.start_run(f"{t.strategy} k={t.devices} B={t.batch_size} lr={t.lr}",
-                                   tracking.base_tags(plan, cfg, stage="train"))
-        tracker.log_params(run_id, plan.params())
-        tracker.log_dataset(run_id, cfg)
+        t = cfg.train
+        plan = planned(cfg, host, host_fields(host, t.devices))
+        run = TrialRun(tracking.Tracker(cfg), cfg, stage="train")
 
         def on_epoch(record):
-            tracker.log_metrics(run_id, tracking.epoch_metrics(record), step=record["epoch"])
-            print(f"epoch {record['epoch']}/{record['epochs']}: loss {record['train_loss']:.4f}, "
-                  f"test acc {record['test_acc']:.4f}, {record['epoch_s']:.2f} s", file=sys.stderr)
+            run.log_epoch(record)
+            _print_epoch(record)
             return False
-    status, reason = "FAILED", ""
-    try:
-        with tracking.system_metrics(cfg, run_id) if tracker else contextlib.nullcontext():
+    with run or contextlib.nullcontext():  # ended FINISHED, KILLED (Ctrl-C) or FAILED: never left RUNNING
+        if run:
+            run.start(f"{t.strategy} k={t.devices} B={t.batch_size} lr={t.lr}", plan)
+        with run.system_metrics() if run else contextlib.nullcontext():
             metrics = run_trial(cfg, args.out, on_epoch=on_epoch, progress=not args.quiet)
-        untimed = meter.untimed(metrics)
-        if tracker:
-            tracking.log_completed_run(tracker, run_id, metrics, args.out)
-            if untimed:
-                tracker.set_tags(run_id, {"parallax.untimed": untimed})
-        status = "FINISHED"
-    except KeyboardInterrupt as e:
-        status, reason = "KILLED", str(e) or "interrupted"
-        raise
-    except Exception as e:
-        reason = f"{getattr(e, 'kind', type(e).__name__)}: {e}"
-        raise
-    finally:
-        if tracker:
-            tracker.close_run(run_id, status, reason)  # never left RUNNING, also when the store fails
+        if run:
+            run.complete(metrics, args.out, meter.untimed(metrics))
     syn = "  [SYNTHETIC DATA]" if metrics["synthetic"] else ""
     print(f"{metrics['strategy']} k={metrics['devices']} {metrics['model']}: "
           f"{meter.speed_text(metrics)}, test acc {metrics['test_acc'][-1]:.4f}, "
           f"peak mem/device {[round(p / 2**20, 1) for p in metrics['peak_mem_bytes']]} MiB{syn}")
     print(f"wrote {args.out / 'metrics.json'} and {args.out / 'final_state.pt'}"
-          + (f"; MLflow run {run_id}" if run_id else ""))
+          + (f"; MLflow run {run.run_id}" if run else ""))
     return 0

@@ -176,8 +176,7 @@ _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 def parse_set(items) -> dict:
     """['train.lr=0.1', 'data.source=synthetic'] -> nested dict; values parsed as YAML scalars/lists. A key set as a
-    value and then used as a section is blamed on the option that set the value: the later one may be made from a
-    flag (train_cli turns --strategy into train.strategy=...), which the user never typed."""
+    value and then used as a section is blamed on the option that set the value, the one the user typed."""
     out: dict = {}
     by: dict = {}  # dotted key -> the option that last set it as a value
     for item in items or ():
@@ -200,8 +199,8 @@ def parse_set(items) -> dict:
             if not isinstance(node, dict):
                 section = ".".join(parts[:i + 1])
                 raise ConfigError(f"Malformed --set option {by.get(section, item)!r}: it sets `{section}` to a "
-                                  f"value, but this command also sets `{key}` inside it (with another --set or a "
-                                  f"flag such as --strategy), and `{section}` cannot be both a value and a section. "
+                                  f"value, but this command also sets `{key}` inside it (with another --set), "
+                                  f"and `{section}` cannot be both a value and a section. "
                                   f"Keep one of the two; a section's keys are set one by one, e.g. "
                                   f"`--set train.lr=0.1`.")
         node[parts[-1]] = value
@@ -209,10 +208,11 @@ def parse_set(items) -> dict:
     return out
 
 
-def load(params: str | Path | None = None, overrides=(), root: Path | None = None) -> Config:
-    """Read params.yaml (and the profile it names) and apply `--set` overrides. Without `params`, the repository's
-    params.yaml is optional (none: the profile's and built-in values); a `params` file named explicitly (--params)
-    must exist, or a typo would run silently on other values than the user chose."""
+def load(params: str | Path | None = None, overrides=(), root: Path | None = None, flags: dict | None = None) -> Config:
+    """Read params.yaml (and the profile it names) and apply `--set` overrides, then `flags` (a command's typed
+    options as sections, {"train": {"strategy": "ddp"}}), validated once with the rest. Without `params`, the
+    repository's params.yaml is optional (none: the profile's and built-in values); a `params` file named explicitly
+    (--params) must exist, or a typo would run silently on other values than the user chose."""
     root = Path(root) if root else repo_root()
     path = Path(params) if params else root / "params.yaml"
     if params and not path.exists() and path.is_symlink():
@@ -230,7 +230,7 @@ def load(params: str | Path | None = None, overrides=(), root: Path | None = Non
         prof = _read_yaml(profile_path(profile, root))
         prof.pop("description", None)
         layers.append((prof, f"experiments/{profile}.yaml"))
-    layers += [(_drop_unset(raw), str(path)), (sets, "--set")]
+    layers += [(_drop_unset(raw), str(path)), (sets, "--set"), (flags or {}, "the command's options")]
     layered: dict = {}
     for layer, where in layers:  # each layer's sections must be mappings, whatever the later layers hold
         _check_shapes(Config, layer, "", where)

@@ -9,7 +9,7 @@ bounded. Torch-free: the analysis stage reads the label too.
 """
 from __future__ import annotations
 
-from pipeline.config import loader as configmod
+import dataclasses
 
 BOUNDED = "bounded"  # the start of a bounded trial's reason (sweep table, MLflow tag parallax.bounded)
 
@@ -29,7 +29,8 @@ def bound(tcfg, dtype: str | None, caps: dict, limit: int):
     note = (f"{BOUNDED}: at most {limit} steps (sweep.emulated_max_steps) because {dtype} autocast is emulated on "
             f"this {caps.get('kind', 'host')} ({why}; ISA {isa}); throughput is measured on those steps, accuracy "
             f"is where training stopped, not after train.epochs={tcfg.train.epochs}")
-    return configmod.replace_train(tcfg, max_steps=limit), note
+    # `limit` is a validated setting (sweep.emulated_max_steps, >= 0, like train.max_steps): nothing to check again
+    return dataclasses.replace(tcfg, train=dataclasses.replace(tcfg.train, max_steps=limit)), note
 
 
 def is_bounded(reason) -> bool:

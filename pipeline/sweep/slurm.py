@@ -51,13 +51,18 @@ def nodes_for(scfg, devices: int) -> int:
     return math.ceil(devices / scfg.devices_per_node)
 
 
+def with_train(tcfg, **changes):
+    """The trial's Config with train `changes` this module derives from its validated settings (node counts, the
+    allocation's rendezvous), not validated again: the trial's Config is built once, by the sweep."""
+    return dataclasses.replace(tcfg, train=dataclasses.replace(tcfg.train, **changes))
+
+
 def sized(cfg, tcfg):
     """The trial as it runs on the cluster (for the feasibility check): its node count and a rendezvous."""
     if not is_on(cfg):
         return tcfg
-    from pipeline.config.loader import replace_train
     n = nodes_for(cfg.slurm, tcfg.train.devices)
-    return replace_train(tcfg, nnodes=n, rdzv_endpoint="first-node:0" if n > 1 else "")
+    return with_train(tcfg, nnodes=n, rdzv_endpoint="first-node:0" if n > 1 else "")
 
 
 def cluster_host(cfg, host):
@@ -80,19 +85,18 @@ def local(tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="",
 
 # ----------------------------------------------------------------------------- on each node of the job
 
-def node_main(cfg_dict: dict, out_dir: str, timeout_s: float | None) -> dict:
-    """One task per node: this node's share of the trial's ranks, in out_dir/node<i>. Returns the record where
-    this node holds the main rank (its final_state.pt), and a failure as (text, kind) rather than raising it."""
+def node_main(cfg, out_dir: str, timeout_s: float | None) -> dict:
+    """One task per node: this node's share of the trial's ranks, in out_dir/node<i>. `cfg`: the trial's Config as
+    the sweep built it (pickled by submitit). Returns the record where this node holds the main rank (its
+    final_state.pt), and a failure as (text, kind) rather than raising it."""
     import submitit
 
-    from pipeline.config import loader as configmod
     from pipeline.trial.launch import run_trial
     env = submitit.JobEnvironment()
-    cfg = configmod._build(configmod.Config, cfg_dict, "")
     if env.num_nodes > 1:
         port = cfg.slurm.rdzv_port + int(str(env.job_id).split("_")[0]) % 500
-        cfg = configmod.replace_train(cfg, nnodes=env.num_nodes, node_rank=env.node,
-                                      rdzv_endpoint=f"{env.hostnames[0]}:{port}", rdzv_id=f"slurm-{env.job_id}")
+        cfg = with_train(cfg, nnodes=env.num_nodes, node_rank=env.node,
+                         rdzv_endpoint=f"{env.hostnames[0]}:{port}", rdzv_id=f"slurm-{env.job_id}")
     node_dir = Path(out_dir) / f"node{env.node}"
     try:
         record = run_trial(cfg, node_dir, on_epoch=None, progress=False, timeout_s=timeout_s)
@@ -180,9 +184,8 @@ class Runner:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         nodes = nodes_for(self.scfg, tcfg.train.devices)
-        from pipeline.config import loader as configmod
-        tcfg = configmod.replace_train(tcfg, nnodes=1, rdzv_endpoint="")  # node_main sets the allocation's
-        job = self.executor(out_dir / "slurm", nodes, label).submit(node_main, tcfg.to_dict(), str(out_dir), timeout_s)
+        tcfg = with_train(tcfg, nnodes=1, rdzv_endpoint="")  # node_main sets the allocation's
+        job = self.executor(out_dir / "slurm", nodes, label).submit(node_main, tcfg, str(out_dir), timeout_s)
         if note:
             note({"slurm_job_id": str(job.job_id), "nodes": nodes})
 

@@ -5,6 +5,7 @@ the study name that identifies the space and everything else that changes a tria
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -41,6 +42,19 @@ def trial_config(cfg, strategy: str, point: dict):
     whatever the size of the space it comes from."""
     bare = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, spaces={}))
     return dataclasses.replace(cfg, train=configmod.replace_train(bare, strategy=strategy, **point).train)
+
+
+class PointConfigs:
+    """A point's trial Config (trial_config), built and validated once however often it is asked for: by the set-up's
+    feasibility check, by every claim's, and by the trial that runs it. The last `keep` points are kept (a Config
+    shares every section but train with the sweep's), so a grid of any size costs bounded memory."""
+
+    def __init__(self, cfg, strategy: str, keep: int = 1024):
+        self._build = functools.lru_cache(maxsize=keep)(
+            lambda key: trial_config(cfg, strategy, dict(key)))
+
+    def __call__(self, point: dict):
+        return self._build(tuple(sorted(point.items())))
 
 
 def study_name(cfg, strategy: str) -> str:

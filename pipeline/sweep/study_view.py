@@ -11,7 +11,7 @@ import warnings
 import optuna
 from optuna.trial import TrialState
 
-# What the sweep optimises: study.tell(trial, final test accuracy), direction maximize (sweep.run_one)
+# What the sweep optimises: study.tell(trial, final test accuracy), direction maximize (sweep.trial_exec.run_one)
 OBJECTIVE = "test_acc"
 
 

@@ -6,6 +6,7 @@ import importlib
 
 _FACE = {
     'Tracker': 'client',
+    'TrialRun': 'trial_run',
     'log_analysis_run': 'analysis_run',
     'publish_view': 'ui_view',
 }

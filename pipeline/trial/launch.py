@@ -19,7 +19,8 @@ from pipeline.host.capabilities import host_capabilities
 from pipeline.host.devices import Host, probe
 from pipeline.errors import Infeasible, TrialFailed  # defined torch-free, for the CLI's error handler
 from pipeline.measure.interference import Monitor
-from pipeline.trial.ranks import is_out_of_memory, run_ranks
+from pipeline.trial.rank_watch import is_out_of_memory
+from pipeline.trial.ranks import run_ranks
 from pipeline.records.trial import TrialRecord, capability_fields, summarize
 from pipeline.strategies import STRATEGIES
 from pipeline.trial.loop import DivergenceError

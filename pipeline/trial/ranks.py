@@ -19,7 +19,6 @@ import gc
 import importlib
 import json
 import os
-import select
 import shutil
 import signal
 import tempfile
@@ -30,7 +29,6 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import loader as configmod
 from pipeline.data import store as datamod
 from pipeline.host import loopback
 from pipeline import paths
@@ -39,6 +37,7 @@ from pipeline.host.capabilities import fp32_pinned, tf32_flags, tf32_text
 from pipeline.host.devices import Host, probe
 from pipeline.errors import Interrupted, TrialFailed
 from pipeline.trial.rdzv_watch import RendezvousWatch
+from pipeline.trial.rank_watch import failure_reason, stacks_kept, watch_epochs
 from pipeline.strategies import STRATEGIES
 from pipeline.trial.loop import train
 
@@ -136,14 +135,14 @@ def _stacks_on_stop(path: Path) -> None:
     faulthandler.register(signal.SIGTERM, file=_STACKS, all_threads=True, chain=True)
 
 
-def rank_entry(cfg_dict: dict, out_dir: str, wait_for_ack: bool, progress: bool) -> dict:
-    """Entry point of each worker process started by the elastic launcher."""
+def rank_entry(cfg, out_dir: str, wait_for_ack: bool, progress: bool) -> dict:
+    """Entry point of each worker process started by the elastic launcher. `cfg`: the trial's Config as its caller
+    built it (shared by fork, pickled by spawn), used as it is: never rebuilt or validated again here."""
     # forked from the trial's parent: its Python objects (torch, MLflow, Optuna: hundreds of thousands) are never
     # garbage here, so keep the collector off them (a full collection at teardown walked them all and copied the
     # shared pages it touched)
     gc.freeze()
     _exit_with_agent()
-    cfg = configmod._build(configmod.Config, cfg_dict, "")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _stacks_on_stop(Path(out_dir) / f"stacks-rank{rank}.txt")
     data = _DATA if _DATA is not None else load_data(cfg)
@@ -165,71 +164,6 @@ def _start_method(cfg, host: Host) -> str:
         return cfg.train.start_method
     # fork shares the loaded data and skips re-importing torch; CUDA cannot be used after fork.
     return "spawn" if host.kind == "cuda" else "fork"
-
-
-def _watch(out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None = None, failed: list | None = None):
-    """Tail progress.jsonl, hand each record to on_epoch, answer with ack-<epoch>. An error of on_epoch (its store
-    is down) answers "stop" and goes to `failed`, for the caller to raise once the ranks have ended."""
-    seen = 0
-    path = out_dir / "progress.jsonl"
-    while True:
-        last = stop.is_set()  # after the ranks end, one more pass: records written during a slow on_epoch
-        if wake_fd is not None and not last and select.select([wake_fd], [], [], 0.1)[0]:
-            os.read(wake_fd, 4096)
-        lines = path.read_text().splitlines() if path.exists() else []
-        for line in lines[seen:]:
-            record = json.loads(line)
-            try:
-                stop_it = bool(failed) or bool(on_epoch and on_epoch(record))
-            except Exception as e:
-                failed.append(e)
-                stop_it = True
-            (out_dir / f"ack-{record['epoch']}").write_text("stop" if stop_it else "go")
-        seen = len(lines)
-        if last:
-            return
-        if wake_fd is None:
-            stop.wait(0.1)  # an epoch record waits at most this long; polling faster steals a core
-
-
-def _failure_reason(err) -> TrialFailed:
-    parts, kind = [], "error"
-    for rank, f in sorted(getattr(err, "failures", {}).items()):
-        if f.exitcode < 0 or f.message == "" or "Signal" in str(f.message):
-            sig = f.signal_name() if f.exitcode < 0 else f"exit code {f.exitcode}"
-            parts.append(f"rank {rank} (pid {f.pid}) died: {sig}")
-            kind = "worker_died" if kind == "error" else kind
-        else:
-            msg = f.message.get("message", str(f.message)) if isinstance(f.message, dict) else str(f.message)
-            msg = msg.strip().splitlines()[0] if msg.strip() else f"exit code {f.exitcode}"
-            parts.append(f"rank {rank} failed: {msg}")
-            if "DivergenceError" in msg or "diverged" in msg:
-                kind = "diverged"
-            elif is_out_of_memory(msg):
-                parts[-1] = f"rank {rank} ran out of memory: {msg}"
-                kind = "oom"
-            elif "timed out" in msg.lower() or "timeout" in msg.lower():
-                kind = "timeout" if kind == "error" else kind
-            elif any(s in msg for s in PEER_GONE):
-                # Gloo's all-reduce failed because another rank's connection closed: that rank most likely died.
-                # PyTorch's launcher reports only the first failed rank it polls, which may be this one.
-                parts[-1] += (" (a peer rank's connection closed first: that rank most likely died; the launcher "
-                              "reports only one failed rank)")
-                kind = "worker_died" if kind == "error" else kind
-    return TrialFailed("; ".join(parts) or str(err), kind)
-
-
-PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
-# How running out of memory reads, on every device: CUDA's torch.OutOfMemoryError ("CUDA out of memory"), PyTorch's
-# CPU allocator (a RuntimeError: "DefaultCPUAllocator: can't allocate memory" on Linux, "not enough memory"
-# elsewhere), and Python's own MemoryError.
-OUT_OF_MEMORY = ("out of memory", "defaultcpuallocator", "can't allocate memory", "not enough memory", "memoryerror")
-
-
-def is_out_of_memory(message: str) -> bool:
-    """Whether an error's text (its type name first, as a rank's error file has it) says memory ran out."""
-    low = message.lower()
-    return any(m in low for m in OUT_OF_MEMORY)
 
 
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -295,7 +229,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     _DATA = load_data(cfg) if start_method == "fork" else None
     _WAKE = os.pipe() if start_method == "fork" and standalone else None
     failed = []  # the error of the caller's on_epoch, if any
-    watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None, failed),
+    watcher = threading.Thread(target=watch_epochs, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None, failed),
                                daemon=True)
     if start_method == "fork":  # once per process, inherited by every forked rank of every trial
         # torch._dynamo: every trial's optimizer imports it (torch/_compile.py, on its first param group)
@@ -316,7 +250,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
         with loopback.collectives_on_loopback() if standalone else node_addr.collectives_on(t.local_addr), \
                 _tempdir(scratch), \
                 watch or contextlib.nullcontext():
-            results = elastic_launch(lc, rank_entry)(cfg.to_dict(), str(out_dir), on_epoch is not None, progress)
+            results = elastic_launch(lc, rank_entry)(cfg, str(out_dir), on_epoch is not None, progress)
     except Exception as e:
         if watch and watch.lost:
             raise TrialFailed(f"lost the rendezvous host {t.rdzv_endpoint} (node 0): it did not answer for "
@@ -325,12 +259,12 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
                               f"0's output and the link between the nodes, then run the trial again on every node.",
                               "worker_died") from None
         if isinstance(e, ChildFailedError):
-            raise _failure_reason(e) from None
+            raise failure_reason(e) from None
         if not isinstance(e, SignalException):
             raise
         if timed_out.is_set():
             raise TrialFailed(f"trial exceeded its time budget of {timeout_s:.0f} s (sweep.trial_timeout_s); "
-                              f"every worker was stopped{_stacks_kept(out_dir)}", "timeout") from None
+                              f"every worker was stopped{stacks_kept(out_dir)}", "timeout") from None
         raise Interrupted(e.sigval) from None  # exit 128 + the signal: 130 for SIGINT, 143 for SIGTERM
     finally:
         for f in out_dir.glob("stacks-rank*.txt"):
@@ -352,11 +286,6 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     if failed:
         raise failed[0]
     return [results[r] for r in sorted(results)]
-
-
-def _stacks_kept(out_dir: Path) -> str:
-    written = sorted(str(f) for f in out_dir.glob("stacks-rank*.txt") if f.stat().st_size)
-    return f"; their Python stacks when stopped: {', '.join(written)}" if written else ""
 
 
 def run_ranks(cfg, host, strategy, out_dir: Path, on_epoch, progress, timeout_s) -> list[dict]:

@@ -36,7 +36,7 @@ CASES = [
     ("empty search space", ["sweep", "--strategy", "ddp", "--set", "sweep.spaces.ddp.lr=[]"], "empty"),
     ("malformed --set", ["train", "--out", "{tmp}/o", "--set", "train.lr"], "Malformed --set"),
     ("--set of a section as a value, with a flag", ["train", "--out", "{tmp}/o", "--set", "train=5", "--strategy",
-                                                    "single"], "Malformed --set option 'train=5'"),
+                                                    "single"], "`train` in --set: expected a mapping"),
     ("missing data directory", ["train", "--out", "{tmp}/o", "--set", "data.dir={tmp}/nowhere"],
      "No prepared data"),
     ("data directory is not a directory", ["sweep", "--strategy", "single", "--set", "data.dir={tmp}/afile"],

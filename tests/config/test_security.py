@@ -214,7 +214,7 @@ def test_multi_node_trials_keep_the_endpoint_the_user_names(make_cfg, monkeypatc
 
 # a real PostgreSQL study and MLflow server (tests/sweep/test_scaleout.py's fixtures), reached through URLs that carry
 # the password: nothing the sweep and the analysis print or store may contain it
-from tests.sweep.test_scaleout import mlflow_server, postgres  # noqa: E402,F401  (fixtures)
+from tests.sweep.scaleout_services import mlflow_server, postgres  # noqa: E402,F401  (fixtures)
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import torch
 
 from pipeline.host import capabilities
 from pipeline.records import labels as emulated
-from pipeline.sweep import stage as sweep
+from pipeline.sweep import space, stage as sweep, trial_exec
 from pipeline.config import loader as configmod
 from pipeline.host.devices import Host
 from pipeline.strategies import STRATEGIES
@@ -27,7 +27,7 @@ def caps_with(monkeypatch, flags):
 
 
 def amp_trial(cfg, strategy="ddp_amp"):
-    return sweep.trial_config(cfg, strategy, sweep.points(cfg, strategy)[0])
+    return space.trial_config(cfg, strategy, sweep.points(cfg, strategy)[0])
 
 
 def bound(cfg, strategy, caps):
@@ -78,12 +78,12 @@ def test_sweep_runs_a_bounded_trial_and_its_row_says_so(make_cfg, tmp_path, monk
     (tmp_path / "experiments" / "tiny.yaml").write_text(TINY)
     cfg = make_cfg(profile="tiny")
     monkeypatch.setattr(capabilities, "cpu_flags", lambda: set(AVX2_ONLY))
-    sweep.host_caps.cache_clear()
+    trial_exec.host_caps.cache_clear()
     try:
         out = tmp_path / "results" / "ddp_amp.jsonl"
         sweep.run_sweep(cfg, "ddp_amp", out)
     finally:
-        sweep.host_caps.cache_clear()
+        trial_exec.host_caps.cache_clear()
     [row] = read_table(out).to_dict("records")
     assert row["state"] == "complete" and float(row["throughput_img_s"]) > 0
     assert emulated.is_bounded(row["reason"]) and "at most 5 steps" in row["reason"]

@@ -6,7 +6,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from pipeline.sweep import stage as sweep
+from pipeline.sweep import stage as sweep, trial_exec
 from pipeline.sweep.queue import claim
 from pipeline.host.devices import probe
 
@@ -81,10 +81,10 @@ def test_an_interfered_trial_is_enqueued_again_up_to_the_limit(make_cfg):
     study.enqueue_trial(p, user_attrs={"repeat": 1})
     interfered, quiet = {"interference": {"interfered": True}}, {"interference": {"interfered": False}}
     first = claim(study)
-    assert sweep._remeasure(cfg, study, first, p, quiet) == ""  # a quiet trial: nothing enqueued
-    assert "enqueued again (1/1)" in sweep._remeasure(cfg, study, first, p, interfered)
+    assert trial_exec._remeasure(cfg, study, first, p, quiet) == ""  # a quiet trial: nothing enqueued
+    assert "enqueued again (1/1)" in trial_exec._remeasure(cfg, study, first, p, interfered)
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert len(waiting) == 1 and waiting[0].user_attrs == {"repeat": 1, "remeasure": 1}
     again = claim(study)
-    assert sweep._remeasure(cfg, study, again, p, interfered) == ""  # the limit reached: kept, not re-run
+    assert trial_exec._remeasure(cfg, study, again, p, interfered) == ""  # the limit reached: kept, not re-run
     assert not study.get_trials(states=(TrialState.WAITING,))

@@ -117,8 +117,8 @@ def test_dvc_commands_interpolate_only_validated_strategy_names():
 def test_a_peer_connection_error_is_reported_as_a_likely_dead_rank():
     import types
 
-    from pipeline.trial.ranks import _failure_reason
+    from pipeline.trial.rank_watch import failure_reason
     f = types.SimpleNamespace(exitcode=1, pid=11, message={"message": "RuntimeError: [pair.cc:545] Read error "
                                                                       "[127.0.0.1]:1: Connection reset by peer."})
-    e = _failure_reason(types.SimpleNamespace(failures={0: f}))
+    e = failure_reason(types.SimpleNamespace(failures={0: f}))
     assert e.kind == "worker_died" and "most likely died" in str(e) and str(e).startswith("rank 0 failed")

@@ -1,0 +1,93 @@
+"""A trial's MLflow run, opened and ended in one place for `python -m pipeline train` and for each sweep trial.
+
+    with TrialRun(tracker, cfg, stage="train") as run:
+        run.start(name, plan)                 # base tags, params, dataset
+        with run.system_metrics():
+            record = run_trial(cfg, out_dir, on_epoch=run.log_epoch)
+        run.complete(record, out_dir, untimed)  # metrics, tags, metrics.json, the untimed tag
+    # ended FINISHED; KILLED on Ctrl-C; FAILED with the reason on any other error
+
+A run is ended once. A caller that knows its outcome better (a pruned or requeued sweep trial) ends it itself with
+`end`; the block's exit ends a run nobody ended. When the store refuses the write, a run that did not finish is left
+as it is (the fault is being reported); a refused FINISHED raises, so that no failure passes for a success, and the
+block's exit then ends the run FAILED.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.errors import redact
+from pipeline.tracking import client as tracking
+
+
+class TrialRun:
+    """One trial's MLflow run in experiment `tracker`: `cfg` is the trial's Config, `stage` the tag dvc_stage
+    ("train", "sweep@ddp")."""
+
+    def __init__(self, tracker: tracking.Tracker, cfg, stage: str):
+        self.tracker, self.cfg, self.stage = tracker, cfg, stage
+        self.run_id: str | None = None
+        self.ended: str | None = None  # the status the run was ended with (or given up on, the store refusing it)
+
+    def start(self, name: str, plan, tags: dict | None = None, parent_id: str | None = None, started=None) -> str:
+        """Open the run with the base tags of `plan` (the planned record, records.trial.planned) and `tags`, then
+        log the plan's params and the dataset. `started(run_id)` is called as soon as the run exists, before
+        anything else is written (the sweep records the id in Optuna)."""
+        self.run_id = self.tracker.start_run(name, {**tracking.base_tags(plan, self.cfg, stage=self.stage),
+                                                    **(tags or {})}, parent_id=parent_id)
+        if started:
+            started(self.run_id)
+        self.tracker.log_params(self.run_id, plan.params())
+        self.tracker.log_dataset(self.run_id, self.cfg)
+        return self.run_id
+
+    def tag(self, tags: dict) -> None:
+        self.tracker.set_tags(self.run_id, tags)
+
+    def log_epoch(self, record: dict) -> bool:
+        """An epoch record's metrics at step epoch; False: the trial goes on (run_trial's on_epoch contract)."""
+        self.tracker.log_metrics(self.run_id, tracking.epoch_metrics(record), step=record["epoch"])
+        return False
+
+    def system_metrics(self):
+        """MLflow's host metrics into this run while the block runs (off unless tracking.system_metrics)."""
+        return tracking.system_metrics(self.cfg, self.run_id)
+
+    def complete(self, record, out_dir: Path, untimed: str = "") -> None:
+        """A finished trial's record (metrics, tags, metrics.json) and, when its throughput could not be timed
+        (`untimed`: why, measure.meter.untimed), the tag parallax.untimed. The run stays open: `end` or the block's
+        exit ends it."""
+        tracking.log_completed_run(self.tracker, self.run_id, record, Path(out_dir))
+        if untimed:
+            self.tag({"parallax.untimed": untimed})
+
+    def end(self, status: str, reason: str = "", strict: bool | None = None) -> None:
+        """End the run `status` (FINISHED, KILLED, FAILED), a reason as tag `failure`; once: a second call does
+        nothing. strict (default: status is FINISHED): a store that refuses the write raises, and the run counts as
+        not ended; otherwise the refusal is swallowed and the run left as the store holds it."""
+        if self.run_id is None or self.ended is not None:
+            return
+        strict = status == "FINISHED" if strict is None else strict
+        try:
+            if reason:
+                self.tracker.set_tags(self.run_id, {"failure": redact(reason)[:5000]})
+            self.tracker.end_run(self.run_id, status)
+        except Exception:
+            if strict:
+                raise
+        self.ended = status
+
+    def __enter__(self) -> TrialRun:
+        return self
+
+    def __exit__(self, kind, e, tb) -> None:
+        if kind is None:
+            try:
+                self.end("FINISHED")
+            except Exception as refused:  # the store refused it: ended FAILED if it still takes a write
+                self.end("FAILED", f"{type(refused).__name__}: {refused}")
+                raise
+        elif issubclass(kind, KeyboardInterrupt):
+            self.end("KILLED", str(e) or "interrupted")
+        else:
+            self.end("FAILED", f"{getattr(e, 'kind', kind.__name__)}: {e}")
