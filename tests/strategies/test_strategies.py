@@ -13,7 +13,6 @@ from pipeline.trial.launch import Infeasible, check_feasible
 from pipeline.strategies import STRATEGIES
 from pipeline.strategies.scratch import allreduce
 
-CPU_STRATEGIES = [s for s, cls in STRATEGIES.items() if cls.unavailable_reason(probe()) is None]
 TWO = probe().n >= 2
 
 
