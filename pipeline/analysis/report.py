@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline import catalog
-from pipeline.analysis import confidence
+from pipeline.analysis import confidence, sharding
 from pipeline.analysis.report_host import host_capabilities_section
 from pipeline.analysis.tables import (BD_ALL, BD_PARTS, MEM_BASIS, MEM_LISTS, MIB, best_row, group_by, is_serial,
     is_unavailable, joined, shown_extras)
@@ -160,6 +160,7 @@ def _tables(df, pts, eff, mem, acc):
              "measured." if gpu else "") + "\n\n",
           md_table(mm, ["strategy", "model", *x, "k", "batch_size", "mem_method", "mem_basis", "per_device_mib",
                         *gpu, "peak_max_mib", "mem_imbalance", "dev0_excess_mib"]),
+          *sharding.section(mem, md_table),
           "\n## Accuracy\n\n",
           "Final test accuracy and time to the target accuracy ('—': not reached).\n\n",
           md_table(acc, ["strategy", "model", *x, *(["epochs"] if acc["epochs"].nunique() > 1 else []),

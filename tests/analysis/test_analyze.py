@@ -256,6 +256,7 @@ def test_report(run):
     assert "Fastest: **ddp**" in reading and "Worst memory imbalance (max/mean): **scratch**" in reading
     assert "**scratch**: its k devices do not run in parallel" in reading
     assert "](efficiency.png)" in text and "| --- |" not in text and "|---|" in text
+    assert "### What sharding saved" in text.split("## Memory per device")[1].split("\n## ")[0]
 
 
 def test_no_warning_without_synthetic_and_nothing_to_analyze(tmp_path):
