@@ -92,7 +92,7 @@ def test_docs_table_is_the_catalog():
     text = (REPO / "docs" / "strategies.md").read_text()
     begin, end = text.index(catalog.DOC_BEGIN) + len(catalog.DOC_BEGIN) + 1, text.index(catalog.DOC_END)
     assert text[begin:end] == catalog.markdown_table(), (
-        "docs/strategies.md is out of date: run `python tools/make_strategies_doc.py`")
+        "docs/strategies.md is out of date: run `python tools/sync_catalog.py`")
 
 
 # ----------------------------------------------------------------------------- no strategy-name branches
@@ -158,7 +158,17 @@ def test_each_sharding_strategy_is_compared_with_an_unsharded_twin():
 
 
 def test_the_docs_tool_rewrites_only_the_table():
-    """tools/make_strategies_doc.py replaces what lies between the markers and keeps the text around them."""
-    from tools.make_strategies_doc import regenerate
+    """tools/sync_catalog.py replaces what lies between the markers and keeps the text around them."""
+    from tools.sync_catalog import regenerate
     text = f"before\n{catalog.DOC_BEGIN}\nstale\n{catalog.DOC_END}\nafter\n"
     assert regenerate(text) == f"before\n{catalog.DOC_BEGIN}\n{catalog.markdown_table()}{catalog.DOC_END}\nafter\n"
+
+
+def test_dvc_yaml_has_a_sweep_stage_per_catalog_strategy():
+    """dvc.yaml's sweep `foreach` (a fixed list: DVC puts ${item} into a shell command) is the catalog's names, as
+    tools/sync_catalog.py writes them; the tool rewrites a stale list and keeps the rest of the file."""
+    from tools.sync_catalog import sweep_stages, with_sweep_stages
+    text = (REPO / "dvc.yaml").read_text()
+    assert sweep_stages(text) == list(catalog.NAMES), "dvc.yaml is out of date: run `python tools/sync_catalog.py`"
+    stale = text.replace(f"[{', '.join(catalog.NAMES)}]", "[single, ddp]")
+    assert sweep_stages(stale) == ["single", "ddp"] and with_sweep_stages(stale) == text
