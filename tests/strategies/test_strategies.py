@@ -167,3 +167,14 @@ def test_metrics_carry_per_device_memory_and_host_facts(make_cfg, tmp_path):
     assert m["device_kind"] == probe().kind and m["host_devices"] == probe().n
     assert m["synthetic"] is True
 
+
+
+def test_refusals_name_the_strategies_from_the_catalog(make_cfg):
+    """The messages that suggest other strategies list the catalog's rows, so a new row shows up in them."""
+    parallel = [s.name for s in catalog.STRATEGIES if not s.one_device_only]
+    with pytest.raises(ValueError, match=", ".join(parallel)):
+        STRATEGIES["single"](make_cfg("train.devices=2", "train.batch_size=64").train, probe()).check_devices()
+    multi = ", ".join(s.name for s in catalog.STRATEGIES if s.multiprocess)
+    with pytest.raises(Infeasible, match=rf"multi-process strategy \({multi}\)"):
+        check_feasible(make_cfg("train.strategy=scratch", "train.nnodes=2", "train.devices=2",
+                                "train.batch_size=64"), probe())
