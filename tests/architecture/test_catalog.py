@@ -172,3 +172,16 @@ def test_dvc_yaml_has_a_sweep_stage_per_catalog_strategy():
     assert sweep_stages(text) == list(catalog.NAMES), "dvc.yaml is out of date: run `python tools/sync_catalog.py`"
     stale = text.replace(f"[{', '.join(catalog.NAMES)}]", "[single, ddp]")
     assert sweep_stages(stale) == ["single", "ddp"] and with_sweep_stages(stale) == text
+
+
+def test_a_row_without_a_class_is_reported(monkeypatch):
+    """A catalog row whose module pipeline/strategies/NAME.py is missing shows up in disagreements()."""
+    assert strategies._class_of("no_such_strategy") is None
+    monkeypatch.setattr(catalog, "NAMES", (*catalog.NAMES, "no_such_strategy"))
+    assert any("'no_such_strategy' has no class" in d for d in strategies.disagreements())
+
+
+def test_each_class_is_found_in_the_module_named_after_its_row():
+    for name, cls in strategies.STRATEGIES.items():
+        assert cls.__module__ == ("pipeline.strategies.base" if name == catalog.REFERENCE
+                                  else f"pipeline.strategies.{name}"), name
