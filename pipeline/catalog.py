@@ -58,6 +58,8 @@ STRATEGIES: tuple[StrategySpec, ...] = (
                  knobs=KNOBS, multiprocess=True, comm="bucket_allreduce"),
     StrategySpec("ddp_amp", "DDP + torch.amp autocast (bf16, or fp16 with a GradScaler), the successor of Apex",
                  knobs=KNOBS, multiprocess=True, autocast=True, comm="bucket_allreduce"),
+    StrategySpec("zero1", "ZeRO-1: DDP with the optimizer state sharded across ranks (ZeroRedundancyOptimizer)",
+                 knobs=KNOBS, multiprocess=True, comm="bucket_allreduce", shards=("optimizer",)),
     StrategySpec("fsdp", "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks",
                  multiprocess=True, comm="shard_units", shards=SHARDABLE),
 )
