@@ -16,6 +16,10 @@ from dataclasses import dataclass
 # accepts it (SpaceConfig holds a default for each; train.<knob> configures one run)
 KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
 
+# The training state a strategy may shard across its ranks instead of replicating it (a row's `shards`, in this
+# order): the scaling model adds the collectives sharding issues, the report shows the memory it saved
+SHARDABLE = ("params", "grads", "optimizer")
+
 # The communication patterns the scaling model knows (scaling_model.step_collectives), one per row
 COMM_PATTERNS = {
     "none": "no communication (one device)",
@@ -39,6 +43,7 @@ class StrategySpec:
     parallel_on_cpu: bool = True  # False: on a CPU host the k "devices" run one after another in one process
     autocast: bool = False  # runs its forward under autocast with train.amp_dtype
     comm: str = "none"  # the collective pattern of one step (COMM_PATTERNS), as the scaling model counts it
+    shards: tuple[str, ...] = ()  # the state split across ranks (a subset of SHARDABLE, in its order); () replicates
 
 
 STRATEGIES: tuple[StrategySpec, ...] = (
@@ -53,8 +58,10 @@ STRATEGIES: tuple[StrategySpec, ...] = (
                  knobs=KNOBS, multiprocess=True, comm="bucket_allreduce"),
     StrategySpec("ddp_amp", "DDP + torch.amp autocast (bf16, or fp16 with a GradScaler), the successor of Apex",
                  knobs=KNOBS, multiprocess=True, autocast=True, comm="bucket_allreduce"),
+    StrategySpec("zero1", "ZeRO-1: DDP with the optimizer state sharded across ranks (ZeroRedundancyOptimizer)",
+                 knobs=KNOBS, multiprocess=True, comm="bucket_allreduce", shards=("optimizer",)),
     StrategySpec("fsdp", "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks",
-                 multiprocess=True, comm="shard_units"),
+                 multiprocess=True, comm="shard_units", shards=SHARDABLE),
 )
 SPECS: dict[str, StrategySpec] = {s.name: s for s in STRATEGIES}
 NAMES: tuple[str, ...] = tuple(SPECS)
@@ -107,6 +114,14 @@ def autocast_baselines() -> dict[str, str]:
                             and b.multiprocess == a.multiprocess), None)] if b}
 
 
+def sharding_baselines() -> dict[str, str]:
+    """Each strategy that shards state and the strategy its memory is compared with: the first row that shards
+    nothing, has no autocast and communicates, with the same process model (fsdp -> ddp)."""
+    return {a.name: b.name for a in STRATEGIES if a.shards
+            for b in [next((b for b in STRATEGIES if not b.shards and not b.autocast and b.comm != "none"
+                            and b.multiprocess == a.multiprocess), None)] if b}
+
+
 def _yes(flag: bool) -> str:
     return "yes" if flag else "-"
 
@@ -114,12 +129,12 @@ def _yes(flag: bool) -> str:
 def markdown_table() -> str:
     """The catalog as a Markdown table (docs/strategies.md holds exactly this between DOC_BEGIN and DOC_END)."""
     lines = ["| strategy | what it is | sweep knobs | processes | devices | parallel on CPU | autocast | "
-             "communication per step |",
-             "|---|---|---|---|---|---|---|---|"]
+             "communication per step | sharded across ranks |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in STRATEGIES:
         devices = "1 only" if s.one_device_only else "k, CUDA only" if s.cuda_only else "k"
         on_cpu = "n/a" if s.cuda_only else _yes(s.parallel_on_cpu)
         lines.append(f"| `{s.name}` | {s.description} | {', '.join(f'`{k}`' for k in s.knobs) or '-'} | "
                      f"{'one per device' if s.multiprocess else 'one'} | {devices} | {on_cpu} | "
-                     f"{_yes(s.autocast)} | {COMM_PATTERNS[s.comm]} |")
+                     f"{_yes(s.autocast)} | {COMM_PATTERNS[s.comm]} | {', '.join(s.shards) or '-'} |")
     return "\n".join(lines) + "\n"

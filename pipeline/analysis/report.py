@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.analysis import answer, confidence
+from pipeline.analysis import answer, confidence, sharding
 from pipeline.analysis.markdown import md_table
 from pipeline.analysis.report_host import host_capabilities_section
 from pipeline.analysis.tables import (MEM_BASIS, MEM_LISTS, MIB, best_row, group_by, is_serial,
@@ -155,6 +155,7 @@ def _tables(df, pts, eff, mem, acc):
              "measured." if gpu else "") + "\n\n",
           md_table(mm, ["strategy", "model", *x, "k", "batch_size", "mem_method", "mem_basis", "per_device_mib",
                         *gpu, "peak_max_mib", "mem_imbalance", "dev0_excess_mib"]),
+          *sharding.section(mem, md_table),
           "\n## Accuracy\n\n",
           "Final test accuracy and time to the target accuracy ('—': not reached).\n\n",
           md_table(acc, ["strategy", "model", *x, *(["epochs"] if acc["epochs"].nunique() > 1 else []),

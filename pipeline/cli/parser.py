@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="One Optuna study over devices x batch size x learning rate for one strategy; "
                                    "every trial is a nested MLflow run; writes results/sweeps/STRATEGY.jsonl. "
                                    "Rerunning resumes: finished trials are not repeated. The search space is "
-                                   "sweep.spaces.STRATEGY of the profile (experiments/PROFILE.yaml).")
+                                   "sweep.spaces.STRATEGY of the profile (experiments/PROFILE.yaml), or its "
+                                   "sweep.spaces.default for a strategy without one.")
     _common(p)
     p.add_argument("--strategy", required=True, choices=configmod.STRATEGY_NAMES,
                    help="the strategy whose study runs (required: no default)")

@@ -37,19 +37,18 @@ import time
 import torch
 import torch.distributed as dist
 
+from pipeline import catalog
 from pipeline.scaling import model as sm
 
 MODES = ("back_to_back", "after_compute")
 FIT_BYTES = tuple(4096 * 4 ** i for i in range(6))  # 4 KiB .. 4 MiB
-ISSUED_BY = {
-    "allreduce": ["ddp", "ddp_amp"], "allreduce_shm": ["ddp", "ddp_amp"], "allgather": ["fsdp"],
-    "reduce_scatter": ["fsdp"], "scratch_allreduce": ["scratch"], "dp_copy": ["dp", "dp_criterion"],
-    "dp_scatter": ["dp", "dp_criterion"],
-}
-FACTOR_TEXT = {"allreduce": "2(k-1)/k", "allreduce_shm": "2(k-1)/k", "allgather": "(k-1)/k",
-               "reduce_scatter": "(k-1)/k", "scratch_allreduce": "2(k-1)", "dp_copy": "k-1", "dp_scatter": "(k-1)/k"}
 DIST = ("allreduce", "allreduce_shm", "allgather", "reduce_scatter")
 LOCAL = ("scratch_allreduce", "dp_copy", "dp_scatter")
+# the strategies whose step issues each measured collective, from their catalog rows (a broadcast is priced with the
+# all-gather's figures: scaling/interconnect.py's STAND_IN)
+ISSUED_BY = {c: [s for s in catalog.NAMES if c in sm.collectives_of(s)] for c in DIST + LOCAL}
+FACTOR_TEXT = {"allreduce": "2(k-1)/k", "allreduce_shm": "2(k-1)/k", "allgather": "(k-1)/k",
+               "reduce_scatter": "(k-1)/k", "scratch_allreduce": "2(k-1)", "dp_copy": "k-1", "dp_scatter": "(k-1)/k"}
 
 
 # ----------------------------------------------------------------------------- the fit
@@ -217,11 +216,11 @@ def trial_sizes(model: str, k: int, bucket_cap_mb: float, layout: dict | None = 
     """Message sizes (bytes) the trials of `model` issue at k, per collective."""
     layout = layout or sm.model_layout(model)
     out: dict[str, set] = {}
-    for strategy in ("ddp", "fsdp", "scratch", "dp"):
+    for strategy in catalog.NAMES:
         for c in sm.step_collectives(strategy, k, layout, bucket_cap_mb=bucket_cap_mb):
             out.setdefault(c["collective"], set()).add(c["bytes"])
     out["allreduce_shm"] = out["allreduce"]
-    return {name: sorted(v) for name, v in out.items()}
+    return {name: sorted(v) for name, v in out.items() if name in ISSUED_BY}
 
 
 def _launch(k: int, plan: dict, start_method: str) -> dict[int, dict]:

@@ -14,8 +14,11 @@ Collective cost (nccl-tests' convention; S = message bytes, beta = bus bandwidth
     reduce-scatter      t = alpha(k) +  (k-1)/k * S / beta         (S = the whole input)
     scratch all-reduce  t = alpha(k) +  2(k-1)  * S / beta         (d2l's copy-based sum into device 0 and back)
     dp copies           t = alpha(k) +  (k-1)   * S / beta         (replicate, reduce: device 0 to/from each other)
+    broadcast           t = alpha(k) +            S / beta         (S = the tensor; a host without a measured
+                                                                    broadcast uses its all-gather's alpha and beta)
     alpha(k) = alpha_ref * h(k) / h(k_ref): latency grows with the ring's steps h = 2(k-1) (all-reduce, scratch) or
-    k-1 (all-gather, reduce-scatter, dp copies); k_ref = the k it was measured at (a profile gives alpha per hop).
+    k-1 (all-gather, reduce-scatter, broadcast, dp copies); k_ref = the k it was measured at (a profile gives alpha
+    per hop).
 
 Communication per step (what each strategy issues; sizes from the model's parameters, float32 gradients):
     ddp, ddp_amp  one all-reduce per gradient bucket (DDP's greedy assignment in reverse parameter order, a bucket
@@ -27,13 +30,17 @@ Communication per step (what each strategy issues; sizes from the model's parame
     scratch       one copy-based all-reduce per parameter tensor, after the whole backward.
     dp, dp_crit.  replicate the parameters ((k-1) copies), scatter the input batch, gather the logits (dp) or the
                   k losses (dp_criterion), reduce the gradients to device 0 ((k-1) copies): CUDA only.
+    + sharding    a row whose `shards` (pipeline/catalog.py) hold the optimizer state but not the parameters updates
+                  only its shard, then every parameter tensor is broadcast from the rank that owns it, after the
+                  step (ZeroRedundancyOptimizer._sync_params, parameters_as_bucket_view=False): nothing to hide behind.
 
 Step time and efficiency:
     compute(k) = T1, or k * T1 where one process runs the k replicas one after another (scratch on a CPU host)
     C(k)       = sum of the collectives' times above
     exposed(k) = max(floor, C(k) - overlap * hideable)     hideable = backward_fraction * T1 (ddp), T1 (fsdp)
                  floor = the last bucket's all-reduce (ddp) / the first all-gather and the last reduce-scatter
-                 (fsdp): they have no compute to hide behind. scratch and dp: exposed = C (nothing runs alongside)
+                 (fsdp), plus the broadcasts after the step: they have no compute to hide behind. scratch and dp:
+                 exposed = C (nothing runs alongside)
     T(k)       = compute(k) + exposed(k),   throughput = k * b / T(k)
     E_w(k)     = throughput(k) / (k * b / T1) = T1 / T(k)         (weak scaling: b fixed per device)
 
@@ -49,30 +56,14 @@ Assumptions (what the model leaves out, so what a miss points to):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from pipeline import catalog
+# the interconnects are the model's inputs: re-exported, so `model` stays the one name callers import
+from .interconnect import (BUS_FACTOR, HOPS, PROFILES_FILE, STAND_IN, Interconnect,  # noqa: F401
+                           from_collectives, load_profiles)
 
 MIB = 1 << 20
 DEFAULT_TOLERANCE = 0.10
-PROFILES_FILE = Path(__file__).resolve().parents[2] / "experiments" / "interconnects" / "nominal.yaml"
-
-# bytes a collective moves per message byte, and its latency steps h(k)
-BUS_FACTOR = {
-    "allreduce": lambda k: 2 * (k - 1) / k,
-    "allreduce_shm": lambda k: 2 * (k - 1) / k,
-    "allgather": lambda k: (k - 1) / k,
-    "reduce_scatter": lambda k: (k - 1) / k,
-    "scratch_allreduce": lambda k: 2 * (k - 1),
-    "dp_copy": lambda k: k - 1,
-    "dp_scatter": lambda k: (k - 1) / k,
-}
-HOPS = {
-    "allreduce": lambda k: 2 * (k - 1), "allreduce_shm": lambda k: 2 * (k - 1),
-    "allgather": lambda k: k - 1, "reduce_scatter": lambda k: k - 1,
-    "scratch_allreduce": lambda k: 2 * (k - 1), "dp_copy": lambda k: k - 1, "dp_scatter": lambda k: k - 1,
-}
 HOOK_BYTES = {"none": 1.0, "shm": 1.0, "fp16": 0.5, "bf16": 0.5}
 ASSUMPTIONS = (
     "overlap of communication with backward as given (default 0: all communication exposed)",
@@ -136,7 +127,30 @@ def step_collectives(strategy: str, k: int, layout: dict, per_device_batch: int 
 
     count may be fractional (accum_steps: one all-reduce every a micro-steps). transport names the all-reduce that
     carries DDP's buckets (allreduce, or allreduce_shm for comm_hook=shm on one CPU host). The strategy's
-    collective pattern is its catalog row's `comm` (pipeline/catalog.py)."""
+    collective pattern is its catalog row's `comm` (pipeline/catalog.py), and its `shards` add what sharding
+    issues (sharding_collectives)."""
+    calls = _pattern_collectives(strategy, k, layout, per_device_batch, bucket_cap_mb, comm_hook, accum_steps,
+                                 transport)
+    return calls + sharding_collectives(strategy, layout)
+
+
+def broadcasts_after_step(strategy: str) -> bool:
+    """The row shards the optimizer state but replicates the parameters: each rank updates only its shard."""
+    shards = catalog.spec(strategy).shards
+    return "optimizer" in shards and "params" not in shards
+
+
+def sharding_collectives(strategy: str, layout: dict) -> list[dict]:
+    """What sharding the optimizer state over replicated parameters adds to a step: each rank updates the
+    parameters it owns, then every parameter tensor is broadcast from its owner (ZeroRedundancyOptimizer)."""
+    if not broadcasts_after_step(strategy):
+        return []
+    return [{"collective": "broadcast", "bytes": p["bytes"], "count": 1, "phase": "after step"}
+            for p in layout["params"]]
+
+
+def _pattern_collectives(strategy, k, layout, per_device_batch, bucket_cap_mb, comm_hook, accum_steps,
+                         transport) -> list[dict]:
     comm = comm_pattern(strategy)
     if comm == "bucket_allreduce":
         if comm_hook not in HOOK_BYTES:
@@ -168,6 +182,20 @@ def step_collectives(strategy: str, k: int, layout: dict, per_device_batch: int 
     raise ValueError(f"strategy {strategy!r}: the communication pattern {comm!r} has no model")
 
 
+# the collectives each communication pattern issues (step_collectives' names; allreduce_shm: comm_hook=shm)
+PATTERN_COLLECTIVES = {
+    "none": (), "copy_allreduce": ("scratch_allreduce",), "dp_gather_logits": ("dp_copy", "dp_scatter"),
+    "dp_gather_losses": ("dp_copy", "dp_scatter"), "bucket_allreduce": ("allreduce", "allreduce_shm"),
+    "shard_units": ("allgather", "reduce_scatter"),
+}
+
+
+def collectives_of(strategy: str) -> tuple[str, ...]:
+    """Every collective a step of `strategy` may issue: its pattern's, and what its sharding adds."""
+    extra = ("broadcast",) if broadcasts_after_step(strategy) else ()
+    return PATTERN_COLLECTIVES[comm_pattern(strategy)] + extra
+
+
 def comm_pattern(strategy: str) -> str:
     """The strategy's collective pattern (its catalog row's `comm`); ValueError for a name not in the catalog."""
     try:
@@ -177,69 +205,6 @@ def comm_pattern(strategy: str) -> str:
 
 
 # ----------------------------------------------------------------------------- interconnects
-
-@dataclass(frozen=True)
-class Interconnect:
-    """Per collective: (alpha_s at k_ref, beta in bus bytes/s, k_ref); "*" applies to every collective."""
-    name: str
-    # "measured" (this host, pipeline/scaling/collectives.py) | "profile" (experiments/interconnects/nominal.yaml)
-    kind: str
-    links: dict = field(default_factory=dict)
-    source: str = ""
-    note: str = ""
-
-    def link(self, collective: str) -> dict:
-        if collective in self.links:
-            return self.links[collective]
-        if "*" in self.links:
-            return self.links["*"]
-        raise KeyError(f"interconnect {self.name!r} has no figures for {collective!r} "
-                       f"(it has {', '.join(self.links)})")
-
-    def seconds(self, collective: str, nbytes: float, k: int) -> float:
-        """Modelled time of one `collective` of `nbytes` at k."""
-        if k <= 1:
-            return 0.0
-        li = self.link(collective)
-        hops = HOPS[collective]
-        alpha = li["alpha_s"] * hops(k) / hops(li["k_ref"]) if li.get("k_ref") else li["alpha_s"] * hops(k)
-        beta = li["beta_Bps"]
-        return alpha + (BUS_FACTOR[collective](k) * nbytes / beta if beta else 0.0)
-
-
-def load_profiles(path: Path | str | None = None) -> dict[str, Interconnect]:
-    """The nominal interconnect profiles (experiments/interconnects/nominal.yaml): name -> Interconnect."""
-    import yaml  # a data file, not configuration: config.py stays the only reader of params and profiles
-    raw = yaml.safe_load(Path(path or PROFILES_FILE).read_text())
-    out = {}
-    for name, p in raw["interconnects"].items():
-        for key in ("busbw_GBps", "latency_us", "source", "note"):
-            if key not in p:
-                raise ValueError(f"interconnect profile {name!r} lacks `{key}`")
-        out[name] = Interconnect(name=name, kind="profile", source=p["source"], note=p["note"],
-                                 links={"*": {"alpha_s": p["latency_us"] * 1e-6, "beta_Bps": p["busbw_GBps"] * 1e9,
-                                              "k_ref": None}})
-    return out
-
-
-def from_collectives(measured: dict, mode: str = "after_compute", k: int | None = None) -> Interconnect:
-    """This host's interconnect from pipeline.scaling.collectives.measure(): each collective's fit at the largest
-    measured k
-    (or `k`), in `mode` ("after_compute": issued after a compute phase, as in a step; or "back_to_back")."""
-    links = {}
-    for name, c in measured["collectives"].items():
-        if not c.get("available"):
-            continue
-        ks = sorted(int(x) for x in c["by_k"])
-        kk = k if k is not None else ks[-1]
-        fit = c["by_k"][str(kk)][mode]["fit"]
-        links[name] = {"alpha_s": fit["alpha_s"], "beta_Bps": fit["beta_Bps"], "k_ref": kk}
-    h = measured["host"]
-    return Interconnect(name=f"host {h['hostname']} (measured, {measured['backend']}, {mode.replace('_', ' ')})",
-                        kind="measured", links=links, source="pipeline/scaling/collectives.py on this host",
-                        note=f"measured {measured['measured_at']}; beyond k={max(measured['ks'])} extrapolated")
-
-
 # ----------------------------------------------------------------------------- the projection
 
 def predict(strategy: str, k: int, compute_s_per_image: float, interconnect: Interconnect, *, model: str = "lenet",
@@ -260,8 +225,10 @@ def predict(strategy: str, k: int, compute_s_per_image: float, interconnect: Int
     comm = sum(c["seconds"] for c in calls)
     hideable, floor = 0.0, comm
     comm_kind = comm_pattern(strategy)
+    after_step = sum(c["seconds"] for c in calls if c["phase"] == "after step")
     if comm_kind == "bucket_allreduce" and calls:
-        hideable, floor = backward_fraction * t1, calls[-1]["seconds"]
+        last = next(c["seconds"] for c in reversed(calls) if c["phase"] == "backward")
+        hideable, floor = backward_fraction * t1, last + after_step
     elif comm_kind == "shard_units" and calls:
         hideable = t1
         floor = calls[0]["seconds"] + next(c["seconds"] for c in reversed(calls) if c["collective"] == "reduce_scatter")

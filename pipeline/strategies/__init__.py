@@ -1,21 +1,34 @@
 """STRATEGIES: one small module per data-parallel strategy, all behind base.Strategy, in the catalog's order.
 
-pipeline/catalog.py holds each strategy's row (knobs, capabilities) without torch; `disagreements()` lists where a
-class here says otherwise (tests/architecture/test_catalog.py keeps it empty).
+pipeline/catalog.py holds each strategy's row (knobs, capabilities) without torch; the class of row `NAME` is the
+Strategy subclass named NAME in pipeline/strategies/NAME.py (the reference row's is base.Strategy itself), found
+here, so a new strategy is its module and its row. `disagreements()` lists where a class here says otherwise than
+its row, or a row has no class (tests/architecture/test_catalog.py keeps it empty).
 """
+import importlib
+
 from .. import catalog
 from pipeline.host.devices import Host
 from .base import Strategy
-from .ddp import DDPStrategy
-from .ddp_amp import DDPAmpStrategy
-from .dp import DataParallelStrategy
-from .dp_criterion import DataParallelCriterionStrategy
-from .fsdp import FSDPStrategy
-from .scratch import ScratchStrategy
 
-_CLASSES = {s.name: s for s in (Strategy, ScratchStrategy, DataParallelStrategy, DataParallelCriterionStrategy,
-                                DDPStrategy, DDPAmpStrategy, FSDPStrategy)}
-STRATEGIES: dict[str, type[Strategy]] = {name: _CLASSES[name] for name in catalog.NAMES if name in _CLASSES}
+
+def _class_of(name: str) -> type[Strategy] | None:
+    """The class of catalog row `name`: the Strategy subclass named `name` in the module named `name`; None if
+    there is none."""
+    if name == catalog.REFERENCE:
+        return Strategy
+    try:
+        module = importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":
+            raise  # the module exists and fails to import: that is its error, not a missing class
+        return None
+    return next((c for c in vars(module).values()
+                 if isinstance(c, type) and issubclass(c, Strategy) and c.name == name), None)
+
+
+_CLASSES = {name: cls for name in catalog.NAMES if (cls := _class_of(name)) is not None}
+STRATEGIES: dict[str, type[Strategy]] = dict(_CLASSES)
 
 
 def class_facts(cls: type[Strategy]) -> dict:
@@ -28,10 +41,10 @@ def class_facts(cls: type[Strategy]) -> dict:
 
 
 def disagreements() -> list[str]:
-    """Every way the registered classes and the catalog differ (names, order, capabilities); [] when they agree."""
-    out = []
-    if set(_CLASSES) != set(catalog.NAMES):
-        out.append(f"classes {sorted(_CLASSES)} vs catalog rows {list(catalog.NAMES)}")
+    """Every way the registered classes and the catalog differ (rows without a class, capabilities); [] when they
+    agree."""
+    out = [f"catalog row {name!r} has no class: pipeline/strategies/{name}.py defines no Strategy named {name!r}"
+           for name in catalog.NAMES if name not in _CLASSES]
     for name, cls in STRATEGIES.items():
         row = catalog.spec(name)
         out += [f"{name}.{key}: class {got!r}, catalog {getattr(row, key)!r}"

@@ -12,6 +12,7 @@ import contextlib
 import torch
 from torch import nn
 
+from pipeline import catalog
 from pipeline.measure.breakdown import NO_CLOCK
 from pipeline.measure.comm_probes import NoComm
 from pipeline.host.devices import Host, device_for, keep_freed_memory
@@ -41,8 +42,9 @@ class Strategy:
     def check_devices(self) -> None:
         """Strategy-specific limits on the device count (beyond k <= N)."""
         if self.cfg.devices != 1:
+            parallel = ", ".join(s.name for s in catalog.STRATEGIES if not s.one_device_only)
             raise ValueError(f"`{self.name}` runs on exactly one device; use train.devices=1 "
-                             f"(or a parallel strategy: scratch, dp, dp_criterion, ddp, ddp_amp, fsdp).")
+                             f"(or a parallel strategy: {parallel}).")
 
     # --- set-up -------------------------------------------------------------------------------------
     def setup(self, rank: int = 0, world_size: int = 1) -> torch.device:

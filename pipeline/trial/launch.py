@@ -47,8 +47,9 @@ def check_feasible(cfg, host: Host) -> None:
         raise Infeasible(f"train.devices={t.devices} does not split evenly over train.nnodes={t.nnodes} nodes: "
                          f"each node runs devices/nnodes processes; pick a multiple of {t.nnodes}.")
     if t.nnodes > 1 and not (cls.multiprocess and t.rdzv_endpoint):
-        raise Infeasible(f"a trial over train.nnodes={t.nnodes} nodes needs a multi-process strategy (ddp, ddp_amp, "
-                         f"fsdp) and train.rdzv_endpoint=HOST:PORT of node 0's rendezvous.")
+        multi = ", ".join(name for name, c in STRATEGIES.items() if c.multiprocess)
+        raise Infeasible(f"a trial over train.nnodes={t.nnodes} nodes needs a multi-process strategy ({multi}) "
+                         f"and train.rdzv_endpoint=HOST:PORT of node 0's rendezvous.")
     _check_rendezvous(t)
     if t.nnodes > 1:
         _check_advertised_address(t)

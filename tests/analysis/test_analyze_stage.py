@@ -110,6 +110,7 @@ def test_report(run):
     assert "Best weak-scaling efficiency" in reading and "**ddp** 0.85" in reading
     assert "Fastest: **ddp**" in reading and "Worst memory imbalance (max/mean): **scratch**" in reading
     assert "**scratch**: its k devices do not run in parallel" in reading
+    assert "### What sharding saved" in text.split("## Memory per device")[1].split("\n## ")[0]
     assert "](efficiency.png)" in text and "| --- |" not in text and "|---|" in text
 
 

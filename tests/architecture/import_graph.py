@@ -1,4 +1,4 @@
-"""pipeline/'s module import graph, read from the source with `ast` (nothing is imported or run).
+"""pipeline/'s module import graph, read from the source with `ast` (nothing but the catalog is imported or run).
 
 Every `import` and `from ... import` counts, wherever it stands: at the top, inside a function (the lazy imports
 that keep torchvision or matplotlib out of other stages), under `if`. Used by tests/architecture/test_imports.py (no
@@ -60,9 +60,15 @@ def parse(path: Path) -> ast.Module:
 
 
 def graph(root: Path = REPO) -> dict[str, set[str]]:
-    """module -> the pipeline modules it imports (itself excluded)."""
+    """module -> the pipeline modules it imports (itself excluded). The strategy registry (pipeline/strategies/
+    __init__.py) imports the module named after each catalog row by name, which no import statement shows: those
+    edges come from the catalog (a torch-free table, the one module this reads by importing it)."""
+    from pipeline import catalog
     files = module_files(root)
-    return {m: imports_in([parse(p)], m, p.name == "__init__.py", files) - {m} for m, p in files.items()}
+    g = {m: imports_in([parse(p)], m, p.name == "__init__.py", files) - {m} for m, p in files.items()}
+    if f"{PACKAGE}.strategies" in g:
+        g[f"{PACKAGE}.strategies"] |= {m for m in (f"{PACKAGE}.strategies.{n}" for n in catalog.NAMES) if m in files}
+    return g
 
 
 def find_cycle(g: dict[str, set[str]]) -> list[str] | None:

@@ -44,6 +44,7 @@ def test_rows_are_consistent():
         assert row.comm in catalog.COMM_PATTERNS, row
         assert row.knobs == tuple(k for k in catalog.KNOBS if k in row.knobs), row  # a subset, in KNOBS' order
         assert not (row.one_device_only and row.comm != "none"), row
+        assert row.shards == tuple(x for x in catalog.SHARDABLE if x in row.shards), row  # a subset, in order
     with pytest.raises(KeyError, match="valid: "):
         catalog.spec("nope")
 
@@ -91,8 +92,7 @@ def test_docs_table_is_the_catalog():
     text = (REPO / "docs" / "strategies.md").read_text()
     begin, end = text.index(catalog.DOC_BEGIN) + len(catalog.DOC_BEGIN) + 1, text.index(catalog.DOC_END)
     assert text[begin:end] == catalog.markdown_table(), (
-        "docs/strategies.md is out of date: paste the output of "
-        "`python -c \"from pipeline import catalog; print(catalog.markdown_table())\"` between its markers")
+        "docs/strategies.md is out of date: run `python tools/sync_catalog.py`")
 
 
 # ----------------------------------------------------------------------------- no strategy-name branches
@@ -144,3 +144,44 @@ def test_each_autocast_strategy_is_compared_with_its_fp32_twin():
     for amp, fp32 in base.items():
         a, b = catalog.spec(amp), catalog.spec(fp32)
         assert not b.autocast and (a.comm, a.multiprocess) == (b.comm, b.multiprocess)
+
+
+def test_each_sharding_strategy_is_compared_with_an_unsharded_twin():
+    """The report's memory section shows what a sharding row saved against this baseline: a row that shards
+    nothing, in full precision, with the same process model."""
+    base = catalog.sharding_baselines()
+    assert set(base) == {s.name for s in catalog.STRATEGIES if s.shards}
+    assert base, "fsdp shards its state: it has a baseline"
+    for sharded, plain in base.items():
+        a, b = catalog.spec(sharded), catalog.spec(plain)
+        assert not b.shards and not b.autocast and b.comm != "none" and a.multiprocess == b.multiprocess
+
+
+def test_the_docs_tool_rewrites_only_the_table():
+    """tools/sync_catalog.py replaces what lies between the markers and keeps the text around them."""
+    from tools.sync_catalog import regenerate
+    text = f"before\n{catalog.DOC_BEGIN}\nstale\n{catalog.DOC_END}\nafter\n"
+    assert regenerate(text) == f"before\n{catalog.DOC_BEGIN}\n{catalog.markdown_table()}{catalog.DOC_END}\nafter\n"
+
+
+def test_dvc_yaml_has_a_sweep_stage_per_catalog_strategy():
+    """dvc.yaml's sweep `foreach` (a fixed list: DVC puts ${item} into a shell command) is the catalog's names, as
+    tools/sync_catalog.py writes them; the tool rewrites a stale list and keeps the rest of the file."""
+    from tools.sync_catalog import sweep_stages, with_sweep_stages
+    text = (REPO / "dvc.yaml").read_text()
+    assert sweep_stages(text) == list(catalog.NAMES), "dvc.yaml is out of date: run `python tools/sync_catalog.py`"
+    stale = text.replace(f"[{', '.join(catalog.NAMES)}]", "[single, ddp]")
+    assert sweep_stages(stale) == ["single", "ddp"] and with_sweep_stages(stale) == text
+
+
+def test_a_row_without_a_class_is_reported(monkeypatch):
+    """A catalog row whose module pipeline/strategies/NAME.py is missing shows up in disagreements()."""
+    assert strategies._class_of("no_such_strategy") is None
+    monkeypatch.setattr(catalog, "NAMES", (*catalog.NAMES, "no_such_strategy"))
+    assert any("'no_such_strategy' has no class" in d for d in strategies.disagreements())
+
+
+def test_each_class_is_found_in_the_module_named_after_its_row():
+    for name, cls in strategies.STRATEGIES.items():
+        assert cls.__module__ == ("pipeline.strategies.base" if name == catalog.REFERENCE
+                                  else f"pipeline.strategies.{name}"), name

@@ -160,3 +160,13 @@ def test_outside_the_repository_profiles_and_an_unknown_profile_say_where_they_l
     assert f"no experiments/*.yaml under {tmp_path.resolve()}" in " ".join(capsys.readouterr().err.split())
     with pytest.raises(c.ConfigError, match="run from the Parallax checkout, or set DVC_ROOT"):
         c.profile_path("cpu", tmp_path)
+
+
+def test_every_profile_gives_a_new_catalog_row_a_space():
+    """A strategy no profile names (a new catalog row) is swept in each profile's `default` space, and the default
+    sweep selects it (sweep.strategies: null = every catalog strategy): adding a row needs no profile edit."""
+    for name, _ in c.describe_profiles(REPO):
+        cfg = load(f"profile={name}")
+        assert cfg.space("new_row") == cfg.sweep.spaces["default"], name
+        assert max(s.devices[-1] for s in cfg.space("new_row")) >= 2, name  # it scales, as the others do
+    assert set(load().sweep.strategies) == set(c.STRATEGY_NAMES)

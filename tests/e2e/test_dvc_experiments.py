@@ -19,7 +19,7 @@ REPO = next(p for p in Path(__file__).resolve().parents if (p / "dvc.yaml").is_f
 BIN = Path(sys.executable).parent
 # one strategy with one trial, and an overlap stage of the smallest sizes: the cheapest full pipeline
 PARAMS = {"profile: cpu": "profile: tiny", "source: fashion-mnist": "source: synthetic",
-          "strategies: [single, scratch, dp, dp_criterion, ddp, ddp_amp, fsdp]": "strategies: [single]",
+          "strategies: null": "strategies: [single]",
           "overlap: {}": "overlap: {size: 16, chain: 1, items: 1, reps: 3, warmup: 0}"}
 WORKSPACE, QUEUED, TEMP = 1, (2, 3), 4   # train.epochs of each experiment (the tiny profile's is 1)
 

@@ -26,14 +26,8 @@ sweep:
   remeasure_interfered: 0
   emulated_max_steps: 0
   spaces:
-    default: &s {devices: [1, 2], batch_size: [128], lr: [0.2]}
+    default: {devices: [1, 2], batch_size: [128], lr: [0.2]}
     single: {devices: [1], batch_size: [128], lr: [0.2]}
-    scratch: *s
-    dp: *s
-    dp_criterion: *s
-    ddp: *s
-    ddp_amp: *s
-    fsdp: *s
 analyze: {target_acc: 0.5}
 """
 

@@ -6,12 +6,13 @@ import math
 
 import pytest
 
+from pipeline import catalog
 from pipeline.scaling import model as sm
 from pipeline.models import MODELS
 from pipeline.strategies import fsdp as fsdp_strategy
 
 LENET_BYTES = 129_068 * 4
-STRATEGIES = ("ddp", "ddp_amp", "fsdp", "scratch", "dp", "dp_criterion")
+STRATEGIES = tuple(n for n in catalog.NAMES if catalog.communicates(n))
 
 
 def link(alpha=0.0, beta=1e9):
@@ -168,3 +169,41 @@ def test_measured_host_interconnect_from_a_collectives_result():
     assert ic.kind == "measured" and "measured" in ic.name and set(ic.links) == {"allreduce"}
     assert ic.seconds("allreduce", 1e6, 2) == pytest.approx(1e-4 + 1e6 / 2e9)
     assert math.isclose(ic.seconds("allreduce", 0, 3), 2e-4)
+
+
+@pytest.fixture
+def optimizer_sharded_ddp(monkeypatch):
+    """A catalog row `ddp` whose optimizer state is sharded (what ZeroRedundancyOptimizer over DDP is)."""
+    import dataclasses
+    row = dataclasses.replace(catalog.spec("ddp"), shards=("optimizer",))
+    monkeypatch.setitem(catalog.SPECS, "ddp", row)
+    return "ddp"
+
+
+def test_optimizer_sharding_broadcasts_every_parameter_after_the_step(optimizer_sharded_ddp, lenet):
+    """Sharding only the optimizer state adds one broadcast per parameter tensor (its bytes) after the step, on top
+    of the bucket all-reduce; sharding the parameters too (fsdp) adds none."""
+    calls = sm.step_collectives(optimizer_sharded_ddp, 2, lenet)
+    after = [c for c in calls if c["phase"] == "after step"]
+    assert [c["collective"] for c in after] == ["broadcast"] * len(lenet["params"])
+    assert sum(c["bytes"] for c in after) == LENET_BYTES
+    assert [c for c in calls if c["phase"] != "after step"] == sm.step_collectives("ddp_amp", 2, lenet)
+    assert "broadcast" in sm.collectives_of(optimizer_sharded_ddp)
+    assert not any(c["collective"] == "broadcast" for c in sm.step_collectives("fsdp", 2, lenet))
+
+
+def test_the_broadcasts_after_the_step_are_never_hidden(optimizer_sharded_ddp):
+    layout = {"params": [{"bytes": 30 * sm.MIB}] * 3, "param_bytes": 90 * sm.MIB, "fsdp_units": []}
+    full = sm.predict(optimizer_sharded_ddp, 2, 1e-3, link(beta=1e9), layout=layout, overlap=1.0,
+                      backward_fraction=1.0)
+    after = sum(c["seconds"] for c in full["collectives"] if c["phase"] == "after step")
+    assert after == pytest.approx(3 * 30 * sm.MIB / 1e9)  # a broadcast moves its tensor once: factor 1
+    last_bucket = [c for c in full["collectives"] if c["phase"] == "backward"][-1]["seconds"]
+    assert full["exposed_comm_s"] == pytest.approx(last_bucket + after)
+
+
+def test_a_host_without_a_measured_broadcast_prices_it_as_its_all_gather():
+    ic = sm.Interconnect("host", "measured", {"allgather": {"alpha_s": 1e-5, "beta_Bps": 1e9, "k_ref": 2}})
+    assert ic.seconds("broadcast", 1e6, 2) == pytest.approx(1e-5 + 1e6 / 1e9)
+    with pytest.raises(KeyError, match="no figures for 'allreduce'"):
+        ic.seconds("allreduce", 1e6, 2)

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 
+from pipeline import catalog
 from pipeline.doctor import equivalence
 from pipeline.host.devices import probe
 from pipeline.trial.launch import Infeasible, check_feasible
 from pipeline.strategies import STRATEGIES
 from pipeline.strategies.scratch import allreduce
 
-CPU_STRATEGIES = [s for s, cls in STRATEGIES.items() if cls.unavailable_reason(probe()) is None]
 TWO = probe().n >= 2
 
 
@@ -25,16 +25,38 @@ def assert_same(a, b, atol, rtol=1e-4, keys=None):
     assert verdict.ok, verdict.detail
 
 
-@pytest.mark.parametrize("strategy,k", [(s, k) for s in ("scratch", "ddp", "fsdp") for k in (1, 2)])
+# every row of the catalog but the reference, at k = 1 and 2: a new row adds its own check
+PARITY_CASES = [(s.name, k) for s in catalog.STRATEGIES if s.name != catalog.REFERENCE for k in (1, 2)]
+
+
+@pytest.mark.parametrize("strategy,k", PARITY_CASES)
 def test_one_step_matches_single(make_cfg, tmp_path, strategy, k):
+    """One step of each catalog strategy this host can run equals single-device SGD's step (fp32: float
+    tolerance; an autocast row: its update within the bf16/fp16 tolerance)."""
+    row, host = catalog.spec(strategy), probe()
+    why = STRATEGIES[strategy].unavailable_reason(host)
+    if why:
+        pytest.skip(f"{strategy} cannot run on this host: {why}")
+    if k > 1 and row.one_device_only:
+        pytest.skip(f"{strategy} runs on one device only")
     if k > 1 and not TWO:
         pytest.skip("needs 2 devices")
     ref, _ = one_step(make_cfg, tmp_path, "single", 1)
     got, metrics = one_step(make_cfg, tmp_path, strategy, k)
     assert metrics["steps"] == 1 and metrics["devices"] == k
+    if row.autocast:
+        assert metrics["amp_dtype"] in ("bfloat16", "float16")
     # the step must move the weights too (two untouched models would compare equal): compare() checks it
-    verdict = equivalence.compare(ref, got, init=equivalence.initial_state(), device_kind=probe().kind)
+    verdict = equivalence.check(ref, got, metrics, init=equivalence.initial_state(), low_precision=row.autocast,
+                                device_kind=host.kind)
     assert verdict.ok, verdict.detail
+
+
+def test_parity_cases_cover_the_catalog():
+    """Every strategy of the catalog but the reference has a parity case at k = 1 and at k = 2."""
+    names = {s for s, _ in PARITY_CASES}
+    assert names == set(catalog.NAMES) - {catalog.REFERENCE}
+    assert all((s, k) in PARITY_CASES for s in names for k in (1, 2))
 
 
 def test_equivalence_check_can_fail():
@@ -45,19 +67,6 @@ def test_equivalence_check_can_fail():
     assert not equivalence.compare(init, init, init=init).ok  # nothing moved: proves nothing
     assert equivalence.compare(moved, moved, init=init).ok
     assert not equivalence.compare(moved, off, init=init, low_precision=True).ok
-
-
-@pytest.mark.parametrize("k", [1, 2])
-def test_ddp_amp_matches_within_low_precision_tolerance(make_cfg, tmp_path, k):
-    if k > 1 and not TWO:
-        pytest.skip("needs 2 devices")
-    init = equivalence.initial_state()
-    ref, _ = one_step(make_cfg, tmp_path, "single", 1)
-    got, metrics = one_step(make_cfg, tmp_path, "ddp_amp", k)
-    assert metrics["amp_dtype"] in ("bfloat16", "float16")
-    # bf16 keeps ~3 significant digits: compare the *updates* relative to their size
-    verdict = equivalence.compare(ref, got, init=init, low_precision=True)
-    assert verdict.ok, verdict.detail
 
 
 def test_resnet_batchnorm_keeps_per_device_statistics(make_cfg, tmp_path):
@@ -158,3 +167,14 @@ def test_metrics_carry_per_device_memory_and_host_facts(make_cfg, tmp_path):
     assert m["device_kind"] == probe().kind and m["host_devices"] == probe().n
     assert m["synthetic"] is True
 
+
+
+def test_refusals_name_the_strategies_from_the_catalog(make_cfg):
+    """The messages that suggest other strategies list the catalog's rows, so a new row shows up in them."""
+    parallel = [s.name for s in catalog.STRATEGIES if not s.one_device_only]
+    with pytest.raises(ValueError, match=", ".join(parallel)):
+        STRATEGIES["single"](make_cfg("train.devices=2", "train.batch_size=64").train, probe()).check_devices()
+    multi = ", ".join(s.name for s in catalog.STRATEGIES if s.multiprocess)
+    with pytest.raises(Infeasible, match=rf"multi-process strategy \({multi}\)"):
+        check_feasible(make_cfg("train.strategy=scratch", "train.nnodes=2", "train.devices=2",
+                                "train.batch_size=64"), probe())

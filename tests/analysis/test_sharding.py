@@ -1,0 +1,53 @@
+"""The report's "What sharding saved": each sharding strategy's peak against its unsharded baseline's, measured
+alike (same model, k, batch, memory figure), from hand-made sweep tables with known answers."""
+import pytest
+
+from pipeline import catalog
+from pipeline.analysis import sharding
+from pipeline.analysis import stage as A
+from pipeline.analysis.report import md_table
+
+from .test_analyze import frame, row
+
+MIB = 2**20
+SHARDED, BASE = next(iter(catalog.sharding_baselines().items()))  # fsdp -> ddp
+
+
+def mem(rows):
+    return A.memory_table(frame(rows))
+
+
+def test_saving_is_the_baseline_peak_minus_the_sharded_peak_in_mib_and_percent():
+    m = mem([row(BASE, k=2, B=256, peaks=[200 * MIB, 200 * MIB]),
+             row(SHARDED, k=2, B=256, peaks=[150 * MIB, 140 * MIB]),
+             row(SHARDED, k=1, B=128, peaks=[300 * MIB])])  # no baseline at k=1: no row
+    t = sharding.savings(m)
+    assert len(t) == 1
+    r = t.iloc[0]
+    assert (r["strategy"], r["baseline"], r["k"]) == (SHARDED, BASE, 2)
+    assert r["peak_mib"] == pytest.approx(150) and r["baseline_mib"] == pytest.approx(200)
+    assert r["saved_mib"] == pytest.approx(50) and r["saved_pct"] == pytest.approx(25)
+
+
+def test_a_sharding_that_costs_memory_shows_a_negative_saving():
+    t = sharding.savings(mem([row(BASE, k=2, B=256, peaks=[100 * MIB] * 2),
+                              row(SHARDED, k=2, B=256, peaks=[110 * MIB] * 2)]))
+    assert t.iloc[0]["saved_mib"] == pytest.approx(-10)
+
+
+def test_points_measured_differently_are_not_compared():
+    t = sharding.savings(mem([row(BASE, k=2, B=256, mem_method="memtracker"),
+                              row(SHARDED, k=2, B=512)]))
+    assert t.empty
+    text = "".join(sharding.section(mem([row(BASE, k=2, B=256)]), md_table))
+    assert "### What sharding saved" in text and "No sharding strategy was measured" in text
+    assert f"{SHARDED} against {BASE}" in text
+
+
+def test_section_renders_the_table():
+    """The subsection names each pair and holds one Markdown row per compared point."""
+    text = "".join(sharding.section(mem([row(BASE, k=2, B=256, peaks=[200 * MIB] * 2),
+                                         row(SHARDED, k=2, B=256, peaks=[100 * MIB] * 2)]), md_table))
+    shards = ", ".join(catalog.spec(SHARDED).shards)
+    assert f"| {SHARDED} | {shards} | {BASE} | lenet | 2 | 256 |" in text
+    assert text.rstrip().endswith("| 100 | 200 | 100 | 50 |")
