@@ -24,10 +24,11 @@ def load_line(df, pts) -> str | None:
     load = flagged["foreign_cores"].median() if "foreign_cores" in flagged else math.nan
     busy = "" if math.isnan(load) else f" (other processes kept a median {load:.2f} cores busy while they ran)"
     loaded = int(pts["under_load"].astype(bool).sum()) if len(pts) else 0
-    who = ("Every one of the " + _n(len(done), "complete trial") if len(flagged) == len(done)
+    who = (f"every trial ({_n(len(done), 'complete trial')})" if len(flagged) == len(done)
            else f"{len(flagged)} of the {_n(len(done), 'complete trial')}")
-    head = f"**Measured under load**: {who} {'was' if len(flagged) == 1 else 'were'} flagged as measured under " \
-           f"interference{busy}."
+    verb = "was" if len(flagged) in (1, len(done)) else "were"
+    head = (f"**Measured under load**: {who} {verb} measured under interference (flagged by "
+            f"pipeline/measure/interference.py){busy}.")
     if not loaded:
         return head + (" Each such point also has trials measured without interference: its figures come from "
                        "those, the flagged ones are left out.")

@@ -176,6 +176,6 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     out.update({_key("test_acc", s): st["best_test_acc"] for s, st in strategies.items()
                 if _finite(st.get("best_test_acc"))})
     out.update({_key("n_complete", s): st.get("n_complete", 0) for s, st in strategies.items()})
-    out.update({k: summary[k] for k in ("n_trials", "n_complete") if _finite(summary.get(k))})
     out["n_interfered"] = sum(st.get("n_interfered", 0) for st in strategies.values())
+    out.update({k: summary[k] for k in ("n_trials", "n_complete") if _finite(summary.get(k))})
     return jsonable(out)

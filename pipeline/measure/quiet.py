@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pipeline.measure.interference import Monitor
 
-PROBE_S = 1.0  # one load measurement
+PROBE_S = 0.5  # one load measurement
 GIVE_UP_AFTER = 3  # vain waits in a row after which a trial gets a single probe
 
 
