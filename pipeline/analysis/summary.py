@@ -62,8 +62,9 @@ def _interval(r):
 
 
 def _load(r):
-    """None: not under load (or no figure); else {"foreign_cores": median other-process cores over its trials}."""
-    return None if r is None or not r["under_load"] else {"foreign_cores": r["load_cores"]}
+    """The median cores other processes kept busy during the trials behind a figure measured under load; None
+    where it was not (or where that load was not measured)."""
+    return None if r is None or not r["under_load"] else r["load_cores"]
 
 
 def strategy_metrics(s, pts, eff, mem):
@@ -90,10 +91,11 @@ def strategy_metrics(s, pts, eff, mem):
         # what those two are computed from (tables.MEM_BASIS): on GPUs the step's peak above resident
         "mem_basis": None if imb is None else imb["mem_basis"] or None,
         # measured under load (tables.timed): every trial behind the figure was flagged by interference.py; the
-        # figure is kept, labelled, with the cores other processes kept busy meanwhile
-        "best_throughput_under_load": _load(thr),
-        "weak_efficiency_under_load": _load(weak),
-        "strong_efficiency_under_load": _load(strong),
+        # figure is kept, labelled with the cores other processes kept busy meanwhile (numbers, so the analysis
+        # run's MLflow metrics carry the label: <strategy>/weak_efficiency_under_load_cores)
+        "best_throughput_under_load_cores": _load(thr),
+        "weak_efficiency_under_load_cores": _load(weak),
+        "strong_efficiency_under_load_cores": _load(strong),
         "best_test_acc": None if acc is None else acc["test_acc"],
         "best_test_acc_at": _at(acc, ("model", "k", "batch_size", "best_lr")),
     }
