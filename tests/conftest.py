@@ -42,6 +42,6 @@ def make_cfg(synthetic_root, tmp_path, monkeypatch):
                 "train.warmup_steps=1", "train.timeout_s=60",
                 # the tests' own host may be busy (other suites, a developer's work): trials are not flagged as
                 # measured under interference unless a test asks for it (tests/measure/test_interference.py)
-                "train.interference_threshold=1e6"]
+                "train.interference_threshold=1e6", "sweep.quiet_wait_s=0"]
         return configmod.load(None, [*base, *sets], root=tmp_path)  # tmp_path/params.yaml if any
     return make

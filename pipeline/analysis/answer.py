@@ -186,6 +186,10 @@ def build(df, status, pts, eff, mem) -> Answer:
         tag = f" ({model})" if p["model"].nunique() > 1 else ""
         speed = confidence.fmt(top["throughput_img_s"], top["throughput_lo"], top["throughput_hi"], 0)
         where = f"B={top['batch_size']:g}, lr={top['best_lr']:g}"
+        if top.get("under_load"):  # every trial behind this figure was flagged (tables.timed): say so at once
+            cores = top.get("load_cores")
+            busy = f", {cores:.2f} cores busy elsewhere" if isinstance(cores, float) and cores == cores else ""
+            where += f"; *measured under load*{busy}"
         if verdict == "indistinguishable":
             lines.append(f"**Tie{tag}: {' and '.join(r['strategy'] for r in tied)} within noise** (their 95% "
                          f"intervals overlap); the command runs **{top['strategy']}** at k={top['k']:g}, {where}, the "

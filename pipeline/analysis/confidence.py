@@ -47,7 +47,17 @@ def how_sure(r, value: str = "efficiency") -> str:
              else "interval unknown: measured once, so a second measurement could differ by any amount")
     inter = sum(int(r.get(c) or 0) for c in ("n_interfered", "base_n_interfered") if not _nan(r.get(c)))
     excluded = f"; {_n(inter, 'trial')} measured under interference left out" if inter else ""
+    if r.get("under_load"):
+        excluded = f"; {under_load_text(r)}"
     return f"how sure: {n}; {width}{excluded}"
+
+
+def under_load_text(r) -> str:
+    """The label of a figure whose trials were all flagged as measured under interference (tables.timed)."""
+    load = r.get("load_cores")
+    busy = "" if _nan(load) else f", other processes keeping {load:.2f} cores busy (median)"
+    return (f"**measured under load**: every trial behind it was flagged as measured under interference{busy}, "
+            "so it is what this host gave while busy, not the strategy's speed on a quiet host")
 
 
 def with_throughput_intervals(pts, eff):

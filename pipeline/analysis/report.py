@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.analysis import answer, confidence, sharding
+from pipeline.analysis import answer, causes, confidence, sharding
 from pipeline.analysis.markdown import md_table
 from pipeline.analysis.report_host import host_capabilities_section
 from pipeline.analysis.tables import (MEM_BASIS, MEM_LISTS, MIB, best_row, group_by, is_serial,
@@ -42,23 +42,23 @@ def _ties(t, col, floor) -> str:
     return names[0] if len(names) == 1 else "tie: " + ", ".join(names)
 
 
-def _reading(pts, eff, mem, status) -> list[str]:
-    """Plain-language findings, generated from the tables (one block per model)."""
-    out = []
+def _reading(pts, eff, mem, status, df) -> list[str]:
+    """Plain-language findings, generated from the tables (one block per model); under load, that first."""
+    out = [line for line in (causes.load_line(df, pts),) if line]
     for model in sorted(pts["model"].unique()):
         p, e, m = (t[t["model"] == model] for t in (pts, eff, mem))
         tag = f" ({model})" if pts["model"].nunique() > 1 else ""
         fastest = confidence.fastest_claim(confidence.with_throughput_intervals(p, e), tag)
         out += [fastest] if fastest else []
-        w = e[(e["kind"] == "weak") & e["efficiency"].notna() & (e["k"] >= 2)]
+        w_all = e[(e["kind"] == "weak") & e["efficiency"].notna() & (e["k"] >= 2)]
         # above 1: physically implausible beyond its interval (never presented as a finding), else within noise
-        out += [s for s in (confidence.implausible(r, tag) for r in w.to_dict("records")) if s]
-        w = confidence.plausible(w)
+        out += [s for s in (confidence.implausible(r, tag) for r in w_all.to_dict("records")) if s]
+        w = confidence.plausible(w_all)
         if len(w):
             out.append(confidence.efficiency_claim(w, tag))
         else:
-            out.append(f"Weak-scaling efficiency{tag}: undefined (no strategy has both k=1 and k≥2 "
-                       "at the same per-device batch).")
+            why = causes.no_efficiency_cause(df[df["model"] == model], p, w_all)
+            out.append(f"Weak-scaling efficiency{tag}: undefined ({why}).")
         # device-0 memory and imbalance only mean something with >= 2 devices reported separately
         m2 = m[(m["k"] >= 2) & (m["peaks"].map(len) >= 2)] if len(m) else m
         if len(m2):
@@ -99,7 +99,8 @@ def _reading(pts, eff, mem, status) -> list[str]:
     if down:
         out.append("Not measured here: " + ", ".join(f"{s} ({status[s]['status']})" for s in down) + ".")
     if pts.empty:
-        out.insert(0, "No complete, non-oversubscribed trial: nothing to compare.")
+        states = ", ".join(f"{n} {st}" for st, n in df["state"].value_counts().items()) or "no trial rows"
+        out.insert(0, f"No complete, non-oversubscribed trial ({states}): nothing to compare.")
     return out
 
 
@@ -123,23 +124,34 @@ def _host_section(df):
             ["host", "kind", "device", "devices N", "trials"]), f"\nData source: **{src}**.\n"]
 
 
+def _load_col(t):
+    """under_load shown as the cores busy elsewhere ('yes' where unmeasured), NaN ('—') where not under load."""
+    if t.empty:
+        return t
+    return t.assign(under_load=[(f"{c:.2f} cores" if not math.isnan(c) else "yes") if u else math.nan
+                                for u, c in zip(t["under_load"].astype(bool), t["load_cores"].astype(float))])
+
+
 def _tables(df, pts, eff, mem, acc):
     x = shown_extras(df)
+    pts = _load_col(pts)
     s = ["\n## Throughput per point\n\n",
          "Median over learning rates (and repeats) of complete trials; accuracy from the best lr.\n\n",
+         "under_load: the cores other processes kept busy where every trial of the point was flagged as measured "
+         "under interference and its figures come from those trials ('—': measured without interference).\n\n",
          md_table(pts, ["strategy", "model", *x, "k", "batch_size", "per_device_batch",
-                        "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc"]),
+                        "throughput_img_s", "under_load", "n_trials", "n_lrs", "best_lr", "test_acc"]),
          "\n## Scaling efficiency\n\n",
          "E(k) = T(k)/(k·T(1)) with T(1) measured by the same strategy: weak at fixed per-device "
          "batch b, strong at fixed global batch B. '—' = no k=1 reference (undefined, not 0). efficiency_95: its 95% "
          "bootstrap interval over measurement windows and trials ('—': one measurement, unknown); n_measured: "
          "windows/trials at k, then at k=1.\n"]
     for kind in ("weak", "strong"):
-        e = confidence.interval_columns(eff[(eff["kind"] == kind) & (eff["k"] >= 2)])
+        e = _load_col(confidence.interval_columns(eff[(eff["kind"] == kind) & (eff["k"] >= 2)]))
         s += [f"\n### {kind.capitalize()} scaling\n\n",
               md_table(e, ["strategy", "model", *x, "k", "per_device_batch", "batch_size",
                            "throughput_img_s", "base_throughput_img_s", "speedup", "efficiency", "efficiency_95",
-                           "n_measured", "parallel_devices"])]
+                           "n_measured", "under_load", "parallel_devices"])]
     mm = mem.assign(per_device_mib=_per_device_mib(mem["peaks"]),
                     **{f"{c}_mib": _per_device_mib(mem[c]) for c in MEM_LISTS},
                     peak_max_mib=mem["peak_max"] / MIB, dev0_excess_mib=mem["dev0_excess_bytes"] / MIB)
@@ -178,9 +190,11 @@ def _problems(df, status):
     s += ["\n## Failed and pruned trials\n\n",
           md_table(bad, ["strategy", "model", "k", "batch_size", "lr", "trial", "state", "reason"])]
     inter = df[df["interfered"] & (df["state"] == "complete")]
-    s += ["\n## Excluded from throughput and efficiency: measured under interference\n\n",
+    s += ["\n## Measured under interference\n\n",
           "Other processes used this host's cores while these trials ran (beyond the threshold of "
-          "`pipeline/measure/interference.py`); their speed is not the strategy's. Accuracy and memory keep them.\n\n"
+          "`pipeline/measure/interference.py`); their speed is not the strategy's. A point that also has trials "
+          "measured without interference leaves them out of its throughput and efficiency; a point whose trials "
+          "were all flagged keeps them, labelled under load. Accuracy and memory keep them.\n\n"
           if len(inter) else "",
           md_table(inter, ["strategy", "model", "k", "batch_size", "lr", "throughput_img_s", "foreign_cores",
                            "interference_reason"])]
@@ -224,7 +238,7 @@ def write_report(path, df, notes, status, pts, eff, mem, acc, extra=(), first=No
     s += ["\n".join((first or answer.build(df, status, pts, eff, mem)).lines) + "\n\n"]
     s += [f"{len(df)} trial rows, {int((df['state'] == 'complete').sum())} complete.\n\n"]
     s += _host_section(df) + host_capabilities_section(df)
-    s += ["\n## Reading\n\n", "\n".join(f"- {line}" for line in _reading(pts, eff, mem, status)
+    s += ["\n## Reading\n\n", "\n".join(f"- {line}" for line in _reading(pts, eff, mem, status, df)
                                          + _transports(df)) + "\n"]
     st = pd.DataFrame([{"strategy": k, **v} for k, v in status.items()])
     s += ["\n## Strategies\n\n", md_table(st, ["strategy", "status", "n_complete", "n_failed", "n_pruned",

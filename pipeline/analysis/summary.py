@@ -25,6 +25,7 @@ def strategy_status(df, files, sweeps_dir, expected):
         counts = {f"n_{st}": int((g["state"] == st).sum())
                   for st in ("complete", "failed", "pruned", "skipped")}
         counts["n_oversubscribed"] = int(g["oversubscribed"].sum())
+        counts["n_interfered"] = int((g["interfered"] & (g["state"] == "complete")).sum())
         reasons = sorted(set(g.loc[g["state"] == "skipped", "reason"]) - {""})
         if g.empty:
             status = "missing" if s not in files else files[s].split(":")[0]
@@ -61,6 +62,12 @@ def _interval(r):
                                    "base_n_windows": r["base_n_windows"], "base_n_repeats": r["base_n_repeats"]}
 
 
+def _load(r):
+    """The median cores other processes kept busy during the trials behind a figure measured under load; None
+    where it was not (or where that load was not measured)."""
+    return None if r is None or not r["under_load"] else r["load_cores"]
+
+
 def strategy_metrics(s, pts, eff, mem):
     p, e, m = (t[t["strategy"] == s] for t in (pts, eff, mem))
     thr, acc = best_row(p, "throughput_img_s"), best_row(p, "test_acc")
@@ -84,6 +91,12 @@ def strategy_metrics(s, pts, eff, mem):
         "max_dev0_excess_bytes": None if exc is None else exc["dev0_excess_bytes"],
         # what those two are computed from (tables.MEM_BASIS): on GPUs the step's peak above resident
         "mem_basis": None if imb is None else imb["mem_basis"] or None,
+        # measured under load (tables.timed): every trial behind the figure was flagged by interference.py; the
+        # figure is kept, labelled with the cores other processes kept busy meanwhile (numbers, so the analysis
+        # run's MLflow metrics carry the label: <strategy>/weak_efficiency_under_load_cores)
+        "best_throughput_under_load_cores": _load(thr),
+        "weak_efficiency_under_load_cores": _load(weak),
+        "strong_efficiency_under_load_cores": _load(strong),
         "best_test_acc": None if acc is None else acc["test_acc"],
         "best_test_acc_at": _at(acc, ("model", "k", "batch_size", "best_lr")),
     }
@@ -145,7 +158,10 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     `strong_efficiency.S.kK`, `peak_mem_mib.S.kK` (largest per-device peak), `mem_imbalance.S.kK` (worst, k >= 2);
     `<name>.S.kK` (largest) for each field the trial record declares with the POINT view; per strategy `test_acc.S`
     (best) and `n_complete.S`; overall `n_trials`, `n_complete`. The model joins the key
-    (`throughput.ddp.resnet18.k2`) only when the sweeps hold more than one. Undefined values are left out, never 0."""
+    (`throughput.ddp.resnet18.k2`) only when the sweeps hold more than one. Undefined values are left out, never 0.
+    Measured under load (tables.timed: every trial behind a figure flagged by interference.py): the figure keeps its
+    key and `under_load.S.kK` labels it with the cores other processes kept busy; `under_load` counts the labelled
+    strategy-k pairs (0 on a quiet host) and `n_interfered` the complete trials flagged."""
     models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
     out: dict = {}  # in the order `dvc exp show` shows the columns: the results first, the counts last
     _per_k(out, pts, "throughput_img_s", "throughput", models)
@@ -159,9 +175,14 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     for col in point_columns():  # the record's POINT fields: the largest over a strategy's points at each k
         if col in pts:
             _per_k(out, pts, col, col, models)
+    loaded = [t[t["under_load"].astype(bool)] for t in (pts, eff[eff["k"] >= 2] if len(eff) else eff) if len(t)]
+    for t in loaded:
+        _per_k(out, t, "load_cores", "under_load", models)  # the label: cores busy elsewhere (absent: unmeasured)
+    out["under_load"] = len({(r["strategy"], r["model"], r["k"]) for t in loaded for r in t.to_dict("records")})
     strategies = summary.get("strategies") or {}
     out.update({_key("test_acc", s): st["best_test_acc"] for s, st in strategies.items()
                 if _finite(st.get("best_test_acc"))})
     out.update({_key("n_complete", s): st.get("n_complete", 0) for s, st in strategies.items()})
+    out["n_interfered"] = sum(st.get("n_interfered", 0) for st in strategies.values())
     out.update({k: summary[k] for k in ("n_trials", "n_complete") if _finite(summary.get(k))})
     return jsonable(out)

@@ -53,21 +53,37 @@ def group_by(df, keys):
     return df.groupby(list(keys), sort=False, dropna=False)
 
 
+def timed(g):
+    """The trials a point's speed comes from: those measured without interference, or, where every timed trial
+    of the point was flagged, those flagged trials (the point is then "under load", labelled wherever it shows)."""
+    quiet = g[~g["interfered"]]
+    if quiet["throughput_img_s"].notna().any() or not g["throughput_img_s"].notna().any():
+        return quiet, False
+    return g, True
+
+
+def load_of(g) -> float:
+    """The median cores other processes kept busy during a group's trials (interference.py's foreign_cores)."""
+    return g["foreign_cores"].median() if "foreign_cores" in g else math.nan
+
+
 def point_table(df) -> pd.DataFrame:
     """One row per measured point (strategy, model, k, B, knobs): throughput is the median
-    over lrs (and repeats) of complete trials; accuracy comes from the best lr."""
+    over lrs (and repeats) of complete trials measured without interference, or of its flagged trials where all
+    were flagged (under_load True, load_cores: their median other-process cores); accuracy comes from the best lr."""
     measures = [c for c in point_columns() if c in df]  # the record's POINT fields: each one's median per point
     cols = [*POINT, *EXTRAS, "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc",
-            "time_to_acc_s", "parallel_devices", "n_interfered", *measures]
+            "time_to_acc_s", "parallel_devices", "n_interfered", "under_load", "load_cores", *measures]
     rows = []
     for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
         acc = g[g["test_acc"].notna()]
         best = acc.sort_values(["test_acc", "time_to_acc_s"], ascending=[False, True]).head(1)
         at_best = {c: best[c].iloc[0] if len(best) else math.nan for c in ("lr", "test_acc", "time_to_acc_s")}
+        used, loaded = timed(g)
         rows.append({**dict(zip((*POINT, *EXTRAS), key)),
-                     # NaN if none measured, or every trial of the point was measured under interference
-                     "throughput_img_s": g.loc[~g["interfered"], "throughput_img_s"].median(),
+                     "throughput_img_s": used["throughput_img_s"].median(),  # NaN if none timed
                      "n_interfered": int(g["interfered"].sum()),
+                     "under_load": loaded, "load_cores": load_of(used) if loaded else math.nan,
                      "n_trials": len(g), "n_lrs": g["lr"].nunique(),
                      "best_lr": at_best["lr"], "test_acc": at_best["test_acc"],
                      "time_to_acc_s": at_best["time_to_acc_s"],
@@ -77,10 +93,11 @@ def point_table(df) -> pd.DataFrame:
 
 
 def _window_groups(df) -> dict:
-    """Per point (POINT + EXTRAS, as text): one list of window throughputs per complete trial measured without
-    interference (its `throughput_windows`, or its overall figure as one window where it has none), for stats.py."""
+    """Per point (POINT + EXTRAS, as text): one list of window throughputs per complete trial its speed comes from
+    (timed(): measured without interference, or all flagged), from its `throughput_windows`, or its overall
+    figure as one window where it has none, for stats.py."""
     m = measured(df)
-    m = m[~m["interfered"]]
+    m = pd.concat([timed(g)[0] for _, g in group_by(m, (*POINT, *EXTRAS))]) if len(m) else m
     cells = m["throughput_windows"] if "throughput_windows" in m else pd.Series([None] * len(m), index=m.index)
     out: dict = {}
     for r, w in zip(m.to_dict("records"), cells):
@@ -97,7 +114,11 @@ def _point_key(r) -> tuple:
 def _intervals(r, base, windows) -> dict:
     out = stats.point_intervals(windows.get(_point_key(r), []),
                                 None if base is None else windows.get(_point_key(base), []), r["k"])
-    return {**out, "base_n_interfered": base["n_interfered"] if base is not None else math.nan}
+    loads = [x["load_cores"] for x in (r, base) if x is not None and x["under_load"]]
+    return {**out, "base_n_interfered": base["n_interfered"] if base is not None else math.nan,
+            # either end measured under load: the ratio is too, at the larger of the two loads
+            "under_load": bool(loads), "load_cores": max(loads) if loads else math.nan,
+            "base_under_load": bool(base is not None and base["under_load"])}
 
 
 def scaling_table(df) -> pd.DataFrame:
@@ -121,7 +142,7 @@ def scaling_table(df) -> pd.DataFrame:
     cols = [*POINT, *EXTRAS, "kind", "efficiency", "efficiency_lo", "efficiency_hi", "speedup", "speedup_lo",
             "speedup_hi", "throughput_img_s", "throughput_lo", "throughput_hi", "base_throughput_img_s",
             "parallel_devices", "n_windows", "n_repeats", "base_n_windows", "base_n_repeats", "n_interfered",
-            "base_n_interfered"]
+            "base_n_interfered", "under_load", "load_cores", "base_under_load"]
     return _sort(pd.DataFrame(rows, columns=cols), ("kind",))
 
 

@@ -125,6 +125,9 @@ class SweepConfig:
     repeats: int = field(default=1, metadata=bounds(1))
     # a trial flagged as measured under interference is enqueued again, up to this many times (its row is kept)
     remeasure_interfered: int = field(default=0, metadata=bounds(0))
+    # before each trial, wait up to this long for other processes to use at most train.interference_threshold
+    # cores (measure/quiet.py; after 3 vain waits in a row, one probe per trial); 0 = never wait
+    quiet_wait_s: float = field(default=10.0, metadata=bounds(0, TIMEOUT_MAX_S))
     # a trial whose autocast type this host only emulates (bf16 on a CPU without AVX-512-BF16/AMX) runs at most this
     # many optimizer steps, labelled "bounded" (emulated.py); 0 = no bound
     emulated_max_steps: int = field(default=0, metadata=bounds(0))

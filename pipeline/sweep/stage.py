@@ -22,6 +22,7 @@ import optuna
 from pipeline.sweep import queue as claims, slurm, study_parent, study_setup, study_view
 from pipeline import paths
 from pipeline.tracking import client as tracking
+from pipeline.measure.quiet import QuietGate
 from pipeline.sweep.queue import open_storage, storage_url
 from pipeline.host.devices import probe
 from pipeline.errors import Stopped, interruption, redact
@@ -114,6 +115,16 @@ def _others_running(study) -> bool:
 
 # ----------------------------------------------------------------------------- the worker
 
+def _quiet_gate(cfg, strategy: str) -> QuietGate | None:
+    """The wait for a quiet moment before each trial (measure/quiet.py); None where it is off or the trials run
+    on other machines (SLURM), whose load this host cannot see."""
+    if cfg.sweep.quiet_wait_s <= 0 or slurm.is_on(cfg):
+        return None
+    gate = QuietGate(cfg.train.interference_threshold, cfg.sweep.quiet_wait_s)
+    print(f"[sweep {strategy}] before each trial: waiting for {gate.wants()}", file=sys.stderr, flush=True)
+    return gate
+
+
 def _unselected(cfg, strategy: str, out_csv: Path) -> Path:
     """The table of a strategy params.yaml does not select: every point, with the reason, and no trial run."""
     why = f"not selected: `{strategy}` is not in sweep.strategies ({', '.join(cfg.sweep.strategies)})"
@@ -156,10 +167,17 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         except Infeasible:
             return False
 
+    gate = _quiet_gate(cfg, strategy)
+
     def run(trial, done: int, eta: float | None) -> None:
         label = f"[sweep {strategy}] trial {done + 1}/{total}"
         print(f"{label} (#{trial.number}) {fmt_point(claims.fixed_point(trial))}"
               + (f", sweep ETA {eta:.0f} s" if eta else ""), file=sys.stderr, flush=True)
+        if gate is not None:
+            waited = gate.wait()
+            if waited.text:
+                print(f"{label} {waited.text}", file=sys.stderr, flush=True)
+                trial.set_user_attr("quiet_wait", waited.text)
         outcome = run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir, configs)
         print(f"{label} -> {outcome}", file=sys.stderr, flush=True)
         write_table(study, strategy, skipped, out_csv, host)

@@ -17,7 +17,7 @@ def reading(*points):
             w = [[x * f for x in g] for g, f in zip(w, spread[0])]
         rows, wins = rows + r, wins + w
     df = with_windows(rows, wins)
-    return report._reading(tables.point_table(df), tables.scaling_table(df), tables.memory_table(df), {})
+    return report._reading(tables.point_table(df), tables.scaling_table(df), tables.memory_table(df), {}, df)
 
 
 def line(lines, start):
@@ -66,7 +66,7 @@ def test_a_single_measurement_says_its_interval_is_unknown():
     from tests.analysis.test_analyze import frame, row
     df = frame([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=256, thr=2300.0),
                 row("fsdp", k=1, B=128, thr=1000.0), row("fsdp", k=2, B=256, thr=1600.0)])
-    out = report._reading(tables.point_table(df), tables.scaling_table(df), tables.memory_table(df), {})
+    out = report._reading(tables.point_table(df), tables.scaling_table(df), tables.memory_table(df), {}, df)
     assert "no interval to say by how much" in line(out, "Implausible")  # unknown: still not a finding
     best = line(out, "Best weak-scaling efficiency")
     assert "0.80 (no interval)" in best and "interval unknown" in best

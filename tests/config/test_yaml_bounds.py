@@ -80,7 +80,7 @@ def test_the_shipped_profiles_and_their_aliases_still_load():
     for name, text in config.describe_profiles(REPO):
         assert not text.startswith("UNREADABLE"), (name, text)
     cfg = config.load(REPO / "params.yaml", ["profile=cpu"], root=REPO)
-    assert cfg.sweep.spaces["dp"] == cfg.sweep.spaces["ddp"]
+    assert cfg.space("dp") == cfg.space("ddp")
 
 
 def test_special_and_oversized_files_are_refused(root):

@@ -237,7 +237,7 @@ def test_report_memory_section_names_the_basis_and_shows_gpu_figures():
         pts, eff, mem, acc = (tables.point_table(df), tables.scaling_table(df), tables.memory_table(df),
                               tables.accuracy_table(df))
         text = "".join(report._tables(df, pts, eff, mem, acc))
-        reading = " ".join(report._reading(pts, eff, mem, {}))
+        reading = " ".join(report._reading(pts, eff, mem, {}, df))
         basis = tables.MEM_BASIS["step_above_resident" if shown else "memtracker_step"]
         assert basis in reading and "mem_basis" in text
         assert ("resident_mib" in text and "50.0 / 50.0" in text) is shown

@@ -88,3 +88,13 @@ def test_an_interfered_trial_is_enqueued_again_up_to_the_limit(make_cfg):
     again = claim(study)
     assert trial_exec._remeasure(cfg, study, again, p, interfered) == ""  # the limit reached: kept, not re-run
     assert not study.get_trials(states=(TrialState.WAITING,))
+
+
+def test_the_sweep_waits_for_a_quiet_moment_only_where_it_can_see_the_load(make_cfg, capsys):
+    """Before each trial the sweep waits (bounded by sweep.quiet_wait_s) and says for what, once; off at 0, and off
+    when SLURM runs the trials on other machines."""
+    gate = sweep._quiet_gate(make_cfg("sweep.quiet_wait_s=7", "train.interference_threshold=0.5"), "ddp")
+    assert gate.max_wait_s == 7 and gate.threshold == 0.5
+    assert "waiting for other processes to keep at most 0.50 cores busy" in capsys.readouterr().err
+    assert sweep._quiet_gate(make_cfg("sweep.quiet_wait_s=0"), "ddp") is None
+    assert sweep._quiet_gate(make_cfg("slurm.partition=gpu"), "ddp") is None

@@ -109,7 +109,7 @@ def test_dvc_commands_interpolate_only_validated_strategy_names():
         assert set(re.findall(r"\$\{([^}]*)\}", cmd)) <= {"item"}, (name, cmd)
         if "foreach" in stage:
             assert stage["foreach"] == list(configmod.STRATEGY_NAMES), name
-    assert all(re.fullmatch(r"[a-z_]+", s) for s in configmod.STRATEGY_NAMES)
+    assert all(re.fullmatch(r"[a-z][a-z0-9_]*", s) for s in configmod.STRATEGY_NAMES)
     with pytest.raises(configmod.ConfigError):
         configmod.load(REPO / "params.yaml", ["sweep.strategies=[ddp; rm -rf ~]"], root=REPO)
 

@@ -1,0 +1,97 @@
+"""A busy host: points whose trials were all flagged as measured under interference still give a throughput and an
+efficiency, labelled "measured under load" in the Reading, the tables, summary.json and metrics.json; and the Reading
+names the real cause whenever it cannot give an efficiency."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.analysis import report, summary, tables
+from tests.analysis.test_analyze import frame, one, row
+
+
+def busy(strategy="ddp", k=1, thr=1000.0, cores=1.6, **kw):
+    return row(strategy, k=k, B=128 * k, thr=thr, interfered=True, foreign_cores=cores,
+               interference_reason="other processes kept 1.60 cores busy", **kw)
+
+
+def everything(df):
+    pts, eff, mem = tables.point_table(df), tables.scaling_table(df), tables.memory_table(df)
+    status = summary.strategy_status(df, {}, "x", sorted(set(df["strategy"])))
+    summ = summary.summarize(df, status, pts, eff, mem, None)
+    return (pts, eff, mem, status, summ, summary.flat_metrics(summ, pts, eff, mem),
+            report._reading(pts, eff, mem, status, df))
+
+
+def test_every_trial_flagged_still_gives_a_labelled_reading():
+    """With every trial flagged, throughput and efficiency come from the flagged trials, each labelled with the load
+    it ran under; metrics.json keeps the keys tests and `dvc exp show` read, plus the under_load labels."""
+    df = frame([busy("single", 1, 1000.0, 1.5), busy("ddp", 1, 1000.0, 1.5), busy("ddp", 2, 1600.0, 1.7)])
+    pts, eff, _, status, summ, metrics, reading = everything(df)
+    p = one(pts, strategy="ddp", k=2)
+    assert p["throughput_img_s"] == 1600.0 and p["under_load"] and p["load_cores"] == pytest.approx(1.7)
+    e = one(eff, strategy="ddp", kind="weak", k=2)
+    assert e["efficiency"] == pytest.approx(0.8) and e["under_load"] and e["load_cores"] == pytest.approx(1.7)
+    assert metrics["throughput.single.k1"] == 1000.0 and metrics["efficiency.ddp.k2"] == pytest.approx(0.8)
+    assert metrics["under_load.ddp.k2"] == pytest.approx(1.7) and metrics["under_load"] == 3
+    assert metrics["n_interfered"] == 3 and status["ddp"]["n_interfered"] == 2
+    assert summ["strategies"]["ddp"]["weak_efficiency_under_load_cores"] == pytest.approx(1.7)
+    from pipeline.tracking.client import summary_metrics  # the analysis run's MLflow metrics carry the label
+    assert summary_metrics(summ)["ddp/weak_efficiency_under_load_cores"] == pytest.approx(1.7)
+    assert reading[0].startswith("**Measured under load**: every trial (3 complete trials) was measured under "
+                                 "interference")
+    claim = next(line for line in reading if line.startswith("Best weak-scaling efficiency"))
+    assert "**measured under load**" in claim and "1.70 cores busy" in claim
+    assert "undefined" not in " ".join(reading)
+
+
+def test_a_point_with_quiet_trials_leaves_its_flagged_ones_out_unlabelled():
+    """A point with trials measured without interference takes its speed from those only and is not labelled; the
+    Reading says the flagged ones were left out."""
+    df = frame([row("ddp", k=1, B=128, thr=1000.0), busy("ddp", 1, 400.0),
+                row("ddp", k=2, B=256, thr=1800.0)])
+    pts, eff, _, _, _, metrics, reading = everything(df)
+    p = one(pts, strategy="ddp", k=1)
+    assert p["throughput_img_s"] == 1000.0 and not p["under_load"] and math.isnan(p["load_cores"])
+    assert not one(eff, strategy="ddp", kind="weak", k=2)["under_load"]
+    assert metrics["under_load"] == 0 and not any(k.startswith("under_load.") for k in metrics)
+    assert "1 of the 3 complete trials was measured under interference" in reading[0] and "left out" in reading[0]
+
+
+def test_a_quiet_host_has_no_load_line():
+    """No flagged trial: no under-load line, and metrics.json says 0 under load."""
+    df = frame([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=256, thr=1800.0)])
+    *_, metrics, reading = everything(df)
+    assert metrics["under_load"] == 0 and metrics["n_interfered"] == 0
+    assert not any("under load" in line.lower() for line in reading)
+
+
+@pytest.mark.parametrize("rows, cause", [
+    ([busy("ddp", 2, 1600.0), row("ddp", k=1, B=128, state="failed", reason="OOM at step 3")],
+     "no k=1 point was timed (its trials: 1 failed: OOM at step 3)"),
+    ([row("ddp", k=1, B=128, thr=1000.0)], "no k≥2 point was timed (the sweep space has no k≥2 point)"),
+    ([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=512, thr=1800.0)],
+     "no strategy has both k=1 and k≥2 timed at the same per-device batch"),
+    ([row("ddp", k=1, B=128, thr=None, reason="untimed: too few steps"),
+      row("ddp", k=2, B=256, thr=None, reason="untimed: too few steps")],
+     "no complete trial has a throughput (untimed: too few steps)"),
+])
+def test_the_reading_names_the_real_cause_of_a_missing_efficiency(rows, cause):
+    """Each way the weak-scaling efficiency can be missing is named as itself, never the generic "no k=1 and k≥2"
+    (and a flagged trial is never the cause: its figure is kept, labelled)."""
+    *_, reading = everything(frame(rows))
+    line = next(line for line in reading if line.startswith("Weak-scaling efficiency"))
+    assert line == f"Weak-scaling efficiency: undefined ({cause})."
+
+
+def test_the_report_tables_label_points_measured_under_load(tmp_path):
+    """report.md's throughput and scaling tables carry an under_load column with the load; its interference section
+    says the flagged trials of an all-flagged point are kept."""
+    df = frame([busy("ddp", 1, 1000.0, 1.5), busy("ddp", 2, 1600.0, 1.7)])
+    pts, eff, mem, status, *_ = everything(df)
+    path = tmp_path / "report.md"
+    report.write_report(path, df, [], status, pts, eff, mem, tables.accuracy_table(df))
+    text = path.read_text()
+    assert "| under_load |" in text and "1.70 cores" in text and "1.50 cores" in text
+    assert "were all flagged keeps them, labelled under load" in text
