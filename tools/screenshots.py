@@ -81,13 +81,13 @@ def free_port() -> int:
 def pick_runs(client, experiment_id: str) -> dict:
     """The runs to show: the fastest trial, the fastest trial of each strategy (to compare), the analysis run."""
     runs = client.search_runs([experiment_id], max_results=5000)
-    trials = [r for r in runs if "mlflow.parentRunId" in r.data.tags and "perf/throughput_img_s" in r.data.metrics
+    trials = [r for r in runs if "mlflow.parentRunId" in r.data.tags and "img_s/throughput" in r.data.metrics
               and r.info.status == "FINISHED"]
     best: dict = {}
-    for r in sorted(trials, key=lambda r: -r.data.metrics["perf/throughput_img_s"]):
+    for r in sorted(trials, key=lambda r: -r.data.metrics["img_s/throughput"]):
         best.setdefault(r.data.tags.get("strategy", "?"), r)
     analysis = next((r for r in runs if r.data.tags.get("stage") == "analyze"), None)
-    return {"trial": trials and max(trials, key=lambda r: r.data.metrics["perf/throughput_img_s"]),
+    return {"trial": trials and max(trials, key=lambda r: r.data.metrics["img_s/throughput"]),
             "compare": list(best.values())[:4], "analysis": analysis, "all": runs}
 
 
@@ -158,15 +158,15 @@ def tidy(page) -> None:
 
 
 def plot_throughput(page) -> None:
-    """The compare page's parallel-coordinates plot: throughput (not the first metric, train/loss) against the
+    """The compare page's parallel-coordinates plot: throughput (not the first metric by name) against the
     parameters, chosen in its Metrics box as a user would."""
     box = page.get_by_text("Metrics:", exact=True).locator("xpath=following::*[contains(@class,'select')][1]")
     box.first.click()
-    page.keyboard.type("perf/throughput_img_s")
+    page.keyboard.type("img_s/throughput")
     page.wait_for_timeout(500)
     page.keyboard.press("Enter")
     page.keyboard.press("Escape")
-    first = page.get_by_text("train/loss", exact=True)
+    first = page.get_by_text("loss/train", exact=True)
     if first.count():
         first.first.locator("xpath=following-sibling::*[1]").click()  # its x
 
