@@ -138,7 +138,8 @@ def _finite(v) -> bool:
 
 
 # significant digits per metrics.json group: enough to tell two experiments apart, short enough for a narrow column
-DIGITS = {"throughput": 4, "efficiency": 3, "strong_efficiency": 3, "peak_mem_mib": 4, "test_acc": 3}
+# (short names: `dvc exp show` sizes a column by its name, and a narrow terminal then shows only "…")
+DIGITS = {"img_s": 4, "eff": 3, "strong_eff": 3, "peak_mib": 4, "acc": 3}
 
 
 def _rounded(v: float, digits: int) -> float:
@@ -160,21 +161,21 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     """metrics.json: only numbers, flat dotted keys, stable across experiments of one profile, in the order
     `dvc exp show` shows them: first the counts that explain an empty cell (`n_trials`, `n_complete`, `n_measured`:
     on a quiet host, `n_flagged`: measured under interference, left out of every throughput), then per strategy and
-    k `throughput.S.kK` (best img/s over batch sizes), `efficiency.S.kK` (best weak-scaling efficiency, k >= 2),
-    `strong_efficiency.S.kK`, `peak_mem_mib.S.kK` (largest per-device peak), then per strategy `test_acc.S` (best). Rounded to DIGITS
-    significant digits. The model joins the key (`throughput.ddp.resnet18.k2`) only when the sweeps hold more than
+    k `img_s.S.kK` (best img/s over batch sizes), `eff.S.kK` (best weak-scaling efficiency, k >= 2), `strong_eff.S.kK`,
+    `peak_mib.S.kK` (largest per-device peak, MiB), then per strategy `acc.S` (best test accuracy). Rounded to DIGITS
+    significant digits. The model joins the key (`img_s.ddp.resnet18.k2`) only when the sweeps hold more than
     one. Undefined values are left out, never 0; memory imbalance and per-strategy counts are in summary.json and
     report.md."""
     models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
     out: dict = {k: summary[k] for k in ("n_trials", "n_complete", "n_measured", "n_flagged")
                  if _finite(summary.get(k))}
-    _per_k(out, pts, "throughput_img_s", "throughput", models)
-    for kind, name in (("weak", "efficiency"), ("strong", "strong_efficiency")):
+    _per_k(out, pts, "throughput_img_s", "img_s", models)
+    for kind, name in (("weak", "eff"), ("strong", "strong_eff")):
         e = eff[(eff["kind"] == kind) & (eff["k"] >= 2)] if len(eff) else eff
         _per_k(out, e, "efficiency", name, models)
     if len(mem):
-        _per_k(out, mem.assign(peak_mib=mem["peak_max"] / MIB), "peak_mib", "peak_mem_mib", models)
+        _per_k(out, mem.assign(peak_mib=mem["peak_max"] / MIB), "peak_mib", "peak_mib", models)
     strategies = summary.get("strategies") or {}
-    out.update({_key("test_acc", s): _rounded(st["best_test_acc"], DIGITS["test_acc"])
+    out.update({_key("acc", s): _rounded(st["best_test_acc"], DIGITS["acc"])
                 for s, st in strategies.items() if _finite(st.get("best_test_acc"))})
     return jsonable(out)

@@ -79,7 +79,7 @@ def test_dvc_repro_runs_every_stage(clone):
     files = next(iter(shown.values()))["data"]
     metrics = files["results/analysis/metrics.json"]
     assert "error" not in metrics, metrics
-    assert metrics["data"]["n_complete"] > 0 and metrics["data"]["throughput.single.k1"] > 0
+    assert metrics["data"]["n_complete"] > 0 and metrics["data"]["img_s.single.k1"] > 0
     # nothing left to do after a repro; rerunning one stage works
     assert "up to date" in run(["dvc", "status"], clone).stdout.lower()
     run(["dvc", "repro", "-s", "analyze", "-f"], clone)
