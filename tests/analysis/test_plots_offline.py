@@ -56,4 +56,5 @@ def test_batch_legend_uses_distinct_shapes():
         spec = json.loads((REPO / ".dvc" / "plots" / f"{name}.json").read_text())
         enc = spec["spec"]["layer"][1]["encoding"] if "spec" in spec else spec["encoding"]
         assert enc["shape"]["field"] == enc["strokeDash"]["field"] == field, name
+        assert enc["strokeDash"]["legend"] is None, name  # its legend would draw the batches as identical dots
         assert enc["strokeWidth"]["field"] == "rev", name
