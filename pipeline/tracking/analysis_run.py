@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pipeline.tracking import client as tracking, ui_view
+from pipeline.tracking import client as tracking, metric_names, ui_view
 from pipeline.errors import FAULT_TEXT, StoreError, root_cause, store_fault
 
 # the figures that compare strategies, as keyed images in this order (the run page's image charts); every other
@@ -35,7 +35,7 @@ def log_figures(tracker: tracking.Tracker, run_id: str, paths) -> None:
     from PIL import Image  # matplotlib's own dependency
     for p in paths:
         with Image.open(p) as im:
-            tracker.client.log_image(run_id, im.convert("RGB"), key=f"figures/{Path(p).stem}", step=0)
+            tracker.client.log_image(run_id, im.convert("RGB"), key=f"{metric_names.FIGURES}/{Path(p).stem}", step=0)
 
 
 def _room(tracker: tracking.Tracker, out_dir: Path) -> None:

@@ -76,16 +76,19 @@ def breakdown_table(record) -> dict | None:
             "samples": [m.get("samples")] * len(parts), "step_s": [rounded(m["step_s"])] * len(parts)}
 
 
-# the analysis run's numbers per strategy (summary.json's): the headline ones only; the comparisons across
-# strategies and k are its figures (analysis_run.CHARTS), not one single-bar chart per number
-ANALYSIS_HEADLINE = ("best_throughput_img_s", "weak_efficiency", "best_test_acc", "worst_mem_imbalance",
-                     "n_complete")
+# The analysis run's numbers (summary.json's): the counts and each strategy's headline numbers only. MLflow's run
+# page makes one chart section per first name segment, in name order: the figures that compare strategies
+# (FIGURES, analysis_run.CHARTS) come first, then one section `strategy` (strategy/<s>/<name>, for the runs and
+# compare tables), then `summary`; never one section of single-bar charts per strategy.
+FIGURES = "figures"
+ANALYSIS_HEADLINE = ("best_throughput_img_s", "weak_efficiency", "best_test_acc", "worst_mem_imbalance")
 ANALYSIS_COUNTS = ("n_trials", "n_complete", "n_measured", "n_flagged")
 
 
 def analysis_metrics(summary: dict) -> dict:
-    """summary.json's counts under summary/ and each strategy's headline numbers as <strategy>/<name>, rounded."""
+    """summary.json's counts as summary/<name> and each strategy's headline numbers as strategy/<s>/<name>,
+    rounded; a strategy that measured nothing has none."""
     out = {f"summary/{k}": summary.get(k) for k in ANALYSIS_COUNTS}
     for name, s in (summary.get("strategies") or {}).items():
-        out.update({f"{name}/{k}": s.get(k) for k in ANALYSIS_HEADLINE})
+        out.update({f"strategy/{name}/{k}": s.get(k) for k in ANALYSIS_HEADLINE})
     return _clean(out)

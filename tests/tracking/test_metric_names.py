@@ -54,12 +54,15 @@ def test_numbers_are_rounded_to_four_significant_digits():
 
 
 def test_analysis_run_carries_counts_and_headline_numbers_only():
-    """The analysis run logs the counts (measured vs flagged too) and four headline numbers per strategy, not
-    every number of summary.json (its figures compare the strategies)."""
+    """The analysis run logs the counts (measured vs flagged too) and up to four headline numbers per strategy, in
+    one `strategy` section, not every number of summary.json in a section per strategy (its figures compare the
+    strategies)."""
     summary = {"n_trials": 4, "n_complete": 3, "n_measured": 2, "n_flagged": 1, "synthetic_data": True,
                "strategies": {"ddp": {"status": "measured", "best_throughput_img_s": 900.56, "n_complete": 3,
                                       "weak_efficiency": 0.812345, "largest_k": 2, "max_dev0_excess_bytes": 5,
                                       "best_throughput_at": {"k": 2}, "parallel_devices": True}}}
     assert names.analysis_metrics(summary) == {
-        "ddp/best_throughput_img_s": 900.6, "ddp/n_complete": 3, "ddp/weak_efficiency": 0.8123,
+        "strategy/ddp/best_throughput_img_s": 900.6, "strategy/ddp/weak_efficiency": 0.8123,
         "summary/n_complete": 3, "summary/n_flagged": 1, "summary/n_measured": 2, "summary/n_trials": 4}
+    # chart sections in name order: the figures first, then one section for every strategy's numbers
+    assert names.FIGURES < "strategy" < "summary"

@@ -83,7 +83,7 @@ def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
     (analysis,) = tr.find_runs("tags.stage = 'analyze'")
     summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
     assert analysis.data.metrics["summary/n_complete"] == summary["n_complete"] == 1
-    assert analysis.data.metrics["single/best_throughput_img_s"] == pytest.approx(  # rounded: 4 digits
+    assert analysis.data.metrics["strategy/single/best_throughput_img_s"] == pytest.approx(  # rounded: 4 digits
         summary["strategies"]["single"]["best_throughput_img_s"], rel=1e-3)
 
 
@@ -122,7 +122,7 @@ def test_summary_numbers_become_analysis_metrics():
                "strategies": {"ddp": {"status": "measured", "best_throughput_img_s": 900.5, "n_complete": 3,
                                       "best_throughput_at": {"k": 2}, "parallel_devices": True}}}
     assert tracking.summary_metrics(summary) == {"summary/n_complete": 3, "summary/n_trials": 4,
-                                                 "ddp/best_throughput_img_s": 900.5, "ddp/n_complete": 3}
+                                                 "strategy/ddp/best_throughput_img_s": 900.5}
 
 
 def _free_port() -> int:
