@@ -77,9 +77,9 @@ def breakdown_table(record) -> dict | None:
 
 
 # The analysis run's numbers (summary.json's): the counts and each strategy's headline numbers only. MLflow's run
-# page makes one chart section per first name segment, in name order: the figures that compare strategies
-# (FIGURES, analysis_run.CHARTS) come first, then one section `strategy` (strategy/<s>/<name>, for the runs and
-# compare tables), then `summary`; never one section of single-bar charts per strategy.
+# page makes one chart section per name prefix (up to the last slash), in name order: the figures that compare
+# strategies (FIGURES, analysis_run.CHARTS) come first, then strategy/<s> (the numbers the runs and compare tables
+# show), then summary; never a screen of single-bar charts before the comparisons.
 FIGURES = "figures"
 ANALYSIS_HEADLINE = ("best_throughput_img_s", "weak_efficiency", "best_test_acc", "worst_mem_imbalance")
 ANALYSIS_COUNTS = ("n_trials", "n_complete", "n_measured", "n_flagged")

@@ -55,7 +55,7 @@ def test_numbers_are_rounded_to_four_significant_digits():
 
 def test_analysis_run_carries_counts_and_headline_numbers_only():
     """The analysis run logs the counts (measured vs flagged too) and up to four headline numbers per strategy, in
-    one `strategy` section, not every number of summary.json in a section per strategy (its figures compare the
+    chart sections that sort after the figures, not every number of summary.json (its figures compare the
     strategies)."""
     summary = {"n_trials": 4, "n_complete": 3, "n_measured": 2, "n_flagged": 1, "synthetic_data": True,
                "strategies": {"ddp": {"status": "measured", "best_throughput_img_s": 900.56, "n_complete": 3,
@@ -64,5 +64,5 @@ def test_analysis_run_carries_counts_and_headline_numbers_only():
     assert names.analysis_metrics(summary) == {
         "strategy/ddp/best_throughput_img_s": 900.6, "strategy/ddp/weak_efficiency": 0.8123,
         "summary/n_complete": 3, "summary/n_flagged": 1, "summary/n_measured": 2, "summary/n_trials": 4}
-    # chart sections in name order: the figures first, then one section for every strategy's numbers
+    # chart sections in name order: the figures first, then the strategies' numbers, then the counts
     assert names.FIGURES < "strategy" < "summary"
