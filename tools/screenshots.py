@@ -3,9 +3,9 @@
     .venv/bin/python tools/screenshots.py [--out docs/screenshots] [--port 0] [--set tracking.uri=...]
 
 Starts `python -m pipeline ui` on a free 127.0.0.1 port over the store params.yaml names (mlruns/mlflow.db by
-default), drives headless Chromium through Playwright, and saves five PNGs: the runs table (runs-table.png), the
+default), drives headless Chromium through Playwright, and saves six PNGs: the runs table (runs-table.png), the
 fastest trial (trial.png), the compare view of the fastest trial per strategy with its parallel-coordinates plot on
-throughput (compare.png), and the analysis run's metrics and efficiency figure (analysis*.png). Needs a store
+throughput (compare.png), and the analysis run's metrics, efficiency figure and chart tab (analysis*.png). Needs a store
 with sweeps and an analysis run (`make pipeline-offline`, or `python -m pipeline sweep --strategy S` and
 `python -m pipeline analyze`).
 
@@ -207,6 +207,7 @@ def take(args, base: str, experiment_id: str, picked: dict) -> None:
             shoot(page, f"{run}?{ml}", args.out / "analysis.png", "analysis", height=2000)
             shoot(page, f"{run}/artifacts/efficiency.png?{ml}", args.out / "analysis-efficiency.png",
                   "efficiency.png")
+            shoot(page, f"{run}/model-metrics?{ml}", args.out / "analysis-charts.png", "figures/efficiency")
         ctx.close()
 
 
