@@ -8,14 +8,20 @@ window, as the CDN scripts do). Nothing here is fetched at run time.
 
     python -m pipeline.analysis.dvc_template results/dvc_plots/offline.html     # or: make plots
     dvc plots show --html-template results/dvc_plots/offline.html -o results/dvc_plots
+
+The page opens with the workspace's data source (results/analysis/summary.json's `data_source`, or the summary
+named as second argument) in the words of the PNG figures (plots.source_note), so a synthetic run's plots say so.
 """
 from __future__ import annotations
 
+import html
+import json
 import sys
 from pathlib import Path
 
 VEGA_LITE = "5.21"  # the major version of DVC's templates ("$schema": .../vega-lite/v5.json)
 INSTALL = "python -m pip install vl-convert-python"
+SUMMARY = Path("results/analysis/summary.json")
 
 PAGE = """<!DOCTYPE html>
 <html>
@@ -25,9 +31,11 @@ PAGE = """<!DOCTYPE html>
     <script type="text/javascript">
 {bundle}
     </script>
-    <style>body {{ font-family: sans-serif; }} table {{ border-spacing: 15px; }}</style>
+    <style>body {{ font-family: sans-serif; }} table {{ border-spacing: 15px; }}
+    .source {{ font-weight: bold; }} .synthetic {{ color: #c00; }}</style>
 </head>
 <body>
+    {source}
     <p>Parallax plots through <code>dvc plots show</code>; vega, vega-lite and vega-embed are inlined (vega-lite
     {version}), so this page needs no network.</p>
     {{plot_divs}}
@@ -36,15 +44,34 @@ PAGE = """<!DOCTYPE html>
 """
 
 
-def template(bundle: str, version: str = VEGA_LITE) -> str:
-    """The page around a JavaScript bundle: `{plot_divs}` for DVC, no `{scripts}` (DVC's CDN tags)."""
+def source_line(source: str) -> str:
+    """The page's data-source paragraph ("" where the source is unknown)."""
+    from pipeline.analysis.plots import source_note
+    note = source_note(source)
+    if not note:
+        return ""
+    cls = "source synthetic" if "SYNTHETIC" in note else "source"
+    return f'<p class="{cls}">{html.escape(note)} (the workspace\'s results; each revision\'s in its own rows)</p>'
+
+
+def read_source(summary: Path) -> str:
+    """summary.json's data source, or "" where there is no readable summary."""
+    try:
+        return json.loads(Path(summary).read_text()).get("data_source") or ""
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def template(bundle: str, version: str = VEGA_LITE, source: str = "") -> str:
+    """The page around a JavaScript bundle: `{plot_divs}` for DVC, no `{scripts}` (DVC's CDN tags), and the data
+    source's line."""
     if "{plot_divs}" in bundle or "{scripts}" in bundle:
         raise ValueError("the JavaScript bundle contains a DVC placeholder")
     bundle = bundle.replace("</script", "<\\/script")  # an inline script ends at the first </script
-    return PAGE.format(bundle=bundle, version=version)
+    return PAGE.format(bundle=bundle, version=version, source=source_line(source))
 
 
-def write(path: Path) -> Path:
+def write(path: Path, summary: Path = SUMMARY) -> Path:
     """Write the offline template to `path`; ImportError names the package when vl-convert-python is missing."""
     try:
         import vl_convert
@@ -54,15 +81,15 @@ def write(path: Path) -> Path:
                           f"from a CDN (blank offline); the PNG figures in results/analysis/ need nothing.") from None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    bundle = vl_convert.javascript_bundle(vl_version=VEGA_LITE)  # type: ignore[call-arg]  # the stub requires a snippet; the function does not
-    path.write_text(template(bundle), encoding="utf-8")
+    bundle = vl_convert.javascript_bundle(vl_version=VEGA_LITE)  # type: ignore[call-arg]  # the stub wants a snippet
+    path.write_text(template(bundle, source=read_source(summary)), encoding="utf-8")
     return path
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: python -m pipeline.analysis.dvc_template OUT.html  (needs: {INSTALL})")
+    if len(sys.argv) not in (2, 3):
+        sys.exit(f"usage: python -m pipeline.analysis.dvc_template OUT.html [SUMMARY.json]  (needs: {INSTALL})")
     try:
-        print(f"wrote {write(Path(sys.argv[1]))}")
+        print(f"wrote {write(Path(sys.argv[1]), *map(Path, sys.argv[2:]))}")
     except ImportError as e:
         sys.exit(str(e))

@@ -31,7 +31,8 @@ def source_note(source: str) -> str:
 
 
 def _empty(ax, what):
-    ax.text(0.5, 0.5, f"no {what} measured", ha="center", va="center", transform=ax.transAxes)
+    text = f"no {what}" if ":" in what else f"no {what} measured"
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
     ax.set_xticks([]), ax.set_yticks([])
 
 
@@ -78,6 +79,10 @@ def plot_efficiency(eff, path, colors, source=""):
                     ls=":" if is_serial(r) else LINESTYLES[i % len(LINESTYLES)],
                     label=_label(r, models, f"{sym}={r[ref]:g}") + (" (serial)" if is_serial(r) else ""))
             _bars(ax, g["k"], g["efficiency_lo"], g["efficiency_hi"], colors[r["strategy"]])
+        if not seen:  # only lone k=1 points: no line to draw, and an empty frame reads as "zero"
+            what = "per-device batch b" if kind == "weak" else "global batch B"
+            _empty(ax, f"{kind}-scaling efficiency:\nno k=1 and k>=2 at one {what}")
+            continue
         ax.axhline(1.0, color="grey", ls="--", lw=1, label="ideal")
         ax.set_xticks(sorted(e["k"].unique()))
         ax.set(xlabel="devices k", ylabel="efficiency T(k)/(k·T(1)) (bars: 95% interval)", ylim=(0, None))

@@ -93,7 +93,7 @@ def strategy_metrics(s, pts, eff, mem):
         "mem_basis": None if imb is None else imb["mem_basis"] or None,
         # measured under load (tables.timed): every trial behind the figure was flagged by interference.py; the
         # figure is kept, labelled with the cores other processes kept busy meanwhile (numbers, so the analysis
-        # run's MLflow metrics carry the label: <strategy>/weak_efficiency_under_load_cores)
+        # run's MLflow metrics carry the label: strategy/<s>/weak_efficiency_under_load_cores)
         "best_throughput_under_load_cores": _load(thr),
         "weak_efficiency_under_load_cores": _load(weak),
         "strong_efficiency_under_load_cores": _load(strong),
@@ -118,6 +118,15 @@ def jsonable(v):
     return None if v is None or v is pd.NA else v
 
 
+def trial_counts(df) -> dict:
+    """Complete trials on devices of their own, split into those measured on a quiet host (n_measured) and those
+    flagged as measured under interference (n_flagged: left out of a point that has quiet trials, labelled
+    *measured under load* where a point has no other)."""
+    m = measured(df)
+    flagged = m["interfered"] if "interfered" in m else pd.Series(False, index=m.index)
+    return {"n_measured": int((~flagged).sum()), "n_flagged": int(flagged.sum())}
+
+
 def summarize(df, status, pts, eff, mem, target_acc):
     strategies = {s: {**st, **strategy_metrics(s, pts, eff, mem)} for s, st in status.items()}
     targets = sorted(set(df["target_acc"].dropna()))
@@ -129,6 +138,7 @@ def summarize(df, status, pts, eff, mem, target_acc):
         "synthetic_data": bool((df["data_source"] == "synthetic").any()),
         "target_acc": target_acc if target_acc is not None else (targets[0] if len(targets) == 1 else None),
         "n_trials": len(df), "n_complete": int((df["state"] == "complete").sum()),
+        **trial_counts(df),
         "strategies": strategies,
     })
 
@@ -142,6 +152,16 @@ def _finite(v) -> bool:
         and math.isfinite(float(v))
 
 
+# significant digits per metrics.json group: enough to tell two experiments apart, short enough for a narrow column
+# (short names: `dvc exp show` sizes a column by its name, and a narrow terminal then shows only "…")
+DIGITS = {"img_s": 4, "eff": 3, "strong_eff": 3, "peak_mib": 4, "acc": 3, "under_load": 3}
+
+
+def _rounded(v: float, digits: int) -> float:
+    v = float(v)
+    return v if v == 0 else round(v, digits - 1 - math.floor(math.log10(abs(v))))
+
+
 def _per_k(out: dict, table, col: str, name: str, models: bool, best=max) -> None:
     """out[name.strategy[.model].kK] = best (or worst) `col` over the table's rows of that strategy, model and k."""
     if table.empty:
@@ -149,29 +169,33 @@ def _per_k(out: dict, table, col: str, name: str, models: bool, best=max) -> Non
     for (s, m, k), g in table.groupby(["strategy", "model", "k"], sort=True):
         vals = [float(v) for v in g[col] if _finite(v)]
         if vals:
-            out[_key(name, s, m if models else None, f"k{int(k)}")] = best(vals)
+            out[_key(name, s, m if models else None, f"k{int(k)}")] = _rounded(best(vals), DIGITS.get(name, 4))
 
 
 def flat_metrics(summary: dict, pts, eff, mem) -> dict:
-    """metrics.json: only numbers, flat dotted keys, stable across experiments of one profile. Per strategy and k:
-    `throughput.S.kK` (best img/s over batch sizes), `efficiency.S.kK` (best weak-scaling efficiency, k >= 2),
-    `strong_efficiency.S.kK`, `peak_mem_mib.S.kK` (largest per-device peak), `mem_imbalance.S.kK` (worst, k >= 2);
-    `<name>.S.kK` (largest) for each field the trial record declares with the POINT view; per strategy `test_acc.S`
-    (best) and `n_complete.S`; overall `n_trials`, `n_complete`. The model joins the key
-    (`throughput.ddp.resnet18.k2`) only when the sweeps hold more than one. Undefined values are left out, never 0.
-    Measured under load (tables.timed: every trial behind a figure flagged by interference.py): the figure keeps its
-    key and `under_load.S.kK` labels it with the cores other processes kept busy; `under_load` counts the labelled
-    strategy-k pairs (0 on a quiet host) and `n_interfered` the complete trials flagged."""
+    """metrics.json: only numbers, flat dotted keys, stable across experiments of one profile, in the order
+    `dvc exp show` shows them: first the counts that explain an empty cell (`n_trials`, `n_complete`, `n_measured`:
+    on a quiet host, `n_flagged`: measured under interference), then per strategy and k `img_s.S.kK` (best img/s
+    over batch sizes), `eff.S.kK` (best weak-scaling efficiency, k >= 2), `strong_eff.S.kK`, `peak_mib.S.kK`
+    (largest per-device peak, MiB), `<name>.S.kK` (largest) for each field the trial record declares with the POINT
+    view, then per strategy `acc.S` (best test accuracy). Rounded to DIGITS significant digits. The model joins the
+    key (`img_s.ddp.resnet18.k2`) only when the sweeps hold more than one. Undefined values are left out, never 0;
+    memory imbalance and per-strategy counts are in summary.json and report.md. Measured under load (tables.timed:
+    every trial behind a figure flagged by interference.py): the figure keeps its key and `under_load.S.kK` labels
+    it with the cores other processes kept busy; `under_load` counts the labelled strategy-k pairs (0 on a quiet
+    host)."""
     models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
-    out: dict = {}  # in the order `dvc exp show` shows the columns: the results first, the counts last
-    _per_k(out, pts, "throughput_img_s", "throughput", models)
-    for kind, name in (("weak", "efficiency"), ("strong", "strong_efficiency")):
+    out: dict = {k: summary[k] for k in ("n_trials", "n_complete", "n_measured", "n_flagged")
+                 if _finite(summary.get(k))}
+    _per_k(out, pts, "throughput_img_s", "img_s", models)
+    for kind, name in (("weak", "eff"), ("strong", "strong_eff")):
         e = eff[(eff["kind"] == kind) & (eff["k"] >= 2)] if len(eff) else eff
         _per_k(out, e, "efficiency", name, models)
     if len(mem):
-        m = mem.assign(peak_mib=mem["peak_max"] / MIB)
-        _per_k(out, m, "peak_mib", "peak_mem_mib", models)
-        _per_k(out, m[m["k"] >= 2], "mem_imbalance", "mem_imbalance", models)
+        _per_k(out, mem.assign(peak_mib=mem["peak_max"] / MIB), "peak_mib", "peak_mib", models)
+    strategies = summary.get("strategies") or {}
+    out.update({_key("acc", s): _rounded(st["best_test_acc"], DIGITS["acc"])
+                for s, st in strategies.items() if _finite(st.get("best_test_acc"))})
     for col in point_columns():  # the record's POINT fields: the largest over a strategy's points at each k
         if col in pts:
             _per_k(out, pts, col, col, models)
@@ -179,10 +203,4 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     for t in loaded:
         _per_k(out, t, "load_cores", "under_load", models)  # the label: cores busy elsewhere (absent: unmeasured)
     out["under_load"] = len({(r["strategy"], r["model"], r["k"]) for t in loaded for r in t.to_dict("records")})
-    strategies = summary.get("strategies") or {}
-    out.update({_key("test_acc", s): st["best_test_acc"] for s, st in strategies.items()
-                if _finite(st.get("best_test_acc"))})
-    out.update({_key("n_complete", s): st.get("n_complete", 0) for s, st in strategies.items()})
-    out["n_interfered"] = sum(st.get("n_interfered", 0) for st in strategies.values())
-    out.update({k: summary[k] for k in ("n_trials", "n_complete") if _finite(summary.get(k))})
     return jsonable(out)

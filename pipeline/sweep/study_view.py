@@ -11,6 +11,8 @@ import warnings
 import optuna
 from optuna.trial import TrialState
 
+from pipeline.tracking.metric_names import rounded
+
 # What the sweep optimises: study.tell(trial, final test accuracy), direction maximize (sweep.trial_exec.run_one)
 OBJECTIVE = "test_acc"
 
@@ -66,7 +68,8 @@ def weak_efficiency_at_max_k(measured: list) -> tuple[float | None, int | None]:
 
 
 def study_metrics(study, n_skipped: int) -> dict:
-    """The study parent run's metrics: trial counts, best and median img/s, best accuracy, weak efficiency."""
+    """The study parent run's metrics: trial counts, best and median img/s, best accuracy, weak efficiency, worst
+    memory imbalance."""
     counts = {f"study/n_{name}": sum(t.state == st for t in study.get_trials(deepcopy=False))
               for name, st in (("complete", TrialState.COMPLETE), ("failed", TrialState.FAIL),
                                ("pruned", TrialState.PRUNED))}
@@ -74,13 +77,15 @@ def study_metrics(study, n_skipped: int) -> dict:
     thr = [m["throughput_img_s"] for _, m in measured]
     accs = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
     eff, k = weak_efficiency_at_max_k(measured)
+    imb = [m["mem_imbalance"] for p, m in measured if p.get("devices", 1) >= 2 and m.get("mem_imbalance") is not None]
     out = {**counts, "study/n_skipped": n_skipped,
            "study/best_img_s": max(thr) if thr else None,
            "study/median_img_s": statistics.median(thr) if thr else None,
            "study/weak_efficiency_max_k": eff, "study/max_k": k,
            # the trials' own columns, filled on the collapsed study row: the study's best trial in each
-           "perf/throughput_img_s": max(thr) if thr else None, "test/final_acc": max(accs) if accs else None}
-    return out
+           "img_s/throughput": max(thr) if thr else None, "acc/final_test": max(accs) if accs else None,
+           "mem/imbalance": max(imb) if imb else None}  # the worst of the study's k >= 2 trials
+    return {k: v if v is None else rounded(v) for k, v in out.items()}
 
 
 def unavailable_reason(study, skipped: list) -> str | None:

@@ -1,19 +1,23 @@
 """The MLflow `analysis` run of the analyze stage: what its page shows at first sight.
 
-Its description is the report's opening (title, synthetic-data warning, the answer, host, the "Reading" section); its
-metrics are summary.json's numbers (tracking.summary_metrics); every output file is an artifact (best.yaml included;
-the Artifacts tab previews the PNGs) and every figure also a keyed image (figures/<name>, for MLflow's image-grid
-charts). Then it rewrites the experiment's shared runs-table view (ui_view.py), so the link `python -m pipeline ui`
-prints opens on Parallax's columns.
+Its description is the report's opening (title, synthetic-data warning, the answer, host, the "Reading" section);
+its metrics are summary.json's counts and each strategy's headline numbers (metric_names.analysis_metrics); every
+output file is an artifact (best.yaml included; the Artifacts tab previews the PNGs) and the figures that compare
+strategies (CHARTS) also keyed images (figures/<name>, MLflow's image-grid charts), rather than one single-bar chart
+per number. Then it rewrites the experiment's shared runs-table view (ui_view.py), so the link
+`python -m pipeline ui` prints opens on Parallax's columns.
 """
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from pipeline.tracking import client as tracking, ui_view
+from pipeline.tracking import client as tracking, metric_names, ui_view
 from pipeline.errors import FAULT_TEXT, StoreError, root_cause, store_fault
 
+# the figures that compare strategies, as keyed images in this order (the run page's image charts); every other
+# figure (one per DDP knob) is an artifact only
+CHARTS = ("efficiency", "throughput", "memory", "accuracy", "breakdown", "model")
 ROOM_MARGIN = 1 << 20  # bytes beyond the outputs: the store's own rows, journal and temporary files
 NOTE_LIMIT = 5000  # characters of report.md in the run's description (MLflow caps tag values at 8,000)
 
@@ -31,7 +35,7 @@ def log_figures(tracker: tracking.Tracker, run_id: str, paths) -> None:
     from PIL import Image  # matplotlib's own dependency
     for p in paths:
         with Image.open(p) as im:
-            tracker.client.log_image(run_id, im.convert("RGB"), key=f"figures/{Path(p).stem}", step=0)
+            tracker.client.log_image(run_id, im.convert("RGB"), key=f"{metric_names.FIGURES}/{Path(p).stem}", step=0)
 
 
 def _room(tracker: tracking.Tracker, out_dir: Path) -> None:
@@ -81,7 +85,7 @@ def log_analysis_run(cfg, summary: dict, out_dir: Path) -> str:
         if (out_dir / "report.md").exists():
             tracker.set_tags(run_id, {"mlflow.note.content": report_head((out_dir / "report.md").read_text())})
         tracker.log_metrics(run_id, tracking.summary_metrics(summary))
-        log_figures(tracker, run_id, sorted(out_dir.glob("*.png")))
+        log_figures(tracker, run_id, [out_dir / f"{c}.png" for c in CHARTS if (out_dir / f"{c}.png").exists()])
         tracker.log_artifacts(run_id, out_dir)
     except Exception as e:
         raise _failed(tracker, run_id, e, out_dir) from None

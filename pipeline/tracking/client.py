@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from pipeline import scratch
+from pipeline.tracking import metric_names
 from pipeline.paths import repo_root, store_root
 from pipeline.errors import StoreError, redact
 from pipeline.preflight import check_store
@@ -225,20 +226,12 @@ def data_digest(root) -> str | None:
 
 
 def epoch_metrics(record: dict) -> dict:
-    return {"train/loss": record.get("train_loss"), "test/acc": record.get("test_acc"),
-            "perf/epoch_s": record.get("epoch_s"), "perf/epoch_throughput_img_s": record.get("throughput_img_s")}
+    return metric_names.epoch_metrics(record)
 
 
 def summary_metrics(summary: dict) -> dict:
-    """summary.json's numbers as metrics of the analysis run: the top-level ones under summary/, each strategy's
-    as <strategy>/<name> (sentences, objects and flags stay in the file)."""
-    def numbers(d: dict, prefix: str) -> dict:
-        return {f"{prefix}/{k}": v for k, v in d.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    out = numbers(summary, "summary")
-    for name, s in (summary.get("strategies") or {}).items():
-        out.update(numbers(s, name))
-    return out
+    """The analysis run's metrics: summary.json's counts and each strategy's headline numbers (metric_names)."""
+    return metric_names.analysis_metrics(summary)
 
 
 @contextlib.contextmanager
@@ -268,9 +261,13 @@ def system_metrics(cfg, run_id: str | None):
 
 
 def log_completed_run(tracker: Tracker, run_id: str, record, out_dir: Path) -> None:
-    """Everything a finished trial leaves in its run: its record's metrics (at the last epoch's step, after the
-    learning curves) and tags (record.py), and the metrics file."""
-    tracker.log_metrics(run_id, record.metrics(), step=len(record.test_acc or []))
+    """Everything a finished trial leaves in its run: its record's metrics (metric_names.trial_metrics, at the last
+    epoch's step, after the learning curves), its step-time breakdown as one table, its tags (record.py), and the
+    metrics file."""
+    tracker.log_metrics(run_id, metric_names.trial_metrics(record), step=len(record.test_acc or []))
+    table = metric_names.breakdown_table(record)
+    if table:
+        tracker.client.log_table(run_id, data=table, artifact_file=metric_names.BREAKDOWN_FILE)
     tracker.set_tags(run_id, record.tags())
     if (out_dir / "metrics.json").exists():
         tracker.log_artifact(run_id, out_dir / "metrics.json")

@@ -22,8 +22,8 @@ SHARE_TAG_PREFIX = "mlflow.sharedViewState."  # MLflow's EXPERIMENT_PAGE_VIEW_ST
 VIEW_KEY = "parallax"
 # the runs table's columns, in order, where the store has them (attributes, then params, then metrics)
 COLUMNS = ("attributes.`Dataset`", "params.`strategy`", "params.`devices`", "params.`batch_size`",
-           "metrics.`perf/throughput_img_s`", "metrics.`study/best_img_s`", "metrics.`study/weak_efficiency_max_k`",
-           "metrics.`test/final_acc`", "metrics.`mem/imbalance`")
+           "metrics.`img_s/throughput`", "metrics.`study/best_img_s`", "metrics.`study/weak_efficiency_max_k`",
+           "metrics.`acc/final_test`", "metrics.`mem/imbalance`")
 # MLflow 3's search facets for "all active runs, newest first" (useExperimentPageSearchFacets' defaults)
 FACETS = {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
           "lifecycleFilter": "Active", "modelVersionFilter": "All Runs", "datasetsFilter": []}

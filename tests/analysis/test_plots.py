@@ -47,3 +47,24 @@ def test_every_figure_is_labelled_and_lines_are_distinguishable(tmp_path, monkey
         assert any("SYNTHETIC" in t for t in texts), name
         for lines in panels:  # within one panel
             assert len(set(lines)) == len(lines), f"{name}: two lines share colour, style and marker: {lines}"
+
+
+def test_a_panel_with_only_k1_points_says_why_it_is_empty(tmp_path):
+    """One global batch at k=1 and k=2 (the tiny profile's sweep): the weak-scaling panel has no line and says what
+    is missing instead of showing an empty frame."""
+    from pipeline.analysis.tables import scaling_table
+    from pipeline.analysis.rows import load_sweeps
+    write([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=128, thr=1500.0)], tmp_path / "ddp.jsonl")
+    df, _ = load_sweeps(tmp_path, expected=("ddp",))
+    texts = []
+    real = Figure.savefig
+
+    def grab(fig, *a, **kw):
+        texts.extend(t.get_text() for ax in fig.axes for t in ax.texts)
+        return real(fig, *a, **kw)
+    Figure.savefig = grab
+    try:
+        plots.plot_efficiency(scaling_table(df), tmp_path / "e.png", plots.style(["ddp"]))
+    finally:
+        Figure.savefig = real
+    assert any("no weak-scaling efficiency" in t and "per-device batch" in t for t in texts), texts

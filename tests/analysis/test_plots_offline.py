@@ -34,3 +34,27 @@ def test_offline_template_with_vl_convert(tmp_path):
     pytest.importorskip("vl_convert", reason="vl-convert-python is not installed (pip install vl-convert-python)")
     page = plots_offline.write(tmp_path / "t.html").read_text()
     assert "{plot_divs}" in page and "window.vegaEmbed" in page and "cdn.jsdelivr" not in page
+
+
+def test_page_names_the_data_source(tmp_path):
+    """A synthetic run's page opens with the same SYNTHETIC line as the PNG figures; no summary: no line."""
+    page = plots_offline.template("var x = 1;", source="synthetic")
+    head = page.split("{plot_divs}")[0]
+    assert "SYNTHETIC" in head and 'class="source synthetic"' in head
+    assert 'class="source' not in plots_offline.template("var x = 1;")
+    (tmp_path / "summary.json").write_text('{"data_source": "synthetic"}')
+    assert plots_offline.read_source(tmp_path / "summary.json") == "synthetic"
+    assert plots_offline.read_source(tmp_path / "missing.json") == ""
+
+
+def test_batch_legend_uses_distinct_shapes():
+    """In DVC's efficiency and throughput templates the batch is the point shape as well as the dash, so its legend
+    shows different symbols, and the revision is not a shape that would merge with it."""
+    import json
+    from ..conftest import REPO
+    for name, field in (("efficiency_by_strategy", "batch"), ("throughput_by_strategy", "batch_size")):
+        spec = json.loads((REPO / ".dvc" / "plots" / f"{name}.json").read_text())
+        enc = spec["spec"]["layer"][1]["encoding"] if "spec" in spec else spec["encoding"]
+        assert enc["shape"]["field"] == enc["strokeDash"]["field"] == field, name
+        assert enc["strokeDash"]["legend"] is None, name  # its legend would draw the batches as identical dots
+        assert enc["strokeWidth"]["field"] == "rev", name

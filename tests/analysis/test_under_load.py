@@ -33,12 +33,12 @@ def test_every_trial_flagged_still_gives_a_labelled_reading():
     assert p["throughput_img_s"] == 1600.0 and p["under_load"] and p["load_cores"] == pytest.approx(1.7)
     e = one(eff, strategy="ddp", kind="weak", k=2)
     assert e["efficiency"] == pytest.approx(0.8) and e["under_load"] and e["load_cores"] == pytest.approx(1.7)
-    assert metrics["throughput.single.k1"] == 1000.0 and metrics["efficiency.ddp.k2"] == pytest.approx(0.8)
+    assert metrics["img_s.single.k1"] == 1000.0 and metrics["eff.ddp.k2"] == pytest.approx(0.8)
     assert metrics["under_load.ddp.k2"] == pytest.approx(1.7) and metrics["under_load"] == 3
-    assert metrics["n_interfered"] == 3 and status["ddp"]["n_interfered"] == 2
+    assert metrics["n_flagged"] == 3 and status["ddp"]["n_interfered"] == 2
     assert summ["strategies"]["ddp"]["weak_efficiency_under_load_cores"] == pytest.approx(1.7)
     from pipeline.tracking.client import summary_metrics  # the analysis run's MLflow metrics carry the label
-    assert summary_metrics(summ)["ddp/weak_efficiency_under_load_cores"] == pytest.approx(1.7)
+    assert summary_metrics(summ)["strategy/ddp/weak_efficiency_under_load_cores"] == pytest.approx(1.7)
     assert reading[0].startswith("**Measured under load**: every trial (3 complete trials) was measured under "
                                  "interference")
     claim = next(line for line in reading if line.startswith("Best weak-scaling efficiency"))
@@ -63,7 +63,7 @@ def test_a_quiet_host_has_no_load_line():
     """No flagged trial: no under-load line, and metrics.json says 0 under load."""
     df = frame([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=256, thr=1800.0)])
     *_, metrics, reading = everything(df)
-    assert metrics["under_load"] == 0 and metrics["n_interfered"] == 0
+    assert metrics["under_load"] == 0 and metrics["n_flagged"] == 0
     assert not any("under load" in line.lower() for line in reading)
 
 

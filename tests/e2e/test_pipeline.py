@@ -73,7 +73,7 @@ def test_dvc_repro_runs_every_stage(clone):
     files = next(iter(shown.values()))["data"]
     metrics = files["results/analysis/metrics.json"]
     assert "error" not in metrics, metrics
-    assert metrics["data"]["n_complete"] > 0 and metrics["data"]["throughput.single.k1"] > 0
+    assert metrics["data"]["n_complete"] > 0 and metrics["data"]["img_s.single.k1"] > 0
     # a busy host's figures are labelled, never dropped; a quiet host's carry no label
     assert "under_load" in metrics["data"]
     if metrics["data"]["under_load"]:

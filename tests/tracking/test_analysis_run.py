@@ -25,11 +25,12 @@ def test_analysis_run_carries_figures_and_numbers(make_cfg, tmp_path, synthetic_
     assert main(["analyze", "--sweeps", str(sweeps), "--out", str(out)]) == 0
     tr = tracking.Tracker(cfg)
     (run,) = tr.find_runs("tags.stage = 'analyze'")
-    assert run.info.status == "FINISHED" and run.data.metrics["ddp/best_throughput_img_s"] == 1800
+    assert run.info.status == "FINISHED" and run.data.metrics["strategy/ddp/best_throughput_img_s"] == 1800
     figures = sorted(p.stem for p in out.glob("*.png"))
     assert "efficiency" in figures and "memory" in figures
     images = {f.path for f in tr.client.list_artifacts(run.info.run_id, "images")}
-    for name in figures:  # one keyed image per figure (the run page's image view), and the PNG itself
+    assert {"efficiency", "throughput", "memory", "accuracy"} <= set(analysis_run.CHARTS) & set(figures)
+    for name in set(analysis_run.CHARTS) & set(figures):  # a keyed image per chart (the run page), and every PNG
         assert any(p.startswith(f"images/figures~{name}+step") for p in images), (name, sorted(images))
     top = {f.path for f in tr.client.list_artifacts(run.info.run_id)}
     assert {f"{name}.png" for name in figures} <= top and "metrics.json" in top

@@ -24,7 +24,7 @@ def _store(tmp_path):
         run = client.create_run(exp, run_name=f"trial k={k}", tags={"mlflow.parentRunId": parent.info.run_id})
         client.log_param(run.info.run_id, "devices", k)
         client.log_param(run.info.run_id, "batch_size", 128)
-        client.log_metric(run.info.run_id, "perf/throughput_img_s", 2500.0 * k)
+        client.log_metric(run.info.run_id, "img_s/throughput", 2500.0 * k)
     return client, exp, parent.info.run_id
 
 
@@ -34,7 +34,7 @@ def test_publish_writes_mlflows_share_tag_with_the_columns_the_store_has(tmp_pat
     tag = client.get_experiment(exp).tags["mlflow.sharedViewState.parallax"]
     state = json.loads(tag)
     assert state["selectedColumns"] == ["attributes.`Dataset`", "params.`devices`", "params.`batch_size`",
-                                        "metrics.`perf/throughput_img_s`", "metrics.`study/best_img_s`"]
+                                        "metrics.`img_s/throughput`", "metrics.`study/best_img_s`"]
     assert state["runsExpanded"] == {}  # MLflow does not share expanded rows: the studies show their summaries
     assert state["lifecycleFilter"] == "Active" and state["runsPinned"] == [] and state["groupBy"] is None
     assert route == f"#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey=parallax"
@@ -44,9 +44,9 @@ def test_publishing_again_follows_new_runs(tmp_path):
     client, exp, _ = _store(tmp_path)
     ui_view.publish(client, exp)
     run = client.create_run(exp, run_name="trial")
-    client.log_metric(run.info.run_id, "test/final_acc", 0.8)
+    client.log_metric(run.info.run_id, "acc/final_test", 0.8)
     state = ui_view.publish(client, exp)
-    assert "metrics.`test/final_acc`" in state["selectedColumns"]
+    assert "metrics.`acc/final_test`" in state["selectedColumns"]
     assert json.loads(client.get_experiment(exp).tags["mlflow.sharedViewState.parallax"]) == state
 
 

@@ -44,13 +44,14 @@ def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
     (parent,) = tr.find_runs("tags.role = 'study'")
     (trial,) = tr.find_runs(f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     rid = trial.info.run_id
-    for key in ("train/loss", "test/acc", "perf/epoch_s"):  # learning curves: one point per epoch
+    for key in ("loss/train", "acc/test", "perf/epoch_s"):  # learning curves: one point per epoch
         assert [h.step for h in tr.client.get_metric_history(rid, key)] == [1, 2], key
     # the trial's final numbers sit at the last epoch, not at step 0 before the curves
-    assert [h.step for h in tr.client.get_metric_history(rid, "perf/throughput_img_s")] == [2]
+    assert [h.step for h in tr.client.get_metric_history(rid, "img_s/throughput")] == [2]
     m = trial.data.metrics
     assert 0 < m["mem/peak_mib/dev0"] < 2**20 and not any(k.startswith("mem/peak_bytes") for k in m)
-    assert json.loads(trial.data.tags["mem_peak_bytes"])[0] == pytest.approx(m["mem/peak_mib/dev0"] * 2**20)
+    # the tag keeps the bytes; the metric is rounded to 4 significant digits (metric_names.ROUND_DIGITS)
+    assert json.loads(trial.data.tags["mem_peak_bytes"])[0] == pytest.approx(m["mem/peak_mib/dev0"] * 2**20, rel=1e-3)
 
     (ds,) = tr.client.get_run(rid).inputs.dataset_inputs
     assert ds.dataset.name == "synthetic" and ds.dataset.digest == tracking.data_digest(synthetic_root)
@@ -60,7 +61,7 @@ def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
 
     p = parent.data.metrics
     assert p["study/n_complete"] == 1 and p["study/n_failed"] == 0 and p["study/n_skipped"] == 1
-    assert p["study/best_img_s"] == p["study/median_img_s"] == p["perf/throughput_img_s"] > 0
+    assert p["study/best_img_s"] == p["study/median_img_s"] == p["img_s/throughput"] > 0
     assert "study/weak_efficiency_max_k" not in p  # no k >= 2 point measured: undefined, not 0
     assert "parallax.unavailable" not in parent.data.tags
 
@@ -82,8 +83,8 @@ def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
     (analysis,) = tr.find_runs("tags.stage = 'analyze'")
     summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
     assert analysis.data.metrics["summary/n_complete"] == summary["n_complete"] == 1
-    assert analysis.data.metrics["single/best_throughput_img_s"] == pytest.approx(
-        summary["strategies"]["single"]["best_throughput_img_s"])
+    assert analysis.data.metrics["strategy/single/best_throughput_img_s"] == pytest.approx(  # rounded: 4 digits
+        summary["strategies"]["single"]["best_throughput_img_s"], rel=1e-3)
 
 
 def test_unavailable_study_says_why(views, tmp_path):
@@ -120,8 +121,8 @@ def test_summary_numbers_become_analysis_metrics():
     summary = {"n_trials": 4, "n_complete": 3, "synthetic_data": True, "host": "h", "target_acc": None,
                "strategies": {"ddp": {"status": "measured", "best_throughput_img_s": 900.5, "n_complete": 3,
                                       "best_throughput_at": {"k": 2}, "parallel_devices": True}}}
-    assert tracking.summary_metrics(summary) == {"summary/n_trials": 4, "summary/n_complete": 3,
-                                                 "ddp/best_throughput_img_s": 900.5, "ddp/n_complete": 3}
+    assert tracking.summary_metrics(summary) == {"summary/n_complete": 3, "summary/n_trials": 4,
+                                                 "strategy/ddp/best_throughput_img_s": 900.5}
 
 
 def _free_port() -> int:

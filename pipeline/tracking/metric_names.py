@@ -1,0 +1,95 @@
+"""The names and rounding of a trial's MLflow metrics: what its page, the runs table and the compare table show.
+
+MLflow's compare table and chart sections sort metric keys alphabetically, so the names a reader compares first
+sort first: accuracy (acc/), throughput (img_s/) and the loss curve (loss/), then memory (mem/) and timings (perf/).
+The step-time breakdown is one table artifact per trial (BREAKDOWN_FILE) plus two summary metrics, not one
+single-point series per part. Values are rounded to ROUND_DIGITS significant digits: the timings behind them
+vary by more than that between repeats. Pure: a record (or an epoch's dict) in, a dict of metrics out.
+"""
+from __future__ import annotations
+
+import math
+
+ROUND_DIGITS = 4
+BREAKDOWN_FILE = "breakdown.json"  # MLflow's log_table artifact: one row per part of a sampled step
+
+# learning curves: one point per epoch (step = epoch)
+LOSS = "loss/train"
+ACC = "acc/test"
+EPOCH_IMG_S = "img_s/epoch"
+EPOCH_S = "perf/epoch_s"
+# once per trial, at the last epoch's step
+FINAL_ACC = "acc/final_test"
+THROUGHPUT = "img_s/throughput"
+STEP_S = "perf/step_s"
+COMM_SHARE = "perf/comm_exposed_share"
+
+# the record's METRIC view (records/trial.py) -> the name MLflow shows; keys not listed keep their name
+RENAMED = {"perf/throughput_img_s": THROUGHPUT, "test/final_acc": FINAL_ACC}
+BREAKDOWN_PREFIX = "breakdown/"
+
+
+def rounded(v: float, digits: int = ROUND_DIGITS) -> float:
+    """`v` to `digits` significant digits (1234.567 -> 1235.0, 0.0123456 -> 0.01235)."""
+    if not v or not math.isfinite(v):
+        return v
+    return round(v, digits - 1 - math.floor(math.log10(abs(v))))
+
+
+def _metric(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+
+
+def _clean(metrics: dict) -> dict:
+    """Finite numbers only, rounded, keys sorted as MLflow shows them."""
+    return {k: rounded(float(metrics[k])) for k in sorted(metrics) if _metric(metrics[k])}
+
+
+def epoch_metrics(record: dict) -> dict:
+    """One epoch's learning-curve points (train.py's per-epoch callback record)."""
+    return _clean({LOSS: record.get("train_loss"), ACC: record.get("test_acc"), EPOCH_S: record.get("epoch_s"),
+                   EPOCH_IMG_S: record.get("throughput_img_s")})
+
+
+def trial_metrics(record) -> dict:
+    """A finished trial's metrics (its record's METRIC view), renamed and rounded; of the breakdown only the step
+    time and the exposed communication's share (the rest is in breakdown_table)."""
+    out = {}
+    for k, v in record.metrics().items():
+        if not k.startswith(BREAKDOWN_PREFIX):
+            out[RENAMED.get(k, k)] = v
+    m = record.metrics()
+    out[STEP_S] = m.get(BREAKDOWN_PREFIX + "step_s")
+    out[COMM_SHARE] = m.get(BREAKDOWN_PREFIX + "comm_exposed_share")
+    return _clean(out)
+
+
+def breakdown_table(record) -> dict | None:
+    """The sampled step's breakdown as columns (part, seconds, share of the step), for MLflow's log_table; None
+    where the trial sampled no step."""
+    m = {k[len(BREAKDOWN_PREFIX):]: v for k, v in record.metrics().items() if k.startswith(BREAKDOWN_PREFIX)}
+    parts = [k[:-len("_share")] for k in m if k.endswith("_share")]
+    if not parts:
+        return None
+    return {"part": parts, "seconds": [rounded(m[f"{p}_s"]) for p in parts],
+            "share": [rounded(m[f"{p}_share"]) for p in parts],
+            "samples": [m.get("samples")] * len(parts), "step_s": [rounded(m["step_s"])] * len(parts)}
+
+
+# The analysis run's numbers (summary.json's): the counts and each strategy's headline numbers only. MLflow's run
+# page makes one chart section per name prefix (up to the last slash), in name order: the figures that compare
+# strategies (FIGURES, analysis_run.CHARTS) come first, then strategy/<s> (the numbers the runs and compare tables
+# show), then summary; never a screen of single-bar charts before the comparisons.
+FIGURES = "figures"
+ANALYSIS_HEADLINE = ("best_throughput_img_s", "weak_efficiency", "best_test_acc", "worst_mem_imbalance",
+                     "weak_efficiency_under_load_cores", "best_throughput_under_load_cores")  # labels: absent when quiet
+ANALYSIS_COUNTS = ("n_trials", "n_complete", "n_measured", "n_flagged")
+
+
+def analysis_metrics(summary: dict) -> dict:
+    """summary.json's counts as summary/<name> and each strategy's headline numbers as strategy/<s>/<name>,
+    rounded; a strategy that measured nothing has none."""
+    out = {f"summary/{k}": summary.get(k) for k in ANALYSIS_COUNTS}
+    for name, s in (summary.get("strategies") or {}).items():
+        out.update({f"strategy/{name}/{k}": s.get(k) for k in ANALYSIS_HEADLINE})
+    return _clean(out)
