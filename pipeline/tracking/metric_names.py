@@ -81,8 +81,9 @@ def breakdown_table(record) -> dict | None:
 # strategies (FIGURES, analysis_run.CHARTS) come first, then strategy/<s> (the numbers the runs and compare tables
 # show), then summary; never a screen of single-bar charts before the comparisons.
 FIGURES = "figures"
+# the *_under_load_cores names are labels (the cores other processes kept busy): absent on a quiet host
 ANALYSIS_HEADLINE = ("best_throughput_img_s", "weak_efficiency", "best_test_acc", "worst_mem_imbalance",
-                     "weak_efficiency_under_load_cores", "best_throughput_under_load_cores")  # labels: absent when quiet
+                     "weak_efficiency_under_load_cores", "best_throughput_under_load_cores")
 ANALYSIS_COUNTS = ("n_trials", "n_complete", "n_measured", "n_flagged")
 
 
