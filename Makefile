@@ -52,7 +52,7 @@ pipeline: setup          ## download Fashion-MNIST, sweep every strategy, analys
 pipeline-offline: setup  ## the same on the explicit synthetic stand-in (no network needed)
 	dvc exp run -S data.source=synthetic
 
-test: setup              ## the whole suite (CPU; 10 to 25 minutes on 2 cores, benchmarks/RESULTS.md §9-10)
+test: setup              ## the whole suite (CPU; 10 to 25 minutes on 2 cores: benchmarks/RESULTS.md, "How long the two commands take")
 	$(BIN)/python -m pytest
 
 test-fast: setup

@@ -25,15 +25,14 @@ from pipeline.host.topology import (  # noqa: F401
 # convolutions and matrix products; without them PyTorch converts to fp32 and back (emulation)
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 # fp16: AVX-512-FP16 alone does not count. On an AVX-512-FP16 Xeon an fp16-autocast LeNet step took 130-170x an fp32
-# one (benchmarks/speed/amp_cost.py --dtype fp16, RESULTS.md section 10): PyTorch's CPU fp16 kernels for such a model
-# did
-# not use it. AMX-FP16 is taken as native from the flag alone (not measured: no such CPU was reached).
+# one (benchmarks/speed/amp_cost.py --dtype fp16; benchmarks/RESULTS.md, autocast costs): PyTorch's CPU fp16
+# kernels for such a model did not use it. AMX-FP16 is taken as native from the flag alone (not measured: no such CPU was reached).
 FP16_CPU_FLAGS = ("amx_fp16",)
 FP16_NOT_ENOUGH = "avx512_fp16"
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
 # oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA; DNNL_MAX_CPU_ISA before oneDNN 2): below AVX512_CORE_BF16 oneDNN converts
 # bf16 through fp32 even where the CPU has the instructions. benchmarks/speed/amp_cost.py, a bf16 LeNet step against an
-# fp32 one (benchmarks/RESULTS.md sections 8 and 10): on an AVX-512-BF16 EPYC 0.45x, 6.6-7.5x with
+# fp32 one (benchmarks/RESULTS.md, "What bf16 (and fp16) autocast costs"): on an AVX-512-BF16 EPYC 0.45x, 6.6-7.5x with
 # ONEDNN_MAX_CPU_ISA=AVX2 (as on an AVX2-only CPU); on an AVX-512-BF16/FP16 Xeon 1.27x, 7.33x with AVX2 and 2.68x
 # with AVX512_CORE. So the cap decides "native" as much as the flags do. oneDNN's documented order, lowest first:
 ONEDNN_ISA_ORDER = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
@@ -93,7 +92,7 @@ def cpu_capabilities(flags: set[str] | None = None, env=None) -> dict:
         elif dtype == "fp16" and FP16_NOT_ENOUGH in flags:
             out[dtype], out[f"{dtype}_why"] = "emulated", (
                 "CPU has avx512_fp16 but no amx_fp16, and PyTorch's CPU fp16 kernels did not use AVX-512-FP16 on "
-                "such a CPU (an fp16 LeNet step 130x+ fp32, benchmarks/RESULTS.md section 10)")
+                "such a CPU (an fp16 LeNet step 130x+ fp32, benchmarks/RESULTS.md, autocast costs)")
         else:
             out[dtype], out[f"{dtype}_why"] = "emulated", f"no {missing}: converted through fp32"
     # as the sweep table, tags and reports show it: the flags, and oneDNN's cap where one is set

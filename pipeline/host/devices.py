@@ -26,7 +26,7 @@ class Host:
 def cpu_name(cpuinfo: str | None = None) -> str:
     """The CPU's model name with its family and model numbers, e.g. "AMD EPYC (family 23 model 1)": a hypervisor
     often shows one generic name ("AMD EPYC") for CPUs of different generations: the two EPYC hosts measured here
-    (AVX2 only, and AVX-512-BF16) differ 2.3x in their fp32 LeNet step (benchmarks/RESULTS.md section 9)."""
+    (AVX2 only, and AVX-512-BF16) differ 2.3x in their fp32 LeNet step (benchmarks/RESULTS.md, "Hosts")."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo") as f:
