@@ -26,7 +26,8 @@ from pipeline.host.topology import (  # noqa: F401
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 # fp16: AVX-512-FP16 alone does not count. On an AVX-512-FP16 Xeon an fp16-autocast LeNet step took 130-170x an fp32
 # one (benchmarks/speed/amp_cost.py --dtype fp16; benchmarks/RESULTS.md, autocast costs): PyTorch's CPU fp16
-# kernels for such a model did not use it. AMX-FP16 is taken as native from the flag alone (not measured: no such CPU was reached).
+# kernels for such a model did not use it. AMX-FP16 is taken as native from the flag alone (not measured: no such
+# CPU was reached).
 FP16_CPU_FLAGS = ("amx_fp16",)
 FP16_NOT_ENOUGH = "avx512_fp16"
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
