@@ -53,11 +53,11 @@ TEARDOWN_CUPTI are recorded with the breakdown (`probe`, method["sampling"]). Wi
 --dump-events DIR), each trial process's first profiled step writes its events there (comm_probes.dump_events), the
 replay fixture format of tests/fixtures/.
 
-Cost (benchmarks/overhead/breakdown_cost.py; benchmarks/RESULTS.md, "What the step-time breakdown costs": a 2-core
-CPU host, LeNet, every=10, two rounds): sampling adds 0.1% to single's epoch, 0.6% to ddp's (barriers, DDP's
-stats) and 3.3% to fsdp's (the profiler on each sampled step). The unsampled steps' throughput came out 6% (ddp) and 9% (fsdp) lower with sampling
-on, in ranges that nearly touch: not resolved; train.breakdown_every=0 gives the undisturbed throughput. Each trial
-reports timed_step_s (unsampled) and sampled_wall_s (a sampled step with barriers and probe), so the cost is
+Cost (benchmarks/overhead/breakdown_cost.py; benchmarks/RESULTS.md, "What the step-time breakdown costs": a 2-core CPU
+host, LeNet, every=10, two rounds): sampling adds 0.1% to single's epoch, 0.6% to ddp's (barriers, DDP's stats) and 3.3%
+to fsdp's (the profiler on each sampled step). The unsampled steps' throughput came out 6% (ddp) and 9% (fsdp) lower
+with sampling on, in ranges that nearly touch: not resolved; train.breakdown_every=0 gives the undisturbed throughput.
+Each trial reports timed_step_s (unsampled) and sampled_wall_s (a sampled step with barriers and probe), so the cost is
 visible per trial.
 """
 from __future__ import annotations
