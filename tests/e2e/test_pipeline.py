@@ -35,6 +35,7 @@ sweep:
     ddp_amp: *s
     fsdp: *s
 analyze: {target_acc: 0.5}
+slurm: {}
 """
 
 
