@@ -11,7 +11,7 @@ import pandas as pd
 
 from pipeline.analysis import answer, causes, confidence, sharding
 from pipeline.analysis.markdown import md_table
-from pipeline.analysis.report_host import host_capabilities_section
+from pipeline.analysis.report_host import host_capabilities_section, nodes_line
 from pipeline.analysis.tables import (MEM_BASIS, MEM_LISTS, MIB, best_row, group_by, is_serial,
     is_unavailable, joined, shown_extras)
 
@@ -121,7 +121,8 @@ def _host_section(df):
     h = df[df[cols[0]] != ""].groupby(cols, dropna=False).size().reset_index(name="trials")
     src = joined(df["data_source"]) or "unknown"
     return ["## Host and devices\n\n", md_table(h, [*cols, "trials"],
-            ["host", "kind", "device", "devices N", "trials"]), f"\nData source: **{src}**.\n"]
+            ["host", "kind", "device", "devices N", "trials"]), f"\nData source: **{src}**.\n", *nodes_line(df)]
+
 
 
 def _load_col(t):
@@ -135,11 +136,13 @@ def _load_col(t):
 def _tables(df, pts, eff, mem, acc):
     x = shown_extras(df)
     pts = _load_col(pts)
+    n = ["nodes"] if (pts["nodes"] > 1).any() else []  # where some point's k devices spanned nodes (SLURM)
     s = ["\n## Throughput per point\n\n",
-         "Median over learning rates (and repeats) of complete trials; accuracy from the best lr.\n\n",
+         "Median over learning rates (and repeats) of complete trials; accuracy from the best lr"
+         + ("; nodes: the nodes its k devices spanned" if n else "") + ".\n\n",
          "under_load: the cores other processes kept busy where every trial of the point was flagged as measured "
          "under interference and its figures come from those trials ('—': measured without interference).\n\n",
-         md_table(pts, ["strategy", "model", *x, "k", "batch_size", "per_device_batch",
+         md_table(pts, ["strategy", "model", *x, "k", *n, "batch_size", "per_device_batch",
                         "throughput_img_s", "under_load", "n_trials", "n_lrs", "best_lr", "test_acc"]),
          "\n## Scaling efficiency\n\n",
          "E(k) = T(k)/(k·T(1)) with T(1) measured by the same strategy: weak at fixed per-device "
@@ -149,7 +152,7 @@ def _tables(df, pts, eff, mem, acc):
     for kind in ("weak", "strong"):
         e = _load_col(confidence.interval_columns(eff[(eff["kind"] == kind) & (eff["k"] >= 2)]))
         s += [f"\n### {kind.capitalize()} scaling\n\n",
-              md_table(e, ["strategy", "model", *x, "k", "per_device_batch", "batch_size",
+              md_table(e, ["strategy", "model", *x, "k", *n, "per_device_batch", "batch_size",
                            "throughput_img_s", "base_throughput_img_s", "speedup", "efficiency", "efficiency_95",
                            "n_measured", "under_load", "parallel_devices"])]
     mm = mem.assign(per_device_mib=_per_device_mib(mem["peaks"]),

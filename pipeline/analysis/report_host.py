@@ -1,5 +1,6 @@
 """The report's "Host capabilities" section: what the sweeps' hosts can do natively (the sweep table's host_*
-columns, from capabilities.py) and the slow rows those capabilities explain.
+columns, from capabilities.py) and the slow rows those capabilities explain; and the line naming the points whose
+trials spanned nodes (SLURM jobs of ceil(k / devices per node) nodes).
 
 A pure function of the sweep DataFrame, returning markdown. Its one causal claim: a strategy that autocasts to a
 low-precision type ran slower than the fp32 strategy it differs from, on a host where that type is emulated. Where
@@ -150,3 +151,17 @@ def host_capabilities_section(df) -> list[str]:
     if lines:
         s.append("\n" + "\n".join(f"- {line}" for line in lines) + "\n")
     return s
+
+
+def nodes_line(df) -> list[str]:
+    """One line where trials spanned nodes: which k ran on how many nodes (devices N above is per node)."""
+    if "nnodes" not in df:
+        return []
+    n = pd.to_numeric(df["nnodes"], errors="coerce")
+    multi = df[(n > 1) & (df["state"] == "complete")]
+    if multi.empty:
+        return []
+    pairs = sorted({(int(k), int(m)) for k, m in zip(multi["k"], pd.to_numeric(multi["nnodes"]))})
+    return ["\nTrials across nodes (SLURM jobs; devices N is one node's): "
+            + ", ".join(f"k={k} on {m} nodes" for k, m in pairs)
+            + ". Past one node the collectives cross the network between nodes, not only the node's own links.\n"]

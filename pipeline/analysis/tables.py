@@ -72,7 +72,7 @@ def point_table(df) -> pd.DataFrame:
     over lrs (and repeats) of complete trials measured without interference, or of its flagged trials where all
     were flagged (under_load True, load_cores: their median other-process cores); accuracy comes from the best lr."""
     measures = [c for c in point_columns() if c in df]  # the record's POINT fields: each one's median per point
-    cols = [*POINT, *EXTRAS, "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc",
+    cols = [*POINT, *EXTRAS, "nodes", "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc",
             "time_to_acc_s", "parallel_devices", "n_interfered", "under_load", "load_cores", *measures]
     rows = []
     for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
@@ -87,9 +87,16 @@ def point_table(df) -> pd.DataFrame:
                      "n_trials": len(g), "n_lrs": g["lr"].nunique(),
                      "best_lr": at_best["lr"], "test_acc": at_best["test_acc"],
                      "time_to_acc_s": at_best["time_to_acc_s"],
-                     "parallel_devices": all_parallel(g["parallel_devices"]),
+                     "parallel_devices": all_parallel(g["parallel_devices"]), "nodes": nodes(g),
                      **{c: g[c].median() for c in measures}})
     return _sort(pd.DataFrame(rows, columns=cols))
+
+
+def nodes(g) -> int:
+    """The nodes a point's trials ran on (the sweep table's nnodes: ceil(k / devices per node) under SLURM; 1 in
+    tables without the column)."""
+    n = pd.to_numeric(g["nnodes"], errors="coerce").max() if "nnodes" in g else math.nan
+    return 1 if math.isnan(n) else int(n)
 
 
 def _window_groups(df) -> dict:
@@ -139,7 +146,7 @@ def scaling_table(df) -> pd.DataFrame:
                 speedup = r["throughput_img_s"] / t1
                 rows.append({**r, "kind": kind, "base_throughput_img_s": t1,
                              "speedup": speedup, "efficiency": speedup / r["k"], **_intervals(r, base, windows)})
-    cols = [*POINT, *EXTRAS, "kind", "efficiency", "efficiency_lo", "efficiency_hi", "speedup", "speedup_lo",
+    cols = [*POINT, *EXTRAS, "nodes", "kind", "efficiency", "efficiency_lo", "efficiency_hi", "speedup", "speedup_lo",
             "speedup_hi", "throughput_img_s", "throughput_lo", "throughput_hi", "base_throughput_img_s",
             "parallel_devices", "n_windows", "n_repeats", "base_n_windows", "base_n_repeats", "n_interfered",
             "base_n_interfered", "under_load", "load_cores", "base_under_load"]

@@ -51,25 +51,32 @@ Assumptions (what the model leaves out, so what a miss points to):
     clocks, and no time lost to lockstep (every synchronous step waits for the slower rank's jitter);
   - no framework cost beyond what the k=1 trial already pays (FSDP's copy-in/out at k > 1, DDP's reducer);
   - beyond the measured k the host's collectives keep their bus bandwidth and their latency grows with the ring's
-    steps; a profile's figures are nominal (experiments/interconnects/nominal.yaml), not measured on any machine here.
+    steps; a profile's figures are nominal (experiments/interconnects/nominal.yaml), not measured on any machine here;
+  - past one node (k > devices_per_node): intra-node figures (this host's measured collectives, or an intra-node
+    profile) and inter-node ones (a nominal network profile: nothing here measures collectives between machines)
+    are kept apart, and a collective spanning nodes runs as one flat ring bounded by its slowest link
+    (Interconnect.seconds); NCCL's hierarchical/tree algorithms would send less over the network.
 """
 from __future__ import annotations
 
 import math
 
 from pipeline import catalog
-# the interconnects are the model's inputs: re-exported, so `model` stays the one name callers import
-from .interconnect import (BUS_FACTOR, HOPS, PROFILES_FILE, STAND_IN, Interconnect,  # noqa: F401
-                           from_collectives, load_profiles)
+# the interconnects (intra-node, inter-node) live beside this module; these names are part of this one's API
+from pipeline.scaling.interconnect import (  # noqa: F401
+    BUS_FACTOR, HOPS, PROFILES_FILE, SCOPES, STAND_IN, Interconnect, from_collectives, load_profiles)
 
 MIB = 1 << 20
 DEFAULT_TOLERANCE = 0.10
+
+ONE_PROCESS = ("copy_allreduce", "dp_gather_logits", "dp_gather_losses")  # patterns of one process's k devices
 HOOK_BYTES = {"none": 1.0, "shm": 1.0, "fp16": 0.5, "bf16": 0.5}
 ASSUMPTIONS = (
     "overlap of communication with backward as given (default 0: all communication exposed)",
     "per-image compute independent of k: no contention for shared cache/memory bandwidth, no lockstep jitter",
     "no framework cost beyond the k=1 trial's (FSDP copy-in/out, DDP reducer)",
     "collectives: bus bandwidth constant in k, latency growing with the ring's steps",
+    "past one node: a flat ring through the nodes' links and the network, at the slowest link's pace",
 )
 
 
@@ -204,24 +211,30 @@ def comm_pattern(strategy: str) -> str:
         raise ValueError(f"strategy {strategy!r} has no communication model ({e})") from None
 
 
-# ----------------------------------------------------------------------------- interconnects
 # ----------------------------------------------------------------------------- the projection
 
 def predict(strategy: str, k: int, compute_s_per_image: float, interconnect: Interconnect, *, model: str = "lenet",
             per_device_batch: int = 256, bucket_cap_mb: float = 25.0, comm_hook: str = "none",
             accum_steps: int = 1, transport: str | None = None, serial_replicas: bool = False,
-            overlap: float = 0.0, backward_fraction: float = 0.6, layout: dict | None = None) -> dict:
+            overlap: float = 0.0, backward_fraction: float = 0.6, layout: dict | None = None,
+            devices_per_node: int | None = None) -> dict:
     """Modelled step time, throughput and weak-scaling efficiency of `strategy` at k (see the module docstring).
 
     compute_s_per_image: the strategy's k=1 trial, 1 / (its images/s). serial_replicas: the k replicas run one after
-    another in one process (scratch on a CPU host: the trial's parallel_devices is False)."""
+    another in one process (scratch on a CPU host: the trial's parallel_devices is False). devices_per_node: the k
+    devices sit on ceil(k / this) nodes, and past one node the collectives use the interconnect's inter-node
+    figures too (Interconnect.seconds); None: one node."""
     if not 0 <= overlap <= 1 or not 0 <= backward_fraction <= 1:
         raise ValueError("overlap and backward_fraction are fractions in [0, 1]")
+    nnodes = math.ceil(k / devices_per_node) if devices_per_node else 1
+    if nnodes > 1 and comm_pattern(strategy) in ONE_PROCESS:
+        raise ValueError(f"{strategy} runs its k devices in one process, which cannot span nodes (k={k}, nodes of "
+                         f"{devices_per_node})")
     layout = layout or model_layout(model)
     t1 = per_device_batch * compute_s_per_image
     calls = step_collectives(strategy, k, layout, per_device_batch, bucket_cap_mb, comm_hook, accum_steps, transport)
     for c in calls:
-        c["seconds"] = interconnect.seconds(c["collective"], c["bytes"], k) * c["count"]
+        c["seconds"] = interconnect.seconds(c["collective"], c["bytes"], k, devices_per_node) * c["count"]
     comm = sum(c["seconds"] for c in calls)
     hideable, floor = 0.0, comm
     comm_kind = comm_pattern(strategy)
@@ -237,7 +250,8 @@ def predict(strategy: str, k: int, compute_s_per_image: float, interconnect: Int
     step = compute + exposed
     return {
         "modelled": True, "interconnect": interconnect.name, "interconnect_kind": interconnect.kind,
-        "strategy": strategy, "model": model, "k": k, "per_device_batch": per_device_batch,
+        "strategy": strategy, "model": model, "k": k, "nnodes": nnodes, "devices_per_node": devices_per_node,
+        "links": "intra-node + inter-node" if nnodes > 1 else "intra-node", "per_device_batch": per_device_batch,
         "compute_s_per_image_k1": compute_s_per_image, "compute_s": compute, "comm_s": comm,
         "hideable_s": overlap * hideable, "exposed_comm_s": exposed, "step_s": step,
         "throughput_img_s": k * per_device_batch / step, "efficiency": t1 / step,

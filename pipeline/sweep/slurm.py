@@ -62,7 +62,11 @@ def sized(cfg, tcfg):
     if not is_on(cfg):
         return tcfg
     n = nodes_for(cfg.slurm, tcfg.train.devices)
-    return with_train(tcfg, nnodes=n, rdzv_endpoint="first-node:0" if n > 1 else "")
+    if n == 1:
+        return with_train(tcfg, nnodes=1, rdzv_endpoint="")
+    # the nodes' names are not known before the job starts: each node checks the address it advertises when its
+    # share of the trial starts there (run_trial), not the login node's
+    return with_train(tcfg, nnodes=n, rdzv_endpoint=f"first-node:{cfg.slurm.rdzv_port}", local_addr="each-node")
 
 
 def cluster_host(cfg, host):

@@ -79,6 +79,7 @@ sweep:
 tracking: {}
 analyze: {}
 overlap: {}
+slurm: {}
 """
 
 

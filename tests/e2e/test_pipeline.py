@@ -29,6 +29,7 @@ sweep:
     default: {devices: [1, 2], batch_size: [128], lr: [0.2]}
     single: {devices: [1], batch_size: [128], lr: [0.2]}
 analyze: {target_acc: 0.5}
+slurm: {}
 """
 
 
