@@ -56,7 +56,8 @@ def view_state(runs) -> dict:
         f"params.`{k}`" for r in runs for k in r.data.params}
     cols = [c for c in COLUMNS if c.startswith("attributes.") or c in have]
     search = "tags.`{}` = '{}'".format(PIPELINE_RUN_TAG, latest.replace("'", "\\'")) if latest else ""
-    return {**FACETS, **UI_DEFAULTS, "searchFilter": search, "selectedColumns": cols, "runsExpanded": {}}
+    return {**FACETS, **UI_DEFAULTS, "searchFilter": search, "selectedColumns": cols, "columnOrder": cols,
+            "runsExpanded": {}}
 
 
 def publish(client, experiment_id: str, max_runs: int = 5000) -> dict:
