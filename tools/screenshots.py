@@ -53,6 +53,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chromium", default=CHROMIUM, help=f"the Chromium executable (default: {CHROMIUM})")
     p.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for the UI to start (default: 90)")
     p.add_argument("--params", default=None, help="params file (default: params.yaml at the repository root)")
+    p.add_argument("--flagged", action="store_true",
+                   help="instead: a trial flagged as measured under interference in the runs table, on its page and "
+                        "in optuna-dashboard (flagged-runs-table.png, flagged-trial.png, flagged-optuna.png)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a parameter, repeatable (default: none; the store and experiment are the ones "
                         "params.yaml and its profile name, e.g. --set tracking.uri=...)")
@@ -78,11 +81,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def pick_runs(client, experiment_id: str) -> dict:
-    """The runs to show: the fastest trial, the fastest trial of each strategy (to compare), the analysis run."""
+def pick_runs(client, experiment_id: str, flagged: bool = False) -> dict:
+    """The runs to show: the fastest trial (flagged: of those measured under interference), the fastest trial of
+    each strategy (to compare), the analysis run."""
     runs = client.search_runs([experiment_id], max_results=5000)
     trials = [r for r in runs if "mlflow.parentRunId" in r.data.tags and "img_s/throughput" in r.data.metrics
-              and r.info.status == "FINISHED"]
+              and r.info.status == "FINISHED" and (not flagged or "parallax.flagged" in r.data.tags)]
     best: dict = {}
     for r in sorted(trials, key=lambda r: -r.data.metrics["img_s/throughput"]):
         best.setdefault(r.data.tags.get("strategy", "?"), r)
@@ -157,6 +161,14 @@ def tidy(page) -> None:
         page.wait_for_timeout(300)
 
 
+def expand_studies(page) -> None:
+    """Open every study row (its +), so that its trials and their `flagged` column show."""
+    for button in page.locator('button[data-component-id*="runnamecellrenderer"]').all():
+        if button.is_visible():
+            button.click()
+            page.wait_for_timeout(300)
+
+
 def plot_throughput(page) -> None:
     """The compare page's parallel-coordinates plot: throughput added beside MLflow's default, the first metric by
     name (acc/final_test: tracking/metric_names.py names the headline metrics so that they sort first), chosen in
@@ -195,20 +207,54 @@ def take(args, base: str, experiment_id: str, picked: dict) -> None:
             profile, executable_path=args.chromium, headless=True, args=CHROMIUM_ARGS, viewport=VIEWPORT)
         page = ctx.new_page()
         page.set_default_timeout(60_000)
-        shoot(page, f"{base}/{ui_view.path(experiment_id)}", args.out / "runs-table.png", first_metric)
+        pre = "flagged-" if args.flagged else ""
+        shoot(page, f"{base}/{ui_view.path(experiment_id)}", args.out / f"{pre}runs-table.png", first_metric,
+              prepare=expand_studies if args.flagged else None)
         r = picked["trial"]
-        shoot(page, f"{exp}/runs/{r.info.run_id}?{ml}", args.out / "trial.png", r.info.run_name, height=2000)
-        if len(picked["compare"]) >= 2:
+        shoot(page, f"{exp}/runs/{r.info.run_id}?{ml}", args.out / f"{pre}trial.png", r.info.run_name, height=2000)
+        if args.flagged:
+            dashboard(args, page, r)
+        elif len(picked["compare"]) >= 2:
             ids = json.dumps([r.info.run_id for r in picked["compare"]])
             shoot(page, f"{base}/#/compare-runs?runs={ids}&experiments={json.dumps([experiment_id])}&{ml}",
                   args.out / "compare.png", "Parallel Coordinates Plot", prepare=plot_throughput)
-        if picked["analysis"]:
+        if picked["analysis"] and not args.flagged:
             run = f"{exp}/runs/{picked['analysis'].info.run_id}"
             shoot(page, f"{run}?{ml}", args.out / "analysis.png", "analysis", height=2000)
             shoot(page, f"{run}/artifacts/efficiency.png?{ml}", args.out / "analysis-efficiency.png",
                   "efficiency.png")
             shoot(page, f"{run}/model-metrics?{ml}", args.out / "analysis-charts.png", "figures/efficiency")
         ctx.close()
+
+
+def dashboard(args, page, run) -> None:
+    """optuna-dashboard (`python -m pipeline.cli.dashboard`) on the trials of `run`'s study, its numeric `flagged`
+    and `foreign_cores` attributes shown; skipped with a line where optuna-dashboard is not installed."""
+    import optuna
+    try:
+        import optuna_dashboard  # noqa: F401
+    except ImportError:
+        print("optuna-dashboard is not installed: flagged-optuna.png not taken", file=sys.stderr)
+        return
+    from pipeline.cli import dashboard as cli_dashboard
+    url = cli_dashboard.storage_url()
+    study_id = optuna.storages.get_storage(url).get_study_id_from_name(run.data.tags["study"])
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli.dashboard", "--port", str(port)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path[1:]])})
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{base}/api/meta", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        shoot(page, f"{base}/dashboard/studies/{study_id}/trials", args.out / "flagged-optuna.png", "foreign_cores")
+    finally:
+        stop_ui(proc)
 
 
 def main(argv=None) -> int:
@@ -224,7 +270,7 @@ def main(argv=None) -> int:
     cfg = configmod.load(args.params, args.overrides)
     client = MlflowClient(tracking.tracking_uri(cfg))
     exp = client.get_experiment_by_name(tracking.experiment_name(cfg))
-    picked = pick_runs(client, exp.experiment_id) if exp else None
+    picked = pick_runs(client, exp.experiment_id, args.flagged) if exp else None
     if not picked or not picked["trial"]:
         print(f"no finished trial in experiment {tracking.experiment_name(cfg)!r} of the store "
               f"{tracking.tracking_uri(cfg)}: run the sweeps first (make pipeline-offline)", file=sys.stderr)

@@ -73,6 +73,9 @@ class Row:
     amp_dtype: str = ""
     comm_hook_used: str = ""
     timed_steps: int = 0  # steps timed after warm-up: fewer than the settings' where the row's dtype is emulated
+    # the timed run measured under interference (measure/interference.py, as a sweep trial is): 1 flagged, 0 not
+    flagged: int | None = None
+    flagged_reason: str = ""
     seconds: float = 0.0
 
 
@@ -127,6 +130,10 @@ def run_case(case: Case, base, host: Host, ref: dict | None, init: dict, work: P
         m = run_trial(cfg, work / f"timed-{tag}", progress=False, timeout_s=cfg.sweep.trial_timeout_s)
         row.img_s = m["throughput_img_s"]
         row.step_ms = 1000 * batch / row.img_s if row.img_s else None
+        interference = m.get("interference") or {}
+        if "interfered" in interference:
+            row.flagged = int(bool(interference["interfered"]))
+            row.flagged_reason = interference.get("interference_reason") or ""
         row.peak_mem_mib = [round(p / MIB, 2) for p in m["peak_mem_bytes"] or []]
         row.mem_method, row.backend = m["mem_method"], m.get("backend") or ""
         row.mem_basis = m.get("mem_basis") or ""
@@ -248,13 +255,23 @@ def markdown(report: dict) -> str:
         tput = f"{r['img_s']:,.0f}" if r["img_s"] else "-"
         if r["tag"] == "oversubscribed" and r["img_s"]:
             tput += " (shared device: not a speed)"
+        elif r.get("flagged") and r["img_s"]:
+            tput += " (under load)"
         step = f"{r['step_ms']:.1f}" if r["step_ms"] else "-"
         if r["step_ms"] and r.get("timed_steps") and r["timed_steps"] != report["settings"]["timed_steps"]:
             step += f" ({r['timed_steps']} steps: emulated dtype)"
         lines.append(f"| {_label(r)} | {r['status']} | {precision(r, h)} | {tput} | {step} | "
                      f"{', '.join(f'{p:.1f}' for p in r['peak_mem_mib']) or '-'} | {r['mem_method'] or '-'} | "
-                     f"{r['backend'] or '-'} | {(r['reason'] or r['check']).replace('|', '/')} |")
+                     f"{r['backend'] or '-'} | {_said(r).replace('|', '/')} |")
     return "\n".join(lines) + "\n"
+
+
+def _said(r: dict) -> str:
+    """The row's check or reason, and why its timing is suspect where the run was measured under load."""
+    text = r["reason"] or r["check"]
+    if r.get("flagged"):
+        text += f"; timing measured under load: {r.get('flagged_reason') or 'other processes used the host'}"
+    return text
 
 
 def write(report: dict, out: Path) -> None:

@@ -72,7 +72,8 @@ DERIVED = (
     _d("mean_epoch_s", "float", lambda r: _mean(r.epoch_s), TABLE, OPTUNA, table="epoch_s", optuna="epoch_s"),
     _d("peak_mem_max", "float", lambda r: max(_peaks(r), default=None), TABLE),
     _d("peak_mem_mean", "float", lambda r: _mean(_peaks(r)), TABLE),
-    _d("peak_mem_mib_max", "float", lambda r: max(_peaks(r)) / MIB if _peaks(r) else None, OPTUNA),
+    _d("peak_mem_mib_max", "float", lambda r: max(_peaks(r)) / MIB if _peaks(r) else None, OPTUNA, METRIC,
+       metric="mem/peak_mib"),
     _d("peak_mem_mib", "dict", lambda r: _mib_per_device(r.peak_mem_bytes), METRIC, expand=True,
        metric="mem/peak_mib/dev"),
     *(_d(name, "dict", lambda r, name=name: _mib_per_device(getattr(r, name)), METRIC, expand=True,
@@ -85,8 +86,11 @@ DERIVED = (
     *(_d(f"bd_{key}", "float", _bd_cell(key), TABLE)
       for key in ("step_s", *(f"{p}_s" for p in BD_PARTS), "residual_s", "samples")),
     _d("interfered", "bool", lambda r: (r.interference or {}).get("interfered"), TABLE),
-    *(_d(key, "float", lambda r, key=key: (r.interference or {}).get(key), TABLE)
-      for key in ("foreign_cores", "loadavg_start")),
+    # the same flag as a number, on the trial's MLflow run (metric `flagged`) and in Optuna (plottable): 1 or 0
+    _d("flagged", "float", lambda r: None if r.interference is None else float(bool(r.interference.get(
+        "interfered"))), METRIC, OPTUNA),
+    _d("foreign_cores", "float", lambda r: (r.interference or {}).get("foreign_cores"), TABLE, OPTUNA),
+    _d("loadavg_start", "float", lambda r: (r.interference or {}).get("loadavg_start"), TABLE),
     _d("interference_reason", "str", lambda r: (r.interference or {}).get("interference_reason"), TABLE),
 )
 BD_COLUMNS = [d.name for d in DERIVED if d.name.startswith("bd_")]

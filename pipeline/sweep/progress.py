@@ -2,7 +2,8 @@
 
     for p in progress(queue, "[sweep ddp] enqueueing trials"): ...
 
-A loop that ends within EVERY_S prints nothing; one that spoke ends with a `done in N s` line.
+A loop that ends within EVERY_S prints nothing; one that spoke ends with a `done in N s` line. `counter` is the
+sweep's "trial 9/8+1 re-measure" count.
 """
 from __future__ import annotations
 
@@ -32,3 +33,13 @@ def progress(items: Iterable[T], what: str, every_s: float | None = None,
                   flush=True)
     if spoke:
         print(f"{what}: {len(items)}/{len(items)} done in {clock() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+def counter(done: int, total: int, remeasures: int = 0) -> str:
+    """`trial n/total` for the trial about to run, `done` trials finished before it: re-measures extend the total
+    ("9/8+1 re-measure"), and a count past even that (trials failed and run again) reads n/n, never 16/8."""
+    n = done + 1
+    if remeasures:
+        return f"{n}/{total}+{remeasures} re-measure{'s' if remeasures > 1 else ''}" if n <= total + remeasures \
+            else f"{n}/{n}"
+    return f"{n}/{max(total, n)}"

@@ -28,7 +28,7 @@ from pipeline.host.devices import probe
 from pipeline.errors import Stopped, interruption, redact
 from pipeline.trial.launch import Infeasible, check_batch_fits, check_feasible
 from pipeline.preflight import check_store
-from pipeline.sweep.progress import progress
+from pipeline.sweep.progress import counter, progress
 from pipeline.sweep.space import PointConfigs, choices, points, space_hash, study_name
 from pipeline.sweep.trial_exec import best_effort, fault_text, fmt_point, run_one
 from pipeline.records.table import trial_row, write_rows, write_table
@@ -87,7 +87,8 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None, n_train: int 
             return study, feasible, skipped
         study_setup.begin(study, queue)  # its creator was interrupted: this worker completes the set-up
     if "mlflow_parent_run_id" not in study.user_attrs:
-        parent = tracker.start_run(f"study {strategy}", {
+        group = tracking.pipeline_run()  # the run name tells two pipeline runs' "study ddp" rows apart
+        parent = tracker.start_run(f"{group} · study {strategy}", {tracking.PIPELINE_RUN_TAG: group,
             "strategy": strategy, "study": name, "profile": cfg.profile, "data_source": cfg.data.source,
             "synthetic": str(cfg.data.source == "synthetic").lower(), "device_kind": host.kind,
             "host": host.hostname, "git_sha": tracking.git_sha(), "dvc_stage": f"sweep@{strategy}",
@@ -170,7 +171,8 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
     gate = _quiet_gate(cfg, strategy)
 
     def run(trial, done: int, eta: float | None) -> None:
-        label = f"[sweep {strategy}] trial {done + 1}/{total}"
+        remeasures = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("remeasure"))
+        label = f"[sweep {strategy}] trial {counter(done, total, remeasures)}"
         print(f"{label} (#{trial.number}) {fmt_point(claims.fixed_point(trial))}"
               + (f", sweep ETA {eta:.0f} s" if eta else ""), file=sys.stderr, flush=True)
         if gate is not None:

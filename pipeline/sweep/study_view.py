@@ -45,43 +45,20 @@ def _measured(study) -> list:
     return out
 
 
-def weak_efficiency_at_max_k(measured: list) -> tuple[float | None, int | None]:
-    """Best T(k)/(k*T(1)) at the largest k >= 2 with a k=1 point at the same per-device batch (and model, knobs);
-    T is the median throughput over learning rates, as in tables.scaling_table."""
-    groups: dict = {}
-    for p, m in measured:
-        k = p["devices"]
-        key = tuple(sorted((n, v) for n, v in p.items() if n not in ("devices", "batch_size", "lr")))
-        groups.setdefault((key, p["batch_size"] // k), {}).setdefault(k, []).append(m["throughput_img_s"])
-    best, at = None, None
-    for by_k in groups.values():
-        if 1 not in by_k:
-            continue
-        t1 = statistics.median(by_k[1])
-        for k, thr in by_k.items():
-            if k < 2 or (at is not None and k < at):
-                continue
-            eff = statistics.median(thr) / (k * t1)
-            if at is None or k > at or eff > best:
-                best, at = eff, k
-    return best, at
-
-
 def study_metrics(study, n_skipped: int) -> dict:
-    """The study parent run's metrics: trial counts, best and median img/s, best accuracy, weak efficiency, worst
-    memory imbalance."""
+    """The study parent run's metrics at the sweep's end: trial counts, best and median img/s, best accuracy, worst
+    memory imbalance. The analyze stage then writes the report's own numbers over them and adds the efficiencies
+    (tracking.analysis_run.log_study_rows): one source for the study row and the report."""
     counts = {f"study/n_{name}": sum(t.state == st for t in study.get_trials(deepcopy=False))
               for name, st in (("complete", TrialState.COMPLETE), ("failed", TrialState.FAIL),
                                ("pruned", TrialState.PRUNED))}
     measured = _measured(study)
     thr = [m["throughput_img_s"] for _, m in measured]
     accs = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
-    eff, k = weak_efficiency_at_max_k(measured)
     imb = [m["mem_imbalance"] for p, m in measured if p.get("devices", 1) >= 2 and m.get("mem_imbalance") is not None]
     out = {**counts, "study/n_skipped": n_skipped,
            "study/best_img_s": max(thr) if thr else None,
            "study/median_img_s": statistics.median(thr) if thr else None,
-           "study/weak_efficiency_max_k": eff, "study/max_k": k,
            # the trials' own columns, filled on the collapsed study row: the study's best trial in each
            "img_s/throughput": max(thr) if thr else None, "acc/final_test": max(accs) if accs else None,
            "mem/imbalance": max(imb) if imb else None}  # the worst of the study's k >= 2 trials

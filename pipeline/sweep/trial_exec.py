@@ -75,8 +75,9 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     try:
         with beat:
             plan = planned(slurm.sized(cfg, tcfg), host, host_fields(host, tcfg.train.devices))
-            run.start(f"{strategy} {fmt_point(p)}", plan, {"trial": trial.number, "study": study.study_name,
-                                                     "optuna_trial_id": claims.trial_id(trial)}, parent_id=parent_id,
+            name, repeats = run_name(strategy, p, trial)
+            run.start(name, plan, {"trial": trial.number, "study": study.study_name,
+                                   "optuna_trial_id": claims.trial_id(trial), **repeats}, parent_id=parent_id,
                       started=lambda run_id: trial.set_user_attr("mlflow_run_id", run_id))
             if bounded:
                 print(f"  {label} {bounded}", file=sys.stderr, flush=True)
@@ -100,6 +101,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
             run.end("FAILED", reason)
             study.tell(trial, state=TrialState.FAIL)
             return f"failed ({reason})"
+        flag(run, name, metrics)
         outcome = _record_result(study, trial, run, metrics, out_dir)
         return outcome + _remeasure(cfg, study, trial, p, metrics)
     except optuna.exceptions.UpdateFinishedTrialError:
@@ -119,6 +121,28 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
         raise Stopped(f"The sweep stopped in trial #{trial.number} ({fmt_point(p)}) on {fault_text(e)}. "
                       f"{_recorded(tracker, run.run_id, told, again)} Fix the cause (free disk space, a writable and "
                       f"reachable store) and rerun the sweep: finished trials are kept.") from None
+
+
+UNDER_LOAD = " [under load]"  # the run-name suffix of a trial measured under interference
+
+
+def run_name(strategy: str, p: dict, trial) -> tuple[str, dict]:
+    """A trial run's name and the tags that say which trial it repeats: a re-measure is named
+    "ddp k=2 B=64 lr=0.01 re-measure of #7" and tagged parallax.remeasure_of=7."""
+    name = f"{strategy} {fmt_point(p)}"
+    of = trial.user_attrs.get("remeasure_of")
+    if of is None:
+        return name, {}
+    return f"{name} re-measure of #{of}", {"parallax.remeasure_of": of}
+
+
+def flag(run: TrialRun, name: str, metrics) -> None:
+    """A trial measured under interference, flagged where a viewer looks: its run name ends UNDER_LOAD and the tag
+    parallax.flagged holds the reason (the metric `flagged` and Optuna's `flagged` attribute come with its record)."""
+    interference = metrics.get("interference") or {}
+    if interference.get("interfered"):
+        run.tag({"parallax.flagged": interference.get("interference_reason") or "measured under load"})
+        run.rename(name + UNDER_LOAD)
 
 
 def fault_text(e: BaseException) -> str:
@@ -168,7 +192,8 @@ def _remeasure(cfg, study, trial, p, metrics) -> str:
     done = trial.user_attrs.get("remeasure", 0)
     if not (metrics.get("interference") or {}).get("interfered") or done >= cfg.sweep.remeasure_interfered:
         return ""
-    study.enqueue_trial(p, user_attrs={"repeat": trial.user_attrs.get("repeat", 0), "remeasure": done + 1})
+    study.enqueue_trial(p, user_attrs={"repeat": trial.user_attrs.get("repeat", 0), "remeasure": done + 1,
+                                       "remeasure_of": trial.number})
     return f"; measured under interference: enqueued again ({done + 1}/{cfg.sweep.remeasure_interfered})"
 
 

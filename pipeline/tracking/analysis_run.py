@@ -4,11 +4,13 @@ Its description is the report's opening (title, synthetic-data warning, the answ
 its metrics are summary.json's counts and each strategy's headline numbers (metric_names.analysis_metrics); every
 output file is an artifact (best.yaml included; the Artifacts tab previews the PNGs) and the figures that compare
 strategies (CHARTS) also keyed images (figures/<name>, MLflow's image-grid charts), rather than one single-bar chart
-per number. Then it rewrites the experiment's shared runs-table view (ui_view.py), so the link
+per number. It writes the report's numbers onto each strategy's study row (log_study_rows), then rewrites the
+experiment's shared runs-table view (ui_view.py), so the link
 `python -m pipeline ui` prints opens on Parallax's columns.
 """
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -80,7 +82,8 @@ def log_analysis_run(cfg, summary: dict, out_dir: Path) -> str:
     tracker = tracking.Tracker(cfg)
     _room(tracker, out_dir)
     run_id = tracker.start_run("analysis", {"stage": "analyze", "git_sha": tracking.git_sha(), "profile": cfg.profile,
-                                            "data_source": summary.get("data_source", "")})
+                                            "data_source": summary.get("data_source", ""),
+                                            tracking.PIPELINE_RUN_TAG: tracking.pipeline_run()})
     try:
         if (out_dir / "report.md").exists():
             tracker.set_tags(run_id, {"mlflow.note.content": report_head((out_dir / "report.md").read_text())})
@@ -90,5 +93,22 @@ def log_analysis_run(cfg, summary: dict, out_dir: Path) -> str:
     except Exception as e:
         raise _failed(tracker, run_id, e, out_dir) from None
     tracker.close_run(run_id, "FINISHED")
+    log_study_rows(tracker, summary, out_dir)
     ui_view.publish_view(tracker.client, tracker.experiment_id)
     return run_id
+
+
+def log_study_rows(tracker: tracking.Tracker, summary: dict, out_dir: Path) -> None:
+    """Each strategy's newest study (parent) run gets the report's numbers (metric_names.study_row_metrics, from
+    summary.json and metrics.json): the study row and the report show the same efficiency for every point."""
+    flat_path = Path(out_dir) / "metrics.json"
+    flat = json.loads(flat_path.read_text()) if flat_path.exists() else {}
+    newest: dict = {}
+    for run in tracker.find_runs("tags.role = 'study'"):
+        s = run.data.tags.get("strategy", "")
+        if s and (s not in newest or run.info.start_time > newest[s].info.start_time):
+            newest[s] = run
+    for s, run in newest.items():
+        metrics = metric_names.study_row_metrics(s, summary, flat)
+        if metrics:
+            tracker.log_metrics(run.info.run_id, metrics)

@@ -49,6 +49,17 @@ def git_sha() -> str:
         return "unknown"
 
 
+PIPELINE_RUN_TAG = "parallax.pipeline_run"
+
+
+def pipeline_run() -> str:
+    """The pipeline run a run belongs to, the same for every stage of one run: the DVC experiment's name where
+    `dvc exp run` sets DVC_EXP_NAME, else PARALLAX_PIPELINE_RUN where a user sets one, else the workspace at its
+    git revision ("workspace@1a2b3c4")."""
+    return (os.environ.get("DVC_EXP_NAME") or os.environ.get("PARALLAX_PIPELINE_RUN")
+            or f"workspace@{git_sha()[:7]}")
+
+
 class Tracker:
     """One MLflow experiment; creates the store once (before any parallel writer) and the experiment if needed."""
 
@@ -209,7 +220,7 @@ class Tracker:
 
 def base_tags(planned, cfg, stage: str | None = None) -> dict:
     """A trial run's tags when it starts: the planned trial record's (record.planned) and where it was run from."""
-    return {**planned.tags(), "git_sha": git_sha(), "profile": cfg.profile,
+    return {**planned.tags(), "git_sha": git_sha(), "profile": cfg.profile, PIPELINE_RUN_TAG: pipeline_run(),
             "dvc_stage": stage or ("" if not os.environ.get("DVC_ROOT") else "unknown")}
 
 

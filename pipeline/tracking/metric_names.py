@@ -94,3 +94,21 @@ def analysis_metrics(summary: dict) -> dict:
     for name, s in (summary.get("strategies") or {}).items():
         out.update({f"strategy/{name}/{k}": s.get(k) for k in ANALYSIS_HEADLINE})
     return _clean(out)
+
+
+def study_row_metrics(strategy: str, summary: dict, flat: dict) -> dict:
+    """A study parent run's metrics from the analyze stage's outputs, the numbers the report shows: from
+    metrics.json (`flat`, already rounded) each k's weak efficiency as eff/kK (eff/<model>/kK with several models)
+    and largest peak as mem/peak_mib (the largest k's); from summary.json the study's headline numbers, rounded
+    here as every metric is."""
+    s = (summary.get("strategies") or {}).get(strategy) or {}
+    at = s.get("weak_efficiency_at") or {}
+    out = {"study/weak_efficiency_max_k": s.get("weak_efficiency"), "study/max_k": at.get("k"),
+           "study/best_img_s": s.get("best_throughput_img_s"), "img_s/throughput": s.get("best_throughput_img_s"),
+           "acc/final_test": s.get("best_test_acc"), "mem/imbalance": s.get("worst_mem_imbalance")}
+    out = _clean(out)
+    for key, v in flat.items():
+        name, _, rest = key.partition(f".{strategy}.")
+        if name == "eff" and rest and _metric(v):
+            out[f"eff/{rest.replace('.', '/')}"] = v
+    return out

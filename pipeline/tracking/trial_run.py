@@ -44,6 +44,9 @@ class TrialRun:
     def tag(self, tags: dict) -> None:
         self.tracker.set_tags(self.run_id, tags)
 
+    def rename(self, name: str) -> None:
+        self.tracker.client.update_run(self.run_id, name=name)
+
     def log_epoch(self, record: dict) -> bool:
         """An epoch record's metrics at step epoch; False: the trial goes on (run_trial's on_epoch contract)."""
         self.tracker.log_metrics(self.run_id, tracking.epoch_metrics(record), step=record["epoch"])

@@ -18,12 +18,15 @@ import json
 import sys
 from urllib.parse import urlencode
 
+from pipeline.tracking.client import PIPELINE_RUN_TAG  # which pipeline run (DVC experiment) a run is of
+
 SHARE_TAG_PREFIX = "mlflow.sharedViewState."  # MLflow's EXPERIMENT_PAGE_VIEW_STATE_SHARE_TAG_PREFIX
 VIEW_KEY = "parallax"
-# the runs table's columns, in order, where the store has them (attributes, then params, then metrics)
-COLUMNS = ("attributes.`Dataset`", "params.`strategy`", "params.`devices`", "params.`batch_size`",
-           "metrics.`img_s/throughput`", "metrics.`study/best_img_s`", "metrics.`study/weak_efficiency_max_k`",
-           "metrics.`acc/final_test`", "metrics.`mem/imbalance`")
+# the runs table's columns, in the order a reader compares them, where the store has them: strategy, k, batch, lr,
+# img/s, efficiency, peak MiB, accuracy, flagged (metric_names rounds every value)
+COLUMNS = ("params.`strategy`", "params.`devices`", "params.`batch_size`", "params.`lr`",
+           "metrics.`img_s/throughput`", "metrics.`study/weak_efficiency_max_k`", "metrics.`mem/peak_mib`",
+           "metrics.`acc/final_test`", "metrics.`flagged`", "metrics.`mem/imbalance`", "attributes.`Dataset`")
 # MLflow 3's search facets for "all active runs, newest first" (useExperimentPageSearchFacets' defaults)
 FACETS = {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
           "lifecycleFilter": "Active", "modelVersionFilter": "All Runs", "datasetsFilter": []}
@@ -35,14 +38,26 @@ UI_DEFAULTS = {"columnOrder": [], "columnWidths": {}, "runsPinned": [], "runsHid
                "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""}}
 
 
+def latest_pipeline_run(runs) -> str | None:
+    """The pipeline run (tag PIPELINE_RUN_TAG) of the newest run that has one."""
+    tagged = [r for r in runs if r.data.tags.get(PIPELINE_RUN_TAG)]
+    return max(tagged, key=lambda r: r.info.start_time or 0).data.tags[PIPELINE_RUN_TAG] if tagged else None
+
+
 def view_state(runs) -> dict:
-    """The page state for `runs` (MLflow Run objects of one experiment): the COLUMNS the store has. Study (parent)
-    rows stay collapsed, each showing its study's summary metrics: MLflow does not share expanded rows (its reader
-    drops runsExpanded, runsPinned, runsHidden), so a user expands a study with its +."""
+    """The page state for `runs` (MLflow Run objects of one experiment): the latest pipeline run's runs only, with
+    the COLUMNS the store has. Its runs are grouped by study, the study (parent) rows collapsed, each showing its
+    study's summary metrics: MLflow does not share expanded rows (its reader drops runsExpanded, runsPinned,
+    runsHidden), so a user expands a study with its +."""
+    latest = latest_pipeline_run(runs)
+    if latest:
+        runs = [r for r in runs if r.data.tags.get(PIPELINE_RUN_TAG) == latest]
     have = {f"metrics.`{k}`" for r in runs for k in r.data.metrics} | {
         f"params.`{k}`" for r in runs for k in r.data.params}
     cols = [c for c in COLUMNS if c.startswith("attributes.") or c in have]
-    return {**FACETS, **UI_DEFAULTS, "selectedColumns": cols, "runsExpanded": {}}
+    search = "tags.`{}` = '{}'".format(PIPELINE_RUN_TAG, latest.replace("'", "\\'")) if latest else ""
+    return {**FACETS, **UI_DEFAULTS, "searchFilter": search, "selectedColumns": cols, "columnOrder": cols,
+            "runsExpanded": {}}
 
 
 def publish(client, experiment_id: str, max_runs: int = 5000) -> dict:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 import subprocess
 import sys
 
@@ -162,3 +163,29 @@ def test_timed_steps_start_after_ddps_runtime_stats_iterations(make_cfg, tmp_pat
     # DDP's forward at 0-based step s finds num_iterations_ == s, and collects (syncs) for 1 <= s <= 10
     assert seen["warmup"] > getattr(doctor, "DDP_RUNTIME_STATS_ITERATIONS", 10)
     assert seen["timeout_s"] == make_cfg().sweep.trial_timeout_s  # G4: a hung row fails, the doctor goes on
+
+
+def test_a_row_timed_under_load_is_flagged_in_the_json_and_the_table(make_cfg, tmp_path, monkeypatch):
+    """The doctor's timed run carries the sweep's interference check: a run the monitor flagged gives the row
+    flagged=1 with the reason in doctor.json, and its doctor.md line says "(under load)" and why."""
+    from pipeline.doctor import equivalence
+
+    def timed(cfg, out, progress=False, timeout_s=None):
+        return {"throughput_img_s": 100.0, "peak_mem_bytes": [], "mem_method": "m", "interference": {
+            "interfered": True, "interference_reason": "other processes kept 1.90 cores busy on average"}}
+    init = equivalence.initial_state()
+    ref = {n: v + 0.01 for n, v in init.items()}
+    monkeypatch.setattr(doctor.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
+    monkeypatch.setattr(doctor, "run_trial", timed)
+    row = doctor.run_case(doctor.Case("single", 1), make_cfg(), probe(), ref, init, tmp_path, 2, 16, "lenet")
+    assert row.status == "passed", row.reason
+    assert row.flagged == 1 and "1.90 cores" in row.flagged_reason
+    host = capabilities.cpu_capabilities({"avx2"}, env={})
+    report = {"host": {"hostname": "h", "kind": "cpu", "devices": 1, "name": "n", "torch": "t", "python": "p",
+                       "cuda": "", "cudnn": "", "nccl": "", "gloo": True,
+                       "cpu": {**host, "torch_cpu_capability": "AVX2"}, "bf16": "emulated", "fp16": "emulated"},
+              "data_source": "synthetic", "synthetic": True, "rows": [asdict(row)],
+              "settings": {"model": "lenet", "timed_steps": 2, "per_device_batch": 16, "equivalence": "e"},
+              "counts": {"passed": 1, "failed": 0, "unavailable": 0}}
+    line = next(x for x in doctor.markdown(report).splitlines() if x.startswith("| single k=1"))
+    assert "100 (under load)" in line and "timing measured under load: other processes kept 1.90 cores" in line

@@ -84,7 +84,8 @@ def test_an_interfered_trial_is_enqueued_again_up_to_the_limit(make_cfg):
     assert trial_exec._remeasure(cfg, study, first, p, quiet) == ""  # a quiet trial: nothing enqueued
     assert "enqueued again (1/1)" in trial_exec._remeasure(cfg, study, first, p, interfered)
     waiting = study.get_trials(states=(TrialState.WAITING,))
-    assert len(waiting) == 1 and waiting[0].user_attrs == {"repeat": 1, "remeasure": 1}
+    assert len(waiting) == 1 and waiting[0].user_attrs == {"repeat": 1, "remeasure": 1,
+                                                         "remeasure_of": first.number}
     again = claim(study)
     assert trial_exec._remeasure(cfg, study, again, p, interfered) == ""  # the limit reached: kept, not re-run
     assert not study.get_trials(states=(TrialState.WAITING,))
@@ -98,3 +99,12 @@ def test_the_sweep_waits_for_a_quiet_moment_only_where_it_can_see_the_load(make_
     assert "waiting for other processes to keep at most 0.50 cores busy" in capsys.readouterr().err
     assert sweep._quiet_gate(make_cfg("sweep.quiet_wait_s=0"), "ddp") is None
     assert sweep._quiet_gate(make_cfg("slurm.partition=gpu"), "ddp") is None
+
+
+@pytest.mark.parametrize("done, total, remeasures, shown", [
+    (0, 8, 0, "1/8"), (8, 8, 1, "9/8+1 re-measure"), (9, 8, 2, "10/8+2 re-measures"), (15, 8, 0, "16/16"),
+    (15, 8, 2, "16/16")])
+def test_the_counter_counts_remeasures_and_never_passes_its_total(done, total, remeasures, shown):
+    """The console's "trial n/total": re-measures extend the total; a count past even that reads n/n, never 16/8."""
+    from pipeline.sweep.progress import counter
+    assert counter(done, total, remeasures) == shown

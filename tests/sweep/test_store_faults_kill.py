@@ -53,7 +53,7 @@ def test_an_optuna_store_lost_mid_sweep_still_ends_the_parent_run(make_cfg, tmp_
     monkeypatch.setattr(sweep, "run_one", lose_the_store)
     with pytest.raises(Stopped):
         sweep.run_sweep(cfg, "single", tmp_path / "single.jsonl")
-    (parent,) = tracking.Tracker(cfg).find_runs("attributes.run_name = 'study single'")
+    (parent,) = tracking.Tracker(cfg).find_runs("tags.role = 'study' and tags.strategy = 'single'")
     assert parent.info.status == "FAILED"
 
 
@@ -104,7 +104,7 @@ def test_a_second_ctrl_c_during_a_trial_teardown_is_an_interruption(make_cfg, tm
         sweep.run_sweep(cfg, "single", tmp_path / "single.jsonl")
     assert e.value.signum == signal.SIGINT
     runs = {r.info.run_name: r.info.status for r in tracking.Tracker(cfg).find_runs("attributes.status != ''")}
-    assert runs == {"study single": "KILLED", "single k=1 B=64 lr=0.1": "KILLED"}
+    assert runs == {f"{tracking.pipeline_run()} · study single": "KILLED", "single k=1 B=64 lr=0.1": "KILLED"}
 
 
 def test_a_study_parent_run_is_not_ended_for_the_worker_that_opened_it(make_cfg, tmp_path):
@@ -112,5 +112,5 @@ def test_a_study_parent_run_is_not_ended_for_the_worker_that_opened_it(make_cfg,
     run): it carries no owner process, so a later command never ends it as orphaned; its trial runs do."""
     cfg = make_cfg(*ONE_POINT)
     sweep.run_sweep(cfg, "single", tmp_path / "single.jsonl", max_new_trials=0)
-    (parent,) = tracking.Tracker(cfg).find_runs("attributes.run_name = 'study single'")
+    (parent,) = tracking.Tracker(cfg).find_runs("tags.role = 'study' and tags.strategy = 'single'")
     assert parent.info.status == "RUNNING" and "parallax.pid" not in parent.data.tags

@@ -33,8 +33,8 @@ def test_publish_writes_mlflows_share_tag_with_the_columns_the_store_has(tmp_pat
     route = ui_view.publish_view(client, exp)
     tag = client.get_experiment(exp).tags["mlflow.sharedViewState.parallax"]
     state = json.loads(tag)
-    assert state["selectedColumns"] == ["attributes.`Dataset`", "params.`devices`", "params.`batch_size`",
-                                        "metrics.`img_s/throughput`", "metrics.`study/best_img_s`"]
+    assert state["selectedColumns"] == ["params.`devices`", "params.`batch_size`", "metrics.`img_s/throughput`",
+                                        "attributes.`Dataset`"]
     assert state["runsExpanded"] == {}  # MLflow does not share expanded rows: the studies show their summaries
     assert state["lifecycleFilter"] == "Active" and state["runsPinned"] == [] and state["groupBy"] is None
     assert route == f"#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey=parallax"
@@ -84,3 +84,29 @@ def test_the_installed_mlflow_ui_reads_this_tag_link_and_state():
     facets = re.search(r'\["searchFilter","orderByKey",[^\]]*\]', "".join(p.read_text(errors="replace")
                                                                           for p in BUNDLE.glob("*.js")))
     assert facets and set(json.loads(facets.group(0))) == set(ui_view.FACETS)
+
+
+def test_the_view_shows_the_latest_pipeline_run_with_columns_in_reading_order(tmp_path):
+    """Runs of two pipeline runs (DVC experiments): the view filters to the newer one's runs by the
+    parallax.pipeline_run tag, and orders the columns strategy, k, batch, lr, img/s, efficiency, peak MiB,
+    accuracy, flagged."""
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("parallax", artifact_location=(tmp_path / "artifacts").as_uri())
+    for n, group in enumerate(("exp-old", "exp-new")):
+        parent = client.create_run(exp, run_name=f"{group} · study ddp", start_time=1000 * (n + 1),
+                                   tags={"parallax.pipeline_run": group})
+        client.log_metric(parent.info.run_id, "study/weak_efficiency_max_k", 0.9)
+        run = client.create_run(exp, run_name="ddp k=2", start_time=1000 * (n + 1) + 1, tags={
+            "mlflow.parentRunId": parent.info.run_id, "parallax.pipeline_run": group})
+        for k, v in {"strategy": "ddp", "devices": 2, "batch_size": 64, "lr": 0.1}.items():
+            client.log_param(run.info.run_id, k, v)
+        for k, v in {"flagged": 1.0, "acc/final_test": 0.5, "mem/peak_mib": 12.0, "img_s/throughput": 10.0}.items():
+            client.log_metric(run.info.run_id, k, v)
+    state = ui_view.publish(client, exp)
+    assert state["searchFilter"] == "tags.`parallax.pipeline_run` = 'exp-new'"
+    assert state["selectedColumns"][:9] == [
+        "params.`strategy`", "params.`devices`", "params.`batch_size`", "params.`lr`", "metrics.`img_s/throughput`",
+        "metrics.`study/weak_efficiency_max_k`", "metrics.`mem/peak_mib`", "metrics.`acc/final_test`",
+        "metrics.`flagged`"]
+    shown = client.search_runs([exp], filter_string=state["searchFilter"])
+    assert {r.info.run_name for r in shown} == {"exp-new · study ddp", "ddp k=2"} and len(shown) == 2

@@ -95,7 +95,8 @@ def test_unavailable_study_says_why(views, tmp_path):
     (parent,) = tracking.Tracker(views).find_runs("tags.role = 'study' and tags.strategy = 'dp'")
     why = parent.data.tags["parallax.unavailable"]
     assert "CUDA" in why and why in parent.data.tags["mlflow.note.content"]
-    assert parent.info.run_name == "study dp (unavailable)" and parent.info.status == "FINISHED"
+    assert parent.info.run_name == f"{tracking.pipeline_run()} · study dp (unavailable)"
+    assert parent.info.status == "FINISHED"
     assert parent.data.metrics["study/n_complete"] == 0 and parent.data.metrics["study/n_skipped"] == 1
 
 
@@ -106,15 +107,6 @@ def test_existing_experiment_gets_the_kind_tag(make_cfg):
     assert "mlflow.experimentKind" not in tr.client.get_experiment(tr.experiment_id).tags
     tr = tracking.Tracker(cfg)
     assert tr.client.get_experiment(tr.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
-
-
-def test_weak_efficiency_from_the_study_trials():
-    def t(k, b, thr, lr=0.1):
-        return {"model": "lenet", "devices": k, "batch_size": b, "lr": lr}, {"throughput_img_s": thr}
-    measured = [t(1, 64, 100.0), t(1, 64, 120.0, lr=0.2), t(2, 128, 150.0), t(4, 256, 200.0), t(2, 64, 999.0)]
-    eff, k = study_view.weak_efficiency_at_max_k(measured)
-    assert k == 4 and eff == pytest.approx(200.0 / (4 * 110.0))
-    assert study_view.weak_efficiency_at_max_k([t(2, 128, 150.0)]) == (None, None)
 
 
 def test_summary_numbers_become_analysis_metrics():

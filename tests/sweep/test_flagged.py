@@ -1,0 +1,88 @@
+"""A trial measured under interference, as every viewer shows it (MLflow run name, tag and metric; Optuna's numeric
+attributes; the console counter; the pipeline run's tag), and the study row showing the report's efficiencies."""
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+
+from pipeline.measure import interference
+from pipeline.sweep.stage import open_storage, run_sweep, study_name
+from pipeline.tracking import client as tracking
+from pipeline.tracking.metric_names import rounded
+
+ONE_POINT = ["sweep.strategies=[single]", "sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}",
+             "train.epochs=1", "data.train_limit=256", "data.test_limit=128", "sweep.remeasure_interfered=1"]
+REASON = "other processes kept 1.90 cores busy on average (planted)"
+
+
+@pytest.fixture
+def loaded(monkeypatch):
+    """Every trial's interference monitor reports a busy host."""
+    measured = interference.Monitor.result
+
+    def busy(self):
+        return {**measured(self), "interfered": True, "interference_reason": REASON, "foreign_cores": 1.9}
+    monkeypatch.setattr(interference.Monitor, "result", busy)
+
+
+def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path, loaded, capsys, monkeypatch):
+    """A flagged trial's run is named "... [under load]", tagged parallax.flagged with the reason and has metric
+    flagged=1; Optuna holds flagged=1.0 and foreign_cores as numbers; its re-measure is named and tagged with the
+    trial it repeats; the counter reads "2/1+1 re-measure", never "2/1"; every run carries the pipeline run."""
+    monkeypatch.setenv("PARALLAX_PIPELINE_RUN", "exp-test")
+    cfg = make_cfg(*ONE_POINT)
+    run_sweep(cfg, "single", tmp_path / "single.jsonl")
+    tr = tracking.Tracker(cfg)
+    (parent,) = tr.find_runs("tags.role = 'study'")
+    assert parent.info.run_name == "exp-test · study single"
+    trials = {r.info.run_name: r for r in tr.find_runs(f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
+    first, again = "single k=1 B=64 lr=0.1 [under load]", "single k=1 B=64 lr=0.1 re-measure of #0 [under load]"
+    assert set(trials) == {first, again}
+    for run in trials.values():
+        assert run.data.tags["parallax.flagged"] == REASON and run.data.metrics["flagged"] == 1
+        assert run.data.tags["parallax.pipeline_run"] == "exp-test"
+    assert trials[again].data.tags["parallax.remeasure_of"] == "0" and "parallax.remeasure_of" not in \
+        trials[first].data.tags
+    assert parent.data.tags["parallax.pipeline_run"] == "exp-test"
+    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    for t in study.trials:
+        assert t.user_attrs["flagged"] == 1.0 and t.user_attrs["foreign_cores"] == 1.9
+    err = capsys.readouterr().err
+    assert "trial 2/1+1 re-measure " in err and "trial 2/1 " not in err
+
+
+def test_an_unflagged_trial_has_flagged_zero(make_cfg, tmp_path):
+    """On a quiet host (the tests' threshold) a trial's run has metric flagged=0, no flag tag and no suffix."""
+    cfg = make_cfg(*ONE_POINT)
+    run_sweep(cfg, "single", tmp_path / "single.jsonl")
+    tr = tracking.Tracker(cfg)
+    (parent,) = tr.find_runs("tags.role = 'study'")
+    (run,) = tr.find_runs(f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert run.info.run_name == "single k=1 B=64 lr=0.1" and run.data.metrics["flagged"] == 0
+    assert "parallax.flagged" not in run.data.tags
+
+
+@pytest.mark.slow
+def test_the_study_row_shows_the_reports_efficiency_at_every_k(make_cfg, tmp_path):
+    """A small ddp sweep (k=1 and k=2 at the same per-device batch), then analyze: every efficiency metrics.json
+    holds (eff.ddp.kK) is on the MLflow study row as eff/kK, the same number, and the row's
+    study/weak_efficiency_max_k is summary.json's, rounded as every metric is."""
+    from pipeline.cli import main
+    cfg = make_cfg("sweep.strategies=[ddp]", "sweep.spaces.ddp={devices: [1, 2], batch_size: [64, 128], lr: [0.1]}",
+                   "train.epochs=1", "data.train_limit=512", "data.test_limit=128")
+    sweeps = tmp_path / "results" / "sweeps"
+    sweeps.mkdir(parents=True)
+    run_sweep(cfg, "ddp", sweeps / "ddp.jsonl")
+    (tmp_path / "params.yaml").write_text("profile: ''\nsweep: {strategies: [ddp]}\n")
+    assert main(["analyze", "--sweeps", str(sweeps), "--out", str(tmp_path / "analysis")]) == 0
+    flat = json.loads((tmp_path / "analysis" / "metrics.json").read_text())
+    summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
+    effs = {k: v for k, v in flat.items() if k.startswith("eff.ddp.")}
+    assert effs, flat  # a weak efficiency was measured
+    (parent,) = tracking.Tracker(cfg).find_runs("tags.role = 'study'")
+    row = parent.data.metrics
+    for key, v in effs.items():
+        assert row[f"eff/{key[len('eff.ddp.'):]}"] == v, key
+    assert row["study/weak_efficiency_max_k"] == rounded(summary["strategies"]["ddp"]["weak_efficiency"])
