@@ -1,4 +1,5 @@
 """Shared helpers for the benchmark scripts: data on disk, one trial, the host line, medians."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,12 +28,14 @@ def ensure_data(root: Path, source: str) -> Path:
 def base_cfg(data_dir: Path, source: str, *sets):
     # d2l init, as the reference uses (it does not change throughput, only what is learned)
     # params.yaml at REPO if there is one (a GPU bundle ships none): optional, as without --params
-    return configmod.load(None, ["profile=", f"data.dir={data_dir}", f"data.source={source}", "train.init=d2l",
-                                 *sets], root=REPO)
+    return configmod.load(
+        None, ["profile=", f"data.dir={data_dir}", f"data.source={source}", "train.init=d2l", *sets], root=REPO
+    )
 
 
 def trial(cfg, out: Path, **train):
     from pipeline.trial.launch import run_trial
+
     return run_trial(configmod.replace_train(cfg, **train), out, progress=False)
 
 
@@ -48,19 +51,30 @@ def spread(xs):
 
 def host_line() -> str:
     h = probe()
-    return (f"host {h.hostname}: {h.kind} x{h.n} ({h.name}), torch {h.torch}, "
-            f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}")
+    return (
+        f"host {h.hostname}: {h.kind} x{h.n} ({h.name}), torch {h.torch}, "
+        f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}"
+    )
 
 
 def data_args(p):
-    p.add_argument("--data", type=Path, default=REPO / "data" / "fashion-mnist",
-                   help="prepared data dir (default: data/fashion-mnist)")
-    p.add_argument("--source", default=None, choices=["fashion-mnist", "synthetic"],
-                   help="data source (default: whatever --data holds; synthetic is generated if nothing is there)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=REPO / "data" / "fashion-mnist",
+        help="prepared data dir (default: data/fashion-mnist)",
+    )
+    p.add_argument(
+        "--source",
+        default=None,
+        choices=["fashion-mnist", "synthetic"],
+        help="data source (default: whatever --data holds; synthetic is generated if nothing is there)",
+    )
 
 
 def resolve_source(args) -> str:
     import json
+
     if args.source:
         return args.source
     manifest = args.data / "manifest.json"

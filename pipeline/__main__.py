@@ -1,7 +1,8 @@
 """`python -m pipeline COMMAND`: the command line, whose parser and commands live in pipeline/cli/.
 
-    python -m pipeline --help                         # the commands: download, train, sweep, analyze, doctor, ...
+python -m pipeline --help                         # the commands: download, train, sweep, analyze, doctor, ...
 """
+
 from pipeline.cli import exit_now, main
 
 if __name__ == "__main__":

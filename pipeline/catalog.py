@@ -8,6 +8,7 @@ that each
 registered class agrees with its row. Code outside strategies/ and this module asks a row (`spec(name).multiprocess`,
 `knobs(name)`, `spec(name).comm`), never compares a strategy's name.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ COMM_PATTERNS = {
 @dataclass(frozen=True)
 class StrategySpec:
     """One strategy's row. The defaults describe `single`, the baseline every strategy is a difference from."""
+
     name: str
     description: str  # one line, for the docs and the CLI
     knobs: tuple[str, ...] = ()  # sweep knobs it accepts (a subset of KNOBS, in KNOBS' order)
@@ -48,20 +50,54 @@ class StrategySpec:
 
 STRATEGIES: tuple[StrategySpec, ...] = (
     StrategySpec("single", "the baseline: one device, one process, plain SGD", one_device_only=True),
-    StrategySpec("scratch", "d2l's data parallelism from scratch: replicas in one process, hand-written all-reduce",
-                 parallel_on_cpu=False, comm="copy_allreduce"),
-    StrategySpec("dp", "torch.nn.DataParallel: one process, outputs gathered on one device",
-                 cuda_only=True, comm="dp_gather_logits"),
-    StrategySpec("dp_criterion", "DataParallelModel + DataParallelCriterion: the loss computed on each device",
-                 cuda_only=True, comm="dp_gather_losses"),
-    StrategySpec("ddp", "DistributedDataParallel: one process per device, bucketed all-reduce",
-                 knobs=KNOBS, multiprocess=True, comm="bucket_allreduce"),
-    StrategySpec("ddp_amp", "DDP + torch.amp autocast (bf16, or fp16 with a GradScaler), the successor of Apex",
-                 knobs=KNOBS, multiprocess=True, autocast=True, comm="bucket_allreduce"),
-    StrategySpec("zero1", "ZeRO-1: DDP with the optimizer state sharded across ranks (ZeroRedundancyOptimizer)",
-                 knobs=KNOBS, multiprocess=True, comm="bucket_allreduce", shards=("optimizer",)),
-    StrategySpec("fsdp", "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks",
-                 multiprocess=True, comm="shard_units", shards=SHARDABLE),
+    StrategySpec(
+        "scratch",
+        "d2l's data parallelism from scratch: replicas in one process, hand-written all-reduce",
+        parallel_on_cpu=False,
+        comm="copy_allreduce",
+    ),
+    StrategySpec(
+        "dp",
+        "torch.nn.DataParallel: one process, outputs gathered on one device",
+        cuda_only=True,
+        comm="dp_gather_logits",
+    ),
+    StrategySpec(
+        "dp_criterion",
+        "DataParallelModel + DataParallelCriterion: the loss computed on each device",
+        cuda_only=True,
+        comm="dp_gather_losses",
+    ),
+    StrategySpec(
+        "ddp",
+        "DistributedDataParallel: one process per device, bucketed all-reduce",
+        knobs=KNOBS,
+        multiprocess=True,
+        comm="bucket_allreduce",
+    ),
+    StrategySpec(
+        "ddp_amp",
+        "DDP + torch.amp autocast (bf16, or fp16 with a GradScaler), the successor of Apex",
+        knobs=KNOBS,
+        multiprocess=True,
+        autocast=True,
+        comm="bucket_allreduce",
+    ),
+    StrategySpec(
+        "zero1",
+        "ZeRO-1: DDP with the optimizer state sharded across ranks (ZeroRedundancyOptimizer)",
+        knobs=KNOBS,
+        multiprocess=True,
+        comm="bucket_allreduce",
+        shards=("optimizer",),
+    ),
+    StrategySpec(
+        "fsdp",
+        "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks",
+        multiprocess=True,
+        comm="shard_units",
+        shards=SHARDABLE,
+    ),
 )
 SPECS: dict[str, StrategySpec] = {s.name: s for s in STRATEGIES}
 NAMES: tuple[str, ...] = tuple(SPECS)
@@ -109,17 +145,39 @@ DOC_END = "<!-- end of the generated table -->"
 def autocast_baselines() -> dict[str, str]:
     """Each autocast strategy and the strategy it is measured against: the first row without autocast that
     communicates the same way with the same process model (ddp_amp -> ddp)."""
-    return {a.name: b.name for a in STRATEGIES if a.autocast
-            for b in [next((b for b in STRATEGIES if not b.autocast and b.comm == a.comm
-                            and b.multiprocess == a.multiprocess), None)] if b}
+    return {
+        a.name: b.name
+        for a in STRATEGIES
+        if a.autocast
+        for b in [
+            next(
+                (b for b in STRATEGIES if not b.autocast and b.comm == a.comm and b.multiprocess == a.multiprocess),
+                None,
+            )
+        ]
+        if b
+    }
 
 
 def sharding_baselines() -> dict[str, str]:
     """Each strategy that shards state and the strategy its memory is compared with: the first row that shards
     nothing, has no autocast and communicates, with the same process model (fsdp -> ddp)."""
-    return {a.name: b.name for a in STRATEGIES if a.shards
-            for b in [next((b for b in STRATEGIES if not b.shards and not b.autocast and b.comm != "none"
-                            and b.multiprocess == a.multiprocess), None)] if b}
+    return {
+        a.name: b.name
+        for a in STRATEGIES
+        if a.shards
+        for b in [
+            next(
+                (
+                    b
+                    for b in STRATEGIES
+                    if not b.shards and not b.autocast and b.comm != "none" and b.multiprocess == a.multiprocess
+                ),
+                None,
+            )
+        ]
+        if b
+    }
 
 
 def _yes(flag: bool) -> str:
@@ -128,13 +186,17 @@ def _yes(flag: bool) -> str:
 
 def markdown_table() -> str:
     """The catalog as a Markdown table (docs/strategies.md holds exactly this between DOC_BEGIN and DOC_END)."""
-    lines = ["| strategy | what it is | sweep knobs | processes | devices | parallel on CPU | autocast | "
-             "communication per step | sharded across ranks |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| strategy | what it is | sweep knobs | processes | devices | parallel on CPU | autocast | "
+        "communication per step | sharded across ranks |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in STRATEGIES:
         devices = "1 only" if s.one_device_only else "k, CUDA only" if s.cuda_only else "k"
         on_cpu = "n/a" if s.cuda_only else _yes(s.parallel_on_cpu)
-        lines.append(f"| `{s.name}` | {s.description} | {', '.join(f'`{k}`' for k in s.knobs) or '-'} | "
-                     f"{'one per device' if s.multiprocess else 'one'} | {devices} | {on_cpu} | "
-                     f"{_yes(s.autocast)} | {COMM_PATTERNS[s.comm]} | {', '.join(s.shards) or '-'} |")
+        lines.append(
+            f"| `{s.name}` | {s.description} | {', '.join(f'`{k}`' for k in s.knobs) or '-'} | "
+            f"{'one per device' if s.multiprocess else 'one'} | {devices} | {on_cpu} | "
+            f"{_yes(s.autocast)} | {COMM_PATTERNS[s.comm]} | {', '.join(s.shards) or '-'} |"
+        )
     return "\n".join(lines) + "\n"

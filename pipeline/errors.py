@@ -1,5 +1,6 @@
 """The package's user-facing exceptions, and the handler that turns them into a one-paragraph message and an exit
 status (no traceback). Torch-free, so that commands which never train (analyze) do not import torch to handle them."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +19,11 @@ _AT_HOST = re.compile(r"@(?:\[[0-9A-Fa-f:.]*\]|[\w.%~-]*)(?::\d+)?" + _END)
 _WORD = re.compile(r"\S*")
 _PORT = re.compile(r"\d{1,5}" + _END)  # scheme://host:PORT/...: no userinfo unless an @host follows in the word
 # ?password=SECRET, &sslpassword=..., &api_token=... -> ***; a quote ends the value only where the URL ends
-_QUERY = re.compile(r"(?P<head>[?&;][\w.-]*(?:password|passwd|pwd|secret|token|credential)[\w.-]*=)"
-                    r"(?P<secret>(?:[^&\s'\"]|['\"](?![\s),;]|$))*)", re.I)
+_QUERY = re.compile(
+    r"(?P<head>[?&;][\w.-]*(?:password|passwd|pwd|secret|token|credential)[\w.-]*=)"
+    r"(?P<secret>(?:[^&\s'\"]|['\"](?![\s),;]|$))*)",
+    re.I,
+)
 
 
 def _redact_userinfo(text: str) -> str:
@@ -63,18 +67,34 @@ def root_cause(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
 
 
-_FAULTS = (("disk_full", ("no space left", "disk is full", "errno 28", "quota exceeded")),
-           ("locked", ("database is locked", "database table is locked")),
-           ("no_answer", ("timeout expired", "timed out", "read timeout")),
-           ("unreachable", ("connection refused", "could not connect", "connection failed",
-                            "server closed the connection", "name or service not known", "no route to host")))
-FAULT_TEXT = {"disk_full": "the disk is full", "locked": "the store is locked by another process",
-              "no_answer": "the store did not answer in time", "unreachable": "the store is unreachable"}
+_FAULTS = (
+    ("disk_full", ("no space left", "disk is full", "errno 28", "quota exceeded")),
+    ("locked", ("database is locked", "database table is locked")),
+    ("no_answer", ("timeout expired", "timed out", "read timeout")),
+    (
+        "unreachable",
+        (
+            "connection refused",
+            "could not connect",
+            "connection failed",
+            "server closed the connection",
+            "name or service not known",
+            "no route to host",
+        ),
+    ),
+)
+FAULT_TEXT = {
+    "disk_full": "the disk is full",
+    "locked": "the store is locked by another process",
+    "no_answer": "the store did not answer in time",
+    "unreachable": "the store is unreachable",
+}
 
 
 def store_fault(e: BaseException) -> str | None:
     """Which store fault `e` (or any exception in its chain) is: a key of FAULT_TEXT, or None."""
     import errno
+
     texts, seen = [], set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
@@ -103,8 +123,14 @@ class TrialFailed(RuntimeError):
 
 
 # modules of the optional extras (pyproject.toml), and the extra that installs each
-EXTRAS = {"mlflow": "pipeline", "optuna": "pipeline", "dvc": "pipeline", "pandas": "pipeline",
-          "matplotlib": "pipeline", "torchvision": "download"}
+EXTRAS = {
+    "mlflow": "pipeline",
+    "optuna": "pipeline",
+    "dvc": "pipeline",
+    "pandas": "pipeline",
+    "matplotlib": "pipeline",
+    "torchvision": "download",
+}
 
 
 class PathError(RuntimeError):
@@ -154,6 +180,7 @@ def user_errors():
     """Turn the package's errors into one paragraph on stderr and an exit status; never a raw traceback
     (PARALLAX_TRACEBACK=1 shows it for an unexpected error)."""
     from pipeline.config.loader import ConfigError
+
     status = _Status()
     previous = None
     if threading_main():
@@ -178,11 +205,17 @@ def user_errors():
         if top not in EXTRAS:
             _unexpected(e, status)
             return
-        hint = ("; torchvision must be the build made for your torch (0.26 for torch 2.11, 0.29 for 2.14), so install "
-                "the matching version by name rather than the newest" if top == "torchvision" else "")
-        say(f"error: this command needs {top}, which is not installed: the training core and `doctor` run without "
-             f"it, the pipeline does not. Install the extra: pip install -e '.[{EXTRAS[top]}]' (or `make setup`, "
-             f"which installs the tested set){hint}.")
+        hint = (
+            "; torchvision must be the build made for your torch (0.26 for torch 2.11, 0.29 for 2.14), so install "
+            "the matching version by name rather than the newest"
+            if top == "torchvision"
+            else ""
+        )
+        say(
+            f"error: this command needs {top}, which is not installed: the training core and `doctor` run without "
+            f"it, the pipeline does not. Install the extra: pip install -e '.[{EXTRAS[top]}]' (or `make setup`, "
+            f"which installs the tested set){hint}."
+        )
         status.code = 2
     except Exception as e:
         if (signalled := interruption(e)) is None:
@@ -199,14 +232,17 @@ def _unexpected(e: Exception, status) -> None:
     if os.environ.get("PARALLAX_TRACEBACK"):
         raise e
     first = (str(e).strip().splitlines() or [""])[0][:500]
-    say(f"error: unexpected {type(e).__name__}: {first}. Nothing more was run. If the message names a file, a "
-         f"disk or a server, fix that and rerun; otherwise rerun with PARALLAX_TRACEBACK=1 for the traceback "
-         f"and report it.")
+    say(
+        f"error: unexpected {type(e).__name__}: {first}. Nothing more was run. If the message names a file, a "
+        f"disk or a server, fix that and rerun; otherwise rerun with PARALLAX_TRACEBACK=1 for the traceback "
+        f"and report it."
+    )
     status.code = 1
 
 
 def threading_main() -> bool:
     import threading
+
     return threading.current_thread() is threading.main_thread()
 
 

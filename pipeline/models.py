@@ -1,4 +1,5 @@
 """d2l's LeNet and CIFAR-style ResNet-18 for 1x28x28 Fashion-MNIST; MODELS = {name: builder}."""
+
 from __future__ import annotations
 
 import torch
@@ -12,9 +13,17 @@ def build_lenet(num_classes: int = 10) -> nn.Module:
     # ReLUs in place (as torchvision's models do): same function and gradients, one activation tensor less per
     # layer; two ranks sharing a host's cache and memory bandwidth slow each other down less
     return nn.Sequential(
-        nn.Conv2d(1, 20, kernel_size=3), nn.ReLU(inplace=True), nn.AvgPool2d(2, 2),
-        nn.Conv2d(20, 50, kernel_size=5), nn.ReLU(inplace=True), nn.AvgPool2d(2, 2),
-        nn.Flatten(), nn.Linear(50 * 4 * 4, 128), nn.ReLU(inplace=True), nn.Linear(128, num_classes))
+        nn.Conv2d(1, 20, kernel_size=3),
+        nn.ReLU(inplace=True),
+        nn.AvgPool2d(2, 2),
+        nn.Conv2d(20, 50, kernel_size=5),
+        nn.ReLU(inplace=True),
+        nn.AvgPool2d(2, 2),
+        nn.Flatten(),
+        nn.Linear(50 * 4 * 4, 128),
+        nn.ReLU(inplace=True),
+        nn.Linear(128, num_classes),
+    )
 
 
 class Residual(nn.Module):
@@ -36,18 +45,26 @@ class Residual(nn.Module):
 
 
 def _stage(in_ch: int, out_ch: int, first: bool) -> nn.Sequential:
-    return nn.Sequential(Residual(in_ch, out_ch, use_1x1conv=not first, stride=1 if first else 2),
-                         Residual(out_ch, out_ch))
+    return nn.Sequential(
+        Residual(in_ch, out_ch, use_1x1conv=not first, stride=1 if first else 2), Residual(out_ch, out_ch)
+    )
 
 
 def build_resnet18(num_classes: int = 10, in_channels: int = 1) -> nn.Module:
     """d2l multiple-gpus-concise.md ResNet-18: 3x3 stride-1 stem, no max-pool, 4 stages x 2 blocks
     (11,175,818 params)."""
     return nn.Sequential(
-        nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
-        _stage(64, 64, first=True), _stage(64, 128, first=False),
-        _stage(128, 256, first=False), _stage(256, 512, first=False),
-        nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Linear(512, num_classes))
+        nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(inplace=True),
+        _stage(64, 64, first=True),
+        _stage(64, 128, first=False),
+        _stage(128, 256, first=False),
+        _stage(256, 512, first=False),
+        nn.AdaptiveAvgPool2d((1, 1)),
+        nn.Flatten(),
+        nn.Linear(512, num_classes),
+    )
 
 
 MODELS = {"lenet": build_lenet, "resnet18": build_resnet18}

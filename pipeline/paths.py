@@ -8,6 +8,7 @@ executors: DVC runs the stage in a temp checkout of the experiment (cwd = the st
 checkout's (DVC collects its outputs from there); its runs go to the parent's stores, one MLflow and one Optuna
 store for every experiment, which outlive the temp checkout.
 """
+
 from __future__ import annotations
 
 import os

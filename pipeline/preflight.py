@@ -3,6 +3,7 @@
 A store that cannot be reached fails within seconds (PREFLIGHT_TIMEOUT_S) with its address, password redacted,
 instead of after MLflow's or the database driver's minutes of retries. Torch-free and MLflow-free.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -13,9 +14,9 @@ import tempfile
 import urllib.parse
 from pathlib import Path
 
-from .paths import store_root
 from .errors import DataError, PathError, StoreError, has_password, redact
 from .errors import say as say
+from .paths import store_root
 
 PREFLIGHT_TIMEOUT_S = float(os.environ.get("PARALLAX_PREFLIGHT_TIMEOUT_S", "5"))
 _WARNED: set[str] = set()
@@ -28,12 +29,14 @@ def check_store(url: str, key: str) -> None:
     or a local SQLite file is a database in a writable directory."""
     if has_password(url) and key not in _WARNED:
         _WARNED.add(key)
-        say(f"warning: {key} carries a password ({redact(url)}). Parallax never shows or stores it, but DVC "
+        say(
+            f"warning: {key} carries a password ({redact(url)}). Parallax never shows or stores it, but DVC "
             f"records tracked parameters verbatim in dvc.lock and the shell keeps --set options in its history: "
-            f"prefer PGPASSWORD, ~/.pgpass or MLFLOW_TRACKING_PASSWORD (docs/scale-out.md).")
+            f"prefer PGPASSWORD, ~/.pgpass or MLFLOW_TRACKING_PASSWORD (docs/scale-out.md)."
+        )
     _unused_env(url, key)
     if url.startswith("sqlite:///"):
-        _check_sqlite(Path(url[len("sqlite:///"):]), url, key)
+        _check_sqlite(Path(url[len("sqlite:///") :]), url, key)
         return
     parts = urllib.parse.urlsplit(redact(url))  # a password may hold `/?#`, where urllib alone ends the netloc
     scheme = parts.scheme.split("+")[0].lower()
@@ -51,7 +54,8 @@ def check_store(url: str, key: str) -> None:
         raise StoreError(
             f"Cannot reach {redact(url)} ({key}): {parts.hostname}:{port} gave {why} within "
             f"{PREFLIGHT_TIMEOUT_S:.0f} s. Start the server or fix the address (docs/scale-out.md), or leave {key} "
-            f"empty for the local SQLite store in mlruns/. Nothing was run.") from None
+            f"empty for the local SQLite store in mlruns/. Nothing was run."
+        ) from None
 
 
 def _unused_env(url: str, key: str) -> None:
@@ -61,9 +65,11 @@ def _unused_env(url: str, key: str) -> None:
     if not env or not os.environ.get(env) or os.environ[env] == url or f"{key}/{env}" in _WARNED:
         return
     _WARNED.add(f"{key}/{env}")
-    say(f"warning: {env} is set ({redact(os.environ[env])}), but Parallax writes to {key}, {redact(url)}: the "
+    say(
+        f"warning: {env} is set ({redact(os.environ[env])}), but Parallax writes to {key}, {redact(url)}: the "
         f"pipeline reads its stores from params.yaml, which DVC tracks, not from the environment. To use that store, "
-        f"set {key}=URL (params.yaml or --set).")
+        f"set {key}=URL (params.yaml or --set)."
+    )
 
 
 def _check_sqlite(path: Path, url: str, key: str) -> None:
@@ -71,15 +77,19 @@ def _check_sqlite(path: Path, url: str, key: str) -> None:
     if path.parent == store_root() / "mlruns":  # the default store: its folder is ours to create
         path.parent.mkdir(parents=True, exist_ok=True)
     if not path.parent.is_dir():
-        raise StoreError(f"Cannot use {where}: the directory {path.parent} does not exist. Create it, or fix "
-                         f"the path (sqlite:////abs/path/file.db has four slashes). Nothing was run.")
+        raise StoreError(
+            f"Cannot use {where}: the directory {path.parent} does not exist. Create it, or fix "
+            f"the path (sqlite:////abs/path/file.db has four slashes). Nothing was run."
+        )
     if path.exists():
         if not path.is_file():
             raise StoreError(f"Cannot use {where}: {path} is not a file. Point {key} at a database file.")
         _check_sqlite_file(path, where, key)
         if not os.access(path, os.W_OK):
-            raise StoreError(f"Cannot write the store {where}: {path} is read-only. Make it writable (chmod u+w) or "
-                             f"point {key} at a copy you can write. Nothing was run.")
+            raise StoreError(
+                f"Cannot write the store {where}: {path} is read-only. Make it writable (chmod u+w) or "
+                f"point {key} at a copy you can write. Nothing was run."
+            )
     writable_dir(path.parent, f"the store {where}")
 
 
@@ -88,38 +98,46 @@ def _check_sqlite_file(path: Path, where: str, key: str) -> None:
     only SQLite's integrity_check decides "corrupt": a writer killed mid-transaction leaves a hot journal that a
     read-only open cannot roll back ("attempt to write a readonly database"), and one read-write open does."""
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro",
-                                              uri=True, timeout=60)) as con:
+        with contextlib.closing(
+            sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro", uri=True, timeout=60)
+        ) as con:
             con.execute("SELECT count(*) FROM sqlite_master").fetchone()  # reads and parses the schema
         return
     except sqlite3.DatabaseError as e:
         first = str(e)
     if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
-        raise StoreError(f"Cannot open the store {where}: {path} did not open read-only ({first}), and it or its "
-                         f"directory is read-only, so SQLite cannot roll back an unfinished write (a -journal file "
-                         f"next to it). Make both writable (chmod u+w) and rerun; the store is not discarded. "
-                         f"Nothing was run.")
+        raise StoreError(
+            f"Cannot open the store {where}: {path} did not open read-only ({first}), and it or its "
+            f"directory is read-only, so SQLite cannot roll back an unfinished write (a -journal file "
+            f"next to it). Make both writable (chmod u+w) and rerun; the store is not discarded. "
+            f"Nothing was run."
+        )
     hot = Path(f"{path}-journal").exists()
     try:
         with contextlib.closing(sqlite3.connect(str(path), timeout=60)) as con:  # rolls a hot journal back
             report = [r[0] for r in con.execute("PRAGMA integrity_check").fetchall()]
     except sqlite3.OperationalError as e:
         if "locked" in str(e) or "busy" in str(e):
-            raise StoreError(f"Cannot use {where}: {path} stayed locked by another process for 60 s ({e}). Let "
-                             f"that process finish or stop it, then rerun. Nothing was run.") from None
+            raise StoreError(
+                f"Cannot use {where}: {path} stayed locked by another process for 60 s ({e}). Let "
+                f"that process finish or stop it, then rerun. Nothing was run."
+            ) from None
         report = [str(e)]
     except sqlite3.DatabaseError as e:
         report = [str(e)]
     if report == ["ok"]:
         if hot:
-                say(f"note: {where} had an unfinished write (a process was stopped mid-write); SQLite rolled it back "
-                f"and its integrity check passes.")
+            say(
+                f"note: {where} had an unfinished write (a process was stopped mid-write); SQLite rolled it back "
+                f"and its integrity check passes."
+            )
         return
     raise StoreError(
         f"Cannot use {where}: {path} is not a usable SQLite database: SQLite's integrity check fails "
         f"({'; '.join(report[:3])}). It is corrupt or not a database. Keep it: copy it aside "
         f"(cp {path} {path}.damaged); `sqlite3 {path}.damaged .recover` salvages what rows it can. To run now, "
-        f"point {key} at a new store file. Nothing was run.")
+        f"point {key} at a new store file. Nothing was run."
+    )
 
 
 def writable_dir(d: Path, what: str) -> None:
@@ -130,19 +148,24 @@ def writable_dir(d: Path, what: str) -> None:
     except OSError as e:
         raise StoreError(
             f"Cannot write {what}: {d} is not writable ({e.strerror or e}). Free space or fix the permissions "
-            f"(a read-only or full file system refuses every write), or point it elsewhere. Nothing was run.") from None
+            f"(a read-only or full file system refuses every write), or point it elsewhere. Nothing was run."
+        ) from None
 
 
 def output_file(path: Path, option: str) -> Path:
     """`path` is where a file will be written: not a directory, in a directory that can be written."""
     path = Path(path)
     if path.is_dir():
-        raise PathError(f"{option} {path} is a directory, but it names the file to write (e.g. "
-                        f"{path / 'out.csv'}). Give a file path. Nothing was run.")
+        raise PathError(
+            f"{option} {path} is a directory, but it names the file to write (e.g. "
+            f"{path / 'out.csv'}). Give a file path. Nothing was run."
+        )
     if path.exists() and not path.is_file():  # a device, FIFO or socket: written through a temp file, replaced
-        raise PathError(f"{option} {path} is not a regular file (a device, FIFO or socket), and the output is "
-                        f"written beside it and then moved onto it, replacing it. Give the path of a regular file "
-                        f"(new or existing). Nothing was run.")
+        raise PathError(
+            f"{option} {path} is not a regular file (a device, FIFO or socket), and the output is "
+            f"written beside it and then moved onto it, replacing it. Give the path of a regular file "
+            f"(new or existing). Nothing was run."
+        )
     _writable(path.parent, option, path)
     return path
 
@@ -151,8 +174,10 @@ def output_dir(path: Path, option: str) -> Path:
     """`path` is a directory to write into: a directory already, or creatable."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise PathError(f"{option} {path} is an existing file, but it names the directory to write into. Give a "
-                        f"directory path (new or existing). Nothing was run.")
+        raise PathError(
+            f"{option} {path} is an existing file, but it names the directory to write into. Give a "
+            f"directory path (new or existing). Nothing was run."
+        )
     _writable(path, option, path)
     return path
 
@@ -173,5 +198,7 @@ def _writable(d: Path, option: str, path: Path) -> None:
         with tempfile.NamedTemporaryFile(dir=d, prefix=".parallax-write-check-"):
             pass
     except OSError as e:
-        raise PathError(f"{option} {path} cannot be written: {d} is not a writable directory ({e.strerror or e}). "
-                        f"Choose a path in a directory you can write to. Nothing was run.") from None
+        raise PathError(
+            f"{option} {path} cannot be written: {d} is not a writable directory ({e.strerror or e}). "
+            f"Choose a path in a directory you can write to. Nothing was run."
+        ) from None

@@ -5,6 +5,7 @@ A process killed with SIGKILL removes nothing: its scratch folder stays. Naming 
 that no longer run, and leave alone those of a live one (a second run beside it) and those of other hosts (a folder
 on a shared file system). Stdlib only.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +23,7 @@ def remove_orphaned(prefix: str, parent=None, suffix: str = "") -> int:
     parent = Path(parent if parent is not None else tempfile.gettempdir())
     removed = 0
     for d in parent.glob(f"{glob_escape(prefix)}*@*-*{suffix}"):
-        owner = d.name[len(prefix):len(d.name) - len(suffix)].rpartition("-")[0]
+        owner = d.name[len(prefix) : len(d.name) - len(suffix)].rpartition("-")[0]
         pid, _, host = owner.partition("@")
         if pid.isdigit() and host == host_tag() and not d.is_symlink() and not alive(int(pid)):
             if d.is_dir():

@@ -1,4 +1,5 @@
 """Shared fixtures: a synthetic data directory made once per session, and configs that point at it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,6 +24,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def synthetic_root(tmp_path_factory) -> Path:
     from pipeline.data import store as data
+
     root = tmp_path_factory.mktemp("data") / "fashion-mnist"
     data.prepare(root, "synthetic", progress=False)
     return root
@@ -37,11 +39,19 @@ def make_cfg(synthetic_root, tmp_path, monkeypatch):
     def make(*sets, profile=""):
         if profile and not (tmp_path / "experiments" / f"{profile}.yaml").exists():
             (tmp_path / "experiments" / f"{profile}.yaml").write_text(
-                (REPO / "experiments" / f"{profile}.yaml").read_text())
-        base = [f"profile={profile}", "data.source=synthetic", f"data.dir={synthetic_root}",
-                "train.warmup_steps=1", "train.timeout_s=60",
-                # the tests' own host may be busy (other suites, a developer's work): trials are not flagged as
-                # measured under interference unless a test asks for it (tests/measure/test_interference.py)
-                "train.interference_threshold=1e6", "sweep.quiet_wait_s=0"]
+                (REPO / "experiments" / f"{profile}.yaml").read_text()
+            )
+        base = [
+            f"profile={profile}",
+            "data.source=synthetic",
+            f"data.dir={synthetic_root}",
+            "train.warmup_steps=1",
+            "train.timeout_s=60",
+            # the tests' own host may be busy (other suites, a developer's work): trials are not flagged as
+            # measured under interference unless a test asks for it (tests/measure/test_interference.py)
+            "train.interference_threshold=1e6",
+            "sweep.quiet_wait_s=0",
+        ]
         return configmod.load(None, [*base, *sets], root=tmp_path)  # tmp_path/params.yaml if any
+
     return make

@@ -1,7 +1,8 @@
 """Regenerate docs/errors.md from the bad-input cases the test suite checks (tests/config/test_errors.py).
 
-    .venv/bin/python tools/make_errors_doc.py > docs/errors.md
+.venv/bin/python tools/make_errors_doc.py > docs/errors.md
 """
+
 import contextlib
 import io
 import os
@@ -17,25 +18,32 @@ os.environ["PYTHONWARNINGS"] = "ignore"
 
 def main():
     import pytest  # noqa: F401  (the cases' module imports it)
-    from tests.config import test_errors as te
-    from pipeline.data import store as data
+
     from pipeline.cli import main as cli
+    from pipeline.data import store as data
+    from tests.config import test_errors as te
+
     tmp = Path(tempfile.mkdtemp())
     synth = tmp / "synthetic"
     data.prepare(synth, "synthetic", progress=False)
 
     class MP:  # the fixture's monkeypatch, by hand
-        def setenv(self, k, v): os.environ[k] = v
-        def chdir(self, p): os.chdir(p)
+        def setenv(self, k, v):
+            os.environ[k] = v
+
+        def chdir(self, p):
+            os.chdir(p)
 
     os.environ["DVC_ROOT"] = str(tmp)
     te.env.__wrapped__(lambda: None, tmp, synth, MP())
     print("# Errors: every bad input and the message it gets\n")
-    print("Each stops before any work, exits non-zero and writes nothing to the MLflow or Optuna stores "
-          "(checked by `tests/config/test_errors.py`; regenerate this page with `python tools/make_errors_doc.py`). "
-          "Paths below come from a temporary directory. Exit status 2: bad input (nothing was run); 1: a store "
-          "that cannot be used, a failed trial, or a fault after runs were opened; 130 / 143: interrupted by "
-          "SIGINT (Ctrl-C) / SIGTERM. Any URL in a message has its password replaced by `***`.\n")
+    print(
+        "Each stops before any work, exits non-zero and writes nothing to the MLflow or Optuna stores "
+        "(checked by `tests/config/test_errors.py`; regenerate this page with `python tools/make_errors_doc.py`). "
+        "Paths below come from a temporary directory. Exit status 2: bad input (nothing was run); 1: a store "
+        "that cannot be used, a failed trial, or a fault after runs were opened; 130 / 143: interrupted by "
+        "SIGINT (Ctrl-C) / SIGTERM. Any URL in a message has its password replaced by `***`.\n"
+    )
     for name, argv, _ in te.CASES:
         if argv is None:
             continue
@@ -47,7 +55,7 @@ def main():
             except SystemExit as e:
                 code = e.code
         msg = " ".join(err.getvalue().split()).replace(str(tmp), "$TMP")
-        msg = msg[msg.find("error:"):] if "error:" in msg else msg
+        msg = msg[msg.find("error:") :] if "error:" in msg else msg
         print(f"## {name}\n\n`python -m pipeline {' '.join(argv).replace(str(tmp), '$TMP')}` → exit {code}\n")
         print("> " + "\n> ".join(textwrap.wrap(msg, 110)) + "\n")
     after_runs_opened(cli, tmp)
@@ -57,37 +65,55 @@ def after_runs_opened(cli, tmp):
     """Faults that can only happen once runs are open: what is recorded, and the message
     (tests/sweep/test_faults.py)."""
     import sqlite3
+
     from pipeline.tracking import client as tracking
+
     print("# Faults after runs are open\n")
-    print("Some faults can only happen once a trial's MLflow run and Optuna trial are open: a full disk, a store "
-          "that becomes read-only or unreachable. The trial is then closed as FAILED with the reason (MLflow tag "
-          "`failure`, Optuna user attribute `reason`) and enqueued again, the study's parent run ends FAILED with "
-          "the same reason, nothing is left RUNNING, and the command prints one paragraph and exits 1. A rerun "
-          "after the cause is fixed finishes the study without repeating finished trials "
-          "(`tests/sweep/test_faults.py`).\n")
+    print(
+        "Some faults can only happen once a trial's MLflow run and Optuna trial are open: a full disk, a store "
+        "that becomes read-only or unreachable. The trial is then closed as FAILED with the reason (MLflow tag "
+        "`failure`, Optuna user attribute `reason`) and enqueued again, the study's parent run ends FAILED with "
+        "the same reason, nothing is left RUNNING, and the command prints one paragraph and exits 1. A rerun "
+        "after the cause is fixed finishes the study without repeating finished trials "
+        "(`tests/sweep/test_faults.py`).\n"
+    )
     real = tracking.log_completed_run
 
     def disk_full(*a, **kw):
         raise sqlite3.OperationalError("database or disk is full")
+
     tracking.log_completed_run = disk_full
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = cli(["sweep", "--strategy", "single", "--set", "data.train_limit=512",
-                        "--set", "sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}"])
+            code = cli(
+                [
+                    "sweep",
+                    "--strategy",
+                    "single",
+                    "--set",
+                    "data.train_limit=512",
+                    "--set",
+                    "sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}",
+                ]
+            )
     finally:
         tracking.log_completed_run = real
     msg = " ".join(err.getvalue().split()).replace(str(tmp), "$TMP")
-    msg = msg[msg.find("error:"):]
-    print(f"## the MLflow store's disk fills up during a trial\n\n`python -m pipeline sweep --strategy single` "
-          f"→ exit {code}\n")
+    msg = msg[msg.find("error:") :]
+    print(
+        f"## the MLflow store's disk fills up during a trial\n\n`python -m pipeline sweep --strategy single` "
+        f"→ exit {code}\n"
+    )
     print("> " + "\n> ".join(textwrap.wrap(msg, 110)) + "\n")
-    print("## a live trial whose heartbeat is late\n\nOn a loaded host a worker's heartbeat can be later than "
-          "`PARALLAX_GRACE_S`. A trial whose worker runs on the same host and is alive is never failed as stale. "
-          "If a worker on another host fails it anyway, its own worker notices at the next heartbeat, stops the "
-          "trial at the end of the epoch, ends its MLflow run KILLED and goes on; its output says `-> taken over: "
-          "another worker failed this trial as stale (late heartbeat) and runs it again; nothing recorded here`. "
-          "Nothing is recorded twice.\n")
+    print(
+        "## a live trial whose heartbeat is late\n\nOn a loaded host a worker's heartbeat can be later than "
+        "`PARALLAX_GRACE_S`. A trial whose worker runs on the same host and is alive is never failed as stale. "
+        "If a worker on another host fails it anyway, its own worker notices at the next heartbeat, stops the "
+        "trial at the end of the epoch, ends its MLflow run KILLED and goes on; its output says `-> taken over: "
+        "another worker failed this trial as stale (late heartbeat) and runs it again; nothing recorded here`. "
+        "Nothing is recorded twice.\n"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Rewrites what the strategy catalog (pipeline/catalog.py) generates: docs/strategies.md's table and dvc.yaml's
 list of sweep stages (tests/architecture/test_catalog.py checks both). Run `python tools/sync_catalog.py` after
 adding or changing a catalog row."""
+
 from __future__ import annotations
 
 import re

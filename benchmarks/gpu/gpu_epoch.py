@@ -15,6 +15,7 @@ Parallax's trials run with train.breakdown_every=0: a sampled step synchronises 
 A d2l recipe that fails (a node without torchvision) is reported as "d2l peer failed: ..." and Parallax is measured
 alone; --no-peer REASON skips it up front.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,11 @@ from benchmarks.common import REPO, base_cfg, datamod, ensure_data, host_line, m
 from benchmarks.speed.mfu import flops_per_image, matmul_peak
 from pipeline.host.capabilities import fp32_label, host_capabilities
 
-PEERS = (REPO.parent / "shared" / "peers" / "d2l_reference.py", REPO / "shared" / "peers" / "d2l_reference.py",
-         REPO / "peers" / "d2l_reference.py")
+PEERS = (
+    REPO.parent / "shared" / "peers" / "d2l_reference.py",
+    REPO / "shared" / "peers" / "d2l_reference.py",
+    REPO / "peers" / "d2l_reference.py",
+)
 # dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s, matched against
 # torch.cuda.get_device_name: first substring wins. Any other H100 (e.g. "NVIDIA H100 80GB HBM3") is an SXM part.
 DATASHEET_BF16_TFLOPS = (("H200", 989), ("H100 PCIe", 756), ("H100 NVL", None), ("H100", 989), ("A100", 312))
@@ -74,11 +78,21 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--images", type=int, default=60000, help="training images per epoch (default: all 60,000)")
     p.add_argument("--batch", type=int, default=256, help="batch size for all three (d2l's: 256)")
-    p.add_argument("--peer", type=Path, default=None,
-                   help="the d2l recipe (default: the first of ../shared/peers/, shared/peers/, peers/ holding it; "
-                        "if none does, Parallax alone is measured and no ratio is printed)")
-    p.add_argument("--no-peer", nargs="?", const="--no-peer given", default=None, metavar="REASON",
-                   help="measure Parallax alone (run.sh passes this, with the reason, on a node without torchvision)")
+    p.add_argument(
+        "--peer",
+        type=Path,
+        default=None,
+        help="the d2l recipe (default: the first of ../shared/peers/, shared/peers/, peers/ holding it; "
+        "if none does, Parallax alone is measured and no ratio is printed)",
+    )
+    p.add_argument(
+        "--no-peer",
+        nargs="?",
+        const="--no-peer given",
+        default=None,
+        metavar="REASON",
+        help="measure Parallax alone (run.sh passes this, with the reason, on a node without torchvision)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write every figure here")
     args = p.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -116,20 +130,32 @@ def main():
     if host.kind == "cuda":
         gemm_what = "bf16 GEMM 8192^3 on cuda:0"
         sheet = datasheet_peak(host.name)
-        sheet_what = (f"datasheet dense bf16 {sheet / 1e12:,.0f} TFLOP/s ({host.name})" if sheet
-                      else f"no datasheet entry for {host.name!r}")
+        sheet_what = (
+            f"datasheet dense bf16 {sheet / 1e12:,.0f} TFLOP/s ({host.name})"
+            if sheet
+            else f"no datasheet entry for {host.name!r}"
+        )
     else:
         gemm_what = "fp32 GEMM 1024^3, one core; the bf16 rows are measured against it too"
         sheet, sheet_what = None, "no datasheet peak (CPU host)"
     fpi = {m: flops_per_image(m, 8, torch.device("cpu")) for m in models}  # per image: batch-independent
     say(host_line())
-    say(f"{images:,} training images per epoch ({steps} steps of {args.batch}) on the first device; "
+    say(
+        f"{images:,} training images per epoch ({steps} steps of {args.batch}) on the first device; "
         f"{args.rounds} round(s), alternating; d2l recipe "
-        + (str(args.peer) if args.peer else f"not run ({peer_note}): no ratios"))
+        + (str(args.peer) if args.peer else f"not run ({peer_note}): no ratios")
+    )
 
     # breakdown_every=0: a sampled step syncs every phase (and may open a profiler session), and epoch_s counts it
-    cfg = base_cfg(args.data, source, f"data.train_limit={images}", "data.test_limit=1000", "train.epochs=1",
-                   f"train.warmup_steps={min(5, steps - 1)}", "train.breakdown_every=0")
+    cfg = base_cfg(
+        args.data,
+        source,
+        f"data.train_limit={images}",
+        "data.test_limit=1000",
+        "train.epochs=1",
+        f"train.warmup_steps={min(5, steps - 1)}",
+        "train.breakdown_every=0",
+    )
     runs = {m: {key: [] for key, _ in ROWS} for m in models}
     gemms = []
     for r in range(args.rounds):
@@ -147,10 +173,15 @@ def main():
                     args.peer, peer_note = None, f"failed: {e}"
             d = runs[model]["d2l"][-1] if (args.peer and runs[model]["d2l"]) else None
             s, a = runs[model]["single"][-1], runs[model]["ddp_amp"][-1]
-            say(f"round {r + 1} {model}: single {s['epoch_s']:.2f} s, {s['img_s'] or 0:,.0f} img/s; "
+            say(
+                f"round {r + 1} {model}: single {s['epoch_s']:.2f} s, {s['img_s'] or 0:,.0f} img/s; "
                 f"ddp_amp ({a['amp_dtype']}) {a['epoch_s']:.2f} s, {a['img_s'] or 0:,.0f} img/s"
-                + (f"; d2l epoch 1 {d['epoch1_s']:.2f} s, epoch 2 {d['epoch_s']:.2f} s, {d['img_s']:,.0f} img/s"
-                   if d else ""))
+                + (
+                    f"; d2l epoch 1 {d['epoch1_s']:.2f} s, epoch 2 {d['epoch_s']:.2f} s, {d['img_s']:,.0f} img/s"
+                    if d
+                    else ""
+                )
+            )
 
     gemm = max(gemms)
     say(f"peak: measured {gemm / 1e12:,.3f} TFLOP/s (best of {len(gemms)} round(s), {gemm_what}); {sheet_what}")
@@ -158,12 +189,25 @@ def main():
     caps = host_capabilities(host)
     fp32 = fp32_label(caps)
     labels = {key: label.replace("fp32", fp32) for key, label in ROWS}
-    report = {"host": host_line(), "data_source": source, "device": host.name, "device_kind": host.kind,
-              "tf32": caps.get("tf32"), "tf32_text": caps.get("tf32_text"), "fp32_label": fp32,
-              "images_per_epoch": images, "batch": args.batch, "rounds": args.rounds, "peer": str(args.peer or ""),
-              "peer_note": peer_note,
-              "peak_gemm_flops": gemm, "peak_gemm_rounds": gemms, "peak_gemm_what": gemm_what,
-              "peak_datasheet_flops": sheet, "models": {}}
+    report = {
+        "host": host_line(),
+        "data_source": source,
+        "device": host.name,
+        "device_kind": host.kind,
+        "tf32": caps.get("tf32"),
+        "tf32_text": caps.get("tf32_text"),
+        "fp32_label": fp32,
+        "images_per_epoch": images,
+        "batch": args.batch,
+        "rounds": args.rounds,
+        "peer": str(args.peer or ""),
+        "peer_note": peer_note,
+        "peak_gemm_flops": gemm,
+        "peak_gemm_rounds": gemms,
+        "peak_gemm_what": gemm_what,
+        "peak_datasheet_flops": sheet,
+        "models": {},
+    }
     for model in models:
         ref = runs[model]["d2l"]
         ref_s, ref_ips = (med([x["epoch_s"] for x in ref]), med([x["img_s"] for x in ref])) if ref else (None, None)
@@ -177,39 +221,57 @@ def main():
             epoch_s, ips = med([x["epoch_s"] for x in xs]), med([x["img_s"] for x in xs])
             # one device, except the d2l recipe on a CPU host: it computes with every core
             units = host.n if (key == "d2l" and host.kind == "cpu") else 1
-            row = {"runs": xs, "epoch_s": epoch_s, "epoch_s_per_60k": epoch_s * 60000 / images, "img_s": ips,
-                   "steady_s_per_60k": 60000 / ips if ips else None,
-                   "epoch_ratio_vs_d2l": ref_s / epoch_s if ref_s else None,
-                   "img_s_ratio_vs_d2l": ips / ref_ips if (ips and ref_ips) else None,
-                   "mfu_gemm": fpi[model] * ips / (gemm * units) if ips else None,
-                   "mfu_datasheet": fpi[model] * ips / sheet if (ips and sheet) else None}
+            row = {
+                "runs": xs,
+                "epoch_s": epoch_s,
+                "epoch_s_per_60k": epoch_s * 60000 / images,
+                "img_s": ips,
+                "steady_s_per_60k": 60000 / ips if ips else None,
+                "epoch_ratio_vs_d2l": ref_s / epoch_s if ref_s else None,
+                "img_s_ratio_vs_d2l": ips / ref_ips if (ips and ref_ips) else None,
+                "mfu_gemm": fpi[model] * ips / (gemm * units) if ips else None,
+                "mfu_datasheet": fpi[model] * ips / sheet if (ips and sheet) else None,
+            }
             out["rows"][key] = row
-            first = (f" (its epoch 2; epoch 1 {med([x['epoch1_s'] for x in xs]):.2f} s)" if key == "d2l"
-                     else " (warm-up incl.)")
-            say(f"  {label:36s} epoch {epoch_s:6.2f} s as measured{first} = {row['epoch_s_per_60k']:.2f} s/60k; "
-                f"steady state {ips or 0:>9,.0f} img/s = {row['steady_s_per_60k'] or 0:.2f} s/60k")
+            first = (
+                f" (its epoch 2; epoch 1 {med([x['epoch1_s'] for x in xs]):.2f} s)"
+                if key == "d2l"
+                else " (warm-up incl.)"
+            )
+            say(
+                f"  {label:36s} epoch {epoch_s:6.2f} s as measured{first} = {row['epoch_s_per_60k']:.2f} s/60k; "
+                f"steady state {ips or 0:>9,.0f} img/s = {row['steady_s_per_60k'] or 0:.2f} s/60k"
+            )
             mfu = f"MFU {row['mfu_gemm'] or 0:.1%} of measured GEMM" + (f" x {units} cores" if units > 1 else "")
             if sheet:
                 mfu += f", {row['mfu_datasheet'] or 0:.1%} of datasheet"
             if key != "d2l" and ref:
-                say(f"  {'':26s} vs d2l recipe: epoch {row['epoch_ratio_vs_d2l']:.2f}x faster, "
-                    f"img/s {row['img_s_ratio_vs_d2l'] or 0:.2f}x; {mfu}")
+                say(
+                    f"  {'':26s} vs d2l recipe: epoch {row['epoch_ratio_vs_d2l']:.2f}x faster, "
+                    f"img/s {row['img_s_ratio_vs_d2l'] or 0:.2f}x; {mfu}"
+                )
             else:
                 say(f"  {'':26s} {mfu}" + ("" if ref else "; no d2l recipe: no ratio"))
         if model == "resnet18":
             row = out["rows"]["ddp_amp"]
             where = "" if host.kind == "cuda" else " (GPU targets; this host is a CPU)"
-            met = {"epoch_s_per_60k": row["epoch_s_per_60k"] <= TARGET_EPOCH_S,
-                   "epoch_ratio": (row["epoch_ratio_vs_d2l"] or 0) >= TARGET_RATIO,
-                   "img_s_ratio": (row["img_s_ratio_vs_d2l"] or 0) >= TARGET_RATIO}
+            met = {
+                "epoch_s_per_60k": row["epoch_s_per_60k"] <= TARGET_EPOCH_S,
+                "epoch_ratio": (row["epoch_ratio_vs_d2l"] or 0) >= TARGET_RATIO,
+                "img_s_ratio": (row["img_s_ratio_vs_d2l"] or 0) >= TARGET_RATIO,
+            }
             out["targets"] = {"epoch_s_per_60k_max": TARGET_EPOCH_S, "ratio_vs_d2l_min": TARGET_RATIO, "met": met}
             yes = {True: "met", False: "NOT met"}
-            say(f"  target{where}: resnet18 ddp_amp k=1 epoch <= {TARGET_EPOCH_S} s/60k: "
+            say(
+                f"  target{where}: resnet18 ddp_amp k=1 epoch <= {TARGET_EPOCH_S} s/60k: "
                 f"{row['epoch_s_per_60k']:.2f} s as measured -> {yes[met['epoch_s_per_60k']]} "
-                f"(steady state {row['steady_s_per_60k'] or 0:.2f} s)")
-            say(f"  target{where}: resnet18 ddp_amp k=1 >= {TARGET_RATIO:.0f}x the d2l recipe: "
+                f"(steady state {row['steady_s_per_60k'] or 0:.2f} s)"
+            )
+            say(
+                f"  target{where}: resnet18 ddp_amp k=1 >= {TARGET_RATIO:.0f}x the d2l recipe: "
                 f"epoch {row['epoch_ratio_vs_d2l'] or 0:.2f}x -> {yes[met['epoch_ratio']]}, "
-                f"img/s {row['img_s_ratio_vs_d2l'] or 0:.2f}x -> {yes[met['img_s_ratio']]}")
+                f"img/s {row['img_s_ratio_vs_d2l'] or 0:.2f}x -> {yes[met['img_s_ratio']]}"
+            )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
         say(f"wrote {args.json}")

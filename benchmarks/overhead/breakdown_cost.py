@@ -6,6 +6,7 @@ Sampled steps are kept out of the throughput window (breakdown.py), so their cos
 samples x (a sampled step's wall, barriers and probe included - an unsampled step) / epoch seconds. Throughput
 with sampling on and off is printed beside it (a difference inside the host's noise is no cost).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -31,14 +32,28 @@ def main():
         for _ in range(args.rounds):
             for every in runs:
                 with tempfile.TemporaryDirectory() as tmp:
-                    runs[every].append(trial(cfg, Path(tmp) / "o", strategy=strategy, devices=int(k),
-                                             batch_size=128 * int(k), breakdown_every=every))
+                    runs[every].append(
+                        trial(
+                            cfg,
+                            Path(tmp) / "o",
+                            strategy=strategy,
+                            devices=int(k),
+                            batch_size=128 * int(k),
+                            breakdown_every=every,
+                        )
+                    )
         on = runs[args.every]
-        cost = [m["breakdown"]["samples"] * (m["breakdown"]["sampled_wall_s"] - m["breakdown"]["timed_step_s"])
-                / m["epoch_s"][0] for m in on]
-        print(f"{strategy} k={k}: off {spread([m['throughput_img_s'] for m in runs[0]])} img/s | every "
-              f"{args.every}: {spread([m['throughput_img_s'] for m in on])} img/s; sampling adds "
-              f"{statistics.median(cost):.1%} (min {min(cost):.1%}, max {max(cost):.1%}) to the epoch")
+        cost = [
+            m["breakdown"]["samples"]
+            * (m["breakdown"]["sampled_wall_s"] - m["breakdown"]["timed_step_s"])
+            / m["epoch_s"][0]
+            for m in on
+        ]
+        print(
+            f"{strategy} k={k}: off {spread([m['throughput_img_s'] for m in runs[0]])} img/s | every "
+            f"{args.every}: {spread([m['throughput_img_s'] for m in on])} img/s; sampling adds "
+            f"{statistics.median(cost):.1%} (min {min(cost):.1%}, max {max(cost):.1%}) to the epoch"
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Runs the whole pipeline in a fresh temporary copy of the repository on synthetic
 then sums every trial's training-epoch seconds from the sweep CSVs. Overhead = 1 - training / wall: process and
 interpreter start-up, DVC, data generation, evaluation, MLflow/Optuna bookkeeping, analysis.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,11 @@ def main():
     (tmp / "params.yaml").write_text(params.replace("source: fashion-mnist", "source: synthetic"))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env.pop("DVC_ROOT", None)
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.email=b@b", "-c", "user.name=b", "commit", "-qm", "bench"]):
+    for cmd in (
+        ["git", "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.email=b@b", "-c", "user.name=b", "commit", "-qm", "bench"],
+    ):
         subprocess.run(cmd, cwd=tmp, check=True, env=env)
     print(host_line(), f"| profile {args.profile}, synthetic data, copy in {tmp}", flush=True)
     t0 = time.perf_counter()
@@ -50,13 +54,19 @@ def main():
         walls = sum(r["duration_s"] for r in rows)
         train_s, trial_s, trials = train_s + steps, trial_s + walls, trials + len(rows)
         if rows:
-            lines.append(f"  {f.stem}: {len(rows)} trials, {walls - steps:.1f} s in trials outside training steps "
-                         f"({(walls - steps) / len(rows):.2f} s a trial: start-up, evaluation, hand-offs)")
-    print(f"dvc repro wall time: {wall:.1f} s; time inside training steps (sum of epoch seconds over "
-          f"{trials} trials): {train_s:.1f} s")
+            lines.append(
+                f"  {f.stem}: {len(rows)} trials, {walls - steps:.1f} s in trials outside training steps "
+                f"({(walls - steps) / len(rows):.2f} s a trial: start-up, evaluation, hand-offs)"
+            )
+    print(
+        f"dvc repro wall time: {wall:.1f} s; time inside training steps (sum of epoch seconds over "
+        f"{trials} trials): {train_s:.1f} s"
+    )
     print(f"pipeline overhead: {wall - train_s:.1f} s = {(wall - train_s) / wall:.1%} of wall time")
-    print(f"of which {trial_s - train_s:.1f} s inside trials, {wall - trial_s:.1f} s outside them (stage processes' "
-          f"start-up, the stores, study plots, data, overlap, analysis, DVC):")
+    print(
+        f"of which {trial_s - train_s:.1f} s inside trials, {wall - trial_s:.1f} s outside them (stage processes' "
+        f"start-up, the stores, study plots, data, overlap, analysis, DVC):"
+    )
     print("\n".join(lines))
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -6,6 +6,7 @@ alone and at the same time, side by side.
 If each keeps its solo images/s when both run, the cores do not slow each other down (shared cache, memory
 bandwidth, frequency) and any loss in a k=2 trial belongs to the strategy's communication and synchronisation.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,9 +27,24 @@ def one(core: int, data: Path, source: str) -> float:
 
 
 def spawn(core: int, args, source):
-    return subprocess.Popen([sys.executable, "-W", "ignore", "-m", __spec__.name, "--child", str(core),
-                             "--data", str(args.data),
-                             "--source", source], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-W",
+            "ignore",
+            "-m",
+            __spec__.name,
+            "--child",
+            str(core),
+            "--data",
+            str(args.data),
+            "--source",
+            source,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
 
 
 def main():
@@ -46,8 +62,11 @@ def main():
         alone = float(spawn(0, args, source).communicate()[0])
         procs = [spawn(c, args, source) for c in (0, 1)]
         together = [float(q.communicate()[0]) for q in procs]
-        print(f"round {r + 1}: alone on core 0 {alone:,.0f} img/s; together: core 0 {together[0]:,.0f}, core 1 "
-              f"{together[1]:,.0f} img/s -> {min(together) / alone:.1%} of the solo speed", flush=True)
+        print(
+            f"round {r + 1}: alone on core 0 {alone:,.0f} img/s; together: core 0 {together[0]:,.0f}, core 1 "
+            f"{together[1]:,.0f} img/s -> {min(together) / alone:.1%} of the solo speed",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

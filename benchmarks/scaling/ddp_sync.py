@@ -11,6 +11,7 @@
    and memory cost), both with a barrier per step (what lockstep costs: each step waits for the slower rank),
    DDP over shared memory and DDP over Gloo. Efficiency = alone / pair step time.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,6 +26,7 @@ def _rank(rounds: int, block: int) -> dict:
     import torch
     import torch.distributed as dist
     from torch import nn
+
     from pipeline.host.devices import keep_freed_memory
     from pipeline.models import build_model
     from pipeline.strategies import shm_allreduce as shm
@@ -66,8 +68,14 @@ def _rank(rounds: int, block: int) -> dict:
                 m.register_comm_hook(shm.ShmAllreduce(4 * n_grad, timeout_s=60), shm.shm_allreduce_hook)
         return m, torch.optim.SGD(m.parameters(), lr=0.01)
 
-    kinds = ["alone (rank 0)", "alone (rank 1)", "pair, no communication", "pair, barrier per step",
-             "ddp, shared memory", "ddp, gloo"]
+    kinds = [
+        "alone (rank 0)",
+        "alone (rank 1)",
+        "pair, no communication",
+        "pair, barrier per step",
+        "ddp, shared memory",
+        "ddp, gloo",
+    ]
     setups = {k: model(k) for k in kinds}
     barrier = shm.ShmAllreduce(64, timeout_s=60)
     one = torch.zeros(1)
@@ -99,9 +107,19 @@ def main():
     p.add_argument("--block", type=int, default=20, help="steps per timed block")
     args = p.parse_args()
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
     print(host_line())
-    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex[:8], rdzv_backend="c10d",
-                      rdzv_endpoint="127.0.0.1:0", max_restarts=0, start_method="fork", monitor_interval=0.1)
+    lc = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=2,
+        run_id=uuid.uuid4().hex[:8],
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",
+        max_restarts=0,
+        start_method="fork",
+        monitor_interval=0.1,
+    )
     res = elastic_launch(lc, _rank)(args.rounds, args.block)
     r0, r1 = res[0], res[1]
     print("1. all-reduce of 129,068 fp32 gradients between the two ranks (rank 0's view, ms):")
@@ -109,17 +127,28 @@ def main():
         xs = sorted(v * 1e3 for v in r0[k])
         print(f"   {k[10:]:36s} median {statistics.median(xs):6.2f}  p90 {xs[int(0.9 * len(xs))]:6.2f}")
     alone = statistics.median(r0["alone (rank 0)"])
-    print(f"2. LeNet step, per-device batch 256 ({args.rounds} rounds of {args.block} steps; "
-          f"slower rank's median; efficiency = rank 0 alone / this):")
-    for k in ["alone (rank 0)", "alone (rank 1)", "pair, no communication", "pair, barrier per step",
-              "ddp, shared memory", "ddp, gloo"]:
-        t = {"alone (rank 0)": alone, "alone (rank 1)": statistics.median(r1["alone (rank 1)"])}.get(k) or \
-            max(statistics.median(r0[k]), statistics.median(r1[k]))
+    print(
+        f"2. LeNet step, per-device batch 256 ({args.rounds} rounds of {args.block} steps; "
+        f"slower rank's median; efficiency = rank 0 alone / this):"
+    )
+    for k in [
+        "alone (rank 0)",
+        "alone (rank 1)",
+        "pair, no communication",
+        "pair, barrier per step",
+        "ddp, shared memory",
+        "ddp, gloo",
+    ]:
+        t = {"alone (rank 0)": alone, "alone (rank 1)": statistics.median(r1["alone (rank 1)"])}.get(k) or max(
+            statistics.median(r0[k]), statistics.median(r1[k])
+        )
         print(f"   {k:26s} {t * 1e3:6.2f} ms/step  -> {alone / t:6.1%}")
     for rank, r in ((0, r0), (1, r1)):
         xs = sorted(v * 1e3 for v in r[f"steps alone (rank {rank})"])
-        print(f"   rank {rank} alone, single steps: median {statistics.median(xs):.2f} ms, "
-              f"stdev {statistics.stdev(xs):.2f} ms, p95 {xs[int(0.95 * len(xs))]:.2f} ms (n={len(xs)})")
+        print(
+            f"   rank {rank} alone, single steps: median {statistics.median(xs):.2f} ms, "
+            f"stdev {statistics.stdev(xs):.2f} ms, p95 {xs[int(0.95 * len(xs))]:.2f} ms (n={len(xs)})"
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ compare, project.
 4. Projects k = 4 and 8 on this host (collectives extrapolated from the largest measured k) and on the nominal
    profiles of experiments/interconnects/nominal.yaml, with this host's k=1 compute. Every modelled number says so.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,25 +37,44 @@ def measure_trials(args, source, ks) -> dict:
     for r in range(args.rounds):
         for s in args.strategies:
             with tempfile.TemporaryDirectory() as tmp:
-                for k in (ks if r % 2 == 0 else ks[::-1]):  # alternate the order between rounds
-                    cfg = base_cfg(args.data, source, f"data.train_limit={k * b * (args.steps + 5)}",
-                                   "data.test_limit=500", "train.warmup_steps=5")
+                for k in ks if r % 2 == 0 else ks[::-1]:  # alternate the order between rounds
+                    cfg = base_cfg(
+                        args.data,
+                        source,
+                        f"data.train_limit={k * b * (args.steps + 5)}",
+                        "data.test_limit=500",
+                        "train.warmup_steps=5",
+                    )
                     m = trial(cfg, Path(tmp) / f"{k}", model="lenet", strategy=s, devices=k, batch_size=k * b)
                     e = out.setdefault(s, {}).setdefault(k, {"img_s": []})
                     e["img_s"].append(m["throughput_img_s"])
-                    e.update(comm_hook_used=m["comm_hook_used"], parallel_devices=m["parallel_devices"],
-                             bucket_cap_mb=m["bucket_cap_mb"])
-            print(f"  round {r + 1}: {s} " + ", ".join(f"k={k} {out[s][k]['img_s'][-1]:,.0f} img/s" for k in ks),
-                  flush=True)
+                    e.update(
+                        comm_hook_used=m["comm_hook_used"],
+                        parallel_devices=m["parallel_devices"],
+                        bucket_cap_mb=m["bucket_cap_mb"],
+                    )
+            print(
+                f"  round {r + 1}: {s} " + ", ".join(f"k={k} {out[s][k]['img_s'][-1]:,.0f} img/s" for k in ks),
+                flush=True,
+            )
     return out
 
 
 def _predict(s, k, trials, ic, b, layout):
     one, at_k = trials[s][1], trials[s][k]
     transport = {"shm": "allreduce_shm", "none": "allreduce"}.get(at_k.get("comm_hook_used"))
-    return sm.predict(s, k, 1 / med(one["img_s"]), ic, model="lenet", per_device_batch=b, layout=layout,
-                      bucket_cap_mb=at_k["bucket_cap_mb"], transport=transport,
-                      serial_replicas=not at_k["parallel_devices"])
+    return sm.predict(
+        s,
+        k,
+        1 / med(one["img_s"]),
+        ic,
+        model="lenet",
+        per_device_batch=b,
+        layout=layout,
+        bucket_cap_mb=at_k["bucket_cap_mb"],
+        transport=transport,
+        serial_replicas=not at_k["parallel_devices"],
+    )
 
 
 def _load() -> str:
@@ -82,8 +102,10 @@ def main():
     b = args.per_device_batch
     print(host_line(), f"| data: {source} | LeNet, per-device batch {b}, {args.rounds} rounds x {args.steps} steps")
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    print(f"load average before starting: {_load()} ({host.n} {host.kind} devices; above ~0.5 others are using them "
-          f"and every timing below is disturbed)")
+    print(
+        f"load average before starting: {_load()} ({host.n} {host.kind} devices; above ~0.5 others are using them "
+        f"and every timing below is disturbed)"
+    )
     if host.n < 2:
         raise SystemExit("this host has one device: no k > 1 to check the model against")
 
@@ -100,18 +122,24 @@ def main():
                 f = by_mode[mode]["fit"]
                 trial_pts = [q for q in by_mode[mode]["points"] if q["in_trial"]]
                 beta = f"{f['beta_Bps'] / 1e9:6.2f} GB/s" if f["beta_Bps"] else "  (flat)   "
-                print(f"   {name:18s} k={k} {mode:13s} alpha {f['alpha_s'] * 1e6:8.1f} us  beta {beta}  "
-                      f"fit rel. rms {f['rel_rms']:.0%}  | at trial sizes: "
-                      + ", ".join(f"{q['bytes']:,} B median {q['median_s'] * 1e3:.2f} ms "
-                                  f"[{q['min_s'] * 1e3:.2f}-{q['max_s'] * 1e3:.2f}]" for q in trial_pts[:3])
-                      + (" ..." if len(trial_pts) > 3 else ""))
-    print(f"   ({coll['wall_s']:.1f} s; {coll['settings']['reps']} repeats per size; "
-          f"{coll['settings']['timed']})")
+                print(
+                    f"   {name:18s} k={k} {mode:13s} alpha {f['alpha_s'] * 1e6:8.1f} us  beta {beta}  "
+                    f"fit rel. rms {f['rel_rms']:.0%}  | at trial sizes: "
+                    + ", ".join(
+                        f"{q['bytes']:,} B median {q['median_s'] * 1e3:.2f} ms "
+                        f"[{q['min_s'] * 1e3:.2f}-{q['max_s'] * 1e3:.2f}]"
+                        for q in trial_pts[:3]
+                    )
+                    + (" ..." if len(trial_pts) > 3 else "")
+                )
+    print(f"   ({coll['wall_s']:.1f} s; {coll['settings']['reps']} repeats per size; {coll['settings']['timed']})")
 
     layout = sm.model_layout("lenet")
     hosts = {m: sm.from_collectives(coll, mode=m) for m in (PRIMARY, OTHER)}
-    print(f"3. measured vs modelled weak-scaling efficiency (model fitted on k=1 compute + the measured collectives "
-          f"only; tolerance {args.tolerance:.0%}):")
+    print(
+        f"3. measured vs modelled weak-scaling efficiency (model fitted on k=1 compute + the measured collectives "
+        f"only; tolerance {args.tolerance:.0%}):"
+    )
     checks = []
     for s in args.strategies:
         one = trials[s][1]["img_s"]
@@ -122,16 +150,26 @@ def main():
             pred = _predict(s, k, trials, hosts[PRIMARY], b, layout)
             alt = _predict(s, k, trials, hosts[OTHER], b, layout)
             c = sm.check(pred, measured, args.tolerance)
-            checks.append({"check": c, "prediction": pred, "back_to_back_prediction": alt,
-                           "measured_img_s": {"k1": one, f"k{k}": many}})
+            checks.append(
+                {
+                    "check": c,
+                    "prediction": pred,
+                    "back_to_back_prediction": alt,
+                    "measured_img_s": {"k1": one, f"k{k}": many},
+                }
+            )
             transport = trials[s][k]["comm_hook_used"]
-            print(f"   {s} k={k}{f' [{transport}]' if transport else ''}: measured {measured:6.1%} "
-                  f"(rounds {min(per_round):.1%}-{max(per_round):.1%}) | modelled {pred['efficiency']:6.1%} modelled"
-                  f" (step {_ms(pred['step_s'])} = compute {_ms(pred['compute_s'])} + exposed comm "
-                  f"{_ms(pred['exposed_comm_s'])}, all modelled) | error {c['rel_error']:+.1%} -> {c['verdict']}")
-            print(f"      with back-to-back collectives instead: {alt['efficiency']:6.1%} modelled "
-                  f"(exposed comm {_ms(alt['exposed_comm_s'])} modelled), error "
-                  f"{sm.check(alt, measured, args.tolerance)['rel_error']:+.1%}")
+            print(
+                f"   {s} k={k}{f' [{transport}]' if transport else ''}: measured {measured:6.1%} "
+                f"(rounds {min(per_round):.1%}-{max(per_round):.1%}) | modelled {pred['efficiency']:6.1%} modelled"
+                f" (step {_ms(pred['step_s'])} = compute {_ms(pred['compute_s'])} + exposed comm "
+                f"{_ms(pred['exposed_comm_s'])}, all modelled) | error {c['rel_error']:+.1%} -> {c['verdict']}"
+            )
+            print(
+                f"      with back-to-back collectives instead: {alt['efficiency']:6.1%} modelled "
+                f"(exposed comm {_ms(alt['exposed_comm_s'])} modelled), error "
+                f"{sm.check(alt, measured, args.tolerance)['rel_error']:+.1%}"
+            )
 
     print("4. projections (all modelled; this host's k=1 compute per image with each interconnect):")
     ics = {f"host ({PRIMARY}, extrapolated past k={host.n})": hosts[PRIMARY], **sm.load_profiles()}
@@ -142,27 +180,55 @@ def main():
             for k in (4, 8):
                 # a profile is a GPU interconnect: there, scratch's replicas run in parallel
                 serial = ic.kind == "measured" and not trials[s][ks[-1]]["parallel_devices"]
-                transport = "allreduce_shm" if ic.kind == "measured" and trials[s][ks[-1]]["comm_hook_used"] == \
-                    "shm" else None
-                pred = sm.predict(s, k, 1 / med(trials[s][1]["img_s"]), ic, model="lenet", per_device_batch=b,
-                                  layout=layout, transport=transport, serial_replicas=serial)
+                transport = (
+                    "allreduce_shm" if ic.kind == "measured" and trials[s][ks[-1]]["comm_hook_used"] == "shm" else None
+                )
+                pred = sm.predict(
+                    s,
+                    k,
+                    1 / med(trials[s][1]["img_s"]),
+                    ic,
+                    model="lenet",
+                    per_device_batch=b,
+                    layout=layout,
+                    transport=transport,
+                    serial_replicas=serial,
+                )
                 projections.append(pred)
-                row.append(f"k={k} E_w {pred['efficiency']:6.1%} modelled ({pred['throughput_img_s']:>9,.0f} img/s "
-                           f"modelled)")
+                row.append(
+                    f"k={k} E_w {pred['efficiency']:6.1%} modelled ({pred['throughput_img_s']:>9,.0f} img/s modelled)"
+                )
             print(f"   {s:8s} {label:44s} " + " | ".join(row))
     print(f"load average at the end (1, 5, 15 min): {_load()} (this script's own ranks included)")
     misses = [c["check"] for c in checks if not c["check"]["within_tolerance"]]
-    print(f"summary: {len(checks) - len(misses)} of {len(checks)} measured points within {args.tolerance:.0%} "
-          f"(modelled vs measured)" + ("; MISSES: " + ", ".join(f"{c['strategy']} k={c['k']} {c['rel_error']:+.1%}"
-                                                                    for c in misses) if misses else ""))
+    print(
+        f"summary: {len(checks) - len(misses)} of {len(checks)} measured points within {args.tolerance:.0%} "
+        f"(modelled vs measured)"
+        + (
+            "; MISSES: " + ", ".join(f"{c['strategy']} k={c['k']} {c['rel_error']:+.1%}" for c in misses)
+            if misses
+            else ""
+        )
+    )
     if host.kind == "cpu" and load0 >= 0.5:
-        print(f"DISTURBED: other processes were using this host's cores (load average {load0:.2f} before starting, "
-              f"{host.n} cores): the measured points, the collectives and so the errors above are not this host's "
-              f"own figures; rerun on an idle machine before reading an error as the model's")
+        print(
+            f"DISTURBED: other processes were using this host's cores (load average {load0:.2f} before starting, "
+            f"{host.n} cores): the measured points, the collectives and so the errors above are not this host's "
+            f"own figures; rerun on an idle machine before reading an error as the model's"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"trials": {s: {str(k): v for k, v in t.items()} for s, t in trials.items()},
-                                         "collectives": coll, "checks": checks, "projections": projections},
-                                        indent=1, default=str))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "trials": {s: {str(k): v for k, v in t.items()} for s, t in trials.items()},
+                    "collectives": coll,
+                    "checks": checks,
+                    "projections": projections,
+                },
+                indent=1,
+                default=str,
+            )
+        )
 
 
 if __name__ == "__main__":

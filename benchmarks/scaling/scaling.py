@@ -8,6 +8,7 @@ with their default gradient transport (comm_hook=none: DDP's own all-reduce, Glo
 the shared-memory hook (comm_hook=shm, pipeline/strategies/shm_allreduce.py), so the transport's share of the
 efficiency is measured, not assumed.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -32,29 +33,45 @@ def main():
     ensure_data(args.data, source)
     print(host_line(), f"| data: {source}")
     b = args.per_device_batch
-    names = args.strategies or [s for s, c in STRATEGIES.items()
-                                if s != "single" and c.unavailable_reason(host) is None]
+    names = args.strategies or [
+        s for s, c in STRATEGIES.items() if s != "single" and c.unavailable_reason(host) is None
+    ]
     variants = [(s, s, ()) for s in names]
     if not args.no_shm and host.kind == "cpu":  # shm needs every rank on one CPU host
-        variants += [(f"{s} comm_hook=shm (shared memory)", s, ("train.comm_hook=shm",)) for s in names
-                     if s in ("ddp", "ddp_amp")]
+        variants += [
+            (f"{s} comm_hook=shm (shared memory)", s, ("train.comm_hook=shm",))
+            for s in names
+            if s in ("ddp", "ddp_amp")
+        ]
     for label, s, sets in variants:
         one, many, hooks = [], [], set()
         for r in range(args.rounds):
             with tempfile.TemporaryDirectory() as tmp:
                 for kk, out in ((1, one), (k, many)):
-                    cfg = base_cfg(args.data, source, f"data.train_limit={kk * b * (args.steps + 5)}",
-                                   "data.test_limit=500", "train.warmup_steps=5", *sets)
+                    cfg = base_cfg(
+                        args.data,
+                        source,
+                        f"data.train_limit={kk * b * (args.steps + 5)}",
+                        "data.test_limit=500",
+                        "train.warmup_steps=5",
+                        *sets,
+                    )
                     m = trial(cfg, Path(tmp) / f"{kk}", model=args.model, strategy=s, devices=kk, batch_size=kk * b)
                     out.append(m["throughput_img_s"])
                     if m["comm_hook_used"]:  # ddp, ddp_amp: the gradient transport the trial used
                         hooks.add(f"k={kk}: {m['comm_hook_used']}")
         eff = med(many) / (k * med(one))
-        note = "" if STRATEGIES[s].parallel_on_cpu or host.kind == "cuda" else \
-            "  (replicas run one after another in one process: not parallel on CPU)"
+        note = (
+            ""
+            if STRATEGIES[s].parallel_on_cpu or host.kind == "cuda"
+            else "  (replicas run one after another in one process: not parallel on CPU)"
+        )
         note += f"  [gradient transport {', '.join(sorted(hooks))}]" if hooks else ""
-        print(f"{label}: T(1, B={b}) {spread(one)} img/s; T({k}, B={k * b}) {spread(many)} img/s; "
-              f"weak-scaling efficiency E_w({k}) = {eff:.1%}{note}", flush=True)
+        print(
+            f"{label}: T(1, B={b}) {spread(one)} img/s; T({k}, B={k * b}) {spread(many)} img/s; "
+            f"weak-scaling efficiency E_w({k}) = {eff:.1%}{note}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

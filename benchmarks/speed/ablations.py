@@ -7,6 +7,7 @@ at once, one per core, with and without in-place ReLUs: what the shared cache an
 
 LeNet, `single`, B=256, one core per training, steady-state images/s (of the slower one when two run).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,16 +20,21 @@ from pathlib import Path
 from benchmarks.common import base_cfg, ensure_data, host_line, med, parser, resolve_source, spread, trial
 
 # name: (train.channels_last, PARALLAX_MALLOC_TUNING, in-place ReLUs, trainings at once)
-VARIANTS = {"all on (default)": ("true", "1", "1", 1), "channels_last off": ("false", "1", "1", 1),
-            "malloc tuning off": ("true", "0", "1", 1), "channels_last and malloc tuning off": ("false", "0", "1", 1),
-            "in-place ReLU off": ("true", "1", "0", 1),
-            "default, 2 at once (one per core)": ("true", "1", "1", 2),
-            "in-place ReLU off, 2 at once": ("true", "1", "0", 2)}
+VARIANTS = {
+    "all on (default)": ("true", "1", "1", 1),
+    "channels_last off": ("false", "1", "1", 1),
+    "malloc tuning off": ("true", "0", "1", 1),
+    "channels_last and malloc tuning off": ("false", "0", "1", 1),
+    "in-place ReLU off": ("true", "1", "0", 1),
+    "default, 2 at once (one per core)": ("true", "1", "1", 2),
+    "in-place ReLU off, 2 at once": ("true", "1", "0", 2),
+}
 
 
 def _relu_not_in_place() -> None:
     """Benchmark only: build the models with out-of-place ReLUs, as they were before."""
     import pipeline.trial.loop
+
     build = pipeline.trial.loop.build_model
 
     def build_out_of_place(*a, **k):
@@ -37,6 +43,7 @@ def _relu_not_in_place() -> None:
             if hasattr(m, "inplace"):
                 m.inplace = False
         return model
+
     pipeline.trial.loop.build_model = build_out_of_place
 
 
@@ -45,8 +52,14 @@ def child(data: Path, source: str, channels_last: str) -> None:
         _relu_not_in_place()
     if os.environ.get("BENCH_CORE"):
         os.sched_setaffinity(0, {int(os.environ["BENCH_CORE"])})
-    cfg = base_cfg(data, source, "data.train_limit=16640", "data.test_limit=500", "train.warmup_steps=5",
-                   f"train.channels_last={channels_last}")
+    cfg = base_cfg(
+        data,
+        source,
+        "data.train_limit=16640",
+        "data.test_limit=500",
+        "train.warmup_steps=5",
+        f"train.channels_last={channels_last}",
+    )
     with tempfile.TemporaryDirectory() as tmp:
         print(trial(cfg, Path(tmp), strategy="single", devices=1, batch_size=256)["throughput_img_s"])
 
@@ -65,11 +78,32 @@ def main():
     cores = sorted(os.sched_getaffinity(0))
     for _ in range(args.rounds):
         for name, (cl, malloc, inplace, n) in VARIANTS.items():
-            procs = [subprocess.Popen([sys.executable, "-W", "ignore", "-m", __spec__.name, "--child", cl, "--data",
-                                       str(args.data), "--source", source], stdout=subprocess.PIPE, text=True,
-                                      env={**os.environ, "PARALLAX_MALLOC_TUNING": malloc,
-                                           "BENCH_RELU_INPLACE": inplace, "BENCH_CORE": str(cores[i % len(cores)])})
-                     for i in range(n)]
+            procs = [
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-W",
+                        "ignore",
+                        "-m",
+                        __spec__.name,
+                        "--child",
+                        cl,
+                        "--data",
+                        str(args.data),
+                        "--source",
+                        source,
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env={
+                        **os.environ,
+                        "PARALLAX_MALLOC_TUNING": malloc,
+                        "BENCH_RELU_INPLACE": inplace,
+                        "BENCH_CORE": str(cores[i % len(cores)]),
+                    },
+                )
+                for i in range(n)
+            ]
             outs = [q.communicate()[0] for q in procs]
             if any(q.returncode for q in procs):
                 sys.exit(f"variant {name!r} failed")

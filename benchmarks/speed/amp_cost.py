@@ -13,6 +13,7 @@ AVX-512-BF16/AMX CPU it is native.
 so each capped pair runs in its own process), alternating with the uncapped pairs in one run: how an AVX-512-BF16
 host shows what an AVX2-only CPU does to bf16, side by side with what it does itself.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,8 @@ import torch
 from torch import nn
 
 from benchmarks.common import host_line, parser
-
 from pipeline.host.capabilities import cpu_capabilities
 from pipeline.models import build_model
-
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -62,9 +61,13 @@ def pair(batch: int, steps: int, dtype: str = "bf16") -> tuple[float, float]:
 
 def capped_pair(cap: str, batch: int, steps: int, dtype: str = "bf16") -> tuple[float, float]:
     """One fp32/autocast pair in a child process under ONEDNN_MAX_CPU_ISA=cap."""
-    out = subprocess.run([sys.executable, "-m", __spec__.name, "--one-pair", str(batch), str(steps), "--dtype", dtype],
-                         check=True, text=True, capture_output=True,
-                         env={**os.environ, "ONEDNN_MAX_CPU_ISA": cap}).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", __spec__.name, "--one-pair", str(batch), str(steps), "--dtype", dtype],
+        check=True,
+        text=True,
+        capture_output=True,
+        env={**os.environ, "ONEDNN_MAX_CPU_ISA": cap},
+    ).stdout
     return tuple(json.loads(out.strip().splitlines()[-1]))
 
 
@@ -73,11 +76,20 @@ def main():
     p.add_argument("--batch", type=int, nargs="+", default=[64, 128], help="per-process batches (default 64 128)")
     p.add_argument("--steps", type=int, default=30, help="timed steps per measurement (default 30)")
     p.add_argument("--rounds", type=int, default=5, help="fp32/bf16 pairs per batch (default 5)")
-    p.add_argument("--isa-cap", nargs="*", default=[], metavar="CAP",
-                   help="also measure under ONEDNN_MAX_CPU_ISA=CAP (e.g. AVX2), alternating with the uncapped pairs "
-                        "(default: none, this process's ISA only)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
-                   help="the autocast type to compare with fp32 (default bf16, what ddp_amp picks on a CPU)")
+    p.add_argument(
+        "--isa-cap",
+        nargs="*",
+        default=[],
+        metavar="CAP",
+        help="also measure under ONEDNN_MAX_CPU_ISA=CAP (e.g. AVX2), alternating with the uncapped pairs "
+        "(default: none, this process's ISA only)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default="bf16",
+        help="the autocast type to compare with fp32 (default bf16, what ddp_amp picks on a CPU)",
+    )
     p.add_argument("--one-pair", nargs=2, type=int, help=argparse.SUPPRESS)  # internal: the child of --isa-cap
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -88,8 +100,11 @@ def main():
     for v in variants:
         env = os.environ if v is None else {**os.environ, "ONEDNN_MAX_CPU_ISA": v}
         cpu = cpu_capabilities(env=env)
-        print(host_line(), f"| ISA {cpu['isa_text']} | {d} {cpu[d]} ({cpu[d + '_why']}) | "
-              f"torch CPU capability {cpu['torch_cpu_capability']}")
+        print(
+            host_line(),
+            f"| ISA {cpu['isa_text']} | {d} {cpu[d]} ({cpu[d + '_why']}) | "
+            f"torch CPU capability {cpu['torch_cpu_capability']}",
+        )
     for b in args.batch:
         got = {v: ([], []) for v in variants}
         for _ in range(args.rounds):
@@ -100,8 +115,10 @@ def main():
         for v, (fp32, low) in got.items():
             f, h = statistics.median(fp32), statistics.median(low)
             where = "as is" if v is None else f"ONEDNN_MAX_CPU_ISA={v}"
-            print(f"b={b} {where}: fp32 {f * 1e3:.2f} ms/step, {d} autocast {h * 1e3:.2f} ms/step, ratio {d}/fp32 "
-                  f"{h / f:.2f} (median of {args.rounds} alternating pairs of {args.steps} steps)")
+            print(
+                f"b={b} {where}: fp32 {f * 1e3:.2f} ms/step, {d} autocast {h * 1e3:.2f} ms/step, ratio {d}/fp32 "
+                f"{h / f:.2f} (median of {args.rounds} alternating pairs of {args.steps} steps)"
+            )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 
 Peak: fp32 GEMM on one thread per CPU device, or bf16 GEMM on a GPU, measured here, now (not a datasheet figure).
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -41,7 +42,7 @@ def matmul_peak(device, n: int, dtype, reps: int = 20) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t)
-    return 2 * n ** 3 * reps / best
+    return 2 * n**3 * reps / best
 
 
 def main():
@@ -64,16 +65,25 @@ def main():
     print(host_line(), f"| data: {source}")
     print(f"peak: {peak / 1e9:,.1f} GFLOP/s ({what})")
     print(f"{model}: {fpi / 1e6:,.2f} MFLOP per training image (forward + backward, flop_counter)")
-    cfg = base_cfg(args.data, source, f"data.train_limit={args.batch * 65}", "data.test_limit=1000",
-                   "train.warmup_steps=5")
+    cfg = base_cfg(
+        args.data, source, f"data.train_limit={args.batch * 65}", "data.test_limit=1000", "train.warmup_steps=5"
+    )
     rows = [("single", 1, args.batch)] + ([("ddp", host.n, args.batch * host.n)] if host.n > 1 else [])
     for strategy, k, batch in rows:
         with tempfile.TemporaryDirectory() as tmp:
-            tput = med([trial(cfg, Path(tmp) / str(r), model=model, strategy=strategy, devices=k,
-                              batch_size=batch)["throughput_img_s"] for r in range(args.rounds)])
+            tput = med(
+                [
+                    trial(cfg, Path(tmp) / str(r), model=model, strategy=strategy, devices=k, batch_size=batch)[
+                        "throughput_img_s"
+                    ]
+                    for r in range(args.rounds)
+                ]
+            )
         achieved = fpi * tput
-        print(f"{strategy} k={k} B={batch}: {tput:,.0f} img/s x {fpi / 1e6:.2f} MFLOP = "
-              f"{achieved / 1e9:,.1f} GFLOP/s = MFU {achieved / (peak * k):.1%} of {k} x peak")
+        print(
+            f"{strategy} k={k} B={batch}: {tput:,.0f} img/s x {fpi / 1e6:.2f} MFLOP = "
+            f"{achieved / 1e9:,.1f} GFLOP/s = MFU {achieved / (peak * k):.1%} of {k} x peak"
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """The analysis stage: sweep tables -> scaling, memory and accuracy tables, plots, report (torch-free)."""
+
 from pipeline.analysis.stage import analyze
 
-__all__ = ['analyze']
+__all__ = ["analyze"]

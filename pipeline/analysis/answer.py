@@ -5,6 +5,7 @@ Pure: the analysis tables (tables.py) and the strategies' status (summary.py) in
 pick is confidence.py's: the fastest point per strategy, a best named only when its 95 % interval clears the
 runner-up's, a tie said as a tie. stage.py writes best.yaml; report.py puts the lines first.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -39,15 +40,23 @@ def why_no_answer(df, status) -> str:
         return "no sweep table holds a trial (results/sweeps/*.jsonl): run the sweeps first (`dvc repro`)."
     m = measured(df)
     if len(m) and m["interfered"].all():
-        return (f"every one of the {len(m)} complete trials was measured under interference (other processes used "
-                "this host's cores beyond pipeline/measure/interference.py's threshold), so none has a throughput "
-                "to compare. Rerun on a quieter host, or raise sweep.remeasure_interfered.")
-    down = "; ".join(f"{s}: {st['status']}" + (f" ({st['reason']})" if st["reason"] else "")
-                     for s, st in status.items() if st["status"] != "measured")
+        return (
+            f"every one of the {len(m)} complete trials was measured under interference (other processes used "
+            "this host's cores beyond pipeline/measure/interference.py's threshold), so none has a throughput "
+            "to compare. Rerun on a quieter host, or raise sweep.remeasure_interfered."
+        )
+    down = "; ".join(
+        f"{s}: {st['status']}" + (f" ({st['reason']})" if st["reason"] else "")
+        for s, st in status.items()
+        if st["status"] != "measured"
+    )
     if m.empty:
         return "no complete, non-oversubscribed trial" + (f": {down}" if down else "") + "."
-    return ("no complete trial recorded a throughput outside interference"
-            + (f" (not measured: {down})" if down else "") + ".")
+    return (
+        "no complete trial recorded a throughput outside interference"
+        + (f" (not measured: {down})" if down else "")
+        + "."
+    )
 
 
 def _same(t, r, cols):
@@ -70,12 +79,15 @@ def _k1_difference(top, p, df) -> str | None:
     apart = stats.overlap((a["throughput_lo"], a["throughput_hi"]), (b["throughput_lo"], b["throughput_hi"]))
     if apart is True or (apart is None and abs(ratio - 1) < K1_NOTED):
         return None
-    text = (f"at k=1 {top['strategy']} already runs {ratio:.2f}× {ref} ({a['throughput_img_s']:,.0f} against "
-            f"{b['throughput_img_s']:,.0f} images/s at b={top['per_device_batch']:g})")
+    text = (
+        f"at k=1 {top['strategy']} already runs {ratio:.2f}× {ref} ({a['throughput_img_s']:,.0f} against "
+        f"{b['throughput_img_s']:,.0f} images/s at b={top['per_device_batch']:g})"
+    )
     if catalog.SPECS.get(top["strategy"]) and catalog.SPECS[top["strategy"]].autocast:
         bf16 = sorted(set(df.loc[df["strategy"] == top["strategy"], "host_bf16"].dropna()) - {""})
-        text += (", from lower-precision compute under autocast"
-                 + (f" (bf16 {'/'.join(bf16)} on this host)" if bf16 else ""))
+        text += ", from lower-precision compute under autocast" + (
+            f" (bf16 {'/'.join(bf16)} on this host)" if bf16 else ""
+        )
     return text + ", before any scaling"
 
 
@@ -86,8 +98,10 @@ def _scaling(top, eff) -> str | None:
     if e.empty or pd.isna(e["efficiency"].iloc[0]):
         return f"no k=1 reference at b={top['per_device_batch']:g}, so its scaling is not measured"
     r = e.iloc[0]
-    return (f"from k=1 to k={top['k']:g} it keeps a weak-scaling efficiency of "
-            f"{confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}")
+    return (
+        f"from k=1 to k={top['k']:g} it keeps a weak-scaling efficiency of "
+        f"{confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}"
+    )
 
 
 def _step(top, bd) -> str:
@@ -95,10 +109,13 @@ def _step(top, bd) -> str:
     if b.empty:
         return "no step was sampled for a breakdown at this point"
     r = b.iloc[0]
-    parts = [(sum(r[f"{p}_share"] for p in COMPUTE), "compute"),
-             (r["comm_exposed_share"], part_words("comm_exposed", top["strategy"])),
-             (r["data_share"], "data"), (r["idle_share"], part_words("idle", top["strategy"])),
-             (r["residual_share"], "unattributed")]
+    parts = [
+        (sum(r[f"{p}_share"] for p in COMPUTE), "compute"),
+        (r["comm_exposed_share"], part_words("comm_exposed", top["strategy"])),
+        (r["data_share"], "data"),
+        (r["idle_share"], part_words("idle", top["strategy"])),
+        (r["residual_share"], "unattributed"),
+    ]
     shown = [f"{v:.0%} {w}" for v, w in parts if not pd.isna(v) and abs(v) >= 0.005]
     return f"its step ({r['step_s'] * 1e3:.1f} ms, sampled) is " + ", ".join(shown)
 
@@ -108,8 +125,9 @@ def _cost(top, p_all, mem, synthetic: bool) -> str:
     if len(m) and len(m.iloc[0]["peaks"]):
         r = m.iloc[0]
         basis = "; ".join(MEM_BASIS.get(b, b) for b in r["mem_basis"].split(", ")) if r["mem_basis"] else ""
-        memo = (f"peak memory {' / '.join(f'{v / MIB:,.1f}' for v in r['peaks'])} MiB per device"
-                + (f" ({basis})" if basis else ""))
+        memo = f"peak memory {' / '.join(f'{v / MIB:,.1f}' for v in r['peaks'])} MiB per device" + (
+            f" ({basis})" if basis else ""
+        )
     else:
         memo = "peak memory not measured"
     best = best_row(p_all[p_all["model"] == top["model"]], "test_acc")
@@ -119,8 +137,10 @@ def _cost(top, p_all, mem, synthetic: bool) -> str:
     elif best["test_acc"] - acc <= ACC_TIE:
         accs = f"test accuracy {acc:.4f}, the best measured within {ACC_TIE}"
     else:
-        accs = (f"test accuracy {acc:.4f} against the best {best['test_acc']:.4f} ({best['strategy']}, "
-                f"k={best['k']:g}, B={best['batch_size']:g}): {acc - best['test_acc']:+.4f}")
+        accs = (
+            f"test accuracy {acc:.4f} against the best {best['test_acc']:.4f} ({best['strategy']}, "
+            f"k={best['k']:g}, B={best['batch_size']:g}): {acc - best['test_acc']:+.4f}"
+        )
     caveat = "; synthetic data: the accuracy says nothing about Fashion-MNIST" if synthetic else ""
     return f"{memo}; {accs} (one seed: its spread is not measured){caveat}"
 
@@ -128,17 +148,24 @@ def _cost(top, p_all, mem, synthetic: bool) -> str:
 def _sure(top, verdict, tied, rest, p) -> str:
     def q(r):
         return f"{r['strategy']} {confidence.fmt(r['throughput_img_s'], r['throughput_lo'], r['throughput_hi'], 0)}"
-    head = {"best": f"{top['strategy']}'s 95% interval is clear of the runner-up's"
-                    + (f" ({q(rest[0])})" if rest else ""),
-            "only": "the only strategy with a measured throughput",
-            "unknown": "not shown ahead beyond noise: an interval is unknown (a single measurement)",
-            "indistinguishable": "tie: " + " and ".join(r["strategy"] for r in tied) + " within noise"}[verdict]
+
+    head = {
+        "best": f"{top['strategy']}'s 95% interval is clear of the runner-up's" + (f" ({q(rest[0])})" if rest else ""),
+        "only": "the only strategy with a measured throughput",
+        "unknown": "not shown ahead beyond noise: an interval is unknown (a single measurement)",
+        "indistinguishable": "tie: " + " and ".join(r["strategy"] for r in tied) + " within noise",
+    }[verdict]
     fewer = _same(p[(p["strategy"] == top["strategy"]) & (p["k"] < top["k"])], top, ("model",))
-    ties_k = [r["k"] for r in fewer.to_dict("records") if stats.overlap(
-        (r["throughput_lo"], r["throughput_hi"]), (top["throughput_lo"], top["throughput_hi"]))]
+    ties_k = [
+        r["k"]
+        for r in fewer.to_dict("records")
+        if stats.overlap((r["throughput_lo"], r["throughput_hi"]), (top["throughput_lo"], top["throughput_hi"]))
+    ]
     if ties_k:
-        head += (f"; tie: k={min(ties_k):g} is within noise of k={top['k']:g}, so the extra devices buy nothing "
-                 "measurable here")
+        head += (
+            f"; tie: k={min(ties_k):g} is within noise of k={top['k']:g}, so the extra devices buy nothing "
+            "measurable here"
+        )
     return head + "; " + confidence.how_sure(top, "throughput").removeprefix("how sure: ")
 
 
@@ -147,8 +174,13 @@ def _train(top, df) -> dict:
     rows = _same(measured(df), top, ("strategy", "model", "k", "batch_size"))
     epochs = rows["epochs"].dropna()
     knobs = {k: yaml.safe_load(top[k]) for k in catalog.knobs(top["strategy"]) if top.get(k, "") != ""}
-    train = {"model": top["model"], "strategy": top["strategy"], "devices": int(top["k"]),
-             "batch_size": int(top["batch_size"]), "lr": float(top["best_lr"])}
+    train = {
+        "model": top["model"],
+        "strategy": top["strategy"],
+        "devices": int(top["k"]),
+        "batch_size": int(top["batch_size"]),
+        "lr": float(top["best_lr"]),
+    }
     if len(epochs):
         train["epochs"] = int(epochs.max())
     return {**train, **knobs}
@@ -160,8 +192,14 @@ def _text(v) -> str:
 
 def command(train: dict) -> str:
     """The `python -m pipeline train` line of a train section: its flags, then `--set` for the knobs."""
-    flags = {"model": "--model", "strategy": "--strategy", "devices": "--devices", "batch_size": "--batch-size",
-             "lr": "--lr", "epochs": "--epochs"}
+    flags = {
+        "model": "--model",
+        "strategy": "--strategy",
+        "devices": "--devices",
+        "batch_size": "--batch-size",
+        "lr": "--lr",
+        "epochs": "--epochs",
+    }
     args = [f"{flags[k]} {_text(v)}" for k, v in train.items() if k in flags]
     args += [f"--set {shlex.quote(f'train.{k}={_text(v)}')}" for k, v in train.items() if k not in flags]
     return "python -m pipeline train " + " ".join(args) + f" --out {RUN_DIR}"
@@ -179,8 +217,11 @@ def build(df, status, pts, eff, mem) -> Answer:
     first: dict = {}
     for model in sorted(p["model"].unique()):
         pm = p[p["model"] == model]
-        rows = pm.loc[pm.groupby("strategy")["throughput_img_s"].idxmax()].sort_values(
-            "throughput_img_s", ascending=False).to_dict("records")
+        rows = (
+            pm.loc[pm.groupby("strategy")["throughput_img_s"].idxmax()]
+            .sort_values("throughput_img_s", ascending=False)
+            .to_dict("records")
+        )
         verdict, tied, rest = confidence.ranking(rows, "throughput")
         top = rows[0]
         tag = f" ({model})" if p["model"].nunique() > 1 else ""
@@ -191,20 +232,34 @@ def build(df, status, pts, eff, mem) -> Answer:
             busy = f", {cores:.2f} cores busy elsewhere" if isinstance(cores, float) and cores == cores else ""
             where += f"; *measured under load*{busy}"
         if verdict == "indistinguishable":
-            lines.append(f"**Tie{tag}: {' and '.join(r['strategy'] for r in tied)} within noise** (their 95% "
-                         f"intervals overlap); the command runs **{top['strategy']}** at k={top['k']:g}, {where}, the "
-                         f"higher median: {speed} images/s.")
+            lines.append(
+                f"**Tie{tag}: {' and '.join(r['strategy'] for r in tied)} within noise** (their 95% "
+                f"intervals overlap); the command runs **{top['strategy']}** at k={top['k']:g}, {where}, the "
+                f"higher median: {speed} images/s."
+            )
         else:
-            lines.append(f"**Use {top['strategy']} at k={top['k']:g}**{tag} ({where}): {speed} images/s, the "
-                         "fastest measured on this host.")
+            lines.append(
+                f"**Use {top['strategy']} at k={top['k']:g}**{tag} ({where}): {speed} images/s, the "
+                "fastest measured on this host."
+            )
         why = [s for s in (_k1_difference(top, p, df), _scaling(top, eff)) if s] + [_step(top, bd)]
         train = _train(top, df)
         first = first or train
-        lines += ["", f"- **Why:** {'; '.join(why)}.", f"- **Cost:** {_cost(top, pts, mem, synthetic)}.",
-                  f"- **How sure:** {_sure(top, verdict, tied, rest, pm)}.", ""]
+        lines += [
+            "",
+            f"- **Why:** {'; '.join(why)}.",
+            f"- **Cost:** {_cost(top, pts, mem, synthetic)}.",
+            f"- **How sure:** {_sure(top, verdict, tied, rest, pm)}.",
+            "",
+        ]
     cmd = command(first)
-    lines += ["Run it (or take the `train:` section of " + BEST_YAML + " into your params.yaml):", "",
-              "```", cmd.replace(" --set", " \\\n    --set").replace(" --out", " \\\n    --out"), "```"]
+    lines += [
+        "Run it (or take the `train:` section of " + BEST_YAML + " into your params.yaml):",
+        "",
+        "```",
+        cmd.replace(" --set", " \\\n    --set").replace(" --out", " \\\n    --out"),
+        "```",
+    ]
     return Answer(tuple(lines), train=first, command=cmd)
 
 
@@ -212,6 +267,7 @@ def best_yaml(ans: Answer) -> str:
     """best.yaml: the answer's params-style `train:` section with the command above it; a comment when none."""
     if not ans.train:
         return f"# No best configuration on this host: {ans.cause}\n{{}}\n"
-    return (f"# The best measured configuration of this host (report.md, \"Answer\"). Take this `train:` section into "
-            f"your params.yaml, or run:\n# {ans.command}\n"
-            + yaml.safe_dump({"train": ans.train}, sort_keys=False))
+    return (
+        f'# The best measured configuration of this host (report.md, "Answer"). Take this `train:` section into '
+        f"your params.yaml, or run:\n# {ans.command}\n" + yaml.safe_dump({"train": ans.train}, sort_keys=False)
+    )

@@ -3,6 +3,7 @@ is missing, named from the trial rows (never a generic "undefined").
 
 Pure: tables in, sentences out; report.py places them.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,19 +25,28 @@ def load_line(df, pts) -> str | None:
     load = flagged["foreign_cores"].median() if "foreign_cores" in flagged else math.nan
     busy = "" if math.isnan(load) else f" (other processes kept a median {load:.2f} cores busy while they ran)"
     loaded = int(pts["under_load"].astype(bool).sum()) if len(pts) else 0
-    who = (f"every trial ({_n(len(done), 'complete trial')})" if len(flagged) == len(done)
-           else f"{len(flagged)} of the {_n(len(done), 'complete trial')}")
+    who = (
+        f"every trial ({_n(len(done), 'complete trial')})"
+        if len(flagged) == len(done)
+        else f"{len(flagged)} of the {_n(len(done), 'complete trial')}"
+    )
     verb = "was" if len(flagged) in (1, len(done)) else "were"
-    head = (f"**Measured under load**: {who} {verb} measured under interference (flagged by "
-            f"pipeline/measure/interference.py){busy}.")
+    head = (
+        f"**Measured under load**: {who} {verb} measured under interference (flagged by "
+        f"pipeline/measure/interference.py){busy}."
+    )
     if not loaded:
-        return head + (" Each such point also has trials measured without interference: its figures come from "
-                       "those, the flagged ones are left out.")
-    return head + (f" {_n(loaded, 'point')} had only flagged trials: their throughput and efficiency come from "
-                   "those trials and are labelled *measured under load* (here, in the tables, summary.json, and "
-                   "metrics.json's `under_load.*` keys): what this host gave while busy, not the strategy's speed "
-                   "on a quiet one. For that, rerun the sweep when the host is quiet (before each trial it waits up "
-                   "to `sweep.quiet_wait_s` for a quiet moment).")
+        return head + (
+            " Each such point also has trials measured without interference: its figures come from "
+            "those, the flagged ones are left out."
+        )
+    return head + (
+        f" {_n(loaded, 'point')} had only flagged trials: their throughput and efficiency come from "
+        "those trials and are labelled *measured under load* (here, in the tables, summary.json, and "
+        "metrics.json's `under_load.*` keys): what this host gave while busy, not the strategy's speed "
+        "on a quiet one. For that, rerun the sweep when the host is quiet (before each trial it waits up "
+        "to `sweep.quiet_wait_s` for a quiet moment)."
+    )
 
 
 def _reasons(rows) -> str:
@@ -50,8 +60,10 @@ def no_efficiency_cause(df, p, w_all) -> str:
     weak rows at k >= 2 with an efficiency (before implausible ones are dropped)."""
     timed = p[p["throughput_img_s"].notna()]
     if len(w_all):
-        return ("every k≥2 efficiency is above 1 beyond its interval (its k=1 reference most likely ran slow), so "
-                "none is compared")
+        return (
+            "every k≥2 efficiency is above 1 beyond its interval (its k=1 reference most likely ran slow), so "
+            "none is compared"
+        )
     if timed.empty:
         m = measured(df)
         why = "; ".join(sorted(set(m["reason"]) - {""})[:2]) if len(m) and "reason" in m else ""
@@ -60,6 +72,7 @@ def no_efficiency_cause(df, p, w_all) -> str:
     for side, missing in (("k=1", 1 not in ks), ("k≥2", not any(k >= 2 for k in ks))):
         if missing:
             rows = df[(df["k"] == 1) if side == "k=1" else (df["k"] >= 2)]
-            return (f"no {side} point was timed" + (f" (its trials: {_reasons(rows)})" if len(rows) else
-                                                     f" (the sweep space has no {side} point)"))
+            return f"no {side} point was timed" + (
+                f" (its trials: {_reasons(rows)})" if len(rows) else f" (the sweep space has no {side} point)"
+            )
     return "no strategy has both k=1 and k≥2 timed at the same per-device batch"

@@ -5,6 +5,7 @@ of what is behind it (windows, repeats, interval width, interfered trials left o
 
 Pure: table rows in, sentences out. report.py places them.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,11 @@ def how_sure(r, value: str = "efficiency") -> str:
     n = f"{_n(r['n_windows'], 'window')} over {_n(r['n_repeats'], 'trial')}"
     if value != "throughput" and not _nan(r.get("base_n_repeats")):
         n += f" at k={r['k']:g}, {_n(r['base_n_windows'], 'window')} over {_n(r['base_n_repeats'], 'trial')} at k=1"
-    width = (f"{LEVEL} {hi - lo:,.{0 if value == 'throughput' else 2}f} wide" if known(lo, hi)
-             else "interval unknown: measured once, so a second measurement could differ by any amount")
+    width = (
+        f"{LEVEL} {hi - lo:,.{0 if value == 'throughput' else 2}f} wide"
+        if known(lo, hi)
+        else "interval unknown: measured once, so a second measurement could differ by any amount"
+    )
     inter = sum(int(r.get(c) or 0) for c in ("n_interfered", "base_n_interfered") if not _nan(r.get(c)))
     excluded = f"; {_n(inter, 'trial')} measured under interference left out" if inter else ""
     if r.get("under_load"):
@@ -56,8 +60,10 @@ def under_load_text(r) -> str:
     """The label of a figure whose trials were all flagged as measured under interference (tables.timed)."""
     load = r.get("load_cores")
     busy = "" if _nan(load) else f", other processes keeping {load:.2f} cores busy (median)"
-    return (f"**measured under load**: every trial behind it was flagged as measured under interference{busy}, "
-            "so it is what this host gave while busy, not the strategy's speed on a quiet host")
+    return (
+        f"**measured under load**: every trial behind it was flagged as measured under interference{busy}, "
+        "so it is what this host gave while busy, not the strategy's speed on a quiet host"
+    )
 
 
 def with_throughput_intervals(pts, eff):
@@ -76,8 +82,9 @@ def ranking(rows, value: str) -> tuple[str, list, list]:
     if len(rows) == 1:
         return "only", rows[:1], []
     top = rows[0]
-    verdicts = [stats.overlap((top[f"{value}_lo"], top[f"{value}_hi"]), (r[f"{value}_lo"], r[f"{value}_hi"]))
-                for r in rows[1:]]
+    verdicts = [
+        stats.overlap((top[f"{value}_lo"], top[f"{value}_hi"]), (r[f"{value}_lo"], r[f"{value}_hi"])) for r in rows[1:]
+    ]
     tied = [top] + [r for r, v in zip(rows[1:], verdicts) if v]
     rest = [r for r, v in zip(rows[1:], verdicts) if not v]
     if len(tied) > 1:
@@ -89,23 +96,33 @@ def efficiency_claim(w, tag: str) -> str:
     """The weak-scaling comparison at the largest k with a k=1 reference; w: plausible weak rows (k >= 2)."""
     K = w["k"].max()
     at = w[w["k"] == K]
-    rows = [r for r in at.loc[at.groupby("strategy")["efficiency"].idxmax()]
-            .sort_values("efficiency", ascending=False).to_dict("records")]
+    rows = [
+        r
+        for r in at.loc[at.groupby("strategy")["efficiency"].idxmax()]
+        .sort_values("efficiency", ascending=False)
+        .to_dict("records")
+    ]
     verdict, tied, rest = ranking(rows, "efficiency")
     where = f"Best weak-scaling efficiency at the largest k with a k=1 reference (k={K:g}){tag}"
 
     def q(r):
         return f"{r['strategy']} {fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}"
+
     then = f" (then {', '.join(map(q, rest))})" if rest else ""
     if verdict == "indistinguishable":
-        return (f"Weak-scaling efficiency at the largest k with a k=1 reference (k={K:g}){tag}: "
-                + " and ".join(f"**{q(r)}**" for r in tied) + f" are indistinguishable within the {LEVEL}: no best "
-                f"named{then}. {how_sure(tied[0]).capitalize()}.")
+        return (
+            f"Weak-scaling efficiency at the largest k with a k=1 reference (k={K:g}){tag}: "
+            + " and ".join(f"**{q(r)}**" for r in tied)
+            + f" are indistinguishable within the {LEVEL}: no best "
+            f"named{then}. {how_sure(tied[0]).capitalize()}."
+        )
     top = rows[0]
     head = f"{where}: **{top['strategy']}** {fmt(top['efficiency'], top['efficiency_lo'], top['efficiency_hi'])}"
-    tail = {"only": " (the only one defined there)",
-            "best": f", its interval clear of the runner-up's{then}",
-            "unknown": f"{then}; not shown to be ahead beyond noise (an interval is unknown)"}[verdict]
+    tail = {
+        "only": " (the only one defined there)",
+        "best": f", its interval clear of the runner-up's{then}",
+        "unknown": f"{then}; not shown to be ahead beyond noise (an interval is unknown)",
+    }[verdict]
     return f"{head}{tail}. {how_sure(top).capitalize()}.{speed_caveat(top, at)}"
 
 
@@ -114,20 +131,24 @@ def speed_caveat(top, at) -> str:
     moves more images/s at the same k and per-device batch, say so with both k=1 references ("" where none does)."""
     same = at["strategy"] != top["strategy"]
     for c in (c for c in ("per_device_batch", "model", *EXTRAS) if c in at):
-        same &= (at[c].isna() if _nan(top[c]) else at[c] == top[c])
+        same &= at[c].isna() if _nan(top[c]) else at[c] == top[c]
     same = at[same]
     faster = same[same["throughput_img_s"] > top["throughput_img_s"]]
     if faster.empty:
         return ""
     f = faster.loc[faster["throughput_img_s"].idxmax()]
     s, o = top["strategy"], f["strategy"]
-    text = (f" Efficiency measures scaling against a strategy's own k=1, not speed: at k={top['k']:g}, "
-            f"b={top['per_device_batch']:g} **{o}** moves {f['throughput_img_s']:,.0f} images/s to {s}'s "
-            f"{top['throughput_img_s']:,.0f}")
+    text = (
+        f" Efficiency measures scaling against a strategy's own k=1, not speed: at k={top['k']:g}, "
+        f"b={top['per_device_batch']:g} **{o}** moves {f['throughput_img_s']:,.0f} images/s to {s}'s "
+        f"{top['throughput_img_s']:,.0f}"
+    )
     if top["base_throughput_img_s"] < f["base_throughput_img_s"]:
-        text += (f"; {s}'s k=1 reference is the slower one ({top['base_throughput_img_s']:,.0f} against "
-                 f"{f['base_throughput_img_s']:,.0f} images/s), and a longer step leaves any communication a smaller "
-                 "share of it")
+        text += (
+            f"; {s}'s k=1 reference is the slower one ({top['base_throughput_img_s']:,.0f} against "
+            f"{f['base_throughput_img_s']:,.0f} images/s), and a longer step leaves any communication a smaller "
+            "share of it"
+        )
     return text + "."
 
 
@@ -136,20 +157,32 @@ def fastest_claim(p, tag: str) -> str | None:
     p = p[p["throughput_img_s"].notna()]
     if p.empty:
         return None
-    rows = p.loc[p.groupby("strategy")["throughput_img_s"].idxmax()].sort_values(
-        "throughput_img_s", ascending=False).to_dict("records")
+    rows = (
+        p.loc[p.groupby("strategy")["throughput_img_s"].idxmax()]
+        .sort_values("throughput_img_s", ascending=False)
+        .to_dict("records")
+    )
     verdict, tied, rest = ranking(rows, "throughput")
 
     def q(r):
-        return (f"**{r['strategy']}**, {fmt(r['throughput_img_s'], r['throughput_lo'], r['throughput_hi'], 0)} "
-                f"images/s at k={r['k']:g}, B={r['batch_size']:g}")
+        return (
+            f"**{r['strategy']}**, {fmt(r['throughput_img_s'], r['throughput_lo'], r['throughput_hi'], 0)} "
+            f"images/s at k={r['k']:g}, B={r['batch_size']:g}"
+        )
+
     top = rows[0]
     if verdict == "indistinguishable":
-        return (f"Highest throughput{tag}: " + " and ".join(map(q, tied))
-                + f" are indistinguishable within the {LEVEL}: no fastest named. "
-                f"{how_sure(top, 'throughput').capitalize()}.")
-    note = {"only": "", "best": " (its interval clear of the runner-up's)",
-            "unknown": " (not shown to be ahead beyond noise: an interval is unknown)"}[verdict]
+        return (
+            f"Highest throughput{tag}: "
+            + " and ".join(map(q, tied))
+            + f" are indistinguishable within the {LEVEL}: no fastest named. "
+            f"{how_sure(top, 'throughput').capitalize()}."
+        )
+    note = {
+        "only": "",
+        "best": " (its interval clear of the runner-up's)",
+        "unknown": " (not shown to be ahead beyond noise: an interval is unknown)",
+    }[verdict]
     return f"Fastest{tag}: {q(top)}{note}. {how_sure(top, 'throughput').capitalize()}."
 
 
@@ -161,11 +194,15 @@ def implausible(r, tag: str) -> str | None:
         return None
     head = f"{r['strategy']} at k={r['k']:g} has a weak-scaling efficiency of {fmt(e, lo, hi)}"
     if known(lo, hi) and lo <= 1.0:
-        return (f"Within noise of 1{tag}: {head}: above 1, but its {LEVEL} includes 1, so not superlinear beyond "
-                f"the noise ({how_sure(r)}).")
+        return (
+            f"Within noise of 1{tag}: {head}: above 1, but its {LEVEL} includes 1, so not superlinear beyond "
+            f"the noise ({how_sure(r)})."
+        )
     why = f"above 1 beyond its {LEVEL}" if known(lo, hi) else "above 1, with no interval to say by how much"
-    return (f"Implausible{tag}: {head} ({why}, superlinear): most likely its k=1 reference ran slower than usual "
-            f"(interference or noise), so it is left out of the comparison below ({how_sure(r)}).")
+    return (
+        f"Implausible{tag}: {head} ({why}, superlinear): most likely its k=1 reference ran slower than usual "
+        f"(interference or noise), so it is left out of the comparison below ({how_sure(r)})."
+    )
 
 
 def plausible(w):
@@ -178,7 +215,12 @@ def interval_columns(e):
     if e.empty:
         return e.assign(efficiency_95=[], n_measured=[])
     return e.assign(
-        efficiency_95=[f"[{lo:.2f}–{hi:.2f}]" if known(lo, hi) else math.nan
-                       for lo, hi in zip(e["efficiency_lo"], e["efficiency_hi"])],
-        n_measured=[f"{w:g}/{t:g}; {bw:g}/{bt:g}" for w, t, bw, bt in
-                    zip(e["n_windows"], e["n_repeats"], e["base_n_windows"], e["base_n_repeats"])])
+        efficiency_95=[
+            f"[{lo:.2f}–{hi:.2f}]" if known(lo, hi) else math.nan
+            for lo, hi in zip(e["efficiency_lo"], e["efficiency_hi"])
+        ],
+        n_measured=[
+            f"{w:g}/{t:g}; {bw:g}/{bt:g}"
+            for w, t, bw, bt in zip(e["n_windows"], e["n_repeats"], e["base_n_windows"], e["base_n_repeats"])
+        ],
+    )

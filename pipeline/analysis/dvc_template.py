@@ -12,6 +12,7 @@ window, as the CDN scripts do). Nothing here is fetched at run time.
 The page opens with the workspace's data source (results/analysis/summary.json's `data_source`, or the summary
 named as second argument) in the words of the PNG figures (plots.source_note), so a synthetic run's plots say so.
 """
+
 from __future__ import annotations
 
 import html
@@ -47,11 +48,12 @@ PAGE = """<!DOCTYPE html>
 def source_line(source: str) -> str:
     """The page's data-source paragraph ("" where the source is unknown)."""
     from pipeline.analysis.plots import source_note
+
     note = source_note(source)
     if not note:
         return ""
     cls = "source synthetic" if "SYNTHETIC" in note else "source"
-    return f'<p class="{cls}">{html.escape(note)} (the workspace\'s results; each revision\'s in its own rows)</p>'
+    return f"<p class=\"{cls}\">{html.escape(note)} (the workspace's results; each revision's in its own rows)</p>"
 
 
 def read_source(summary: Path) -> str:
@@ -76,9 +78,11 @@ def write(path: Path, summary: Path = SUMMARY) -> Path:
     try:
         import vl_convert
     except ImportError:
-        raise ImportError(f"The offline plots template needs vl-convert-python, which ships vega, vega-lite and "
-                          f"vega-embed: {INSTALL}. Without it, `dvc plots show` writes a page that loads them "
-                          f"from a CDN (blank offline); the PNG figures in results/analysis/ need nothing.") from None
+        raise ImportError(
+            f"The offline plots template needs vl-convert-python, which ships vega, vega-lite and "
+            f"vega-embed: {INSTALL}. Without it, `dvc plots show` writes a page that loads them "
+            f"from a CDN (blank offline); the PNG figures in results/analysis/ need nothing."
+        ) from None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     bundle = vl_convert.javascript_bundle(vl_version=VEGA_LITE)  # type: ignore[call-arg]  # the stub wants a snippet

@@ -5,6 +5,7 @@ strategy's complete trials, every point (strategy, model, k, B, other knobs fixe
 throughput, weak-scaling efficiency and best test accuracy side by side: a faster but worse setting is visible.
 Pure pandas on tables.py's point and scaling tables; plots.plot_knob and report.knob_section draw and write it.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -18,8 +19,7 @@ def varied(pts: pd.DataFrame) -> list[str]:
 
 def knob_table(pts: pd.DataFrame, eff: pd.DataFrame) -> pd.DataFrame:
     weak = eff[eff["kind"] == "weak"] if len(eff) else eff
-    cols = ["knob", "value", "strategy", "model", "k", "batch_size", "throughput_img_s", "weak_efficiency",
-            "test_acc"]
+    cols = ["knob", "value", "strategy", "model", "k", "batch_size", "throughput_img_s", "weak_efficiency", "test_acc"]
     rows = []
     for knob in varied(pts):
         for r in pts.to_dict("records"):
@@ -29,8 +29,17 @@ def knob_table(pts: pd.DataFrame, eff: pd.DataFrame) -> pd.DataFrame:
             for c in ("strategy", "model", "k", "batch_size", *KNOBS):
                 if c in weak and c in r:
                     match = match[match[c].astype(str) == str(r[c])]
-            rows.append({"knob": knob, "value": r[knob], "strategy": r["strategy"], "model": r["model"],
-                         "k": r["k"], "batch_size": r["batch_size"], "throughput_img_s": r["throughput_img_s"],
-                         "weak_efficiency": match["efficiency"].iloc[0] if len(match) else float("nan"),
-                         "test_acc": r["test_acc"]})
+            rows.append(
+                {
+                    "knob": knob,
+                    "value": r[knob],
+                    "strategy": r["strategy"],
+                    "model": r["model"],
+                    "k": r["k"],
+                    "batch_size": r["batch_size"],
+                    "throughput_img_s": r["throughput_img_s"],
+                    "weak_efficiency": match["efficiency"].iloc[0] if len(match) else float("nan"),
+                    "test_acc": r["test_acc"],
+                }
+            )
     return pd.DataFrame(rows, columns=cols)

@@ -1,4 +1,5 @@
 """Markdown tables for the report (GitHub flavour, no tabulate dependency): one cell format for every section."""
+
 from __future__ import annotations
 
 import math

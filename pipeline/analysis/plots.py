@@ -12,7 +12,6 @@ from matplotlib.figure import Figure
 from pipeline import catalog
 from pipeline.analysis.tables import BD_PARTS, EXTRAS, MIB, POINT, group_by, is_serial
 
-
 LINESTYLES = ("-", "--", "-.", (0, (1, 1)))  # one per batch size within a strategy
 MARKERS = ("o", "s", "^", "D", "v")
 

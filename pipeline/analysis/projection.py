@@ -9,6 +9,7 @@ fitted only on the k=1 trial's compute per image (1 / its throughput) and an int
     interconnect profiles (experiments/interconnects/nominal.yaml) always.
 Pure: tables and a parsed JSON dict in, a table and notes out (on tables.py and scaling_model.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -16,13 +17,29 @@ import math
 import pandas as pd
 
 from pipeline import catalog
-from pipeline.scaling import model as sm
 from pipeline.analysis.tables import EXTRAS, group_by, is_serial
+from pipeline.scaling import model as sm
 
 PROJECT_KS = (4, 8)
-COLUMNS = ["strategy", "model", "per_device_batch", *EXTRAS, "k", "role", "basis", "interconnect",
-           "interconnect_kind", "modelled_efficiency", "modelled_step_s", "modelled_exposed_comm_s",
-           "measured_efficiency", "rel_error", "tolerance", "within_tolerance", "verdict"]
+COLUMNS = [
+    "strategy",
+    "model",
+    "per_device_batch",
+    *EXTRAS,
+    "k",
+    "role",
+    "basis",
+    "interconnect",
+    "interconnect_kind",
+    "modelled_efficiency",
+    "modelled_step_s",
+    "modelled_exposed_comm_s",
+    "measured_efficiency",
+    "rel_error",
+    "tolerance",
+    "within_tolerance",
+    "verdict",
+]
 COLLECTIVES_HOWTO = "dvc repro -s collectives (or: python -m pipeline collectives)"
 
 
@@ -45,20 +62,29 @@ def _transport(df, strategy, k):
     """The all-reduce that carried DDP's buckets in the measured trials at k (comm_hook_used), else the default."""
     if "comm_hook_used" not in df:
         return None
-    used = set(df.loc[(df["strategy"] == strategy) & (df["k"] == k) & (df["state"] == "complete"),
-                      "comm_hook_used"].astype(str)) - {"", "nan"}
+    used = set(
+        df.loc[(df["strategy"] == strategy) & (df["k"] == k) & (df["state"] == "complete"), "comm_hook_used"].astype(
+            str
+        )
+    ) - {"", "nan"}
     return {"shm": "allreduce_shm", "none": "allreduce"}.get(used.pop()) if len(used) == 1 else None
 
 
-def model_table(df, eff, collectives: dict | None = None, tolerance: float = sm.DEFAULT_TOLERANCE,
-                project_ks=PROJECT_KS) -> tuple[pd.DataFrame, list[str]]:
+def model_table(
+    df, eff, collectives: dict | None = None, tolerance: float = sm.DEFAULT_TOLERANCE, project_ks=PROJECT_KS
+) -> tuple[pd.DataFrame, list[str]]:
     """Modelled checks at measured k and projections (see the module docstring); notes say what was not modelled."""
     host = host_interconnect(collectives)
     profiles = sm.load_profiles()
-    notes = [] if host else [
-        "No measurement of this host's collectives (results/collectives.json): the model's error at measured k "
-        "is not computed, and projections use the nominal interconnect profiles only (modelled, not measured "
-        f"anywhere here). Measure them with: `{COLLECTIVES_HOWTO}`."]
+    notes = (
+        []
+        if host
+        else [
+            "No measurement of this host's collectives (results/collectives.json): the model's error at measured k "
+            "is not computed, and projections use the nominal interconnect profiles only (modelled, not measured "
+            f"anywhere here). Measure them with: `{COLLECTIVES_HOWTO}`."
+        ]
+    )
     w = eff[(eff["kind"] == "weak") & eff["throughput_img_s"].notna()] if len(eff) else eff
     rows: list = []
     layouts: dict = {}
@@ -73,8 +99,14 @@ def model_table(df, eff, collectives: dict | None = None, tolerance: float = sm.
         except KeyError:
             notes.append(f"{s} {model}: the model has no layout for {model!r}; not modelled")
             continue
-        kw = dict(model=model, per_device_batch=b, layout=layout, bucket_cap_mb=_num(ref["bucket_cap_mb"], 25.0),
-                  comm_hook=ref["comm_hook"] or "none", accum_steps=int(_num(ref["accum_steps"], 1)))
+        kw = dict(
+            model=model,
+            per_device_batch=b,
+            layout=layout,
+            bucket_cap_mb=_num(ref["bucket_cap_mb"], 25.0),
+            comm_hook=ref["comm_hook"] or "none",
+            accum_steps=int(_num(ref["accum_steps"], 1)),
+        )
         c1 = 1 / one["throughput_img_s"].iloc[0]
 
         def add(k, ic, role, measured=math.nan, serial=False, transport=None):
@@ -83,10 +115,22 @@ def model_table(df, eff, collectives: dict | None = None, tolerance: float = sm.
             except (KeyError, ValueError) as e:
                 notes.append(f"{s} at k={k:g} on {ic.name}: not modelled ({str(e).strip(chr(34))})")
                 return
-            r = {**ref, "k": k, "role": role, "basis": "modelled", "interconnect": ic.name,
-                 "interconnect_kind": ic.kind, "modelled_efficiency": p["efficiency"], "modelled_step_s": p["step_s"],
-                 "modelled_exposed_comm_s": p["exposed_comm_s"], "measured_efficiency": measured,
-                 "rel_error": math.nan, "tolerance": tolerance, "within_tolerance": None, "verdict": ""}
+            r = {
+                **ref,
+                "k": k,
+                "role": role,
+                "basis": "modelled",
+                "interconnect": ic.name,
+                "interconnect_kind": ic.kind,
+                "modelled_efficiency": p["efficiency"],
+                "modelled_step_s": p["step_s"],
+                "modelled_exposed_comm_s": p["exposed_comm_s"],
+                "measured_efficiency": measured,
+                "rel_error": math.nan,
+                "tolerance": tolerance,
+                "within_tolerance": None,
+                "verdict": "",
+            }
             if not math.isnan(measured):
                 c = sm.check(p, measured, tolerance)
                 r.update(rel_error=c["rel_error"], within_tolerance=c["within_tolerance"], verdict=c["verdict"])

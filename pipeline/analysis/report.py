@@ -12,8 +12,17 @@ import pandas as pd
 from pipeline.analysis import answer, causes, confidence, sharding
 from pipeline.analysis.markdown import md_table
 from pipeline.analysis.report_host import host_capabilities_section, nodes_line
-from pipeline.analysis.tables import (MEM_BASIS, MEM_LISTS, MIB, best_row, group_by, is_serial,
-    is_unavailable, joined, shown_extras)
+from pipeline.analysis.tables import (
+    MEM_BASIS,
+    MEM_LISTS,
+    MIB,
+    best_row,
+    group_by,
+    is_serial,
+    is_unavailable,
+    joined,
+    shown_extras,
+)
 
 
 def _mib(v):

@@ -7,6 +7,7 @@ low-precision type ran slower than the fp32 strategy it differs from, on a host 
 the type is native, it claims no cause: it says where the step's extra time went (the trials' breakdown, measured),
 and that what inside those phases costs it (the low-precision kernels or the casts) is not separated here.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,12 +15,20 @@ import math
 import pandas as pd
 
 from pipeline import catalog
-from pipeline.records.labels import is_bounded
 from pipeline.analysis.tables import measured
+from pipeline.records.labels import is_bounded
 
 # the sweep table's per-trial host columns (sweep_table.py, from the trial record), in the section's order
-HOST_COLS = ("host_cpu_isa", "host_bf16", "host_fp16", "host_gpu_name", "host_gpu_cc", "host_nccl",
-             "host_interconnect", "host_tf32")
+HOST_COLS = (
+    "host_cpu_isa",
+    "host_bf16",
+    "host_fp16",
+    "host_gpu_name",
+    "host_gpu_cc",
+    "host_nccl",
+    "host_interconnect",
+    "host_tf32",
+)
 HEADERS = ("host", "CPU ISA", "bf16", "fp16", "GPU", "compute capability", "NCCL", "interconnect", "TF32", "trials")
 # a strategy that autocasts, and the fp32 strategy it is a readable difference from (strategies/ddp_amp.py)
 SLOWER = 0.9  # below this ratio of its baseline's throughput a point counts as slower (not noise)
@@ -58,22 +67,31 @@ def _dtype(caps: dict, device_kind: str) -> str:
 def _cause(caps: dict, device_kind: str, dtype: str) -> str:
     status, isa = caps.get(f"host_{dtype}", ""), caps.get("host_cpu_isa") or "none"
     if not any(caps.values()):
-        return ("these sweep tables do not record whether this host runs bf16/fp16 natively, so the cause is not "
-                "known here (rerun the sweeps to record it)")
+        return (
+            "these sweep tables do not record whether this host runs bf16/fp16 natively, so the cause is not "
+            "known here (rerun the sweeps to record it)"
+        )
     if device_kind == "cuda":
         where = f"this GPU ({caps.get('host_gpu_name') or 'unnamed'}, compute capability {caps.get('host_gpu_cc')})"
     else:
         where = f"this CPU (ISA {isa})"
     if status == "emulated":
-        missing = ("no AVX-512-BF16/AMX-BF16" if dtype == "bf16" else "no AMX-FP16 (AVX-512-FP16 alone is not used)") \
-            if device_kind != "cuda" else f"no {dtype} tensor cores"
+        missing = (
+            ("no AVX-512-BF16/AMX-BF16" if dtype == "bf16" else "no AMX-FP16 (AVX-512-FP16 alone is not used)")
+            if device_kind != "cuda"
+            else f"no {dtype} tensor cores"
+        )
         if device_kind != "cuda" and "oneDNN capped at" in isa:  # capabilities.cpu_capabilities' isa_text
             missing = "ONEDNN_MAX_CPU_ISA keeps oneDNN from the instructions for it"
-        return (f"{dtype} is emulated on {where}: {missing}, so autocast converts through fp32 and adds work "
-                f"instead of saving it")
+        return (
+            f"{dtype} is emulated on {where}: {missing}, so autocast converts through fp32 and adds work "
+            f"instead of saving it"
+        )
     if status == "native":
-        return (f"{dtype} is native on {where}, so emulation does not explain it; whether the {dtype} kernels or "
-                f"the casts around them cost the difference is not separated here")
+        return (
+            f"{dtype} is native on {where}, so emulation does not explain it; whether the {dtype} kernels or "
+            f"the casts around them cost the difference is not separated here"
+        )
     return f"this sweep table does not record whether {dtype} is native on {where}"
 
 
@@ -116,8 +134,11 @@ def slow_rows(df) -> list[str]:
             if not slow:
                 continue
             dtype = _dtype(caps, kind)
-            figures = "; ".join(f"k={k:g}, B={bs:g}{'' if model == 'lenet' else f' ({model})'}: {x:,.0f} img/s vs "
-                                f"{base}'s {y:,.0f} ({y / x:.1f}× slower)" for (model, k, bs), x, y in slow)
+            figures = "; ".join(
+                f"k={k:g}, B={bs:g}{'' if model == 'lenet' else f' ({model})'}: {x:,.0f} img/s vs "
+                f"{base}'s {y:,.0f} ({y / x:.1f}× slower)"
+                for (model, k, bs), x, y in slow
+            )
             where = f" on {host}" if host else ""
             went = _where_it_went(amp_rows, base_rows, slow[0][0], base)
             out.append(f"**{amp}** ran slower than **{base}**{where} ({figures}{went}): {_cause(caps, kind, dtype)}.")
@@ -135,18 +156,21 @@ def bounded_rows(df) -> list[str]:
 def host_capabilities_section(df) -> list[str]:
     """The section's markdown: the capabilities table, then the slow and bounded rows they explain."""
     h = _hosts(df)
-    s = ["\n## Host capabilities\n\n",
-         "What the host computes natively (pipeline/host/capabilities.py, recorded per trial): CPU instruction sets, "
-         "whether bf16/fp16 run natively or are emulated through fp32, the GPU and its compute capability, NCCL, "
-         "the GPU interconnect (`nvidia-smi topo -m`; — on CPU hosts, whose ranks share memory), and whether "
-         "\"fp32\" cuDNN convolutions and matmuls ran in TF32 (PyTorch's switches; — on CPU hosts).\n\n"]
+    s = [
+        "\n## Host capabilities\n\n",
+        "What the host computes natively (pipeline/host/capabilities.py, recorded per trial): CPU instruction sets, "
+        "whether bf16/fp16 run natively or are emulated through fp32, the GPU and its compute capability, NCCL, "
+        "the GPU interconnect (`nvidia-smi topo -m`; — on CPU hosts, whose ranks share memory), and whether "
+        '"fp32" cuDNN convolutions and matmuls ran in TF32 (PyTorch\'s switches; — on CPU hosts).\n\n',
+    ]
     if h.empty:
-        s.append("_Not recorded: these sweep tables have no host_* columns (sweeps from before they existed); "
-                 "rerun the sweeps to record them._\n")
+        s.append(
+            "_Not recorded: these sweep tables have no host_* columns (sweeps from before they existed); "
+            "rerun the sweeps to record them._\n"
+        )
     else:
         s += ["| " + " | ".join(HEADERS) + " |\n", "|" + "---|" * len(HEADERS) + "\n"]
-        s += ["| " + " | ".join(_row_cells(r)) + f" | {r['trials']} |\n"
-              for r in h.to_dict("records")]
+        s += ["| " + " | ".join(_row_cells(r)) + f" | {r['trials']} |\n" for r in h.to_dict("records")]
     lines = slow_rows(df) + bounded_rows(df)
     if lines:
         s.append("\n" + "\n".join(f"- {line}" for line in lines) + "\n")
@@ -162,6 +186,8 @@ def nodes_line(df) -> list[str]:
     if multi.empty:
         return []
     pairs = sorted({(int(k), int(m)) for k, m in zip(multi["k"], pd.to_numeric(multi["nnodes"]))})
-    return ["\nTrials across nodes (SLURM jobs; devices N is one node's): "
-            + ", ".join(f"k={k} on {m} nodes" for k, m in pairs)
-            + ". Past one node the collectives cross the network between nodes, not only the node's own links.\n"]
+    return [
+        "\nTrials across nodes (SLURM jobs; devices N is one node's): "
+        + ", ".join(f"k={k} on {m} nodes" for k, m in pairs)
+        + ". Past one node the collectives cross the network between nodes, not only the node's own links.\n"
+    ]

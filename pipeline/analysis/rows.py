@@ -2,6 +2,7 @@
 by the trial record's schema) into one frame, with notes on missing, empty or unreadable tables. The floor of the
 analysis wing: tables.py derives every table from this frame.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,10 @@ def read_sweeps(sweeps_dir, expected):
     if not d.is_dir():
         notes.append(f"sweeps directory {d} does not exist")
     for p in sorted(d.glob("*.csv")) if d.is_dir() else []:
-        notes.append(f"{p.name} is a sweep table of an older Parallax (CSV), not read: rerun its sweep stage to "
-                     f"write {p.stem}{SUFFIX}")
+        notes.append(
+            f"{p.name} is a sweep table of an older Parallax (CSV), not read: rerun its sweep stage to "
+            f"write {p.stem}{SUFFIX}"
+        )
     for p in sorted(d.glob(f"*{SUFFIX}")) if d.is_dir() else []:
         bad = []
         try:
@@ -85,8 +88,11 @@ def read_sweeps(sweeps_dir, expected):
 def _skipped(p: Path, bad: list) -> list[str]:
     """Notes on a table's damaged lines (each also a warning on stderr: the run goes on without them). The first
     MAX_BAD are named one by one; a file of garbage gets one more line for the rest, not thousands."""
-    out = [f"{p} line {n} skipped: not a sweep-table row ({why}). Rerun its sweep stage to rewrite the table, or "
-           f"mend the line" for n, why in bad[:MAX_BAD]]
+    out = [
+        f"{p} line {n} skipped: not a sweep-table row ({why}). Rerun its sweep stage to rewrite the table, or "
+        f"mend the line"
+        for n, why in bad[:MAX_BAD]
+    ]
     if len(bad) > MAX_BAD:
         out.append(f"{p}: {len(bad) - MAX_BAD} more damaged lines skipped (lines {bad[MAX_BAD][0]}..{bad[-1][0]})")
     # not errors.say: the wing imports nothing above the sweep table (tests/architecture/test_imports.py)

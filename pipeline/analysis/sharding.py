@@ -1,5 +1,6 @@
 """What sharding saved: per measured point, a sharding strategy's largest per-device memory peak against its
 unsharded baseline's (catalog.sharding_baselines: fsdp -> ddp) at the same model, k, batch and memory figure."""
+
 from __future__ import annotations
 
 import math
@@ -9,8 +10,19 @@ import pandas as pd
 from pipeline import catalog
 from pipeline.analysis.tables import MEM_BASIS, MIB
 
-COLUMNS = ["strategy", "shards", "baseline", "model", "k", "batch_size", "mem_basis", "peak_mib", "baseline_mib",
-           "saved_mib", "saved_pct"]
+COLUMNS = [
+    "strategy",
+    "shards",
+    "baseline",
+    "model",
+    "k",
+    "batch_size",
+    "mem_basis",
+    "peak_mib",
+    "baseline_mib",
+    "saved_mib",
+    "saved_pct",
+]
 MATCH = ("model", "k", "batch_size", "mem_basis")  # a pair is measured alike: same point, same memory figure
 
 
@@ -27,21 +39,32 @@ def savings(mem: pd.DataFrame) -> pd.DataFrame:
             if alike.empty or math.isnan(r["peak_max"]):
                 continue
             peak, ref = r["peak_max"] / MIB, alike.min() / MIB
-            rows.append({"strategy": sharded, "shards": ", ".join(catalog.spec(sharded).shards), "baseline": base,
-                         **{c: r[c] for c in MATCH}, "peak_mib": peak, "baseline_mib": ref,
-                         "saved_mib": ref - peak, "saved_pct": 100 * (ref - peak) / ref if ref > 0 else math.nan})
+            rows.append(
+                {
+                    "strategy": sharded,
+                    "shards": ", ".join(catalog.spec(sharded).shards),
+                    "baseline": base,
+                    **{c: r[c] for c in MATCH},
+                    "peak_mib": peak,
+                    "baseline_mib": ref,
+                    "saved_mib": ref - peak,
+                    "saved_pct": 100 * (ref - peak) / ref if ref > 0 else math.nan,
+                }
+            )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def section(mem: pd.DataFrame, md_table) -> list[str]:
     """The report's "What sharding saved" subsection (`md_table` renders a DataFrame as Markdown)."""
     pairs = ", ".join(f"{a} against {b}" for a, b in catalog.sharding_baselines().items())
-    s = ["\n### What sharding saved\n\n",
-         f"Each sharding strategy's largest per-device peak against its unsharded baseline's ({pairs}) at the same "
-         "model, k, batch and memory figure (mem_basis: "
-         + "; ".join(f"{k} = {v}" for k, v in MEM_BASIS.items() if k != "peak_with_resident")
-         + "). saved = baseline − sharded, in MiB and % of the baseline; negative: sharding cost memory. "
-           "Counted (bytes), not timed.\n\n"]
+    s = [
+        "\n### What sharding saved\n\n",
+        f"Each sharding strategy's largest per-device peak against its unsharded baseline's ({pairs}) at the same "
+        "model, k, batch and memory figure (mem_basis: "
+        + "; ".join(f"{k} = {v}" for k, v in MEM_BASIS.items() if k != "peak_with_resident")
+        + "). saved = baseline − sharded, in MiB and % of the baseline; negative: sharding cost memory. "
+        "Counted (bytes), not timed.\n\n",
+    ]
     table = savings(mem)
     if table.empty:
         return s + ["No sharding strategy was measured at a point its baseline was measured at.\n"]

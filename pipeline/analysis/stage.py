@@ -21,6 +21,7 @@ The wing, arrows one way (tests/architecture/test_imports.py keeps it so):
     projection.py  the scaling model's checks and projections, all modelled (on tables, scaling_model)
     analyze.py   this entry: the only module that decides which files are written (on all of them)
 """
+
 from __future__ import annotations
 
 import json
@@ -28,15 +29,24 @@ from pathlib import Path
 
 from pipeline.analysis import answer, plots, projection, report, report_why
 from pipeline.analysis.knob_effects import knob_table
+from pipeline.analysis.rows import EXPECTED, load_sweeps, read_sweeps  # noqa: F401
+from pipeline.analysis.rows import normalize as _normalize  # noqa: F401
 from pipeline.analysis.summary import flat_metrics, strategy_status, summarize
-from pipeline.analysis.tables import (accuracy_table, breakdown_losses, breakdown_table, memory_devices, memory_table,
-    point_table, scaling_table, shown_extras)
-from pipeline.analysis.rows import EXPECTED, read_sweeps
 
 # Names tests/analysis/test_analyze.py reaches through this module.
-from pipeline.analysis.summary import jsonable as _jsonable, strategy_metrics as _strategy_metrics  # noqa: F401
+from pipeline.analysis.summary import jsonable as _jsonable  # noqa: F401
+from pipeline.analysis.summary import strategy_metrics as _strategy_metrics  # noqa: F401
+from pipeline.analysis.tables import (
+    accuracy_table,
+    breakdown_losses,
+    breakdown_table,
+    memory_devices,
+    memory_table,
+    point_table,
+    scaling_table,
+    shown_extras,
+)
 from pipeline.analysis.tables import shown_extras as _shown  # noqa: F401
-from pipeline.analysis.rows import load_sweeps, normalize as _normalize  # noqa: F401
 
 
 def _csv(df, path, cols, shown):
@@ -49,18 +59,51 @@ def _csv(df, path, cols, shown):
 
 def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
     """The tidy CSVs of DVC plots; columns that vary (host, data source, knobs) after strategy and model."""
-    _csv(eff[eff["efficiency"].notna()], out / "efficiency.csv",
-         ["strategy", "model", "k", "per_device_batch", "batch_size", "kind", "efficiency", "efficiency_lo",
-          "efficiency_hi", "speedup", "speedup_lo", "speedup_hi", "throughput_img_s", "n_windows", "n_repeats"], x)
-    _csv(pts[pts["throughput_img_s"].notna()], out / "throughput.csv",
-         ["strategy", "model", "k", "batch_size", "per_device_batch", "throughput_img_s"], x)
+    _csv(
+        eff[eff["efficiency"].notna()],
+        out / "efficiency.csv",
+        [
+            "strategy",
+            "model",
+            "k",
+            "per_device_batch",
+            "batch_size",
+            "kind",
+            "efficiency",
+            "efficiency_lo",
+            "efficiency_hi",
+            "speedup",
+            "speedup_lo",
+            "speedup_hi",
+            "throughput_img_s",
+            "n_windows",
+            "n_repeats",
+        ],
+        x,
+    )
+    _csv(
+        pts[pts["throughput_img_s"].notna()],
+        out / "throughput.csv",
+        ["strategy", "model", "k", "batch_size", "per_device_batch", "throughput_img_s"],
+        x,
+    )
     devs = memory_devices(mem)  # the GPU-only figures (resident, reserved peak, NVML) where any device has them
-    _csv(devs, out / "memory.csv",
-         ["strategy", "model", "k", "batch_size", "device", "peak_mem_bytes", "peak_mem_mib",
-          *(c for c in ("resident_bytes", "reserved_peak_bytes", "nvml_used_bytes") if devs[c].notna().any())],
-         x + (["mem_method"] if mem["mem_method"].nunique() > 1 else []))
-    _csv(acc, out / "accuracy.csv",
-         ["strategy", "model", "k", "batch_size", "lr", "test_acc", "time_to_acc_s"], x)
+    _csv(
+        devs,
+        out / "memory.csv",
+        [
+            "strategy",
+            "model",
+            "k",
+            "batch_size",
+            "device",
+            "peak_mem_bytes",
+            "peak_mem_mib",
+            *(c for c in ("resident_bytes", "reserved_peak_bytes", "nvml_used_bytes") if devs[c].notna().any()),
+        ],
+        x + (["mem_method"] if mem["mem_method"].nunique() > 1 else []),
+    )
+    _csv(acc, out / "accuracy.csv", ["strategy", "model", "k", "batch_size", "lr", "test_acc", "time_to_acc_s"], x)
 
 
 def _write_figures(out: Path, status, pts, eff, mem, knobs, source: str) -> None:
@@ -98,8 +141,9 @@ def _why(out: Path, df, eff, collectives, source: str) -> list[str]:
     return report_why.why_section(bd, losses, model, model_notes)
 
 
-def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPECTED,
-            collectives_json: Path | None = None) -> dict:
+def analyze(
+    sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPECTED, collectives_json: Path | None = None
+) -> dict:
     """Read every sweep table, write all outputs into out_dir and return the summary dict. collectives_json: this
     host's measured collectives (default: collectives.json beside the sweeps directory, used only if present)."""
     df, notes, files = read_sweeps(sweeps_dir, expected)
@@ -115,8 +159,11 @@ def analyze(sweeps_dir, out_dir, target_acc: float | None = None, expected=EXPEC
     _write_csvs(out, pts, eff, mem, acc, shown_extras(df))
     _write_figures(out, status, pts, eff, mem, knobs, summary.get("data_source") or "")
     knobs.to_csv(out / "knobs.csv", index=False)
-    extra = (_why(out, df, eff, collectives, summary.get("data_source") or "") + report.knob_section(knobs)
-             + report.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md"))
+    extra = (
+        _why(out, df, eff, collectives, summary.get("data_source") or "")
+        + report.knob_section(knobs)
+        + report.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md")
+    )
     best = answer.build(df, status, pts, eff, mem)
     (out / "best.yaml").write_text(answer.best_yaml(best))
     report.write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra, best)

@@ -11,6 +11,7 @@ denominator independently (two separate sets of trials). Seeded: the same data g
 With one repeat of one window nothing says how far a second measurement would be: the interval is NaN (unknown),
 never zero-width. With one repeat of several windows the interval holds only the spread within that trial.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,14 +70,16 @@ def _bounds(values: np.ndarray | None, level: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def throughput_interval(groups, level: float = LEVEL, seed: int = SEED,
-                        resamples: int = RESAMPLES) -> tuple[float, float]:
+def throughput_interval(
+    groups, level: float = LEVEL, seed: int = SEED, resamples: int = RESAMPLES
+) -> tuple[float, float]:
     """(lo, hi) of the point's throughput at `level`; NaN, NaN with a single measurement."""
     return _bounds(resample(groups, np.random.default_rng(seed), resamples), level)
 
 
-def ratio_interval(numerator, denominator, scale: float = 1.0, level: float = LEVEL, seed: int = SEED,
-                   resamples: int = RESAMPLES) -> tuple[float, float]:
+def ratio_interval(
+    numerator, denominator, scale: float = 1.0, level: float = LEVEL, seed: int = SEED, resamples: int = RESAMPLES
+) -> tuple[float, float]:
     """(lo, hi) of estimate(numerator) / (scale * estimate(denominator)): speedup T(k)/T(1) with scale 1, weak or
     strong efficiency with scale k. NaN, NaN when either side is a single measurement."""
     rng = np.random.default_rng(seed)

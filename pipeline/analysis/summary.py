@@ -4,6 +4,7 @@ the DVC metric: the same results as one flat mapping of numbers (`dvc metrics sh
 Pure: tables in, plain JSON types out (NaN and inf become null in summary.json, absent in metrics.json). Built on
 tables.py only.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,15 +23,17 @@ def strategy_status(df, files, sweeps_dir, expected):
     out = {}
     for s in names:
         g = df[df["strategy"] == s]
-        counts = {f"n_{st}": int((g["state"] == st).sum())
-                  for st in ("complete", "failed", "pruned", "skipped")}
+        counts = {f"n_{st}": int((g["state"] == st).sum()) for st in ("complete", "failed", "pruned", "skipped")}
         counts["n_oversubscribed"] = int(g["oversubscribed"].sum())
         counts["n_interfered"] = int((g["interfered"] & (g["state"] == "complete")).sum())
         reasons = sorted(set(g.loc[g["state"] == "skipped", "reason"]) - {""})
         if g.empty:
             status = "missing" if s not in files else files[s].split(":")[0]
-            reason = (f"no sweep table ({Path(sweeps_dir) / (s + '.jsonl')})" if s not in files
-                      else f"{s}.jsonl is {files[s]}")
+            reason = (
+                f"no sweep table ({Path(sweeps_dir) / (s + '.jsonl')})"
+                if s not in files
+                else f"{s}.jsonl is {files[s]}"
+            )
         elif (g["state"] == "skipped").all():
             status = "unavailable" if any(map(is_unavailable, reasons)) else "all skipped"
             reason = "; ".join(reasons) or "skipped (no reason recorded)"
@@ -57,9 +60,19 @@ def _at_largest_k(eff, kind):
 
 def _interval(r):
     """The efficiency's 95 % interval ([null, null] where unknown) and the measurements behind its two ends."""
-    return None if r is None else {"lo": r["efficiency_lo"], "hi": r["efficiency_hi"], "level": 0.95,
-                                   "n_windows": r["n_windows"], "n_repeats": r["n_repeats"],
-                                   "base_n_windows": r["base_n_windows"], "base_n_repeats": r["base_n_repeats"]}
+    return (
+        None
+        if r is None
+        else {
+            "lo": r["efficiency_lo"],
+            "hi": r["efficiency_hi"],
+            "level": 0.95,
+            "n_windows": r["n_windows"],
+            "n_repeats": r["n_repeats"],
+            "base_n_windows": r["base_n_windows"],
+            "base_n_repeats": r["base_n_repeats"],
+        }
+    )
 
 
 def _load(r):
@@ -130,17 +143,21 @@ def trial_counts(df) -> dict:
 def summarize(df, status, pts, eff, mem, target_acc):
     strategies = {s: {**st, **strategy_metrics(s, pts, eff, mem)} for s, st in status.items()}
     targets = sorted(set(df["target_acc"].dropna()))
-    return jsonable({
-        "host": joined(df["host"]), "device_kind": joined(df["device_kind"]),
-        "device_name": joined(df["device_name"]),
-        "host_devices": None if df["host_devices"].dropna().empty else df["host_devices"].max(),
-        "data_source": joined(df["data_source"]),
-        "synthetic_data": bool((df["data_source"] == "synthetic").any()),
-        "target_acc": target_acc if target_acc is not None else (targets[0] if len(targets) == 1 else None),
-        "n_trials": len(df), "n_complete": int((df["state"] == "complete").sum()),
-        **trial_counts(df),
-        "strategies": strategies,
-    })
+    return jsonable(
+        {
+            "host": joined(df["host"]),
+            "device_kind": joined(df["device_kind"]),
+            "device_name": joined(df["device_name"]),
+            "host_devices": None if df["host_devices"].dropna().empty else df["host_devices"].max(),
+            "data_source": joined(df["data_source"]),
+            "synthetic_data": bool((df["data_source"] == "synthetic").any()),
+            "target_acc": target_acc if target_acc is not None else (targets[0] if len(targets) == 1 else None),
+            "n_trials": len(df),
+            "n_complete": int((df["state"] == "complete").sum()),
+            **trial_counts(df),
+            "strategies": strategies,
+        }
+    )
 
 
 def _key(*parts) -> str:
@@ -148,8 +165,11 @@ def _key(*parts) -> str:
 
 
 def _finite(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) \
+    return (
+        isinstance(v, (int, float, np.integer, np.floating))
+        and not isinstance(v, (bool, np.bool_))
         and math.isfinite(float(v))
+    )
 
 
 # significant digits per metrics.json group: enough to tell two experiments apart, short enough for a narrow column
@@ -185,8 +205,9 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     it with the cores other processes kept busy; `under_load` counts the labelled strategy-k pairs (0 on a quiet
     host)."""
     models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
-    out: dict = {k: summary[k] for k in ("n_trials", "n_complete", "n_measured", "n_flagged")
-                 if _finite(summary.get(k))}
+    out: dict = {
+        k: summary[k] for k in ("n_trials", "n_complete", "n_measured", "n_flagged") if _finite(summary.get(k))
+    }
     _per_k(out, pts, "throughput_img_s", "img_s", models)
     for kind, name in (("weak", "eff"), ("strong", "strong_eff")):
         e = eff[(eff["kind"] == kind) & (eff["k"] >= 2)] if len(eff) else eff
@@ -194,8 +215,13 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     if len(mem):
         _per_k(out, mem.assign(peak_mib=mem["peak_max"] / MIB), "peak_mib", "peak_mib", models)
     strategies = summary.get("strategies") or {}
-    out.update({_key("acc", s): _rounded(st["best_test_acc"], DIGITS["acc"])
-                for s, st in strategies.items() if _finite(st.get("best_test_acc"))})
+    out.update(
+        {
+            _key("acc", s): _rounded(st["best_test_acc"], DIGITS["acc"])
+            for s, st in strategies.items()
+            if _finite(st.get("best_test_acc"))
+        }
+    )
     for col in point_columns():  # the record's POINT fields: the largest over a strategy's points at each k
         if col in pts:
             _per_k(out, pts, col, col, models)

@@ -15,6 +15,7 @@ import pandas as pd
 from pipeline.analysis import stats
 from pipeline.analysis.rows import EXPECTED, EXTRAS
 from pipeline.records.trial import point_columns
+
 # The step-time breakdown's parts (pipeline/measure/breakdown.py PARTS; the sweep table's bd_<part>_s columns) and
 # the residual
 BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")

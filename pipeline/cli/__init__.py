@@ -1,4 +1,5 @@
 """The command line: `python -m pipeline COMMAND` parses its arguments (parser.py), runs one command (commands.py)."""
+
 from pipeline.cli.commands import exit_now, main
 from pipeline.cli.parser import build_parser
 

@@ -1,17 +1,19 @@
 """What each command of `python -m pipeline` does: one cmd_NAME(args) per subcommand (parser.py builds them)."""
+
 from __future__ import annotations
 
 import os
 import sys
 
 from pipeline import paths
-from pipeline.config import loader as configmod
 from pipeline.cli.parser import build_parser
+from pipeline.config import loader as configmod
 
 
 def cmd_download(args) -> int:
     from pipeline.data import store as data
     from pipeline.preflight import output_dir
+
     cfg = configmod.load(args.params, args.overrides)
     root = output_dir(paths.repo_root() / cfg.data.dir, "data.dir")  # a directory (the IDX files, manifest.json)
     manifest = data.prepare(root, cfg.data.source, cfg.data.mirror, progress=True)
@@ -22,12 +24,14 @@ def cmd_download(args) -> int:
 
 def cmd_train(args) -> int:
     from pipeline.cli.train import run
+
     return run(args)
 
 
 def cmd_sweep(args) -> int:
     from pipeline.preflight import output_file
     from pipeline.sweep.stage import run_sweep
+
     cfg = configmod.load(args.params, args.overrides)
     out = output_file(args.out or paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.jsonl", "--out")
     run_sweep(cfg, args.strategy, out, max_new_trials=args.n_trials)
@@ -35,12 +39,17 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_analyze(args) -> int:
-    from pipeline.tracking.analysis_run import log_analysis_run
     from pipeline.analysis.stage import analyze
     from pipeline.preflight import input_dir, output_dir
+    from pipeline.tracking.analysis_run import log_analysis_run
+
     cfg = configmod.load(args.params, args.overrides)
-    input_dir(args.sweeps, "--sweeps", "the sweep tables (*.jsonl), which the sweep stages write: run them first "
-              "(`dvc repro`, or `python -m pipeline sweep --strategy S` per strategy S) or point --sweeps at them")
+    input_dir(
+        args.sweeps,
+        "--sweeps",
+        "the sweep tables (*.jsonl), which the sweep stages write: run them first "
+        "(`dvc repro`, or `python -m pipeline sweep --strategy S` per strategy S) or point --sweeps at them",
+    )
     output_dir(args.out, "--out")  # a directory (report.md, CSVs, figures)
     summary = analyze(args.sweeps, args.out, target_acc=cfg.analyze.target_acc)
     run_id = log_analysis_run(cfg, summary, args.out)
@@ -51,9 +60,10 @@ def cmd_analyze(args) -> int:
 def cmd_collectives(args) -> int:
     import json
 
-    from pipeline.scaling.collectives import measure
     from pipeline.host.devices import probe
     from pipeline.preflight import output_file
+    from pipeline.scaling.collectives import measure
+
     configmod.load(args.params, args.overrides)  # validated like every stage, though nothing in it is used yet
     output_file(args.out, "--out")  # a file (collectives.json), checked before the benchmark's seconds
     host = probe()
@@ -70,25 +80,41 @@ def cmd_collectives(args) -> int:
 
 
 def cmd_overlap(args) -> int:
-    from pipeline.scaling import overlap
-    from pipeline.tracking import client as tracking
     from pipeline.host.devices import probe
     from pipeline.preflight import check_store, output_dir
+    from pipeline.scaling import overlap
+    from pipeline.tracking import client as tracking
+
     cfg = configmod.load(args.params, args.overrides)
     output_dir(args.out, "--out")  # a directory (overlap.json, overlap.md)
     check_store(tracking.tracking_uri(cfg), "tracking.uri")  # before the experiments, not after them
     res = overlap.run(cfg, args.out)
     tracker = tracking.Tracker(cfg)
     host = probe()
-    run_id = tracker.start_run("overlap", {"stage": "overlap", "device_kind": host.kind, "host": host.hostname,
-                                           "git_sha": tracking.git_sha(), "dvc_stage": "overlap"})
+    run_id = tracker.start_run(
+        "overlap",
+        {
+            "stage": "overlap",
+            "device_kind": host.kind,
+            "host": host.hostname,
+            "git_sha": tracking.git_sha(),
+            "dvc_stage": "overlap",
+        },
+    )
     tracker.log_params(run_id, res["settings"])
     c, m = res["concurrent"], res["communication"]
-    tracker.log_metrics(run_id, {"overlap/A_s": c["A"]["median_s"], "overlap/B_s": c["B"]["median_s"],
-                                 "overlap/both_s": c["both"]["median_s"], "overlap/ratio_both_to_sum":
-                                 res["ratio_both_to_sum"], "overlap/comm_sequential_s": m["sequential"]["median_s"],
-                                 "overlap/comm_overlapped_s": m["overlapped"]["median_s"],
-                                 "overlap/comm_saving": res["comm_saving"]})
+    tracker.log_metrics(
+        run_id,
+        {
+            "overlap/A_s": c["A"]["median_s"],
+            "overlap/B_s": c["B"]["median_s"],
+            "overlap/both_s": c["both"]["median_s"],
+            "overlap/ratio_both_to_sum": res["ratio_both_to_sum"],
+            "overlap/comm_sequential_s": m["sequential"]["median_s"],
+            "overlap/comm_overlapped_s": m["overlapped"]["median_s"],
+            "overlap/comm_saving": res["comm_saving"],
+        },
+    )
     tracker.log_artifacts(run_id, args.out)
     tracker.end_run(run_id)
     print((args.out / "overlap.md").read_text())
@@ -97,20 +123,25 @@ def cmd_overlap(args) -> int:
 
 def cmd_ui(args) -> int:
     from pipeline.cli import ui as ui_cli
+
     return ui_cli.run(args)
 
 
 def cmd_doctor(args) -> int:
     from pipeline.doctor import checks as doctor
     from pipeline.preflight import output_dir
+
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in names if s not in configmod.STRATEGY_NAMES]
     if bad or not names:
-        raise configmod.ConfigError(f"Unknown strategy `{bad[0] if bad else ''}` in --strategies. Valid: "
-                                    f"{', '.join(configmod.STRATEGY_NAMES)} (comma-separated).")
+        raise configmod.ConfigError(
+            f"Unknown strategy `{bad[0] if bad else ''}` in --strategies. Valid: "
+            f"{', '.join(configmod.STRATEGY_NAMES)} (comma-separated)."
+        )
     if twice := sorted({s for s in names if names.count(s) > 1}):
-        raise configmod.ConfigError(f"--strategies names `{twice[0]}` twice: each strategy is checked once. Name "
-                                    f"it once. Nothing was run.")
+        raise configmod.ConfigError(
+            f"--strategies names `{twice[0]}` twice: each strategy is checked once. Name it once. Nothing was run."
+        )
     if args.max_devices < 1 or args.steps < 1 or args.batch_per_device < 1:
         raise configmod.ConfigError("--max-devices, --steps and --batch-per-device must be at least 1.")
     # the doctor checks the host, not a study: no profile's search spaces, only params.yaml and --set
@@ -118,8 +149,16 @@ def cmd_doctor(args) -> int:
     if args.dump_events is not None:
         output_dir(args.dump_events, "--dump-events")  # a directory of event files, like --out
     output_dir(args.out, "--out")  # a directory (doctor.json, doctor.md): checked before every check is run
-    report = doctor.run(base, args.out, names, args.max_devices, args.steps, args.batch_per_device, args.model,
-                        dump_events=args.dump_events)
+    report = doctor.run(
+        base,
+        args.out,
+        names,
+        args.max_devices,
+        args.steps,
+        args.batch_per_device,
+        args.model,
+        dump_events=args.dump_events,
+    )
     print(f"wrote {args.out / 'doctor.md'} and {args.out / 'doctor.json'}")
     return 1 if report["counts"]["failed"] else 0
 
@@ -129,15 +168,18 @@ def cmd_profiles(args) -> int:
     for name, desc in found:
         print(f"{name}:\n  " + "\n  ".join(desc.splitlines()) + "\n")
     if not found:
-        raise configmod.ConfigError(f"No profiles: no experiments/*.yaml under {paths.repo_root()}, taken as the "
-                                    f"repository root. Run from the Parallax checkout (where dvc.yaml is), or set "
-                                    f"DVC_ROOT.")
+        raise configmod.ConfigError(
+            f"No profiles: no experiments/*.yaml under {paths.repo_root()}, taken as the "
+            f"repository root. Run from the Parallax checkout (where dvc.yaml is), or set "
+            f"DVC_ROOT."
+        )
     return 1 if any(d.startswith("UNREADABLE: ") for _, d in found) else 0
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from pipeline.errors import user_errors
+
     with user_errors() as status:
         status.code = globals()[f"cmd_{args.command}"](args)
     return status.code
@@ -149,6 +191,7 @@ def exit_now(code: int) -> None:
     by the time it returns (the stores write synchronously; files are replaced atomically), so only streams need
     flushing."""
     import logging
+
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -4,6 +4,7 @@ that cannot be opened, a missing optuna-dashboard or a busy port ends in one par
 
     OPTUNA_STORAGE=postgresql://user@host/db .venv/bin/python -m pipeline.cli.dashboard --port 8080
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,22 +27,28 @@ def storage_url() -> str:
 def open_store(url: str):
     """The Optuna store at `url`, reachable and readable, or StoreError naming it (password hidden) and the fix."""
     from pipeline import preflight
-    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
-        raise StoreError(f"No Optuna store at {redact(url)} ({KEY}): run a sweep first (`make pipeline` or `dvc "
-                         f"repro`), or set {KEY} to the sweep.storage URL of a shared study.")
+
+    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///") :]):
+        raise StoreError(
+            f"No Optuna store at {redact(url)} ({KEY}): run a sweep first (`make pipeline` or `dvc "
+            f"repro`), or set {KEY} to the sweep.storage URL of a shared study."
+        )
     if url.startswith("sqlite:"):
         preflight.check_store(url, KEY)
     else:
         _reach(url)
     import optuna
+
     try:
         storage = optuna.storages.RDBStorage(url)
         storage.get_all_studies()
     except Exception as e:  # the driver's, SQLAlchemy's or Optuna's error: its first line, password hidden
         first = (str(e).strip().splitlines() or [""])[0][:300]
-        raise StoreError(f"Cannot open the Optuna store {redact(url)} ({KEY}): {type(e).__name__}: {redact(first)}. "
-                         f"Check the URL, the user's rights and the server; the password is best kept in "
-                         f"PGPASSWORD or ~/.pgpass rather than in the URL.") from None
+        raise StoreError(
+            f"Cannot open the Optuna store {redact(url)} ({KEY}): {type(e).__name__}: {redact(first)}. "
+            f"Check the URL, the user's rights and the server; the password is best kept in "
+            f"PGPASSWORD or ~/.pgpass rather than in the URL."
+        ) from None
     return storage
 
 
@@ -49,12 +56,15 @@ def _reach(url: str) -> None:
     """A database server that does not answer fails in seconds, not after the driver's retries. The host and port
     are SQLAlchemy's reading of the URL (urllib's ends a password at its first `/?#`)."""
     from sqlalchemy.engine import make_url
+
     from pipeline.preflight import PREFLIGHT_TIMEOUT_S
+
     try:
         parsed = make_url(url)
     except Exception:  # noqa: BLE001 - SQLAlchemy's ArgumentError, ValueError for a bad port
-        raise StoreError(f"{KEY}={redact(url)!r} is not a database URL (dialect://user@host:port/db). Fix it.") \
-            from None
+        raise StoreError(
+            f"{KEY}={redact(url)!r} is not a database URL (dialect://user@host:port/db). Fix it."
+        ) from None
     if not parsed.host:  # a unix socket, or a file
         return
     port = parsed.port or _PORTS.get(parsed.get_backend_name())
@@ -65,9 +75,11 @@ def _reach(url: str) -> None:
             pass
     except OSError as e:
         why = "no answer" if isinstance(e, socket.timeout) else (e.strerror or type(e).__name__)
-        raise StoreError(f"Cannot reach {redact(url)} ({KEY}): {parsed.host}:{port} gave {why} within "
-                         f"{PREFLIGHT_TIMEOUT_S:.0f} s. Start the server or fix the address (docs/scale-out.md), or "
-                         f"unset {KEY} for the sweeps' mlruns/optuna.db.") from None
+        raise StoreError(
+            f"Cannot reach {redact(url)} ({KEY}): {parsed.host}:{port} gave {why} within "
+            f"{PREFLIGHT_TIMEOUT_S:.0f} s. Start the server or fix the address (docs/scale-out.md), or "
+            f"unset {KEY} for the sweeps' mlruns/optuna.db."
+        ) from None
 
 
 def _check_port(port: int) -> None:
@@ -76,16 +88,19 @@ def _check_port(port: int) -> None:
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
-            raise StoreError(f"Port {port} on 127.0.0.1 is in use (another dashboard, `make ui`?). Stop that one, "
-                             f"or pick another port: make dashboard DASHBOARD_PORT=NNNN.") from None
+            raise StoreError(
+                f"Port {port} on 127.0.0.1 is in use (another dashboard, `make ui`?). Stop that one, "
+                f"or pick another port: make dashboard DASHBOARD_PORT=NNNN."
+            ) from None
 
 
 def run(port: int) -> None:
     try:
         import optuna_dashboard
     except ModuleNotFoundError:
-        raise StoreError(f"optuna-dashboard is not installed: {sys.executable} -m pip install optuna-dashboard") \
-            from None
+        raise StoreError(
+            f"optuna-dashboard is not installed: {sys.executable} -m pip install optuna-dashboard"
+        ) from None
     url = storage_url()
     storage = open_store(url)
     _check_port(port)

@@ -11,6 +11,7 @@
 
 Every command reads params.yaml (and the profile it names under experiments/) and takes `--set key=value`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,11 +26,18 @@ docs: README.md, docs/errors.md (every error message and its fix)."""
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--params", type=cli_types.path, default=None,
-                   help="params file (default: params.yaml at the repository root)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a configuration value, e.g. --set train.lr=0.1; repeatable, later wins "
-                        "(default: none; layers: built-in < profile < params.yaml < --set)")
+    p.add_argument(
+        "--params", type=cli_types.path, default=None, help="params file (default: params.yaml at the repository root)"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a configuration value, e.g. --set train.lr=0.1; repeatable, later wins "
+        "(default: none; layers: built-in < profile < params.yaml < --set)",
+    )
 
 
 def _cfg(key: str, text: str) -> str:
@@ -42,131 +50,234 @@ def _cfg(key: str, text: str) -> str:
 def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=configmod.MODELS, help=_cfg("train.model", "model"))
     p.add_argument("--strategy", choices=configmod.STRATEGY_NAMES, help=_cfg("train.strategy", "strategy"))
-    p.add_argument("--devices", type=int, metavar="K",
-                   help=_cfg("train.devices", "devices (GPUs, or CPU cores) for this trial"))
-    p.add_argument("--batch-size", type=int, metavar="B",
-                   help=_cfg("train.batch_size", "global batch size, split over the devices"))
+    p.add_argument(
+        "--devices", type=int, metavar="K", help=_cfg("train.devices", "devices (GPUs, or CPU cores) for this trial")
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="B",
+        help=_cfg("train.batch_size", "global batch size, split over the devices"),
+    )
     p.add_argument("--lr", type=float, help=_cfg("train.lr", "learning rate (SGD)"))
     p.add_argument("--epochs", type=int, help=_cfg("train.epochs", "epochs"))
-    p.add_argument("--max-steps", type=int, metavar="N",
-                   help=_cfg("train.max_steps", "stop after N optimizer steps, for quick checks; 0 = no limit"))
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        metavar="N",
+        help=_cfg("train.max_steps", "stop after N optimizer steps, for quick checks; 0 = no limit"),
+    )
     p.add_argument("--seed", type=int, help=_cfg("train.seed", "seed of data order and initial weights"))
-    p.add_argument("--out", required=True, type=cli_types.path, metavar="DIR",
-                   help="output directory for metrics.json and final_state.pt (required: no default)")
-    p.add_argument("--no-track", action="store_true",
-                   help="do not log to MLflow (default: log a run to tracking.uri, mlruns/mlflow.db if empty)")
+    p.add_argument(
+        "--out",
+        required=True,
+        type=cli_types.path,
+        metavar="DIR",
+        help="output directory for metrics.json and final_state.pt (required: no default)",
+    )
+    p.add_argument(
+        "--no-track",
+        action="store_true",
+        help="do not log to MLflow (default: log a run to tracking.uri, mlruns/mlflow.db if empty)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar (default: progress bar shown)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__.split("\n")[0],
-                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline",
+        description=__doc__.split("\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("download", help="fetch Fashion-MNIST (or write the synthetic stand-in) into data.dir",
-                       epilog=EPILOG,
-                       description="Fetch Fashion-MNIST through torchvision (its mirrors and MD5 checks) into "
-                                   "data.dir, or, with data.source=synthetic, write the deterministic offline "
-                                   "stand-in in the same IDX format. data.mirror points at a URL or local "
-                                   "directory holding the four .gz files, for air-gapped clusters.")
+    p = sub.add_parser(
+        "download",
+        help="fetch Fashion-MNIST (or write the synthetic stand-in) into data.dir",
+        epilog=EPILOG,
+        description="Fetch Fashion-MNIST through torchvision (its mirrors and MD5 checks) into "
+        "data.dir, or, with data.source=synthetic, write the deterministic offline "
+        "stand-in in the same IDX format. data.mirror points at a URL or local "
+        "directory holding the four .gz files, for air-gapped clusters.",
+    )
     _common(p)
 
-    p = sub.add_parser("train", help="run one training trial and log it to MLflow", epilog=EPILOG,
-                       description="Run one trial: one model, one strategy on K devices; writes OUT/metrics.json "
-                                   "and OUT/final_state.pt and logs an MLflow run. Each flag left unset takes "
-                                   "its train.* value from --set, params.yaml or the profile, in that order.")
+    p = sub.add_parser(
+        "train",
+        help="run one training trial and log it to MLflow",
+        epilog=EPILOG,
+        description="Run one trial: one model, one strategy on K devices; writes OUT/metrics.json "
+        "and OUT/final_state.pt and logs an MLflow run. Each flag left unset takes "
+        "its train.* value from --set, params.yaml or the profile, in that order.",
+    )
     _common(p)
     _train_flags(p)
 
-    p = sub.add_parser("sweep", help="run the Optuna study of one strategy (DVC stage sweep@STRATEGY)", epilog=EPILOG,
-                       description="One Optuna study over devices x batch size x learning rate for one strategy; "
-                                   "every trial is a nested MLflow run; writes results/sweeps/STRATEGY.jsonl. "
-                                   "Rerunning resumes: finished trials are not repeated. The search space is "
-                                   "sweep.spaces.STRATEGY of the profile (experiments/PROFILE.yaml), or its "
-                                   "sweep.spaces.default for a strategy without one.")
+    p = sub.add_parser(
+        "sweep",
+        help="run the Optuna study of one strategy (DVC stage sweep@STRATEGY)",
+        epilog=EPILOG,
+        description="One Optuna study over devices x batch size x learning rate for one strategy; "
+        "every trial is a nested MLflow run; writes results/sweeps/STRATEGY.jsonl. "
+        "Rerunning resumes: finished trials are not repeated. The search space is "
+        "sweep.spaces.STRATEGY of the profile (experiments/PROFILE.yaml), or its "
+        "sweep.spaces.default for a strategy without one.",
+    )
     _common(p)
-    p.add_argument("--strategy", required=True, choices=configmod.STRATEGY_NAMES,
-                   help="the strategy whose study runs (required: no default)")
-    p.add_argument("--out", type=cli_types.path, default=None,
-                   help="sweep table path (default: results/sweeps/STRATEGY.jsonl)")
-    p.add_argument("--n-trials", type=cli_types.n_trials, default=None, metavar="N",
-                   help="run at most N new trials in this worker; 0 sets up the study and runs none (default: every "
-                        "trial the study still lacks; its size is sweep.n_trials, or the whole grid when that is 0)")
+    p.add_argument(
+        "--strategy",
+        required=True,
+        choices=configmod.STRATEGY_NAMES,
+        help="the strategy whose study runs (required: no default)",
+    )
+    p.add_argument(
+        "--out", type=cli_types.path, default=None, help="sweep table path (default: results/sweeps/STRATEGY.jsonl)"
+    )
+    p.add_argument(
+        "--n-trials",
+        type=cli_types.n_trials,
+        default=None,
+        metavar="N",
+        help="run at most N new trials in this worker; 0 sets up the study and runs none (default: every "
+        "trial the study still lacks; its size is sweep.n_trials, or the whole grid when that is 0)",
+    )
 
-    p = sub.add_parser("analyze", help="scaling efficiency, memory imbalance, accuracy: tables, plots, report",
-                       epilog=EPILOG,
-                       description="Read results/sweeps/*.jsonl and write results/analysis/ (metrics.json: the DVC "
-                                   "metric, flat numbers; summary.json; CSVs; PNGs; report.md), logged as an "
-                                   "MLflow 'analysis' run with its numbers as metrics and its figures. The target "
-                                   "accuracy is analyze.target_acc (params.yaml or the profile).")
+    p = sub.add_parser(
+        "analyze",
+        help="scaling efficiency, memory imbalance, accuracy: tables, plots, report",
+        epilog=EPILOG,
+        description="Read results/sweeps/*.jsonl and write results/analysis/ (metrics.json: the DVC "
+        "metric, flat numbers; summary.json; CSVs; PNGs; report.md), logged as an "
+        "MLflow 'analysis' run with its numbers as metrics and its figures. The target "
+        "accuracy is analyze.target_acc (params.yaml or the profile).",
+    )
     _common(p)
-    p.add_argument("--sweeps", type=cli_types.path, default=Path("results/sweeps"),
-                   help="directory of the sweep tables, *.jsonl (default: results/sweeps)")
-    p.add_argument("--out", type=cli_types.path, default=Path("results/analysis"),
-                   help="output directory (default: results/analysis)")
+    p.add_argument(
+        "--sweeps",
+        type=cli_types.path,
+        default=Path("results/sweeps"),
+        help="directory of the sweep tables, *.jsonl (default: results/sweeps)",
+    )
+    p.add_argument(
+        "--out",
+        type=cli_types.path,
+        default=Path("results/analysis"),
+        help="output directory (default: results/analysis)",
+    )
 
-    p = sub.add_parser("overlap", help="do devices compute at once, does communication hide behind compute?",
-                       epilog=EPILOG,
-                       description="The seeds' automatic-parallelism experiments: a chain of matrix products on "
-                                   "device A, B and both; then compute-and-communicate, sequential vs "
-                                   "overlapped. Writes results/overlap/ and logs an MLflow 'overlap' run. Sizes "
-                                   "and repetitions: overlap.* (params.yaml).")
+    p = sub.add_parser(
+        "overlap",
+        help="do devices compute at once, does communication hide behind compute?",
+        epilog=EPILOG,
+        description="The seeds' automatic-parallelism experiments: a chain of matrix products on "
+        "device A, B and both; then compute-and-communicate, sequential vs "
+        "overlapped. Writes results/overlap/ and logs an MLflow 'overlap' run. Sizes "
+        "and repetitions: overlap.* (params.yaml).",
+    )
     _common(p)
-    p.add_argument("--out", type=cli_types.path, default=Path("results/overlap"),
-                   help="output directory (default: results/overlap)")
+    p.add_argument(
+        "--out",
+        type=cli_types.path,
+        default=Path("results/overlap"),
+        help="output directory (default: results/overlap)",
+    )
 
-    p = sub.add_parser("collectives", help="time this host's collectives at the trials' sizes (DVC stage)",
-                       epilog=EPILOG,
-                       description="Time the collectives each strategy issues (all-reduce of DDP's buckets, FSDP's "
-                                   "all-gather and reduce-scatter, scratch's hand-written all-reduce) at the sizes "
-                                   "the trials use, for k = 2..N, and fit latency and bandwidth per collective. "
-                                   "The analysis fits the scaling model on them (labelled modelled). A host with "
-                                   "one device writes why there is nothing to time.")
+    p = sub.add_parser(
+        "collectives",
+        help="time this host's collectives at the trials' sizes (DVC stage)",
+        epilog=EPILOG,
+        description="Time the collectives each strategy issues (all-reduce of DDP's buckets, FSDP's "
+        "all-gather and reduce-scatter, scratch's hand-written all-reduce) at the sizes "
+        "the trials use, for k = 2..N, and fit latency and bandwidth per collective. "
+        "The analysis fits the scaling model on them (labelled modelled). A host with "
+        "one device writes why there is nothing to time.",
+    )
     _common(p)
-    p.add_argument("--out", type=cli_types.path, default=Path("results/collectives.json"),
-                   help="output file (default: results/collectives.json)")
+    p.add_argument(
+        "--out",
+        type=cli_types.path,
+        default=Path("results/collectives.json"),
+        help="output file (default: results/collectives.json)",
+    )
 
-    p = sub.add_parser("ui", help="open the MLflow UI on 127.0.0.1 (local only)", epilog=EPILOG,
-                       description="Start `mlflow ui` on 127.0.0.1 over the tracking store: tracking.uri from "
-                                   "--set or params.yaml (default: mlruns/mlflow.db at the repository root). First "
-                                   "it writes the experiment's shared view (MLflow's own 'share view' tag) and "
-                                   "prints its link: the runs table with throughput, efficiency and accuracy "
-                                   "columns, in any browser, on its first load.")
+    p = sub.add_parser(
+        "ui",
+        help="open the MLflow UI on 127.0.0.1 (local only)",
+        epilog=EPILOG,
+        description="Start `mlflow ui` on 127.0.0.1 over the tracking store: tracking.uri from "
+        "--set or params.yaml (default: mlruns/mlflow.db at the repository root). First "
+        "it writes the experiment's shared view (MLflow's own 'share view' tag) and "
+        "prints its link: the runs table with throughput, efficiency and accuracy "
+        "columns, in any browser, on its first load.",
+    )
     _common(p)
     p.add_argument("--port", type=cli_types.port, default=5000, help="port on 127.0.0.1, 1-65535 (default: 5000)")
-    p.add_argument("--no-view", action="store_true",
-                   help="do not (re)write the experiment's shared runs-table view, the mlflow.sharedViewState.parallax "
-                        "experiment tag behind the printed link (default: written, then the link printed)")
+    p.add_argument(
+        "--no-view",
+        action="store_true",
+        help="do not (re)write the experiment's shared runs-table view, the mlflow.sharedViewState.parallax "
+        "experiment tag behind the printed link (default: written, then the link printed)",
+    )
 
-    sub.add_parser("profiles", help="list the experiment profiles under experiments/",
-                   description="Print each profile of experiments/ with its description (question, space, cost). "
-                               "Choose one with `dvc exp run -S profile=NAME` or `profile:` in params.yaml.")
+    sub.add_parser(
+        "profiles",
+        help="list the experiment profiles under experiments/",
+        description="Print each profile of experiments/ with its description (question, space, cost). "
+        "Choose one with `dvc exp run -S profile=NAME` or `profile:` in params.yaml.",
+    )
 
-    p = sub.add_parser("doctor", help="check this host: every strategy runs, agrees with single-device SGD, costs",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="For every strategy and k = 1..min(devices, 2, --max-devices): one SGD step "
-                                   "compared with `single` (the tests' equivalence check), one short timed run "
-                                   "and the per-device peak memory; each row passed, failed (with the error) or "
-                                   "unavailable (with the reason). Also what the host offers: devices, "
-                                   "torch/CUDA/NCCL/Gloo versions, whether bf16 and fp16 are native here. Needs "
-                                   "no MLflow, Optuna or DVC. Exit status 1 if any row failed.",
-                       epilog="Data: data.dir if it holds prepared data, else the synthetic stand-in, made in a "
-                              "temporary directory and labelled.\nexample: python -m pipeline doctor "
-                              "--max-devices 1 --strategies single,ddp")
+    p = sub.add_parser(
+        "doctor",
+        help="check this host: every strategy runs, agrees with single-device SGD, costs",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="For every strategy and k = 1..min(devices, 2, --max-devices): one SGD step "
+        "compared with `single` (the tests' equivalence check), one short timed run "
+        "and the per-device peak memory; each row passed, failed (with the error) or "
+        "unavailable (with the reason). Also what the host offers: devices, "
+        "torch/CUDA/NCCL/Gloo versions, whether bf16 and fp16 are native here. Needs "
+        "no MLflow, Optuna or DVC. Exit status 1 if any row failed.",
+        epilog="Data: data.dir if it holds prepared data, else the synthetic stand-in, made in a "
+        "temporary directory and labelled.\nexample: python -m pipeline doctor "
+        "--max-devices 1 --strategies single,ddp",
+    )
     _common(p)
-    p.add_argument("--out", type=cli_types.path, default=Path("results/doctor"),
-                   help="where doctor.json and doctor.md go (default: results/doctor)")
-    p.add_argument("--max-devices", type=int, default=2, metavar="K",
-                   help="largest k to check (default 2; capped at the host's device count, except that a "
-                        "one-device host also runs k=2 oversubscribed)")
-    p.add_argument("--strategies", default=",".join(configmod.STRATEGY_NAMES), metavar="A,B",
-                   help="comma-separated strategies (default: all seven)")
-    p.add_argument("--model", choices=configmod.MODELS, default="lenet",
-                   help="model of the timed run (default lenet; the equivalence step always uses lenet)")
+    p.add_argument(
+        "--out",
+        type=cli_types.path,
+        default=Path("results/doctor"),
+        help="where doctor.json and doctor.md go (default: results/doctor)",
+    )
+    p.add_argument(
+        "--max-devices",
+        type=int,
+        default=2,
+        metavar="K",
+        help="largest k to check (default 2; capped at the host's device count, except that a "
+        "one-device host also runs k=2 oversubscribed)",
+    )
+    p.add_argument(
+        "--strategies",
+        default=",".join(configmod.STRATEGY_NAMES),
+        metavar="A,B",
+        help="comma-separated strategies (default: all seven)",
+    )
+    p.add_argument(
+        "--model",
+        choices=configmod.MODELS,
+        default="lenet",
+        help="model of the timed run (default lenet; the equivalence step always uses lenet)",
+    )
     p.add_argument("--steps", type=int, default=30, help="timed steps after 3 warm-up steps (default 30)")
-    p.add_argument("--batch-per-device", type=int, default=128, metavar="B",
-                   help="per-device batch of the timed run (default 128)")
-    p.add_argument("--dump-events", type=cli_types.path, default=None, metavar="DIR",
-                   help="write the profiled strategies' first sampled step's profiler events to DIR (replay "
-                        "fixtures for tests/fixtures/; default: not written)")
+    p.add_argument(
+        "--batch-per-device", type=int, default=128, metavar="B", help="per-device batch of the timed run (default 128)"
+    )
+    p.add_argument(
+        "--dump-events",
+        type=cli_types.path,
+        default=None,
+        metavar="DIR",
+        help="write the profiled strategies' first sampled step's profiler events to DIR (replay "
+        "fixtures for tests/fixtures/; default: not written)",
+    )
     return ap

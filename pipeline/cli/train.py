@@ -3,13 +3,14 @@
 The flags (--model, --strategy, ...) are the last layer on top of params.yaml, the profile and --set, as typed
 values: the trial's Config is built and validated once, here, and passed on as it is.
 """
+
 from __future__ import annotations
 
 import contextlib
 import sys
 
-from pipeline.config import loader as configmod
 from pipeline import paths
+from pipeline.config import loader as configmod
 
 FLAGS = ("model", "strategy", "devices", "batch_size", "lr", "epochs", "max_steps", "seed")  # each sets train.<name>
 
@@ -20,29 +21,35 @@ def _train_cfg(args):
 
 
 def _print_epoch(record) -> None:
-    print(f"epoch {record['epoch']}/{record['epochs']}: loss {record['train_loss']:.4f}, "
-          f"test acc {record['test_acc']:.4f}, {record['epoch_s']:.2f} s", file=sys.stderr)
+    print(
+        f"epoch {record['epoch']}/{record['epochs']}: loss {record['train_loss']:.4f}, "
+        f"test acc {record['test_acc']:.4f}, {record['epoch_s']:.2f} s",
+        file=sys.stderr,
+    )
 
 
 def run(args) -> int:
     """`python -m pipeline train`: one trial, its MLflow run (unless --no-track), metrics.json and the final state."""
     from pipeline.host.devices import probe
     from pipeline.measure import meter
-    from pipeline.trial.launch import check_batch_fits, check_feasible, run_trial
     from pipeline.preflight import output_dir
+    from pipeline.trial.launch import check_batch_fits, check_feasible, run_trial
+
     cfg = _train_cfg(args)
     host = probe()
     check_feasible(cfg, host)  # before any work, before touching the stores
     from pipeline.data import store as data
+
     ds = data.load(paths.repo_root() / cfg.data.dir, cfg.data.source, cfg.data.train_limit, 1, verify=True)
     check_batch_fits(cfg, len(ds.train_y))
     output_dir(args.out, "--out")
     run = on_epoch = None
     if not args.no_track:
+        from pipeline.records.trial import planned
         from pipeline.tracking import client as tracking
         from pipeline.tracking.trial_run import TrialRun
         from pipeline.trial.launch import host_fields
-        from pipeline.records.trial import planned
+
         t = cfg.train
         plan = planned(cfg, host, host_fields(host, t.devices))
         run = TrialRun(tracking.Tracker(cfg), cfg, stage="train")
@@ -51,6 +58,7 @@ def run(args) -> int:
             run.log_epoch(record)
             _print_epoch(record)
             return False
+
     with run or contextlib.nullcontext():  # ended FINISHED, KILLED (Ctrl-C) or FAILED: never left RUNNING
         if run:
             run.start(f"{t.strategy} k={t.devices} B={t.batch_size} lr={t.lr}", plan)
@@ -59,9 +67,13 @@ def run(args) -> int:
         if run:
             run.complete(metrics, args.out, meter.untimed(metrics))
     syn = "  [SYNTHETIC DATA]" if metrics["synthetic"] else ""
-    print(f"{metrics['strategy']} k={metrics['devices']} {metrics['model']}: "
-          f"{meter.speed_text(metrics)}, test acc {metrics['test_acc'][-1]:.4f}, "
-          f"peak mem/device {[round(p / 2**20, 1) for p in metrics['peak_mem_bytes']]} MiB{syn}")
-    print(f"wrote {args.out / 'metrics.json'} and {args.out / 'final_state.pt'}"
-          + (f"; MLflow run {run.run_id}" if run else ""))
+    print(
+        f"{metrics['strategy']} k={metrics['devices']} {metrics['model']}: "
+        f"{meter.speed_text(metrics)}, test acc {metrics['test_acc'][-1]:.4f}, "
+        f"peak mem/device {[round(p / 2**20, 1) for p in metrics['peak_mem_bytes']]} MiB{syn}"
+    )
+    print(
+        f"wrote {args.out / 'metrics.json'} and {args.out / 'final_state.pt'}"
+        + (f"; MLflow run {run.run_id}" if run else "")
+    )
     return 0

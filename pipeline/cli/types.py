@@ -1,5 +1,6 @@
 """argparse types of the command line's options: each refuses, before anything runs, a value that would otherwise
 run silently on something other than what the user meant."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,9 +11,11 @@ def path(text: str) -> Path:
     """A path option (--out, --params, --sweeps): never empty. Path("") is ".", so `--out ""` (an unset shell
     variable) would write, and clear old outputs, in whatever directory the command runs in."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("the path is empty (an unset shell variable?), and an empty path would "
-                                         "silently mean the current directory. Give the path (`.` for the current "
-                                         "directory). Nothing was run.")
+        raise argparse.ArgumentTypeError(
+            "the path is empty (an unset shell variable?), and an empty path would "
+            "silently mean the current directory. Give the path (`.` for the current "
+            "directory). Nothing was run."
+        )
     return Path(text)
 
 
@@ -23,9 +26,11 @@ def n_trials(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None  # argparse's own words
     if n < 0:
-        raise argparse.ArgumentTypeError(f"{n} is negative. Give N >= 1 to run at most N trials in this worker, 0 to "
-                                         f"set up the study only (no trial is run), or leave --n-trials out to run "
-                                         f"every trial the study still lacks. Nothing was run.")
+        raise argparse.ArgumentTypeError(
+            f"{n} is negative. Give N >= 1 to run at most N trials in this worker, 0 to "
+            f"set up the study only (no trial is run), or leave --n-trials out to run "
+            f"every trial the study still lacks. Nothing was run."
+        )
     return n
 
 

@@ -2,6 +2,7 @@
 port and free (MLflow's server prints a traceback and exits 0 on either), after the experiment's shared runs-table
 view is written (ui_view.py). Its --port is parsed by cli_types.port.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ def _port_in_use(port: int) -> int | None:
     """None if 127.0.0.1:port can be bound now (as MLflow's server binds it, address reuse on), else a free port to
     suggest."""
     import socket
+
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -27,28 +29,36 @@ def _port_in_use(port: int) -> int | None:
 
 
 def run(args) -> int:
-    from pipeline.tracking import client as tracking
     from pipeline.errors import redact
+    from pipeline.tracking import client as tracking
+
     free = _port_in_use(args.port)
     if free is not None:  # before MLflow starts: its server would print a traceback and still exit 0
-        raise configmod.ConfigError(f"Port {args.port} on 127.0.0.1 is in use (another MLflow UI, `make ui` or "
-                                    f"`make dashboard`?). Stop that one, or pick another port: --port {free} is "
-                                    f"free now (make ui UI_PORT={free}).")
+        raise configmod.ConfigError(
+            f"Port {args.port} on 127.0.0.1 is in use (another MLflow UI, `make ui` or "
+            f"`make dashboard`?). Stop that one, or pick another port: --port {free} is "
+            f"free now (make ui UI_PORT={free})."
+        )
     cfg = configmod.load(args.params, args.overrides)
     # the store's URL through the environment, not argv: a password in it stays out of the process list; MLflow 3's
     # job runners (a huey consumer per task queue, a folder in /dev/shm) serve features Parallax never uses
-    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": tracking.tracking_uri(cfg),
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {
+        **os.environ,
+        "MLFLOW_BACKEND_STORE_URI": tracking.tracking_uri(cfg),
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
     cmd = [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(args.port)]
     base = f"http://127.0.0.1:{args.port}"
-    print(f"MLflow UI on {base} for {redact(env['MLFLOW_BACKEND_STORE_URI'])} (local only; Ctrl-C to stop)",
-          flush=True)
+    print(f"MLflow UI on {base} for {redact(env['MLFLOW_BACKEND_STORE_URI'])} (local only; Ctrl-C to stop)", flush=True)
     if not args.no_view:
         from pipeline.tracking import ui_view
+
         tracker = tracking.Tracker(cfg)
         route = ui_view.publish_view(tracker.client, tracker.experiment_id)
         if route:
-            print(f"The runs table with throughput, efficiency and accuracy columns, in any browser:\n  {base}/{route}",
-                  flush=True)
+            print(
+                f"The runs table with throughput, efficiency and accuracy columns, in any browser:\n  {base}/{route}",
+                flush=True,
+            )
     os.execve(sys.executable, cmd, env)  # argument vector, no shell
     return 0

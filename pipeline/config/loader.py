@@ -17,10 +17,26 @@ import yaml
 
 from pipeline import catalog
 from pipeline.config import safe_yaml
+from pipeline.config.schema import (
+    COMM_HOOKS,
+    MODELS,
+    PROFILE_NAME,
+    SEED_MAX,
+    SOURCES,
+    SPACE_META,
+    STRATEGY_NAMES,
+    TIMEOUT_MAX_S,
+    AnalyzeConfig,
+    Config,
+    DataConfig,
+    OverlapConfig,
+    SpaceConfig,
+    SweepConfig,
+    TrackingConfig,
+    TrainConfig,
+    choice,
+)
 from pipeline.paths import repo_root
-from pipeline.config.schema import (COMM_HOOKS, MODELS, PROFILE_NAME, SEED_MAX, SOURCES, SPACE_META, STRATEGY_NAMES,
-    TIMEOUT_MAX_S, AnalyzeConfig, Config, DataConfig, OverlapConfig, SpaceConfig, SweepConfig, TrackingConfig,
-    TrainConfig, choice)
 
 __all__ = ["COMM_HOOKS", "MODELS", "PROFILE_NAME", "SEED_MAX", "SOURCES", "STRATEGY_NAMES", "TIMEOUT_MAX_S",
            "AnalyzeConfig", "Config", "ConfigError", "DataConfig", "OverlapConfig", "SpaceConfig", "SweepConfig",

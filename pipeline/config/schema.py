@@ -4,6 +4,7 @@ file; config.py builds and validates these from params.yaml, the profile and --s
 
 A new field is one line in its dataclass (with `metadata=choice(...)`/`bounds(...)` where it has limits).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,10 @@ SEED_MAX = 2**32 - 1  # Optuna's samplers seed NumPy, which takes 32 bits; torch
 # one size x size float32 matrix per item and arm is held in pinned host memory: 8192 is 256 MiB a matrix, already
 # 10 GiB for the default 20 items; larger would exhaust a host's memory instead of measuring anything
 OVERLAP_SIZE_MAX = 8192
-OVERLAP_SIZE_WHY = ("each item holds a size x size float32 matrix in pinned host memory per arm: 8192 is 256 MiB "
-                    "a matrix; larger exhausts the host's memory")
+OVERLAP_SIZE_WHY = (
+    "each item holds a size x size float32 matrix in pinned host memory per arm: 8192 is 256 MiB "
+    "a matrix; larger exhausts the host's memory"
+)
 TIMEOUT_MAX_S = 30 * 86400.0  # timers and PyTorch's collective timeout overflow near 1e9 s; 30 days is plenty
 
 
@@ -103,6 +106,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class SpaceConfig:
     """One strategy's search space; every trial is a point of the product of these lists."""
+
     model: tuple[str, ...] = ("lenet",)
     devices: tuple[int, ...] = (1, 2)
     batch_size: tuple[int, ...] = (256,)
@@ -163,6 +167,7 @@ class OverlapConfig:
 @dataclass(frozen=True)
 class SlurmConfig:
     """The SLURM cluster a sweep submits its trials to (slurm.py); partition "" = off: trials run on this host."""
+
     partition: str = ""
     devices_per_node: int = field(default=1, metadata=bounds(1))  # a k-device trial gets ceil(k/this) nodes
     device: str = field(default="cuda", metadata=choice("cuda", "cpu"))  # GPUs (gres) or cores per node
@@ -202,6 +207,12 @@ def plain(x):
 
 
 # What each search-space list holds (SpaceConfig's fields are tuples: every element is checked against this)
-SPACE_META = {"model": choice(*MODELS), "devices": bounds(1), "batch_size": bounds(1),
-              "lr": bounds(0, lo_open=True), "bucket_cap_mb": bounds(0, lo_open=True),
-              "accum_steps": bounds(1), "comm_hook": choice(*COMM_HOOKS)}
+SPACE_META = {
+    "model": choice(*MODELS),
+    "devices": bounds(1),
+    "batch_size": bounds(1),
+    "lr": bounds(0, lo_open=True),
+    "bucket_cap_mb": bounds(0, lo_open=True),
+    "accum_steps": bounds(1),
+    "comm_hook": choice(*COMM_HOOKS),
+}

@@ -2,15 +2,16 @@
 
 The face is lazy: importing one module of this folder does not load the others (torch, mlflow).
 """
+
 import importlib
 
 _FACE = {
-    'prepare': 'store',
-    'load': 'store',
-    'Dataset': 'store',
-    'epoch_batches': 'store',
-    'normalize': 'store',
-    'make_synthetic': 'synthetic',
+    "prepare": "store",
+    "load": "store",
+    "Dataset": "store",
+    "epoch_batches": "store",
+    "normalize": "store",
+    "make_synthetic": "synthetic",
 }
 __all__ = sorted(_FACE)
 

@@ -3,6 +3,7 @@
 Imported only by `prepare(source="fashion-mnist")`: torchvision's import (it pulls in torchvision.models and
 torch._dynamo) would otherwise be paid by every other stage (sweeps, analysis) for nothing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,18 +40,24 @@ class FashionMNISTDownload(FashionMNIST):
 def _mirror_url(mirror: str) -> str:
     if "://" in mirror:
         if urllib.parse.urlsplit(mirror).scheme.lower() not in ("http", "https", "file"):
-            raise DataError(f"data.mirror={redact(mirror)!r} has an unsupported scheme: use an http(s):// or file:// URL "
-                            f"or a local directory holding the four Fashion-MNIST .gz files.")
+            raise DataError(
+                f"data.mirror={redact(mirror)!r} has an unsupported scheme: use an http(s):// or file:// URL "
+                f"or a local directory holding the four Fashion-MNIST .gz files."
+            )
         if "@" in urllib.parse.urlsplit(mirror).netloc:  # urllib would look the whole user:password@host up in DNS
-            raise DataError(f"data.mirror={redact(mirror)!r} carries a user name or password, which the download "
-                            f"cannot use (and should not be kept in params.yaml or dvc.lock): copy the four .gz files "
-                            f"into a directory and point data.mirror at it, or serve them without credentials.")
+            raise DataError(
+                f"data.mirror={redact(mirror)!r} carries a user name or password, which the download "
+                f"cannot use (and should not be kept in params.yaml or dvc.lock): copy the four .gz files "
+                f"into a directory and point data.mirror at it, or serve them without credentials."
+            )
         return mirror if mirror.endswith("/") else mirror + "/"
     path = Path(mirror).expanduser()
     if not path.is_dir():
-        raise DataError(f"data.mirror={redact(mirror)!r} is neither a URL nor an existing directory: point it at a "
-                        f"directory holding the four Fashion-MNIST .gz files ({', '.join(f'{n}.gz' for n in FILES)}) "
-                        f"or at a URL that serves them.")
+        raise DataError(
+            f"data.mirror={redact(mirror)!r} is neither a URL nor an existing directory: point it at a "
+            f"directory holding the four Fashion-MNIST .gz files ({', '.join(f'{n}.gz' for n in FILES)}) "
+            f"or at a URL that serves them."
+        )
     return path.resolve().as_uri() + "/"
 
 
@@ -76,19 +83,25 @@ def download(raw: Path, root: Path, mirror: str, progress: bool) -> str:
                 for name, md5 in resources:
                     path = raw / name
                     if path.exists() and not tv_utils.check_integrity(path, md5):
-                        corrupt.append(f"{name} from {redact(url)} (MD5 {tv_utils.calculate_md5(path)}, expected {md5})")
+                        corrupt.append(
+                            f"{name} from {redact(url)} (MD5 {tv_utils.calculate_md5(path)}, expected {md5})"
+                        )
                         path.unlink()
     if corrupt:
-        raise DataError(f"Fashion-MNIST download failed checksum verification: {'; '.join(corrupt)}. The file is "
-                        f"corrupt or truncated and was removed; {root} is unchanged. "
-                        f"Replace it at the mirror or point data.mirror at a good copy (`--set data.mirror=/path/to/dir` "
-                        f"or data.mirror in params.yaml), then rerun {RERUN}.")
-    raise DataError(f"Could not download Fashion-MNIST; tried {'; '.join(tried)}. {root} is unchanged. On a machine without internet access, copy the four files "
-                    f"({', '.join(n for n, _ in resources)}) into a directory and set the data.mirror option to it "
-                    f"(`--set data.mirror=/path/to/dir`, or data.mirror in params.yaml; an http(s) URL works too), or "
-                    f"opt in to the offline source with `--set data.source=synthetic` (under DVC: `make pipeline-offline`, "
-                    f"i.e. `dvc exp run -S data.source=synthetic`): deterministic Fashion-MNIST-shaped synthetic "
-                    f"images, labelled synthetic in every run and report.")
+        raise DataError(
+            f"Fashion-MNIST download failed checksum verification: {'; '.join(corrupt)}. The file is "
+            f"corrupt or truncated and was removed; {root} is unchanged. "
+            f"Replace it at the mirror or point data.mirror at a good copy (`--set data.mirror=/path/to/dir` "
+            f"or data.mirror in params.yaml), then rerun {RERUN}."
+        )
+    raise DataError(
+        f"Could not download Fashion-MNIST; tried {'; '.join(tried)}. {root} is unchanged. On a machine without internet access, copy the four files "
+        f"({', '.join(n for n, _ in resources)}) into a directory and set the data.mirror option to it "
+        f"(`--set data.mirror=/path/to/dir`, or data.mirror in params.yaml; an http(s) URL works too), or "
+        f"opt in to the offline source with `--set data.source=synthetic` (under DVC: `make pipeline-offline`, "
+        f"i.e. `dvc exp run -S data.source=synthetic`): deterministic Fashion-MNIST-shaped synthetic "
+        f"images, labelled synthetic in every run and report."
+    )
 
 
 def _copy_local(url: str, raw: Path, names: list[str]) -> None:

@@ -2,6 +2,7 @@
 writes them, the download's socket timeout, and the reader that refuses a special file among them. Torch-free,
 imported by data.py and download.py (so that neither imports the other at the top: data.prepare imports download
 only when it fetches)."""
+
 from __future__ import annotations
 
 import errno

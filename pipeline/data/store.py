@@ -6,6 +6,7 @@ stand-in for offline machines, IDX files, and the per-rank batch indices every s
 Layout under data.dir (torchvision's, so `torchvision.datasets.FashionMNIST(dir)` reads it too):
 FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte plus manifest.json naming the source.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline import scratch
 from pipeline.data.files import DOWNLOAD_TIMEOUT_S, FILES, open_regular, raw_dir  # noqa: F401 (DOWNLOAD_TIMEOUT_S: re-exported)
 from pipeline.data.files import RERUN as _RERUN
-from pipeline import scratch
-from pipeline.errors import DataError, redact  # defined torch-free, for the CLI's error handler
 from pipeline.data.synthetic import make_synthetic
+from pipeline.errors import DataError, redact  # defined torch-free, for the CLI's error handler
 
 SOURCES = ("fashion-mnist", "synthetic")
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics
@@ -39,6 +40,7 @@ class Dataset:
 
 
 # ---------------------------------------------------------------- IDX files
+
 
 def write_idx(path, tensor_uint8: torch.Tensor) -> None:
     t = torch.as_tensor(tensor_uint8)
@@ -58,22 +60,27 @@ def read_idx(path) -> torch.Tensor:
         raise DataError(f"Cannot read {path} ({e.strerror or e}). Create the data with {_RERUN}.") from None
     magic = int.from_bytes(buf[:4], "big")
     if len(buf) < 4 or magic not in _MAGIC.values():
-        raise DataError(f"{path} is not a uint8 IDX file: magic number 0x{magic:08x}, expected 0x00000803 (images) "
-                        f"or 0x00000801 (labels). The file is corrupt or not Fashion-MNIST; delete it and rerun {_RERUN}.")
+        raise DataError(
+            f"{path} is not a uint8 IDX file: magic number 0x{magic:08x}, expected 0x00000803 (images) "
+            f"or 0x00000801 (labels). The file is corrupt or not Fashion-MNIST; delete it and rerun {_RERUN}."
+        )
     ndim = magic & 0xFF
     header = 4 + 4 * ndim
-    dims = [int.from_bytes(buf[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    dims = [int.from_bytes(buf[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     size = header + int(np.prod(dims))
     if len(buf) != size:
         kind = "truncated" if len(buf) < size else "longer than its header says"
-        raise DataError(f"{path} is {kind}: its header promises shape {dims} ({size} bytes) but the file has "
-                        f"{len(buf)} bytes. Delete it and rerun {_RERUN}.")
+        raise DataError(
+            f"{path} is {kind}: its header promises shape {dims} ({size} bytes) but the file has "
+            f"{len(buf)} bytes. Delete it and rerun {_RERUN}."
+        )
     if size == header:
         return torch.zeros(dims, dtype=torch.uint8)
     return torch.frombuffer(buf, dtype=torch.uint8, offset=header).view(dims)
 
 
 # ---------------------------------------------------------------- download stage
+
 
 def prepare(root, source: str, mirror: str = "", progress: bool = True) -> dict:
     """The `download` stage: put `source`'s four IDX files and manifest.json in `root`; returns the manifest.
@@ -100,6 +107,7 @@ def prepare(root, source: str, mirror: str = "", progress: bool = True) -> dict:
             used = ""
         else:
             from pipeline.data.download import download  # torchvision: imported only by the download itself
+
             used = download(raw, root, mirror, progress)
         _read_checked(raw)  # never publish files that load() would reject
         manifest = {"source": source, "files": {n: _describe(raw / n) for n in FILES}, "mirror": redact(used)}
@@ -162,6 +170,7 @@ def _publish(tmp: Path, root: Path, manifest: dict) -> None:
 
 # ---------------------------------------------------------------- training-time access
 
+
 def load(root, source: str, train_limit: int = 0, test_limit: int = 0, verify: bool = False) -> Dataset:
     """The prepared data as tensors; limits (0 = all) keep the first n samples (the order is class-shuffled).
     verify: check every file against manifest.json's md5 first (0.1 s for the four files on a 2-core Xeon; once per
@@ -175,14 +184,18 @@ def load(root, source: str, train_limit: int = 0, test_limit: int = 0, verify: b
     except FileNotFoundError:
         raise DataError(f"No prepared data in {root} (no manifest.json). {make_it}") from None
     except NotADirectoryError:
-        raise DataError(f"{root} is not a directory, so its manifest.json is unreadable. Point data.dir at a "
-                        f"directory; {_RERUN} creates it.") from None
+        raise DataError(
+            f"{root} is not a directory, so its manifest.json is unreadable. Point data.dir at a "
+            f"directory; {_RERUN} creates it."
+        ) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{root / 'manifest.json'} is unreadable ({e}). Delete it and rerun {_RERUN}.") from None
     if found != source:
-        raise DataError(f"{root} holds {found} data but data.source is {source}; synthetic data is never used in "
-                        f"place of the real set, or the other way round. Rerun {_RERUN} to prepare {source} data, "
-                        f"or set data.source={found} (`--set data.source={found}`).")
+        raise DataError(
+            f"{root} holds {found} data but data.source is {source}; synthetic data is never used in "
+            f"place of the real set, or the other way round. Rerun {_RERUN} to prepare {source} data, "
+            f"or set data.source={found} (`--set data.source={found}`)."
+        )
     files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
     try:
         changed = _changed(root, files) if verify else None
@@ -190,22 +203,36 @@ def load(root, source: str, train_limit: int = 0, test_limit: int = 0, verify: b
         changed = None
     if changed:
         (name, got), want = changed, files.get(changed[0]) or {}
-        raise DataError(f"{raw_dir(root) / name} does not match {root / 'manifest.json'} (md5 {got['md5']}, "
-                        f"{got['bytes']} bytes; the manifest says md5 {want.get('md5')}, {want.get('bytes')} "
-                        f"bytes): it changed after the download stage wrote it. Delete {root} and rerun {_RERUN}.")
+        raise DataError(
+            f"{raw_dir(root) / name} does not match {root / 'manifest.json'} (md5 {got['md5']}, "
+            f"{got['bytes']} bytes; the manifest says md5 {want.get('md5')}, {want.get('bytes')} "
+            f"bytes): it changed after the download stage wrote it. Delete {root} and rerun {_RERUN}."
+        )
     x_train, y_train, x_test, y_test = _read_checked(raw_dir(root))
-    return Dataset(_first(x_train, train_limit), _first(y_train, train_limit).long(),
-                   _first(x_test, test_limit), _first(y_test, test_limit).long(), source)
+    return Dataset(
+        _first(x_train, train_limit),
+        _first(y_train, train_limit).long(),
+        _first(x_test, test_limit),
+        _first(y_test, test_limit).long(),
+        source,
+    )
 
 
 def _read_checked(raw: Path) -> list[torch.Tensor]:
     tensors = [read_idx(raw / n) for n in FILES]
     for name, images, labels in (("train", *tensors[:2]), ("t10k", *tensors[2:])):
-        if images.dim() != 3 or tuple(images.shape[1:]) != (28, 28) or labels.dim() != 1 \
-                or len(images) != len(labels) or (len(labels) and int(labels.max()) > 9):
-            raise DataError(f"{raw / f'{name}-images-idx3-ubyte'} and {raw / f'{name}-labels-idx1-ubyte'} do not "
-                            f"form a Fashion-MNIST split: shapes {list(images.shape)} and {list(labels.shape)}, "
-                            f"expected [N, 28, 28] and [N] with labels 0-9. Delete {raw} and rerun {_RERUN}.")
+        if (
+            images.dim() != 3
+            or tuple(images.shape[1:]) != (28, 28)
+            or labels.dim() != 1
+            or len(images) != len(labels)
+            or (len(labels) and int(labels.max()) > 9)
+        ):
+            raise DataError(
+                f"{raw / f'{name}-images-idx3-ubyte'} and {raw / f'{name}-labels-idx1-ubyte'} do not "
+                f"form a Fashion-MNIST split: shapes {list(images.shape)} and {list(labels.shape)}, "
+                f"expected [N, 28, 28] and [N] with labels 0-9. Delete {raw} and rerun {_RERUN}."
+            )
     return tensors
 
 
@@ -231,7 +258,7 @@ def epoch_batches(n: int, global_batch: int, epoch: int, seed: int, rank: int = 
     steps = n // global_batch
     state = np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)[0]
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(state) >> 1))
-    return perm[:steps * global_batch].view(steps, world_size, global_batch // world_size)[:, rank].contiguous()
+    return perm[: steps * global_batch].view(steps, world_size, global_batch // world_size)[:, rank].contiguous()
 
 
 def normalize(x_uint8_batch: torch.Tensor, device) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 Opt-in only (data.source=synthetic); the download stage writes it as the same IDX files the real set has.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,12 +24,12 @@ def make_synthetic(seed: int = 0, n_train: int = 60000, n_test: int = 10000):
     g = torch.Generator().manual_seed(seed)
     protos = _prototypes(g)
     c, v = protos.shape[:2]
-    shifts = [protos[..., dy:dy + 28, dx:dx + 28] for dy in range(5) for dx in range(5)]
+    shifts = [protos[..., dy : dy + 28, dx : dx + 28] for dy in range(5) for dx in range(5)]
     bank = torch.stack(shifts, dim=2).reshape(c * v * 25, 28, 28)  # [class, variant, shift] -> image
     out = []
     for n in (n_train, n_test):
         y = (torch.arange(n) % c)[torch.randperm(n, generator=g)]
-        out += [torch.cat([_draw(g, bank, y[s:s + 10000], v) for s in range(0, n, 10000)]), y]
+        out += [torch.cat([_draw(g, bank, y[s : s + 10000], v) for s in range(0, n, 10000)]), y]
     return tuple(out)
 
 
@@ -72,5 +73,5 @@ def _draw(g: torch.Generator, bank: torch.Tensor, y: torch.Tensor, n_variants: i
     img.add_(_smooth(g, m, 7, 28).mul_(img > 0.05), alpha=_NUISANCE)
     img.mul_(0.85 + 0.3 * torch.rand(m, 1, 1, generator=g, dtype=torch.float64))
     noise = torch.rand(m, 28, 28, generator=g, dtype=torch.float64).sub_(0.5)  # uniform: exact on every CPU
-    img.add_(noise, alpha=_NOISE * 12 ** 0.5)  # std _NOISE
+    img.add_(noise, alpha=_NOISE * 12**0.5)  # std _NOISE
     return img.mul_(255).clamp_(0, 255).round_().to(torch.uint8)

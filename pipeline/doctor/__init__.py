@@ -2,10 +2,11 @@
 
 The face is lazy: importing one module of this folder does not load the others (torch, mlflow).
 """
+
 import importlib
 
 _FACE = {
-    'run': 'checks',
+    "run": "checks",
 }
 __all__ = sorted(_FACE)
 

@@ -12,6 +12,7 @@ The documented node has torch, pandas, matplotlib and pytest only (none of which
 default bundle carries pyyaml and tqdm: about 4 MiB, since pyyaml's wheels are compiled and one is carried per
 CPython in NODE_PYTHONS (run.sh's pip picks the node's). A richer image (most GPU images have both) ignores them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x8
 def node_packages(freeze_lines) -> dict[str, str]:
     """name (normalised) -> version, from `pip freeze` lines (`name==version`; other forms are skipped)."""
     from packaging.utils import canonicalize_name
+
     out = {}
     for line in freeze_lines:
         name, sep, version = line.strip().partition("==")
@@ -46,6 +48,7 @@ def missing(requirements, have: dict[str, str]) -> list[str]:
     """The requirements (PEP 508 strings, no markers or extras) that the node's packages do not satisfy."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
+
     lacking = []
     for text in requirements:
         req = Requirement(text)
@@ -68,6 +71,7 @@ def verify() -> list[str]:
     """On the node, after the install: the installed project's core requirements that this Python does not meet
     (checked directly, so that unrelated conflicts in a cluster image's packages cannot fail the install)."""
     from importlib import metadata
+
     have = {}
     for dist in metadata.distributions():
         have.setdefault(dist.metadata["Name"], dist.version)
@@ -87,16 +91,31 @@ def build(out: Path, node: dict[str, str], peer: Path | None) -> Path:
     _pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(REPO))
     lacking = missing(core_requirements(), node)
     if any(r.lower().startswith("torch") for r in lacking):
-        raise SystemExit(f"the node lacks a supported PyTorch ({[r for r in lacking if r.startswith('torch')]}): "
-                         "install the CUDA build matching its driver there first; a bundle does not carry one.")
+        raise SystemExit(
+            f"the node lacks a supported PyTorch ({[r for r in lacking if r.startswith('torch')]}): "
+            "install the CUDA build matching its driver there first; a bundle does not carry one."
+        )
     plat = [a for p in PLATFORMS for a in ("--platform", p)]
     for version in NODE_PYTHONS if lacking else ():  # a pure-Python wheel is downloaded once, the others per version
-        _pip("download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", version,
-             "--implementation", "cp", *plat, "-d", str(wheels), *lacking)
+        _pip(
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            version,
+            "--implementation",
+            "cp",
+            *plat,
+            "-d",
+            str(wheels),
+            *lacking,
+        )
     # what run.sh installs by name from wheels/ (pip picks each one's wheel for the node's Python)
     (wheels / "install.txt").write_text("\n".join(["parallax", *lacking]) + "\n")
-    shutil.copytree(REPO / "benchmarks", out / "benchmarks",
-                    ignore=shutil.ignore_patterns("out", "__pycache__", "RESULTS.md"))
+    shutil.copytree(
+        REPO / "benchmarks", out / "benchmarks", ignore=shutil.ignore_patterns("out", "__pycache__", "RESULTS.md")
+    )
     if peer and peer.exists():
         (out / "peers").mkdir()
         shutil.copy2(peer, out / "peers" / peer.name)
@@ -106,7 +125,8 @@ def build(out: Path, node: dict[str, str], peer: Path | None) -> Path:
         "Parallax GPU bundle. On the node: bash run.sh OUT_DIR (see the top of run.sh).\n"
         f"wheels: {', '.join(sorted(p.name for p in wheels.iterdir()))}\n"
         f"the node was assumed to have: {', '.join(f'{k}=={v}' for k, v in sorted(node.items()))}\n"
-        f"carried for what it lacks: {', '.join(lacking) or 'nothing'}\n")
+        f"carried for what it lacks: {', '.join(lacking) or 'nothing'}\n"
+    )
     tar = out.with_suffix(".tar.gz")
     with tarfile.open(tar, "w:gz") as tf:
         tf.add(out, arcname=out.name)
@@ -118,17 +138,30 @@ def size(path: Path) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipeline.doctor.bundle", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 2)[2])
+    p = argparse.ArgumentParser(
+        prog="python -m pipeline.doctor.bundle",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 2)[2],
+    )
     p.add_argument("--out", type=Path, default=REPO / "dist" / "gpu-bundle", help="default: dist/gpu-bundle")
-    p.add_argument("--node-freeze", type=Path, metavar="FILE",
-                   help="`pip freeze` of the node's Python (default: the documented node: " + ", ".join(DOCUMENTED_NODE)
-                        + ")")
-    p.add_argument("--verify", action="store_true",
-                   help="on the node, after installing: check that this Python meets the core requirements")
-    p.add_argument("--peer", type=Path, default=REPO.parent / "shared" / "peers" / "d2l_reference.py",
-                   help="the seeds' reference recipe for the GPU benchmark (default: ../shared/peers/d2l_reference.py)")
+    p.add_argument(
+        "--node-freeze",
+        type=Path,
+        metavar="FILE",
+        help="`pip freeze` of the node's Python (default: the documented node: " + ", ".join(DOCUMENTED_NODE) + ")",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="on the node, after installing: check that this Python meets the core requirements",
+    )
+    p.add_argument(
+        "--peer",
+        type=Path,
+        default=REPO.parent / "shared" / "peers" / "d2l_reference.py",
+        help="the seeds' reference recipe for the GPU benchmark (default: ../shared/peers/d2l_reference.py)",
+    )
     args = p.parse_args(argv)
     if args.verify:
         lacking = verify()

@@ -18,16 +18,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pipeline import catalog, paths, scratch
 from pipeline.config import loader as configmod
 from pipeline.data import store as datamod
-from pipeline import catalog, paths, scratch
 from pipeline.doctor import equivalence
-from pipeline.host.capabilities import fp32_label, host_capabilities
-from pipeline.measure.comm_probes import DUMP_ENV
-from pipeline.host.devices import Host, probe
 from pipeline.errors import DataError, Infeasible
-from pipeline.trial.launch import check_feasible, run_trial
+from pipeline.host.capabilities import fp32_label, host_capabilities
+from pipeline.host.devices import Host, probe
+from pipeline.measure.comm_probes import DUMP_ENV
 from pipeline.strategies import STRATEGIES
+from pipeline.trial.launch import check_feasible, run_trial
 
 MIB = 2**20
 # DDP's reducer collects runtime stats on iterations 1-10 (torch/csrc/distributed/c10d/reducer.cpp,

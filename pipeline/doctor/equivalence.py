@@ -12,6 +12,7 @@ a first step can overflow and be skipped, and a skipped step has no update to co
 reported as "skipped by GradScaler", never as a mismatch. A config with train.fp32_precision=tf32 runs the check in
 TF32 instead (benchmarks/gpu/gpu_first_run.py compares the two on a GPU).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,8 @@ from pathlib import Path
 import torch
 
 from pipeline.config import loader as configmod
-from pipeline.trial.launch import run_trial
 from pipeline.models import build_model
+from pipeline.trial.launch import run_trial
 
 LR = 0.5  # large enough that one step moves every weight well beyond float noise
 FP32_TOL = {"cpu": (1e-6, 1e-4), "cuda": (1e-5, 1e-3)}  # (atol, rtol); cuDNN picks algorithms per shape
@@ -39,14 +40,26 @@ class Verdict:
     skipped: bool = False  # GradScaler skipped the step: nothing was compared
 
 
-def one_step(base_cfg, out_dir: Path, strategy: str, k: int, model: str = "lenet", batch: int = 64,
-             extra=()) -> tuple[dict, dict]:
+def one_step(
+    base_cfg, out_dir: Path, strategy: str, k: int, model: str = "lenet", batch: int = 64, extra=()
+) -> tuple[dict, dict]:
     """Run one step of `strategy` on k devices; returns (final state_dict, trial metrics)."""
-    cfg = configmod.override(base_cfg, [
-        f"train.strategy={strategy}", f"train.devices={k}", f"train.model={model}", f"train.batch_size={batch}",
-        "train.max_steps=1", f"train.lr={LR}", f"data.train_limit={batch * 2}", "data.test_limit=64",
-        f"train.fp32_precision={'tf32' if base_cfg.train.fp32_precision == 'tf32' else 'ieee'}",
-        f"train.amp_init_scale={FP16_INIT_SCALE}", *extra])
+    cfg = configmod.override(
+        base_cfg,
+        [
+            f"train.strategy={strategy}",
+            f"train.devices={k}",
+            f"train.model={model}",
+            f"train.batch_size={batch}",
+            "train.max_steps=1",
+            f"train.lr={LR}",
+            f"data.train_limit={batch * 2}",
+            "data.test_limit=64",
+            f"train.fp32_precision={'tf32' if base_cfg.train.fp32_precision == 'tf32' else 'ieee'}",
+            f"train.amp_init_scale={FP16_INIT_SCALE}",
+            *extra,
+        ],
+    )
     metrics = run_trial(cfg, out_dir, progress=False, timeout_s=cfg.sweep.trial_timeout_s)  # a hang fails the row
     return torch.load(Path(out_dir) / "final_state.pt", weights_only=True), metrics
 
@@ -55,8 +68,15 @@ def initial_state(model: str = "lenet", seed: int = 0) -> dict:
     return build_model(model, seed).state_dict()
 
 
-def compare(ref: dict, got: dict, init: dict | None = None, low_precision: bool = False,
-            device_kind: str = "cpu", keys=None, tol: tuple[float, float] | None = None) -> Verdict:
+def compare(
+    ref: dict,
+    got: dict,
+    init: dict | None = None,
+    low_precision: bool = False,
+    device_kind: str = "cpu",
+    keys=None,
+    tol: tuple[float, float] | None = None,
+) -> Verdict:
     """Does `got` (a strategy's state after one step) match `ref` (single's)?"""
     if ref.keys() != got.keys():
         missing, extra = sorted(ref.keys() - got.keys()), sorted(got.keys() - ref.keys())
@@ -69,18 +89,26 @@ def compare(ref: dict, got: dict, init: dict | None = None, low_precision: bool 
     if low_precision:
         if init is None:
             raise ValueError("a low-precision comparison needs the initial weights")
-        rel = {n: ((ref[n].float() - init[n].float()) - (got[n].float() - init[n].float())).norm().item()
-               / max((ref[n].float() - init[n].float()).norm().item(), 1e-12) for n in names}
+        rel = {
+            n: ((ref[n].float() - init[n].float()) - (got[n].float() - init[n].float())).norm().item()
+            / max((ref[n].float() - init[n].float()).norm().item(), 1e-12)
+            for n in names
+        }
         worst = max(rel, key=rel.get)
         ok = rel[worst] < LOW_PRECISION_REL
-        return Verdict(ok, f"update within {rel[worst]:.3f} of single's relative to its size (tolerance "
-                           f"{LOW_PRECISION_REL}; worst: {worst})", rel[worst])
+        return Verdict(
+            ok,
+            f"update within {rel[worst]:.3f} of single's relative to its size (tolerance "
+            f"{LOW_PRECISION_REL}; worst: {worst})",
+            rel[worst],
+        )
     atol, rtol = tol or FP32_TOL.get(device_kind, FP32_TOL["cuda"])
     diffs = {n: (ref[n].float() - got[n].float()).abs().max().item() for n in names}
     worst = max(diffs, key=diffs.get)
     ok = all(torch.allclose(ref[n].float(), got[n].float(), atol=atol, rtol=rtol) for n in names)
-    return Verdict(ok, f"max abs diff {diffs[worst]:.3g} vs single (atol {atol:g}, rtol {rtol:g}; worst: {worst})",
-                   diffs[worst])
+    return Verdict(
+        ok, f"max abs diff {diffs[worst]:.3g} vs single (atol {atol:g}, rtol {rtol:g}; worst: {worst})", diffs[worst]
+    )
 
 
 def skipped_by_scaler(metrics) -> Verdict | None:
@@ -88,12 +116,17 @@ def skipped_by_scaler(metrics) -> Verdict | None:
     skipped, steps = metrics.get("amp_skipped_steps") or 0, metrics.get("steps") or 0
     if not skipped or skipped < steps:
         return None
-    return Verdict(False, f"skipped by GradScaler: inf/NaN in the fp16 gradients, so the step left the weights "
-                          f"unchanged and nothing was compared (scale after it: {metrics.get('amp_scale'):g})",
-                   float("nan"), skipped=True)
+    return Verdict(
+        False,
+        f"skipped by GradScaler: inf/NaN in the fp16 gradients, so the step left the weights "
+        f"unchanged and nothing was compared (scale after it: {metrics.get('amp_scale'):g})",
+        float("nan"),
+        skipped=True,
+    )
 
 
-def check(ref: dict, got: dict, metrics, init: dict | None = None, low_precision: bool = False,
-          device_kind: str = "cpu") -> Verdict:
+def check(
+    ref: dict, got: dict, metrics, init: dict | None = None, low_precision: bool = False, device_kind: str = "cpu"
+) -> Verdict:
     """compare(), unless GradScaler skipped the step (`metrics`: the trial's record)."""
     return skipped_by_scaler(metrics) or compare(ref, got, init, low_precision, device_kind)

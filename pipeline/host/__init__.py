@@ -2,13 +2,14 @@
 
 The face is lazy: importing one module of this folder does not load the others (torch, mlflow).
 """
+
 import importlib
 
 _FACE = {
-    'probe': 'devices',
-    'Host': 'devices',
-    'device_for': 'devices',
-    'host_capabilities': 'capabilities',
+    "probe": "devices",
+    "Host": "devices",
+    "device_for": "devices",
+    "host_capabilities": "capabilities",
 }
 __all__ = sorted(_FACE)
 

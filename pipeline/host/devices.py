@@ -1,4 +1,5 @@
 """What the host offers: its CUDA GPUs, or else its CPU cores (one 1-thread worker process per core)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -48,8 +49,14 @@ def cpu_name(cpuinfo: str | None = None) -> str:
 def probe() -> Host:
     """The devices of this host; CUDA wins when present."""
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        return Host("cuda", torch.cuda.device_count(), torch.cuda.get_device_name(0), socket.gethostname(),
-                    torch.__version__, torch.version.cuda or "")
+        return Host(
+            "cuda",
+            torch.cuda.device_count(),
+            torch.cuda.get_device_name(0),
+            socket.gethostname(),
+            torch.__version__,
+            torch.version.cuda or "",
+        )
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return Host("cpu", cores, cpu_name(), socket.gethostname(), torch.__version__, "")
 

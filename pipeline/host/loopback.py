@@ -8,6 +8,7 @@ rendezvous backend, registered in PyTorch's handler registry, is the static one 
 unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name an interface: the loopback interface for a one-node trial.
 Multi-node trials keep torchrun's c10d rendezvous on the endpoint the user names.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +33,15 @@ def _create_handler(params):
                 sock.bind(("127.0.0.1", 0))
                 sock.listen(128)
                 self.master_addr, self.master_port = sock.getsockname()
-                self._store = TCPStore(self.master_addr, self.master_port, self.world_size, True, self.timeout,
-                                       multi_tenant=True, master_listen_fd=sock.detach())  # the store owns it
+                self._store = TCPStore(
+                    self.master_addr,
+                    self.master_port,
+                    self.world_size,
+                    True,
+                    self.timeout,
+                    multi_tenant=True,
+                    master_listen_fd=sock.detach(),
+                )  # the store owns it
             return super().next_rendezvous()
 
     timeout = int(params.config.get("timeout", 600))
@@ -43,6 +51,7 @@ def _create_handler(params):
 def register() -> str:
     """Register the backend once per process; returns its name for LaunchConfig.rdzv_backend."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
     rendezvous_handler_registry.register(BACKEND, _create_handler)  # the same creator again is a no-op
     return BACKEND
 
@@ -53,6 +62,7 @@ def interface() -> str:
     try:
         import fcntl
         import struct
+
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             for name in names:
                 req = struct.pack("16sH14s", name.encode()[:15], 0, b"")

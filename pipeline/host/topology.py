@@ -1,6 +1,7 @@
 """Which GPUs this host has and how they are linked: `nvidia-smi topo -m` and its GPU table, read once and mapped onto
 CUDA ordinals by UUID or PCI bus id, so a trial's interconnect is that of the GPUs it runs on.
 """
+
 from __future__ import annotations
 
 import re
@@ -96,7 +97,7 @@ def _matrix(topo: str | None) -> list[list[str]] | None:
     if header is None:  # nvidia-smi's header row starts with a tab: its first cell is GPU0
         return None
     n = sum(1 for c in header if re.fullmatch(r"GPU\d+", c))  # NIC and affinity columns follow the GPUs
-    body = {r[0]: r[1:n + 1] for r in rows if r is not header and re.fullmatch(r"GPU\d+", r[0])}
+    body = {r[0]: r[1 : n + 1] for r in rows if r is not header and re.fullmatch(r"GPU\d+", r[0])}
     if any(len(body.get(f"GPU{i}", ())) < n for i in range(n)):
         return None
     return [body[f"GPU{i}"] for i in range(n)]
@@ -119,6 +120,7 @@ def interconnect(topo: str | None, rows=None) -> str | None:
 
     def rank(link):
         return next((i for i, p in enumerate(LINK_ORDER) if link.startswith(p)), len(LINK_ORDER))
+
     return "/".join(sorted(links, key=rank, reverse=True)) or None
 
 

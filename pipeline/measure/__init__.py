@@ -2,17 +2,18 @@
 
 The face is lazy: importing one module of this folder does not load the others (torch, mlflow).
 """
+
 import importlib
 
 _FACE = {
-    'Meter': 'meter',
-    'Breakdown': 'breakdown',
-    'NO_CLOCK': 'breakdown',
-    'NoComm': 'comm_probes',
-    'DDPStats': 'comm_probes',
-    'ProfiledComm': 'comm_probes',
-    'memory_meter': 'memory',
-    'Monitor': 'interference',
+    "Meter": "meter",
+    "Breakdown": "breakdown",
+    "NO_CLOCK": "breakdown",
+    "NoComm": "comm_probes",
+    "DDPStats": "comm_probes",
+    "ProfiledComm": "comm_probes",
+    "memory_meter": "memory",
+    "Monitor": "interference",
 }
 __all__ = sorted(_FACE)
 

@@ -26,6 +26,7 @@ Hand-written because no maintained library gives "CPU time of everything but my 
 gives per-process times, which would mean walking every process twice; /proc/stat is one read). Linux only; on other
 systems the CPU fields are None and the trial is not flagged.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,8 +61,14 @@ def _own_cpu() -> float:
 class Monitor:
     """`with Monitor() as m: ...run the trial...`, then `m.result()`: a flat dict of JSON-able numbers."""
 
-    def __init__(self, devices_used: int, device_kind: str = "cpu", gpu_indices=(),
-                 threshold: float = DEFAULT_THRESHOLD, sample_s: float | None = None):
+    def __init__(
+        self,
+        devices_used: int,
+        device_kind: str = "cpu",
+        gpu_indices=(),
+        threshold: float = DEFAULT_THRESHOLD,
+        sample_s: float | None = None,
+    ):
         self.devices_used, self.kind, self.threshold = devices_used, device_kind, threshold
         self.gpus = list(gpu_indices)  # the trial's CUDA ordinals
         self.sample_s = sample_s
@@ -84,17 +91,30 @@ class Monitor:
         (t0, s0, own0, load0), (t1, s1, own1, load1) = self._start, self._end
         window = max(t1 - t0, 1e-9)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        out = {"window_s": round(window, 3), "host_cores": cores, "loadavg_start": round(load0, 2),
-               "loadavg_end": round(load1, 2), "foreign_cpu_s": None, "foreign_cores": None, "steal_s": None}
+        out = {
+            "window_s": round(window, 3),
+            "host_cores": cores,
+            "loadavg_start": round(load0, 2),
+            "loadavg_end": round(load1, 2),
+            "foreign_cpu_s": None,
+            "foreign_cores": None,
+            "steal_s": None,
+        }
         if s0 and s1:
             foreign = max(0.0, (s1[0] - s0[0]) - (own1 - own0))  # clock ticks make small negatives: floor at 0
-            out.update(host_busy_cpu_s=round(s1[0] - s0[0], 3), own_cpu_s=round(own1 - own0, 3),
-                       foreign_cpu_s=round(foreign, 3), foreign_cores=round(foreign / window, 3),
-                       steal_s=round(s1[1] - s0[1], 3))
+            out.update(
+                host_busy_cpu_s=round(s1[0] - s0[0], 3),
+                own_cpu_s=round(own1 - own0, 3),
+                foreign_cpu_s=round(foreign, 3),
+                foreign_cores=round(foreign / window, 3),
+                steal_s=round(s1[1] - s0[1], 3),
+            )
         reasons = []
         if out["foreign_cores"] is not None and out["foreign_cores"] > self.threshold:
-            reasons.append(f"other processes kept {out['foreign_cores']:.2f} cores busy on average "
-                           f"(threshold {self.threshold:.2f}; the trial used {self.devices_used} of {cores})")
+            reasons.append(
+                f"other processes kept {out['foreign_cores']:.2f} cores busy on average "
+                f"(threshold {self.threshold:.2f}; the trial used {self.devices_used} of {cores})"
+            )
         if out["steal_s"] and out["steal_s"] / window > self.threshold:
             reasons.append(f"the hypervisor took {out['steal_s'] / window:.2f} cores' time (steal)")
         if self._gpu:
@@ -112,8 +132,13 @@ class Monitor:
 # ----------------------------------------------------------------------------- GPU (NVML, optional)
 
 # nvmlClocksEventReasons bits (nvml.h); GPU idle, application clocks, sync boost and display clocks are left out
-_THROTTLE_NAMES = {0x4: "SW power cap", 0x8: "HW slowdown", 0x20: "SW thermal", 0x40: "HW thermal",
-                   0x80: "HW power brake"}
+_THROTTLE_NAMES = {
+    0x4: "SW power cap",
+    0x8: "HW slowdown",
+    0x20: "SW thermal",
+    0x40: "HW thermal",
+    0x80: "HW power brake",
+}
 FLAGGED_REASONS = {"HW slowdown", "SW thermal", "HW thermal", "HW power brake"}
 
 
@@ -139,9 +164,11 @@ class GpuSampler:
             self.error = "pynvml not installed: pip install nvidia-ml-py"
             return
         self.nvml = pynvml
-        self._reasons_call = ("nvmlDeviceGetCurrentClocksEventReasons"  # ThrottleReasons before nvidia-ml-py 12.535
-                              if hasattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons")
-                              else "nvmlDeviceGetCurrentClocksThrottleReasons")
+        self._reasons_call = (
+            "nvmlDeviceGetCurrentClocksEventReasons"  # ThrottleReasons before nvidia-ml-py 12.535
+            if hasattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons")
+            else "nvmlDeviceGetCurrentClocksThrottleReasons"
+        )
         if not self._guard(self._call, "nvmlInit"):
             self.nvml = None  # nothing to shut down
             return
@@ -164,10 +191,16 @@ class GpuSampler:
     def summary(self) -> dict:
         if self.error:
             return {"gpu_monitor": f"unavailable ({self.error})"}
-        return {"gpu_monitor": "nvml", "gpu_devices": self.uuids, "gpu_samples": self.samples,
-                "gpu_other_processes": len(self.others), "gpu_other_pids": sorted(self.others),
-                "gpu_unattributed_processes": self.unattributed, "gpu_throttle": ", ".join(sorted(self.throttle)),
-                "gpu_sm_mhz_min": self.sm_mhz_min}
+        return {
+            "gpu_monitor": "nvml",
+            "gpu_devices": self.uuids,
+            "gpu_samples": self.samples,
+            "gpu_other_processes": len(self.others),
+            "gpu_other_pids": sorted(self.others),
+            "gpu_unattributed_processes": self.unattributed,
+            "gpu_throttle": ", ".join(sorted(self.throttle)),
+            "gpu_sm_mhz_min": self.sm_mhz_min,
+        }
 
     def _guard(self, fn, *args) -> bool:
         """Run fn; any failure is recorded as the monitor's error (the monitor must never fail a trial)."""
@@ -189,6 +222,7 @@ class GpuSampler:
     def _open(self) -> None:
         """One (processes handle, clocks handle) per ordinal: the GPU itself, or a MIG instance and its GPU."""
         from pipeline.host.capabilities import cuda_identity
+
         for i in self.ordinals:
             try:
                 ident = cuda_identity(i)
@@ -197,8 +231,9 @@ class GpuSampler:
             self._handles.append(self._lookup(i, ident))
 
     def _lookup(self, ordinal: int, ident: dict):
-        tries = [("nvmlDeviceGetHandleByUUID", f"{prefix}{ident['uuid']}") for prefix in ("GPU-", "MIG-")
-                 if ident["uuid"]]
+        tries = [
+            ("nvmlDeviceGetHandleByUUID", f"{prefix}{ident['uuid']}") for prefix in ("GPU-", "MIG-") if ident["uuid"]
+        ]
         if ident["pci"]:
             tries.append(("nvmlDeviceGetHandleByPciBusId", "{:08X}:{:02X}:{:02X}.0".format(*ident["pci"])))
         error = f"CUDA device {ordinal}: no UUID or PCI bus id"

@@ -28,6 +28,7 @@ allocated outside the dispatcher (e.g. DDP's gradient buckets when they are not 
 is a lower bound. It includes the parameters, which on GPUs are resident, so CPU and GPU figures are different
 measures; the method and basis fields say which one a record holds.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,10 +38,12 @@ import torch
 
 class CpuMemProbe:
     """Context: peak tensor bytes of one step, one entry per device this process drives."""
+
     method = "memtracker"
 
     def __init__(self, devices, model, optimizer, tracker=None):
         from torch.distributed._tools.mem_tracker import MemTracker
+
         self.devices = devices
         self.tracker = tracker or MemTracker()
         # a hand-written optimizer (scratch's manual SGD) keeps no state tensors to track
@@ -67,6 +70,7 @@ class CudaPeaks:
     """Per-device memory on GPUs over the measured window (module docstring); no step is probed. The window opens at
     the first step (`open`, before its data: the model, optimizer and data are on their devices by then), closes
     before each evaluation (`close`) and reopens at the next step."""
+
     method, basis = "cuda_allocator", "step_above_resident"  # tables.MEM_BASIS says what each basis means
 
     def __init__(self, strategy):
@@ -106,13 +110,17 @@ class CudaPeaks:
 
     def figures(self) -> dict:
         self.close()
-        return {"mem_resident_bytes": self.resident, "mem_reserved_peak_bytes": list(self.reserved),
-                "mem_nvml_used_bytes": self.nvml}
+        return {
+            "mem_resident_bytes": self.resident,
+            "mem_reserved_peak_bytes": list(self.reserved),
+            "mem_nvml_used_bytes": self.nvml,
+        }
 
 
 class CpuStepPeaks:
     """Per-device memory on a CPU host: the strategy's tracker around step 0 (a warm-up step, never timed); every
     other step runs unprobed."""
+
     method, basis = "memtracker", "memtracker_step"
 
     def __init__(self, strategy):
@@ -161,6 +169,7 @@ def nvml_used_bytes(devices) -> list[int] | None:
         return None
     try:
         import pynvml
+
         pynvml.nvmlInit()
         try:
             return [int(pynvml.nvmlDeviceGetMemoryInfo(_nvml_handle(pynvml, d.index)).used) for d in devices]
@@ -172,6 +181,7 @@ def nvml_used_bytes(devices) -> list[int] | None:
 
 def _nvml_handle(nvml, ordinal: int):
     from pipeline.host.capabilities import cuda_identity
+
     ident = cuda_identity(ordinal)
     tries = [(nvml.nvmlDeviceGetHandleByUUID, f"{p}{ident['uuid']}") for p in ("GPU-", "MIG-") if ident["uuid"]]
     if ident["pci"]:

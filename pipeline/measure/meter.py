@@ -20,6 +20,7 @@ clock on an unsampled step), as `autocast` is for fp32 strategies.
   time, what is resident is recorded: model, optimizer, data) and closes at `evaluation()` and at `results`, so
   the step's peak above resident is the strategy's own; on CPU, tensor memory of a probe step.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,15 @@ WINDOW_STEPS = 10  # timed steps per throughput window: ~13 windows per epoch in
 
 
 class Meter:
-    def __init__(self, strategy, batch_size: int, warmup_steps: int, target_acc: float, breakdown=None,
-                 window_steps: int = WINDOW_STEPS):
+    def __init__(
+        self,
+        strategy,
+        batch_size: int,
+        warmup_steps: int,
+        target_acc: float,
+        breakdown=None,
+        window_steps: int = WINDOW_STEPS,
+    ):
         self.strategy, self.batch_size, self.target_acc = strategy, batch_size, target_acc
         self.window_steps = max(window_steps, 1)
         self.windows: list[float] = []  # images/s per closed window
@@ -140,14 +148,19 @@ class Meter:
         trial (the breakdown gathers every rank's samples): every rank calls it."""
         timed_steps = self.timed_images // self.batch_size
         return {
-            "breakdown": self.breakdown.results(self.timed_s / timed_steps if timed_steps else None,
-                                                self.sampled_s / self.sampled_steps if self.sampled_steps else None),
+            "breakdown": self.breakdown.results(
+                self.timed_s / timed_steps if timed_steps else None,
+                self.sampled_s / self.sampled_steps if self.sampled_steps else None,
+            ),
             "throughput_img_s": self.timed_images / self.timed_s if self.timed_s > 0 else None,
             "throughput_windows": list(self.windows),
             "timed_steps": timed_steps,
             "time_to_acc_s": self.time_to_acc,
-            "epoch_s": self.epoch_s, "epoch_throughput_img_s": self.epoch_throughput,
-            "peak_mem_bytes": self.memory.peaks(), "mem_method": self.memory.method, "mem_basis": self.memory.basis,
+            "epoch_s": self.epoch_s,
+            "epoch_throughput_img_s": self.epoch_throughput,
+            "peak_mem_bytes": self.memory.peaks(),
+            "mem_method": self.memory.method,
+            "mem_basis": self.memory.basis,
             **self.memory.figures(),
         }
 
@@ -160,8 +173,10 @@ def untimed(record) -> str:
     steps, warmup = record["steps"], max(record["warmup_steps"], 1)
     if steps > warmup:
         return f"no steady-state step was timed in its {steps} step(s)"
-    return (f"no steady-state step was timed: all {steps} step(s) of the run were warm-up (the first {warmup} are "
-            f"never timed, train.warmup_steps); raise data.train_limit or lower train.warmup_steps")
+    return (
+        f"no steady-state step was timed: all {steps} step(s) of the run were warm-up (the first {warmup} are "
+        f"never timed, train.warmup_steps); raise data.train_limit or lower train.warmup_steps"
+    )
 
 
 def speed_text(record) -> str:

@@ -8,6 +8,7 @@ waits in a row each later trial gets one probe only, until a probe finds the hos
 enqueue order (a k=1 reference next to its k>1 points, sweep/stage.py enqueue_order), so a quiet moment found for
 one tends to hold for its neighbours. The wait never fails a trial: no /proc/stat means no wait.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,6 +31,7 @@ def foreign_cores(probe_s: float = PROBE_S, sleep=time.sleep) -> float | None:
 class Waited:
     """One wait's outcome: whether the host was quiet when the trial started, the seconds waited, the last load
     measured (cores; None: not measurable) and a sentence that says so."""
+
     quiet: bool
     waited_s: float
     foreign_cores: float | None
@@ -40,16 +42,25 @@ class QuietGate:
     """`gate.wait()` before each timed trial. probe: a callable returning foreign cores over one probe (injected in
     tests); clock: monotonic seconds."""
 
-    def __init__(self, threshold: float, max_wait_s: float, probe=None, clock=time.monotonic,
-                 probe_s: float = PROBE_S, give_up_after: int = GIVE_UP_AFTER):
+    def __init__(
+        self,
+        threshold: float,
+        max_wait_s: float,
+        probe=None,
+        clock=time.monotonic,
+        probe_s: float = PROBE_S,
+        give_up_after: int = GIVE_UP_AFTER,
+    ):
         self.threshold, self.max_wait_s, self.probe_s = threshold, max_wait_s, probe_s
         self.probe = probe or (lambda: foreign_cores(probe_s))
         self.clock, self.give_up_after, self.vain = clock, give_up_after, 0
 
     def wants(self) -> str:
         """What the gate waits for, in words."""
-        return (f"other processes to keep at most {self.threshold:.2f} cores busy (train.interference_threshold), "
-                f"up to {self.max_wait_s:.0f} s (sweep.quiet_wait_s)")
+        return (
+            f"other processes to keep at most {self.threshold:.2f} cores busy (train.interference_threshold), "
+            f"up to {self.max_wait_s:.0f} s (sweep.quiet_wait_s)"
+        )
 
     def wait(self) -> Waited:
         if self.max_wait_s <= 0:
@@ -64,16 +75,26 @@ class QuietGate:
             return Waited(True, waited, None, "")
         if load <= self.threshold:
             self.vain = 0
-            text = f"waited {waited:.0f} s for a quiet moment ({load:.2f} cores busy elsewhere)" if waited > \
-                self.probe_s * 1.5 else ""
+            text = (
+                f"waited {waited:.0f} s for a quiet moment ({load:.2f} cores busy elsewhere)"
+                if waited > self.probe_s * 1.5
+                else ""
+            )
             return Waited(True, waited, load, text)
         self.vain += 1
         if self.vain > self.give_up_after:
-            text = (f"host still busy ({load:.2f} cores used by other processes): the trial runs now and is "
-                    f"flagged if the load stays")
+            text = (
+                f"host still busy ({load:.2f} cores used by other processes): the trial runs now and is "
+                f"flagged if the load stays"
+            )
         else:
-            text = (f"waited {waited:.0f} s for {self.wants()}; still {load:.2f} cores busy elsewhere: the trial "
-                    f"runs now and is flagged if the load stays"
-                    + (f"; after {self.give_up_after} vain waits in a row later trials probe once and do not wait"
-                       if self.vain == self.give_up_after else ""))
+            text = (
+                f"waited {waited:.0f} s for {self.wants()}; still {load:.2f} cores busy elsewhere: the trial "
+                f"runs now and is flagged if the load stays"
+                + (
+                    f"; after {self.give_up_after} vain waits in a row later trials probe once and do not wait"
+                    if self.vain == self.give_up_after
+                    else ""
+                )
+            )
         return Waited(False, waited, load, text)

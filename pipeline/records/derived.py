@@ -1,6 +1,7 @@
 """The trial record's derived values: numbers computed from its fields (final accuracy, peaks in MiB, the step-time
 breakdown's parts), each with its kind and the views it appears in; and the names of those views.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", 
 @dataclass(frozen=True)
 class Derived:
     """A value computed from the record's fields; `expand`: a dict whose keys are appended to the view's key."""
+
     name: str
     kind: str
     fn: object
@@ -66,29 +68,73 @@ def _d(name, kind, fn, *views, expand=False, **keys):
 
 
 DERIVED = (
-    _d("final_test_acc", "float", lambda r: (r.test_acc or [None])[-1], TABLE, METRIC, OPTUNA, table="test_acc",
-       metric="test/final_acc", optuna="test_acc"),
+    _d(
+        "final_test_acc",
+        "float",
+        lambda r: (r.test_acc or [None])[-1],
+        TABLE,
+        METRIC,
+        OPTUNA,
+        table="test_acc",
+        metric="test/final_acc",
+        optuna="test_acc",
+    ),
     _d("final_train_loss", "float", lambda r: (r.train_loss or [None])[-1], TABLE, table="train_loss"),
     _d("mean_epoch_s", "float", lambda r: _mean(r.epoch_s), TABLE, OPTUNA, table="epoch_s", optuna="epoch_s"),
     _d("peak_mem_max", "float", lambda r: max(_peaks(r), default=None), TABLE),
     _d("peak_mem_mean", "float", lambda r: _mean(_peaks(r)), TABLE),
-    _d("peak_mem_mib_max", "float", lambda r: max(_peaks(r)) / MIB if _peaks(r) else None, OPTUNA, METRIC,
-       metric="mem/peak_mib"),
-    _d("peak_mem_mib", "dict", lambda r: _mib_per_device(r.peak_mem_bytes), METRIC, expand=True,
-       metric="mem/peak_mib/dev"),
-    *(_d(name, "dict", lambda r, name=name: _mib_per_device(getattr(r, name)), METRIC, expand=True,
-         metric=f"mem/{key}_mib/dev")
-      for name, key in (("mem_resident_bytes", "resident"), ("mem_reserved_peak_bytes", "reserved_peak"),
-                        ("mem_nvml_used_bytes", "nvml_used"))),
-    _d("mem_device0_excess_mib", "float", lambda r: r.mem_device0_excess / MIB
-       if r.mem_device0_excess is not None else None, METRIC, metric="mem/device0_excess_mib"),
+    _d(
+        "peak_mem_mib_max",
+        "float",
+        lambda r: max(_peaks(r)) / MIB if _peaks(r) else None,
+        OPTUNA,
+        METRIC,
+        metric="mem/peak_mib",
+    ),
+    _d(
+        "peak_mem_mib",
+        "dict",
+        lambda r: _mib_per_device(r.peak_mem_bytes),
+        METRIC,
+        expand=True,
+        metric="mem/peak_mib/dev",
+    ),
+    *(
+        _d(
+            name,
+            "dict",
+            lambda r, name=name: _mib_per_device(getattr(r, name)),
+            METRIC,
+            expand=True,
+            metric=f"mem/{key}_mib/dev",
+        )
+        for name, key in (
+            ("mem_resident_bytes", "resident"),
+            ("mem_reserved_peak_bytes", "reserved_peak"),
+            ("mem_nvml_used_bytes", "nvml_used"),
+        )
+    ),
+    _d(
+        "mem_device0_excess_mib",
+        "float",
+        lambda r: r.mem_device0_excess / MIB if r.mem_device0_excess is not None else None,
+        METRIC,
+        metric="mem/device0_excess_mib",
+    ),
     _d("breakdown", "dict", lambda r: breakdown_metrics(_bd(r)), METRIC, expand=True, metric="breakdown/"),
-    *(_d(f"bd_{key}", "float", _bd_cell(key), TABLE)
-      for key in ("step_s", *(f"{p}_s" for p in BD_PARTS), "residual_s", "samples")),
+    *(
+        _d(f"bd_{key}", "float", _bd_cell(key), TABLE)
+        for key in ("step_s", *(f"{p}_s" for p in BD_PARTS), "residual_s", "samples")
+    ),
     _d("interfered", "bool", lambda r: (r.interference or {}).get("interfered"), TABLE),
     # the same flag as a number, on the trial's MLflow run (metric `flagged`) and in Optuna (plottable): 1 or 0
-    _d("flagged", "float", lambda r: None if r.interference is None else float(bool(r.interference.get(
-        "interfered"))), METRIC, OPTUNA),
+    _d(
+        "flagged",
+        "float",
+        lambda r: None if r.interference is None else float(bool(r.interference.get("interfered"))),
+        METRIC,
+        OPTUNA,
+    ),
     _d("foreign_cores", "float", lambda r: (r.interference or {}).get("foreign_cores"), TABLE, OPTUNA),
     _d("loadavg_start", "float", lambda r: (r.interference or {}).get("loadavg_start"), TABLE),
     _d("interference_reason", "str", lambda r: (r.interference or {}).get("interference_reason"), TABLE),

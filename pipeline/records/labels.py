@@ -7,6 +7,7 @@ steps (throughput measured on those steps, accuracy evaluated where it stopped),
 BOUNDED so the report and the MLflow run say so. 0 turns the bound off; hosts where the type is native are never
 bounded. Torch-free: the analysis stage reads the label too.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,9 +27,11 @@ def bound(tcfg, dtype: str | None, caps: dict, limit: int):
     why = dev.get(f"{dtype}_why") or f"{dtype} is emulated"
     cpu = caps.get("cpu") or {}
     isa = cpu.get("isa_text") or ",".join(cpu.get("isa") or []) or "none"
-    note = (f"{BOUNDED}: at most {limit} steps (sweep.emulated_max_steps) because {dtype} autocast is emulated on "
-            f"this {caps.get('kind', 'host')} ({why}; ISA {isa}); throughput is measured on those steps, accuracy "
-            f"is where training stopped, not after train.epochs={tcfg.train.epochs}")
+    note = (
+        f"{BOUNDED}: at most {limit} steps (sweep.emulated_max_steps) because {dtype} autocast is emulated on "
+        f"this {caps.get('kind', 'host')} ({why}; ISA {isa}); throughput is measured on those steps, accuracy "
+        f"is where training stopped, not after train.epochs={tcfg.train.epochs}"
+    )
     # `limit` is a validated setting (sweep.emulated_max_steps, >= 0, like train.max_steps): nothing to check again
     return dataclasses.replace(tcfg, train=dataclasses.replace(tcfg.train, max_steps=limit)), note
 

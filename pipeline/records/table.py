@@ -6,6 +6,7 @@ written and parses nothing. The columns and their kinds are the trial record's (
 table view plus what describes the Optuna trial (study, trial, state, reason, MLflow run id). Optuna-free and
 torch-free: analysis imports it.
 """
+
 from __future__ import annotations
 
 import errno
@@ -37,11 +38,15 @@ def trial_row(study, strategy, t=None, point=None, reason="", state="skipped") -
     if p.get("devices"):
         row["per_device_batch"] = p["batch_size"] // p["devices"]
     failed = t is not None and t.state.name == "FAIL"
-    row.update(study=study.study_name, trial=t.number if t else None, state=STATES[t.state.name] if t else state,
-               reason=reason or (t.user_attrs.get("reason", "") if t else "") or (
-                   "worker_died: its sweep process stopped (heartbeat stale); the point was enqueued again"
-                   if failed else ""),
-               mlflow_run_id=t.user_attrs.get("mlflow_run_id") if t else None)
+    row.update(
+        study=study.study_name,
+        trial=t.number if t else None,
+        state=STATES[t.state.name] if t else state,
+        reason=reason
+        or (t.user_attrs.get("reason", "") if t else "")
+        or ("worker_died: its sweep process stopped (heartbeat stale); the point was enqueued again" if failed else ""),
+        mlflow_run_id=t.user_attrs.get("mlflow_run_id") if t else None,
+    )
     return row
 
 
@@ -77,6 +82,7 @@ def _plain(v):
 
 # ---------------------------------------------------------------- reading it back
 
+
 def read_table(path, bad: list | None = None):
     """One sweep table as a typed DataFrame (see `typed`); an empty file gives an empty frame.
 
@@ -85,6 +91,7 @@ def read_table(path, bad: list | None = None):
     it, the first such line raises ValueError naming it. Types are JSON's, as written (nothing is parsed from text).
     """
     import pandas as pd
+
     records = []
     with _open_regular(path) as f:
         for n, line in enumerate(f, start=1):
@@ -144,4 +151,5 @@ def _is_flag(v) -> bool:
 
 def _absent(df):
     import pandas as pd
+
     return pd.Series([None] * len(df), index=df.index, dtype=object)

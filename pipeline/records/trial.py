@@ -17,7 +17,19 @@ import math
 from dataclasses import dataclass, field
 
 from pipeline.records.derived import (  # noqa: F401 (BD_COLUMNS, BD_PARTS, JSON, breakdown_metrics: the record's names)
-    BD_COLUMNS, BD_PARTS, DERIVED, JSON, METRIC, MIB, OPTUNA, PARAM, POINT, TABLE, TAG, breakdown_metrics)
+    BD_COLUMNS,
+    BD_PARTS,
+    DERIVED,
+    JSON,
+    METRIC,
+    MIB,
+    OPTUNA,
+    PARAM,
+    POINT,
+    TABLE,
+    TAG,
+    breakdown_metrics,
+)
 
 # Table columns that describe the Optuna trial (or the skipped point), not the run: filled by sweep_table.trial_row
 ROW_COLUMNS = {"study": "str", "trial": "int", "state": "str", "reason": "str", "mlflow_run_id": "str"}

@@ -2,12 +2,13 @@
 
 The face is lazy: importing one module of this folder does not load the others (torch, mlflow).
 """
+
 import importlib
 
 _FACE = {
-    'predict': 'model',
-    'measure': 'collectives',
-    'run': 'overlap',
+    "predict": "model",
+    "measure": "collectives",
+    "run": "overlap",
 }
 __all__ = sorted(_FACE)
 

@@ -6,6 +6,7 @@ one host says nothing about the network between hosts, and every nominal figure 
 A collective over k devices on nodes of g uses the intra-node figures while k <= g; past one node, the
 interconnect's inter-node figures too, the flat ring moving at its slowest link's pace (Interconnect.seconds).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,9 +28,13 @@ BUS_FACTOR = {
     "broadcast": lambda k: 1.0,
 }
 HOPS = {
-    "allreduce": lambda k: 2 * (k - 1), "allreduce_shm": lambda k: 2 * (k - 1),
-    "allgather": lambda k: k - 1, "reduce_scatter": lambda k: k - 1,
-    "scratch_allreduce": lambda k: 2 * (k - 1), "dp_copy": lambda k: k - 1, "dp_scatter": lambda k: k - 1,
+    "allreduce": lambda k: 2 * (k - 1),
+    "allreduce_shm": lambda k: 2 * (k - 1),
+    "allgather": lambda k: k - 1,
+    "reduce_scatter": lambda k: k - 1,
+    "scratch_allreduce": lambda k: 2 * (k - 1),
+    "dp_copy": lambda k: k - 1,
+    "dp_scatter": lambda k: k - 1,
     "broadcast": lambda k: k - 1,
 }
 # a collective a host has no measured figures for, priced with one it has: a ring broadcast's per-hop link is the
@@ -45,6 +50,7 @@ class Interconnect:
     collectives) or "inter-node" (the network between nodes: InfiniBand, Ethernet). An intra-node interconnect may
     carry an inter-node one (`inter`, see across_nodes): a collective over k devices on nodes of g then uses both
     when k > g (seconds())."""
+
     name: str
     # "measured" (this host, pipeline/scaling/collectives.py) | "profile" (experiments/interconnects/nominal.yaml)
     kind: str
@@ -61,14 +67,15 @@ class Interconnect:
             return self.links[STAND_IN[collective]]
         if "*" in self.links:
             return self.links["*"]
-        raise KeyError(f"interconnect {self.name!r} has no figures for {collective!r} "
-                       f"(it has {', '.join(self.links)})")
+        raise KeyError(f"interconnect {self.name!r} has no figures for {collective!r} (it has {', '.join(self.links)})")
 
     def across_nodes(self, inter: Interconnect) -> Interconnect:
         """This (intra-node) interconnect with `inter` (an inter-node one) between its nodes."""
         if self.scope != "intra-node" or inter.scope != "inter-node":
-            raise ValueError(f"across_nodes pairs an intra-node interconnect with an inter-node one, not "
-                             f"{self.name!r} ({self.scope}) with {inter.name!r} ({inter.scope})")
+            raise ValueError(
+                f"across_nodes pairs an intra-node interconnect with an inter-node one, not "
+                f"{self.name!r} ({self.scope}) with {inter.name!r} ({inter.scope})"
+            )
         kind = self.kind if self.kind == inter.kind else f"{self.kind} + {inter.kind}"
         return dataclasses.replace(self, name=f"{self.name} + {inter.name} between nodes", kind=kind, inter=inter)
 
@@ -95,9 +102,11 @@ class Interconnect:
         if devices_per_node is None or k <= devices_per_node:
             return alpha + transfer
         if self.inter is None:
-            raise ValueError(f"interconnect {self.name!r} has no inter-node figures, and k={k} spans "
-                             f"{math.ceil(k / devices_per_node)} nodes of {devices_per_node}: pair it with an "
-                             f"inter-node profile (Interconnect.across_nodes)")
+            raise ValueError(
+                f"interconnect {self.name!r} has no inter-node figures, and k={k} spans "
+                f"{math.ceil(k / devices_per_node)} nodes of {devices_per_node}: pair it with an "
+                f"inter-node profile (Interconnect.across_nodes)"
+            )
         alpha_x, transfer_x = self.inter._terms(collective, nbytes, k)
         return max(alpha, alpha_x) + max(transfer, transfer_x)
 
@@ -109,6 +118,7 @@ def load_profiles(path: Path | str | None = None, scope: str | None = "intra-nod
     """The nominal interconnect profiles (experiments/interconnects/nominal.yaml) of `scope` ("intra-node", the
     default; "inter-node"; None: every one): name -> Interconnect. An entry without `scope` is intra-node."""
     import yaml  # a data file, not configuration: config.py stays the only reader of params and profiles
+
     raw = yaml.safe_load(Path(path or PROFILES_FILE).read_text())
     out = {}
     for name, p in raw["interconnects"].items():
@@ -117,10 +127,14 @@ def load_profiles(path: Path | str | None = None, scope: str | None = "intra-nod
                 raise ValueError(f"interconnect profile {name!r} lacks `{key}`")
         if p.get("scope", "intra-node") not in SCOPES:
             raise ValueError(f"interconnect profile {name!r}: scope {p['scope']!r} is not one of {', '.join(SCOPES)}")
-        ic = Interconnect(name=name, kind="profile", source=p["source"], note=p["note"],
-                          scope=p.get("scope", "intra-node"),
-                          links={"*": {"alpha_s": p["latency_us"] * 1e-6, "beta_Bps": p["busbw_GBps"] * 1e9,
-                                       "k_ref": None}})
+        ic = Interconnect(
+            name=name,
+            kind="profile",
+            source=p["source"],
+            note=p["note"],
+            scope=p.get("scope", "intra-node"),
+            links={"*": {"alpha_s": p["latency_us"] * 1e-6, "beta_Bps": p["busbw_GBps"] * 1e9, "k_ref": None}},
+        )
         if scope is None or ic.scope == scope:
             out[name] = ic
     return out
@@ -140,8 +154,11 @@ def from_collectives(measured: dict, mode: str = "after_compute", k: int | None 
         fit = c["by_k"][str(kk)][mode]["fit"]
         links[name] = {"alpha_s": fit["alpha_s"], "beta_Bps": fit["beta_Bps"], "k_ref": kk}
     h = measured["host"]
-    return Interconnect(name=f"host {h['hostname']} (measured intra-node, {measured['backend']}, "
-                             f"{mode.replace('_', ' ')})",
-                        kind="measured", links=links, source="pipeline/scaling/collectives.py on this host",
-                        note=f"measured {measured['measured_at']} on one node; beyond k={max(measured['ks'])} "
-                             f"extrapolated", scope="intra-node")
+    return Interconnect(
+        name=f"host {h['hostname']} (measured intra-node, {measured['backend']}, {mode.replace('_', ' ')})",
+        kind="measured",
+        links=links,
+        source="pipeline/scaling/collectives.py on this host",
+        note=f"measured {measured['measured_at']} on one node; beyond k={max(measured['ks'])} extrapolated",
+        scope="intra-node",
+    )

@@ -62,9 +62,18 @@ from __future__ import annotations
 import math
 
 from pipeline import catalog
+
 # the interconnects (intra-node, inter-node) live beside this module; these names are part of this one's API
 from pipeline.scaling.interconnect import (  # noqa: F401
-    BUS_FACTOR, HOPS, PROFILES_FILE, SCOPES, STAND_IN, Interconnect, from_collectives, load_profiles)
+    BUS_FACTOR,
+    HOPS,
+    PROFILES_FILE,
+    SCOPES,
+    STAND_IN,
+    Interconnect,
+    from_collectives,
+    load_profiles,
+)
 
 MIB = 1 << 20
 DEFAULT_TOLERANCE = 0.10

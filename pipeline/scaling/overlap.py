@@ -15,6 +15,7 @@ communication hide behind computation?
 Every measurement is repeated (`overlap.reps`) after `overlap.warmup` unrecorded runs; the report gives the
 median and the spread, so a reader can tell a real difference from noise.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,6 +42,7 @@ def _sync(*devices):
 
 
 # ----------------------------------------------------------------------------- GPU (one process)
+
 
 def _timed(fn, sync, reps, warmup) -> list[float]:
     out = []
@@ -70,6 +72,7 @@ def _comm_arms(x: torch.Tensor, items: int):
             with torch.cuda.stream(side):
                 dst.copy_(y, non_blocking=True)
             y.record_stream(side)  # y's memory is not reused by the next product before its copy ends
+
     return sequential, overlapped
 
 
@@ -87,14 +90,20 @@ def measure_cuda(cfg) -> dict:
     seq, overlapped = _comm_arms(x0, o.items)
     s = _timed(seq, sync, o.reps, o.warmup)
     ov = _timed(overlapped, sync, o.reps, o.warmup)
-    return {"devices": [str(d0), str(d1)], "same_device": d0 == d1,
-            "concurrent": {"A": _stats(a), "B": _stats(b), "both": _stats(both)},
-            "communication": {"mode": "device-to-host copies into pinned memory (non_blocking); overlapped: "
-                                      "on a side stream",
-                              "sequential": _stats(s), "overlapped": _stats(ov)}}
+    return {
+        "devices": [str(d0), str(d1)],
+        "same_device": d0 == d1,
+        "concurrent": {"A": _stats(a), "B": _stats(b), "both": _stats(both)},
+        "communication": {
+            "mode": "device-to-host copies into pinned memory (non_blocking); overlapped: on a side stream",
+            "sequential": _stats(s),
+            "overlapped": _stats(ov),
+        },
+    }
 
 
 # ----------------------------------------------------------------------------- CPU (two worker processes)
+
 
 def _cpu_worker(size: int, chain: int, items: int, reps: int, warmup: int) -> dict:
     torch.set_num_threads(1)
@@ -141,19 +150,27 @@ def _cpu_worker(size: int, chain: int, items: int, reps: int, warmup: int) -> di
 
 def measure_cpu(cfg) -> dict:
     from pipeline.trial import stage_ranks
+
     o = cfg.overlap
     r = stage_ranks.launch(2, "overlap", "fork", _cpu_worker, o.size, o.chain, o.items, o.reps, o.warmup)[0]
-    return {"devices": ["cpu worker process 0 (1 thread)", "cpu worker process 1 (1 thread)"],
-            "same_device": False,
-            "concurrent": {k: _stats(r[k]) for k in ("A", "B", "both")},
-            "communication": {"mode": "Gloo all-reduce of each finished item (async_op=True in the background)",
-                              "sequential": _stats(r["sequential"]), "overlapped": _stats(r["overlapped"])}}
+    return {
+        "devices": ["cpu worker process 0 (1 thread)", "cpu worker process 1 (1 thread)"],
+        "same_device": False,
+        "concurrent": {k: _stats(r[k]) for k in ("A", "B", "both")},
+        "communication": {
+            "mode": "Gloo all-reduce of each finished item (async_op=True in the background)",
+            "sequential": _stats(r["sequential"]),
+            "overlapped": _stats(r["overlapped"]),
+        },
+    }
 
 
 # ----------------------------------------------------------------------------- the stage
 
+
 def run(cfg, out_dir: Path) -> dict:
     from pipeline.host.devices import probe
+
     host = probe()
     if host.kind == "cpu" and host.n < 2:
         raise RuntimeError("the overlap stage needs two devices (two CPU cores or two GPUs); this host has one")
@@ -162,8 +179,13 @@ def run(cfg, out_dir: Path) -> dict:
     res["ratio_both_to_sum"] = c["both"]["median_s"] / (c["A"]["median_s"] + c["B"]["median_s"])
     res["comm_saving"] = 1 - m["overlapped"]["median_s"] / m["sequential"]["median_s"]
     res["host"] = {"kind": host.kind, "n": host.n, "name": host.name, "hostname": host.hostname}
-    res["settings"] = {"size": cfg.overlap.size, "chain": cfg.overlap.chain, "items": cfg.overlap.items,
-                       "reps": cfg.overlap.reps, "warmup": cfg.overlap.warmup}
+    res["settings"] = {
+        "size": cfg.overlap.size,
+        "chain": cfg.overlap.chain,
+        "items": cfg.overlap.items,
+        "reps": cfg.overlap.reps,
+        "warmup": cfg.overlap.warmup,
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "overlap.json").write_text(json.dumps(res, indent=2))
     (out_dir / "overlap.md").write_text(markdown(res))
@@ -171,8 +193,10 @@ def run(cfg, out_dir: Path) -> dict:
 
 
 def _row(name, s):
-    return (f"| {name} | {s['median_s'] * 1e3:,.1f} | {s['min_s'] * 1e3:,.1f} – {s['max_s'] * 1e3:,.1f} | "
-            f"{len(s['runs_s'])} |")
+    return (
+        f"| {name} | {s['median_s'] * 1e3:,.1f} | {s['min_s'] * 1e3:,.1f} – {s['max_s'] * 1e3:,.1f} | "
+        f"{len(s['runs_s'])} |"
+    )
 
 
 def markdown(res: dict) -> str:
@@ -180,20 +204,28 @@ def markdown(res: dict) -> str:
     ratio, saving = res["ratio_both_to_sum"], res["comm_saving"]
     spread_overlaps = m["overlapped"]["max_s"] >= m["sequential"]["min_s"]
     lines = [
-        "## Automatic parallelism and communication overlap", "",
+        "## Automatic parallelism and communication overlap",
+        "",
         f"Devices: {', '.join(res['devices'])} on {res['host']['hostname']} ({res['host']['kind']}). "
         f"Matrices {res['settings']['size']}², chains of {res['settings']['chain']} products, "
         f"{res['settings']['items']} items; {res['settings']['reps']} timed runs after "
-        f"{res['settings']['warmup']} warm-up runs.", "",
-        "| measurement | median ms | range ms | runs |", "|---|---:|---:|---:|",
-        _row("chain on device A", c["A"]), _row("chain on device B", c["B"]),
+        f"{res['settings']['warmup']} warm-up runs.",
+        "",
+        "| measurement | median ms | range ms | runs |",
+        "|---|---:|---:|---:|",
+        _row("chain on device A", c["A"]),
+        _row("chain on device B", c["B"]),
         _row("both, no synchronisation between", c["both"]),
         _row("compute, then communicate each item", m["sequential"]),
-        _row("compute with communication overlapped", m["overlapped"]), "",
+        _row("compute with communication overlapped", m["overlapped"]),
+        "",
         f"- Both devices together took **{ratio:.2f}×** the sum of the two alone "
         f"({'they ran concurrently' if ratio < 0.75 else 'little concurrency'}; 0.5 is perfect).",
         f"- Communication mode: {m['mode']}. Overlapping saved **{saving:.0%}** of the sequential time"
-        + (" — but the runs' ranges overlap, so the difference is within the noise." if spread_overlaps else
-           " (the ranges do not overlap: the difference is real)."),
+        + (
+            " — but the runs' ranges overlap, so the difference is within the noise."
+            if spread_overlaps
+            else " (the ranges do not overlap: the difference is real)."
+        ),
     ]
     return "\n".join(lines) + "\n"

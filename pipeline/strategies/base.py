@@ -5,6 +5,7 @@ Every hook has a do-nothing default, so each strategy module reads as a small di
 `train_step` is the only step: a strategy changes it through its hooks (zero_grad, sync_context, place_batch,
 autocast, forward_loss, backward, reduce_gradients, optimizer_step), never by rewriting it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -13,9 +14,9 @@ import torch
 from torch import nn
 
 from pipeline import catalog
+from pipeline.host.devices import Host, device_for, keep_freed_memory
 from pipeline.measure.breakdown import NO_CLOCK
 from pipeline.measure.comm_probes import NoComm
-from pipeline.host.devices import Host, device_for, keep_freed_memory
 
 
 class Strategy:
@@ -43,8 +44,9 @@ class Strategy:
         """Strategy-specific limits on the device count (beyond k <= N)."""
         if self.cfg.devices != 1:
             parallel = ", ".join(s.name for s in catalog.STRATEGIES if not s.one_device_only)
-            raise ValueError(f"`{self.name}` runs on exactly one device; use train.devices=1 "
-                             f"(or a parallel strategy: {parallel}).")
+            raise ValueError(
+                f"`{self.name}` runs on exactly one device; use train.devices=1 (or a parallel strategy: {parallel})."
+            )
 
     # --- set-up -------------------------------------------------------------------------------------
     def setup(self, rank: int = 0, world_size: int = 1) -> torch.device:
@@ -177,6 +179,7 @@ class Strategy:
     def memory_tracker(self, model, optimizer):
         """A context measuring tensor memory of one probe step on a CPU host (see metrics.py)."""
         from pipeline.measure.memory import CpuMemProbe
+
         return CpuMemProbe(self.devices, model, optimizer)
 
     def teardown(self) -> None:

@@ -9,6 +9,7 @@ measures what users run. comm_hook=shm exchanges gradients through shared memory
 (shm_allreduce.py, as NCCL does between the GPUs of one node); the cpu-comm profile and benchmarks/scaling/scaling.py
 measure it beside Gloo. fp16/bf16/powersgd are PyTorch's compression hooks.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,15 +18,19 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pipeline.measure.comm_probes import DDPStats
+
 from . import shm_allreduce
 from .distributed import DistributedStrategy
 
 COMM_HOOKS = {
     "fp16": lambda: (None, default_hooks.fp16_compress_hook),
     "bf16": lambda: (None, default_hooks.bf16_compress_hook),
-    "powersgd": lambda: (powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
-                                                     start_powerSGD_iter=2, use_error_feedback=True),
-                         powerSGD_hook.powerSGD_hook),
+    "powersgd": lambda: (
+        powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2, use_error_feedback=True
+        ),
+        powerSGD_hook.powerSGD_hook,
+    ),
 }
 
 
@@ -36,24 +41,31 @@ class DDPStrategy(DistributedStrategy):
         if self.cfg.comm_hook != "shm":
             return
         if self.host.kind != "cpu" or self.cfg.nnodes > 1:
-            raise ValueError("train.comm_hook=shm exchanges gradients through this host's shared memory: it needs "
-                             "every rank on one CPU host (train.nnodes=1, no GPU); use comm_hook=none (Gloo/NCCL).")
+            raise ValueError(
+                "train.comm_hook=shm exchanges gradients through this host's shared memory: it needs "
+                "every rank on one CPU host (train.nnodes=1, no GPU); use comm_hook=none (Gloo/NCCL)."
+            )
         why = shm_allreduce.available(0)  # the architecture and /dev/shm; the gradients' size is checked in wrap
         if why:
             raise ValueError(f"train.comm_hook=shm cannot run here: {why}; use comm_hook=none (Gloo).")
 
     def wrap(self, model, criterion):
         ids = [self.device.index] if self.device.type == "cuda" else None
-        ddp = DDP(model, device_ids=ids, bucket_cap_mb=self.cfg.bucket_cap_mb,
-                  gradient_as_bucket_view=self.cfg.grad_as_bucket_view)
+        ddp = DDP(
+            model,
+            device_ids=ids,
+            bucket_cap_mb=self.cfg.bucket_cap_mb,
+            gradient_as_bucket_view=self.cfg.grad_as_bucket_view,
+        )
         self.comm_hook = self.cfg.comm_hook  # reported as comm_hook_used
         if self.comm_hook == "shm":
             grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
             why = shm_allreduce.available(grad_bytes * self.world_size)
             if why:
                 raise RuntimeError(f"train.comm_hook=shm cannot run here: {why}; use comm_hook=none (Gloo).")
-            ddp.register_comm_hook(shm_allreduce.ShmAllreduce(grad_bytes, self.cfg.timeout_s),
-                                   shm_allreduce.shm_allreduce_hook)
+            ddp.register_comm_hook(
+                shm_allreduce.ShmAllreduce(grad_bytes, self.cfg.timeout_s), shm_allreduce.shm_allreduce_hook
+            )
         elif self.comm_hook != "none":
             state, hook = COMM_HOOKS[self.comm_hook]()
             ddp.register_comm_hook(state, hook)

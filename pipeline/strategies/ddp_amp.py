@@ -8,6 +8,7 @@ steps included (2.11 torch/amp/grad_scaler.py:103-105). The steps it skipped and
 a skipped step leaves the weights unchanged, which must not read as a wrong update. They are counted on the device
 (no host sync per step) and read once, at the end.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,16 +32,20 @@ class DDPAmpStrategy(DDPStrategy):
         device = super().setup(rank, world_size)
         want = self.autocast_dtype(self.cfg, device.type)
         self.dtype = torch.bfloat16 if want == "bf16" else torch.float16
-        self.scaler = torch.amp.GradScaler(device.type, init_scale=self.cfg.amp_init_scale,
-                                           enabled=self.dtype == torch.float16)
+        self.scaler = torch.amp.GradScaler(
+            device.type, init_scale=self.cfg.amp_init_scale, enabled=self.dtype == torch.float16
+        )
         self.skipped = None  # a device counter, made at the first step (setup allocates nothing on the device)
         return device
 
     def facts(self) -> dict:
         on = self.scaler.is_enabled()
-        return {**super().facts(), "amp_dtype": str(self.dtype).replace("torch.", ""),
-                "amp_scale": self.scaler.get_scale() if on else None,
-                "amp_skipped_steps": (int(self.skipped.item()) if self.skipped is not None else 0) if on else None}
+        return {
+            **super().facts(),
+            "amp_dtype": str(self.dtype).replace("torch.", ""),
+            "amp_scale": self.scaler.get_scale() if on else None,
+            "amp_skipped_steps": (int(self.skipped.item()) if self.skipped is not None else 0) if on else None,
+        }
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.dtype)

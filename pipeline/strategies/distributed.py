@@ -5,6 +5,7 @@ LOCAL_RANK, MASTER_ADDR/PORT): NCCL when each rank has its own GPU, Gloo on CPU,
 GPU (an oversubscribed functional check: NCCL refuses two ranks on one device; shares_gpu holds the rule). Its
 timeout is train.timeout_s, so a rank that stops participating fails the trial instead of hanging the sweep.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.host.devices import device_for, keep_freed_memory
+
 from .base import Strategy
 
 
@@ -42,9 +44,13 @@ class DistributedStrategy(Strategy):
             os.sched_setaffinity(0, {cores[self.local_rank % len(cores)]})
         if not dist.is_initialized():
             nccl = self.device.type == "cuda" and not self.shares_gpu
-            dist.init_process_group("nccl" if nccl else "gloo", rank=rank, world_size=world_size,
-                                    timeout=datetime.timedelta(seconds=self.cfg.timeout_s),
-                                    device_id=self.device if nccl else None)
+            dist.init_process_group(
+                "nccl" if nccl else "gloo",
+                rank=rank,
+                world_size=world_size,
+                timeout=datetime.timedelta(seconds=self.cfg.timeout_s),
+                device_id=self.device if nccl else None,
+            )
         self.backend = dist.get_backend()
         return self.device
 
@@ -57,8 +63,7 @@ class DistributedStrategy(Strategy):
         sees one GPU, its own. Without train.oversubscribe the trial's feasibility check, made where all of the
         node's GPUs are visible, has given each rank a GPU of its own; should a binding still put two ranks on one
         GPU, NCCL refuses it by name ("Duplicate GPU detected") instead of a silent Gloo run."""
-        return (self.host.kind == "cuda" and self.cfg.oversubscribe
-                and self.cfg.devices // self.cfg.nnodes > self.host.n)
+        return self.host.kind == "cuda" and self.cfg.oversubscribe and self.cfg.devices // self.cfg.nnodes > self.host.n
 
     def facts(self) -> dict:
         return {"backend": self.backend}

@@ -13,25 +13,33 @@ and dp_criterion's step time. Copying each such weight back to channels_last onc
 bytes the broadcast already wrote) gives every device's convolutions the same layouts; the copy is differentiable, so
 gradients still reach the broadcast.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from pipeline.measure.comm_probes import ProfiledComm
 from pipeline.host.devices import device_for
+from pipeline.measure.comm_probes import ProfiledComm
+
 from .base import Strategy
 
-NEEDS_CUDA = ("torch.nn.DataParallel needs CUDA GPUs: without CUDA it runs the module unchanged on one device, "
-              "so a k-device run would be a disguised single-device job")
+NEEDS_CUDA = (
+    "torch.nn.DataParallel needs CUDA GPUs: without CUDA it runs the module unchanged on one device, "
+    "so a k-device run would be a disguised single-device job"
+)
 
 
 def match_layout(module: nn.Module, replicas: list[nn.Module]) -> list[nn.Module]:
     """`replicas` (replicate's output, modified in place), each channels_last parameter of `module` channels_last in
     every replica too; nothing to do (one pass over the parameters) when none is."""
     cl = torch.channels_last
-    wanted = [(i, key) for i, m in enumerate(module.modules()) for key, p in m._parameters.items()
-              if p is not None and p.dim() == 4 and p.is_contiguous(memory_format=cl) and not p.is_contiguous()]
+    wanted = [
+        (i, key)
+        for i, m in enumerate(module.modules())
+        for key, p in m._parameters.items()
+        if p is not None and p.dim() == 4 and p.is_contiguous(memory_format=cl) and not p.is_contiguous()
+    ]
     for replica in replicas if wanted else ():
         mods = list(replica.modules())  # replicate copies module.modules() in this order
         for i, key in wanted:
@@ -61,8 +69,10 @@ class DataParallelStrategy(Strategy):
 
     def check_devices(self) -> None:
         if self.cfg.output_device >= self.cfg.devices:
-            raise ValueError(f"train.output_device={self.cfg.output_device} is not one of the trial's devices "
-                             f"0..{self.cfg.devices - 1}.")
+            raise ValueError(
+                f"train.output_device={self.cfg.output_device} is not one of the trial's devices "
+                f"0..{self.cfg.devices - 1}."
+            )
 
     @property
     def devices(self):
@@ -70,8 +80,10 @@ class DataParallelStrategy(Strategy):
 
     def wrap(self, model, criterion):
         out = self.devices[self.cfg.output_device]
-        return (SameLayoutDataParallel(model, device_ids=list(range(self.cfg.devices)), output_device=out),
-                criterion.to(out))
+        return (
+            SameLayoutDataParallel(model, device_ids=list(range(self.cfg.devices)), output_device=out),
+            criterion.to(out),
+        )
 
     def place_batch(self, model, x, y):
         # the loss is computed where the outputs are gathered: the targets go there
@@ -80,9 +92,14 @@ class DataParallelStrategy(Strategy):
     def comm_probe(self, model):
         # replicate/scatter/gather (forward) and the gradients' reduce onto device 0 (backward) run inside the
         # phases: NCCL broadcasts and device-to-device copies, exposed where no other kernel runs
-        return ProfiledComm((), self.devices[0], "torch.profiler on the sampled step: NCCL and memcpy kernel time "
-                            "(replicate, scatter, gather, gradient reduce) not overlapped by other kernels; charged to "
-                            "the phase it falls in", kernels=("nccl", "memcpy"))
+        return ProfiledComm(
+            (),
+            self.devices[0],
+            "torch.profiler on the sampled step: NCCL and memcpy kernel time "
+            "(replicate, scatter, gather, gradient reduce) not overlapped by other kernels; charged to "
+            "the phase it falls in",
+            kernels=("nccl", "memcpy"),
+        )
 
     def eval_model(self, model):
         return model.module

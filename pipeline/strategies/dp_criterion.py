@@ -9,6 +9,7 @@ under device 0 and cuda:0's current stream, so a tensor a module creates without
 (torch/nn/parallel/parallel_apply.py turns `None` into the current device). Replicas keep device 0's memory format
 (dp.match_layout).
 """
+
 from __future__ import annotations
 
 from torch import nn
@@ -26,7 +27,7 @@ class DataParallelModel(nn.Module):
 
     def forward(self, x):
         inputs = scatter(x, self.device_ids)
-        devices = self.device_ids[:len(inputs)]
+        devices = self.device_ids[: len(inputs)]
         replicas = match_layout(self.module, replicate(self.module, devices))
         return parallel_apply(replicas, [(i,) for i in inputs], devices=devices)
 
@@ -39,10 +40,13 @@ class DataParallelCriterion(nn.Module):
         self.criterion, self.device_ids = criterion, device_ids
 
     def forward(self, outputs, target):
-        devices = self.device_ids[:len(outputs)]
+        devices = self.device_ids[: len(outputs)]
         targets = scatter(target, devices)
-        crits = replicate(self.criterion, devices) if any(
-            True for _ in self.criterion.parameters()) else [self.criterion] * len(outputs)
+        crits = (
+            replicate(self.criterion, devices)
+            if any(True for _ in self.criterion.parameters())
+            else [self.criterion] * len(outputs)
+        )
         losses = parallel_apply(crits, [(o, t) for o, t in zip(outputs, targets)], devices=devices)
         return gather(losses, self.device_ids[0], dim=0).mean()  # equal chunks: mean of means = global mean
 

@@ -6,6 +6,7 @@ back *in place* (`.to()` onto the same device returns the same tensor, so rebind
 silently alias the replicas); the SGD update is applied on every replica. On a CPU host the k replicas run one after
 another in one process: the devices are not parallel, and the results say so (parallel_devices = False).
 """
+
 from __future__ import annotations
 
 import copy
@@ -14,8 +15,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pipeline.measure.comm_probes import NoComm
 from pipeline.host.devices import device_for
+from pipeline.measure.comm_probes import NoComm
+
 from .base import Strategy
 
 
@@ -32,8 +34,7 @@ class Replicas(nn.Module):
 
     def __init__(self, model: nn.Module, devices: list[torch.device]):
         super().__init__()
-        self.replicas = nn.ModuleList([model.to(devices[0])] +
-                                      [copy.deepcopy(model).to(d) for d in devices[1:]])
+        self.replicas = nn.ModuleList([model.to(devices[0])] + [copy.deepcopy(model).to(d) for d in devices[1:]])
         self.devices = devices
 
     def forward(self, x):
@@ -92,9 +93,11 @@ class ScratchStrategy(Strategy):
             allreduce([p.grad for p in grads])
 
     def comm_probe(self, model):
-        return NoComm("the hand-written all-reduce (reduce_gradients), synchronised wall clock: it runs after every "
-                      "replica's backward, so nothing overlaps it and all of it is exposed",
-                      whole=("reduce_gradients",))
+        return NoComm(
+            "the hand-written all-reduce (reduce_gradients), synchronised wall clock: it runs after every "
+            "replica's backward, so nothing overlaps it and all of it is exposed",
+            whole=("reduce_gradients",),
+        )
 
     def eval_model(self, model):
         return model.replicas[0]

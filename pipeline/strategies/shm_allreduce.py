@@ -14,6 +14,7 @@ reuse a set it must first have seen every peer publish the call in between, whic
 Publishing relies on x86-64's store ordering (the slot is written before the sequence number); other
 architectures use Gloo (`available()` says why).
 """
+
 from __future__ import annotations
 
 import os
@@ -64,7 +65,7 @@ class ShmAllreduce:
         finally:
             if self.rank == 0:
                 path.unlink(missing_ok=True)  # the mappings live on; nothing is left in /dev/shm, even on a crash
-        self.flags = self.mem[:head].view(torch.int64)[::_LINE // 8]
+        self.flags = self.mem[:head].view(torch.int64)[:: _LINE // 8]
         self.slots = self.mem[head:].view(2, self.world, max_bytes)
 
     def __call__(self, flat: torch.Tensor) -> torch.Tensor:
@@ -93,9 +94,11 @@ class ShmAllreduce:
                 deadline = deadline or now + self.timeout_s
                 if now > deadline:
                     late = [r for r in range(self.world) if int(self.flags[r]) < self.seq]
-                    raise RuntimeError(f"shared-memory all-reduce timed out after {self.timeout_s:.0f} s "
-                                       f"(train.timeout_s): rank(s) {late} never reached step {self.seq}'s "
-                                       f"gradient exchange")
+                    raise RuntimeError(
+                        f"shared-memory all-reduce timed out after {self.timeout_s:.0f} s "
+                        f"(train.timeout_s): rank(s) {late} never reached step {self.seq}'s "
+                        f"gradient exchange"
+                    )
 
 
 def shm_allreduce_hook(state: ShmAllreduce, bucket):  # no return annotation: DDP checks it literally

@@ -8,6 +8,7 @@ without momentum keeps no state, so there it saves no memory: what it costs (the
 shows with a stateful optimizer only. The state_dict is the model's (DDP's): the loop keeps no optimizer state, so
 nothing is consolidated.
 """
+
 from __future__ import annotations
 
 from .ddp import DDPStrategy
@@ -19,5 +20,6 @@ class ZeRO1Strategy(DDPStrategy):
 
     def build_optimizer(self, model):
         from torch.distributed.optim import ZeroRedundancyOptimizer
+
         plain = super().build_optimizer(model)  # the project's optimizer: its class and settings, sharded
         return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=type(plain), **plain.defaults)

@@ -5,6 +5,7 @@
 A loop that ends within EVERY_S prints nothing; one that spoke ends with a `done in N s` line. `counter` is the
 sweep's "trial 9/8+1 re-measure" count.
 """
+
 from __future__ import annotations
 
 import sys
@@ -15,8 +16,9 @@ EVERY_S = 5.0
 T = TypeVar("T")
 
 
-def progress(items: Iterable[T], what: str, every_s: float | None = None,
-             clock: Callable[[], float] | None = None) -> Iterator[T]:
+def progress(
+    items: Iterable[T], what: str, every_s: float | None = None, clock: Callable[[], float] | None = None
+) -> Iterator[T]:
     """Yield each item; after an item's work, print `what: done/total (pct%), N s` if every_s has passed since the
     last line (or the start)."""
     items = list(items)
@@ -29,8 +31,9 @@ def progress(items: Iterable[T], what: str, every_s: float | None = None,
         now = clock()
         if now >= next_at and n < len(items):  # the last item's line is the `done` line
             next_at, spoke = now + every_s, True
-            print(f"{what}: {n}/{len(items)} ({100 * n // len(items)}%), {now - start:.0f} s", file=sys.stderr,
-                  flush=True)
+            print(
+                f"{what}: {n}/{len(items)} ({100 * n // len(items)}%), {now - start:.0f} s", file=sys.stderr, flush=True
+            )
     if spoke:
         print(f"{what}: {len(items)}/{len(items)} done in {clock() - start:.0f} s", file=sys.stderr, flush=True)
 
@@ -40,6 +43,9 @@ def counter(done: int, total: int, remeasures: int = 0) -> str:
     ("9/8+1 re-measure"), and a count past even that (trials failed and run again) reads n/n, never 16/8."""
     n = done + 1
     if remeasures:
-        return f"{n}/{total}+{remeasures} re-measure{'s' if remeasures > 1 else ''}" if n <= total + remeasures \
+        return (
+            f"{n}/{total}+{remeasures} re-measure{'s' if remeasures > 1 else ''}"
+            if n <= total + remeasures
             else f"{n}/{n}"
+        )
     return f"{n}/{max(total, n)}"

@@ -2,6 +2,7 @@
 knob dimensions the strategy's catalog row accepts), Optuna's categorical choices, a point's trial configuration, and
 the study name that identifies the space and everything else that changes a trial's result.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +12,8 @@ import itertools
 import json
 
 from pipeline import catalog
-from pipeline.config import loader as configmod
 from pipeline.catalog import KNOBS
+from pipeline.config import loader as configmod
 
 SPACE_KEYS = tuple(f.name for f in dataclasses.fields(configmod.SpaceConfig))  # a trial's point: one value of each
 
@@ -50,8 +51,7 @@ class PointConfigs:
     shares every section but train with the sweep's), so a grid of any size costs bounded memory."""
 
     def __init__(self, cfg, strategy: str, keep: int = 1024):
-        self._build = functools.lru_cache(maxsize=keep)(
-            lambda key: trial_config(cfg, strategy, dict(key)))
+        self._build = functools.lru_cache(maxsize=keep)(lambda key: trial_config(cfg, strategy, dict(key)))
 
     def __call__(self, point: dict):
         return self._build(tuple(sorted(point.items())))
@@ -66,10 +66,18 @@ def study_name(cfg, strategy: str) -> str:
 
 def space_hash(cfg, strategy: str) -> str:
     t = cfg.train
-    key = {"space": points(cfg, strategy), "epochs": t.epochs, "seed": t.seed, "max_steps": t.max_steps,
-           "data": [cfg.data.source, cfg.data.train_limit, cfg.data.test_limit], "warmup": t.warmup_steps,
-           "amp": t.amp_dtype, "pruning": cfg.sweep.pruning, "sampler": cfg.sweep.sampler,
-           **({"emulated_max_steps": cfg.sweep.emulated_max_steps} if cfg.sweep.emulated_max_steps else {})}
+    key = {
+        "space": points(cfg, strategy),
+        "epochs": t.epochs,
+        "seed": t.seed,
+        "max_steps": t.max_steps,
+        "data": [cfg.data.source, cfg.data.train_limit, cfg.data.test_limit],
+        "warmup": t.warmup_steps,
+        "amp": t.amp_dtype,
+        "pruning": cfg.sweep.pruning,
+        "sampler": cfg.sweep.sampler,
+        **({"emulated_max_steps": cfg.sweep.emulated_max_steps} if cfg.sweep.emulated_max_steps else {}),
+    }
     if cfg.sweep.repeats != 1:  # only then: studies made before repeats existed keep their names
         key["repeats"] = cfg.sweep.repeats
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]

@@ -10,6 +10,7 @@ reason. Trials carry a heartbeat; a trial whose worker died is failed when its h
 enqueued again (Optuna's RetryFailedTrialCallback), so a rerun finishes an interrupted study without repeating
 finished trials. results/sweeps/<strategy>.jsonl is rewritten from the study after every trial.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,25 +20,27 @@ from pathlib import Path
 
 import optuna
 
-from pipeline.sweep import queue as claims, slurm, study_parent, study_setup, study_view
 from pipeline import paths
-from pipeline.tracking import client as tracking
-from pipeline.measure.quiet import QuietGate
-from pipeline.sweep.queue import open_storage, storage_url
-from pipeline.host.devices import probe
 from pipeline.errors import Stopped, interruption, redact
-from pipeline.trial.launch import Infeasible, check_batch_fits, check_feasible
+from pipeline.host.devices import probe
+from pipeline.measure.quiet import QuietGate
 from pipeline.preflight import check_store
+from pipeline.records.table import trial_row, write_rows, write_table
+from pipeline.sweep import queue as claims
+from pipeline.sweep import slurm, study_parent, study_setup, study_view
 from pipeline.sweep.progress import counter, progress
+from pipeline.sweep.queue import open_storage, storage_url
 from pipeline.sweep.space import PointConfigs, choices, points, space_hash, study_name
 from pipeline.sweep.trial_exec import best_effort, fault_text, fmt_point, run_one
-from pipeline.records.table import trial_row, write_rows, write_table
+from pipeline.tracking import client as tracking
+from pipeline.trial.launch import Infeasible, check_batch_fits, check_feasible
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 # ----------------------------------------------------------------------------- study set-up
+
 
 def _sampler(cfg):
     if cfg.sweep.sampler == "tpe":
@@ -56,8 +59,9 @@ def enqueue_order(pts: list[dict], repeats: int) -> list[tuple[dict, int]]:
     return [(p, r) for r in range(repeats) for g in groups.values() for p in g]
 
 
-def prepare_study(cfg, strategy: str, host, tracker, storage=None, n_train: int | None = None,
-                  configs=None) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
+def prepare_study(
+    cfg, strategy: str, host, tracker, storage=None, n_train: int | None = None, configs=None
+) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
     """Create or load the study; the creator opens the parent run and enqueues every feasible point
     sweep.repeats times (enqueue_order). A set-up left incomplete (its creator interrupted) is completed here:
     the missing trials are enqueued, none twice (study_setup). `configs`: the points' Configs (space.PointConfigs)."""
@@ -77,31 +81,57 @@ def prepare_study(cfg, strategy: str, host, tracker, storage=None, n_train: int 
     budget = cfg.sweep.n_trials or len(feasible)
     queue = enqueue_order(feasible[:budget], cfg.sweep.repeats)
     try:
-        study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
-                                    sampler=_sampler(cfg), load_if_exists=False)
+        study = optuna.create_study(
+            study_name=name, storage=storage, direction="maximize", sampler=_sampler(cfg), load_if_exists=False
+        )
         study_setup.begin(study, queue)
     except optuna.exceptions.DuplicatedStudyError:
-        study = study_setup.ready(optuna.load_study(study_name=name, storage=storage, sampler=_sampler(cfg)),
-                                  lambda: optuna.load_study(study_name=name, storage=storage, sampler=_sampler(cfg)))
+        study = study_setup.ready(
+            optuna.load_study(study_name=name, storage=storage, sampler=_sampler(cfg)),
+            lambda: optuna.load_study(study_name=name, storage=storage, sampler=_sampler(cfg)),
+        )
         if study_setup.DONE in study.user_attrs:
             return study, feasible, skipped
         study_setup.begin(study, queue)  # its creator was interrupted: this worker completes the set-up
     if "mlflow_parent_run_id" not in study.user_attrs:
         group = tracking.pipeline_run()  # the run name tells two pipeline runs' "study ddp" rows apart
-        parent = tracker.start_run(f"{group} · study {strategy}", {tracking.PIPELINE_RUN_TAG: group,
-            "strategy": strategy, "study": name, "profile": cfg.profile, "data_source": cfg.data.source,
-            "synthetic": str(cfg.data.source == "synthetic").lower(), "device_kind": host.kind,
-            "host": host.hostname, "git_sha": tracking.git_sha(), "dvc_stage": f"sweep@{strategy}",
-            "role": "study"}, owned=False)  # every worker of the study shares it; study_parent ends it
-        tracker.log_params(parent, {"space": json.dumps(choices(cfg, strategy))[:6000], "points": len(feasible),
-                                    "epochs": cfg.train.epochs, "storage": redact(storage_url(cfg))})
+        parent = tracker.start_run(
+            f"{group} · study {strategy}",
+            {
+                tracking.PIPELINE_RUN_TAG: group,
+                "strategy": strategy,
+                "study": name,
+                "profile": cfg.profile,
+                "data_source": cfg.data.source,
+                "synthetic": str(cfg.data.source == "synthetic").lower(),
+                "device_kind": host.kind,
+                "host": host.hostname,
+                "git_sha": tracking.git_sha(),
+                "dvc_stage": f"sweep@{strategy}",
+                "role": "study",
+            },
+            owned=False,
+        )  # every worker of the study shares it; study_parent ends it
+        tracker.log_params(
+            parent,
+            {
+                "space": json.dumps(choices(cfg, strategy))[:6000],
+                "points": len(feasible),
+                "epochs": cfg.train.epochs,
+                "storage": redact(storage_url(cfg)),
+            },
+        )
         study.set_user_attr("mlflow_parent_run_id", parent)
     study_view.name_study(study, strategy, cfg.profile, space_hash(cfg, strategy))
     resumed = len(study.get_trials(deepcopy=False))
     added = study_setup.complete(study, queue, f"[sweep {strategy}] enqueueing trials")  # marks it complete last
     if resumed:
-        print(f"[sweep {strategy}] study {name}: its set-up had been interrupted after {resumed} trial(s) were "
-              f"enqueued; the {added} missing trial(s) are enqueued now", file=sys.stderr, flush=True)
+        print(
+            f"[sweep {strategy}] study {name}: its set-up had been interrupted after {resumed} trial(s) were "
+            f"enqueued; the {added} missing trial(s) are enqueued now",
+            file=sys.stderr,
+            flush=True,
+        )
     return study, feasible, skipped
 
 
@@ -115,6 +145,7 @@ def _others_running(study) -> bool:
 
 
 # ----------------------------------------------------------------------------- the worker
+
 
 def _quiet_gate(cfg, strategy: str) -> QuietGate | None:
     """The wait for a quiet moment before each trial (measure/quiet.py); None where it is off or the trials run
@@ -141,6 +172,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         return _unselected(cfg, strategy, out_csv)
     # bad input stops here, before anything is written to the stores
     from pipeline.trial.ranks import load_data
+
     data = load_data(cfg, verify=True)  # present, unchanged, right source
     n_train = len(data.train_y)
     del data
@@ -156,8 +188,12 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         tracker.client.update_run(parent_id, status="RUNNING")
     trials_dir = paths.repo_root() / "runs" / "trials"
     total = study.user_attrs.get("enqueued", len(feasible))
-    print(f"[sweep {strategy}] study {study.study_name}: {total} trial(s) to run, {len(skipped)} point(s) "
-          f"skipped on this host ({host.kind} x{host.n})", file=sys.stderr, flush=True)
+    print(
+        f"[sweep {strategy}] study {study.study_name}: {total} trial(s) to run, {len(skipped)} point(s) "
+        f"skipped on this host ({host.kind} x{host.n})",
+        file=sys.stderr,
+        flush=True,
+    )
     for p, why in skipped:
         print(f"  skipped {fmt_point(p)}: {why}", file=sys.stderr)
 
@@ -173,8 +209,12 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
     def run(trial, done: int, eta: float | None) -> None:
         remeasures = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("remeasure"))
         label = f"[sweep {strategy}] trial {counter(done, total, remeasures)}"
-        print(f"{label} (#{trial.number}) {fmt_point(claims.fixed_point(trial))}"
-              + (f", sweep ETA {eta:.0f} s" if eta else ""), file=sys.stderr, flush=True)
+        print(
+            f"{label} (#{trial.number}) {fmt_point(claims.fixed_point(trial))}"
+            + (f", sweep ETA {eta:.0f} s" if eta else ""),
+            file=sys.stderr,
+            flush=True,
+        )
         if gate is not None:
             waited = gate.wait()
             if waited.text:
@@ -186,15 +226,28 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
 
     interrupted, fault = True, None
     try:
-        claims.serve(study, tracker, runnable, run, total, max_new_trials, where=f" ({host.kind} x{host.n})",
-                     say=lambda msg: print(f"[sweep {strategy}] {msg}", file=sys.stderr, flush=True))
+        claims.serve(
+            study,
+            tracker,
+            runnable,
+            run,
+            total,
+            max_new_trials,
+            where=f" ({host.kind} x{host.n})",
+            say=lambda msg: print(f"[sweep {strategy}] {msg}", file=sys.stderr, flush=True),
+        )
         interrupted = False
     except Exception as e:  # a fault: the trial (if any) is closed already; the parent run is closed below
         if (signalled := interruption(e)) is not None:
             raise signalled from None
-        fault = e if isinstance(e, Stopped) else Stopped(
-            f"The sweep stopped on {fault_text(e)}. Fix the "
-            f"cause (free disk space, a writable and reachable store) and rerun the sweep: finished trials are kept.")
+        fault = (
+            e
+            if isinstance(e, Stopped)
+            else Stopped(
+                f"The sweep stopped on {fault_text(e)}. Fix the cause (free disk space, a writable and reachable "
+                f"store) and rerun the sweep: finished trials are kept."
+            )
+        )
         raise fault from None
     finally:
         if fault is None:
@@ -202,6 +255,11 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         if not interrupted:
             study_parent.finish(study, tracker, parent_id, out_csv, skipped)
         elif parent_id:  # ended unless another worker is on it; the rerun marks it RUNNING again
-            best_effort(lambda: tracker.close_run(parent_id, "FAILED" if fault else "KILLED", str(fault or ""))
-                         if not _others_running(study) else None)
+            best_effort(
+                lambda: (
+                    tracker.close_run(parent_id, "FAILED" if fault else "KILLED", str(fault or ""))
+                    if not _others_running(study)
+                    else None
+                )
+            )
     return out_csv

@@ -2,6 +2,7 @@
 numbers as its metrics (or, when nothing could run on this host, why), then FINISHED. Nothing is done while trials
 are still waiting or running: the worker that ends the study last finishes its parent run.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -23,8 +24,10 @@ def finish(study, tracker, parent_id, out_csv, skipped=()) -> None:
         if not complete:  # nothing to plot (e.g. a strategy this host cannot run): skip matplotlib's start-up
             return
         import matplotlib
+
         matplotlib.use("Agg")
         from optuna.visualization import matplotlib as ovm
+
         plots_dir = out_csv.parent / ".plots" / study.study_name
         plots_dir.mkdir(parents=True, exist_ok=True)
         # parameter importances need a real sample (and cost seconds): only for studies of 10+ trials
@@ -51,8 +54,13 @@ def summarise(study, tracker, parent_id, skipped) -> None:
     if why:
         # MLflow has no "not applicable" status: FINISHED (nothing failed) with the reason in a tag, the run's
         # description and its name, which the runs table shows collapsed
-        tracker.set_tags(parent_id, {"parallax.unavailable": why, "mlflow.note.content":
-                                     f"Not run on this host: every point of the space was skipped. {why}"})
+        tracker.set_tags(
+            parent_id,
+            {
+                "parallax.unavailable": why,
+                "mlflow.note.content": f"Not run on this host: every point of the space was skipped. {why}",
+            },
+        )
         name = tracker.client.get_run(parent_id).info.run_name
         if not name.endswith("(unavailable)"):
             tracker.client.update_run(parent_id, name=f"{name} (unavailable)")

@@ -3,6 +3,7 @@ number of trials first, enqueues, and marks the set-up complete last; a worker t
 while its creator is at work and completes it once the creator is gone, enqueuing only the trials still missing
 (each known by its point and repeat), so every trial of the queue is in the study exactly once.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,10 @@ def key(point: dict, repeat: int) -> str:
 def present(study) -> set[str]:
     """The keys of the trials in the study, in any state (a trial that ran, or was failed and enqueued again,
     counts as present)."""
-    return {key(t.system_attrs.get("fixed_params") or t.params, t.user_attrs.get("repeat", 0))
-            for t in study.get_trials(deepcopy=False)}
+    return {
+        key(t.system_attrs.get("fixed_params") or t.params, t.user_attrs.get("repeat", 0))
+        for t in study.get_trials(deepcopy=False)
+    }
 
 
 def begin(study, queue: list[tuple[dict, int]]) -> None:

@@ -3,6 +3,7 @@ study parent run's summary metrics (so a collapsed study row compares with the o
 
     make dashboard        # optuna-dashboard on http://127.0.0.1:8080 over mlruns/optuna.db
 """
+
 from __future__ import annotations
 
 import statistics
@@ -49,19 +50,24 @@ def study_metrics(study, n_skipped: int) -> dict:
     """The study parent run's metrics at the sweep's end: trial counts, best and median img/s, best accuracy, worst
     memory imbalance. The analyze stage then writes the report's own numbers over them and adds the efficiencies
     (tracking.analysis_run.log_study_rows): one source for the study row and the report."""
-    counts = {f"study/n_{name}": sum(t.state == st for t in study.get_trials(deepcopy=False))
-              for name, st in (("complete", TrialState.COMPLETE), ("failed", TrialState.FAIL),
-                               ("pruned", TrialState.PRUNED))}
+    counts = {
+        f"study/n_{name}": sum(t.state == st for t in study.get_trials(deepcopy=False))
+        for name, st in (("complete", TrialState.COMPLETE), ("failed", TrialState.FAIL), ("pruned", TrialState.PRUNED))
+    }
     measured = _measured(study)
     thr = [m["throughput_img_s"] for _, m in measured]
     accs = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
     imb = [m["mem_imbalance"] for p, m in measured if p.get("devices", 1) >= 2 and m.get("mem_imbalance") is not None]
-    out = {**counts, "study/n_skipped": n_skipped,
-           "study/best_img_s": max(thr) if thr else None,
-           "study/median_img_s": statistics.median(thr) if thr else None,
-           # the trials' own columns, filled on the collapsed study row: the study's best trial in each
-           "img_s/throughput": max(thr) if thr else None, "acc/final_test": max(accs) if accs else None,
-           "mem/imbalance": max(imb) if imb else None}  # the worst of the study's k >= 2 trials
+    out = {
+        **counts,
+        "study/n_skipped": n_skipped,
+        "study/best_img_s": max(thr) if thr else None,
+        "study/median_img_s": statistics.median(thr) if thr else None,
+        # the trials' own columns, filled on the collapsed study row: the study's best trial in each
+        "img_s/throughput": max(thr) if thr else None,
+        "acc/final_test": max(accs) if accs else None,
+        "mem/imbalance": max(imb) if imb else None,
+    }  # the worst of the study's k >= 2 trials
     return {k: v if v is None else rounded(v) for k, v in out.items()}
 
 

@@ -3,6 +3,7 @@ MLflow run (tracking.trial_run), with what the sweep adds to a trial: pruning, a
 trial over ends, a SLURM job enqueued again when the cluster ends it, a re-measure when it ran under interference,
 and, on a fault, a message that says what the stores hold.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,7 +22,8 @@ from pipeline.records import labels as emulated
 from pipeline.records.table import KNOBS
 from pipeline.records.trial import planned
 from pipeline.strategies import STRATEGIES
-from pipeline.sweep import queue as claims, slurm, study_view
+from pipeline.sweep import queue as claims
+from pipeline.sweep import slurm, study_view
 from pipeline.sweep.space import choices
 from pipeline.tracking.trial_run import TrialRun
 from pipeline.trial.launch import TrialFailed, host_fields
@@ -49,8 +51,12 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     `configs` (space.PointConfigs) gives the point's Config, built once; the trial runs it as it is. A trial taken
     over by another worker is stopped and recorded by that worker only."""
     p = {k: trial.suggest_categorical(k, vals) for k, vals in choices(cfg, strategy).items()}
-    tcfg, bounded = emulated.bound(configs(p), STRATEGIES[strategy].autocast_dtype(
-        cfg.train, host.kind), host_caps(host), cfg.sweep.emulated_max_steps)  # "" = not bounded
+    tcfg, bounded = emulated.bound(
+        configs(p),
+        STRATEGIES[strategy].autocast_dtype(cfg.train, host.kind),
+        host_caps(host),
+        cfg.sweep.emulated_max_steps,
+    )  # "" = not bounded
     out_dir = trials_dir / f"{study.study_name}-{trial.number:04d}"
     beat, t0 = claims.heartbeat(trial), time.monotonic()
     run = TrialRun(tracker, tcfg, stage=f"sweep@{strategy}")
@@ -63,8 +69,12 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     def on_epoch(record):
         run.log_epoch(record)
         eta = (time.monotonic() - t0) / record["epoch"] * (record["epochs"] - record["epoch"])
-        print(f"  {label} epoch {record['epoch']}/{record['epochs']}: acc {record['test_acc']:.3f}, "
-              f"loss {record['train_loss']:.3f}, trial ETA {eta:.0f} s", file=sys.stderr, flush=True)
+        print(
+            f"  {label} epoch {record['epoch']}/{record['epochs']}: acc {record['test_acc']:.3f}, "
+            f"loss {record['train_loss']:.3f}, trial ETA {eta:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         if beat.lost.is_set():
             return True  # taken over: stop at this epoch's end
         if cfg.sweep.pruning:
@@ -76,9 +86,18 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
         with beat:
             plan = planned(slurm.sized(cfg, tcfg), host, host_fields(host, tcfg.train.devices))
             name, repeats = run_name(strategy, p, trial)
-            run.start(name, plan, {"trial": trial.number, "study": study.study_name,
-                                   "optuna_trial_id": claims.trial_id(trial), **repeats}, parent_id=parent_id,
-                      started=lambda run_id: trial.set_user_attr("mlflow_run_id", run_id))
+            run.start(
+                name,
+                plan,
+                {
+                    "trial": trial.number,
+                    "study": study.study_name,
+                    "optuna_trial_id": claims.trial_id(trial),
+                    **repeats,
+                },
+                parent_id=parent_id,
+                started=lambda run_id: trial.set_user_attr("mlflow_run_id", run_id),
+            )
             if bounded:
                 print(f"  {label} {bounded}", file=sys.stderr, flush=True)
                 trial.set_user_attr("reason", bounded)  # the sweep table's reason column
@@ -86,8 +105,15 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
             try:
                 with run.system_metrics():  # off unless tracking.system_metrics
                     # here, or as a SLURM job when slurm.partition is set (slurm.py; note: its job id, node count)
-                    metrics = slurm.runner(cfg)(tcfg, out_dir, on_epoch=on_epoch, progress=sys.stderr.isatty(),
-                                                timeout_s=cfg.sweep.trial_timeout_s, label=label, note=note)
+                    metrics = slurm.runner(cfg)(
+                        tcfg,
+                        out_dir,
+                        on_epoch=on_epoch,
+                        progress=sys.stderr.isatty(),
+                        timeout_s=cfg.sweep.trial_timeout_s,
+                        label=label,
+                        note=note,
+                    )
             except TrialFailed as e:
                 metrics = e
         if beat.lost.is_set():
@@ -115,12 +141,15 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
             lambda: run.end("KILLED" if interrupted else "FAILED", f"{why}; trial enqueued again"),
             lambda: trial.set_user_attr("reason", f"{why}; enqueued again"),
             lambda: study.tell(trial, state=TrialState.FAIL),
-            lambda: study.enqueue_trial(p))
+            lambda: study.enqueue_trial(p),
+        )
         if interrupted:
             raise e from None
-        raise Stopped(f"The sweep stopped in trial #{trial.number} ({fmt_point(p)}) on {fault_text(e)}. "
-                      f"{_recorded(tracker, run.run_id, told, again)} Fix the cause (free disk space, a writable and "
-                      f"reachable store) and rerun the sweep: finished trials are kept.") from None
+        raise Stopped(
+            f"The sweep stopped in trial #{trial.number} ({fmt_point(p)}) on {fault_text(e)}. "
+            f"{_recorded(tracker, run.run_id, told, again)} Fix the cause (free disk space, a writable and "
+            f"reachable store) and rerun the sweep: finished trials are kept."
+        ) from None
 
 
 UNDER_LOAD = " [under load]"  # the run-name suffix of a trial measured under interference
@@ -157,14 +186,20 @@ def _recorded(tracker, run_id, told: bool, again: bool) -> str:
     elif told:
         optuna_part = "The trial was recorded as failed, but enqueueing it again failed"
     else:
-        optuna_part = (f"The Optuna store did not record the trial's failure: it stays RUNNING there until its "
-                       f"heartbeat is {claims.GRACE_S:.0f} s old, when a rerun fails it and runs it again")
+        optuna_part = (
+            f"The Optuna store did not record the trial's failure: it stays RUNNING there until its "
+            f"heartbeat is {claims.GRACE_S:.0f} s old, when a rerun fails it and runs it again"
+        )
     status = tracker.status(run_id) if run_id else "none"
-    mlflow_part = ("no MLflow run was opened" if status == "none" else
-                   f"its MLflow run ended {status}" if status in ("FAILED", "KILLED", "FINISHED") else
-                   f"its MLflow run {run_id} could not be ended (the store refused the write) and still shows "
-                   f"RUNNING" if status == "RUNNING" else
-                   f"the state of its MLflow run {run_id} could not be read back")
+    mlflow_part = (
+        "no MLflow run was opened"
+        if status == "none"
+        else f"its MLflow run ended {status}"
+        if status in ("FAILED", "KILLED", "FINISHED")
+        else f"its MLflow run {run_id} could not be ended (the store refused the write) and still shows RUNNING"
+        if status == "RUNNING"
+        else f"the state of its MLflow run {run_id} could not be read back"
+    )
     return f"{optuna_part}; {mlflow_part}."
 
 
@@ -192,8 +227,9 @@ def _remeasure(cfg, study, trial, p, metrics) -> str:
     done = trial.user_attrs.get("remeasure", 0)
     if not (metrics.get("interference") or {}).get("interfered") or done >= cfg.sweep.remeasure_interfered:
         return ""
-    study.enqueue_trial(p, user_attrs={"repeat": trial.user_attrs.get("repeat", 0), "remeasure": done + 1,
-                                       "remeasure_of": trial.number})
+    study.enqueue_trial(
+        p, user_attrs={"repeat": trial.user_attrs.get("repeat", 0), "remeasure": done + 1, "remeasure_of": trial.number}
+    )
     return f"; measured under interference: enqueued again ({done + 1}/{cfg.sweep.remeasure_interfered})"
 
 

@@ -2,13 +2,14 @@
 
 The face is lazy: importing one module of this folder does not load the others (torch, mlflow).
 """
+
 import importlib
 
 _FACE = {
-    'Tracker': 'client',
-    'TrialRun': 'trial_run',
-    'log_analysis_run': 'analysis_run',
-    'publish_view': 'ui_view',
+    "Tracker": "client",
+    "TrialRun": "trial_run",
+    "log_analysis_run": "analysis_run",
+    "publish_view": "ui_view",
 }
 __all__ = sorted(_FACE)
 

@@ -8,14 +8,16 @@ per number. It writes the report's numbers onto each strategy's study row (log_s
 experiment's shared runs-table view (ui_view.py), so the link
 `python -m pipeline ui` prints opens on Parallax's columns.
 """
+
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
 
-from pipeline.tracking import client as tracking, metric_names, ui_view
 from pipeline.errors import FAULT_TEXT, StoreError, root_cause, store_fault
+from pipeline.tracking import client as tracking
+from pipeline.tracking import metric_names, ui_view
 
 # the figures that compare strategies, as keyed images in this order (the run page's image charts); every other
 # figure (one per DDP knob) is an artifact only
@@ -35,6 +37,7 @@ def report_head(text: str, limit: int = NOTE_LIMIT) -> str:
 def log_figures(tracker: tracking.Tracker, run_id: str, paths) -> None:
     """PNG figures as keyed images (figures/<name>, step 0): MLflow's image-grid charts can set them side by side."""
     from PIL import Image  # matplotlib's own dependency
+
     for p in paths:
         with Image.open(p) as im:
             tracker.client.log_image(run_id, im.convert("RGB"), key=f"{metric_names.FIGURES}/{Path(p).stem}", step=0)
@@ -51,10 +54,12 @@ def _room(tracker: tracking.Tracker, out_dir: Path) -> None:
     need = 2 * sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file()) + ROOM_MARGIN
     free = shutil.disk_usage(where).free
     if free < need:
-        raise StoreError(f"The disk holding the MLflow artifacts ({where}) is full: {free // 1024} KiB free, the "
-                         f"analysis run needs about {need // 1024} KiB. Free space there (or point tracking.uri "
-                         f"elsewhere) and rerun `python -m pipeline analyze`; {out_dir} is written. No MLflow run "
-                         f"was opened.")
+        raise StoreError(
+            f"The disk holding the MLflow artifacts ({where}) is full: {free // 1024} KiB free, the "
+            f"analysis run needs about {need // 1024} KiB. Free space there (or point tracking.uri "
+            f"elsewhere) and rerun `python -m pipeline analyze`; {out_dir} is written. No MLflow run "
+            f"was opened."
+        )
 
 
 def _failed(tracker: tracking.Tracker, run_id: str, e: Exception, out_dir: Path) -> Exception:
@@ -68,12 +73,18 @@ def _failed(tracker: tracking.Tracker, run_id: str, e: Exception, out_dir: Path)
     if fault is None:
         return e
     status = tracker.status(run_id)
-    state = (f"ended {status}" if status in ("FAILED", "KILLED") else "could not be ended (the store refused the "
-             f"write): it shows {status or 'a state that could not be read back'}")
+    state = (
+        f"ended {status}"
+        if status in ("FAILED", "KILLED")
+        else "could not be ended (the store refused the "
+        f"write): it shows {status or 'a state that could not be read back'}"
+    )
     place = f" under {where.parent if where else tracking.store_root() / 'mlruns'}" if fault == "disk_full" else ""
-    return StoreError(f"The MLflow analysis run {run_id} stopped: {FAULT_TEXT[fault]}{place} ({reason}). The run "
-                      f"{state}. {out_dir} is written; fix the cause (free disk space, stop the process holding "
-                      f"the store) and rerun `python -m pipeline analyze`.")
+    return StoreError(
+        f"The MLflow analysis run {run_id} stopped: {FAULT_TEXT[fault]}{place} ({reason}). The run "
+        f"{state}. {out_dir} is written; fix the cause (free disk space, stop the process holding "
+        f"the store) and rerun `python -m pipeline analyze`."
+    )
 
 
 def log_analysis_run(cfg, summary: dict, out_dir: Path) -> str:
@@ -81,9 +92,16 @@ def log_analysis_run(cfg, summary: dict, out_dir: Path) -> str:
     out_dir = Path(out_dir)
     tracker = tracking.Tracker(cfg)
     _room(tracker, out_dir)
-    run_id = tracker.start_run("analysis", {"stage": "analyze", "git_sha": tracking.git_sha(), "profile": cfg.profile,
-                                            "data_source": summary.get("data_source", ""),
-                                            tracking.PIPELINE_RUN_TAG: tracking.pipeline_run()})
+    run_id = tracker.start_run(
+        "analysis",
+        {
+            "stage": "analyze",
+            "git_sha": tracking.git_sha(),
+            "profile": cfg.profile,
+            "data_source": summary.get("data_source", ""),
+            tracking.PIPELINE_RUN_TAG: tracking.pipeline_run(),
+        },
+    )
     try:
         if (out_dir / "report.md").exists():
             tracker.set_tags(run_id, {"mlflow.note.content": report_head((out_dir / "report.md").read_text())})

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 from pipeline import scratch
-from pipeline.tracking import metric_names
-from pipeline.paths import repo_root, store_root
 from pipeline.errors import StoreError, redact
+from pipeline.paths import repo_root, store_root
 from pipeline.preflight import check_store
+from pipeline.tracking import metric_names
 from pipeline.tracking.store_checks import check_artifacts, first_contact
 
 RUNNING = "RUNNING"

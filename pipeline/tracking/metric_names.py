@@ -6,6 +6,7 @@ The step-time breakdown is one table artifact per trial (BREAKDOWN_FILE) plus tw
 single-point series per part. Values are rounded to ROUND_DIGITS significant digits: the timings behind them
 vary by more than that between repeats. Pure: a record (or an epoch's dict) in, a dict of metrics out.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,14 @@ def _clean(metrics: dict) -> dict:
 
 def epoch_metrics(record: dict) -> dict:
     """One epoch's learning-curve points (train.py's per-epoch callback record)."""
-    return _clean({LOSS: record.get("train_loss"), ACC: record.get("test_acc"), EPOCH_S: record.get("epoch_s"),
-                   EPOCH_IMG_S: record.get("throughput_img_s")})
+    return _clean(
+        {
+            LOSS: record.get("train_loss"),
+            ACC: record.get("test_acc"),
+            EPOCH_S: record.get("epoch_s"),
+            EPOCH_IMG_S: record.get("throughput_img_s"),
+        }
+    )
 
 
 def trial_metrics(record) -> dict:
@@ -67,13 +74,17 @@ def trial_metrics(record) -> dict:
 def breakdown_table(record) -> dict | None:
     """The sampled step's breakdown as columns (part, seconds, share of the step), for MLflow's log_table; None
     where the trial sampled no step."""
-    m = {k[len(BREAKDOWN_PREFIX):]: v for k, v in record.metrics().items() if k.startswith(BREAKDOWN_PREFIX)}
-    parts = [k[:-len("_share")] for k in m if k.endswith("_share")]
+    m = {k[len(BREAKDOWN_PREFIX) :]: v for k, v in record.metrics().items() if k.startswith(BREAKDOWN_PREFIX)}
+    parts = [k[: -len("_share")] for k in m if k.endswith("_share")]
     if not parts:
         return None
-    return {"part": parts, "seconds": [rounded(m[f"{p}_s"]) for p in parts],
-            "share": [rounded(m[f"{p}_share"]) for p in parts],
-            "samples": [m.get("samples")] * len(parts), "step_s": [rounded(m["step_s"])] * len(parts)}
+    return {
+        "part": parts,
+        "seconds": [rounded(m[f"{p}_s"]) for p in parts],
+        "share": [rounded(m[f"{p}_share"]) for p in parts],
+        "samples": [m.get("samples")] * len(parts),
+        "step_s": [rounded(m["step_s"])] * len(parts),
+    }
 
 
 # The analysis run's numbers (summary.json's): the counts and each strategy's headline numbers only. MLflow's run
@@ -82,8 +93,14 @@ def breakdown_table(record) -> dict | None:
 # show), then summary; never a screen of single-bar charts before the comparisons.
 FIGURES = "figures"
 # the *_under_load_cores names are labels (the cores other processes kept busy): absent on a quiet host
-ANALYSIS_HEADLINE = ("best_throughput_img_s", "weak_efficiency", "best_test_acc", "worst_mem_imbalance",
-                     "weak_efficiency_under_load_cores", "best_throughput_under_load_cores")
+ANALYSIS_HEADLINE = (
+    "best_throughput_img_s",
+    "weak_efficiency",
+    "best_test_acc",
+    "worst_mem_imbalance",
+    "weak_efficiency_under_load_cores",
+    "best_throughput_under_load_cores",
+)
 ANALYSIS_COUNTS = ("n_trials", "n_complete", "n_measured", "n_flagged")
 
 
@@ -103,9 +120,14 @@ def study_row_metrics(strategy: str, summary: dict, flat: dict) -> dict:
     here as every metric is."""
     s = (summary.get("strategies") or {}).get(strategy) or {}
     at = s.get("weak_efficiency_at") or {}
-    out = {"study/weak_efficiency_max_k": s.get("weak_efficiency"), "study/max_k": at.get("k"),
-           "study/best_img_s": s.get("best_throughput_img_s"), "img_s/throughput": s.get("best_throughput_img_s"),
-           "acc/final_test": s.get("best_test_acc"), "mem/imbalance": s.get("worst_mem_imbalance")}
+    out = {
+        "study/weak_efficiency_max_k": s.get("weak_efficiency"),
+        "study/max_k": at.get("k"),
+        "study/best_img_s": s.get("best_throughput_img_s"),
+        "img_s/throughput": s.get("best_throughput_img_s"),
+        "acc/final_test": s.get("best_test_acc"),
+        "mem/imbalance": s.get("worst_mem_imbalance"),
+    }
     out = _clean(out)
     for key, v in flat.items():
         name, _, rest = key.partition(f".{strategy}.")

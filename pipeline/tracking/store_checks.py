@@ -1,6 +1,7 @@
 """The MLflow store's first contact, checked: a quick first request, a writable artifact folder, and no store
 tracebacks in the log (Parallax reports a store fault itself, in one message).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,6 +44,7 @@ def check_artifacts(location: str, name: str) -> None:
     first artifact fails after the training, as an unexpected error."""
     if location.startswith("file:"):
         import urllib.parse
+
         location = urllib.parse.unquote(urllib.parse.urlsplit(location).path)
     elif "://" in location or ":/" in location:  # a server's or an object store's artifacts
         return
@@ -50,7 +52,9 @@ def check_artifacts(location: str, name: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise StoreError(f"Cannot write the MLflow artifacts of experiment {name!r}: {path} is not a writable folder "
-                         f"({e.strerror or e}). Put a writable folder there (a file or a read-only mount is in its "
-                         f"place), or point tracking.uri elsewhere. Nothing was run.") from None
+        raise StoreError(
+            f"Cannot write the MLflow artifacts of experiment {name!r}: {path} is not a writable folder "
+            f"({e.strerror or e}). Put a writable folder there (a file or a read-only mount is in its "
+            f"place), or point tracking.uri elsewhere. Nothing was run."
+        ) from None
     writable_dir(path, f"the MLflow artifacts of experiment {name!r}")

@@ -12,6 +12,7 @@ A run is ended once. A caller that knows its outcome better (a pruned or requeue
 as it is (the fault is being reported); a refused FINISHED raises, so that no failure passes for a success, and the
 block's exit then ends the run FAILED.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,8 +34,9 @@ class TrialRun:
         """Open the run with the base tags of `plan` (the planned record, records.trial.planned) and `tags`, then
         log the plan's params and the dataset. `started(run_id)` is called as soon as the run exists, before
         anything else is written (the sweep records the id in Optuna)."""
-        self.run_id = self.tracker.start_run(name, {**tracking.base_tags(plan, self.cfg, stage=self.stage),
-                                                    **(tags or {})}, parent_id=parent_id)
+        self.run_id = self.tracker.start_run(
+            name, {**tracking.base_tags(plan, self.cfg, stage=self.stage), **(tags or {})}, parent_id=parent_id
+        )
         if started:
             started(self.run_id)
         self.tracker.log_params(self.run_id, plan.params())

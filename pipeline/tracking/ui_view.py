@@ -12,6 +12,7 @@ The tag carries every field of MLflow 3's default page state (createExperimentPa
 with the columns changed: 3.17's reader fills missing fields with defaults itself, earlier 3.x readers replace the
 whole state with the shared one.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,18 +25,47 @@ SHARE_TAG_PREFIX = "mlflow.sharedViewState."  # MLflow's EXPERIMENT_PAGE_VIEW_ST
 VIEW_KEY = "parallax"
 # the runs table's columns, in the order a reader compares them, where the store has them: strategy, k, batch, lr,
 # img/s, efficiency, peak MiB, accuracy, flagged (metric_names rounds every value)
-COLUMNS = ("params.`strategy`", "params.`devices`", "params.`batch_size`", "params.`lr`",
-           "metrics.`img_s/throughput`", "metrics.`study/weak_efficiency_max_k`", "metrics.`mem/peak_mib`",
-           "metrics.`acc/final_test`", "metrics.`flagged`", "metrics.`mem/imbalance`", "attributes.`Dataset`")
+COLUMNS = (
+    "params.`strategy`",
+    "params.`devices`",
+    "params.`batch_size`",
+    "params.`lr`",
+    "metrics.`img_s/throughput`",
+    "metrics.`study/weak_efficiency_max_k`",
+    "metrics.`mem/peak_mib`",
+    "metrics.`acc/final_test`",
+    "metrics.`flagged`",
+    "metrics.`mem/imbalance`",
+    "attributes.`Dataset`",
+)
 # MLflow 3's search facets for "all active runs, newest first" (useExperimentPageSearchFacets' defaults)
-FACETS = {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
-          "lifecycleFilter": "Active", "modelVersionFilter": "All Runs", "datasetsFilter": []}
+FACETS = {
+    "searchFilter": "",
+    "orderByKey": "attributes.start_time",
+    "orderByAsc": False,
+    "startTime": "ALL",
+    "lifecycleFilter": "Active",
+    "modelVersionFilter": "All Runs",
+    "datasetsFilter": [],
+}
 # MLflow 3's default UI state, field for field; the view changes selectedColumns and runsExpanded
-UI_DEFAULTS = {"columnOrder": [], "columnWidths": {}, "runsPinned": [], "runsHidden": [], "runsVisibilityMap": {},
-               "runsHiddenMode": "FIRST_10_RUNS", "viewMaximized": False, "runListHidden": False,
-               "isAccordionReordered": False, "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
-               "groupBy": None, "groupsExpanded": {}, "autoRefreshEnabled": True,
-               "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""}}
+UI_DEFAULTS = {
+    "columnOrder": [],
+    "columnWidths": {},
+    "runsPinned": [],
+    "runsHidden": [],
+    "runsVisibilityMap": {},
+    "runsHiddenMode": "FIRST_10_RUNS",
+    "viewMaximized": False,
+    "runListHidden": False,
+    "isAccordionReordered": False,
+    "useGroupedValuesInCharts": True,
+    "hideEmptyCharts": True,
+    "groupBy": None,
+    "groupsExpanded": {},
+    "autoRefreshEnabled": True,
+    "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
+}
 
 
 def latest_pipeline_run(runs) -> str | None:
@@ -53,11 +83,18 @@ def view_state(runs) -> dict:
     if latest:
         runs = [r for r in runs if r.data.tags.get(PIPELINE_RUN_TAG) == latest]
     have = {f"metrics.`{k}`" for r in runs for k in r.data.metrics} | {
-        f"params.`{k}`" for r in runs for k in r.data.params}
+        f"params.`{k}`" for r in runs for k in r.data.params
+    }
     cols = [c for c in COLUMNS if c.startswith("attributes.") or c in have]
     search = "tags.`{}` = '{}'".format(PIPELINE_RUN_TAG, latest.replace("'", "\\'")) if latest else ""
-    return {**FACETS, **UI_DEFAULTS, "searchFilter": search, "selectedColumns": cols, "columnOrder": cols,
-            "runsExpanded": {}}
+    return {
+        **FACETS,
+        **UI_DEFAULTS,
+        "searchFilter": search,
+        "selectedColumns": cols,
+        "columnOrder": cols,
+        "runsExpanded": {},
+    }
 
 
 def publish(client, experiment_id: str, max_runs: int = 5000) -> dict:
@@ -79,7 +116,10 @@ def publish_view(client, experiment_id: str) -> str | None:
     try:
         publish(client, experiment_id)
     except Exception as e:  # a read-only store, a permission: the view is a convenience, the runs are logged
-        print(f"warning: the MLflow runs-table view was not written ({type(e).__name__}: {e}); pick the columns "
-              f"under Columns in the UI instead", file=sys.stderr)
+        print(
+            f"warning: the MLflow runs-table view was not written ({type(e).__name__}: {e}); pick the columns "
+            f"under Columns in the UI instead",
+            file=sys.stderr,
+        )
         return None
     return path(experiment_id)

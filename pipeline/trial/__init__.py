@@ -2,13 +2,14 @@
 
 The face is lazy: importing one module of this folder does not load the others (torch, mlflow).
 """
+
 import importlib
 
 _FACE = {
-    'run_trial': 'launch',
-    'check_feasible': 'launch',
-    'check_batch_fits': 'launch',
-    'train': 'loop',
+    "run_trial": "launch",
+    "check_feasible": "launch",
+    "check_batch_fits": "launch",
+    "train": "loop",
 }
 __all__ = sorted(_FACE)
 

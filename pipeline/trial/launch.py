@@ -4,6 +4,7 @@ out_dir/metrics.json.
 
     python -m pipeline train --strategy ddp --devices 2 --epochs 1 --out runs/ddp2
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,15 +16,15 @@ import time
 from pathlib import Path
 
 from pipeline import paths
+from pipeline.errors import Infeasible, TrialFailed  # defined torch-free, for the CLI's error handler
 from pipeline.host.capabilities import host_capabilities
 from pipeline.host.devices import Host, probe
-from pipeline.errors import Infeasible, TrialFailed  # defined torch-free, for the CLI's error handler
 from pipeline.measure.interference import Monitor
-from pipeline.trial.rank_watch import is_out_of_memory
-from pipeline.trial.ranks import run_ranks
 from pipeline.records.trial import TrialRecord, capability_fields, summarize
 from pipeline.strategies import STRATEGIES
 from pipeline.trial.loop import DivergenceError
+from pipeline.trial.rank_watch import is_out_of_memory
+from pipeline.trial.ranks import run_ranks
 
 
 def total_devices(cfg, host: Host) -> int:
@@ -39,28 +40,38 @@ def check_feasible(cfg, host: Host) -> None:
         raise Infeasible(f"strategy `{t.strategy}` is {reason}.")
     n = total_devices(cfg, host)
     if t.devices > n and not t.oversubscribe:
-        raise Infeasible(f"train.devices={t.devices} exceeds the {n} {host.kind.upper()} device(s) this host offers "
-                         f"({'GPUs' if host.kind == 'cuda' else 'cores, one 1-thread process each'}); use at most "
-                         f"{n}. (train.oversubscribe=true allows it for functional tests; such runs are excluded "
-                         f"from scaling and memory analysis.)")
+        raise Infeasible(
+            f"train.devices={t.devices} exceeds the {n} {host.kind.upper()} device(s) this host offers "
+            f"({'GPUs' if host.kind == 'cuda' else 'cores, one 1-thread process each'}); use at most "
+            f"{n}. (train.oversubscribe=true allows it for functional tests; such runs are excluded "
+            f"from scaling and memory analysis.)"
+        )
     if t.devices % t.nnodes:
-        raise Infeasible(f"train.devices={t.devices} does not split evenly over train.nnodes={t.nnodes} nodes: "
-                         f"each node runs devices/nnodes processes; pick a multiple of {t.nnodes}.")
+        raise Infeasible(
+            f"train.devices={t.devices} does not split evenly over train.nnodes={t.nnodes} nodes: "
+            f"each node runs devices/nnodes processes; pick a multiple of {t.nnodes}."
+        )
     if t.nnodes > 1 and not (cls.multiprocess and t.rdzv_endpoint):
         multi = ", ".join(name for name, c in STRATEGIES.items() if c.multiprocess)
-        raise Infeasible(f"a trial over train.nnodes={t.nnodes} nodes needs a multi-process strategy ({multi}) "
-                         f"and train.rdzv_endpoint=HOST:PORT of node 0's rendezvous.")
+        raise Infeasible(
+            f"a trial over train.nnodes={t.nnodes} nodes needs a multi-process strategy ({multi}) "
+            f"and train.rdzv_endpoint=HOST:PORT of node 0's rendezvous."
+        )
     _check_rendezvous(t)
     if t.nnodes > 1:
         _check_advertised_address(t)
     if host.kind == "cuda" and t.start_method == "fork":
-        raise Infeasible("train.start_method=fork cannot run on a CUDA host: this process initialises CUDA when it "
-                         "probes the GPUs, and a forked process cannot initialise it again (PyTorch: \"Cannot "
-                         "re-initialize CUDA in forked subprocess\"). Use train.start_method=spawn, or auto (spawn "
-                         "on GPUs, fork on CPU).")
+        raise Infeasible(
+            "train.start_method=fork cannot run on a CUDA host: this process initialises CUDA when it "
+            'probes the GPUs, and a forked process cannot initialise it again (PyTorch: "Cannot '
+            're-initialize CUDA in forked subprocess"). Use train.start_method=spawn, or auto (spawn '
+            "on GPUs, fork on CPU)."
+        )
     if t.batch_size % t.devices:
-        raise Infeasible(f"train.batch_size={t.batch_size} is not divisible by train.devices={t.devices}: every "
-                         f"device must get the same share of the global batch; pick a multiple of {t.devices}.")
+        raise Infeasible(
+            f"train.batch_size={t.batch_size} is not divisible by train.devices={t.devices}: every "
+            f"device must get the same share of the global batch; pick a multiple of {t.devices}."
+        )
     try:
         cls(t, host).check_devices()
     except ValueError as e:
@@ -71,20 +82,28 @@ def _check_rendezvous(t) -> None:
     """Raise Infeasible for multi-node settings with which the nodes can never meet: each node would wait on the
     rendezvous until its timeout, or torch would refuse them with a message that names none of the keys."""
     if t.node_rank >= t.nnodes:
-        raise Infeasible(f"train.node_rank={t.node_rank} is not a node of train.nnodes={t.nnodes}: the nodes are "
-                         f"numbered 0..{t.nnodes - 1}, node 0 hosting the rendezvous. Give each node its own rank.")
+        raise Infeasible(
+            f"train.node_rank={t.node_rank} is not a node of train.nnodes={t.nnodes}: the nodes are "
+            f"numbered 0..{t.nnodes - 1}, node 0 hosting the rendezvous. Give each node its own rank."
+        )
     if not t.rdzv_endpoint:
         return
     host, colon, port = t.rdzv_endpoint.rpartition(":")
     if colon and not host.strip("[]"):
-        raise Infeasible(f"train.rdzv_endpoint={t.rdzv_endpoint!r} names no host: write HOST:PORT of node 0, e.g. "
-                         f"10.0.0.1:29500, the same on every node.")
+        raise Infeasible(
+            f"train.rdzv_endpoint={t.rdzv_endpoint!r} names no host: write HOST:PORT of node 0, e.g. "
+            f"10.0.0.1:29500, the same on every node."
+        )
     if not (colon and port.isdigit() and 1 <= int(port) <= 65535):
-        raise Infeasible(f"train.rdzv_endpoint={t.rdzv_endpoint!r} has no valid port (1-65535): write HOST:PORT of "
-                         f"node 0, e.g. {host or port}:29500, the same on every node.")
+        raise Infeasible(
+            f"train.rdzv_endpoint={t.rdzv_endpoint!r} has no valid port (1-65535): write HOST:PORT of "
+            f"node 0, e.g. {host or port}:29500, the same on every node."
+        )
     if not t.rdzv_id:
-        raise Infeasible("train.rdzv_id is empty: torch would give each node a random id, and nodes with different "
-                         "ids never meet. Give the same id on every node (default: parallax).")
+        raise Infeasible(
+            "train.rdzv_id is empty: torch would give each node a random id, and nodes with different "
+            "ids never meet. Give the same id on every node (default: parallax)."
+        )
 
 
 def _addresses(name: str) -> set[str]:
@@ -109,11 +128,13 @@ def _check_advertised_address(t) -> None:
     name = socket.getfqdn()
     addresses = _addresses(name)
     if _loopback_only(addresses):
-        raise Infeasible(f"this host's name `{name}` resolves only to the loopback address "
-                         f"{', '.join(sorted(addresses))} (/etc/hosts), so the other nodes of this "
-                         f"train.nnodes={t.nnodes} trial could not reach it. Set train.local_addr to the address the "
-                         f"other nodes reach this node at (for example --set train.local_addr=10.0.0.12), or make the "
-                         f"host name resolve to it.")
+        raise Infeasible(
+            f"this host's name `{name}` resolves only to the loopback address "
+            f"{', '.join(sorted(addresses))} (/etc/hosts), so the other nodes of this "
+            f"train.nnodes={t.nnodes} trial could not reach it. Set train.local_addr to the address the "
+            f"other nodes reach this node at (for example --set train.local_addr=10.0.0.12), or make the "
+            f"host name resolve to it."
+        )
 
 
 def check_batch_fits(cfg, n_train: int) -> None:
@@ -121,11 +142,14 @@ def check_batch_fits(cfg, n_train: int) -> None:
     b = cfg.train.batch_size
     if b > n_train:
         limit = f", data.train_limit={cfg.data.train_limit}" if cfg.data.train_limit else ""
-        raise Infeasible(f"train.batch_size={b} is larger than the training set ({n_train} images{limit}): not one "
-                         f"full step fits. Use a batch of at most {n_train}, or more training data.")
+        raise Infeasible(
+            f"train.batch_size={b} is larger than the training set ({n_train} images{limit}): not one "
+            f"full step fits. Use a batch of at most {n_train}, or more training data."
+        )
 
 
 _USER_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
 
 def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: float | None = None) -> TrialRecord:
     """Run one trial, write out_dir/metrics.json (the record's JSON view) and out_dir/final_state.pt."""
@@ -140,8 +164,9 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
     strategy = STRATEGIES[cfg.train.strategy](cfg.train, host)
     t0 = time.perf_counter()
     # what else used the host meanwhile (interference.py): recorded with the trial, flagged beyond the threshold
-    monitor = Monitor(cfg.train.devices, host.kind, range(min(cfg.train.devices, host.n)),
-                      threshold=cfg.train.interference_threshold)
+    monitor = Monitor(
+        cfg.train.devices, host.kind, range(min(cfg.train.devices, host.n)), threshold=cfg.train.interference_threshold
+    )
     try:
         with monitor:
             results = run_ranks(cfg, host, strategy, out_dir, on_epoch, progress, timeout_s)
@@ -153,8 +178,7 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
             raise
         raise TrialFailed(f"ran out of memory preparing the trial: {text.splitlines()[0]}", "oom") from None
     facts = host_fields(host, cfg.train.devices)
-    record = summarize(cfg, host, strategy, results, time.perf_counter() - t0, facts,
-                       interference=monitor.result())
+    record = summarize(cfg, host, strategy, results, time.perf_counter() - t0, facts, interference=monitor.result())
     (out_dir / "metrics.json").write_text(json.dumps(record.to_json(), indent=2))
     return record
 

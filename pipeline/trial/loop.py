@@ -3,6 +3,7 @@
 Per-epoch reporting and pruning arrive as a callback `on_epoch(record) -> bool` (True = stop), called on the
 main process only; the stop decision is then agreed by every rank.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,9 @@ class DivergenceError(RuntimeError):
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, strategy, x: torch.Tensor, y: torch.Tensor, batch: int = 512,
-             channels_last: bool = False) -> float:
+def evaluate(
+    model: nn.Module, strategy, x: torch.Tensor, y: torch.Tensor, batch: int = 512, channels_last: bool = False
+) -> float:
     """Test accuracy; the test set is split across processes like the training data, counts summed.
 
     Batches of 512 in the model's memory format: batches of 2,048 were slower on CPU (their activations no longer
@@ -34,7 +36,7 @@ def evaluate(model: nn.Module, strategy, x: torch.Tensor, y: torch.Tensor, batch
     part = torch.arange(rank, x.shape[0], world, device=x.device)
     correct = torch.zeros((), dtype=torch.float64, device=strategy.device)
     for i in range(0, part.numel(), batch):
-        idx = part[i:i + batch]
+        idx = part[i : i + batch]
         inputs = datamod.normalize(x[idx], strategy.device)
         if channels_last:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
@@ -46,8 +48,10 @@ def evaluate(model: nn.Module, strategy, x: torch.Tensor, y: torch.Tensor, batch
 def _check_finite(loss: torch.Tensor, step: int, epoch: int, lr: float) -> None:
     value = loss.item()
     if not math.isfinite(value):
-        raise DivergenceError(f"loss became {value} at step {step} (epoch {epoch + 1}): the run diverged; "
-                              f"lower the learning rate (train.lr={lr}).")
+        raise DivergenceError(
+            f"loss became {value} at step {step} (epoch {epoch + 1}): the run diverged; "
+            f"lower the learning rate (train.lr={lr})."
+        )
 
 
 def build(t, strategy):
@@ -63,8 +67,10 @@ def build(t, strategy):
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
     if n < batch_size:
-        raise ValueError(f"the training set ({n} images) is smaller than one global batch "
-                         f"(train.batch_size={batch_size}); lower the batch size or raise data.train_limit.")
+        raise ValueError(
+            f"the training set ({n} images) is smaller than one global batch "
+            f"(train.batch_size={batch_size}); lower the batch size or raise data.train_limit."
+        )
     return n // batch_size
 
 
@@ -78,8 +84,13 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
     rank, world = strategy.data_shard
     steps = steps_per_epoch(train_x.shape[0], t.batch_size)
     every = t.breakdown_every  # 0 = off
-    meter = Meter(strategy, t.batch_size, t.warmup_steps, t.target_acc,
-                  breakdown.Breakdown(strategy, model, every) if every else breakdown.Off())
+    meter = Meter(
+        strategy,
+        t.batch_size,
+        t.warmup_steps,
+        t.target_acc,
+        breakdown.Breakdown(strategy, model, every) if every else breakdown.Off(),
+    )
     history = {"test_acc": [], "train_loss": []}
     step, stopped = 0, False
     for epoch in range(t.epochs):
@@ -109,12 +120,19 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
         # --- end of epoch: loss, evaluation, then the caller's verdict (report, prune), agreed by every rank
         history["train_loss"].append((strategy.reduce(loss_sum) / (n_steps * world)).item())
         with meter.evaluation():  # outside the memory window: evaluation is not the strategy's step
-            history["test_acc"].append(evaluate(strategy.eval_model(model), strategy, test_x, test_y,
-                                                channels_last=t.channels_last))
+            history["test_acc"].append(
+                evaluate(strategy.eval_model(model), strategy, test_x, test_y, channels_last=t.channels_last)
+            )
         meter.note_accuracy(history["test_acc"][-1])
-        record = {"epoch": epoch + 1, "epochs": t.epochs, "step": step, "epoch_s": epoch_s,
-                  "test_acc": history["test_acc"][-1], "train_loss": history["train_loss"][-1],
-                  "throughput_img_s": throughput}
+        record = {
+            "epoch": epoch + 1,
+            "epochs": t.epochs,
+            "step": step,
+            "epoch_s": epoch_s,
+            "test_acc": history["test_acc"][-1],
+            "train_loss": history["train_loss"][-1],
+            "throughput_img_s": throughput,
+        }
         stop = on_epoch(record) if (on_epoch is not None and strategy.is_main()) else False
         if strategy.broadcast_flag(bool(stop)):
             stopped = True
@@ -129,16 +147,28 @@ def _results(strategy, measured: dict, history: dict, steps: int, stopped: bool,
     """This process's part of the trial; the main rank's carries every rank's devices, on every node."""
     rank, world = strategy.data_shard
     devices = [str(d) for d in strategy.devices]
-    ranks = strategy.gather({"rank": rank, "node": os.environ.get("GROUP_RANK", "0"),
-                             "host": socket.gethostname(), "peak_mem_bytes": measured["peak_mem_bytes"],
-                             **{k: measured[k] for k in ("mem_resident_bytes", "mem_reserved_peak_bytes",
-                                                         "mem_nvml_used_bytes")},
-                             "device_names": devices, "throughput_img_s": measured["throughput_img_s"],
-                             "throughput_windows": measured["throughput_windows"]})
+    ranks = strategy.gather(
+        {
+            "rank": rank,
+            "node": os.environ.get("GROUP_RANK", "0"),
+            "host": socket.gethostname(),
+            "peak_mem_bytes": measured["peak_mem_bytes"],
+            **{k: measured[k] for k in ("mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes")},
+            "device_names": devices,
+            "throughput_img_s": measured["throughput_img_s"],
+            "throughput_windows": measured["throughput_windows"],
+        }
+    )
     return {
-        "ranks": ranks, "rank": rank, "world_size": world, "steps": steps, "stopped": stopped,
-        **measured, **history,
-        "amp_dtype": None, "comm_hook_used": None,
+        "ranks": ranks,
+        "rank": rank,
+        "world_size": world,
+        "steps": steps,
+        "stopped": stopped,
+        **measured,
+        **history,
+        "amp_dtype": None,
+        "comm_hook_used": None,
         **strategy.facts(),  # what the strategy resolved at run time (ddp: comm_hook_used; ddp_amp: amp_dtype)
         "device_names": devices,
         "state_dict": state if strategy.is_main() else None,

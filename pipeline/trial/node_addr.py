@@ -4,6 +4,7 @@ Gloo and NCCL bind the address of the host name unless GLOO_SOCKET_IFNAME / NCCL
 a host whose name resolves to a loopback address (Debian's `127.0.1.1 myhost` line) that is an address no other node
 reaches. With train.local_addr set, the interface holding that address is named for them, unless the user named one.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,6 +20,7 @@ def interface_of(addr: str) -> str | None:
     try:
         import fcntl
         import struct
+
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             for _, name in socket.if_nameindex():
                 req = struct.pack("256s", name.encode()[:15])

@@ -1,6 +1,7 @@
 """What the caller sees of a trial's ranks: their epoch records as the main rank writes them (watch_epochs, which
 hands each to the caller's on_epoch and answers it), and how a failed rank reads (failure_reason, is_out_of_memory).
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,9 @@ from pathlib import Path
 from pipeline.errors import TrialFailed
 
 
-def watch_epochs(out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None = None,
-                 failed: list | None = None):
+def watch_epochs(
+    out_dir: Path, on_epoch, stop: threading.Event, wake_fd: int | None = None, failed: list | None = None
+):
     """Tail progress.jsonl, hand each record to on_epoch, answer with ack-<epoch>. An error of on_epoch (its store
     is down) answers "stop" and goes to `failed`, for the caller to raise once the ranks have ended."""
     seen = 0
@@ -61,8 +63,10 @@ def failure_reason(err) -> TrialFailed:
             elif any(s in msg for s in PEER_GONE):
                 # Gloo's all-reduce failed because another rank's connection closed: that rank most likely died.
                 # PyTorch's launcher reports only the first failed rank it polls, which may be this one.
-                parts[-1] += (" (a peer rank's connection closed first: that rank most likely died; the launcher "
-                              "reports only one failed rank)")
+                parts[-1] += (
+                    " (a peer rank's connection closed first: that rank most likely died; the launcher "
+                    "reports only one failed rank)"
+                )
                 kind = "worker_died" if kind == "error" else kind
     return TrialFailed("; ".join(parts) or str(err), kind)
 

@@ -29,17 +29,17 @@ from pathlib import Path
 
 import torch
 
-from pipeline.data import store as datamod
-from pipeline.host import loopback
 from pipeline import paths
-from pipeline.trial import node_addr
+from pipeline.data import store as datamod
+from pipeline.errors import Interrupted, TrialFailed
+from pipeline.host import loopback
 from pipeline.host.capabilities import fp32_pinned, tf32_flags, tf32_text
 from pipeline.host.devices import Host, probe
-from pipeline.errors import Interrupted, TrialFailed
-from pipeline.trial.rdzv_watch import RendezvousWatch
-from pipeline.trial.rank_watch import failure_reason, stacks_kept, watch_epochs
 from pipeline.strategies import STRATEGIES
+from pipeline.trial import node_addr
 from pipeline.trial.loop import train
+from pipeline.trial.rank_watch import failure_reason, stacks_kept, watch_epochs
+from pipeline.trial.rdzv_watch import RendezvousWatch
 
 
 def load_data(cfg, verify: bool = False) -> datamod.Dataset:
@@ -205,8 +205,8 @@ def rendezvous_args(t) -> dict:
 
 def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s: float | None) -> list[dict]:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     t = cfg.train

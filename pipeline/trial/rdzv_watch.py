@@ -8,14 +8,15 @@ has come for `bound_s`, the watch marks the host lost and shuts down this proces
 blocked call fails at once, the agent stops this node's ranks, and the caller raises the reason (`lost`). From then
 until the watch ends, this process's stderr goes to /dev/null: what torch prints while it gives up (a C++ frame dump
 for every failed store call) says nothing the caller's message does not."""
+
 from __future__ import annotations
 
 import contextlib
 import datetime
 import os
 import socket
-import threading
 import sys
+import threading
 import time
 
 
@@ -63,13 +64,19 @@ class RendezvousWatch:
 
     def _probe(self) -> None:
         from torch.distributed import TCPStore
+
         store = None
         while not self._stop.is_set() and not self.lost:
             try:
                 if store is None:  # not up yet, or unreachable: asked in Python first (torch prints a C++ dump)
                     socket.create_connection((self.host, self.port), timeout=self.interval_s).close()
-                    store = TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
-                                     timeout=datetime.timedelta(seconds=self.interval_s * 2))
+                    store = TCPStore(
+                        self.host,
+                        self.port,
+                        is_master=False,
+                        wait_for_workers=False,
+                        timeout=datetime.timedelta(seconds=self.interval_s * 2),
+                    )
                 store.add("parallax/rdzv_watch", 1)
                 self._last_ok = time.monotonic()
             except Exception:  # no answer, or a broken connection: try again with a new one
@@ -79,8 +86,12 @@ class RendezvousWatch:
     def _judge(self) -> None:
         while not self._stop.wait(1.0):
             if not self.lost and time.monotonic() - self._last_ok > self.bound_s and not self._stop.is_set():
-                print(f"the rendezvous host {self.host}:{self.port} has not answered for {self.bound_s:.0f} s: "
-                      f"stopping this node's ranks", file=sys.stderr, flush=True)
+                print(
+                    f"the rendezvous host {self.host}:{self.port} has not answered for {self.bound_s:.0f} s: "
+                    f"stopping this node's ranks",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self._quiet()
                 self.lost = True
             if self.lost:  # again every second: a retry may have opened a new connection

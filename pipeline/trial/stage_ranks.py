@@ -3,16 +3,17 @@ trial's are (ranks.py): the rendezvous store and Gloo on the loopback interface 
 launcher's scratch (its torchelastic_* log folder, torch.multiprocessing's pytorch-errorfile-* files) in a folder
 of the stage's own, removed when the ranks end (and by the next run when a SIGKILL left it).
 """
+
 from __future__ import annotations
 
 import contextlib
-import signal
 import shutil
+import signal
 import tempfile
 import uuid
 
-from pipeline.host import loopback
 from pipeline import scratch as scratch_dirs
+from pipeline.host import loopback
 
 LOCAL_ADDR = "127.0.0.1"
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -22,16 +23,28 @@ def launch_config(nproc: int, name: str, start_method: str, log_dir: str):
     """A LaunchConfig for `nproc` ranks on this node whose rendezvous listens on 127.0.0.1 only."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
-    return LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"{name}-{uuid.uuid4().hex[:8]}",
-                        rdzv_backend=loopback.register(), rdzv_endpoint="", rdzv_configs={}, local_addr=LOCAL_ADDR,
-                        max_restarts=0, monitor_interval=0.05, start_method=start_method,
-                        logs_specs=DefaultLogsSpecs(log_dir=log_dir))
+
+    return LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"{name}-{uuid.uuid4().hex[:8]}",
+        rdzv_backend=loopback.register(),
+        rdzv_endpoint="",
+        rdzv_configs={},
+        local_addr=LOCAL_ADDR,
+        max_restarts=0,
+        monitor_interval=0.05,
+        start_method=start_method,
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+    )
 
 
 def launch(nproc: int, name: str, start_method: str, entrypoint, *args) -> dict[int, object]:
     """Run entrypoint(*args) in `nproc` ranks on this node; every rank's return value by rank. A failed rank raises
     torch's ChildFailedError, as elastic_launch does."""
     from torch.distributed.launcher.api import elastic_launch
+
     scratch = scratch_dirs.make(f"parallax-{name}-")  # and removes those of killed runs
     previous = tempfile.tempdir
     # the agent installs handlers that raise SignalException and never removes them: restored afterwards

@@ -1,4 +1,5 @@
 """Analysis formulas on hand-made sweep tables with known answers; outputs of one full run."""
+
 import math
 
 import pandas as pd
@@ -7,20 +8,45 @@ import pytest
 from pipeline.analysis import stage as A
 
 
-def row(strategy="ddp", k=1, B=128, lr=0.1, thr=1000.0, acc=0.8, state="complete", reason="",
-        peaks=None, **kw):
+def row(strategy="ddp", k=1, B=128, lr=0.1, thr=1000.0, acc=0.8, state="complete", reason="", peaks=None, **kw):
     """One sweep-table row, as sweep_table.py writes it (typed: lists are lists, absent is None)."""
     peaks = peaks if peaks is not None else [100 * 2**20] * k
-    r = {"study": f"s-{strategy}", "trial": 0, "strategy": strategy, "model": "lenet", "devices": k,
-         "batch_size": B, "per_device_batch": B // k, "lr": lr, "epochs": 2, "state": state,
-         "reason": reason, "data_source": "fashion-mnist", "device_kind": "cuda",
-         "device_name": "H100", "host": "node1", "host_devices": 4, "parallel_devices": True,
-         "oversubscribed": False, "throughput_img_s": thr if state == "complete" else None,
-         "epoch_s": 1.0, "epoch_s_list": [1.0, 1.0], "test_acc": acc if state == "complete" else None,
-         "test_acc_list": [acc - 0.1, acc], "time_to_acc_s": None, "target_acc": 0.85,
-         "train_loss": 0.5, "peak_mem_bytes": peaks, "mem_method": "cuda_max_allocated",
-         "duration_s": 3.0, "mlflow_run_id": "x", "bucket_cap_mb": None, "grad_as_bucket_view": None,
-         "accum_steps": None, "comm_hook": None}
+    r = {
+        "study": f"s-{strategy}",
+        "trial": 0,
+        "strategy": strategy,
+        "model": "lenet",
+        "devices": k,
+        "batch_size": B,
+        "per_device_batch": B // k,
+        "lr": lr,
+        "epochs": 2,
+        "state": state,
+        "reason": reason,
+        "data_source": "fashion-mnist",
+        "device_kind": "cuda",
+        "device_name": "H100",
+        "host": "node1",
+        "host_devices": 4,
+        "parallel_devices": True,
+        "oversubscribed": False,
+        "throughput_img_s": thr if state == "complete" else None,
+        "epoch_s": 1.0,
+        "epoch_s_list": [1.0, 1.0],
+        "test_acc": acc if state == "complete" else None,
+        "test_acc_list": [acc - 0.1, acc],
+        "time_to_acc_s": None,
+        "target_acc": 0.85,
+        "train_loss": 0.5,
+        "peak_mem_bytes": peaks,
+        "mem_method": "cuda_max_allocated",
+        "duration_s": 3.0,
+        "mlflow_run_id": "x",
+        "bucket_cap_mb": None,
+        "grad_as_bucket_view": None,
+        "accum_steps": None,
+        "comm_hook": None,
+    }
     r.update(kw)
     return r
 
@@ -32,6 +58,7 @@ def frame(rows):
 def write(rows, path):
     """Rows into a sweep table file, through the sweep's own writer."""
     from pipeline.records.table import write_rows
+
     write_rows(rows, path)
 
 
@@ -63,9 +90,14 @@ def test_strong_efficiency():
 
 
 def test_throughput_is_median_over_lrs_and_accuracy_from_best_lr():
-    df = frame([row(k=1, lr=0.01, thr=900, acc=0.70), row(k=1, lr=0.1, thr=1000, acc=0.90),
-                row(k=1, lr=1.0, thr=1300, acc=0.60),
-                row(k=1, lr=3.0, state="failed", reason="NaN loss")])
+    df = frame(
+        [
+            row(k=1, lr=0.01, thr=900, acc=0.70),
+            row(k=1, lr=0.1, thr=1000, acc=0.90),
+            row(k=1, lr=1.0, thr=1300, acc=0.60),
+            row(k=1, lr=3.0, state="failed", reason="NaN loss"),
+        ]
+    )
     p = one(A.point_table(df), k=1)
     assert p["throughput_img_s"] == pytest.approx(1000)  # median(900, 1000, 1300); failed ignored
     assert p["test_acc"] == pytest.approx(0.90) and p["best_lr"] == pytest.approx(0.1)
@@ -73,14 +105,26 @@ def test_throughput_is_median_over_lrs_and_accuracy_from_best_lr():
 
 
 def test_lr_does_not_split_scaling_points():
-    df = frame([row(k=1, lr=0.1, thr=1000), row(k=1, lr=0.2, thr=1000),
-                row(k=2, B=256, lr=0.1, thr=1700), row(k=2, B=256, lr=0.2, thr=1900)])
+    df = frame(
+        [
+            row(k=1, lr=0.1, thr=1000),
+            row(k=1, lr=0.2, thr=1000),
+            row(k=2, B=256, lr=0.1, thr=1700),
+            row(k=2, B=256, lr=0.2, thr=1900),
+        ]
+    )
     assert one(A.scaling_table(df), kind="weak", k=2)["efficiency"] == pytest.approx(0.9)
 
 
 def test_knob_settings_are_distinct_points():
-    df = frame([row(k=1, thr=1000, bucket_cap_mb=25), row(k=2, B=256, thr=1800, bucket_cap_mb=25),
-                row(k=1, thr=1000, bucket_cap_mb=100), row(k=2, B=256, thr=1600, bucket_cap_mb=100)])
+    df = frame(
+        [
+            row(k=1, thr=1000, bucket_cap_mb=25),
+            row(k=2, B=256, thr=1800, bucket_cap_mb=25),
+            row(k=1, thr=1000, bucket_cap_mb=100),
+            row(k=2, B=256, thr=1600, bucket_cap_mb=100),
+        ]
+    )
     w = A.scaling_table(df)
     w = w[(w["kind"] == "weak") & (w["k"] == 2)]
     assert sorted(w["efficiency"].round(3)) == [0.8, 0.9]
@@ -98,8 +142,12 @@ def test_missing_k1_gives_undefined_efficiency():
 
 def test_memory_imbalance_and_device0_excess():
     mib = 2**20
-    df = frame([row(strategy="dp", k=4, B=512, peaks=[400 * mib, 100 * mib, 100 * mib, 100 * mib]),
-                row(strategy="dp", k=1, B=128, peaks=[250 * mib])])
+    df = frame(
+        [
+            row(strategy="dp", k=4, B=512, peaks=[400 * mib, 100 * mib, 100 * mib, 100 * mib]),
+            row(strategy="dp", k=1, B=128, peaks=[250 * mib]),
+        ]
+    )
     m = A.memory_table(df)
     r = one(m, k=4)
     assert r["mem_imbalance"] == pytest.approx(400 / 175)
@@ -111,25 +159,33 @@ def test_memory_imbalance_and_device0_excess():
 
 
 def test_memory_peaks_median_over_trials():
-    df = frame([row(k=2, B=256, lr=lr, peaks=p)
-                for lr, p in ((0.1, [10, 6]), (0.2, [12, 8]), (0.3, [30, 7]))])
+    df = frame([row(k=2, B=256, lr=lr, peaks=p) for lr, p in ((0.1, [10, 6]), (0.2, [12, 8]), (0.3, [30, 7]))])
     r = one(A.memory_table(df), k=2)
     assert r["peaks"] == [12, 7] and r["dev0_excess_bytes"] == 5
 
 
 def test_failed_and_oversubscribed_rows_are_excluded():
-    df = frame([row(k=1, thr=1000), row(k=2, B=256, thr=1800),
-                row(k=2, B=256, lr=0.5, state="failed", reason="CUDA out of memory"),
-                row(k=4, B=512, thr=9999, peaks=[1, 1, 1, 1], oversubscribed=True),
-                row(k=8, B=1024, thr=9999, oversubscribed=True)])
+    df = frame(
+        [
+            row(k=1, thr=1000),
+            row(k=2, B=256, thr=1800),
+            row(k=2, B=256, lr=0.5, state="failed", reason="CUDA out of memory"),
+            row(k=4, B=512, thr=9999, peaks=[1, 1, 1, 1], oversubscribed=True),
+            row(k=8, B=1024, thr=9999, oversubscribed=True),
+        ]
+    )
     for t in (A.point_table(df), A.scaling_table(df), A.memory_table(df), A.accuracy_table(df)):
         assert set(t["k"]) == {1, 2}
     assert one(A.scaling_table(df), kind="weak", k=2)["efficiency"] == pytest.approx(0.9)
 
 
 def test_accuracy_table_and_time_to_target():
-    df = frame([row(k=1, lr=0.1, acc=0.9, epoch_s_list=[2.0, 3.0], test_acc_list=[0.86, 0.9], time_to_acc_s=2.0),
-                row(k=1, lr=0.5, acc=0.7, epoch_s_list=[2.0, 3.0], test_acc_list=[0.5, 0.7])])
+    df = frame(
+        [
+            row(k=1, lr=0.1, acc=0.9, epoch_s_list=[2.0, 3.0], test_acc_list=[0.86, 0.9], time_to_acc_s=2.0),
+            row(k=1, lr=0.5, acc=0.7, epoch_s_list=[2.0, 3.0], test_acc_list=[0.5, 0.7]),
+        ]
+    )
     a = A.accuracy_table(df)
     assert one(a, lr=0.1)["time_to_acc_s"] == 2.0 and math.isnan(one(a, lr=0.5)["time_to_acc_s"])
     a = A.accuracy_table(df, target_acc=0.88)  # recomputed from the per-epoch lists
@@ -142,7 +198,8 @@ def test_tolerant_reading(tmp_path):
     (tmp_path / "old.jsonl").write_text(
         '{"strategy": "old", "devices": 1, "batch_size": 64, "state": "complete", "throughput_img_s": 500,'
         ' "oversubscribed": false}\n{"strategy": "old", "devices": 2, "batch_size": 128, "state": "complete",'
-        ' "throughput_img_s": 900}\n')
+        ' "throughput_img_s": 900}\n'
+    )
     (tmp_path / "dp.jsonl").write_text("")
     (tmp_path / "fsdp.csv").write_text("study,trial,strategy\n")
     df, notes = A.load_sweeps(tmp_path, expected=("dp", "fsdp", "ddp"))

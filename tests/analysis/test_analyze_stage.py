@@ -2,8 +2,10 @@
 odd or missing data, and the knob-effect tables.
 """
 import json
+
 import pandas as pd
 import pytest
+
 from pipeline.analysis import stage as A
 from tests.analysis.test_analyze import one, row, write  # noqa: F401 (shared with test_analyze.py)
 
@@ -157,6 +159,7 @@ def test_json_has_no_nan():
 
 def test_knob_effects_get_a_table_and_a_plot_per_varied_knob(tmp_path):
     import pandas as pd
+
     from pipeline.analysis.stage import analyze
     sweeps = tmp_path / "sweeps"
     sweeps.mkdir()

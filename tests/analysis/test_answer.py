@@ -1,6 +1,7 @@
 """The report's first screen (analysis/answer.py): a clear winner named with its k and a command the project's own
 parser and config loader take; a tie said as a tie; no answer said with its cause; a k=1 compute difference from
 autocast named in the why. On constructed frames with window lists (three trials of twelve windows per point)."""
+
 from __future__ import annotations
 
 import shlex
@@ -39,8 +40,9 @@ def text(ans) -> str:
 def test_a_clear_winner_names_strategy_and_k_and_its_command_and_yaml_run(tmp_path):
     """The fastest strategy beyond noise is named with its k; the command parses with the CLI's own parser into
     those values (the knob as --set), and best.yaml loads with the config loader as that train section."""
-    ans, _ = build(("ddp", 1, 1000.0, 1), ("ddp", 2, 1800.0, 2), ("fsdp", 1, 1000.0, 3), ("fsdp", 2, 1400.0, 4),
-                   bucket_cap_mb=50.0)
+    ans, _ = build(
+        ("ddp", 1, 1000.0, 1), ("ddp", 2, 1800.0, 2), ("fsdp", 1, 1000.0, 3), ("fsdp", 2, 1400.0, 4), bucket_cap_mb=50.0
+    )
     t = text(ans)
     assert "**Use ddp at k=2**" in t and "clear of the runner-up's (fsdp 1,3" in t and "tie" not in t.lower()
     assert "weak-scaling efficiency of 0.9" in t and ans.command in t.replace(" \\\n    ", " ")
@@ -54,13 +56,22 @@ def test_a_clear_winner_names_strategy_and_k_and_its_command_and_yaml_run(tmp_pa
     path.write_text(answer.best_yaml(ans))
     train = loader.load(params=path, root=REPO).train
     assert (train.strategy, train.devices, train.batch_size, train.lr, train.bucket_cap_mb) == (
-        "ddp", 2, 256, 0.1, 50.0)
+        "ddp",
+        2,
+        256,
+        0.1,
+        50.0,
+    )
 
 
 def test_a_tie_is_said_as_a_tie():
     """Overlapping throughput intervals: the headline and the how-sure line say tie, no strategy is "used"."""
-    ans, _ = build(("ddp", 1, 1000.0, 1, WIDE), ("ddp", 2, 1800.0, 2, WIDE),
-                   ("ddp_amp", 1, 1000.0, 3, WIDE), ("ddp_amp", 2, 1760.0, 4, WIDE))
+    ans, _ = build(
+        ("ddp", 1, 1000.0, 1, WIDE),
+        ("ddp", 2, 1800.0, 2, WIDE),
+        ("ddp_amp", 1, 1000.0, 3, WIDE),
+        ("ddp_amp", 2, 1760.0, 4, WIDE),
+    )
     t = text(ans)
     assert "**Tie: ddp and ddp_amp within noise**" in t and "tie: ddp and ddp_amp within noise" in t
     assert "**Use " not in t and "clear of the runner-up" not in t
@@ -83,8 +94,14 @@ def test_no_answer_says_why():
 
 def test_autocast_compute_at_k1_is_the_why():
     """ddp_amp already faster than single at k=1: the why names the k=1 ratio and autocast compute."""
-    ans, _ = build(("single", 1, 1000.0, 1), ("ddp", 1, 1000.0, 2), ("ddp", 2, 1800.0, 3),
-                   ("ddp_amp", 1, 1700.0, 4), ("ddp_amp", 2, 3100.0, 5), host_bf16="native")
+    ans, _ = build(
+        ("single", 1, 1000.0, 1),
+        ("ddp", 1, 1000.0, 2),
+        ("ddp", 2, 1800.0, 3),
+        ("ddp_amp", 1, 1700.0, 4),
+        ("ddp_amp", 2, 3100.0, 5),
+        host_bf16="native",
+    )
     why = [s for s in ans.lines if s.startswith("- **Why:**")][0]
     assert "**Use ddp_amp at k=2**" in text(ans)
     assert "at k=1 ddp_amp already runs 1.70× single" in why and "autocast (bf16 native on this host)" in why

@@ -1,5 +1,6 @@
 """The report's reading says how sure each claim is: best vs indistinguishable, implausible vs within noise of 1,
 unknown intervals said as such; on constructed frames with window lists."""
+
 from __future__ import annotations
 
 import re
@@ -36,8 +37,12 @@ def test_a_clear_winner_is_named_best_with_its_interval():
 
 def test_overlapping_intervals_name_no_best():
     wide = (0.9, 1.0, 1.1)
-    out = reading(("ddp", 1, 1000.0, 1, wide), ("ddp", 2, 1800.0, 2, wide),
-                  ("fsdp", 1, 1000.0, 3, wide), ("fsdp", 2, 1760.0, 4, wide))
+    out = reading(
+        ("ddp", 1, 1000.0, 1, wide),
+        ("ddp", 2, 1800.0, 2, wide),
+        ("fsdp", 1, 1000.0, 3, wide),
+        ("fsdp", 2, 1760.0, 4, wide),
+    )
     text = " ".join(out)
     assert "Best weak-scaling efficiency" not in text
     claim = line(out, "Weak-scaling efficiency at the largest k")
@@ -64,8 +69,15 @@ def test_superlinear_within_noise_of_one_is_said_so_and_compared():
 
 def test_a_single_measurement_says_its_interval_is_unknown():
     from tests.analysis.test_analyze import frame, row
-    df = frame([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=256, thr=2300.0),
-                row("fsdp", k=1, B=128, thr=1000.0), row("fsdp", k=2, B=256, thr=1600.0)])
+
+    df = frame(
+        [
+            row("ddp", k=1, B=128, thr=1000.0),
+            row("ddp", k=2, B=256, thr=2300.0),
+            row("fsdp", k=1, B=128, thr=1000.0),
+            row("fsdp", k=2, B=256, thr=1600.0),
+        ]
+    )
     out = report._reading(tables.point_table(df), tables.scaling_table(df), tables.memory_table(df), {}, df)
     assert "no interval to say by how much" in line(out, "Implausible")  # unknown: still not a finding
     best = line(out, "Best weak-scaling efficiency")

@@ -1,5 +1,6 @@
 """A damaged sweep table costs its damaged lines, not its trials: each is skipped, named (file, line number) in the
 report's notes and on stderr; `analyze --sweeps` at a directory that is not there stops with the stage to run."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Intervals in the scaling table, from frames whose `throughput_windows` cells are Python lists (or absent)."""
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,9 @@ def test_one_measurement_each_leaves_the_interval_unknown():
 
 
 def test_repeats_without_windows_still_give_an_interval_and_nan_cells_count_as_none():
-    rows = [row("ddp", k=1, B=128, thr=t) for t in (1000.0, 1040.0)] + \
-           [row("ddp", k=2, B=256, thr=t) for t in (1800.0, 1850.0)]
+    rows = [row("ddp", k=1, B=128, thr=t) for t in (1000.0, 1040.0)] + [
+        row("ddp", k=2, B=256, thr=t) for t in (1800.0, 1850.0)
+    ]
     e = one(tables.scaling_table(with_windows(rows, [math.nan, None, [], math.nan])), kind="weak", k=2)
     assert e["efficiency_lo"] < e["efficiency_hi"] and (e["n_windows"], e["n_repeats"]) == (2, 2)
 
@@ -65,14 +67,19 @@ def bars_drawn(monkeypatch, tmp_path, df):
     from matplotlib.figure import Figure
 
     from pipeline.analysis import plots
+
     figs = []
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figs.append(fig))
     eff, pts = tables.scaling_table(df), tables.point_table(df)
     colors = plots.style(["ddp"])
     plots.plot_efficiency(eff, tmp_path / "e.png", colors)
     plots.plot_throughput(pts, tmp_path / "t.png", colors, eff=eff)
-    return [sorted((float(s[0][0]), float(s[0][1]), float(s[1][1])) for c in fig.axes[0].collections
-                   for s in c.get_segments()) for fig in figs]
+    return [
+        sorted(
+            (float(s[0][0]), float(s[0][1]), float(s[1][1])) for c in fig.axes[0].collections for s in c.get_segments()
+        )
+        for fig in figs
+    ]
 
 
 def test_figures_draw_the_intervals_where_known_and_nothing_where_unknown(monkeypatch, tmp_path):
@@ -82,22 +89,29 @@ def test_figures_draw_the_intervals_where_known_and_nothing_where_unknown(monkey
     eff_bars, thr_bars = bars_drawn(monkeypatch, tmp_path, df)
     e = one(tables.scaling_table(df), kind="weak", k=2)
     assert eff_bars == [(2.0, pytest.approx(e["efficiency_lo"]), pytest.approx(e["efficiency_hi"]))]
-    assert [x for x, _, _ in thr_bars] == [1.0, 2.0] and thr_bars[1][1:] == (pytest.approx(e["throughput_lo"]),
-                                                                               pytest.approx(e["throughput_hi"]))
+    assert [x for x, _, _ in thr_bars] == [1.0, 2.0] and thr_bars[1][1:] == (
+        pytest.approx(e["throughput_lo"]),
+        pytest.approx(e["throughput_hi"]),
+    )
     single = frame([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=256, thr=1800.0)])
     assert bars_drawn(monkeypatch, tmp_path, single) == [[], []]
 
 
 def test_summary_carries_the_efficiency_interval():
     from pipeline.analysis import summary
+
     r1, w1 = repeats("ddp", 1, 1000.0, seed=1)
     r2, w2 = repeats("ddp", 2, 1800.0, seed=2)
     df = with_windows(r1 + r2, w1 + w2)
-    m = summary.jsonable(summary.strategy_metrics("ddp", tables.point_table(df), tables.scaling_table(df),
-                                                  tables.memory_table(df)))
+    m = summary.jsonable(
+        summary.strategy_metrics("ddp", tables.point_table(df), tables.scaling_table(df), tables.memory_table(df))
+    )
     iv = m["weak_efficiency_interval"]
     assert iv["lo"] < m["weak_efficiency"] < iv["hi"] and (iv["n_repeats"], iv["base_n_repeats"]) == (3, 3)
     one_each = frame([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=256, thr=1800.0)])
-    m = summary.jsonable(summary.strategy_metrics("ddp", tables.point_table(one_each),
-                                                  tables.scaling_table(one_each), tables.memory_table(one_each)))
+    m = summary.jsonable(
+        summary.strategy_metrics(
+            "ddp", tables.point_table(one_each), tables.scaling_table(one_each), tables.memory_table(one_each)
+        )
+    )
     assert m["weak_efficiency_interval"]["lo"] is None and m["weak_efficiency"] is not None

@@ -1,5 +1,6 @@
 """Points whose trials spanned nodes (the sweep table's nnodes, SLURM) say so in the analysis tables and the report;
 single-node tables show no nodes column."""
+
 from pipeline.analysis import stage as A
 
 from .test_analyze import frame, row, write

@@ -1,4 +1,5 @@
 """Figures say what they show: the data source on every figure, one style per line, no invented zero bars."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,19 +24,28 @@ def _texts(monkeypatch):
     real = Figure.savefig
 
     def spy(fig, path, *a, **k):
-        lines = [[(ln.get_color(), ln.get_linestyle(), ln.get_marker()) for ln in ax.get_lines()
-                  if not ln.get_label().startswith("_") and ln.get_label() != "ideal"] for ax in fig.axes]
+        lines = [
+            [
+                (ln.get_color(), ln.get_linestyle(), ln.get_marker())
+                for ln in ax.get_lines()
+                if not ln.get_label().startswith("_") and ln.get_label() != "ideal"
+            ]
+            for ax in fig.axes
+        ]
         seen.append((Path(path).name, [t.get_text() for t in fig.texts], lines))
         return real(fig, path, *a, **k)
+
     monkeypatch.setattr(Figure, "savefig", spy)
     return seen
 
 
 def test_every_figure_is_labelled_and_lines_are_distinguishable(tmp_path, monkeypatch):
     rows = [row("ddp", k=k, B=B * k, thr=900.0 * k, data_source="synthetic") for k in (1, 2) for B in (64, 128)]
-    rows += [row("ddp", k=2, B=256, thr=1500.0, data_source="synthetic"),
-             row("single", k=1, B=128, thr=1000.0, data_source="synthetic"),
-             row("scratch", k=2, B=256, thr=800.0, peaks=[100 * 2**20], data_source="synthetic")]
+    rows += [
+        row("ddp", k=2, B=256, thr=1500.0, data_source="synthetic"),
+        row("single", k=1, B=128, thr=1000.0, data_source="synthetic"),
+        row("scratch", k=2, B=256, thr=800.0, peaks=[100 * 2**20], data_source="synthetic"),
+    ]
     sweeps = tmp_path / "sweeps"
     sweeps.mkdir()
     for s in ("ddp", "single", "scratch"):
@@ -52,8 +62,9 @@ def test_every_figure_is_labelled_and_lines_are_distinguishable(tmp_path, monkey
 def test_a_panel_with_only_k1_points_says_why_it_is_empty(tmp_path):
     """One global batch at k=1 and k=2 (the tiny profile's sweep): the weak-scaling panel has no line and says what
     is missing instead of showing an empty frame."""
-    from pipeline.analysis.tables import scaling_table
     from pipeline.analysis.rows import load_sweeps
+    from pipeline.analysis.tables import scaling_table
+
     write([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=128, thr=1500.0)], tmp_path / "ddp.jsonl")
     df, _ = load_sweeps(tmp_path, expected=("ddp",))
     texts = []
@@ -62,6 +73,7 @@ def test_a_panel_with_only_k1_points_says_why_it_is_empty(tmp_path):
     def grab(fig, *a, **kw):
         texts.extend(t.get_text() for ax in fig.axes for t in ax.texts)
         return real(fig, *a, **kw)
+
     Figure.savefig = grab
     try:
         plots.plot_efficiency(scaling_table(df), tmp_path / "e.png", plots.style(["ddp"]))

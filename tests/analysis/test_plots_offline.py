@@ -1,5 +1,6 @@
 """The offline template of `dvc plots show`: DVC's placeholder for the plots, none for its CDN scripts, the libraries
 inline (vl-convert-python ships them; the test that needs it is skipped, visibly, where it is not installed)."""
+
 from __future__ import annotations
 
 import builtins
@@ -24,6 +25,7 @@ def test_without_vl_convert_the_message_says_what_to_install(tmp_path, monkeypat
         if name == "vl_convert":
             raise ImportError(name)
         return real(name, *args, **kwargs)
+
     monkeypatch.setattr(builtins, "__import__", no_vl_convert)
     with pytest.raises(ImportError, match="pip install vl-convert-python"):
         plots_offline.write(tmp_path / "t.html")
@@ -51,7 +53,9 @@ def test_batch_legend_uses_distinct_shapes():
     """In DVC's efficiency and throughput templates the batch is the point shape as well as the dash, so its legend
     shows different symbols, and the revision is not a shape that would merge with it."""
     import json
+
     from ..conftest import REPO
+
     for name, field in (("efficiency_by_strategy", "batch"), ("throughput_by_strategy", "batch_size")):
         spec = json.loads((REPO / ".dvc" / "plots" / f"{name}.json").read_text())
         enc = spec["spec"]["layer"][1]["encoding"] if "spec" in spec else spec["encoding"]

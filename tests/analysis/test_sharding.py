@@ -1,5 +1,6 @@
 """The report's "What sharding saved": each sharding strategy's peak against its unsharded baseline's, measured
 alike (same model, k, batch, memory figure), from hand-made sweep tables with known answers."""
+
 import pytest
 
 from pipeline import catalog
@@ -18,9 +19,13 @@ def mem(rows):
 
 
 def test_saving_is_the_baseline_peak_minus_the_sharded_peak_in_mib_and_percent():
-    m = mem([row(BASE, k=2, B=256, peaks=[200 * MIB, 200 * MIB]),
-             row(SHARDED, k=2, B=256, peaks=[150 * MIB, 140 * MIB]),
-             row(SHARDED, k=1, B=128, peaks=[300 * MIB])])  # no baseline at k=1: no row
+    m = mem(
+        [
+            row(BASE, k=2, B=256, peaks=[200 * MIB, 200 * MIB]),
+            row(SHARDED, k=2, B=256, peaks=[150 * MIB, 140 * MIB]),
+            row(SHARDED, k=1, B=128, peaks=[300 * MIB]),
+        ]
+    )  # no baseline at k=1: no row
     t = sharding.savings(m)
     assert len(t) == 1
     r = t.iloc[0]
@@ -30,14 +35,14 @@ def test_saving_is_the_baseline_peak_minus_the_sharded_peak_in_mib_and_percent()
 
 
 def test_a_sharding_that_costs_memory_shows_a_negative_saving():
-    t = sharding.savings(mem([row(BASE, k=2, B=256, peaks=[100 * MIB] * 2),
-                              row(SHARDED, k=2, B=256, peaks=[110 * MIB] * 2)]))
+    t = sharding.savings(
+        mem([row(BASE, k=2, B=256, peaks=[100 * MIB] * 2), row(SHARDED, k=2, B=256, peaks=[110 * MIB] * 2)])
+    )
     assert t.iloc[0]["saved_mib"] == pytest.approx(-10)
 
 
 def test_points_measured_differently_are_not_compared():
-    t = sharding.savings(mem([row(BASE, k=2, B=256, mem_method="memtracker"),
-                              row(SHARDED, k=2, B=512)]))
+    t = sharding.savings(mem([row(BASE, k=2, B=256, mem_method="memtracker"), row(SHARDED, k=2, B=512)]))
     assert t.empty
     text = "".join(sharding.section(mem([row(BASE, k=2, B=256)]), md_table))
     assert "### What sharding saved" in text and "No sharding strategy was measured" in text
@@ -46,8 +51,12 @@ def test_points_measured_differently_are_not_compared():
 
 def test_section_renders_the_table():
     """The subsection names each pair and holds one Markdown row per compared point."""
-    text = "".join(sharding.section(mem([row(BASE, k=2, B=256, peaks=[200 * MIB] * 2),
-                                         row(SHARDED, k=2, B=256, peaks=[100 * MIB] * 2)]), md_table))
+    text = "".join(
+        sharding.section(
+            mem([row(BASE, k=2, B=256, peaks=[200 * MIB] * 2), row(SHARDED, k=2, B=256, peaks=[100 * MIB] * 2)]),
+            md_table,
+        )
+    )
     shards = ", ".join(catalog.spec(SHARDED).shards)
     assert f"| {SHARDED} | {shards} | {BASE} | lenet | 2 | 256 |" in text
     assert text.rstrip().endswith("| 100 | 200 | 100 | 50 |")

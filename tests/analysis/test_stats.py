@@ -1,4 +1,5 @@
 """Bootstrap intervals on constructed data with known answers (seeded): coverage, narrowing, ratios, the unknown."""
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,12 @@ def draw(rng, mean, sd, repeats, windows):
 
 def test_interval_covers_the_true_throughput_about_as_often_as_its_level():
     rng, true = np.random.default_rng(1), 1000.0
-    hits = [lo <= true <= hi for lo, hi in (stats.throughput_interval(draw(rng, true, 20.0, 3, 12), resamples=400,
-                                                                        seed=i) for i in range(150))]
+    hits = [
+        lo <= true <= hi
+        for lo, hi in (
+            stats.throughput_interval(draw(rng, true, 20.0, 3, 12), resamples=400, seed=i) for i in range(150)
+        )
+    ]
     # a 95 % interval: most, not all, of 150 independent data sets; a broken one is far off either way
     assert 0.85 <= np.mean(hits) < 1.0
 

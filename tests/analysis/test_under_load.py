@@ -1,6 +1,7 @@
 """A busy host: points whose trials were all flagged as measured under interference still give a throughput and an
 efficiency, labelled "measured under load" in the Reading, the tables, summary.json and metrics.json; and the Reading
 names the real cause whenever it cannot give an efficiency."""
+
 from __future__ import annotations
 
 import math
@@ -12,16 +13,31 @@ from tests.analysis.test_analyze import frame, one, row
 
 
 def busy(strategy="ddp", k=1, thr=1000.0, cores=1.6, **kw):
-    return row(strategy, k=k, B=128 * k, thr=thr, interfered=True, foreign_cores=cores,
-               interference_reason="other processes kept 1.60 cores busy", **kw)
+    return row(
+        strategy,
+        k=k,
+        B=128 * k,
+        thr=thr,
+        interfered=True,
+        foreign_cores=cores,
+        interference_reason="other processes kept 1.60 cores busy",
+        **kw,
+    )
 
 
 def everything(df):
     pts, eff, mem = tables.point_table(df), tables.scaling_table(df), tables.memory_table(df)
     status = summary.strategy_status(df, {}, "x", sorted(set(df["strategy"])))
     summ = summary.summarize(df, status, pts, eff, mem, None)
-    return (pts, eff, mem, status, summ, summary.flat_metrics(summ, pts, eff, mem),
-            report._reading(pts, eff, mem, status, df))
+    return (
+        pts,
+        eff,
+        mem,
+        status,
+        summ,
+        summary.flat_metrics(summ, pts, eff, mem),
+        report._reading(pts, eff, mem, status, df),
+    )
 
 
 def test_every_trial_flagged_still_gives_a_labelled_reading():
@@ -38,9 +54,11 @@ def test_every_trial_flagged_still_gives_a_labelled_reading():
     assert metrics["n_flagged"] == 3 and status["ddp"]["n_interfered"] == 2
     assert summ["strategies"]["ddp"]["weak_efficiency_under_load_cores"] == pytest.approx(1.7)
     from pipeline.tracking.client import summary_metrics  # the analysis run's MLflow metrics carry the label
+
     assert summary_metrics(summ)["strategy/ddp/weak_efficiency_under_load_cores"] == pytest.approx(1.7)
-    assert reading[0].startswith("**Measured under load**: every trial (3 complete trials) was measured under "
-                                 "interference")
+    assert reading[0].startswith(
+        "**Measured under load**: every trial (3 complete trials) was measured under interference"
+    )
     claim = next(line for line in reading if line.startswith("Best weak-scaling efficiency"))
     assert "**measured under load**" in claim and "1.70 cores busy" in claim
     assert "undefined" not in " ".join(reading)
@@ -49,8 +67,7 @@ def test_every_trial_flagged_still_gives_a_labelled_reading():
 def test_a_point_with_quiet_trials_leaves_its_flagged_ones_out_unlabelled():
     """A point with trials measured without interference takes its speed from those only and is not labelled; the
     Reading says the flagged ones were left out."""
-    df = frame([row("ddp", k=1, B=128, thr=1000.0), busy("ddp", 1, 400.0),
-                row("ddp", k=2, B=256, thr=1800.0)])
+    df = frame([row("ddp", k=1, B=128, thr=1000.0), busy("ddp", 1, 400.0), row("ddp", k=2, B=256, thr=1800.0)])
     pts, eff, _, _, _, metrics, reading = everything(df)
     p = one(pts, strategy="ddp", k=1)
     assert p["throughput_img_s"] == 1000.0 and not p["under_load"] and math.isnan(p["load_cores"])
@@ -67,16 +84,27 @@ def test_a_quiet_host_has_no_load_line():
     assert not any("under load" in line.lower() for line in reading)
 
 
-@pytest.mark.parametrize("rows, cause", [
-    ([busy("ddp", 2, 1600.0), row("ddp", k=1, B=128, state="failed", reason="OOM at step 3")],
-     "no k=1 point was timed (its trials: 1 failed: OOM at step 3)"),
-    ([row("ddp", k=1, B=128, thr=1000.0)], "no k≥2 point was timed (the sweep space has no k≥2 point)"),
-    ([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=512, thr=1800.0)],
-     "no strategy has both k=1 and k≥2 timed at the same per-device batch"),
-    ([row("ddp", k=1, B=128, thr=None, reason="untimed: too few steps"),
-      row("ddp", k=2, B=256, thr=None, reason="untimed: too few steps")],
-     "no complete trial has a throughput (untimed: too few steps)"),
-])
+@pytest.mark.parametrize(
+    "rows, cause",
+    [
+        (
+            [busy("ddp", 2, 1600.0), row("ddp", k=1, B=128, state="failed", reason="OOM at step 3")],
+            "no k=1 point was timed (its trials: 1 failed: OOM at step 3)",
+        ),
+        ([row("ddp", k=1, B=128, thr=1000.0)], "no k≥2 point was timed (the sweep space has no k≥2 point)"),
+        (
+            [row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=512, thr=1800.0)],
+            "no strategy has both k=1 and k≥2 timed at the same per-device batch",
+        ),
+        (
+            [
+                row("ddp", k=1, B=128, thr=None, reason="untimed: too few steps"),
+                row("ddp", k=2, B=256, thr=None, reason="untimed: too few steps"),
+            ],
+            "no complete trial has a throughput (untimed: too few steps)",
+        ),
+    ],
+)
 def test_the_reading_names_the_real_cause_of_a_missing_efficiency(rows, cause):
     """Each way the weak-scaling efficiency can be missing is named as itself, never the generic "no k=1 and k≥2"
     (and a flagged trial is never the cause: its figure is kept, labelled)."""

@@ -1,5 +1,6 @@
 """Why it scales: the step-time breakdown in the sweep table, MLflow, the analysis tables, figures and report, and
 the scaling model's modelled numbers beside the measured ones (hand-made rows; no timing thresholds)."""
+
 from __future__ import annotations
 
 import re
@@ -8,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from optuna.trial import TrialState
 
-from pipeline.records.trial import BD_COLUMNS, COLUMNS, TrialRecord
 from pipeline.records.table import trial_row
+from pipeline.records.trial import BD_COLUMNS, COLUMNS, TrialRecord
 
 PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")
 
@@ -20,10 +21,14 @@ def _bd(step, residual=0.0, **parts):
 
 
 def test_sweep_row_and_mlflow_carry_the_breakdown():
-    bd = _bd(0.1, residual=0.01, data=0.01, forward=0.02, backward_compute=0.04, comm_exposed=0.01,
-             optimizer=0.01)
-    t = SimpleNamespace(user_attrs={"metrics": {"breakdown": bd}}, system_attrs={}, state=TrialState.COMPLETE,
-                        params={"model": "lenet", "devices": 2, "batch_size": 256, "lr": 0.1}, number=3)
+    bd = _bd(0.1, residual=0.01, data=0.01, forward=0.02, backward_compute=0.04, comm_exposed=0.01, optimizer=0.01)
+    t = SimpleNamespace(
+        user_attrs={"metrics": {"breakdown": bd}},
+        system_attrs={},
+        state=TrialState.COMPLETE,
+        params={"model": "lenet", "devices": 2, "batch_size": 256, "lr": 0.1},
+        number=3,
+    )
     row = trial_row(SimpleNamespace(study_name="s"), "ddp", t=t)
     assert set(BD_COLUMNS) <= set(COLUMNS)
     assert row["bd_step_s"] == 0.1 and row["bd_backward_compute_s"] == 0.04 and row["bd_residual_s"] == 0.01
@@ -40,11 +45,24 @@ def test_sweep_row_and_mlflow_carry_the_breakdown():
 
 # ----------------------------------------------------------------------------- the analysis
 
+
 def _row(strategy, k, thr, step, residual, lr=0.1, **parts):
     from .test_analyze import row
+
     bd = {f"bd_{p}_s": parts.get(p, 0.0) for p in PARTS}
-    return row(strategy, k=k, B=128 * k, lr=lr, thr=thr, device_kind="cpu", host_devices=2, bd_step_s=step,
-               bd_residual_s=residual, bd_samples=3, **bd)
+    return row(
+        strategy,
+        k=k,
+        B=128 * k,
+        lr=lr,
+        thr=thr,
+        device_kind="cpu",
+        host_devices=2,
+        bd_step_s=step,
+        bd_residual_s=residual,
+        bd_samples=3,
+        **bd,
+    )
 
 
 BASE = dict(data=0.01, forward=0.02, backward_compute=0.05, optimizer=0.01)
@@ -56,20 +74,29 @@ ROWS = [
     _row("fsdp", 2, 2000.0, 0.125, 0.010, comm_exposed=0.005, idle=0.020, **BASE),
     _row("fsdp", 2, 2000.0, 0.135, 0.010, lr=0.2, comm_exposed=0.005, idle=0.030, **BASE),
 ]
-COLLECTIVES = {"host": {"hostname": "testhost"}, "backend": "gloo", "measured_at": "2025-01-01T00:00:00", "ks": [2],
-               "collectives": {name: {"available": True, "by_k": {"2": {"after_compute": {"fit": {
-                   "alpha_s": 50e-6, "beta_Bps": 1e9}}}}} for name in ("allreduce", "allgather", "reduce_scatter")}}
+COLLECTIVES = {
+    "host": {"hostname": "testhost"},
+    "backend": "gloo",
+    "measured_at": "2025-01-01T00:00:00",
+    "ks": [2],
+    "collectives": {
+        name: {"available": True, "by_k": {"2": {"after_compute": {"fit": {"alpha_s": 50e-6, "beta_Bps": 1e9}}}}}
+        for name in ("allreduce", "allgather", "reduce_scatter")
+    },
+}
 
 
 def _frame(rows=ROWS):
     import pandas as pd
 
     from pipeline.analysis.rows import normalize
+
     return normalize(pd.DataFrame(rows), "x")
 
 
 def test_breakdown_table_medians_and_shares_sum_to_one():
     from pipeline.analysis.tables import BD_ALL, breakdown_table
+
     bd = breakdown_table(_frame())
     ddp2 = bd[(bd["strategy"] == "ddp") & (bd["k"] == 2)].iloc[0]
     assert ddp2["step_s"] == pytest.approx(0.110) and ddp2["comm_exposed_s"] == pytest.approx(0.006)
@@ -85,14 +112,16 @@ def test_breakdown_table_medians_and_shares_sum_to_one():
 def test_the_sentence_names_the_largest_loss_first():
     from pipeline.analysis.report_why import loss_sentence
     from pipeline.analysis.tables import BD_ALL, breakdown_losses, breakdown_table, scaling_table
+
     df = _frame()
     losses = breakdown_losses(breakdown_table(df), scaling_table(df))
     ddp = losses[losses["strategy"] == "ddp"].iloc[0]
     assert ddp["loss"] == pytest.approx(1 - 0.100 / 0.110)
     assert sum(ddp[f"loss_{p}"] for p in BD_ALL) == pytest.approx(ddp["loss"])
     text = loss_sentence(ddp)
-    assert text.startswith("ddp at k=2 (b=128) loses 9% of its step against k=1: 5% exposed all-reduce, "
-                           "3% waiting for the slower rank"), text
+    assert text.startswith(
+        "ddp at k=2 (b=128) loses 9% of its step against k=1: 5% exposed all-reduce, 3% waiting for the slower rank"
+    ), text
     assert "0.91" in text  # the measured efficiency from throughput, beside it
     fsdp = loss_sentence(losses[losses["strategy"] == "fsdp"].iloc[0])
     assert fsdp.split(": ")[1].startswith("19% waiting for the slower rank, 4% exposed all-gather/reduce-scatter"), fsdp
@@ -106,6 +135,7 @@ def _analyze(tmp_path, collectives):
     from pipeline.analysis.stage import analyze
 
     from .test_analyze import write
+
     sweeps = tmp_path / "results" / "sweeps"
     sweeps.mkdir(parents=True)
     for s in ("ddp", "fsdp"):
@@ -160,6 +190,7 @@ def test_without_the_hosts_collectives_no_error_is_printed_and_projections_say_s
 
 def test_a_host_without_collectives_says_so(tmp_path):
     from pipeline.analysis.stage import read_collectives
+
     path = tmp_path / "collectives.json"
     path.write_text('{"measured": false, "reason": "this host offers one cpu device: no collective to time"}')
     measured, notes = read_collectives(path)

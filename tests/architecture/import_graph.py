@@ -5,6 +5,7 @@ that keep torchvision or matplotlib out of other stages), under `if`. Used by te
 cycles,
 the analysis wing's layers) and tests/architecture/test_dvc_deps.py (each stage's code deps).
 """
+
 from __future__ import annotations
 
 import ast
@@ -34,7 +35,7 @@ def targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, kn
         base = node.module or ""
         if node.level:
             here = module.split(".") if is_package else module.split(".")[:-1]
-            base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
+            base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
         names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
     out = set()
     for name in names:
@@ -64,6 +65,7 @@ def graph(root: Path = REPO) -> dict[str, set[str]]:
     __init__.py) imports the module named after each catalog row by name, which no import statement shows: those
     edges come from the catalog (a torch-free table, the one module this reads by importing it)."""
     from pipeline import catalog
+
     files = module_files(root)
     g = {m: imports_in([parse(p)], m, p.name == "__init__.py", files) - {m} for m, p in files.items()}
     if f"{PACKAGE}.strategies" in g:
@@ -80,7 +82,7 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
         stack.append(m)
         for d in sorted(g.get(m, ())):
             if state.get(d) == "open":
-                return stack[stack.index(d):] + [d]
+                return stack[stack.index(d) :] + [d]
             if d not in state and (found := visit(d)):
                 return found
         stack.pop()

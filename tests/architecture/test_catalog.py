@@ -1,6 +1,7 @@
 """One table of strategies (pipeline/catalog.py): the classes, config validation, the sweep's space, the analysis
 order, the scaling model and the docs all follow it, and no module outside strategies/ branches on a strategy's name.
 """
+
 from __future__ import annotations
 
 import ast
@@ -9,15 +10,15 @@ import dataclasses
 import pytest
 
 from pipeline import catalog, strategies
-from pipeline.config import schema
-from pipeline.scaling import model as scaling_model
-from pipeline.records import table as sweep_table
 from pipeline.analysis import rows as trial_rows
 from pipeline.config import loader as configmod
+from pipeline.config import schema
+from pipeline.records import table as sweep_table
+from pipeline.scaling import model as scaling_model
 from pipeline.sweep.stage import points
 
-from . import import_graph as ig
 from ..conftest import REPO
+from . import import_graph as ig
 
 ALLOWED = ("pipeline/catalog.py", "pipeline/strategies/")
 
@@ -74,7 +75,7 @@ def test_a_strategys_space_may_vary_only_its_own_knobs(name):
 
 
 def test_analysis_and_sweep_tables_use_the_catalog():
-    assert trial_rows.EXPECTED == catalog.NAMES and trial_rows.EXTRAS[-len(catalog.KNOBS):] == catalog.KNOBS
+    assert trial_rows.EXPECTED == catalog.NAMES and trial_rows.EXTRAS[-len(catalog.KNOBS) :] == catalog.KNOBS
     assert sweep_table.KNOBS == catalog.KNOBS
     assert set(catalog.KNOBS) <= set(sweep_table.COLUMNS)
 
@@ -92,19 +93,23 @@ def test_docs_table_is_the_catalog():
     text = (REPO / "docs" / "strategies.md").read_text()
     begin, end = text.index(catalog.DOC_BEGIN) + len(catalog.DOC_BEGIN) + 1, text.index(catalog.DOC_END)
     assert text[begin:end] == catalog.markdown_table(), (
-        "docs/strategies.md is out of date: run `python tools/sync_catalog.py`")
+        "docs/strategies.md is out of date: run `python tools/sync_catalog.py`"
+    )
 
 
 # ----------------------------------------------------------------------------- no strategy-name branches
 
+
 def name_branches(tree: ast.AST, names=catalog.NAMES) -> list[int]:
     """Lines comparing something with a strategy-name literal (==, !=, in, not in, a tuple/list/set of them)."""
+
     def literals(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             return {node.value}
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             return {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
         return set()
+
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
@@ -122,18 +127,22 @@ def test_no_strategy_name_branch_outside_strategies_and_the_catalog():
         if rel.startswith(ALLOWED):
             continue
         found += [f"{rel}:{line}" for line in name_branches(ig.parse(path))]
-    assert not found, ("strategy-name branches outside pipeline/strategies/ and pipeline/catalog.py (ask the "
-                       f"strategy's catalog row instead): {', '.join(found)}")
+    assert not found, (
+        "strategy-name branches outside pipeline/strategies/ and pipeline/catalog.py (ask the "
+        f"strategy's catalog row instead): {', '.join(found)}"
+    )
 
 
 def test_the_branch_check_can_fail():
-    code = ("def f(strategy, row):\n"
-            "    if strategy in ('ddp', 'ddp_amp'):\n"
-            "        return 1\n"
-            "    if strategy == 'fsdp' or 'single' != strategy:\n"
-            "        return 2\n"
-            "    words = {'ddp': 'all-reduce'}\n"  # a lookup table is not a branch
-            "    return row.comm == 'bucket_allreduce' or strategy == 'other'\n")
+    code = (
+        "def f(strategy, row):\n"
+        "    if strategy in ('ddp', 'ddp_amp'):\n"
+        "        return 1\n"
+        "    if strategy == 'fsdp' or 'single' != strategy:\n"
+        "        return 2\n"
+        "    words = {'ddp': 'all-reduce'}\n"  # a lookup table is not a branch
+        "    return row.comm == 'bucket_allreduce' or strategy == 'other'\n"
+    )
     assert name_branches(ast.parse(code)) == [2, 4]
 
 
@@ -160,6 +169,7 @@ def test_each_sharding_strategy_is_compared_with_an_unsharded_twin():
 def test_the_docs_tool_rewrites_only_the_table():
     """tools/sync_catalog.py replaces what lies between the markers and keeps the text around them."""
     from tools.sync_catalog import regenerate
+
     text = f"before\n{catalog.DOC_BEGIN}\nstale\n{catalog.DOC_END}\nafter\n"
     assert regenerate(text) == f"before\n{catalog.DOC_BEGIN}\n{catalog.markdown_table()}{catalog.DOC_END}\nafter\n"
 
@@ -168,6 +178,7 @@ def test_dvc_yaml_has_a_sweep_stage_per_catalog_strategy():
     """dvc.yaml's sweep `foreach` (a fixed list: DVC puts ${item} into a shell command) is the catalog's names, as
     tools/sync_catalog.py writes them; the tool rewrites a stale list and keeps the rest of the file."""
     from tools.sync_catalog import sweep_stages, with_sweep_stages
+
     text = (REPO / "dvc.yaml").read_text()
     assert sweep_stages(text) == list(catalog.NAMES), "dvc.yaml is out of date: run `python tools/sync_catalog.py`"
     stale = text.replace(f"[{', '.join(catalog.NAMES)}]", "[single, ddp]")
@@ -183,5 +194,6 @@ def test_a_row_without_a_class_is_reported(monkeypatch):
 
 def test_each_class_is_found_in_the_module_named_after_its_row():
     for name, cls in strategies.STRATEGIES.items():
-        assert cls.__module__ == ("pipeline.strategies.base" if name == catalog.REFERENCE
-                                  else f"pipeline.strategies.{name}"), name
+        assert cls.__module__ == (
+            "pipeline.strategies.base" if name == catalog.REFERENCE else f"pipeline.strategies.{name}"
+        ), name

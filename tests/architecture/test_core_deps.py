@@ -1,5 +1,6 @@
 """The training core and `doctor` run where MLflow, Optuna, DVC, pandas, matplotlib and torchvision are absent (a
 GPU node with only its own PyTorch); the pipeline's commands then say which extra to install."""
+
 from __future__ import annotations
 
 import json
@@ -30,19 +31,38 @@ runpy.run_module("pipeline", run_name="__main__")
 
 
 def _pipeline(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-c", RUNNER, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-c", RUNNER, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def test_doctor_and_a_trial_run_without_the_pipeline_extras(synthetic_root, tmp_path):
     data = ["--set", f"data.dir={synthetic_root}", "--set", "data.source=synthetic"]
-    doc = _pipeline("doctor", "--strategies", "single,scratch", "--max-devices", "1", "--steps", "2",
-                    "--out", str(tmp_path / "doc"), *data)
+    doc = _pipeline(
+        "doctor",
+        "--strategies",
+        "single,scratch",
+        "--max-devices",
+        "1",
+        "--steps",
+        "2",
+        "--out",
+        str(tmp_path / "doc"),
+        *data,
+    )
     assert doc.returncode == 0, doc.stderr + doc.stdout
     rows = json.loads((tmp_path / "doc" / "doctor.json").read_text())["rows"]
     assert [r["status"] for r in rows] == ["passed", "passed"]
-    train = _pipeline("train", "--strategy", "single", "--max-steps", "2", "--no-track", "--quiet",
-                      "--out", str(tmp_path / "run"), *data)
+    train = _pipeline(
+        "train",
+        "--strategy",
+        "single",
+        "--max-steps",
+        "2",
+        "--no-track",
+        "--quiet",
+        "--out",
+        str(tmp_path / "run"),
+        *data,
+    )
     assert train.returncode == 0, train.stderr + train.stdout
     assert (tmp_path / "run" / "metrics.json").exists()
 

@@ -7,6 +7,7 @@ imports of commands.py, those of the functions `main` and `cmd_NAME` reach, and 
 transitively, imports inside functions included
 (tests/architecture/import_graph.py). A module missing from the stage's deps means editing it would not rerun the stage.
 """
+
 from __future__ import annotations
 
 import ast
@@ -14,8 +15,8 @@ import re
 
 import pytest
 
-from . import import_graph as ig
 from ..conftest import REPO
+from . import import_graph as ig
 
 dvc_repo = pytest.importorskip("dvc.repo")
 
@@ -30,8 +31,14 @@ def _resolved_stages():
         out = []
         for s in index.stages:
             cmds = s.cmd if isinstance(s.cmd, list) else [s.cmd or ""]
-            out.append((s.addressing, [m for c in cmds for m in COMMAND.findall(c)], [d.def_path for d in s.deps],
-                        {u.addressing for u in graph.successors(s)}))
+            out.append(
+                (
+                    s.addressing,
+                    [m for c in cmds for m in COMMAND.findall(c)],
+                    [d.def_path for d in s.deps],
+                    {u.addressing for u in graph.successors(s)},
+                )
+            )
         return out
 
 
@@ -44,8 +51,9 @@ def command_modules(command: str) -> set[str]:
     commands = "pipeline.cli.commands"
     tree = ig.parse(files[commands])
     functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    assert f"cmd_{command}" in functions, (f"pipeline/cli/commands.py has no cmd_{command} "
-                                                  f"(python -m pipeline {command})")
+    assert f"cmd_{command}" in functions, (
+        f"pipeline/cli/commands.py has no cmd_{command} (python -m pipeline {command})"
+    )
     # main() dispatches through globals()[f"cmd_{...}"]: the command's function is a root of its own
     reached = [n for n in tree.body if n not in functions.values()] + [functions[f"cmd_{command}"]]
     seen = set()
@@ -79,8 +87,11 @@ def test_stage_deps_are_the_modules_its_command_imports(stage):
     command = f"python -m pipeline {', '.join(commands)}"
     assert not missing, f"dvc.yaml stage {name} ({command}) misses deps: {', '.join(missing)}"
     code = [d for d in deps if _covers("pipeline", d)]
-    files = {p.relative_to(REPO).as_posix() for d in code for p in
-             ([REPO / d] if (REPO / d).is_file() else (REPO / d).rglob("*.py"))}
+    files = {
+        p.relative_to(REPO).as_posix()
+        for d in code
+        for p in ([REPO / d] if (REPO / d).is_file() else (REPO / d).rglob("*.py"))
+    }
     extra = sorted(files - needed)
     assert not extra, f"dvc.yaml stage {name} depends on {', '.join(extra)}, which its command does not import"
 
@@ -97,9 +108,17 @@ def test_analyze_depends_on_every_sweep_stage():
 def test_closure_follows_imports_inside_functions():
     """cmd_analyze imports analyze and tracking inside the function; analyze imports the wing at its top."""
     mods = command_modules("analyze")
-    assert {"pipeline.analysis.stage", "pipeline.tracking.client", "pipeline.analysis.report",
-            "pipeline.analysis.plots", "pipeline.analysis.tables", "pipeline.config.loader",
-            "pipeline.errors", "pipeline.__main__", "pipeline"} <= mods
+    assert {
+        "pipeline.analysis.stage",
+        "pipeline.tracking.client",
+        "pipeline.analysis.report",
+        "pipeline.analysis.plots",
+        "pipeline.analysis.tables",
+        "pipeline.config.loader",
+        "pipeline.errors",
+        "pipeline.__main__",
+        "pipeline",
+    } <= mods
     assert "pipeline.sweep.stage" not in mods and "pipeline.trial.loop" not in mods
     # data.prepare imports download inside the function: the download stage depends on it
     assert "pipeline.data.download" in command_modules("download")

@@ -1,6 +1,7 @@
 """pipeline/'s imports, read from the code with `ast`: no cycles (lazy imports inside functions count), the folders
 point one way (FLOORS), the torch-free folders load no torch, and no module imports another's private
 (leading-underscore) names."""
+
 from __future__ import annotations
 
 import ast
@@ -31,13 +32,49 @@ FLOORS = {
     "trial": {"scratch", "config", "records", "data", "host", "measure", "strategies", "errors", "paths", "models"},
     "tracking": {"scratch", "errors", "paths", "preflight"},
     "scaling": {"catalog", "host", "strategies", "trial", "models"},
-    "sweep": {"config", "records", "host", "measure", "strategies", "trial", "tracking", "catalog", "errors", "paths",
-              "preflight"},
+    "sweep": {
+        "config",
+        "records",
+        "host",
+        "measure",
+        "strategies",
+        "trial",
+        "tracking",
+        "catalog",
+        "errors",
+        "paths",
+        "preflight",
+    },
     "analysis": {"records", "scaling", "catalog"},
-    "doctor": {"scratch", "config", "data", "host", "measure", "strategies", "trial", "catalog", "errors", "paths",
-               "models"},
-    "cli": {"config", "records", "data", "host", "measure", "trial", "tracking", "scaling", "sweep", "analysis",
-            "doctor", "errors", "paths", "preflight"},
+    "doctor": {
+        "scratch",
+        "config",
+        "data",
+        "host",
+        "measure",
+        "strategies",
+        "trial",
+        "catalog",
+        "errors",
+        "paths",
+        "models",
+    },
+    "cli": {
+        "config",
+        "records",
+        "data",
+        "host",
+        "measure",
+        "trial",
+        "tracking",
+        "scaling",
+        "sweep",
+        "analysis",
+        "doctor",
+        "errors",
+        "paths",
+        "preflight",
+    },
     "__main__": {"cli"},
     **TOP,
 }
@@ -60,8 +97,9 @@ def test_folders_point_one_way():
     for w, deps in folder_graph().items():
         if w:
             assert w in FLOORS, f"pipeline/{w} is on no floor of tests/architecture/test_imports.py's FLOORS"
-            assert deps <= FLOORS[w], (f"pipeline/{w} imports {sorted(deps - FLOORS[w])}; "
-                                       f"it may import {sorted(FLOORS[w])}")
+            assert deps <= FLOORS[w], (
+                f"pipeline/{w} imports {sorted(deps - FLOORS[w])}; it may import {sorted(FLOORS[w])}"
+            )
 
 
 def test_the_floors_have_no_cycle():
@@ -82,8 +120,9 @@ def test_catalog_imports_nothing_heavy():
     and nothing from pipeline/ (so it sits below every module that reads it)."""
     tree = ig.parse(ig.module_files()["pipeline.catalog"])
     imported = {a.name.partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {(n.module or "").partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                 and not n.level}
+    imported |= {
+        (n.module or "").partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level
+    }
     assert imported <= {"__future__", "dataclasses"}, f"catalog.py imports {sorted(imported)}"
     assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), "catalog.py imports pipeline/"
 
@@ -113,8 +152,11 @@ def test_no_private_names_imported_across_modules():
         for node in ast.walk(ig.parse(path)):
             if isinstance(node, ast.ImportFrom):
                 for target in ig.targets(node, module, path.name == "__init__.py", files):
-                    found |= {(module, target, a.name) for a in node.names
-                              if a.name.startswith("_") and not a.name.startswith("__")}
+                    found |= {
+                        (module, target, a.name)
+                        for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")
+                    }
     assert found <= KNOWN_PRIVATE, f"private names imported across modules: {sorted(found - KNOWN_PRIVATE)}"
 
 
@@ -123,7 +165,11 @@ OPTUNA_PRIVATE = {"_storage", "_trial_id", "_study_id", "_get_stale_trial_ids", 
 
 def test_only_the_worker_queue_uses_optunas_private_api():
     """pipeline/sweep/queue.py is the one module that reaches into Optuna (study._storage, trial._trial_id, ...)."""
-    found = sorted(f"{module}:{node.lineno} .{node.attr}" for module, path in ig.module_files().items()
-                   if module != "pipeline.sweep.queue" for node in ast.walk(ig.parse(path))
-                   if isinstance(node, ast.Attribute) and node.attr in OPTUNA_PRIVATE)
+    found = sorted(
+        f"{module}:{node.lineno} .{node.attr}"
+        for module, path in ig.module_files().items()
+        if module != "pipeline.sweep.queue"
+        for node in ast.walk(ig.parse(path))
+        if isinstance(node, ast.Attribute) and node.attr in OPTUNA_PRIVATE
+    )
     assert not found, f"Optuna's private API outside pipeline/sweep/queue.py: {found}"

@@ -10,6 +10,7 @@ To extend: add one row to CALLS (a callable: dotted path, positional arguments p
 or to READS (an attribute read or set, not called). A row whose name no longer appears in pipeline/ or benchmarks/ fails
 (test_every_row_is_still_called), so the table follows the code.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 SELF = object()  # a method's receiver, for binding
-EXISTS = None    # positional count meaning "a builtin without a signature: check that it exists"
+EXISTS = None  # positional count meaning "a builtin without a signature: check that it exists"
 
 # (dotted path, positional args passed, keyword args passed, where the code calls it)
 CALLS = (
@@ -42,15 +43,23 @@ CALLS = (
     ("torch.cuda.memory_allocated", 1, (), "metrics.py: resident at the window's first opening"),
     ("torch.cuda.max_memory_reserved", 1, (), "metrics.py: reserved peak"),
     # process groups and collectives
-    ("torch.distributed.init_process_group", 1, ("store", "rank", "world_size", "timeout", "device_id"),
-     "strategies/distributed.py, collectives.py"),
+    (
+        "torch.distributed.init_process_group",
+        1,
+        ("store", "rank", "world_size", "timeout", "device_id"),
+        "strategies/distributed.py, collectives.py",
+    ),
     ("torch.distributed.barrier", 0, (), "collectives.py, strategies/shm_allreduce.py"),
     ("torch.distributed.rendezvous", 3, ("timeout",), "collectives.py: the ranks' store (G9)"),
     ("torch.distributed.all_gather_into_tensor", 2, (), "collectives.py (older name of all_gather_single)"),
     ("torch.distributed.reduce_scatter_tensor", 2, (), "collectives.py (older name of reduce_scatter_single)"),
     ("torch.distributed.broadcast_object_list", 1, ("src",), "strategies/shm_allreduce.py"),
-    ("torch.nn.parallel.DistributedDataParallel", 1, ("device_ids", "bucket_cap_mb", "gradient_as_bucket_view"),
-     "strategies/ddp.py"),
+    (
+        "torch.nn.parallel.DistributedDataParallel",
+        1,
+        ("device_ids", "bucket_cap_mb", "gradient_as_bucket_view"),
+        "strategies/ddp.py",
+    ),
     ("torch.nn.parallel.DistributedDataParallel._set_ddp_runtime_logging_sample_rate", 1, (), "comm_probes.py"),
     ("torch.nn.parallel.DistributedDataParallel._get_ddp_logging_data", 0, (), "comm_probes.py"),
     ("torch.nn.parallel.DistributedDataParallel.register_comm_hook", 2, (), "strategies/ddp.py"),
@@ -64,8 +73,12 @@ CALLS = (
     ("torch.nn.parallel.comm.scatter", 2, (), "collectives.py (dp_scatter)"),
     ("torch.distributed.fsdp.fully_shard", 1, (), "strategies/fsdp.py"),
     ("torch.distributed.checkpoint.state_dict.get_model_state_dict", 1, ("options",), "strategies/fsdp.py"),
-    ("torch.distributed.checkpoint.state_dict.StateDictOptions", 0, ("full_state_dict", "cpu_offload"),
-     "strategies/fsdp.py"),
+    (
+        "torch.distributed.checkpoint.state_dict.StateDictOptions",
+        0,
+        ("full_state_dict", "cpu_offload"),
+        "strategies/fsdp.py",
+    ),
     # mixed precision
     ("torch.amp.GradScaler", 1, ("enabled", "init_scale"), "strategies/ddp_amp.py"),
     ("torch.amp.GradScaler.get_scale", 0, (), "strategies/ddp_amp.py: the final scale"),
@@ -74,8 +87,12 @@ CALLS = (
     # profiler
     ("torch.profiler.profile", 0, ("activities", "schedule", "on_trace_ready"), "comm_probes.py"),
     ("torch.profiler.profile.events", 0, (), "comm_probes.py"),
-    ("torch.autograd.profiler_util.FunctionEvent", 0, ("name", "device_type", "is_user_annotation"),
-     "comm_probes.py: kernels vs gpu_user_annotation"),
+    (
+        "torch.autograd.profiler_util.FunctionEvent",
+        0,
+        ("name", "device_type", "is_user_annotation"),
+        "comm_probes.py: kernels vs gpu_user_annotation",
+    ),
     # streams and events
     ("torch.cuda.Stream", 1, (), "overlap.py: the side stream"),
     ("torch.cuda.stream", 1, (), "overlap.py"),
@@ -130,8 +147,10 @@ def test_each_call_a_gpu_branch_makes_fits_the_installed_torch(path, positional,
     try:
         sig.bind_partial(*args, **{k: SELF for k in keywords})
     except TypeError as e:
-        pytest.fail(f"{path}{sig} in torch {torch.__version__} does not take {positional} positional argument(s) "
-                    f"and keywords {keywords} as {where} passes them: {e}")
+        pytest.fail(
+            f"{path}{sig} in torch {torch.__version__} does not take {positional} positional argument(s) "
+            f"and keywords {keywords} as {where} passes them: {e}"
+        )
 
 
 @pytest.mark.parametrize("path, where", READS, ids=[r[0] for r in READS])
@@ -139,8 +158,10 @@ def test_each_attribute_a_gpu_branch_reads_exists(path, where):
     resolve(path)
 
 
-@pytest.mark.skipif(not hasattr(torch._C, "_CudaDeviceProperties"),
-                    reason="a CPU-only build of torch has no CUDA device properties class")
+@pytest.mark.skipif(
+    not hasattr(torch._C, "_CudaDeviceProperties"),
+    reason="a CPU-only build of torch has no CUDA device properties class",
+)
 def test_the_device_property_fields_read_exist():
     missing = [f for f in DEVICE_PROPERTIES if not hasattr(torch._C._CudaDeviceProperties, f)]
     assert not missing, f"torch {torch.__version__}'s CUDA device properties lack {missing}"
@@ -158,6 +179,7 @@ def test_every_row_is_still_called():
     """The table follows the code: each row's last name appears in pipeline/ or benchmarks/ (a row left behind by a
     removed call would check nothing)."""
     from pathlib import Path
+
     root = Path(__file__).resolve().parents[2]
     text = "\n".join(p.read_text() for d in ("pipeline", "benchmarks") for p in (root / d).rglob("*.py"))
     names = [c[0] for c in CALLS] + [r[0] for r in READS]

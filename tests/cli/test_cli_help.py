@@ -1,5 +1,6 @@
 """`python -m pipeline COMMAND --help` describes every flag: what it does and its default (or that it is required),
 and the flags that override a configuration key say where an unset value comes from."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,8 +8,8 @@ import re
 
 import pytest
 
-from pipeline.config import loader as configmod
 from pipeline.cli import build_parser, main
+from pipeline.config import loader as configmod
 
 COMMANDS = ("download", "train", "sweep", "overlap", "collectives", "analyze", "ui", "profiles", "doctor")
 

@@ -1,4 +1,5 @@
 """params.yaml -> frozen dataclasses; every invalid value is refused before any work, naming key and fix."""
+
 import dataclasses
 
 import pytest
@@ -24,6 +25,7 @@ def test_repo_params_and_every_profile_load():
 
 def test_layers_profile_then_params_then_set():
     import yaml
+
     cfg = load()
     profile = yaml.safe_load((REPO / "experiments" / "cpu.yaml").read_text())
     assert cfg.profile == "cpu" and cfg.data.train_limit == profile["data"]["train_limit"] > 0
@@ -41,27 +43,30 @@ def test_override_returns_new_config():
     assert new.train.lr == 0.05 and cfg.train.lr != 0.05
 
 
-@pytest.mark.parametrize("sets,needle", [
-    (["train.model=vgg"], "lenet, resnet18"),
-    (["train.strategy=horovod"], "ddp"),
-    (["train.bogus=1"], "Valid keys"),
-    (["train.lr=fast"], "expected a number"),
-    (["train.lr=0"], "must be > 0"),
-    (["train.lr=-0.1"], "must be > 0"),
-    (["train.lr=.nan"], "finite"),
-    (["train.batch_size=0"], "must be >= 1"),
-    (["train.batch_size=-4"], "must be >= 1"),
-    (["train.batch_size=2.5"], "expected an integer"),
-    (["train.epochs=0"], "must be >= 1"),
-    (["train.oversubscribe=maybe"], "true or false"),
-    (["data.source=mnist"], "synthetic"),
-    (["profile=nope"], "Valid profiles"),
-    (["sweep.spaces.ddp.lr=[]"], "empty"),
-    (["sweep.spaces.ddp.devices=[0, 2]"], "must be >= 1"),
-    (["sweep.spaces.tpu={devices: [1]}"], "unknown strategy"),
-    (["train.lr"], "Malformed --set"),
-    (["=3"], "Malformed --set"),
-])
+@pytest.mark.parametrize(
+    "sets,needle",
+    [
+        (["train.model=vgg"], "lenet, resnet18"),
+        (["train.strategy=horovod"], "ddp"),
+        (["train.bogus=1"], "Valid keys"),
+        (["train.lr=fast"], "expected a number"),
+        (["train.lr=0"], "must be > 0"),
+        (["train.lr=-0.1"], "must be > 0"),
+        (["train.lr=.nan"], "finite"),
+        (["train.batch_size=0"], "must be >= 1"),
+        (["train.batch_size=-4"], "must be >= 1"),
+        (["train.batch_size=2.5"], "expected an integer"),
+        (["train.epochs=0"], "must be >= 1"),
+        (["train.oversubscribe=maybe"], "true or false"),
+        (["data.source=mnist"], "synthetic"),
+        (["profile=nope"], "Valid profiles"),
+        (["sweep.spaces.ddp.lr=[]"], "empty"),
+        (["sweep.spaces.ddp.devices=[0, 2]"], "must be >= 1"),
+        (["sweep.spaces.tpu={devices: [1]}"], "unknown strategy"),
+        (["train.lr"], "Malformed --set"),
+        (["=3"], "Malformed --set"),
+    ],
+)
 def test_invalid_values_are_refused_with_key_and_choices(sets, needle):
     with pytest.raises(c.ConfigError) as e:
         load(*sets)
@@ -81,6 +86,7 @@ def test_unknown_key_in_params_file(tmp_path):
 def test_space_union_of_products():
     cfg = load("profile=d2l")
     from pipeline.sweep.stage import points
+
     pts = points(cfg, "dp")
     assert [(p["devices"], p["batch_size"], p["lr"]) for p in pts] == [(1, 256, 0.1), (2, 512, 0.2)]
 
@@ -100,11 +106,14 @@ def test_non_utf8_params_file_is_refused(tmp_path):
         c.load(tmp_path / "params.yaml", root=tmp_path)
 
 
-@pytest.mark.parametrize("sets,needle", [
-    ([f"train.seed={2**64 + 1}"], "must be <= 4294967295"),
-    (["train.timeout_s=1e300"], "must be <= 2592000"),
-    (["sweep.trial_timeout_s=1e300"], "must be <= 2592000"),
-])
+@pytest.mark.parametrize(
+    "sets,needle",
+    [
+        ([f"train.seed={2**64 + 1}"], "must be <= 4294967295"),
+        (["train.timeout_s=1e300"], "must be <= 2592000"),
+        (["sweep.trial_timeout_s=1e300"], "must be <= 2592000"),
+    ],
+)
 def test_values_beyond_what_the_libraries_take_are_refused(sets, needle):
     with pytest.raises(c.ConfigError, match=needle):
         load(*sets)
@@ -142,6 +151,7 @@ def test_a_key_set_as_a_value_and_a_section_names_the_option_that_set_the_value(
 
 def test_profiles_lists_the_readable_ones_and_names_the_broken_one(tmp_path, monkeypatch, capsys):
     from pipeline.cli import main
+
     (tmp_path / "experiments").mkdir()
     (tmp_path / "experiments" / "ok.yaml").write_text("description: fine\n")
     (tmp_path / "experiments" / "bad.yaml").write_text("description: [unclosed\n")
@@ -154,6 +164,7 @@ def test_profiles_lists_the_readable_ones_and_names_the_broken_one(tmp_path, mon
 
 def test_outside_the_repository_profiles_and_an_unknown_profile_say_where_they_looked(tmp_path, monkeypatch, capsys):
     from pipeline.cli import main
+
     monkeypatch.delenv("DVC_ROOT", raising=False)
     monkeypatch.chdir(tmp_path)
     assert main(["profiles"]) != 0

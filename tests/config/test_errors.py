@@ -1,5 +1,6 @@
 """Bad input stops before any work: non-zero exit, a one-paragraph message naming the problem and the fix,
 and nothing written to the MLflow or Optuna stores. docs/errors.md lists these cases and their messages."""
+
 from __future__ import annotations
 
 import shutil
@@ -17,40 +18,80 @@ CASES = [
     ("unknown strategy (flag)", ["train", "--out", "{tmp}/o", "--strategy", "horovod"], "invalid choice"),
     ("unknown model", ["train", "--out", "{tmp}/o", "--set", "train.model=vgg16"], "lenet, resnet18"),
     ("unknown params.yaml key", ["train", "--out", "{tmp}/o", "--params", "{tmp}/bad_key.yaml"], "train.lrr"),
-    ("params file that does not exist", ["train", "--out", "{tmp}/o", "--params", "{tmp}/nonexist.yaml"],
-     "does not exist"),
+    (
+        "params file that does not exist",
+        ["train", "--out", "{tmp}/o", "--params", "{tmp}/nonexist.yaml"],
+        "does not exist",
+    ),
     ("value of the wrong type", ["train", "--out", "{tmp}/o", "--set", "train.epochs=two"], "expected an integer"),
     ("batch size 0", ["train", "--out", "{tmp}/o", "--batch-size", "0"], "must be >= 1"),
     ("batch size negative", ["train", "--out", "{tmp}/o", "--batch-size", "-8"], "must be >= 1"),
-    ("batch not divisible by devices", ["train", "--out", "{tmp}/o", "--strategy", "ddp", "--devices",
-                                        str(min(2, HOST.n)), "--batch-size", "255"] if HOST.n >= 2 else None,
-     "not divisible"),
+    (
+        "batch not divisible by devices",
+        ["train", "--out", "{tmp}/o", "--strategy", "ddp", "--devices", str(min(2, HOST.n)), "--batch-size", "255"]
+        if HOST.n >= 2
+        else None,
+        "not divisible",
+    ),
     ("lr zero", ["train", "--out", "{tmp}/o", "--lr", "0"], "must be > 0"),
     ("lr not a number", ["train", "--out", "{tmp}/o", "--set", "train.lr=fast"], "expected a number"),
     ("epochs < 1", ["train", "--out", "{tmp}/o", "--epochs", "0"], "must be >= 1"),
-    ("more devices than the host has", ["train", "--out", "{tmp}/o", "--strategy", "ddp", "--devices",
-                                        str(HOST.n + 1), "--batch-size", str(8 * (HOST.n + 1))], "exceeds"),
-    ("strategy unavailable on this host", ["train", "--out", "{tmp}/o", "--strategy", "dp"]
-     if HOST.kind == "cpu" else None, "needs CUDA"),
+    (
+        "more devices than the host has",
+        [
+            "train",
+            "--out",
+            "{tmp}/o",
+            "--strategy",
+            "ddp",
+            "--devices",
+            str(HOST.n + 1),
+            "--batch-size",
+            str(8 * (HOST.n + 1)),
+        ],
+        "exceeds",
+    ),
+    (
+        "strategy unavailable on this host",
+        ["train", "--out", "{tmp}/o", "--strategy", "dp"] if HOST.kind == "cpu" else None,
+        "needs CUDA",
+    ),
     ("sweep --n-trials negative", ["sweep", "--strategy", "single", "--n-trials", "-1"], "-1 is negative"),
     ("empty search space", ["sweep", "--strategy", "ddp", "--set", "sweep.spaces.ddp.lr=[]"], "empty"),
     ("malformed --set", ["train", "--out", "{tmp}/o", "--set", "train.lr"], "Malformed --set"),
-    ("--set of a section as a value, with a flag", ["train", "--out", "{tmp}/o", "--set", "train=5", "--strategy",
-                                                    "single"], "`train` in --set: expected a mapping"),
-    ("missing data directory", ["train", "--out", "{tmp}/o", "--set", "data.dir={tmp}/nowhere"],
-     "No prepared data"),
-    ("data directory is not a directory", ["sweep", "--strategy", "single", "--set", "data.dir={tmp}/afile"],
-     "unreadable"),
+    (
+        "--set of a section as a value, with a flag",
+        ["train", "--out", "{tmp}/o", "--set", "train=5", "--strategy", "single"],
+        "`train` in --set: expected a mapping",
+    ),
+    ("missing data directory", ["train", "--out", "{tmp}/o", "--set", "data.dir={tmp}/nowhere"], "No prepared data"),
+    (
+        "data directory is not a directory",
+        ["sweep", "--strategy", "single", "--set", "data.dir={tmp}/afile"],
+        "unreadable",
+    ),
     # a damaged file is caught by manifest.json's md5 before it is parsed (the IDX reader's own errors: test_data.py)
-    ("data file with a wrong magic number", ["train", "--out", "{tmp}/o", "--set", "data.dir={tmp}/badmagic"],
-     "changed after the download stage wrote it"),
-    ("data file of the wrong size", ["sweep", "--strategy", "single", "--set", "data.dir={tmp}/truncated"],
-     "23520008 bytes; the manifest says"),
-    ("storage URL that cannot be opened", ["sweep", "--strategy", "single", "--set",
-                                           "sweep.storage=sqlite:////nonexistent/dir/optuna.db"], "sweep.storage"),
+    (
+        "data file with a wrong magic number",
+        ["train", "--out", "{tmp}/o", "--set", "data.dir={tmp}/badmagic"],
+        "changed after the download stage wrote it",
+    ),
+    (
+        "data file of the wrong size",
+        ["sweep", "--strategy", "single", "--set", "data.dir={tmp}/truncated"],
+        "23520008 bytes; the manifest says",
+    ),
+    (
+        "storage URL that cannot be opened",
+        ["sweep", "--strategy", "single", "--set", "sweep.storage=sqlite:////nonexistent/dir/optuna.db"],
+        "sweep.storage",
+    ),
     ("unknown profile", ["sweep", "--strategy", "ddp", "--set", "profile=huge"], "Valid profiles"),
-    ("output device outside the trial", ["train", "--out", "{tmp}/o", "--set", "train.output_device=-1"],
-     "must be >= 0"),
+    (
+        "output device outside the trial",
+        ["train", "--out", "{tmp}/o", "--set", "train.output_device=-1"],
+        "must be >= 0",
+    ),
     ("profile that is a path", ["sweep", "--strategy", "single", "--set", "profile=../params"], "Invalid profile"),
     ("sweep --out at a directory", ["sweep", "--strategy", "single", "--out", "{tmp}"], "is a directory"),
     ("train --out at an existing file", ["train", "--out", "{tmp}/afile"], "is an existing file"),
@@ -58,29 +99,56 @@ CASES = [
     ("--params empty", ["train", "--out", "{tmp}/o", "--params="], "the path is empty"),
     ("train --out where nothing can be written", ["train", "--out", "{tmp}/afile/o"], "cannot be written"),
     ("analyze --sweeps that does not exist", ["analyze", "--sweeps", "{tmp}/nowhere"], "does not exist"),
-    ("analyze --out where nothing can be written", ["analyze", "--sweeps", "{tmp}/badmagic", "--out",
-                                                    "{tmp}/afile/o"], "cannot be written"),
+    (
+        "analyze --out where nothing can be written",
+        ["analyze", "--sweeps", "{tmp}/badmagic", "--out", "{tmp}/afile/o"],
+        "cannot be written",
+    ),
     ("doctor --out at an existing file", ["doctor", "--out", "{tmp}/afile"], "is an existing file"),
     ("overlap --out at an existing file", ["overlap", "--out", "{tmp}/afile"], "is an existing file"),
-    ("overlap with the MLflow server unreachable", ["overlap", "--out", "{tmp}/ov", "--set",
-                                                    "tracking.uri=http://127.0.0.1:1"], "Cannot reach"),
+    (
+        "overlap with the MLflow server unreachable",
+        ["overlap", "--out", "{tmp}/ov", "--set", "tracking.uri=http://127.0.0.1:1"],
+        "Cannot reach",
+    ),
     ("collectives --out at a directory", ["collectives", "--out", "{tmp}"], "is a directory"),
     ("seed beyond 32 bits", ["train", "--out", "{tmp}/o", "--seed", str(2**64 + 1)], "must be <= 4294967295"),
-    ("collective timeout beyond 30 days", ["train", "--out", "{tmp}/o", "--set", "train.timeout_s=1e300"],
-     "must be <= 2592000"),
-    ("global batch larger than the training set", ["train", "--out", "{tmp}/o", "--batch-size", "60001"],
-     "larger than the training set"),
+    (
+        "collective timeout beyond 30 days",
+        ["train", "--out", "{tmp}/o", "--set", "train.timeout_s=1e300"],
+        "must be <= 2592000",
+    ),
+    (
+        "global batch larger than the training set",
+        ["train", "--out", "{tmp}/o", "--batch-size", "60001"],
+        "larger than the training set",
+    ),
     ("params.yaml not UTF-8", ["train", "--out", "{tmp}/o", "--params", "{tmp}/latin1.yaml"], "not UTF-8"),
-    ("a section that is not a mapping, with a flag", ["train", "--out", "{tmp}/o", "--params",
-                                                      "{tmp}/list_train.yaml", "--lr", "0.1"], "expected a mapping"),
-    ("Optuna storage unreachable", ["sweep", "--strategy", "single", "--set",
-                                    "sweep.storage=postgresql://parallax:PW@127.0.0.1:1/optuna"], "Cannot reach"),
-    ("MLflow tracking server unreachable", ["train", "--out", "{tmp}/o", "--set", "tracking.uri=http://127.0.0.1:1"],
-     "Cannot reach"),
-    ("MLflow database corrupt", ["train", "--out", "{tmp}/o", "--set", "tracking.uri=sqlite:///{tmp}/corrupt.db"],
-     "not a usable SQLite database"),
-    ("Optuna database corrupt", ["sweep", "--strategy", "single", "--set",
-                                 "sweep.storage=sqlite:///{tmp}/corrupt.db"], "not a usable SQLite database"),
+    (
+        "a section that is not a mapping, with a flag",
+        ["train", "--out", "{tmp}/o", "--params", "{tmp}/list_train.yaml", "--lr", "0.1"],
+        "expected a mapping",
+    ),
+    (
+        "Optuna storage unreachable",
+        ["sweep", "--strategy", "single", "--set", "sweep.storage=postgresql://parallax:PW@127.0.0.1:1/optuna"],
+        "Cannot reach",
+    ),
+    (
+        "MLflow tracking server unreachable",
+        ["train", "--out", "{tmp}/o", "--set", "tracking.uri=http://127.0.0.1:1"],
+        "Cannot reach",
+    ),
+    (
+        "MLflow database corrupt",
+        ["train", "--out", "{tmp}/o", "--set", "tracking.uri=sqlite:///{tmp}/corrupt.db"],
+        "not a usable SQLite database",
+    ),
+    (
+        "Optuna database corrupt",
+        ["sweep", "--strategy", "single", "--set", "sweep.storage=sqlite:///{tmp}/corrupt.db"],
+        "not a usable SQLite database",
+    ),
 ]
 
 
@@ -89,14 +157,16 @@ def env(make_cfg, tmp_path, synthetic_root, monkeypatch):
     make_cfg()  # sets DVC_ROOT=tmp_path
     (tmp_path / "experiments").mkdir(exist_ok=True)
     from tests.conftest import REPO
+
     for p in ("cpu",):
         shutil.copy(REPO / "experiments" / f"{p}.yaml", tmp_path / "experiments")
     (tmp_path / "params.yaml").write_text(f"profile: cpu\ndata: {{source: synthetic, dir: {synthetic_root}}}\n")
     (tmp_path / "bad_key.yaml").write_text("profile: cpu\ntrain:\n  lrr: 0.1\n")
     (tmp_path / "afile").write_text("not a directory")
     (tmp_path / "latin1.yaml").write_bytes(b"profile: cpu\ntrain: {lr: 0.1}  # r\xe9glage\n")
-    (tmp_path / "list_train.yaml").write_text(f"profile: cpu\ndata: {{source: synthetic, dir: {synthetic_root}}}\n"
-                                              "train: [1, 2]\n")
+    (tmp_path / "list_train.yaml").write_text(
+        f"profile: cpu\ndata: {{source: synthetic, dir: {synthetic_root}}}\ntrain: [1, 2]\n"
+    )
     (tmp_path / "corrupt.db").write_bytes(b"this is not a database" * 100)
     for name, damage in (("badmagic", b"\x00\x00\x09\x09"), ("truncated", None)):
         d = tmp_path / name
@@ -128,6 +198,7 @@ def test_bad_input_stops_before_any_work(env, case, capsys):
 
 def test_at_least_fifteen_cases_are_listed_in_the_docs():
     from tests.conftest import REPO
+
     doc = (REPO / "docs" / "errors.md").read_text()
     assert len(CASES) >= 15
     missing = [c[0] for c in CASES if c[0] not in doc]

@@ -1,6 +1,7 @@
 """Hostile values of what a user can name: paths, config strings, ids and lists. Each is refused before anything
 runs with a message naming the value and the fix (or, for an unreadable input, skipped and named), never run
 silently, hung on or answered with an "unexpected" error."""
+
 from __future__ import annotations
 
 import os
@@ -10,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from pipeline import __main__ as cli
-from pipeline.config import loader as config
 from pipeline import preflight
 from pipeline.analysis import rows as trial_rows
+from pipeline.config import loader as config
 from pipeline.config.loader import ConfigError
-from pipeline.host.devices import Host
 from pipeline.errors import Infeasible, PathError
+from pipeline.host.devices import Host
 
 
 @pytest.fixture
@@ -40,9 +41,17 @@ def test_a_key_written_twice_in_a_profile_is_refused(root):
         config.load(root=root)
 
 
-@pytest.mark.parametrize("key,value", [("tracking.experiment", '"   "'), ("tracking.experiment", '"a\\nb"'),
-                                       ("data.dir", '"data\\n/x"'), ("train.rdzv_id", '"id\\0"'),
-                                       ("tracking.experiment", '" parallax "'), ("data.mirror", '"\\tx"')])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("tracking.experiment", '"   "'),
+        ("tracking.experiment", '"a\\nb"'),
+        ("data.dir", '"data\\n/x"'),
+        ("train.rdzv_id", '"id\\0"'),
+        ("tracking.experiment", '" parallax "'),
+        ("data.mirror", '"\\tx"'),
+    ],
+)
 def test_a_blank_or_control_character_string_is_refused(root, key, value):
     """In params.yaml, quoted: a blank experiment name (an MLflow experiment no one can see in the list), a newline
     in data.dir (a folder named across two lines), a NUL byte, a tab, or spaces around a name were accepted; now each
@@ -101,8 +110,17 @@ def test_doctor_dump_events_naming_a_file_is_refused(tmp_path):
     """`doctor --dump-events FILE` ran and printed the file as where the events went; now refused (status 2)."""
     f = tmp_path / "afile"
     f.write_text("x")
-    argv = ["doctor", "--strategies", "single", "--max-devices", "1", "--out", str(tmp_path / "doc"),
-            "--dump-events", str(f)]
+    argv = [
+        "doctor",
+        "--strategies",
+        "single",
+        "--max-devices",
+        "1",
+        "--out",
+        str(tmp_path / "doc"),
+        "--dump-events",
+        str(f),
+    ]
     assert cli.main(argv) == 2
     assert not (tmp_path / "doc").exists()
 
@@ -114,18 +132,23 @@ def test_doctor_refuses_a_strategy_named_twice(tmp_path):
     assert not (tmp_path / "doc").exists()
 
 
-@pytest.mark.parametrize("sets,words", [
-    (["train.node_rank=2"], "node_rank"),
-    (["train.rdzv_endpoint=127.0.0.1:99999"], "port"),
-    (["train.rdzv_endpoint=127.0.0.1:0"], "port"),
-    (["train.rdzv_endpoint=:29500"], "host"),
-    (["train.rdzv_endpoint=nodezero"], "port"),
-    (["train.rdzv_id="], "rdzv_id")])
+@pytest.mark.parametrize(
+    "sets,words",
+    [
+        (["train.node_rank=2"], "node_rank"),
+        (["train.rdzv_endpoint=127.0.0.1:99999"], "port"),
+        (["train.rdzv_endpoint=127.0.0.1:0"], "port"),
+        (["train.rdzv_endpoint=:29500"], "host"),
+        (["train.rdzv_endpoint=nodezero"], "port"),
+        (["train.rdzv_id="], "rdzv_id"),
+    ],
+)
 def test_a_multi_node_setting_that_cannot_meet_is_refused(root, sets, words):
     """node_rank >= nnodes waited on a rendezvous that cannot complete and ended in a C++ frame dump; a port above
     65535 gave "unexpected ValueError"; an empty rdzv_id made torch pick a random id, so no two nodes could meet.
     Each is now Infeasible with the key named, before a process starts."""
     from pipeline.trial.launch import check_feasible
+
     base = ["train.strategy=ddp", "train.devices=2", "train.nnodes=2", "train.rdzv_endpoint=127.0.0.1:29500"]
     cfg = config.load(root=root, overrides=[*base, *sets])
     with pytest.raises(Infeasible, match=words):
@@ -164,6 +187,7 @@ def test_a_fifo_in_data_dir_is_named_not_waited_on(synthetic_root, tmp_path, whi
 
     from pipeline.data import store as data
     from pipeline.errors import DataError
+
     d = tmp_path / "data"
     shutil.copytree(synthetic_root, d)
     (d / which).unlink()
@@ -175,6 +199,7 @@ def test_a_fifo_in_data_dir_is_named_not_waited_on(synthetic_root, tmp_path, whi
             data.load(d, "synthetic", verify=True)
         except DataError as e:
             got["error"] = str(e)
+
     t = threading.Thread(target=load, daemon=True)
     t.start()
     t.join(20)

@@ -2,6 +2,7 @@
 cannot take their output stops them with preflight's message and exit 2, and the work itself is never started
 (its function is replaced by one that fails the test if called). doctor, overlap and analyze write a directory;
 collectives writes one file."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,19 +11,42 @@ from pipeline.cli import main
 
 # (id, argv after `python -m pipeline`, the functions that do the work, a phrase the message must contain)
 CASES = [
-    ("analyze --out at a file", ["analyze", "--sweeps", "{tmp}/sweeps", "--out", "{tmp}/afile"],
-     ["pipeline.analysis.stage.analyze"], "is an existing file, but it names the directory to write into"),
-    ("analyze --out under a file", ["analyze", "--sweeps", "{tmp}/sweeps", "--out", "{tmp}/afile/out"],
-     ["pipeline.analysis.stage.analyze"], "cannot be written"),
-    ("overlap --out at a file", ["overlap", "--out", "{tmp}/afile"], ["pipeline.scaling.overlap.run"],
-     "is an existing file, but it names the directory to write into"),
-    ("collectives --out at a directory", ["collectives", "--out", "{tmp}/adir"],
-     ["pipeline.scaling.collectives.measure", "pipeline.host.devices.probe"],
-     "is a directory, but it names the file to write"),
-    ("collectives --out under a file", ["collectives", "--out", "{tmp}/afile/c.json"],
-     ["pipeline.scaling.collectives.measure", "pipeline.host.devices.probe"], "cannot be written"),
-    ("doctor --out at a file", ["doctor", "--out", "{tmp}/afile"], ["pipeline.doctor.checks.run"],
-     "is an existing file, but it names the directory to write into"),
+    (
+        "analyze --out at a file",
+        ["analyze", "--sweeps", "{tmp}/sweeps", "--out", "{tmp}/afile"],
+        ["pipeline.analysis.stage.analyze"],
+        "is an existing file, but it names the directory to write into",
+    ),
+    (
+        "analyze --out under a file",
+        ["analyze", "--sweeps", "{tmp}/sweeps", "--out", "{tmp}/afile/out"],
+        ["pipeline.analysis.stage.analyze"],
+        "cannot be written",
+    ),
+    (
+        "overlap --out at a file",
+        ["overlap", "--out", "{tmp}/afile"],
+        ["pipeline.scaling.overlap.run"],
+        "is an existing file, but it names the directory to write into",
+    ),
+    (
+        "collectives --out at a directory",
+        ["collectives", "--out", "{tmp}/adir"],
+        ["pipeline.scaling.collectives.measure", "pipeline.host.devices.probe"],
+        "is a directory, but it names the file to write",
+    ),
+    (
+        "collectives --out under a file",
+        ["collectives", "--out", "{tmp}/afile/c.json"],
+        ["pipeline.scaling.collectives.measure", "pipeline.host.devices.probe"],
+        "cannot be written",
+    ),
+    (
+        "doctor --out at a file",
+        ["doctor", "--out", "{tmp}/afile"],
+        ["pipeline.doctor.checks.run"],
+        "is an existing file, but it names the directory to write into",
+    ),
 ]
 
 

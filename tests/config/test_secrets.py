@@ -1,6 +1,7 @@
 """Passwords in store URLs: shown as *** whatever characters they hold (`/ # ?`, a space, a quote, an `@`) and in
 password-like query values; `make dashboard` neither prints nor passes the store URL on a command line, and an
 unreachable store there ends in one paragraph, no traceback."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,15 @@ from pipeline.errors import redact
 from tests.conftest import REPO
 
 SECRET = "PW_s3cret-4711"
-HOSTILE = [f"p/a#s?w{SECRET}", f"my pass {SECRET}", f"it's{SECRET}", f'q"{SECRET}', f"a@b/c{SECRET}",
-           f"{SECRET}:x@y", f"{SECRET}/1?2#3 4'5\"6"]
+HOSTILE = [
+    f"p/a#s?w{SECRET}",
+    f"my pass {SECRET}",
+    f"it's{SECRET}",
+    f'q"{SECRET}',
+    f"a@b/c{SECRET}",
+    f"{SECRET}:x@y",
+    f"{SECRET}/1?2#3 4'5\"6",
+]
 
 
 @pytest.mark.parametrize("password", HOSTILE)
@@ -25,7 +33,8 @@ def test_a_password_of_any_characters_is_hidden(password):
         shown = redact(text)
         assert SECRET not in shown and "user:***@db.example:5432/optuna?sslmode=require" in shown, shown
     assert redact(f"Cannot reach {url} (sweep.storage): refused.") == (
-        "Cannot reach postgresql+psycopg://user:***@db.example:5432/optuna?sslmode=require (sweep.storage): refused.")
+        "Cannot reach postgresql+psycopg://user:***@db.example:5432/optuna?sslmode=require (sweep.storage): refused."
+    )
 
 
 def test_password_like_query_values_are_hidden():
@@ -38,17 +47,22 @@ def test_password_like_query_values_are_hidden():
 
 def test_urls_without_a_password_are_kept():
     """A host:port, a user without a password, a file path and an e-mail address in prose are not redacted."""
-    for text in ("http://127.0.0.1:5000/ answered 503; mail admin@example.org", "postgresql://user@host/db",
-                 "sqlite:////abs/mlruns/optuna.db", "postgresql://h:5432/db?sslmode=require",
-                 "postgresql://:@host/db"):
+    for text in (
+        "http://127.0.0.1:5000/ answered 503; mail admin@example.org",
+        "postgresql://user@host/db",
+        "sqlite:////abs/mlruns/optuna.db",
+        "postgresql://h:5432/db?sslmode=require",
+        "postgresql://:@host/db",
+    ):
         assert redact(text) == text.replace(":@", ":***@")
 
 
 def _dashboard(env_url: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "MAKEFLAGS"}
     env.update(OPTUNA_STORAGE=env_url, PYTHONPATH=str(REPO), PARALLAX_PREFLIGHT_TIMEOUT_S="2")
-    return subprocess.run([sys.executable, "-m", "pipeline.cli.dashboard"], capture_output=True,
-                          text=True, timeout=60, env=env, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli.dashboard"], capture_output=True, text=True, timeout=60, env=env, cwd=REPO
+    )
 
 
 def test_dashboard_on_an_unreachable_store_is_one_paragraph_without_the_password():
@@ -64,8 +78,14 @@ def test_make_dashboard_keeps_the_url_off_the_command_line():
     """The recipe passes OPTUNA_STORAGE through the environment: neither echoed nor in any process's argv."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS")}
     env["OPTUNA_STORAGE"] = f"postgresql://user:{SECRET}@127.0.0.1:1/db"
-    p = subprocess.run(["make", "-n", "-W", ".venv/.installed", "dashboard"], capture_output=True, text=True,
-                       timeout=60, env=env, cwd=REPO)
+    p = subprocess.run(
+        ["make", "-n", "-W", ".venv/.installed", "dashboard"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=REPO,
+    )
     assert p.returncode == 0 and "pipeline.cli.dashboard" in p.stdout, p.stdout + p.stderr
     assert SECRET not in p.stdout + p.stderr, p.stdout
 
@@ -75,6 +95,7 @@ def test_the_store_check_reads_the_host_after_a_password_with_reserved_character
     at the first of them and calls the URL's port invalid), and names the store with its password hidden."""
     from pipeline import preflight
     from pipeline.errors import StoreError
+
     url = f"postgresql://user:p/a#s?w {SECRET}@127.0.0.1:1/db"
     with pytest.raises(StoreError) as e:
         preflight.check_store(url, "sweep.storage")

@@ -1,6 +1,7 @@
 """The pre-run store check tells a healthy SQLite store that a killed writer left with a hot journal from a corrupt
 one: the hot store passes (its journal rolled back, its rows kept), and a damaged one is called corrupt with advice
 to copy it aside, never to move or delete it."""
+
 from __future__ import annotations
 
 import os
@@ -77,7 +78,7 @@ def test_a_corrupt_store_is_called_corrupt_and_the_advice_copies_it(tmp_path):
     raw = bytearray(db.read_bytes())
     page = 4096
     for at in (100, *range(2 * page + 100, len(raw) - page, page)):  # the schema's page and those of the rows
-        raw[at:at + 64] = b"\xa5" * 64
+        raw[at : at + 64] = b"\xa5" * 64
     db.write_bytes(bytes(raw))
     size = db.stat().st_size
     with pytest.raises(StoreError) as e:

@@ -1,5 +1,6 @@
 """Hostile params and profile files: an alias bomb, a cycle of aliases, an oversized file and a special file are
 refused with a ConfigError in bounded time and memory (each case runs in a child with a memory and time limit)."""
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 # that is checked (its error message shows it), the second as sections that are copied before any key is checked
 KEYS = "abcdefghi"
 LEVELS = ["&a0 {" + ", ".join(f"{k}: x" for k in KEYS) + "}"] + [
-    f"&a{i} {{" + ", ".join(f"{k}: *a{i - 1}" for k in KEYS) + "}" for i in range(1, 10)]
+    f"&a{i} {{" + ", ".join(f"{k}: *a{i - 1}" for k in KEYS) + "}" for i in range(1, 10)
+]
 BOMB = "train: {lr: [" + ", ".join(LEVELS) + "]}\n"
 SECTIONS = "".join(f"a{i}: {level}\n" for i, level in enumerate(LEVELS))
 
@@ -40,8 +42,14 @@ def _load(root: Path, params: str | None = None, call: str = "load") -> subproce
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     try:
-        return subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=30,
-                              env=env, preexec_fn=_limits)
+        return subprocess.run(
+            [sys.executable, "-c", code, str(root)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=env,
+            preexec_fn=_limits,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("the file was read for 30 s without an answer")
 
@@ -77,6 +85,7 @@ def test_a_profile_alias_bomb_and_a_cycle_are_refused(root):
 def test_the_shipped_profiles_and_their_aliases_still_load():
     """The profiles' own anchors (one space shared by several strategies) stay well inside the bound."""
     from pipeline.config import loader as config
+
     for name, text in config.describe_profiles(REPO):
         assert not text.startswith("UNREADABLE"), (name, text)
     cfg = config.load(REPO / "params.yaml", ["profile=cpu"], root=REPO)
@@ -100,13 +109,16 @@ def test_special_and_oversized_files_are_refused(root):
     assert "'zero', 'UNREADABLE" in p.stdout and "not a regular file" in p.stdout, p.stdout + p.stderr[-2000:]
     (root / "params.yaml").write_text("profile: zero\n")
     p = _load(root)
-    assert "ConfigError" in p.stdout and "zero.yaml is not a regular file (a character device, through a symbolic " \
-        "link)" in p.stdout, p.stdout + p.stderr[-2000:]
+    assert (
+        "ConfigError" in p.stdout
+        and "zero.yaml is not a regular file (a character device, through a symbolic link)" in p.stdout
+    ), p.stdout + p.stderr[-2000:]
 
 
 def test_a_set_value_and_deep_nesting_are_bounded_too():
     """A --set value is read with the same alias bound, and nesting too deep to read is a ConfigError."""
     from pipeline.config import loader as config
+
     with pytest.raises(config.ConfigError, match="--set option .* through its aliases"):
         config.parse_set(["train.lr=[" + ", ".join(LEVELS) + "]"])
     with pytest.raises(config.ConfigError, match="nests its values too deeply"):

@@ -1,5 +1,6 @@
 """pipeline.data.store: IDX parsing, checksummed download from a local mirror, offline failure, the synthetic
 source, load() checks, and per-rank batches that cover each sample once.  pytest tests/data/test_data.py -q"""
+
 import gzip
 import hashlib
 import json
@@ -11,7 +12,8 @@ import torch
 import torchvision
 from torch import nn
 
-from pipeline.data import store as data, download
+from pipeline.data import download
+from pipeline.data import store as data
 from pipeline.data.store import FILES, DataError
 
 
@@ -41,6 +43,7 @@ def mirror(tmp_path, small, monkeypatch):
 
 
 # ---------------------------------------------------------------- IDX
+
 
 def test_idx_round_trip_and_header(tmp_path):
     images = torch.randint(0, 256, (7, 28, 28), dtype=torch.uint8)
@@ -74,6 +77,7 @@ def test_idx_truncated_names_the_file(tmp_path, keep):
 
 # ---------------------------------------------------------------- synthetic source
 
+
 def test_synthetic_is_deterministic_and_seeded(small):
     again = data.make_synthetic(seed=3, n_train=600, n_test=100)
     assert all(torch.equal(a, b) for a, b in zip(small, again))
@@ -104,8 +108,18 @@ def test_synthetic_is_learnable_by_lenet():
     torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Conv2d(1, 20, 3), nn.ReLU(), nn.AvgPool2d(2), nn.Conv2d(20, 50, 5), nn.ReLU(),
-                              nn.AvgPool2d(2), nn.Flatten(), nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
+        model = nn.Sequential(
+            nn.Conv2d(1, 20, 3),
+            nn.ReLU(),
+            nn.AvgPool2d(2),
+            nn.Conv2d(20, 50, 5),
+            nn.ReLU(),
+            nn.AvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear(800, 128),
+            nn.ReLU(),
+            nn.Linear(128, 10),
+        )
         opt = torch.optim.SGD(model.parameters(), lr=0.2)
         for idx in data.epoch_batches(len(train_y), 128, epoch=0, seed=0):
             loss = nn.functional.cross_entropy(model(data.normalize(train_x[idx], "cpu")), train_y[idx])
@@ -121,6 +135,7 @@ def test_synthetic_is_learnable_by_lenet():
 
 # ---------------------------------------------------------------- download stage
 
+
 def test_prepare_from_local_mirror_then_idempotent(tmp_path, mirror, small):
     root = tmp_path / "data" / "fashion-mnist"
     manifest = data.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
@@ -128,8 +143,10 @@ def test_prepare_from_local_mirror_then_idempotent(tmp_path, mirror, small):
     assert manifest["source"] == "fashion-mnist" and manifest["mirror"] == mirror.resolve().as_uri() + "/"
     assert json.loads((root / "manifest.json").read_text()) == manifest
     for name in FILES:
-        assert manifest["files"][name] == {"md5": hashlib.md5((raw / name).read_bytes()).hexdigest(),
-                                           "bytes": (raw / name).stat().st_size}
+        assert manifest["files"][name] == {
+            "md5": hashlib.md5((raw / name).read_bytes()).hexdigest(),
+            "bytes": (raw / name).stat().st_size,
+        }
     ds = data.load(root, "fashion-mnist")
     assert ds.source == "fashion-mnist" and ds.train_y.dtype == torch.int64
     assert all(torch.equal(a, b.to(a.dtype)) for a, b in zip((ds.train_x, ds.train_y, ds.test_x, ds.test_y), small))
@@ -195,7 +212,9 @@ def test_failed_download_never_falls_back_to_synthetic(tmp_path, synthetic_root,
 
 
 def test_switching_source_replaces_the_files(tmp_path, mirror, small, monkeypatch):
-    monkeypatch.setattr(data, "make_synthetic", lambda seed=0: tuple((t + 1) % 10 if t.dim() == 1 else t for t in small))
+    monkeypatch.setattr(
+        data, "make_synthetic", lambda seed=0: tuple((t + 1) % 10 if t.dim() == 1 else t for t in small)
+    )
     root = tmp_path / "fm"
     raw = root / "FashionMNIST" / "raw"
     data.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
@@ -244,8 +263,11 @@ def test_wrong_shapes_are_neither_published_nor_loaded(tmp_path, mirror, monkeyp
     with pytest.raises(DataError, match="t10k-labels-idx1-ubyte"):
         data.load(root, "fashion-mnist")
 
-    monkeypatch.setattr(data, "make_synthetic", lambda seed=0: (torch.zeros(5, 28, 28), torch.zeros(5),
-                                                                torch.zeros(3, 28, 28), torch.zeros(2)))
+    monkeypatch.setattr(
+        data,
+        "make_synthetic",
+        lambda seed=0: (torch.zeros(5, 28, 28), torch.zeros(5), torch.zeros(3, 28, 28), torch.zeros(2)),
+    )
     with pytest.raises(DataError, match="t10k-labels-idx1-ubyte"):
         data.prepare(tmp_path / "syn", "synthetic", progress=False)
     assert not (tmp_path / "syn").exists() and _leftovers(tmp_path / "syn") == []

@@ -1,9 +1,12 @@
 """Training-time access to the data: loading with limits and verification, and the per-rank batch indices every strategy
 shares.
 """
+
 import shutil
+
 import pytest
 import torch
+
 from pipeline.data import store as data
 from pipeline.data.store import DataError
 
@@ -36,7 +39,7 @@ def test_a_file_changed_after_download_fails_verification_naming_it(tmp_path, sy
     images = data.raw_dir(root) / "train-images-idx3-ubyte"
     raw = bytearray(images.read_bytes())
     mid = len(raw) // 2
-    raw[mid:mid + 4] = bytes(255 - b for b in raw[mid:mid + 4])
+    raw[mid : mid + 4] = bytes(255 - b for b in raw[mid : mid + 4])
     images.write_bytes(bytes(raw))
     assert len(data.load(root, "synthetic", 8, 8).train_y) == 8  # per-rank loads do not hash (the command did)
     with pytest.raises(DataError, match="changed after the download stage wrote it") as e:

@@ -1,5 +1,6 @@
 """The air-gapped GPU bundle: what it carries, and its install + run on a simulated node that has its own PyTorch
 and no registry (a fresh venv that sees this environment's packages, Parallax excluded)."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,9 @@ def test_only_what_the_node_lacks_is_carried():
     assert bundle.missing(["torch>=2.12"], node) == ["torch>=2.12"]  # an older torch than supported is named
     # the documented node (torch, pandas, matplotlib, pytest) lacks these two: a default bundle carries them
     assert bundle.missing(bundle.core_requirements(), bundle.node_packages(bundle.DOCUMENTED_NODE)) == [
-        "pyyaml>=6", "tqdm>=4.66"]
+        "pyyaml>=6",
+        "tqdm>=4.66",
+    ]
 
 
 def _node(tmp: Path) -> Path:
@@ -42,24 +45,46 @@ def _node(tmp: Path) -> Path:
 
 @pytest.mark.slow
 def test_bundle_installs_offline_keeps_torch_and_runs_the_checks(tmp_path):
-    built = subprocess.run([sys.executable, "-m", "pipeline.doctor.bundle", "--out", str(tmp_path / "gpu-bundle")],
-                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [sys.executable, "-m", "pipeline.doctor.bundle", "--out", str(tmp_path / "gpu-bundle")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr + built.stdout
     assert "MiB" in built.stdout and (tmp_path / "gpu-bundle.tar.gz").exists()
     assert bundle.size(tmp_path / "gpu-bundle") <= bundle.LIMIT
     venv = _node(tmp_path)
     site = tmp_path / "parallax-site"
-    env = {**os.environ, "QUICK": "1", "PARALLAX_SITE": str(site), "PYTHON": str(venv / "bin" / "python"),
-           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": ""}  # no registry, no local wheel folder: only the bundle
+    env = {
+        **os.environ,
+        "QUICK": "1",
+        "PARALLAX_SITE": str(site),
+        "PYTHON": str(venv / "bin" / "python"),
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": "",
+    }  # no registry, no local wheel folder: only the bundle
     env.pop("PYTHONPATH", None)
-    run = subprocess.run(["bash", str(tmp_path / "gpu-bundle" / "run.sh"), str(tmp_path / "out")],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        ["bash", str(tmp_path / "gpu-bundle" / "run.sh"), str(tmp_path / "out")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     before, after = (tmp_path / "out" / "install.txt").read_text().split("before install: ")[1].split(", after: ")
     assert before.strip() == after.strip()
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import pipeline; print(pipeline.__file__)"],
-                           cwd=tmp_path, env={**env, "PYTHONPATH": str(site)}, capture_output=True, text=True,
-                           check=True).stdout
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import pipeline; print(pipeline.__file__)"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert where.startswith(str(site))  # the bundled wheel, not this checkout
     assert not list(venv.glob("lib/python*/site-packages/pipeline"))  # the node's environment untouched
     doc = json.loads((tmp_path / "out" / "doctor" / "doctor.json").read_text())
@@ -78,6 +103,7 @@ def _closure(roots) -> list:
 
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
+
     seen, todo = {}, list(roots)
     while todo:
         name = canonicalize_name(todo.pop())
@@ -119,8 +145,13 @@ def test_the_default_bundle_runs_on_the_documented_bare_node(tmp_path):
     the benchmark's figures, only that node can show."""
     peer = tmp_path / "d2l_reference.py"
     peer.write_text("import torchvision  # as the seeds' recipe does\n")
-    built = subprocess.run([sys.executable, "-m", "pipeline.doctor.bundle", "--out", str(tmp_path / "gpu-bundle"),
-                            "--peer", str(peer)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [sys.executable, "-m", "pipeline.doctor.bundle", "--out", str(tmp_path / "gpu-bundle"), "--peer", str(peer)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr + built.stdout
     assert bundle.size(tmp_path / "gpu-bundle") <= bundle.LIMIT
     venv = _bare_node(tmp_path)
@@ -128,11 +159,23 @@ def test_the_default_bundle_runs_on_the_documented_bare_node(tmp_path):
     for module in ABSENT_THERE:  # the stand-in is as bare as documented
         gone = subprocess.run([py, "-c", f"import {module}"], cwd=tmp_path, capture_output=True, timeout=120)
         assert gone.returncode != 0, f"{module} is importable on the simulated bare node"
-    env = {**os.environ, "QUICK": "1", "PARALLAX_SITE": str(tmp_path / "parallax-site"), "PYTHON": py,
-           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": ""}
+    env = {
+        **os.environ,
+        "QUICK": "1",
+        "PARALLAX_SITE": str(tmp_path / "parallax-site"),
+        "PYTHON": py,
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": "",
+    }
     env.pop("PYTHONPATH", None)
-    run = subprocess.run(["bash", str(tmp_path / "gpu-bundle" / "run.sh"), str(tmp_path / "out")],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        ["bash", str(tmp_path / "gpu-bundle" / "run.sh"), str(tmp_path / "out")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "core requirements: all met" in run.stdout
     doc = json.loads((tmp_path / "out" / "doctor" / "doctor.json").read_text())
@@ -150,11 +193,32 @@ def test_gpu_epoch_reports_a_failing_d2l_peer_and_still_writes_its_json(tmp_path
     peer = tmp_path / "d2l_reference.py"
     peer.write_text("raise ModuleNotFoundError(\"No module named 'torchvision'\")\n")
     out = tmp_path / "gpu_epoch.json"
-    run = subprocess.run([sys.executable, "-m", "benchmarks.gpu.gpu_epoch", "--data", str(synthetic_root),
-                          "--source", "synthetic", "--models", "lenet", "--images", "512", "--rounds", "1",
-                          "--peer", str(peer), "--json", str(out)], cwd=tmp_path, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)},
-                         timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gpu.gpu_epoch",
+            "--data",
+            str(synthetic_root),
+            "--source",
+            "synthetic",
+            "--models",
+            "lenet",
+            "--images",
+            "512",
+            "--rounds",
+            "1",
+            "--peer",
+            str(peer),
+            "--json",
+            str(out),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "d2l peer failed: " in run.stdout and "torchvision" in run.stdout
     report = json.loads(out.read_text())

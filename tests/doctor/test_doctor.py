@@ -1,15 +1,16 @@
 """`doctor`: what it plans on each kind of host, what it writes, and that a broken strategy is a failed row."""
+
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 
-from pipeline.host import capabilities
 from pipeline.doctor import checks as doctor
+from pipeline.host import capabilities
 from pipeline.host.devices import Host, probe
 from pipeline.strategies.scratch import ScratchStrategy
 
@@ -63,8 +64,13 @@ def test_onednn_isa_cap_below_the_type_makes_it_emulated_and_is_named():
     assert capped["bf16"] == "emulated" and "ONEDNN_MAX_CPU_ISA=AVX2" in capped["bf16_why"]
     assert capped["isa_text"] == "avx2,avx512f,avx512_bf16 (oneDNN capped at AVX2)"
     assert capabilities.cpu_capabilities(bf16_cpu, env={"DNNL_MAX_CPU_ISA": "AVX512_CORE"})["bf16"] == "emulated"
-    for unchanged in ({}, {"ONEDNN_MAX_CPU_ISA": "ALL"}, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
-                      {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, {"ONEDNN_MAX_CPU_ISA": "SOMETHING_NEW"}):
+    for unchanged in (
+        {},
+        {"ONEDNN_MAX_CPU_ISA": "ALL"},
+        {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+        {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"},
+        {"ONEDNN_MAX_CPU_ISA": "SOMETHING_NEW"},
+    ):
         assert capabilities.cpu_capabilities(bf16_cpu, env=unchanged)["bf16"] == "native", unchanged
     amx = {"amx_tile", "amx_bf16", "amx_fp16"}
     fp16 = capabilities.cpu_capabilities(amx, env={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"})
@@ -74,13 +80,22 @@ def test_onednn_isa_cap_below_the_type_makes_it_emulated_and_is_named():
 
 
 def _run(make_cfg, tmp_path, strategies, **kw):
-    return doctor.run(make_cfg(), tmp_path / "doctor", strategies, max_devices=kw.pop("max_devices", 1),
-                      steps=2, per_device_batch=32, say=lambda *_: None, **kw)
+    return doctor.run(
+        make_cfg(),
+        tmp_path / "doctor",
+        strategies,
+        max_devices=kw.pop("max_devices", 1),
+        steps=2,
+        per_device_batch=32,
+        say=lambda *_: None,
+        **kw,
+    )
 
 
 def test_planted_failure_is_a_failed_row_not_a_crash(make_cfg, tmp_path, monkeypatch):
     def broken(self, *a, **k):
         raise RuntimeError("planted fault in the step")
+
     monkeypatch.setattr(ScratchStrategy, "train_step", broken)
     report = _run(make_cfg, tmp_path, ["single", "scratch", "dp"])
     written = json.loads((tmp_path / "doctor" / "doctor.json").read_text())
@@ -100,16 +115,47 @@ def test_planted_failure_is_a_failed_row_not_a_crash(make_cfg, tmp_path, monkeyp
 
 def test_a_row_timed_on_fewer_steps_says_so_in_the_table():
     """An emulated dtype's timed run is cut to a sixth of the steps: its row names its own count, not the header's."""
-    rows = [dict(strategy="ddp_amp", k=1, variant=v, tag="", status="passed", reason="", check="ok", img_s=100.0,
-                 step_ms=10.0, peak_mem_mib=[1.0], mem_method="m", backend="gloo", timed_steps=n)
-            for v, n in (("bf16", 30), ("fp16+GradScaler", 5))]
+    rows = [
+        dict(
+            strategy="ddp_amp",
+            k=1,
+            variant=v,
+            tag="",
+            status="passed",
+            reason="",
+            check="ok",
+            img_s=100.0,
+            step_ms=10.0,
+            peak_mem_mib=[1.0],
+            mem_method="m",
+            backend="gloo",
+            timed_steps=n,
+        )
+        for v, n in (("bf16", 30), ("fp16+GradScaler", 5))
+    ]
     host = capabilities.cpu_capabilities({"avx2"}, env={})
-    report = {"host": {"hostname": "h", "kind": "cpu", "devices": 1, "name": "n", "torch": "t", "python": "p",
-                       "cuda": "", "cudnn": "", "nccl": "", "gloo": True,
-                       "cpu": {**host, "torch_cpu_capability": "AVX2"}, "bf16": "emulated", "fp16": "emulated"},
-              "data_source": "synthetic", "synthetic": True, "rows": rows,
-              "settings": {"model": "lenet", "timed_steps": 30, "per_device_batch": 64, "equivalence": "e"},
-              "counts": {"passed": 2, "failed": 0, "unavailable": 0}}
+    report = {
+        "host": {
+            "hostname": "h",
+            "kind": "cpu",
+            "devices": 1,
+            "name": "n",
+            "torch": "t",
+            "python": "p",
+            "cuda": "",
+            "cudnn": "",
+            "nccl": "",
+            "gloo": True,
+            "cpu": {**host, "torch_cpu_capability": "AVX2"},
+            "bf16": "emulated",
+            "fp16": "emulated",
+        },
+        "data_source": "synthetic",
+        "synthetic": True,
+        "rows": rows,
+        "settings": {"model": "lenet", "timed_steps": 30, "per_device_batch": 64, "equivalence": "e"},
+        "counts": {"passed": 2, "failed": 0, "unavailable": 0},
+    }
     md = doctor.markdown(report)
     assert "30 steps after warm-up" in md
     fp16 = next(line for line in md.splitlines() if line.startswith("| ddp_amp k=1 (fp16"))
@@ -119,8 +165,12 @@ def test_a_row_timed_on_fewer_steps_says_so_in_the_table():
 
 def test_a_strategy_that_trains_differently_fails_the_equivalence(make_cfg, tmp_path, monkeypatch):
     import torch
-    monkeypatch.setattr(ScratchStrategy, "build_optimizer",
-                        lambda self, model: torch.optim.SGD(model.parameters(), lr=self.cfg.lr * 1.01))
+
+    monkeypatch.setattr(
+        ScratchStrategy,
+        "build_optimizer",
+        lambda self, model: torch.optim.SGD(model.parameters(), lr=self.cfg.lr * 1.01),
+    )
     rows = {r["strategy"]: r for r in _run(make_cfg, tmp_path, ["scratch"])["rows"]}
     assert rows["scratch"]["status"] == "failed"
     assert rows["scratch"]["reason"].startswith("does not match single-device SGD")
@@ -130,10 +180,30 @@ def test_a_strategy_that_trains_differently_fails_the_equivalence(make_cfg, tmp_
 def test_cli_checks_multiprocess_strategies_and_writes_both_files(synthetic_root, tmp_path):
     out = tmp_path / "doc"
     k = min(2, probe().n)
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "doctor", "--strategies", "single,ddp",
-                           "--max-devices", str(k), "--steps", "3", "--out", str(out),
-                           "--set", f"data.dir={synthetic_root}", "--set", "data.source=synthetic"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "doctor",
+            "--strategies",
+            "single,ddp",
+            "--max-devices",
+            str(k),
+            "--steps",
+            "3",
+            "--out",
+            str(out),
+            "--set",
+            f"data.dir={synthetic_root}",
+            "--set",
+            "data.source=synthetic",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     rows = json.loads((out / "doctor.json").read_text())["rows"]
     ddp = [r for r in rows if r["strategy"] == "ddp"]
@@ -149,11 +219,13 @@ def test_timed_steps_start_after_ddps_runtime_stats_iterations(make_cfg, tmp_pat
     window opens at step index train.warmup_steps, pipeline/measure/meter.py), not timings; the sync itself is
     CUDA's."""
     from pipeline.doctor import equivalence
+
     seen = {}
 
     def timed(cfg, out, progress=False, timeout_s=None):
         seen["warmup"], seen["timeout_s"] = cfg.train.warmup_steps, timeout_s
         return {"throughput_img_s": 1.0, "peak_mem_bytes": [], "mem_method": "m"}
+
     init = equivalence.initial_state()
     ref = {n: v + 0.01 for n, v in init.items()}
     monkeypatch.setattr(doctor.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
@@ -171,8 +243,16 @@ def test_a_row_timed_under_load_is_flagged_in_the_json_and_the_table(make_cfg, t
     from pipeline.doctor import equivalence
 
     def timed(cfg, out, progress=False, timeout_s=None):
-        return {"throughput_img_s": 100.0, "peak_mem_bytes": [], "mem_method": "m", "interference": {
-            "interfered": True, "interference_reason": "other processes kept 1.90 cores busy on average"}}
+        return {
+            "throughput_img_s": 100.0,
+            "peak_mem_bytes": [],
+            "mem_method": "m",
+            "interference": {
+                "interfered": True,
+                "interference_reason": "other processes kept 1.90 cores busy on average",
+            },
+        }
+
     init = equivalence.initial_state()
     ref = {n: v + 0.01 for n, v in init.items()}
     monkeypatch.setattr(doctor.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
@@ -181,11 +261,27 @@ def test_a_row_timed_under_load_is_flagged_in_the_json_and_the_table(make_cfg, t
     assert row.status == "passed", row.reason
     assert row.flagged == 1 and "1.90 cores" in row.flagged_reason
     host = capabilities.cpu_capabilities({"avx2"}, env={})
-    report = {"host": {"hostname": "h", "kind": "cpu", "devices": 1, "name": "n", "torch": "t", "python": "p",
-                       "cuda": "", "cudnn": "", "nccl": "", "gloo": True,
-                       "cpu": {**host, "torch_cpu_capability": "AVX2"}, "bf16": "emulated", "fp16": "emulated"},
-              "data_source": "synthetic", "synthetic": True, "rows": [asdict(row)],
-              "settings": {"model": "lenet", "timed_steps": 2, "per_device_batch": 16, "equivalence": "e"},
-              "counts": {"passed": 1, "failed": 0, "unavailable": 0}}
+    report = {
+        "host": {
+            "hostname": "h",
+            "kind": "cpu",
+            "devices": 1,
+            "name": "n",
+            "torch": "t",
+            "python": "p",
+            "cuda": "",
+            "cudnn": "",
+            "nccl": "",
+            "gloo": True,
+            "cpu": {**host, "torch_cpu_capability": "AVX2"},
+            "bf16": "emulated",
+            "fp16": "emulated",
+        },
+        "data_source": "synthetic",
+        "synthetic": True,
+        "rows": [asdict(row)],
+        "settings": {"model": "lenet", "timed_steps": 2, "per_device_batch": 16, "equivalence": "e"},
+        "counts": {"passed": 1, "failed": 0, "unavailable": 0},
+    }
     line = next(x for x in doctor.markdown(report).splitlines() if x.startswith("| single k=1"))
     assert "100 (under load)" in line and "timing measured under load: other processes kept 1.90 cores" in line

@@ -1,4 +1,5 @@
 """Where a stage's paths point under each DVC executor: its checkout for params and results, the parent for stores."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.sweep import queue as claims
 from pipeline import paths
-from pipeline.tracking import client as tracking
 from pipeline.config import loader as configmod
+from pipeline.sweep import queue as claims
+from pipeline.tracking import client as tracking
 
 REPO = Path(__file__).resolve().parents[2]
 DVC = Path(sys.executable).with_name("dvc")
@@ -120,14 +121,26 @@ def test_every_executor_records_its_own_params_and_results(tmp_path):
     repo = tmp_path / "proj"
     repo.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("DVC_ROOT", "DVC_STAGE", "PYTHONPATH")}
-    env.update(PATH=f"{DVC.parent}{os.pathsep}{env.get('PATH', '')}", DVC_NO_ANALYTICS="1",
-               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    env.update(
+        PATH=f"{DVC.parent}{os.pathsep}{env.get('PATH', '')}",
+        DVC_NO_ANALYTICS="1",
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+    )
     (repo / "stage.py").write_text(STAGE.format(repo=str(REPO)))
     (repo / "dvc.yaml").write_text(DVC_YAML.format(python=sys.executable))
     (repo / "params.yaml").write_text("p: 1\n")
     (repo / ".gitignore").write_text("/mlruns/\n")
-    for cmd in (["git", "init", "-q"], ["git", "config", "user.name", "t"], ["git", "config", "user.email", "t@t"],
-                [str(DVC), "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
+    for cmd in (
+        ["git", "init", "-q"],
+        ["git", "config", "user.name", "t"],
+        ["git", "config", "user.email", "t@t"],
+        [str(DVC), "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-qm", "init"],
+    ):
         _sh(cmd, repo, env)
     _sh([str(DVC), "exp", "run"], repo, env)  # the workspace executor
     _sh([str(DVC), "exp", "run", "--temp", "-S", "p=2"], repo, env)

@@ -1,5 +1,6 @@
 """DVC's experiment executors on the real pipeline: queued (`dvc queue start -j 1`) and `--temp` experiments each run
 with their own parameters, record their own results, and leave the workspace's results as they were."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,16 +19,25 @@ from .test_pipeline import TINY
 REPO = next(p for p in Path(__file__).resolve().parents if (p / "dvc.yaml").is_file())  # in tests/ or a folder of it
 BIN = Path(sys.executable).parent
 # one strategy with one trial, and an overlap stage of the smallest sizes: the cheapest full pipeline
-PARAMS = {"profile: cpu": "profile: tiny", "source: fashion-mnist": "source: synthetic",
-          "strategies: null": "strategies: [single]",
-          "overlap: {}": "overlap: {size: 16, chain: 1, items: 1, reps: 3, warmup: 0}"}
-WORKSPACE, QUEUED, TEMP = 1, (2, 3), 4   # train.epochs of each experiment (the tiny profile's is 1)
+PARAMS = {
+    "profile: cpu": "profile: tiny",
+    "source: fashion-mnist": "source: synthetic",
+    "strategies: null": "strategies: [single]",
+    "overlap: {}": "overlap: {size: 16, chain: 1, items: 1, reps: 3, warmup: 0}",
+}
+WORKSPACE, QUEUED, TEMP = 1, (2, 3), 4  # train.epochs of each experiment (the tiny profile's is 1)
 
 
 def _env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("DVC_ROOT", "DVC_STAGE", "PYTHONPATH")}
-    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", DVC_NO_ANALYTICS="1",
-               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    env.update(
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        DVC_NO_ANALYTICS="1",
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+    )
     return env
 
 
@@ -109,9 +119,11 @@ def test_queued_and_temp_experiments_record_their_own_params_and_results(tmp_pat
     assert len({json.dumps(shown[n][1], sort_keys=True) for n in expected}) == len(expected), shown
     assert _results(repo) == before
 
-    code = ("import json, mlflow; mlflow.set_tracking_uri('sqlite:///mlruns/mlflow.db');"
-            "r = mlflow.search_runs(search_all_experiments=True, filter_string=\"params.strategy = 'single'\");"
-            "print(json.dumps([[e, s, st] for e, s, st in zip(r['params.epochs'], r['tags.study'], r['status'])]))")
+    code = (
+        "import json, mlflow; mlflow.set_tracking_uri('sqlite:///mlruns/mlflow.db');"
+        "r = mlflow.search_runs(search_all_experiments=True, filter_string=\"params.strategy = 'single'\");"
+        "print(json.dumps([[e, s, st] for e, s, st in zip(r['params.epochs'], r['tags.study'], r['status'])]))"
+    )
     trials = json.loads(_sh([sys.executable, "-c", code], repo).stdout)
     assert sorted(int(e) for e, _, _ in trials) == [WORKSPACE, *QUEUED, TEMP], trials
     assert len({s for _, s, _ in trials}) == 4 and {st for _, _, st in trials} == {"FINISHED"}, trials

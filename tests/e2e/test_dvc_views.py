@@ -1,5 +1,6 @@
 """What DVC shows: metrics.json is flat numbers (`dvc metrics show`, `dvc exp show` columns), dvc.yaml declares it and
 the plots so that each experiment keeps its own copy, and every declared plot names columns its CSV has."""
+
 from __future__ import annotations
 
 import csv
@@ -11,8 +12,8 @@ import yaml
 
 from pipeline.analysis import stage as A
 
-from ..conftest import REPO
 from ..analysis.test_analyze import row, write
+from ..conftest import REPO
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +21,15 @@ def analysed(tmp_path_factory):
     base = tmp_path_factory.mktemp("dvcviews")
     sweeps = base / "sweeps"
     sweeps.mkdir()
-    rows = {"single": [row("single", k=1, B=128, thr=1000)],
-            "ddp": [row("ddp", k=1, B=128, thr=1000, peaks=[100 * 2**20]),
-                    row("ddp", k=2, B=256, thr=1800, peaks=[300 * 2**20, 100 * 2**20]),
-                    row("ddp", k=2, B=256, lr=0.2, thr=1600, peaks=[300 * 2**20, 100 * 2**20])],
-            "dp": [row("dp", k=1, B=128, state="skipped", trial="", reason="unavailable: needs CUDA")]}
+    rows = {
+        "single": [row("single", k=1, B=128, thr=1000)],
+        "ddp": [
+            row("ddp", k=1, B=128, thr=1000, peaks=[100 * 2**20]),
+            row("ddp", k=2, B=256, thr=1800, peaks=[300 * 2**20, 100 * 2**20]),
+            row("ddp", k=2, B=256, lr=0.2, thr=1600, peaks=[300 * 2**20, 100 * 2**20]),
+        ],
+        "dp": [row("dp", k=1, B=128, state="skipped", trial="", reason="unavailable: needs CUDA")],
+    }
     for s, rs in rows.items():
         write(rs, sweeps / f"{s}.jsonl")
     summary = A.analyze(sweeps, base / "analysis", expected=("single", "ddp", "dp"))
@@ -64,8 +69,14 @@ def test_metric_values_are_rounded_and_flagged_trials_counted(tmp_path):
     interference as flagged, leaving its throughput out."""
     sweeps = tmp_path / "sweeps"
     sweeps.mkdir()
-    write([row("ddp", k=1, B=128, thr=1000.123), row("ddp", k=2, B=256, thr=1234.5678),
-           {**row("ddp", k=2, B=256, lr=0.2, thr=9999), "interfered": True}], sweeps / "ddp.jsonl")
+    write(
+        [
+            row("ddp", k=1, B=128, thr=1000.123),
+            row("ddp", k=2, B=256, thr=1234.5678),
+            {**row("ddp", k=2, B=256, lr=0.2, thr=9999), "interfered": True},
+        ],
+        sweeps / "ddp.jsonl",
+    )
     A.analyze(sweeps, tmp_path / "analysis", expected=("ddp",))
     metrics = json.loads((tmp_path / "analysis" / "metrics.json").read_text())
     assert metrics["n_measured"] == 2 and metrics["n_flagged"] == 1
@@ -86,8 +97,11 @@ def _analyze_stage():
 
 
 def _entries(items):
-    return {path: (opts or {}) for item in items for path, opts in (item.items() if isinstance(item, dict)
-                                                                     else [(item, {})])}
+    return {
+        path: (opts or {})
+        for item in items
+        for path, opts in (item.items() if isinstance(item, dict) else [(item, {})])
+    }
 
 
 def test_dvc_metric_is_the_flat_file_and_experiments_keep_it():

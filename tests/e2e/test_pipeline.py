@@ -1,4 +1,5 @@
 """`dvc repro` end to end on a tiny profile, in a temporary copy of the repository (as a fresh clone would)."""
+
 from __future__ import annotations
 
 import json
@@ -50,11 +51,18 @@ def clone(tmp_path_factory):
             (dst / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / f, dst / f)
     (dst / "experiments" / "tiny.yaml").write_text(TINY)
-    params = (dst / "params.yaml").read_text().replace("profile: cpu", "profile: tiny") \
+    params = (
+        (dst / "params.yaml")
+        .read_text()
+        .replace("profile: cpu", "profile: tiny")
         .replace("source: fashion-mnist", "source: synthetic")
+    )
     (dst / "params.yaml").write_text(params)
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "clone"]):
+    for cmd in (
+        ["git", "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "clone"],
+    ):
         run(cmd, dst)
     return dst
 
@@ -83,9 +91,11 @@ def test_dvc_repro_runs_every_stage(clone):
     assert "up to date" in run(["dvc", "status"], clone).stdout.lower()
     run(["dvc", "repro", "-s", "analyze", "-f"], clone)
     # MLflow: one parent run per study plus the analysis run, no run left RUNNING
-    code = ("import mlflow; mlflow.set_tracking_uri('sqlite:///mlruns/mlflow.db');"
-            "r = mlflow.search_runs(search_all_experiments=True);"
-            "print(len(r), (r['status'] == 'RUNNING').sum(), (r['tags.role'] == 'study').sum(),"
-            " (r['tags.mlflow.runName'] == 'analysis').sum())")
+    code = (
+        "import mlflow; mlflow.set_tracking_uri('sqlite:///mlruns/mlflow.db');"
+        "r = mlflow.search_runs(search_all_experiments=True);"
+        "print(len(r), (r['status'] == 'RUNNING').sum(), (r['tags.role'] == 'study').sum(),"
+        " (r['tags.mlflow.runName'] == 'analysis').sum())"
+    )
     total, running, studies, analysis = map(int, run([sys.executable, "-c", code], clone).stdout.split())
     assert running == 0 and studies == 7 and analysis >= 1 and total > studies + 5

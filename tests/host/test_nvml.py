@@ -8,6 +8,7 @@ asked for, which matrix rows are read, what degrades), not NVML's or CUDA's sema
 the same UUIDs to torch and NVML, what a MIG handle supports, and which PIDs NVML reports inside a container are for
 a GPU host to show.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,9 @@ class FakeNvml(types.SimpleNamespace):
     NVML_CLOCK_SM = 1
 
     def __init__(self, uuids: list[str], buses: list[str]):
-        super().__init__(NVMLError=NVMLError, uuids=uuids, buses=buses, fail=set(), asked=[], failed=[],
-                         phase="before", calls={})
+        super().__init__(
+            NVMLError=NVMLError, uuids=uuids, buses=buses, fail=set(), asked=[], failed=[], phase="before", calls={}
+        )
         self.procs = {}  # (phase, physical GPU) -> PIDs
         self.reasons = {}  # (phase, physical GPU) -> clock event reason bits
         self.sm = {}  # (phase, physical GPU) -> SM MHz
@@ -112,9 +114,16 @@ def cuda_view(monkeypatch, visible: list[int], uuids=UUIDS, buses=BUSES, mig: di
         physical = visible[i]
         domain, bus, dev = (int(x, 16) for x in buses[physical].replace(".", ":").split(":")[:3])
         uuid = (mig or {}).get(i) or uuids[physical]
-        return types.SimpleNamespace(uuid=uuid.split("-", 1)[1], pci_domain_id=domain, pci_bus_id=bus,
-                                     pci_device_id=dev, name="NVIDIA H100", total_memory=80 * 2**30,
-                                     multi_processor_count=132)
+        return types.SimpleNamespace(
+            uuid=uuid.split("-", 1)[1],
+            pci_domain_id=domain,
+            pci_bus_id=bus,
+            pci_device_id=dev,
+            name="NVIDIA H100",
+            total_memory=80 * 2**30,
+            multi_processor_count=132,
+        )
+
     monkeypatch.setattr(torch.cuda, "get_device_properties", props)
 
 
@@ -159,9 +168,13 @@ def test_a_failed_uuid_lookup_falls_back_to_the_pci_bus_id(nvml):
     assert set(nvml.asked) == {3, 1} and r["gpu_monitor"] == "nvml" and r["gpu_sm_mhz_min"] == [1903, 1901]
 
 
-CALLS = [("nvmlInit",), ("nvmlDeviceGetHandleByUUID", "nvmlDeviceGetHandleByPciBusId"),
-         ("nvmlDeviceGetComputeRunningProcesses",), ("nvmlDeviceGetCurrentClocksEventReasons",),
-         ("nvmlDeviceGetClockInfo",)]
+CALLS = [
+    ("nvmlInit",),
+    ("nvmlDeviceGetHandleByUUID", "nvmlDeviceGetHandleByPciBusId"),
+    ("nvmlDeviceGetComputeRunningProcesses",),
+    ("nvmlDeviceGetCurrentClocksEventReasons",),
+    ("nvmlDeviceGetClockInfo",),
+]
 
 
 @pytest.mark.parametrize("calls", CALLS, ids=lambda c: c[-1])
@@ -247,8 +260,10 @@ def test_a_throttle_and_a_process_seen_only_mid_trial_flag_the_trial(nvml):
     nvml.procs[("during", 3)] = [1]
     with Monitor(2, "cuda", [0, 1], threshold=1e9) as m:
         nvml.phase = "during"
-        _wait_for(lambda: nvml.calls.get(("during", "nvmlDeviceGetClockInfo"), 0) >= 4,
-                  "the GPU was not sampled while the trial ran")
+        _wait_for(
+            lambda: nvml.calls.get(("during", "nvmlDeviceGetClockInfo"), 0) >= 4,
+            "the GPU was not sampled while the trial ran",
+        )
         nvml.phase = "after"
     r = m.result()
     assert "HW thermal" in r["gpu_throttle"] and r["gpu_other_processes"] == 1

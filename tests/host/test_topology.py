@@ -1,16 +1,19 @@
 """Which GPUs a trial runs on, placed by UUID or PCI bus id in nvidia-smi's topology: its interconnect label, its host
 facts and the memory figure NVML gives for its own GPUs.
 """
+
 from __future__ import annotations
 
 import subprocess
 import sys
 import types
+
 import pytest
 import torch
+
 from pipeline.host import capabilities, topology
 from pipeline.host.devices import Host
-from tests.host.test_nvml import BUSES, FakeNvml, TOPO, UUIDS, cuda_view  # noqa: F401 (shared with test_nvml.py)
+from tests.host.test_nvml import BUSES, TOPO, UUIDS, FakeNvml, cuda_view  # noqa: F401 (shared with test_nvml.py)
 
 
 def _fixture(name):
@@ -20,17 +23,20 @@ def _fixture(name):
     return topo, table, [r[1] for r in rows], [r[2] for r in rows]
 
 
-@pytest.mark.parametrize("name, visible, expected", [
-    ("dgx_h100", [0, 1, 2, 3, 4, 5, 6, 7], "NV18"),
-    ("dgx_h100", [6, 2], "NV18"),  # the NIC columns are not GPU links
-    ("pcie_node_sys", [0, 1], "PIX"),
-    ("pcie_node_sys", [1, 2], "NODE"),
-    ("pcie_node_sys", [0, 3], "SYS"),
-    ("pcie_node_sys", [0, 1, 2, 3], "SYS/NODE/PIX"),
-    ("pcie8_pairs", [5, 4], "PIX"),  # an 8-GPU host with a 2-GPU CUDA_VISIBLE_DEVICES
-    ("pcie8_pairs", [2, 5], "SYS"),
-    ("pcie8_pairs", [7], "single GPU"),
-])
+@pytest.mark.parametrize(
+    "name, visible, expected",
+    [
+        ("dgx_h100", [0, 1, 2, 3, 4, 5, 6, 7], "NV18"),
+        ("dgx_h100", [6, 2], "NV18"),  # the NIC columns are not GPU links
+        ("pcie_node_sys", [0, 1], "PIX"),
+        ("pcie_node_sys", [1, 2], "NODE"),
+        ("pcie_node_sys", [0, 3], "SYS"),
+        ("pcie_node_sys", [0, 1, 2, 3], "SYS/NODE/PIX"),
+        ("pcie8_pairs", [5, 4], "PIX"),  # an 8-GPU host with a 2-GPU CUDA_VISIBLE_DEVICES
+        ("pcie8_pairs", [2, 5], "SYS"),
+        ("pcie8_pairs", [7], "single GPU"),
+    ],
+)
 def test_the_interconnect_covers_only_the_trials_gpus(monkeypatch, name, visible, expected):
     """topo -m numbers GPUs in PCI order whatever CUDA_VISIBLE_DEVICES holds: each CUDA ordinal is placed in the
     matrix by its UUID. Hand-written fixtures: a real capture is for a GPU host."""
@@ -73,6 +79,7 @@ def test_host_capabilities_label_the_visible_gpus_not_every_host_gpu(monkeypatch
     def smi(cmd, **kw):
         out = topo if cmd[1:] == ["topo", "-m"] else table if any("--query-gpu" in c for c in cmd) else ""
         return subprocess.CompletedProcess(cmd, 0 if out else 6, out, "")
+
     monkeypatch.setattr(topology.subprocess, "run", smi)
     host = Host("cuda", 2, "NVIDIA L40S", "box", torch.__version__, "13.0")
     assert capabilities.host_capabilities(host)["interconnect"] == "PIX"
@@ -84,6 +91,7 @@ def test_the_memory_figure_asks_nvml_about_the_trials_gpus(monkeypatch):
     monitor does, by its UUID: with CUDA_VISIBLE_DEVICES=3,1, cuda:0 and cuda:1 are physical GPUs 3 and 1, and an
     NVML error leaves the optional figure None. Intent only: the real driver's memory figures need a GPU."""
     from pipeline.measure import memory as metrics
+
     nvml = FakeNvml(UUIDS, BUSES)
     nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=(h[1] + 1) * 2**30)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
@@ -100,9 +108,13 @@ def test_a_trials_host_facts_describe_its_own_gpus(monkeypatch):
     """G17: the record's host facts of a k-GPU trial on a larger host are those of CUDA ordinals 0..k-1 (the trial's
     GPUs, devices.device_for), read once per device count; a CPU host has no ordinals to name. Intent only."""
     from pipeline.trial import launch
+
     asked = []
-    monkeypatch.setattr(launch, "host_capabilities", lambda host, ordinals=None: asked.append(
-        None if ordinals is None else list(ordinals)) or {"kind": host.kind})
+    monkeypatch.setattr(
+        launch,
+        "host_capabilities",
+        lambda host, ordinals=None: asked.append(None if ordinals is None else list(ordinals)) or {"kind": host.kind},
+    )
     monkeypatch.setattr(launch, "capability_fields", lambda caps: dict(caps))
     launch.host_fields.cache_clear()
     try:

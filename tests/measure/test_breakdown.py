@@ -3,6 +3,7 @@ benchmarks/overhead/breakdown_cost.py): every part present, timed and non-negati
 communication
 for one device, sampled steps out of the throughput window; and the interval arithmetic that charges profiled
 communication to phases."""
+
 from __future__ import annotations
 
 import contextlib
@@ -11,9 +12,9 @@ import itertools
 import pytest
 import torch
 
+from pipeline.host.devices import probe
 from pipeline.measure import breakdown, comm_probes
 from pipeline.measure import meter as metermod
-from pipeline.host.devices import probe
 from pipeline.trial.launch import run_trial
 
 TWO = probe().n >= 2
@@ -25,9 +26,15 @@ CASES = [(s, k) for s in ("single", "scratch", "ddp", "fsdp") for k in (1, 2) if
 def test_every_trial_breakdown_adds_up(make_cfg, tmp_path, monkeypatch, strategy, k):
     if k > 1 and not TWO:
         pytest.skip("needs 2 devices")
-    cfg = make_cfg(f"train.strategy={strategy}", f"train.devices={k}", "train.batch_size=64",
-                   f"train.breakdown_every={EVERY}",
-                   f"data.train_limit={64 * STEPS}", "data.test_limit=128", f"train.warmup_steps={WARMUP}")
+    cfg = make_cfg(
+        f"train.strategy={strategy}",
+        f"train.devices={k}",
+        "train.batch_size=64",
+        f"train.breakdown_every={EVERY}",
+        f"data.train_limit={64 * STEPS}",
+        "data.test_limit=128",
+        f"train.warmup_steps={WARMUP}",
+    )
     m = run_trial(cfg, tmp_path / "o", progress=False)
     b = m["breakdown"]
     n = len(range(EVERY - 1, STEPS - WARMUP, EVERY))  # steady-state steps WARMUP.. sampled every EVERY-th
@@ -55,6 +62,7 @@ def test_every_trial_breakdown_adds_up(make_cfg, tmp_path, monkeypatch, strategy
 
 # ----------------------------------------------------------------------------- the meter, on a fake clock
 
+
 class FakeStrategy:
     device = torch.device("cpu")
 
@@ -64,6 +72,7 @@ class FakeStrategy:
 
 class FakeBreakdown(breakdown.Off):
     """Samples steady-state steps 1, 3, 5, ...; the sampled step itself takes 10 clock reads."""
+
     def __init__(self):
         self.samples = 0
 
@@ -106,6 +115,7 @@ def test_unsampled_steps_get_the_do_nothing_clock():
 
 # ----------------------------------------------------------------------------- the arithmetic
 
+
 def test_interval_arithmetic():
     assert comm_probes.union([(5, 6), (0, 2), (1, 3)]) == [(0, 3), (5, 6)]
     assert comm_probes.subtract([(0, 10)], [(2, 3), (5, 7)]) == [(0, 2), (3, 5), (7, 10)]
@@ -139,14 +149,27 @@ class OneRank:
 
 
 def test_idle_is_the_barrier_wait_less_its_latency_and_parts_partition_the_phases():
-    other = {"rank": 1, "barrier_s": [0.001, 0.004], "work_s": [1.0, 1.0],
-             "parts": [dict.fromkeys(breakdown.PARTS, 0.0)] * 2}
+    other = {
+        "rank": 1,
+        "barrier_s": [0.001, 0.004],
+        "work_s": [1.0, 1.0],
+        "parts": [dict.fromkeys(breakdown.PARTS, 0.0)] * 2,
+    }
     b = breakdown.Breakdown(OneRank(other), None, every=2)
-    b.samples = [{"work_s": 1.0, "barrier_s": 0.003, "comm": {"backward": 0.1},
-                  "phases": {"data": 0.1, "forward": 0.2, "backward": 0.5, "reduce_gradients": 0.05,
-                             "optimizer": 0.1}},
-                 {"work_s": 1.2, "barrier_s": 0.001, "comm": {"backward": 0.9},  # more than the phase: clamped
-                  "phases": {"data": 0.1, "forward": 0.2, "backward": 0.5, "optimizer": 0.1}}]
+    b.samples = [
+        {
+            "work_s": 1.0,
+            "barrier_s": 0.003,
+            "comm": {"backward": 0.1},
+            "phases": {"data": 0.1, "forward": 0.2, "backward": 0.5, "reduce_gradients": 0.05, "optimizer": 0.1},
+        },
+        {
+            "work_s": 1.2,
+            "barrier_s": 0.001,
+            "comm": {"backward": 0.9},  # more than the phase: clamped
+            "phases": {"data": 0.1, "forward": 0.2, "backward": 0.5, "optimizer": 0.1},
+        },
+    ]
     r = b.results(timed_step_s=0.9)
     # sample 1: latency = min(0.003, 0.001) = 0.001, idle 0.002; sample 2: latency 0.001, idle 0
     assert r["parts_s"]["idle"] == pytest.approx(0.001)

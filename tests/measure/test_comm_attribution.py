@@ -7,6 +7,7 @@ through ProfiledComm with a stand-in torch.profiler.profile. These check the def
 events count, which path a backend takes, how many profiler sessions a trial opens), not CUDA semantics: whether
 Kineto emits these events with these times on a given driver, and how large the effects are, only a GPU run shows.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,8 +24,14 @@ CUDA0 = torch.device("cuda", 0)  # a device object only: nothing here touches CU
 
 
 def ev(name, start, end, dev="cpu", ann=False, thread=1):
-    return {"name": name, "device_type": dev, "is_user_annotation": ann, "start_us": start, "end_us": end,
-            "thread": thread}
+    return {
+        "name": name,
+        "device_type": dev,
+        "is_user_annotation": ann,
+        "start_us": start,
+        "end_us": end,
+        "thread": thread,
+    }
 
 
 def dp_step() -> list[dict]:
@@ -32,12 +39,16 @@ def dp_step() -> list[dict]:
     100-300 (broadcast) + 700-800 (gather copy) = 300 us; backward 2000-2400 (reduce after the last conv) = 400 us;
     the copy in the data phase is moving data in, not communication."""
     return [
-        ev("parallax::data", -300, 0, ann=True), ev("parallax::forward", 0, 1000, ann=True),
+        ev("parallax::data", -300, 0, ann=True),
+        ev("parallax::forward", 0, 1000, ann=True),
         ev("parallax::backward", 1000, 3000, ann=True),
-        ev("cudaLaunchKernel", 50, 60), ev("aten::conv2d", 60, 400),
+        ev("cudaLaunchKernel", 50, 60),
+        ev("aten::conv2d", 60, 400),
         # Kineto's gpu_user_annotation: one per record_function range, on the device, spanning its kernels
-        ev("parallax::forward", 100, 950, "cuda", True), ev("parallax::backward", 1100, 2950, "cuda", True),
-        ev("DataParallel.forward", 100, 900, "cuda", True), ev("nccl:broadcast", 100, 300, "cuda", True),
+        ev("parallax::forward", 100, 950, "cuda", True),
+        ev("parallax::backward", 1100, 2950, "cuda", True),
+        ev("DataParallel.forward", 100, 900, "cuda", True),
+        ev("nccl:broadcast", 100, 300, "cuda", True),
         ev("Memcpy HtoD (Pageable -> Device)", -250, -50, "cuda"),
         ev("ncclDevKernel_Broadcast_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", 100, 300, "cuda"),
         ev("void cudnn::cnn::conv2d_grouped_direct_kernel", 300, 700, "cuda"),
@@ -52,14 +63,23 @@ def function_events(records) -> list[FunctionEvent]:
     """The records as torch's own FunctionEvents (what profile.events() returns)."""
     out = []
     for i, r in enumerate(records):
-        out.append(FunctionEvent(id=i, name=r["name"], thread=r["thread"], start_us=r["start_us"],
-                                 end_us=r["end_us"], device_type=DeviceType.CUDA if r["device_type"] == "cuda"
-                                 else DeviceType.CPU, is_user_annotation=r["is_user_annotation"]))
+        out.append(
+            FunctionEvent(
+                id=i,
+                name=r["name"],
+                thread=r["thread"],
+                start_us=r["start_us"],
+                end_us=r["end_us"],
+                device_type=DeviceType.CUDA if r["device_type"] == "cuda" else DeviceType.CPU,
+                is_user_annotation=r["is_user_annotation"],
+            )
+        )
     return out
 
 
 class FakeProfile:
     """Stand-in for torch.profiler.profile: counts sessions, returns the given events."""
+
     sessions: list = []
     events_to_return: list = []
 
@@ -95,6 +115,7 @@ def process_group(monkeypatch, backend):
 
 # ----------------------------------------------------------------------------- G1, G18 through ProfiledComm
 
+
 def test_gpu_user_annotations_are_not_busy_and_each_phase_is_charged_once(fake_profiler, monkeypatch):
     """G1: device-side user annotations (parallax::*, DataParallel.forward, nccl:*) are not kernels, and the phases
     come from CPU events only, so dp's exposed copies and NCCL reduce are found, each charged once."""
@@ -111,9 +132,12 @@ def test_gloo_on_cuda_tensors_is_measured_from_host_spans(fake_profiler, monkeyp
     backend, not the device type, picks the host-span path; no CUDA activity (no CUPTI session) is requested."""
     process_group(monkeypatch, "gloo")
     fake_profiler.events_to_return = [
-        ev("parallax::forward", 0, 1000, ann=True), ev("FSDP::all_gather", 100, 400, ann=True),
-        ev("parallax::backward", 1000, 2000, ann=True), ev("FSDP::post_backward_reduce", 1500, 1600, ann=True),
-        ev("ampere_sgemm_128x64_nn", 0, 2000, "cuda")]  # the device busy throughout: irrelevant to Gloo
+        ev("parallax::forward", 0, 1000, ann=True),
+        ev("FSDP::all_gather", 100, 400, ann=True),
+        ev("parallax::backward", 1000, 2000, ann=True),
+        ev("FSDP::post_backward_reduce", 1500, 1600, ann=True),
+        ev("ampere_sgemm_128x64_nn", 0, 2000, "cuda"),
+    ]  # the device busy throughout: irrelevant to Gloo
     p = comm_probes.ProfiledComm(("FSDP::all_gather", "FSDP::post_backward_reduce"), CUDA0, "fsdp")
     p.start()
     got = p.stop()
@@ -125,9 +149,12 @@ def test_nccl_backend_takes_the_kernel_path(fake_profiler, monkeypatch):
     """fsdp on NCCL: device kernels, CUDA activity requested; FSDP's CPU spans do not count."""
     process_group(monkeypatch, "nccl")
     fake_profiler.events_to_return = [
-        ev("parallax::forward", 0, 1000, ann=True), ev("FSDP::all_gather", 0, 500, ann=True),
+        ev("parallax::forward", 0, 1000, ann=True),
+        ev("FSDP::all_gather", 0, 500, ann=True),
         ev("FSDP::all_gather", 50, 450, "cuda", True),
-        ev("ncclDevKernel_AllGather_RING_LL", 100, 300, "cuda"), ev("sm90_xmma_gemm", 250, 900, "cuda")]
+        ev("ncclDevKernel_AllGather_RING_LL", 100, 300, "cuda"),
+        ev("sm90_xmma_gemm", 250, 900, "cuda"),
+    ]
     p = comm_probes.ProfiledComm(("FSDP::all_gather",), CUDA0, "fsdp")
     p.start()
     assert p.stop() == pytest.approx({"forward": 150e-6})
@@ -137,11 +164,14 @@ def test_nccl_backend_takes_the_kernel_path(fake_profiler, monkeypatch):
 
 # ----------------------------------------------------------------------------- the pure function
 
+
 def test_attribute_kernels_definition():
     """NCCL on device 0 that overlaps compute on device 1 counts as hidden (one device timeline: any kernel)."""
-    events = [ev("parallax::backward", 0, 1000, ann=True),
-              {**ev("ncclDevKernel_AllReduce", 100, 500, "cuda"), "device": 0},
-              {**ev("conv_bwd", 0, 300, "cuda"), "device": 1}]
+    events = [
+        ev("parallax::backward", 0, 1000, ann=True),
+        {**ev("ncclDevKernel_AllReduce", 100, 500, "cuda"), "device": 0},
+        {**ev("conv_bwd", 0, 300, "cuda"), "device": 1},
+    ]
     assert comm_probes.attribute(events, "kernels", ("nccl",)) == pytest.approx({"backward": 200e-6})
     assert not any(comm_probes.attribute(events, "spans", ("nccl",)).values())  # no host span of that name
 
@@ -151,14 +181,22 @@ def test_attribute_ignores_phases_other_than_forward_and_backward():
     assert comm_probes.attribute(events, "kernels", ("memcpy",)) == {}
 
 
-@pytest.mark.parametrize("backend,device,path", [
-    ("nccl", "cuda", "kernels"), ("gloo", "cuda", "spans"), ("gloo", "cpu", "spans"),
-    (None, "cuda", "kernels"), (None, "cpu", "spans")])
+@pytest.mark.parametrize(
+    "backend,device,path",
+    [
+        ("nccl", "cuda", "kernels"),
+        ("gloo", "cuda", "spans"),
+        ("gloo", "cpu", "spans"),
+        (None, "cuda", "kernels"),
+        (None, "cpu", "spans"),
+    ],
+)
 def test_path_follows_the_backend(backend, device, path):
     assert comm_probes.comm_path(backend, device) == path
 
 
 # ----------------------------------------------------------------------------- G2: sessions per trial
+
 
 class FakeStrategy:
     name, data_shard = "fake", (0, 1)
@@ -218,6 +256,7 @@ def test_host_span_path_samples_every_step_it_is_asked_to(fake_profiler, monkeyp
 
 
 # ----------------------------------------------------------------------------- G13: sampled steps identifiable
+
 
 def test_sampled_steps_and_their_cost_are_reported():
     """G13: the breakdown names the steady-state steps it sampled and what sampling added to the training time

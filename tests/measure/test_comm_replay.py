@@ -1,15 +1,18 @@
 """Profiler events saved and replayed: a real CPU profile dumps and loads back, the shipped fixtures replay to their
 recorded attribution, other formats are refused, and doctor writes replayable files.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import time
 from pathlib import Path
+
 import pytest
 import torch
 from torch.profiler import record_function
+
 from pipeline.measure import breakdown, comm_probes
 from tests.measure.test_comm_attribution import FIXTURES, FakeStrategy, no_process_group  # noqa: F401 (shared with test_comm_attribution.py)
 
@@ -62,8 +65,11 @@ def test_replay_fixture(path):
     assert got == pytest.approx(dump["expected_s"], abs=1e-12)
     plain = [e for e in events if not (e["device_type"] != "cpu" and e["is_user_annotation"])]
     assert comm_probes.attribute(plain, probe["path"], probe["comm_names"]) == pytest.approx(got, abs=1e-12)
-    phases = {e["name"][len(comm_probes.PHASE):]: (e["end_us"] - e["start_us"]) / 1e6 for e in events
-              if e["device_type"] == "cpu" and e["name"].startswith(comm_probes.PHASE)}
+    phases = {
+        e["name"][len(comm_probes.PHASE) :]: (e["end_us"] - e["start_us"]) / 1e6
+        for e in events
+        if e["device_type"] == "cpu" and e["name"].startswith(comm_probes.PHASE)
+    }
     assert set(got) <= {"forward", "backward"}
     assert all(0 <= s <= phases[name] + 1e-12 for name, s in got.items())
 
@@ -80,8 +86,17 @@ def test_doctor_dump_events_writes_replayable_files(make_cfg, tmp_path):
     CPU host through the host-span path) and replays to what the trial attributed. On a GPU host the same files hold
     Kineto's CUDA events; copying one into tests/fixtures/ makes CI replay it."""
     from pipeline.doctor import checks as doctor
-    doctor.run(make_cfg("train.breakdown_every=5"), tmp_path / "doctor", ["fsdp"], max_devices=1, steps=10,
-               per_device_batch=32, say=lambda *_: None, dump_events=tmp_path / "events")
+
+    doctor.run(
+        make_cfg("train.breakdown_every=5"),
+        tmp_path / "doctor",
+        ["fsdp"],
+        max_devices=1,
+        steps=10,
+        per_device_batch=32,
+        say=lambda *_: None,
+        dump_events=tmp_path / "events",
+    )
     assert comm_probes.DUMP_ENV not in os.environ  # the doctor leaves the environment as it was
     files = sorted((tmp_path / "events").glob("events-fsdp-*.json"))
     assert files and any("-rank0" in f.name for f in files)

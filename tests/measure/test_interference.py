@@ -1,4 +1,5 @@
 """Interference: CPU time of other processes during a window is measured and flagged; our own work is not."""
+
 from __future__ import annotations
 
 import subprocess
@@ -25,8 +26,9 @@ def _spin(cpu_seconds: float) -> None:
 def test_own_work_and_reaped_children_are_not_interference():
     with Monitor(devices_used=1, threshold=0.5) as m:
         _spin(0.6)  # this process
-        subprocess.run([sys.executable, "-c", "import time\nwhile time.process_time() < 0.6: pass"],
-                       check=True)  # a child reaped inside the window: the trial's own rank
+        subprocess.run(
+            [sys.executable, "-c", "import time\nwhile time.process_time() < 0.6: pass"], check=True
+        )  # a child reaped inside the window: the trial's own rank
     r = m.result()
     assert r["own_cpu_s"] >= 1.1  # both spins count as the trial's own
     # what other processes did (this host may well be busy) is the rest of the host's busy time, nothing of ours
@@ -51,8 +53,10 @@ def test_a_cpu_burner_outside_the_trial_is_flagged_with_its_share():
 
 def test_every_trial_records_what_else_ran(make_cfg, tmp_path):
     from pipeline.trial.launch import run_trial
-    m = run_trial(make_cfg("train.max_steps=3", "data.train_limit=1024", "data.test_limit=64"), tmp_path / "t",
-                  progress=False)
+
+    m = run_trial(
+        make_cfg("train.max_steps=3", "data.train_limit=1024", "data.test_limit=64"), tmp_path / "t", progress=False
+    )
     i = m["interference"]
     assert i["window_s"] > 0 and i["host_cores"] >= 1 and i["own_cpu_s"] > 0
     assert isinstance(i["interfered"], bool) and (i["interference_reason"] != "") == i["interfered"]
@@ -66,11 +70,15 @@ def _rows(trials):
     from optuna.distributions import CategoricalDistribution
 
     from pipeline.records.table import trial_row
+
     rows = []
     for i, (params, metrics) in enumerate(trials):
-        t = optuna.trial.create_trial(params=params, value=metrics["throughput_img_s"],
-                                      distributions={k: CategoricalDistribution([v]) for k, v in params.items()},
-                                      user_attrs={"metrics": metrics.to_json()})
+        t = optuna.trial.create_trial(
+            params=params,
+            value=metrics["throughput_img_s"],
+            distributions={k: CategoricalDistribution([v]) for k, v in params.items()},
+            user_attrs={"metrics": metrics.to_json()},
+        )
         t.number = i
         rows.append(trial_row(types.SimpleNamespace(study_name="s"), "ddp", t=t))
     return rows
@@ -82,6 +90,7 @@ def test_a_burner_during_the_k1_trial_is_flagged_and_its_efficiency_is_no_findin
     from pipeline.analysis.stage import analyze
     from pipeline.host.devices import probe
     from pipeline.trial.launch import run_trial
+
     if probe().n < 2:
         pytest.skip("needs 2 devices")
     if not burn:  # the negative case needs a quiet host: look for a second first (the load average lags a minute)
@@ -89,14 +98,20 @@ def test_a_burner_during_the_k1_trial_is_flagged_and_its_efficiency_is_no_findin
             time.sleep(1.0)
         if quiet.result()["interfered"]:
             pytest.skip(f"the host is busy ({quiet.result()['interference_reason']}): other work would be flagged too")
-    base = ("train.strategy=ddp", "data.train_limit=4096", "data.test_limit=128", "train.epochs=1",
-            "train.interference_threshold=0.25")
+    base = (
+        "train.strategy=ddp",
+        "data.train_limit=4096",
+        "data.test_limit=128",
+        "train.epochs=1",
+        "train.interference_threshold=0.25",
+    )
     trials = []
     for k in (1, 2):
         burner = subprocess.Popen([sys.executable, "-c", BURN]) if (burn and k == 1) else None
         try:
-            m = run_trial(make_cfg(*base, f"train.devices={k}", f"train.batch_size={64 * k}"), tmp_path / f"k{k}",
-                          progress=False)
+            m = run_trial(
+                make_cfg(*base, f"train.devices={k}", f"train.batch_size={64 * k}"), tmp_path / f"k{k}", progress=False
+            )
         finally:
             if burner:
                 burner.kill()

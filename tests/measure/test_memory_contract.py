@@ -12,13 +12,13 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.measure import meter as metermod
-from pipeline.measure import memory as metrics
-from pipeline.records import trial as R
 from pipeline.analysis import tables
-from pipeline.trial import loop as trainmod
 from pipeline.host.devices import Host
+from pipeline.measure import memory as metrics
+from pipeline.measure import meter as metermod
+from pipeline.records import trial as R
 from pipeline.strategies.base import Strategy
+from pipeline.trial import loop as trainmod
 
 DEVICES = [torch.device("cuda", 0), torch.device("cuda", 1)]
 RESIDENT = {0: 100, 1: 10}  # bytes held when the window opens (model, optimizer, data)

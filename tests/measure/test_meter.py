@@ -1,5 +1,6 @@
 """The meter's bookkeeping on a fake clock: which steps are timed, per-epoch and overall throughput, time to accuracy,
 and the memory probe that runs around step 0 on CPU only (a no-op elsewhere)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -135,8 +136,7 @@ def test_memory_window_opens_at_each_tick_and_closes_at_evaluation(monkeypatch):
     and the GPU-only figures are None."""
     calls = []
     m = metermod.Meter(FakeStrategy(), 10, 1, 0.5)
-    assert m.memory.figures() == dict.fromkeys(("mem_resident_bytes", "mem_reserved_peak_bytes",
-                                                 "mem_nvml_used_bytes"))
+    assert m.memory.figures() == dict.fromkeys(("mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes"))
     monkeypatch.setattr(m.memory, "open", lambda: calls.append("open"))
     monkeypatch.setattr(m.memory, "close", lambda: calls.append("close"))
     m.start_epoch(0)

@@ -1,5 +1,6 @@
 """The sweep's wait for a quiet moment (measure/quiet.py): bounded, says what it waits for, stops paying on a host
 that stays busy, and measures load as interference.py does. Fake clock and probe: no real waiting."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,8 +35,14 @@ def test_a_busy_host_is_waited_for_at_most_the_bound_and_the_wait_says_what_for(
     w = gate(f).wait()
     assert not w.quiet and w.waited_s <= 10.0 and f.probes == 10
     assert w.foreign_cores == 1.9
-    for part in ("at most 0.25 cores busy", "train.interference_threshold", "up to 10 s", "sweep.quiet_wait_s",
-                 "still 1.90 cores busy elsewhere", "the trial runs now"):
+    for part in (
+        "at most 0.25 cores busy",
+        "train.interference_threshold",
+        "up to 10 s",
+        "sweep.quiet_wait_s",
+        "still 1.90 cores busy elsewhere",
+        "the trial runs now",
+    ):
         assert part in w.text, part
 
 
@@ -77,6 +84,7 @@ def test_the_probe_measures_other_processes_as_interference_does(monkeypatch):
     """foreign_cores is interference.Monitor's figure over the probe: the host's busy CPU time less this process
     tree's, per second of the window (here 3 s busy, 1 s of it ours, over 2 s: 1 core)."""
     from pipeline.measure import interference
+
     ticks = iter([(100.0, 0.0), (103.0, 0.0)])
     own = iter([10.0, 11.0])
     clock = iter([50.0] + [52.0] * 100)  # the window: 2 s

@@ -1,5 +1,6 @@
 """A per-trial measurement is declared once, in TrialRecord: `rank=` makes summarize fill it from the ranks' results
 by its name, and the POINT view carries it into the analysis' point table and metrics.json, with no other line."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,6 +18,7 @@ from tests.records.test_record import _rank
 @dataclasses.dataclass(frozen=True)
 class WithProbe(R.TrialRecord):
     """The record plus three declared measurements, one per way of combining the ranks."""
+
     probe_max_s: float | None = R._f(R.METRIC, R.TABLE, R.POINT, rank="max")
     probe_min_s: float | None = R._f(R.TABLE, rank="min")
     probe_main: str | None = R._f(R.TAG, rank="main")
@@ -29,9 +31,11 @@ def test_summarize_fills_declared_rank_measurements_by_name(make_cfg, monkeypatc
     cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.batch_size=64")
     host = SimpleNamespace(kind="cpu", n=2, name="cpu", hostname="h", torch="t", cuda="")
     ddp = SimpleNamespace(multiprocess=True, parallel_on_cpu=True)
-    ranks = [{**_rank(90.0), "probe_max_s": 0.5, "probe_min_s": 0.5, "probe_main": "a"},
-             {**_rank(85.0, rank=1), "probe_max_s": 0.7, "probe_min_s": 0.2, "probe_main": "b"},
-             _rank(80.0, rank=2)]
+    ranks = [
+        {**_rank(90.0), "probe_max_s": 0.5, "probe_min_s": 0.5, "probe_main": "a"},
+        {**_rank(85.0, rank=1), "probe_max_s": 0.7, "probe_min_s": 0.2, "probe_main": "b"},
+        _rank(80.0, rank=2),
+    ]
     r = R.summarize(cfg, host, ddp, ranks, 2.0)
     assert (r.probe_max_s, r.probe_min_s, r.probe_main) == (0.7, 0.2, "a")
     assert r.metrics()["probe_max_s"] == 0.7 and r.tags()["probe_main"] == "a"
@@ -50,11 +54,23 @@ def test_a_point_measurement_reaches_the_point_table_and_metrics_json(monkeypatc
     and k in metrics.json; a table without that column (an older one) gets neither."""
     monkeypatch.setattr(tables, "point_columns", lambda: ["probe_s"])
     monkeypatch.setattr(S, "point_columns", lambda: ["probe_s"])
-    base = {"state": "complete", "oversubscribed": False, "interfered": False, "strategy": "ddp", "model": "lenet",
-            "batch_size": 64, "per_device_batch": 32, "lr": 0.1, "test_acc": 0.5, "time_to_acc_s": 1.0,
-            "throughput_img_s": 100.0, "parallel_devices": True}
-    rows = [{**base, "k": 2, "probe_s": v} for v in (1.0, 2.0, 6.0)] + [{**base, "k": 1, "probe_s": 0.5,
-                                                                           "per_device_batch": 64}]
+    base = {
+        "state": "complete",
+        "oversubscribed": False,
+        "interfered": False,
+        "strategy": "ddp",
+        "model": "lenet",
+        "batch_size": 64,
+        "per_device_batch": 32,
+        "lr": 0.1,
+        "test_acc": 0.5,
+        "time_to_acc_s": 1.0,
+        "throughput_img_s": 100.0,
+        "parallel_devices": True,
+    }
+    rows = [{**base, "k": 2, "probe_s": v} for v in (1.0, 2.0, 6.0)] + [
+        {**base, "k": 1, "probe_s": 0.5, "per_device_batch": 64}
+    ]
     df = pd.DataFrame(rows)
     for c in tables.EXTRAS:
         df[c] = ""

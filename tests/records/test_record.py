@@ -1,6 +1,7 @@
 """The trial record owns its schema: every field reaches every view it declares (metrics.json, MLflow params, metrics
 and tags, Optuna's numeric attributes, the sweep table and the table read back), so a new field cannot be
 half-wired; and summarize builds it from the ranks' results."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,26 +10,37 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.records import trial as R
 from pipeline.records import table as T
+from pipeline.records import trial as R
 
 VALUE = {"int": 3, "float": 1.5, "str": "x", "bool": True, "list": [2.0, 1.0]}
-DICTS = {"breakdown": {"step_s": 0.1, "parts_s": dict.fromkeys(R.BD_PARTS, 0.01), "residual_s": 0.04,
-                       "samples": 3},
-         "interference": {"interfered": True, "foreign_cores": 0.5, "loadavg_start": 1.25,
-                          "interference_reason": "other processes"}}
+DICTS = {
+    "breakdown": {"step_s": 0.1, "parts_s": dict.fromkeys(R.BD_PARTS, 0.01), "residual_s": 0.04, "samples": 3},
+    "interference": {
+        "interfered": True,
+        "foreign_cores": 0.5,
+        "loadavg_start": 1.25,
+        "interference_reason": "other processes",
+    },
+}
 
 
 def _full() -> R.TrialRecord:
     """A record with every field set, of its declared kind."""
-    values = {f.name: DICTS[f.name] if f.name in DICTS else VALUE[R._kind(f.type)]
-              for f in dataclasses.fields(R.TrialRecord)}
+    values = {
+        f.name: DICTS[f.name] if f.name in DICTS else VALUE[R._kind(f.type)] for f in dataclasses.fields(R.TrialRecord)
+    }
     return R.TrialRecord(**values)
 
 
 def _views(r: R.TrialRecord) -> dict:
-    return {R.PARAM: r.params(), R.METRIC: r.metrics(), R.TAG: r.tags(), R.OPTUNA: r.optuna_attrs(),
-            R.TABLE: r.table_row()}
+    return {
+        R.PARAM: r.params(),
+        R.METRIC: r.metrics(),
+        R.TAG: r.tags(),
+        R.OPTUNA: r.optuna_attrs(),
+        R.TABLE: r.table_row(),
+    }
 
 
 def _declared():
@@ -49,8 +61,9 @@ def test_every_field_is_in_every_view_it_declares(tmp_path):
     checked = set()
     for name, view, key, expands in _declared():
         if view == R.POINT:  # the analysis' view: it reads the field's sweep-table column
-            assert any(f.name == name and R.TABLE in f.metadata["views"] for f in dataclasses.fields(R.TrialRecord)) \
-                and len(R.point_columns()) == len(set(R.point_columns())), f"{name}: POINT needs the TABLE view"
+            assert any(
+                f.name == name and R.TABLE in f.metadata["views"] for f in dataclasses.fields(R.TrialRecord)
+            ) and len(R.point_columns()) == len(set(R.point_columns())), f"{name}: POINT needs the TABLE view"
             checked.add((name, view))
             continue
         got = views[view]
@@ -88,10 +101,22 @@ def test_a_record_that_measured_nothing_leaves_views_empty_not_wrong(tmp_path):
 
 
 def _rank(thr, windows=None, peaks=(100,), rank=0):
-    out = {"throughput_img_s": thr, "peak_mem_bytes": list(peaks), "device_names": ["cpu"] * len(peaks),
-           "rank": rank, "steps": 10, "stopped": False, "timed_steps": 8, "epoch_s": [1.0], "test_acc": [0.5],
-           "train_loss": [1.0], "epoch_throughput_img_s": [100.0], "time_to_acc_s": None, "mem_method": "m",
-           "amp_dtype": None}
+    out = {
+        "throughput_img_s": thr,
+        "peak_mem_bytes": list(peaks),
+        "device_names": ["cpu"] * len(peaks),
+        "rank": rank,
+        "steps": 10,
+        "stopped": False,
+        "timed_steps": 8,
+        "epoch_s": [1.0],
+        "test_acc": [0.5],
+        "train_loss": [1.0],
+        "epoch_throughput_img_s": [100.0],
+        "time_to_acc_s": None,
+        "mem_method": "m",
+        "amp_dtype": None,
+    }
     if windows is not None:
         out["throughput_windows"] = windows
     return out
@@ -107,16 +132,23 @@ def test_summarize_takes_the_slowest_rank_window_by_window(make_cfg):
     assert r.peak_mem_bytes == [100, 100] and r.mem_imbalance == 1.0 and r.host_cpu_isa == "avx2"
     assert r.table_row()["throughput_windows"] == [90.0, 80.0, 95.0]
     # ranks that report no windows: none to take; an older train() reports none at all
-    assert R.summarize(cfg, host, ddp, [_rank(90.0), _rank(85.0, [1.0, 2.0], rank=1)], 2.0).throughput_windows \
-        == [1.0, 2.0]
+    assert R.summarize(cfg, host, ddp, [_rank(90.0), _rank(85.0, [1.0, 2.0], rank=1)], 2.0).throughput_windows == [
+        1.0,
+        2.0,
+    ]
     assert R.summarize(cfg, host, ddp, [_rank(90.0), _rank(85.0, rank=1)], 2.0).throughput_windows == []
 
 
 def test_capability_fields_keep_the_host_tag_names():
-    caps = {"bf16": "native", "fp16": "emulated", "nccl": "2.21.5", "torch": "2.5", "cuda": "12.4",
-            "cpu": {"isa": ["avx2", "avx512f"], "torch_cpu_capability": "AVX512", "bf16": "emulated",
-                    "fp16": "emulated"},
-            "gpus": [{"name": "H100", "compute_capability": "9.0"}, {"name": "H100", "compute_capability": "9.0"}]}
+    caps = {
+        "bf16": "native",
+        "fp16": "emulated",
+        "nccl": "2.21.5",
+        "torch": "2.5",
+        "cuda": "12.4",
+        "cpu": {"isa": ["avx2", "avx512f"], "torch_cpu_capability": "AVX512", "bf16": "emulated", "fp16": "emulated"},
+        "gpus": [{"name": "H100", "compute_capability": "9.0"}, {"name": "H100", "compute_capability": "9.0"}],
+    }
     r = R.TrialRecord(**R.capability_fields(caps))
     tags, row = r.tags(), r.table_row()
     assert tags["host.cpu_isa"] == row["host_cpu_isa"] == "avx2,avx512f"

@@ -1,5 +1,6 @@
 """pipeline/scaling/collectives.py: the (alpha, beta) fit on synthetic timings, the trials' message sizes, and one real
 measurement at k=2 on this host (its keys, not its timings)."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +8,9 @@ import random
 
 import pytest
 
+from pipeline.host.devices import probe
 from pipeline.scaling import collectives
 from pipeline.scaling import model as sm
-from pipeline.host.devices import probe
 
 
 def synthetic(collective, k, alpha, beta, sizes, noise=0.0, seed=0):
@@ -18,8 +19,10 @@ def synthetic(collective, k, alpha, beta, sizes, noise=0.0, seed=0):
     return [{"bytes": s, "median_s": (alpha + f * s / beta) * (1 + rng.uniform(-noise, noise))} for s in sizes]
 
 
-@pytest.mark.parametrize("collective,k", [("allreduce", 2), ("allreduce", 8), ("allgather", 4),
-                                          ("reduce_scatter", 2), ("scratch_allreduce", 3)])
+@pytest.mark.parametrize(
+    "collective,k",
+    [("allreduce", 2), ("allreduce", 8), ("allgather", 4), ("reduce_scatter", 2), ("scratch_allreduce", 3)],
+)
 def test_fit_recovers_alpha_and_beta(collective, k):
     pts = synthetic(collective, k, 50e-6, 3e9, collectives.FIT_BYTES)
     f = collectives.fit(pts, collective, k)
@@ -63,8 +66,10 @@ def test_measure_k2_returns_the_documented_keys():
         for mode in collectives.MODES:
             m = c["by_k"]["2"][mode]
             assert {"alpha_s", "beta_Bps", "rel_rms", "n_sizes", "method"} <= set(m["fit"])
-            assert all({"bytes", "in_trial", "median_s", "min_s", "max_s", "p90_s", "n", "busbw_Bps"} <= set(p)
-                       for p in m["points"])
+            assert all(
+                {"bytes", "in_trial", "median_s", "min_s", "max_s", "p90_s", "n", "busbw_Bps"} <= set(p)
+                for p in m["points"]
+            )
             assert any(p["in_trial"] for p in m["points"])
     assert r["collectives"]["allreduce"]["available"] and r["collectives"]["allgather"]["available"]
     if r["backend"] == "gloo":
@@ -75,8 +80,10 @@ def test_measure_k2_returns_the_documented_keys():
 
 # ----------------------------------------------------------------------------- structure of the timing (GPU-free)
 
+
 def _record(log_dir, kind, name, t0, t1):
     import os
+
     with open(log_dir / f"{os.getpid()}.log", "a") as f:
         f.write(f"{kind} {os.environ.get('RANK', '?')} {name} {t0!r} {t1!r}\n")
 
@@ -93,15 +100,28 @@ def test_no_other_rank_is_inside_a_collective_while_rank0_times_the_in_process_o
     import time
 
     import torch.distributed as dist
-    for name in ("barrier", "monitored_barrier", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-                 "all_gather_single", "reduce_scatter_tensor", "reduce_scatter_single", "all_gather_object"):
+
+    for name in (
+        "barrier",
+        "monitored_barrier",
+        "all_reduce",
+        "broadcast",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_single",
+        "reduce_scatter_tensor",
+        "reduce_scatter_single",
+        "all_gather_object",
+    ):
         if hasattr(dist, name):
+
             def wrapped(*a, _f=getattr(dist, name), _n=name, **kw):
                 t0 = time.monotonic()
                 try:
                     return _f(*a, **kw)
                 finally:
                     _record(tmp_path, "coll", _n, t0, time.monotonic())
+
             monkeypatch.setattr(dist, name, wrapped)
     local_op = collectives._local_op
 
@@ -112,10 +132,21 @@ def test_no_other_rank_is_inside_a_collective_while_rank0_times_the_in_process_o
             t0 = time.monotonic()
             fn()
             _record(tmp_path, "local", name, t0, time.monotonic())
+
         return run
+
     monkeypatch.setattr(collectives, "_local_op", logged_local_op)
-    plan = {"backend": "gloo", "device_kind": "cpu", "sizes": {"allreduce": [4096], "scratch_allreduce": [4096]},
-            "reps": 2, "warmup": 1, "gap_s": 0.0, "modes": ["back_to_back"], "timeout_s": 60, "ops_per_sync": 1}
+    plan = {
+        "backend": "gloo",
+        "device_kind": "cpu",
+        "sizes": {"allreduce": [4096], "scratch_allreduce": [4096]},
+        "reps": 2,
+        "warmup": 1,
+        "gap_s": 0.0,
+        "modes": ["back_to_back"],
+        "timeout_s": 60,
+        "ops_per_sync": 1,
+    }
     ranks = collectives._launch(2, plan, "fork")  # fork: the ranks inherit the wrappers
     assert "scratch_allreduce" in ranks[0]["times"]
     rows = [line.split() for p in tmp_path.glob("*.log") for line in p.read_text().splitlines()]
@@ -128,6 +159,7 @@ def test_no_other_rank_is_inside_a_collective_while_rank0_times_the_in_process_o
 
 class _Clock:
     """perf_counter that advances one second per timed op, so a repeat's recorded time is its per-op time."""
+
     def __init__(self):
         self.now = 0.0
 
@@ -147,9 +179,11 @@ def test_a_repeat_is_n_back_to_back_ops_between_one_sync_pair_reported_per_op(mo
     def op():
         calls.append("op")
         clock.now += 1.0
+
     plan = {"warmup": 1, "reps": 3, "gap_s": 0.0}
-    out = collectives._timed(op, plan, "back_to_back", None, lambda: calls.append("sync"),
-                             lambda: calls.append("barrier"), ops=n)
+    out = collectives._timed(
+        op, plan, "back_to_back", None, lambda: calls.append("sync"), lambda: calls.append("barrier"), ops=n
+    )
     assert out == [1.0] * 3  # per-op time
     assert calls == (["barrier", "sync"] + ["op"] * n + ["sync"]) * 4  # one sync pair per repeat of n ops
 

@@ -1,5 +1,6 @@
 """Intra-node and inter-node interconnect figures kept apart: a prediction past one node uses the network's figures,
 bounded by the slowest link; the nominal profiles label their scope; the host's measured figures are intra-node."""
+
 from __future__ import annotations
 
 import pytest
@@ -69,8 +70,13 @@ def test_nominal_profiles_have_a_scope_and_inter_node_entries():
 def test_a_measured_host_is_labelled_intra_node():
     """This host's collectives (every rank on one machine) are intra-node figures, named so."""
     fit = {"alpha_s": 1e-4, "beta_Bps": 2e9}
-    measured = {"host": {"hostname": "h"}, "backend": "gloo", "ks": [2], "measured_at": "now",
-                "collectives": {"allreduce": {"available": True, "by_k": {"2": {"after_compute": {"fit": fit}}}}}}
+    measured = {
+        "host": {"hostname": "h"},
+        "backend": "gloo",
+        "ks": [2],
+        "measured_at": "now",
+        "collectives": {"allreduce": {"available": True, "by_k": {"2": {"after_compute": {"fit": fit}}}}},
+    }
     host = sm.from_collectives(measured)
     assert host.scope == "intra-node" and "intra-node" in host.name and host.kind == "measured"
     paired = host.across_nodes(sm.load_profiles(scope="inter-node")["ib_hdr_200"])

@@ -5,6 +5,7 @@ non_blocking=True (so the only difference between them is the overlap, not pinne
 measure_cuda runs on this CPU host with torch.cuda's streams, synchronize and device count replaced by fakes and
 pinned allocation by plain allocation that remembers it was asked for. This checks intent and call structure, not
 CUDA semantics: whether the copy really overlaps the product, and by how much, needs a GPU."""
+
 from __future__ import annotations
 
 import contextlib
@@ -60,6 +61,7 @@ def _fake_cuda(monkeypatch):
             pinned.add(id(t))
             log.append(("keep", t))  # keeps the id unique for the test's life
         return t
+
     monkeypatch.setattr(torch, "empty", fake_empty)
     copy_, to = torch.Tensor.copy_, torch.Tensor.to
 
@@ -73,6 +75,7 @@ def _fake_cuda(monkeypatch):
 
     def fake_record_stream(self, s):
         log.append(("record_stream", s.name))
+
     monkeypatch.setattr(torch.Tensor, "copy_", fake_copy)
     monkeypatch.setattr(torch.Tensor, "to", fake_to)
     monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **kw: fake_to(self, "cpu"))
@@ -89,6 +92,7 @@ def _arms(monkeypatch, log):
         calls.append(len(log))
         fn()
         return [float(len(calls) - 1)]
+
     monkeypatch.setattr(overlap, "_timed", once)
     return calls
 
@@ -99,8 +103,10 @@ def test_overlapped_arm_copies_on_a_side_stream_and_both_arms_copy_into_pinned_m
     memory allocated with pin_memory=True, non_blocking, and no pageable .to('cpu') / .cpu()."""
     log, pinned = _fake_cuda(monkeypatch)
     calls = _arms(monkeypatch, log)
-    cfg = configmod.override(configmod.Config(), ["overlap.size=16", "overlap.chain=2", "overlap.items=3",
-                                                  "overlap.reps=1", "overlap.warmup=0"])
+    cfg = configmod.override(
+        configmod.Config(),
+        ["overlap.size=16", "overlap.chain=2", "overlap.items=3", "overlap.reps=1", "overlap.warmup=0"],
+    )
     res = overlap.measure_cuda(cfg)
     calls.append(len(log))
     per_call = [log[a:b] for a, b in zip(calls, calls[1:])]

@@ -1,5 +1,6 @@
 """The scaling model's arithmetic (pipeline/scaling/model.py): ring volumes, k=1, monotonicity, labels, the
 interconnect file, the error check. No timing."""
+
 from __future__ import annotations
 
 import math
@@ -7,8 +8,8 @@ import math
 import pytest
 
 from pipeline import catalog
-from pipeline.scaling import model as sm
 from pipeline.models import MODELS
+from pipeline.scaling import model as sm
 from pipeline.strategies import fsdp as fsdp_strategy
 
 LENET_BYTES = 129_068 * 4
@@ -93,8 +94,10 @@ def test_k1_is_efficiency_one(strategy, lenet):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_efficiency_rises_with_bandwidth_and_falls_with_k(strategy, lenet):
-    effs = [sm.predict(strategy, 4, 1e-4, link(alpha=1e-5, beta=b), layout=lenet)["efficiency"]
-            for b in (1e7, 1e8, 1e9, 1e10)]
+    effs = [
+        sm.predict(strategy, 4, 1e-4, link(alpha=1e-5, beta=b), layout=lenet)["efficiency"]
+        for b in (1e7, 1e8, 1e9, 1e10)
+    ]
     assert effs == sorted(effs) and effs[0] < effs[-1] <= 1
     by_k = [sm.predict(strategy, k, 1e-4, link(alpha=1e-5, beta=1e8), layout=lenet)["efficiency"] for k in (2, 4, 8)]
     assert by_k == sorted(by_k, reverse=True)
@@ -162,9 +165,16 @@ def test_check_reports_a_miss_and_changes_nothing(lenet):
 
 def test_measured_host_interconnect_from_a_collectives_result():
     fit = {"alpha_s": 1e-4, "beta_Bps": 2e9}
-    measured = {"host": {"hostname": "h"}, "backend": "gloo", "ks": [2], "measured_at": "now",
-                "collectives": {"allreduce": {"available": True, "by_k": {"2": {"after_compute": {"fit": fit}}}},
-                                "dp_copy": {"available": False, "by_k": {}}}}
+    measured = {
+        "host": {"hostname": "h"},
+        "backend": "gloo",
+        "ks": [2],
+        "measured_at": "now",
+        "collectives": {
+            "allreduce": {"available": True, "by_k": {"2": {"after_compute": {"fit": fit}}}},
+            "dp_copy": {"available": False, "by_k": {}},
+        },
+    }
     ic = sm.from_collectives(measured)
     assert ic.kind == "measured" and "measured" in ic.name and set(ic.links) == {"allreduce"}
     assert ic.seconds("allreduce", 1e6, 2) == pytest.approx(1e-4 + 1e6 / 2e9)
@@ -175,6 +185,7 @@ def test_measured_host_interconnect_from_a_collectives_result():
 def optimizer_sharded_ddp(monkeypatch):
     """A catalog row `ddp` whose optimizer state is sharded (what ZeroRedundancyOptimizer over DDP is)."""
     import dataclasses
+
     row = dataclasses.replace(catalog.spec("ddp"), shards=("optimizer",))
     monkeypatch.setitem(catalog.SPECS, "ddp", row)
     return "ddp"
@@ -194,8 +205,7 @@ def test_optimizer_sharding_broadcasts_every_parameter_after_the_step(optimizer_
 
 def test_the_broadcasts_after_the_step_are_never_hidden(optimizer_sharded_ddp):
     layout = {"params": [{"bytes": 30 * sm.MIB}] * 3, "param_bytes": 90 * sm.MIB, "fsdp_units": []}
-    full = sm.predict(optimizer_sharded_ddp, 2, 1e-3, link(beta=1e9), layout=layout, overlap=1.0,
-                      backward_fraction=1.0)
+    full = sm.predict(optimizer_sharded_ddp, 2, 1e-3, link(beta=1e9), layout=layout, overlap=1.0, backward_fraction=1.0)
     after = sum(c["seconds"] for c in full["collectives"] if c["phase"] == "after step")
     assert after == pytest.approx(3 * 30 * sm.MIB / 1e9)  # a broadcast moves its tensor once: factor 1
     last_bucket = [c for c in full["collectives"] if c["phase"] == "backward"][-1]["seconds"]

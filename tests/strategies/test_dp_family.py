@@ -8,6 +8,7 @@ strategies' arithmetic (one step equals single's loss, gradients and weights) an
 memory formats they ask for). They do not show CUDA semantics: streams, NCCL broadcasts, P2P copies, cuDNN's layout
 choices and their cost need a GPU (tests/strategies/test_strategies.py::test_dp_one_step_matches_single_on_gpus).
 """
+
 from __future__ import annotations
 
 import copy
@@ -73,11 +74,13 @@ class StandIns:
         return replicas
 
     def parallel_apply(self, modules, inputs, kwargs_tup=None, devices=None):
-        self.apply_calls.append(PARALLEL_APPLY.bind(modules, inputs, kwargs_tup, devices).arguments
-                                | {"modules": list(modules)})
+        self.apply_calls.append(
+            PARALLEL_APPLY.bind(modules, inputs, kwargs_tup, devices).arguments | {"modules": list(modules)}
+        )
         kwargs_tup = kwargs_tup or [{}] * len(modules)
-        return [m(*(i if isinstance(i, (list, tuple)) else (i,)), **kw)
-                for m, i, kw in zip(modules, inputs, kwargs_tup)]
+        return [
+            m(*(i if isinstance(i, (list, tuple)) else (i,)), **kw) for m, i, kw in zip(modules, inputs, kwargs_tup)
+        ]
 
     @staticmethod
     def gather(outputs, target_device, dim=0):

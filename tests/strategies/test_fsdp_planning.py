@@ -6,6 +6,7 @@ without peers: collectives complete without moving data, and DeviceMesh skips de
 is the plan: which modules `FSDPStrategy.wrap` shards, each rank's shard shapes, the mesh, and the state_dict keys.
 It shows nothing about NCCL, streams, the all-gather/reduce-scatter overlap or memory on a GPU.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -82,12 +83,15 @@ def test_fsdp_default_mesh_on_a_gpu_host_is_every_rank_on_the_set_device(fake_wo
     process group. The accelerator and current device are mocked: intent only. Uses FSDP2's private helpers
     (_fsdp_init._init_default_fully_shard_mesh, _get_device_from_mesh): skipped, with the reason, where they moved."""
     from torch.distributed.fsdp._fully_shard import _fsdp_init
+
     default_mesh = getattr(_fsdp_init, "_init_default_fully_shard_mesh", None)
     device_from_mesh = getattr(_fsdp_init, "_get_device_from_mesh", None)
     if default_mesh is None or device_from_mesh is None:
         pytest.skip("this torch's FSDP2 has no _init_default_fully_shard_mesh/_get_device_from_mesh")
-    with mock.patch.object(torch._C, "_get_accelerator", lambda: torch.device("cuda")), \
-            mock.patch.object(torch.cuda, "current_device", lambda: fake_world):
+    with (
+        mock.patch.object(torch._C, "_get_accelerator", lambda: torch.device("cuda")),
+        mock.patch.object(torch.cuda, "current_device", lambda: fake_world),
+    ):
         mesh = default_mesh()
         assert mesh.device_type == "cuda" and mesh.mesh.tolist() == list(range(WORLD))
         assert device_from_mesh(mesh) == torch.device("cuda", fake_world)

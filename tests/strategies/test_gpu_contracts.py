@@ -4,6 +4,7 @@ torch.cuda's calls and the process group's creation are replaced by recorders, s
 intent: which calls the code makes, in which order, with which devices. They do not show CUDA semantics (that a
 synchronize waits for the right streams, that NCCL binds the communicator to the device): that needs a GPU.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,10 +16,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipeline.measure import meter as meter_mod
-from pipeline.measure.breakdown import NO_CLOCK
 from pipeline.config.loader import Config
 from pipeline.host.devices import Host
+from pipeline.measure import meter as meter_mod
+from pipeline.measure.breakdown import NO_CLOCK
 from pipeline.strategies import STRATEGIES
 from pipeline.strategies.dp import DataParallelStrategy
 
@@ -55,6 +56,7 @@ def test_set_device_comes_before_init_process_group_with_the_ranks_device(name, 
 
 class _Sampled:
     """A breakdown that samples every other steady-state step and measures nothing."""
+
     every = 2
 
     def is_sampled(self, n):
@@ -85,8 +87,7 @@ def test_every_device_is_synchronised_before_each_clock_read(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synced.add(torch.device(d)))
     monkeypatch.setattr(meter_mod, "time", types.SimpleNamespace(perf_counter=perf_counter))
     monkeypatch.setattr(meter_mod, "memory_meter", lambda s: mock.Mock())  # the CUDA allocator's peaks: not here
-    m = meter_mod.Meter(strategy, batch_size=8, warmup_steps=2, target_acc=1.0, breakdown=_Sampled(),
-                        window_steps=3)
+    m = meter_mod.Meter(strategy, batch_size=8, warmup_steps=2, target_acc=1.0, breakdown=_Sampled(), window_steps=3)
     step = 0
     for _ in range(2):  # two epochs of 12 steps: warm-up, windows, sampled steps, epoch edges
         m.start_epoch(step)

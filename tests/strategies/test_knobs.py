@@ -1,4 +1,5 @@
 """DDP's communication knobs reach DDP (observed, not assumed), and the overlap stage reports its measurements."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,10 @@ TWO = probe().n >= 2
 
 def _knob_worker(sets: list[str], count_buckets: bool = False) -> dict:
     import torch.distributed as dist
+
     from pipeline.models import build_model
     from pipeline.strategies import STRATEGIES
+
     if count_buckets:  # the counting hook below replaces the transport: observe DDP's own all-reduces
         sets = [*sets, "train.comm_hook=none"]
     cfg = configmod.override(configmod.Config(), sets)
@@ -31,6 +34,7 @@ def _knob_worker(sets: list[str], count_buckets: bool = False) -> dict:
         def counting(state, bucket):
             calls.append(bucket.buffer().numel())
             return default_hooks.allreduce_hook(state, bucket)
+
         model.register_comm_hook(dist.group.WORLD, counting)
     g = torch.Generator().manual_seed(s.rank)  # different data per rank
     grads, params = [], []
@@ -46,20 +50,35 @@ def _knob_worker(sets: list[str], count_buckets: bool = False) -> dict:
     info = model._get_ddp_logging_data()
     del model, opt
     import gc
+
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
-    return {"grads": grads, "params": params, "allreduces_per_step": per_step,
-            "bucket_sizes": str(info.get("bucket_sizes")),
-            "comm_hook": str(info.get("comm_hook")), "bucket_cap_bytes": info.get("bucket_cap_bytes"),
-            "as_view": info.get("gradient_as_bucket_view")}
+    return {
+        "grads": grads,
+        "params": params,
+        "allreduces_per_step": per_step,
+        "bucket_sizes": str(info.get("bucket_sizes")),
+        "comm_hook": str(info.get("comm_hook")),
+        "bucket_cap_bytes": info.get("bucket_cap_bytes"),
+        "as_view": info.get("gradient_as_bucket_view"),
+    }
 
 
 def launch(*sets, count_buckets=False):
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex[:8],
-                      rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="fork",
-                      monitor_interval=0.05)
+
+    lc = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=2,
+        run_id=uuid.uuid4().hex[:8],
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        start_method="fork",
+        monitor_interval=0.05,
+    )
     return elastic_launch(lc, _knob_worker)(["train.strategy=ddp", "train.devices=2", *sets], count_buckets)
 
 
@@ -91,8 +110,9 @@ def test_bucket_size_and_gradient_view_are_applied():
     assert small["allreduces_per_step"][-1] >= 2  # fc1.weight alone is 0.4 MB: a bucket of its own
 
 
-@pytest.mark.parametrize("hook,name", [("fp16", "fp16_compress_hook"), ("bf16", "bf16_compress_hook"),
-                                       ("powersgd", "powerSGD_hook")])
+@pytest.mark.parametrize(
+    "hook,name", [("fp16", "fp16_compress_hook"), ("bf16", "bf16_compress_hook"), ("powersgd", "powerSGD_hook")]
+)
 def test_compression_hook_is_registered_and_changes_gradients(hook, name):
     r = launch(f"train.comm_hook={hook}")
     assert name in r[0]["comm_hook"]
@@ -103,8 +123,11 @@ def test_compression_hook_is_registered_and_changes_gradients(hook, name):
 
 def test_overlap_stage_reports_three_measurements_with_spread(tmp_path):
     from pipeline.scaling import overlap
-    cfg = configmod.override(configmod.Config(), ["overlap.size=64", "overlap.chain=3", "overlap.items=3",
-                                                  "overlap.reps=3", "overlap.warmup=1"])
+
+    cfg = configmod.override(
+        configmod.Config(),
+        ["overlap.size=64", "overlap.chain=3", "overlap.items=3", "overlap.reps=3", "overlap.warmup=1"],
+    )
     res = overlap.run(cfg, tmp_path)
     saved = json.loads((tmp_path / "overlap.json").read_text())
     assert saved["ratio_both_to_sum"] == pytest.approx(res["ratio_both_to_sum"])

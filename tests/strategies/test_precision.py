@@ -6,12 +6,14 @@ fp16 autocast overflows under a huge GradScaler scale exactly as it would on a G
 same code on both devices). What only a GPU can show: whether cuDNN's TF32 algorithms move the one-step result
 outside the fp32 tolerance, and whether the default scale (2**16) overflows on a GPU's first fp16 step.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pipeline.doctor import checks as doctor, equivalence
+from pipeline.doctor import checks as doctor
+from pipeline.doctor import equivalence
 from pipeline.doctor.checks import Case
 from pipeline.host.devices import probe
 
@@ -39,6 +41,7 @@ def test_the_equivalence_run_pins_fp32_and_restores_the_switches(make_cfg, tmp_p
     training call), and leaves the switches as it found them. Checks intent on a CPU build: that the flags are set,
     not what cuDNN does with them."""
     import pipeline.trial.ranks as ranks
+
     log = tmp_path / "tf32-inside.txt"  # the trial trains in a child process: the spy writes what it saw to a file
     real = ranks.train
 
@@ -46,6 +49,7 @@ def test_the_equivalence_run_pins_fp32_and_restores_the_switches(make_cfg, tmp_p
         with open(log, "a") as f:
             f.write(f"{_tf32_now()}\n")
         return real(*a, **k)
+
     monkeypatch.setattr(ranks, "train", spy)
     _, metrics = equivalence.one_step(make_cfg(), tmp_path / "eq", "single", 1)
     assert log.read_text().splitlines() == [str((False, False))]  # inside: IEEE fp32 convolutions and matmuls
@@ -57,6 +61,7 @@ def test_the_pin_restores_every_switch_exactly():
     """G6: pinning and restoring leaves every TF32 switch this torch has as it was (the legacy booleans and, where
     the fp32_precision API exists, its per-operation strings), also from a state set through the new API."""
     from pipeline.host import capabilities
+
     before = capabilities.tf32_flags()
     with capabilities.fp32_pinned():
         assert _tf32_now() == (False, False)
@@ -80,15 +85,17 @@ def test_the_tf32_mode_turns_every_switch_on_and_the_check_follows_it(make_cfg, 
     """G6: train.fp32_precision=tf32 turns TF32 on for convolutions and matmuls inside the pin (the other side of the
     first GPU run's TF32-on/off equivalence comparison), restores the switches after, and the equivalence check then
     runs in TF32 rather than pinning IEEE fp32. The switches change no CPU arithmetic: only a GPU shows the effect."""
-    from pipeline.host import capabilities
     from pipeline.config import loader as configmod
+    from pipeline.host import capabilities
+
     before = capabilities.tf32_flags()
     with capabilities.fp32_pinned(tf32=True):
         assert _tf32_now() == (True, True)
     assert capabilities.tf32_flags() == before
     seen = []
-    monkeypatch.setattr(equivalence, "run_trial",
-                        lambda cfg, out, progress, timeout_s=None: seen.append(cfg.train.fp32_precision))
+    monkeypatch.setattr(
+        equivalence, "run_trial", lambda cfg, out, progress, timeout_s=None: seen.append(cfg.train.fp32_precision)
+    )
     monkeypatch.setattr(equivalence.torch, "load", lambda *a, **k: {})
     for mode, pinned in (("default", "ieee"), ("ieee", "ieee"), ("tf32", "tf32")):
         equivalence.one_step(configmod.override(make_cfg(), [f"train.fp32_precision={mode}"]), "/nowhere", "single", 1)
@@ -99,6 +106,7 @@ def test_host_facts_carry_the_tf32_switches(make_cfg, tmp_path):
     """G6: the TF32 state is a host fact (the doctor's header, every trial's host_* fields)."""
     from pipeline.host import capabilities
     from pipeline.trial import launch
+
     launch.host_fields.cache_clear()  # read once per process: another test may have run a trial with other switches
     caps = capabilities.host_capabilities(probe())
     assert set(caps["tf32"]) >= {"cudnn_allow_tf32", "matmul_allow_tf32"}
@@ -119,20 +127,55 @@ def test_spawned_ranks_train_pinned_too(make_cfg, tmp_path):
 def test_fp32_rows_on_a_tf32_gpu_are_labelled_tf32_convs():
     """G6: where results are labelled by precision (the doctor's table), an fp32 row on a CUDA host whose cuDNN
     convolutions use TF32 (compute capability >= 8.0) says so; a CPU host's fp32 row does not. Pure function."""
+
     def report(kind, cc):
-        host = {"hostname": "h", "kind": kind, "devices": 1, "name": "n", "torch": "t", "python": "p", "cuda": "13",
-                "cudnn": "9", "nccl": "2", "gloo": True, "bf16": "native", "fp16": "native",
-                "cpu": {"isa_text": "avx2", "torch_cpu_capability": "AVX2", "bf16_why": "b", "fp16_why": "f"},
-                "gpus": [{"index": 0, "name": "H100", "compute_capability": cc}] if kind == "cuda" else [],
-                "tf32": {"cudnn_allow_tf32": True, "matmul_allow_tf32": False},
-                "tf32_text": "cuDNN conv TF32, matmul fp32"}
-        rows = [dict(strategy=s, k=1, variant=v, tag="", status="passed", reason="", check="ok", img_s=1.0,
-                     step_ms=1.0, peak_mem_mib=[], mem_method="m", backend="", timed_steps=30)
-                for s, v in (("single", ""), ("ddp_amp", "bf16"))]
-        return doctor.markdown({"host": host, "data_source": "synthetic", "synthetic": True, "rows": rows,
-                                "settings": {"model": "lenet", "timed_steps": 30, "per_device_batch": 64,
-                                             "equivalence": "e"},
-                                "counts": {"passed": 2, "failed": 0, "unavailable": 0}})
+        host = {
+            "hostname": "h",
+            "kind": kind,
+            "devices": 1,
+            "name": "n",
+            "torch": "t",
+            "python": "p",
+            "cuda": "13",
+            "cudnn": "9",
+            "nccl": "2",
+            "gloo": True,
+            "bf16": "native",
+            "fp16": "native",
+            "cpu": {"isa_text": "avx2", "torch_cpu_capability": "AVX2", "bf16_why": "b", "fp16_why": "f"},
+            "gpus": [{"index": 0, "name": "H100", "compute_capability": cc}] if kind == "cuda" else [],
+            "tf32": {"cudnn_allow_tf32": True, "matmul_allow_tf32": False},
+            "tf32_text": "cuDNN conv TF32, matmul fp32",
+        }
+        rows = [
+            dict(
+                strategy=s,
+                k=1,
+                variant=v,
+                tag="",
+                status="passed",
+                reason="",
+                check="ok",
+                img_s=1.0,
+                step_ms=1.0,
+                peak_mem_mib=[],
+                mem_method="m",
+                backend="",
+                timed_steps=30,
+            )
+            for s, v in (("single", ""), ("ddp_amp", "bf16"))
+        ]
+        return doctor.markdown(
+            {
+                "host": host,
+                "data_source": "synthetic",
+                "synthetic": True,
+                "rows": rows,
+                "settings": {"model": "lenet", "timed_steps": 30, "per_device_batch": 64, "equivalence": "e"},
+                "counts": {"passed": 2, "failed": 0, "unavailable": 0},
+            }
+        )
+
     md = report("cuda", "9.0")
     assert "TF32: cuDNN conv TF32, matmul fp32" in md  # the header
     single = next(line for line in md.splitlines() if line.startswith("| single k=1"))
@@ -147,16 +190,24 @@ def test_a_step_skipped_by_gradscaler_is_reported_as_skipped(make_cfg, tmp_path,
     fp16 row then says "skipped by GradScaler" (no update to compare), not "does not match"; the trial records the
     skipped steps and the final scale. The timed run is stubbed: only the one-step check is under test."""
     monkeypatch.setattr(equivalence, "FP16_INIT_SCALE", 2.0**60, raising=False)
-    monkeypatch.setattr(doctor, "run_trial", lambda cfg, out, progress=False, timeout_s=None: {
-        "throughput_img_s": 1.0, "peak_mem_bytes": [], "mem_method": "m"})
+    monkeypatch.setattr(
+        doctor,
+        "run_trial",
+        lambda cfg, out, progress=False, timeout_s=None: {
+            "throughput_img_s": 1.0,
+            "peak_mem_bytes": [],
+            "mem_method": "m",
+        },
+    )
     base = make_cfg()
     ref, _ = equivalence.one_step(base, tmp_path / "ref", "single", 1)
     case = Case("ddp_amp", 1, ("train.amp_dtype=fp16",), "fp16+GradScaler")
     row = doctor.run_case(case, base, probe(), ref, equivalence.initial_state(), tmp_path, 1, 16, "lenet")
     assert "skipped by GradScaler" in row.reason, row.reason
     assert row.status == "skipped" and "does not match" not in row.reason
-    _, metrics = equivalence.one_step(base, tmp_path / "fp16", "ddp_amp", 1,
-                                      extra=("train.amp_dtype=fp16", f"train.amp_init_scale={2.0**60}"))
+    _, metrics = equivalence.one_step(
+        base, tmp_path / "fp16", "ddp_amp", 1, extra=("train.amp_dtype=fp16", f"train.amp_init_scale={2.0**60}")
+    )
     assert metrics["amp_skipped_steps"] == 1 and metrics["amp_scale"] == 2.0**59  # halved by the skip
 
 
@@ -174,13 +225,29 @@ def test_the_reports_host_table_shows_tf32_on_gpu_hosts_only():
     from pipeline.analysis.report_host import host_capabilities_section
 
     from ..analysis.test_analyze import frame, row
-    caps = {"host_cpu_isa": "avx2", "host_bf16": "native", "host_fp16": "native", "host_nccl": "2.27",
-            "host_interconnect": "NV18", "host_tf32": "cuDNN conv TF32, matmul fp32"}
+
+    caps = {
+        "host_cpu_isa": "avx2",
+        "host_bf16": "native",
+        "host_fp16": "native",
+        "host_nccl": "2.27",
+        "host_interconnect": "NV18",
+        "host_tf32": "cuDNN conv TF32, matmul fp32",
+    }
     gpu = {**caps, "host_gpu_name": "NVIDIA H100", "host_gpu_cc": "9.0", "device_kind": "cuda", "host": "gpubox"}
-    cpu = {**caps, "host_gpu_name": "", "host_gpu_cc": "", "device_kind": "cpu", "host": "cpubox",
-           "host_interconnect": ""}
-    s = "".join(host_capabilities_section(frame([row("ddp", k=1, B=128, thr=1.0, **gpu),
-                                                 row("ddp", k=1, B=128, thr=1.0, **cpu)])))
+    cpu = {
+        **caps,
+        "host_gpu_name": "",
+        "host_gpu_cc": "",
+        "device_kind": "cpu",
+        "host": "cpubox",
+        "host_interconnect": "",
+    }
+    s = "".join(
+        host_capabilities_section(
+            frame([row("ddp", k=1, B=128, thr=1.0, **gpu), row("ddp", k=1, B=128, thr=1.0, **cpu)])
+        )
+    )
     assert "| TF32 |" in s
     assert "| NV18 | cuDNN conv TF32, matmul fp32 | 1 |" in s
     assert "| — | — | 1 |" in s.split("| cpubox |")[1].splitlines()[0] + "\n"

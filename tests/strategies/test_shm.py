@@ -1,6 +1,7 @@
 """The shared-memory gradient transport (strategies/shm_allreduce.py): sums, DDP numerics, timeouts, clean-up, and
 that a trial uses it only when asked (comm_hook=shm; the default is DDP's own Gloo all-reduce).
 pytest tests/strategies/test_shm.py -q"""
+
 from __future__ import annotations
 
 import datetime
@@ -12,15 +13,18 @@ import torch
 
 from pipeline.config import loader as configmod
 from pipeline.host.devices import probe
-from pipeline.trial.launch import Infeasible, check_feasible
 from pipeline.strategies import shm_allreduce
+from pipeline.trial.launch import Infeasible, check_feasible
 
-pytestmark = pytest.mark.skipif(shm_allreduce.available(1 << 20) is not None,
-                                reason=f"no shared-memory transport here: {shm_allreduce.available(1 << 20)}")
+pytestmark = pytest.mark.skipif(
+    shm_allreduce.available(1 << 20) is not None,
+    reason=f"no shared-memory transport here: {shm_allreduce.available(1 << 20)}",
+)
 
 
 def _worker(case: str) -> dict:
     import torch.distributed as dist
+
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
@@ -35,8 +39,13 @@ def _worker(case: str) -> dict:
                 too_big = ""
             except ValueError as e:
                 too_big = str(e)
-            return {"out": out, "too_big": too_big, "world": world, "path": str(ar.path),
-                    "exists_while_running": ar.path.exists()}
+            return {
+                "out": out,
+                "too_big": too_big,
+                "world": world,
+                "path": str(ar.path),
+                "exists_while_running": ar.path.exists(),
+            }
         if case == "late":
             ar = shm_allreduce.ShmAllreduce(64, timeout_s=1)
             if rank == 0:
@@ -55,11 +64,20 @@ def _worker(case: str) -> dict:
 
 def _launch(case: str, nproc: int) -> list[dict]:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
-                      rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.05,
-                      # spawn: forking pytest itself, after other tests left threads in it, once hung a rank
-                      # before it reached init_process_group (CI, after test_scaleout)
-                      start_method="spawn")
+
+    lc = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=uuid.uuid4().hex[:8],
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.05,
+        # spawn: forking pytest itself, after other tests left threads in it, once hung a rank
+        # before it reached init_process_group (CI, after test_scaleout)
+        start_method="spawn",
+    )
     results = elastic_launch(lc, _worker)(case)
     return [results[r] for r in sorted(results)]
 
@@ -86,6 +104,7 @@ def test_a_rank_that_never_arrives_fails_the_exchange_with_its_number():
 @pytest.mark.slow
 def test_ddp_over_shared_memory_equals_gloo_which_is_the_default(tmp_path):
     from tests.strategies.test_knobs import launch  # DDP on 2 ranks through the strategy, as a trial builds it
+
     if probe().n < 2:
         pytest.skip("needs 2 devices")
     shm, gloo = launch("train.comm_hook=shm"), launch()
@@ -98,9 +117,17 @@ def test_ddp_over_shared_memory_equals_gloo_which_is_the_default(tmp_path):
 
 def test_explicit_shm_needs_one_cpu_host():
     host = probe()
-    cfg = configmod.override(configmod.Config(), ["train.strategy=ddp", "train.devices=2", "train.nnodes=2",
-                                                  "train.rdzv_endpoint=127.0.0.1:29999", "train.comm_hook=shm",
-                                                  "train.oversubscribe=true"])
+    cfg = configmod.override(
+        configmod.Config(),
+        [
+            "train.strategy=ddp",
+            "train.devices=2",
+            "train.nnodes=2",
+            "train.rdzv_endpoint=127.0.0.1:29999",
+            "train.comm_hook=shm",
+            "train.oversubscribe=true",
+        ],
+    )
     with pytest.raises(Infeasible, match="comm_hook=shm"):
         check_feasible(cfg, host)
 
@@ -108,6 +135,7 @@ def test_explicit_shm_needs_one_cpu_host():
 @pytest.mark.slow
 def test_transport_is_reported_with_the_trial(make_cfg, tmp_path):
     from pipeline.trial.launch import run_trial
+
     if probe().n < 2:
         pytest.skip("needs 2 devices")
     cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.batch_size=64", "train.max_steps=6")

@@ -1,17 +1,17 @@
 """Every strategy trains the same model to the same result: one step from the same weights on the same global
 batch gives the parameters of single-device SGD (LeNet: float tolerance; ddp_amp: a bf16/fp16 tolerance)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-
 from pipeline import catalog
 from pipeline.doctor import equivalence
 from pipeline.host.devices import probe
-from pipeline.trial.launch import Infeasible, check_feasible
 from pipeline.strategies import STRATEGIES
 from pipeline.strategies.scratch import allreduce
+from pipeline.trial.launch import Infeasible, check_feasible
 
 TWO = probe().n >= 2
 
@@ -47,8 +47,9 @@ def test_one_step_matches_single(make_cfg, tmp_path, strategy, k):
     if row.autocast:
         assert metrics["amp_dtype"] in ("bfloat16", "float16")
     # the step must move the weights too (two untouched models would compare equal): compare() checks it
-    verdict = equivalence.check(ref, got, metrics, init=equivalence.initial_state(), low_precision=row.autocast,
-                                device_kind=host.kind)
+    verdict = equivalence.check(
+        ref, got, metrics, init=equivalence.initial_state(), low_precision=row.autocast, device_kind=host.kind
+    )
     assert verdict.ok, verdict.detail
 
 
@@ -86,7 +87,9 @@ def test_resnet_batchnorm_keeps_per_device_statistics(make_cfg, tmp_path):
 
 def test_training_loop_has_no_strategy_branches():
     import inspect
+
     import pipeline.trial.loop as train
+
     src = inspect.getsource(train)
     for name in STRATEGIES:
         assert f'"{name}"' not in src and f"'{name}'" not in src
@@ -95,6 +98,7 @@ def test_training_loop_has_no_strategy_branches():
 def test_every_strategy_changes_the_step_through_hooks_only():
     """base.train_step is the only step: a strategy overrides hooks (place_batch, backward, ...), never the step."""
     from pipeline.strategies import Strategy
+
     for name, cls in STRATEGIES.items():
         assert cls.train_step is Strategy.train_step, name
         assert not hasattr(cls, "backward_step"), name  # the old hook, dead for ddp/ddp_amp
@@ -114,6 +118,7 @@ def test_ddp_default_transport_is_pytorchs_own(make_cfg, monkeypatch):
     """`ddp` means DDP as PyTorch ships it: no comm hook unless asked; `auto` (shared memory on CPU) is gone."""
     from pipeline.config import loader as configmod
     from pipeline.strategies import shm_allreduce
+
     assert configmod.Config().train.comm_hook == "none"
     with pytest.raises(configmod.ConfigError, match="'auto' is not one of: none, shm"):
         make_cfg("train.comm_hook=auto")
@@ -137,10 +142,18 @@ def test_dp_is_unavailable_on_cpu_with_reason(make_cfg):
 def test_more_devices_than_host_is_refused_unless_oversubscribed(make_cfg):
     host = probe()
     with pytest.raises(Infeasible, match="exceeds"):
-        check_feasible(make_cfg("train.strategy=ddp", f"train.devices={host.n + 1}",
-                                f"train.batch_size={(host.n + 1) * 8}"), host)
-    check_feasible(make_cfg("train.strategy=ddp", f"train.devices={host.n + 1}",
-                            f"train.batch_size={(host.n + 1) * 8}", "train.oversubscribe=true"), host)
+        check_feasible(
+            make_cfg("train.strategy=ddp", f"train.devices={host.n + 1}", f"train.batch_size={(host.n + 1) * 8}"), host
+        )
+    check_feasible(
+        make_cfg(
+            "train.strategy=ddp",
+            f"train.devices={host.n + 1}",
+            f"train.batch_size={(host.n + 1) * 8}",
+            "train.oversubscribe=true",
+        ),
+        host,
+    )
 
 
 def test_batch_not_divisible_by_devices_is_refused(make_cfg):
@@ -168,7 +181,6 @@ def test_metrics_carry_per_device_memory_and_host_facts(make_cfg, tmp_path):
     assert m["synthetic"] is True
 
 
-
 def test_refusals_name_the_strategies_from_the_catalog(make_cfg):
     """The messages that suggest other strategies list the catalog's rows, so a new row shows up in them."""
     parallel = [s.name for s in catalog.STRATEGIES if not s.one_device_only]
@@ -176,5 +188,6 @@ def test_refusals_name_the_strategies_from_the_catalog(make_cfg):
         STRATEGIES["single"](make_cfg("train.devices=2", "train.batch_size=64").train, probe()).check_devices()
     multi = ", ".join(s.name for s in catalog.STRATEGIES if s.multiprocess)
     with pytest.raises(Infeasible, match=rf"multi-process strategy \({multi}\)"):
-        check_feasible(make_cfg("train.strategy=scratch", "train.nnodes=2", "train.devices=2",
-                                "train.batch_size=64"), probe())
+        check_feasible(
+            make_cfg("train.strategy=scratch", "train.nnodes=2", "train.devices=2", "train.batch_size=64"), probe()
+        )

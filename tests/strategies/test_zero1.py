@@ -1,6 +1,7 @@
 """zero1 in one CPU process as each rank of a fake world of 2 (the fake backend of test_fsdp_planning.py:
 collectives complete without moving data): the optimizer is the project's, wrapped; each rank keeps the state of
 its own shard of the parameters only. Its one-step parity with single runs in test_strategies.py."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,7 @@ def _optimizer_as_rank(rank: int, model) -> ZeroRedundancyOptimizer:
 
 
 def _state_bytes(opt) -> int:
-    return sum(t.numel() * t.element_size() for s in opt.optim.state.values() for t in s.values()
-               if torch.is_tensor(t))
+    return sum(t.numel() * t.element_size() for s in opt.optim.state.values() for t in s.values() if torch.is_tensor(t))
 
 
 def test_the_optimizer_is_the_projects_wrapped():
@@ -45,8 +45,10 @@ def test_each_rank_updates_a_disjoint_shard_of_the_parameters():
     """The ranks' local optimizers split the parameters between them: together all of them, none twice."""
     model = build_model("lenet", 0)
     index = {id(p): i for i, p in enumerate(model.parameters())}
-    shards = [{index[id(p)] for g in _optimizer_as_rank(r, model).optim.param_groups for p in g["params"]}
-              for r in range(WORLD)]
+    shards = [
+        {index[id(p)] for g in _optimizer_as_rank(r, model).optim.param_groups for p in g["params"]}
+        for r in range(WORLD)
+    ]
     assert shards[0] and shards[1] and not shards[0] & shards[1]
     assert shards[0] | shards[1] == set(index.values())
 
@@ -55,8 +57,9 @@ def test_each_rank_updates_a_disjoint_shard_of_the_parameters():
 def test_a_rank_keeps_optimizer_state_for_its_shard_only(monkeypatch, momentum):
     """With a stateful optimizer (momentum) rank 0 holds the momentum of its shard, less than the whole model's;
     with the project's plain SGD there is no state, so sharding it saves nothing (the report shows 0)."""
-    monkeypatch.setattr(Strategy, "build_optimizer",
-                        lambda self, m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=momentum))
+    monkeypatch.setattr(
+        Strategy, "build_optimizer", lambda self, m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=momentum)
+    )
     model = build_model("lenet", 0)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
     try:

@@ -19,9 +19,10 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-import pytest
-from tests.conftest import REPO
 
+import pytest
+
+from tests.conftest import REPO
 
 BIN = Path(sys.executable).parent
 

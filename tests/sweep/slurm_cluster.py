@@ -50,9 +50,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
 from tests.sweep.slurm_programs import (  # noqa: F401 (NODES, required, unavailable: this module's face too)
-    CGROUP_CONF, NODE_LINE, NODES, SLURM_CONF, START_TIMEOUT_S, _free_port, _free_subnet, _kill_group, _kill_netns,
-    _prog, _sh, _tail, required, unavailable)
+    CGROUP_CONF,
+    NODE_LINE,
+    NODES,
+    SLURM_CONF,
+    START_TIMEOUT_S,
+    _free_port,
+    _free_subnet,
+    _kill_group,
+    _kill_netns,
+    _prog,
+    _sh,
+    _tail,
+    required,
+    unavailable,
+)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 cgroup.conf it writes, and the small process, port and network-namespace helpers slurm_cluster.py starts and stops it
 with.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,9 +15,20 @@ import subprocess
 import time
 from pathlib import Path
 
-
-PROGRAMS = ("slurmctld", "slurmd", "slurmstepd", "srun", "sbatch", "squeue", "scontrol", "scancel", "sinfo",
-            "munged", "ip", "unshare")
+PROGRAMS = (
+    "slurmctld",
+    "slurmd",
+    "slurmstepd",
+    "srun",
+    "sbatch",
+    "squeue",
+    "scontrol",
+    "scancel",
+    "sinfo",
+    "munged",
+    "ip",
+    "unshare",
+)
 
 
 NODES = ("node1", "node2")

@@ -3,6 +3,7 @@ late: runs and trials are closed with the reason, never left RUNNING, never reco
 
     .venv/bin/python -m pytest tests/sweep/test_faults.py
 """
+
 from __future__ import annotations
 
 import os
@@ -16,10 +17,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from pipeline.sweep import queue as claims
-from pipeline.tracking import client as tracking
 from pipeline.cli import main
+from pipeline.sweep import queue as claims
 from pipeline.sweep.stage import open_storage, study_name
+from pipeline.tracking import client as tracking
 
 PROFILE = """
 data: {{train_limit: {n}, test_limit: 256}}
@@ -36,6 +37,7 @@ def repo(make_cfg, tmp_path, synthetic_root, monkeypatch):
         (tmp_path / "experiments" / "f.yaml").write_text(PROFILE.format(n=n, epochs=epochs, lrs=lrs))
         (tmp_path / "params.yaml").write_text(f"profile: f\ndata: {{source: synthetic, dir: {synthetic_root}}}\n")
         return make_cfg(profile="f")
+
     make_cfg()
     monkeypatch.chdir(tmp_path)
     return make
@@ -43,18 +45,21 @@ def repo(make_cfg, tmp_path, synthetic_root, monkeypatch):
 
 def _runs(tmp_path):
     from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     exps = [e.experiment_id for e in client.search_experiments()]
     return client.search_runs(exps, max_results=1000)
 
 
 def test_a_store_failing_mid_sweep_closes_the_trial_and_the_parent_failed_with_the_reason(
-        repo, tmp_path, monkeypatch, capsys):
+    repo, tmp_path, monkeypatch, capsys
+):
     cfg = repo()
     real = tracking.log_completed_run
 
     def disk_full(*a, **kw):
         raise sqlite3.OperationalError("database or disk is full")
+
     monkeypatch.setattr(tracking, "log_completed_run", disk_full)
     code = main(["sweep", "--strategy", "single"])
     err = " ".join(capsys.readouterr().err.split())
@@ -110,7 +115,9 @@ def test_a_claimer_slowed_between_its_writes_keeps_its_trial(tmp_path, monkeypat
             time.sleep(2.5)  # past the grace period since the claim's earlier writes
             judged.append(claims.fail_stale_trials(study))  # another worker on this host checks for stale trials
             return write(*args, **kwargs)
+
         return wrapper
+
     monkeypatch.setattr(storage, "record_heartbeat", slowed(storage.record_heartbeat))
     monkeypatch.setattr(storage, "set_trial_system_attr", slowed(storage.set_trial_system_attr))
     trial = claims.claim(study)
@@ -123,8 +130,11 @@ def test_a_stale_trial_of_a_dead_or_remote_worker_is_failed(tmp_path, worker):
     storage, study, trial = _stale_study(tmp_path)
     dead = subprocess.Popen(["true"])
     dead.wait()
-    owner = {"dead pid": {"host": socket.gethostname(), "pid": dead.pid, "start": None},
-             "another host": {"host": "elsewhere.example", "pid": os.getpid(), "start": None}, "unknown": None}
+    owner = {
+        "dead pid": {"host": socket.gethostname(), "pid": dead.pid, "start": None},
+        "another host": {"host": "elsewhere.example", "pid": os.getpid(), "start": None},
+        "unknown": None,
+    }
     storage.set_trial_system_attr(trial._trial_id, claims.WORKER_ATTR, owner[worker])
     assert claims.fail_stale_trials(study) == [trial._trial_id]
     assert storage.get_trial(trial._trial_id).state == TrialState.FAIL
@@ -149,6 +159,7 @@ def test_a_worker_whose_trial_was_taken_over_stops_it_and_records_nothing(repo, 
             except (KeyError, ValueError):
                 pass
             time.sleep(0.05)
+
     thread = threading.Thread(target=other_worker)
     thread.start()
     code = main(["sweep", "--strategy", "single"])
@@ -179,34 +190,48 @@ def test_a_read_only_store_is_refused_before_anything_opens(repo, tmp_path, monk
     assert not (tmp_path / "mlruns" / "mlflow.db").exists()
 
 
-CPU_OOM = ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 80000000000 bytes. Error code 12 "
-           "(Cannot allocate memory)")
+CPU_OOM = (
+    "DefaultCPUAllocator: can't allocate memory: you tried to allocate 80000000000 bytes. Error code 12 "
+    "(Cannot allocate memory)"
+)
 NOT_ENOUGH = "[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: not enough memory: you tried to allocate 8"
 
 
 def _oom_in_trial(monkeypatch, message, when=lambda cfg: True):
     """The trial's training raises PyTorch's CPU allocator error, in the trial's own (forked) process."""
     from pipeline.trial import ranks
+
     real = ranks.train
 
     def train(cfg, *args, **kwargs):
         if when(cfg):
             raise RuntimeError(message)
         return real(cfg, *args, **kwargs)
+
     monkeypatch.setattr(ranks, "train", train)
 
 
-@pytest.mark.parametrize("strategy,devices,message", [("single", 1, CPU_OOM), ("single", 1, NOT_ENOUGH),
-                                                      ("ddp", 2, CPU_OOM)])
-def test_a_cpu_out_of_memory_in_a_trial_fails_it_with_kind_oom(make_cfg, tmp_path, monkeypatch, strategy, devices,
-                                                                message):
+@pytest.mark.parametrize(
+    "strategy,devices,message", [("single", 1, CPU_OOM), ("single", 1, NOT_ENOUGH), ("ddp", 2, CPU_OOM)]
+)
+def test_a_cpu_out_of_memory_in_a_trial_fails_it_with_kind_oom(
+    make_cfg, tmp_path, monkeypatch, strategy, devices, message
+):
     """PyTorch's CPU allocator raises RuntimeError, not torch.OutOfMemoryError: a trial whose ranks (one process, or
     one per device) raise it fails with kind `oom` and a reason that says the host ran out of memory."""
     from pipeline.errors import TrialFailed
     from pipeline.trial.launch import run_trial
+
     _oom_in_trial(monkeypatch, message)
-    cfg = make_cfg(f"train.strategy={strategy}", f"train.devices={devices}", "train.oversubscribe=true",
-                   "train.batch_size=32", "data.train_limit=256", "data.test_limit=64", "train.epochs=1")
+    cfg = make_cfg(
+        f"train.strategy={strategy}",
+        f"train.devices={devices}",
+        "train.oversubscribe=true",
+        "train.batch_size=32",
+        "data.train_limit=256",
+        "data.test_limit=64",
+        "train.epochs=1",
+    )
     with pytest.raises(TrialFailed) as e:
         run_trial(cfg, tmp_path / "o", progress=False, timeout_s=60)
     assert e.value.kind == "oom", (e.value.kind, str(e.value))
@@ -231,17 +256,17 @@ def test_a_cpu_out_of_memory_fails_its_trial_and_the_sweep_and_its_rerun_go_on(r
         assert t.user_attrs["reason"].startswith("oom: ") and "can't allocate memory" in t.user_attrs["reason"]
 
 
-def test_a_cpu_out_of_memory_while_the_caller_prepares_a_trial_fails_it_with_kind_oom(make_cfg, tmp_path,
-                                                                                      monkeypatch):
+def test_a_cpu_out_of_memory_while_the_caller_prepares_a_trial_fails_it_with_kind_oom(make_cfg, tmp_path, monkeypatch):
     """The caller loads a trial's data before forking its ranks (fork shares it): the allocator's RuntimeError there
     fails that trial with kind `oom` too, instead of stopping the sweep (which would enqueue the point again, and
     every rerun would stop on it)."""
-    from pipeline.trial import ranks
     from pipeline.errors import TrialFailed
+    from pipeline.trial import ranks
     from pipeline.trial.launch import run_trial
 
     def load_data(cfg, verify=False):
         raise RuntimeError(CPU_OOM)
+
     monkeypatch.setattr(ranks, "load_data", load_data)
     cfg = make_cfg("train.strategy=single", "train.start_method=fork", "train.batch_size=32", "data.train_limit=256")
     with pytest.raises(TrialFailed) as e:

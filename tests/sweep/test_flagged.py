@@ -1,5 +1,6 @@
 """A trial measured under interference, as every viewer shows it (MLflow run name, tag and metric; Optuna's numeric
 attributes; the console counter; the pipeline run's tag), and the study row showing the report's efficiencies."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,14 @@ from pipeline.sweep.stage import open_storage, run_sweep, study_name
 from pipeline.tracking import client as tracking
 from pipeline.tracking.metric_names import rounded
 
-ONE_POINT = ["sweep.strategies=[single]", "sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}",
-             "train.epochs=1", "data.train_limit=256", "data.test_limit=128", "sweep.remeasure_interfered=1"]
+ONE_POINT = [
+    "sweep.strategies=[single]",
+    "sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}",
+    "train.epochs=1",
+    "data.train_limit=256",
+    "data.test_limit=128",
+    "sweep.remeasure_interfered=1",
+]
 REASON = "other processes kept 1.90 cores busy on average (planted)"
 
 
@@ -24,6 +31,7 @@ def loaded(monkeypatch):
 
     def busy(self):
         return {**measured(self), "interfered": True, "interference_reason": REASON, "foreign_cores": 1.9}
+
     monkeypatch.setattr(interference.Monitor, "result", busy)
 
 
@@ -43,8 +51,10 @@ def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path,
     for run in trials.values():
         assert run.data.tags["parallax.flagged"] == REASON and run.data.metrics["flagged"] == 1
         assert run.data.tags["parallax.pipeline_run"] == "exp-test"
-    assert trials[again].data.tags["parallax.remeasure_of"] == "0" and "parallax.remeasure_of" not in \
-        trials[first].data.tags
+    assert (
+        trials[again].data.tags["parallax.remeasure_of"] == "0"
+        and "parallax.remeasure_of" not in trials[first].data.tags
+    )
     assert parent.data.tags["parallax.pipeline_run"] == "exp-test"
     study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
     for t in study.trials:
@@ -70,8 +80,14 @@ def test_the_study_row_shows_the_reports_efficiency_at_every_k(make_cfg, tmp_pat
     holds (eff.ddp.kK) is on the MLflow study row as eff/kK, the same number, and the row's
     study/weak_efficiency_max_k is summary.json's, rounded as every metric is."""
     from pipeline.cli import main
-    cfg = make_cfg("sweep.strategies=[ddp]", "sweep.spaces.ddp={devices: [1, 2], batch_size: [64, 128], lr: [0.1]}",
-                   "train.epochs=1", "data.train_limit=512", "data.test_limit=128")
+
+    cfg = make_cfg(
+        "sweep.strategies=[ddp]",
+        "sweep.spaces.ddp={devices: [1, 2], batch_size: [64, 128], lr: [0.1]}",
+        "train.epochs=1",
+        "data.train_limit=512",
+        "data.test_limit=128",
+    )
     sweeps = tmp_path / "results" / "sweeps"
     sweeps.mkdir(parents=True)
     run_sweep(cfg, "ddp", sweeps / "ddp.jsonl")
@@ -84,5 +100,5 @@ def test_the_study_row_shows_the_reports_efficiency_at_every_k(make_cfg, tmp_pat
     (parent,) = tracking.Tracker(cfg).find_runs("tags.role = 'study'")
     row = parent.data.metrics
     for key, v in effs.items():
-        assert row[f"eff/{key[len('eff.ddp.'):]}"] == v, key
+        assert row[f"eff/{key[len('eff.ddp.') :]}"] == v, key
     assert row["study/weak_efficiency_max_k"] == rounded(summary["strategies"]["ddp"]["weak_efficiency"])

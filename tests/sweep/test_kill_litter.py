@@ -1,6 +1,7 @@
 """What a SIGKILLed command leaves behind is removed by the next run of it: the scratch folders of the overlap,
 collectives and doctor commands in the temp dir, and the half-built data folder of `download`. A folder of a
 process that still runs (a second run beside this one) is kept. No training: launches are replaced by stubs."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,18 +10,21 @@ import tempfile
 
 import pytest
 
+from pipeline import scratch
 from pipeline.config import loader as configmod
 from pipeline.data import store as data
 from pipeline.doctor import checks as doctor
-from pipeline import scratch
-from pipeline.trial import stage_ranks
 from pipeline.errors import DataError
+from pipeline.trial import stage_ranks
 
 
 def dead_pid() -> str:
     """`<pid>@<host>` of a process of this host that has ended."""
-    pid = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                             text=True, check=True).stdout)
+    pid = int(
+        subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     return f"{pid}@{scratch.host_tag()}"
 
 
@@ -38,6 +42,7 @@ def test_a_killed_stage_scratch_folder_is_removed_by_the_next_launch(tmpdir_, mo
     its ranks again; the folders of a live process and of another host are kept, and the new scratch folder is
     itself removed at the end."""
     import torch.distributed.launcher.api as api
+
     stale = tmpdir_ / f"parallax-overlap-{dead_pid()}-x1"
     (stale / "attempt_0").mkdir(parents=True)
     live = tmpdir_ / f"parallax-overlap-1@{dead_pid().split('@')[1]}-x2"  # pid 1 always runs
@@ -58,6 +63,7 @@ def test_a_killed_doctor_scratch_folder_is_removed_by_the_next_doctor(tmpdir_, m
 
     def stop(base, work):
         raise DataError("stop here")
+
     monkeypatch.setattr(doctor, "_data", stop)
     with pytest.raises(DataError):
         doctor.run(configmod.Config(), tmp_path / "out", strategies=["single"], say=lambda m: None)
@@ -78,6 +84,7 @@ def test_a_sweep_table_half_written_by_a_killed_sweep_is_removed_by_the_next_wri
     """A sweep SIGKILLed while writing its table leaves `<table>.<pid>...tmp` in results/sweeps, which analyze takes
     whole as its input (a DVC directory dependency): the next table write removes it, keeping a live writer's."""
     from pipeline.records.table import write_rows
+
     out = tmp_path / "single.jsonl"
     stale = tmp_path / f"single.jsonl.{dead_pid()}-w.tmp"
     stale.write_text('{"study": "half')

@@ -1,18 +1,19 @@
 """The default profile on a host that emulates bf16: ddp_amp's trials are bounded and labelled, never hidden."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import optuna
 import pytest
 import torch
 
-from pipeline.host import capabilities
-from pipeline.records import labels as emulated
-from pipeline.sweep import space, stage as sweep, trial_exec
 from pipeline.config import loader as configmod
+from pipeline.host import capabilities
 from pipeline.host.devices import Host
-from pipeline.strategies import STRATEGIES
+from pipeline.records import labels as emulated
 from pipeline.records.table import read_table
+from pipeline.strategies import STRATEGIES
+from pipeline.sweep import space, trial_exec
+from pipeline.sweep import stage as sweep
 
 from ..conftest import REPO
 

@@ -1,14 +1,16 @@
 """Repeats in alternating rounds: the order trials are enqueued and claimed, the study name, and re-measuring a
 trial measured under interference. No training: prepare_study and claim on a throw-away SQLite store."""
+
 from __future__ import annotations
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from pipeline.sweep import stage as sweep, trial_exec
-from pipeline.sweep.queue import claim
 from pipeline.host.devices import probe
+from pipeline.sweep import stage as sweep
+from pipeline.sweep import trial_exec
+from pipeline.sweep.queue import claim
 
 SPACE = ["sweep.spaces.ddp.devices=[1, 2]", "sweep.spaces.ddp.batch_size=[64, 128]", "sweep.spaces.ddp.lr=[0.1, 0.2]"]
 
@@ -24,9 +26,15 @@ class FakeTracker:
 def claimed_order(study):
     out = []
     while (t := claim(study)) is not None:
-        out.append((dict(study._storage.get_trial(t._trial_id).params or
-                         study._storage.get_trial_system_attrs(t._trial_id)["fixed_params"]),
-                    t.user_attrs["repeat"]))
+        out.append(
+            (
+                dict(
+                    study._storage.get_trial(t._trial_id).params
+                    or study._storage.get_trial_system_attrs(t._trial_id)["fixed_params"]
+                ),
+                t.user_attrs["repeat"],
+            )
+        )
     return out
 
 
@@ -45,7 +53,7 @@ def test_rounds_run_every_point_once_each_with_k1_beside_its_k2(make_cfg, host):
     order = claimed_order(study)  # the order workers take them in
     assert [(p, r) for p, r in order] == sweep.enqueue_order(feasible, 3)
     for r in range(3):  # round r: trials r*8 .. r*8+7, every point once
-        rnd = order[8 * r:8 * (r + 1)]
+        rnd = order[8 * r : 8 * (r + 1)]
         assert {rep for _, rep in rnd} == {r}
         assert sorted(map(str, (p for p, _ in rnd))) == sorted(map(str, feasible))
         lrs = [p["lr"] for p, _ in rnd]  # a group (one lr) runs together: its k=1 references next to its k=2 points
@@ -70,6 +78,7 @@ def test_repeats_name_a_new_study_and_one_repeat_keeps_the_old_name(make_cfg):
 @pytest.mark.parametrize("bad", ["sweep.repeats=0", "sweep.remeasure_interfered=-1"])
 def test_repeats_and_remeasure_are_validated(make_cfg, bad):
     from pipeline.config.loader import ConfigError
+
     with pytest.raises(ConfigError, match=bad.split("=")[0]):
         make_cfg(bad)
 
@@ -84,8 +93,7 @@ def test_an_interfered_trial_is_enqueued_again_up_to_the_limit(make_cfg):
     assert trial_exec._remeasure(cfg, study, first, p, quiet) == ""  # a quiet trial: nothing enqueued
     assert "enqueued again (1/1)" in trial_exec._remeasure(cfg, study, first, p, interfered)
     waiting = study.get_trials(states=(TrialState.WAITING,))
-    assert len(waiting) == 1 and waiting[0].user_attrs == {"repeat": 1, "remeasure": 1,
-                                                         "remeasure_of": first.number}
+    assert len(waiting) == 1 and waiting[0].user_attrs == {"repeat": 1, "remeasure": 1, "remeasure_of": first.number}
     again = claim(study)
     assert trial_exec._remeasure(cfg, study, again, p, interfered) == ""  # the limit reached: kept, not re-run
     assert not study.get_trials(states=(TrialState.WAITING,))
@@ -101,10 +109,18 @@ def test_the_sweep_waits_for_a_quiet_moment_only_where_it_can_see_the_load(make_
     assert sweep._quiet_gate(make_cfg("slurm.partition=gpu"), "ddp") is None
 
 
-@pytest.mark.parametrize("done, total, remeasures, shown", [
-    (0, 8, 0, "1/8"), (8, 8, 1, "9/8+1 re-measure"), (9, 8, 2, "10/8+2 re-measures"), (15, 8, 0, "16/16"),
-    (15, 8, 2, "16/16")])
+@pytest.mark.parametrize(
+    "done, total, remeasures, shown",
+    [
+        (0, 8, 0, "1/8"),
+        (8, 8, 1, "9/8+1 re-measure"),
+        (9, 8, 2, "10/8+2 re-measures"),
+        (15, 8, 0, "16/16"),
+        (15, 8, 2, "16/16"),
+    ],
+)
 def test_the_counter_counts_remeasures_and_never_passes_its_total(done, total, remeasures, shown):
     """The console's "trial n/total": re-measures extend the total; a count past even that reads n/n, never 16/8."""
     from pipeline.sweep.progress import counter
+
     assert counter(done, total, remeasures) == shown

@@ -1,20 +1,24 @@
 """The sweep's outer surfaces are safe: the UI binds to localhost without a shell, no command goes through a shell,
 every torch.load is weights-only, DVC commands interpolate only validated names, and a dead peer is named as such.
 """
+
 from __future__ import annotations
 
 import ast
 import os
 import re
 import sys
+
 import pytest
 import yaml
+
 from tests.conftest import REPO
 from tests.sweep.test_reliability import figure  # noqa: F401 (shared with test_reliability.py)
 
 
 def test_ui_binds_to_localhost_without_a_shell(make_cfg, tmp_path, monkeypatch):
     from pipeline.cli import main
+
     make_cfg()  # DVC_ROOT=tmp_path
     calls = []
     monkeypatch.setattr(os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
@@ -26,6 +30,7 @@ def test_ui_binds_to_localhost_without_a_shell(make_cfg, tmp_path, monkeypatch):
     assert env["MLFLOW_BACKEND_STORE_URI"] == f"sqlite:///{tmp_path.resolve()}/mlruns/mlflow.db"
     assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"  # no job runners, nothing in /dev/shm
     from mlflow import MlflowClient  # the shared runs-table view is written before the UI starts
+
     exps = MlflowClient(env["MLFLOW_BACKEND_STORE_URI"]).search_experiments()
     assert any("mlflow.sharedViewState.parallax" in e.tags for e in exps)
     for bad in ("5000; rm -rf ~", "99999", "-1", "0"):  # not a port: refused before anything runs
@@ -38,6 +43,7 @@ def test_ui_on_a_busy_port_is_a_clear_error_before_mlflow_starts(make_cfg, monke
     import socket
 
     from pipeline.cli import main
+
     make_cfg()
     calls = []
     monkeypatch.setattr(os, "execve", lambda *a: calls.append(a))
@@ -87,8 +93,10 @@ def test_no_command_goes_through_a_shell():
     bad = []
     for path, call in _package_calls():
         name = _name(call.func)
-        if any(k.arg == "shell" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
-               for k in call.keywords):
+        if any(
+            k.arg == "shell" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+            for k in call.keywords
+        ):
             bad.append(f"{path}:{call.lineno} shell=")
         if name in ("os.system", "os.popen", "subprocess.getoutput", "subprocess.getstatusoutput"):
             bad.append(f"{path}:{call.lineno} {name}")
@@ -103,6 +111,7 @@ def test_dvc_commands_interpolate_only_validated_strategy_names():
     """DVC runs each stage's cmd through a shell: the only parameter in one is ${item}, from a fixed list in
     dvc.yaml (not from params.yaml), and every name on it is a strategy."""
     from pipeline.config import loader as configmod
+
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():
         cmd = stage.get("do", stage)["cmd"]
@@ -118,7 +127,11 @@ def test_a_peer_connection_error_is_reported_as_a_likely_dead_rank():
     import types
 
     from pipeline.trial.rank_watch import failure_reason
-    f = types.SimpleNamespace(exitcode=1, pid=11, message={"message": "RuntimeError: [pair.cc:545] Read error "
-                                                                      "[127.0.0.1]:1: Connection reset by peer."})
+
+    f = types.SimpleNamespace(
+        exitcode=1,
+        pid=11,
+        message={"message": "RuntimeError: [pair.cc:545] Read error [127.0.0.1]:1: Connection reset by peer."},
+    )
     e = failure_reason(types.SimpleNamespace(failures={0: f}))
     assert e.kind == "worker_died" and "most likely died" in str(e) and str(e).startswith("rank 0 failed")

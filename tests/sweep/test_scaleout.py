@@ -13,6 +13,7 @@ from its bin folder and run as the `postgres` user when the tests run as root).
 
     .venv/bin/python -m pytest tests/sweep/test_scaleout.py -rP      # timings in the PASSES section
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.sweep.scaleout_services import COMMANDS, GRACE_S, Killer, PROFILE, Worker, figure, render
+from tests.sweep.scaleout_services import COMMANDS, GRACE_S, PROFILE, Killer, Worker, figure, render
 
 DOC = REPO / "docs" / "scale-out.md"
 STRATEGY = "single"
@@ -36,6 +37,7 @@ BUDGET, SPACE = 5, {(b, lr) for b in (64, 128) for lr in (0.05, 0.1, 0.2)}
 
 
 # ----------------------------------------------------------------------------- the page
+
 
 def test_docs_give_the_tested_commands():
     text = DOC.read_text()
@@ -59,9 +61,13 @@ def machine(tmp_path: Path, name: str, data_dir: Path) -> Path:
 
 
 def worker_env(root: Path, values: dict) -> dict:
-    return {**os.environ, "DVC_ROOT": str(root), "PGPASSWORD": str(values["PGPASSWORD"]),
-            "PARALLAX_GRACE_S": str(GRACE_S),
-            "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return {
+        **os.environ,
+        "DVC_ROOT": str(root),
+        "PGPASSWORD": str(values["PGPASSWORD"]),
+        "PARALLAX_GRACE_S": str(GRACE_S),
+        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
 
 
 def read_table(path: Path) -> list[dict]:
@@ -70,8 +76,9 @@ def read_table(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_two_workers_share_one_study_through_postgres_and_mlflow_server(postgres, mlflow_server, synthetic_root,
-                                                                         tmp_path):
+def test_two_workers_share_one_study_through_postgres_and_mlflow_server(
+    postgres, mlflow_server, synthetic_root, tmp_path
+):
     import optuna
     from mlflow.tracking import MlflowClient
     from optuna.trial import TrialState
@@ -82,8 +89,14 @@ def test_two_workers_share_one_study_through_postgres_and_mlflow_server(postgres
     # the study is created once, before the workers (they would race to create the tables)
     t0 = time.monotonic()
     _, argv = render("create_study", values)
-    p = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, env=worker_env(roots["machine-a"], values),
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, *argv[1:]],
+        cwd=REPO,
+        env=worker_env(roots["machine-a"], values),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, f"creating the study failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     assert f"{BUDGET} trial(s) to run" in p.stderr, p.stderr
     created_s = time.monotonic() - t0
@@ -92,17 +105,20 @@ def test_two_workers_share_one_study_through_postgres_and_mlflow_server(postgres
     _, argv = render("worker", values)
     t1 = time.monotonic()
     killer = Killer()
-    workers = {n: Worker(n, [sys.executable, *argv[1:]], root, worker_env(root, values), killer)
-               for n, root in roots.items()}
+    workers = {
+        n: Worker(n, [sys.executable, *argv[1:]], root, worker_env(root, values), killer) for n, root in roots.items()
+    }
     try:
         # the first worker in the middle of its second (or later) trial is SIGKILLed by the Killer
         deadline = time.monotonic() + 240
         while not killer.done.wait(0.1):
-            assert all(w.proc.poll() is None for w in workers.values()), \
-                "a worker exited before one could be killed mid-trial:\n" + \
-                "\n".join(f"--- {w.name}\n{w.text()[-3000:]}" for w in workers.values())
-            assert time.monotonic() < deadline, "no worker reached a second trial in 240 s:\n" + \
-                "\n".join(f"--- {w.name}\n{w.text()[-3000:]}" for w in workers.values())
+            assert all(w.proc.poll() is None for w in workers.values()), (
+                "a worker exited before one could be killed mid-trial:\n"
+                + "\n".join(f"--- {w.name}\n{w.text()[-3000:]}" for w in workers.values())
+            )
+            assert time.monotonic() < deadline, "no worker reached a second trial in 240 s:\n" + "\n".join(
+                f"--- {w.name}\n{w.text()[-3000:]}" for w in workers.values()
+            )
         victim, killed_trial, t_kill = killer.victim, killer.trial, killer.at
         survivor = next(w for w in workers.values() if w is not victim)
         assert victim.wait(30) == -signal.SIGKILL
@@ -112,13 +128,20 @@ def test_two_workers_share_one_study_through_postgres_and_mlflow_server(postgres
     finally:
         for w in workers.values():
             w.stop()
-    figure(create_study_s=round(created_s, 1), workers_s=round(t_end - t1, 1),
-           survivor_after_kill_s=round(t_end - t_kill, 1), grace_s=GRACE_S, killed=victim.name,
-           killed_trial=killed_trial, trials_by_worker={w.name: w.started() for w in workers.values()})
+    figure(
+        create_study_s=round(created_s, 1),
+        workers_s=round(t_end - t1, 1),
+        survivor_after_kill_s=round(t_end - t_kill, 1),
+        grace_s=GRACE_S,
+        killed=victim.name,
+        killed_trial=killed_trial,
+        trials_by_worker={w.name: w.started() for w in workers.values()},
+    )
 
     # --- Optuna, read from PostgreSQL
-    storage = optuna.storages.RDBStorage(f"postgresql://parallax:{postgres['PGPASSWORD']}@"
-                                         f"{postgres['DB_HOST']}:{postgres['DB_PORT']}/optuna")
+    storage = optuna.storages.RDBStorage(
+        f"postgresql://parallax:{postgres['PGPASSWORD']}@{postgres['DB_HOST']}:{postgres['DB_PORT']}/optuna"
+    )
     (name,) = optuna.get_all_study_names(storage)  # one study, shared by both workers
     study = optuna.load_study(study_name=name, storage=storage)
     trials = study.get_trials(deepcopy=False)
@@ -132,8 +155,9 @@ def test_two_workers_share_one_study_through_postgres_and_mlflow_server(postgres
     originals = [t for t in trials if "failed_trial" not in t.system_attrs]
     retries = [t for t in trials if "failed_trial" in t.system_attrs]
     assert len(originals) == BUDGET, [(t.number, t.state.name) for t in trials]
-    assert by_number[killed_trial].state == TrialState.FAIL, \
+    assert by_number[killed_trial].state == TrialState.FAIL, (
         f"trial {killed_trial} ended {by_number[killed_trial].state.name}: the SIGKILL came too late"
+    )
     (retry,) = [t for t in retries if t.system_attrs["failed_trial"] == killed_trial]
     assert retry.state == TrialState.COMPLETE and retry.params == by_number[killed_trial].params
     assert len(trials) == BUDGET + len(retries)
@@ -152,8 +176,9 @@ def test_two_workers_share_one_study_through_postgres_and_mlflow_server(postgres
     exp = client.get_experiment_by_name("parallax-scale")
     runs = client.search_runs([exp.experiment_id], max_results=1000)
     parents = [r for r in runs if r.data.tags.get("role") == "study"]
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED", [(r.info.run_name, r.info.status)
-                                                                          for r in parents]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED", [
+        (r.info.run_name, r.info.status) for r in parents
+    ]
     parent = parents[0]
     assert parent.data.tags["study"] == name
     children = {r.info.run_id: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}

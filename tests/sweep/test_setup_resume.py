@@ -1,6 +1,7 @@
 """A sweep's study set-up interrupted part-way (Ctrl-C, SIGKILL) is completed by the next run: every point of the
 queue ends up in the study exactly once, the rerun does not wait for a creator that is gone, and its banner counts
 the whole queue. No training: the sweep is run with --n-trials 0 (set-up only) on a throw-away SQLite store."""
+
 from __future__ import annotations
 
 import json
@@ -12,16 +13,22 @@ import time
 import optuna
 import pytest
 
-from pipeline.sweep import queue as claims, stage as sweep
+from pipeline.sweep import queue as claims
+from pipeline.sweep import stage as sweep
 from pipeline.sweep.stage import open_storage, run_sweep, study_name
 
-SPACE = ["sweep.strategies=[single]", "sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1, 0.2, 0.3]}",
-         "sweep.repeats=2"]  # 3 points x 2 repeats: 6 trials
+SPACE = [
+    "sweep.strategies=[single]",
+    "sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1, 0.2, 0.3]}",
+    "sweep.repeats=2",
+]  # 3 points x 2 repeats: 6 trials
 
 
 def keys(study) -> list[str]:
-    return sorted(json.dumps([t.system_attrs.get("fixed_params") or t.params, t.user_attrs.get("repeat")],
-                             sort_keys=True) for t in study.get_trials(deepcopy=False))
+    return sorted(
+        json.dumps([t.system_attrs.get("fixed_params") or t.params, t.user_attrs.get("repeat")], sort_keys=True)
+        for t in study.get_trials(deepcopy=False)
+    )
 
 
 def interrupt_after(monkeypatch, n: int) -> None:
@@ -33,6 +40,7 @@ def interrupt_after(monkeypatch, n: int) -> None:
         if len(calls) > n:
             raise KeyboardInterrupt
         return real(self, *a, **k)
+
     monkeypatch.setattr(optuna.storages.RDBStorage, "_create_new_trial", create_new_trial)
 
 
@@ -51,13 +59,15 @@ def test_a_rerun_completes_an_interrupted_set_up_with_every_point_once(make_cfg,
 
     def no_wait(s):
         raise AssertionError(f"the rerun waited {s} s for a set-up whose creator is gone")
+
     with monkeypatch.context() as m:
         m.setattr(time, "sleep", no_wait)
         run_sweep(cfg, "single", out, max_new_trials=0)
     err = capsys.readouterr().err
     study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
-    expected = sorted(json.dumps([p, r], sort_keys=True)
-                      for p, r in sweep.enqueue_order(sweep.points(cfg, "single"), 2))
+    expected = sorted(
+        json.dumps([p, r], sort_keys=True) for p, r in sweep.enqueue_order(sweep.points(cfg, "single"), 2)
+    )
     assert keys(study) == expected  # every (point, repeat) once
     assert study.user_attrs["enqueued"] == 6 and study.user_attrs.get("mlflow_parent_run_id")
     assert "6 trial(s) to run" in err
@@ -71,20 +81,23 @@ def test_a_set_up_whose_creator_is_alive_is_waited_for_then_completed_when_it_di
     """A worker that finds the set-up incomplete while its creator (a live process on this host) is at work waits
     for it; once the creator is gone it completes the set-up itself."""
     from pipeline.sweep import study_setup
+
     cfg = make_cfg(*SPACE)
     storage = open_storage(cfg)
     name = study_name(cfg, "single")
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
     creator = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        study.set_user_attr(study_setup.SETUP_BY, {**claims.me(), "pid": creator.pid,
-                                                   "start": claims.start_time(creator.pid)})
+        study.set_user_attr(
+            study_setup.SETUP_BY, {**claims.me(), "pid": creator.pid, "start": claims.start_time(creator.pid)}
+        )
         killed = threading.Event()
 
         def kill_later():
             time.sleep(1.5)
             killed.set()
             creator.kill()
+
         threading.Thread(target=kill_later, daemon=True).start()
         study = study_setup.ready(study, lambda: optuna.load_study(study_name=name, storage=storage))
         assert killed.is_set()  # it waited while the creator lived

@@ -1,6 +1,7 @@
 """A big search space is set up in work near-linear in its number of points: listing, de-duplicating, the categorical
 choices and the study's name compare each point's values a bounded number of times (counted, not timed); and a
 long set-up says how far it is."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,6 +18,7 @@ SIDE = 200  # a 200 x 200 grid: 40,000 points
 
 class Counted(float):
     """A float that counts the equality tests made on it, and stops the test once they exceed the bound."""
+
     calls = 0
     bound = 0
 

@@ -4,6 +4,7 @@ when PARALLAX_REQUIRE_SLURM=1 (.ci/run sets it once it has installed Debian's sl
 
     .venv/bin/python -m pytest tests/sweep/test_slurm_cluster.py -rP      # timings in the PASSES section
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -33,8 +34,10 @@ def test_srun_runs_one_task_on_each_node(slurm):
 
 def test_sbatch_job_completes_and_scontrol_reports_it(slurm):
     out = slurm.base / "wrap-%j.out"
-    p = slurm.run(["sbatch", "--parsable", "-N1", "-n1", "-o", out,
-                   "--wrap", 'echo "done on $(hostname) as job $SLURM_JOB_ID"'], check=True)
+    p = slurm.run(
+        ["sbatch", "--parsable", "-N1", "-n1", "-o", out, "--wrap", 'echo "done on $(hostname) as job $SLURM_JOB_ID"'],
+        check=True,
+    )
     job = p.stdout.strip().split(";")[0]
     info = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, timeout=30)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", info
@@ -99,8 +102,9 @@ def test_torch_tasks_on_two_nodes_rendezvous_over_tcp(slurm):
     script = slurm.base / "rendezvous.py"
     script.write_text(RENDEZVOUS)
     t0 = time.monotonic()
-    p = slurm.run(["srun", "-N2", "-n2", "--ntasks-per-node=1", "--time=2", sys.executable, script],
-                  timeout=120, check=True)
+    p = slurm.run(
+        ["srun", "-N2", "-n2", "--ntasks-per-node=1", "--time=2", sys.executable, script], timeout=120, check=True
+    )
     rows = sorted(line.split() for line in p.stdout.splitlines() if line[:1].isdigit())
     assert [r[0] for r in rows] == ["0", "1"], p.stdout + p.stderr
     (r0, h0, a0, m0, peer0, s0, v0, py0), (r1, h1, a1, m1, peer1, s1, v1, py1) = rows
@@ -109,6 +113,7 @@ def test_torch_tasks_on_two_nodes_rendezvous_over_tcp(slurm):
     assert m0 == m1 == h0  # the rendezvous host is task 0's node, reached by name from the other node
     assert float(s0) == float(s1) == 3.0
     import torch
+
     assert v0 == v1 == torch.__version__ and py0 == py1 == sys.executable
     _figure(torch_rendezvous_s=round(time.monotonic() - t0, 2))
 
@@ -125,14 +130,19 @@ def test_teardown_leaves_nothing_behind(slurm):
     deadline = time.monotonic() + 10
     while True:
         alive = {n: pid for n, pid in pids.items() if _alive(pid)}
-        netns = [ns for ns in c.netns.values()
-                 if ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout]
+        netns = [
+            ns
+            for ns in c.netns.values()
+            if ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        ]
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
         links = [name for name in c.links if f" {name}:" in links or f" {name}@" in links]
         if not (alive or netns or links or c.base.exists()):
             break
-        assert time.monotonic() < deadline, f"left behind: processes {alive}, netns {netns}, links {links}, " \
-                                            f"folder {c.base if c.base.exists() else None}"
+        assert time.monotonic() < deadline, (
+            f"left behind: processes {alive}, netns {netns}, links {links}, "
+            f"folder {c.base if c.base.exists() else None}"
+        )
         time.sleep(0.2)
     assert slurm.node_states() == {n: "idle" for n in NODES}  # the module's cluster is untouched
     _figure(second_cluster_start_s=c.timings["start_s"], teardown_s=c.timings["teardown_s"])
@@ -144,4 +154,3 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][:1] != "Z"
     except OSError:
         return False
-

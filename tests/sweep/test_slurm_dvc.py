@@ -1,6 +1,7 @@
 """`dvc repro` with the SLURM profile from a login node: a temporary copy of the project, whose experiments/slurm.yaml
 states the throwaway cluster's shape (tests/sweep/slurm_cluster.py: two nodes of 2 CPU devices), runs
 `dvc repro sweep@ddp` in the root namespace (the login node: no slurmd there); every point is a SLURM job."""
+
 from __future__ import annotations
 
 import json
@@ -55,17 +56,21 @@ def test_dvc_repro_with_the_slurm_profile_runs_every_point_as_a_job(slurm, tmp_p
     repo = _clone(tmp_path / "proj")
     env = {k: v for k, v in slurm.env.items() if k not in ("DVC_ROOT", "DVC_STAGE", "PYTHONPATH")}
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", DVC_NO_ANALYTICS="1")
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "clone"]):
+    for cmd in (
+        ["git", "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "clone"],
+    ):
         subprocess.run(cmd, cwd=repo, env=env, check=True, capture_output=True)
-    p = subprocess.run([str(DVC), "repro", "sweep@ddp"], cwd=repo, env=env, capture_output=True, text=True,
-                       timeout=400)
+    p = subprocess.run([str(DVC), "repro", "sweep@ddp"], cwd=repo, env=env, capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     table = [json.loads(line) for line in (repo / "results" / "sweeps" / "ddp.jsonl").read_text().splitlines()]
     assert sorted((r["devices"], r["nnodes"], r["state"]) for r in table) == [(2, 1, "complete"), (4, 2, "complete")]
     with sqlite3.connect(repo / "mlruns" / "mlflow.db") as db:
-        tags = db.execute("SELECT r.run_uuid, t.key, t.value FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
-                          "WHERE t.key IN ('parallax.slurm_job_id', 'parallax.nodes')").fetchall()
+        tags = db.execute(
+            "SELECT r.run_uuid, t.key, t.value FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+            "WHERE t.key IN ('parallax.slurm_job_id', 'parallax.nodes')"
+        ).fetchall()
     jobs: dict[str, dict] = {}
     for run, key, value in tags:
         jobs.setdefault(run, {})[key] = value
@@ -76,5 +81,9 @@ def test_dvc_repro_with_the_slurm_profile_runs_every_point_as_a_job(slurm, tmp_p
         assert info.get("JobState") == "COMPLETED" and info.get("NumNodes", "").split("-")[0] == str(nodes), info
         for phase in ("queued", "running", "done: COMPLETED"):
             assert f"SLURM job {job} ({nodes} node{'s' * (nodes > 1)}): {phase}" in p.stderr + p.stdout
-    print("FIGURE slurm_dvc_repro_points=" + json.dumps([(r["devices"], r["nnodes"]) for r in table]) +
-          " jobs=" + json.dumps(points))
+    print(
+        "FIGURE slurm_dvc_repro_points="
+        + json.dumps([(r["devices"], r["nnodes"]) for r in table])
+        + " jobs="
+        + json.dumps(points)
+    )

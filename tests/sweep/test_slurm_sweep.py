@@ -1,6 +1,7 @@
 """Sweeps through a real SLURM (tests/sweep/slurm_cluster.py: slurmctld + two slurmd of 2 CPU "devices" each, in network
 namespaces): every point is a job of ceil(k/2) nodes; k=4 spans both and matches single-device SGD after one step;
 a scancelled job's trial runs again, nothing repeated or left RUNNING; a node lost mid-trial fails its trial."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,8 @@ import optuna
 import pytest
 import torch
 
-from pipeline.tracking import client as tracking
 from pipeline.sweep.stage import open_storage, run_sweep, study_name
+from pipeline.tracking import client as tracking
 from tests.sweep import slurm_cluster
 
 slurm = slurm_cluster.slurm  # the module's cluster (a fixture: assigned, not imported by name)
@@ -31,8 +32,17 @@ def on_cluster(slurm, make_cfg, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the jobs import this checkout's package
 
     def make(*sets):
-        return make_cfg("slurm.partition=main", "slurm.devices_per_node=2", "slurm.device=cpu", "slurm.poll_s=0.5",
-                        "slurm.time_limit_min=10", "data.train_limit=128", "data.test_limit=64", *sets)
+        return make_cfg(
+            "slurm.partition=main",
+            "slurm.devices_per_node=2",
+            "slurm.device=cpu",
+            "slurm.poll_s=0.5",
+            "slurm.time_limit_min=10",
+            "data.train_limit=128",
+            "data.test_limit=64",
+            *sets,
+        )
+
     return make
 
 
@@ -44,8 +54,11 @@ def counts(cfg, strategy, out):
     """(Optuna trials run, MLflow trial runs, table rows of trials, RUNNING anywhere)."""
     study = optuna.load_study(study_name=study_name(cfg, strategy), storage=open_storage(cfg))
     trials = [t for t in study.trials if t.state.name != "WAITING"]
-    runs = [r for r in tracking.Tracker(cfg).find_runs(f"tags.study = '{study.study_name}'")
-            if r.data.tags.get("role") != "study"]
+    runs = [
+        r
+        for r in tracking.Tracker(cfg).find_runs(f"tags.study = '{study.study_name}'")
+        if r.data.tags.get("role") != "study"
+    ]
     table = [r for r in rows(out) if r["state"] != "skipped"]
     running = sum(t.state.name == "RUNNING" for t in trials) + sum(r.info.status == "RUNNING" for r in runs)
     return study, trials, runs, table, running
@@ -53,6 +66,7 @@ def counts(cfg, strategy, out):
 
 def test_sweep_points_span_nodes_and_k4_matches_single(on_cluster, make_cfg, tmp_path, capfd):
     from pipeline.trial.launch import run_trial
+
     cfg = on_cluster("train.max_steps=1", "sweep.spaces.ddp={devices: [1, 2, 4], batch_size: [64], lr: [0.5]}")
     out = tmp_path / "ddp.jsonl"
     t0 = time.monotonic()
@@ -64,8 +78,9 @@ def test_sweep_points_span_nodes_and_k4_matches_single(on_cluster, make_cfg, tmp
     assert [r["state"] for r in table] == ["complete"] * 3, err[-3000:]
     assert {r["devices"]: r["nnodes"] for r in table} == {1: 1, 2: 1, 4: 2}
     jobs = {t.params["devices"]: t.user_attrs["slurm_job_id"] for t in trials}
-    assert len(set(jobs.values())) == 3 and all(t.user_attrs["nodes"] == (2 if t.params["devices"] == 4 else 1)
-                                                  for t in trials)
+    assert len(set(jobs.values())) == 3 and all(
+        t.user_attrs["nodes"] == (2 if t.params["devices"] == 4 else 1) for t in trials
+    )
     assert len(trials) == len(runs) == len(table) == 3 and running == 0
     for r in runs:  # the job id and node count on each MLflow run
         assert r.data.tags["parallax.slurm_job_id"] in jobs.values() and r.data.tags["parallax.nodes"] in "12"
@@ -75,13 +90,22 @@ def test_sweep_points_span_nodes_and_k4_matches_single(on_cluster, make_cfg, tmp
     # both nodes are this one machine (2 cores): 4 ranks share them, tagged as such
     k4_metrics = next(t.user_attrs["metrics"] for t in trials if t.params["devices"] == 4)
     assert k4["oversubscribed"] is True and {d.split(":")[0] for d in k4_metrics["mem_devices"]} == {"node0", "node1"}
-    print("FIGURE slurm_sweep_points=" + json.dumps(sorted((r["devices"], r["nnodes"], jobs[r["devices"]])
-                                                           for r in table)))
+    print(
+        "FIGURE slurm_sweep_points="
+        + json.dumps(sorted((r["devices"], r["nnodes"], jobs[r["devices"]]) for r in table))
+    )
     k4_trial = next(t.number for t in trials if t.params["devices"] == 4)
-    got = torch.load(tmp_path / "runs" / "trials" / f"{study.study_name}-{k4_trial:04d}" / "final_state.pt",
-                     weights_only=True)
-    ref_cfg = make_cfg("train.strategy=single", "train.batch_size=64", "train.lr=0.5", "train.max_steps=1",
-                       "data.train_limit=128", "data.test_limit=64")
+    got = torch.load(
+        tmp_path / "runs" / "trials" / f"{study.study_name}-{k4_trial:04d}" / "final_state.pt", weights_only=True
+    )
+    ref_cfg = make_cfg(
+        "train.strategy=single",
+        "train.batch_size=64",
+        "train.lr=0.5",
+        "train.max_steps=1",
+        "data.train_limit=128",
+        "data.test_limit=64",
+    )
     run_trial(ref_cfg, tmp_path / "single", progress=False)
     ref = torch.load(tmp_path / "single" / "final_state.pt", weights_only=True)
     for k in ref:
@@ -111,6 +135,7 @@ def _sweep_in_thread(cfg, strategy, out):
             run_sweep(cfg, strategy, out)
         except BaseException as e:  # noqa: BLE001 - re-raised by the test
             box["error"] = e
+
     th = threading.Thread(target=go, daemon=True)
     th.start()
     return th, box
@@ -133,14 +158,20 @@ def test_scancel_reenqueues_the_trial_and_the_study_finishes_without_repeats(on_
     assert sorted(complete) == [0.1, 0.2]  # each point once: no repeat
     assert len(trials) == len(runs) == len(table) == 3 and running == 0
     assert "enqueued again" in err and slurm.job(job).get("JobState") == "CANCELLED"
-    print(f"FIGURE slurm_scancel_counts optuna={len(trials)} mlflow={len(runs)} rows={len(table)} running={running} "
-          f"job={job}")
+    print(
+        f"FIGURE slurm_scancel_counts optuna={len(trials)} mlflow={len(runs)} rows={len(table)} running={running} "
+        f"job={job}"
+    )
 
 
 def test_a_node_lost_mid_trial_fails_the_trial_with_the_reason(on_cluster, slurm, tmp_path):
     """Last in this module: node2 stays down."""
-    cfg = on_cluster("train.epochs=400", "sweep.trial_timeout_s=300", "data.train_limit=256",
-                     "sweep.spaces.ddp={devices: [4], batch_size: [64], lr: [0.1]}")
+    cfg = on_cluster(
+        "train.epochs=400",
+        "sweep.trial_timeout_s=300",
+        "data.train_limit=256",
+        "sweep.spaces.ddp={devices: [4], batch_size: [64], lr: [0.1]}",
+    )
     out = tmp_path / "ddp.jsonl"
     th, box = _sweep_in_thread(cfg, "ddp", out)
     number, job = _running_job(cfg, "ddp")

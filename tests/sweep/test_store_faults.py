@@ -5,6 +5,7 @@ leaves no traceback and no run RUNNING that could have been ended.
 
     .venv/bin/python -m pytest tests/sweep/test_store_faults.py
 """
+
 from __future__ import annotations
 
 import errno
@@ -19,13 +20,16 @@ from pathlib import Path
 import optuna
 import pytest
 
-from pipeline.config import loader as configmod
-from pipeline.tracking import client as tracking
 from pipeline.cli import main
+from pipeline.config import loader as configmod
 from pipeline.sweep.stage import open_storage, study_name
+from pipeline.tracking import client as tracking
 
 from ..analysis.test_analyze import row, write
-from .test_faults import _runs, repo  # noqa: F401  (the fixture)
+from . import test_faults
+from .test_faults import _runs
+
+repo = test_faults.repo  # the fixture (an assignment: an imported fixture used as an argument reads as F811)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,7 +43,8 @@ def _sweeps(tmp_path, synthetic_root) -> Path:
 
 
 def test_a_full_disk_while_analyze_logs_artifacts_ends_its_run_failed_with_one_message(
-        make_cfg, tmp_path, synthetic_root, monkeypatch, capsys):
+    make_cfg, tmp_path, synthetic_root, monkeypatch, capsys
+):
     """Proves: the file system under mlruns/ filling up while the analysis run's artifacts are copied ends that run
     FAILED (read back from the store), and the user reads one message naming the full disk and its path."""
     make_cfg()
@@ -47,6 +52,7 @@ def test_a_full_disk_while_analyze_logs_artifacts_ends_its_run_failed_with_one_m
 
     def full(self, run_id, path, subdir=None):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "mlruns" / "artifacts" / "x.png"))
+
     monkeypatch.setattr(tracking.Tracker, "log_artifacts", full)
     code = main(["analyze", "--sweeps", str(sweeps), "--out", str(tmp_path / "analysis")])
     err = " ".join(capsys.readouterr().err.split())
@@ -60,8 +66,12 @@ def _mount_tmpfs(where: Path, size: str) -> bool:
     where.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 @pytest.mark.slow
@@ -73,8 +83,18 @@ def test_a_really_full_file_system_under_mlruns_leaves_no_analysis_run_running(t
     if not _mount_tmpfs(mlruns, "4m"):
         pytest.skip("mounting a tmpfs needs root (and a kernel that allows it here)")
     env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "pipeline", "analyze", "--params", str(tmp_path / "params.yaml"), "--sweeps",
-           str(sweeps), "--out", str(tmp_path / "analysis")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "analyze",
+        "--params",
+        str(tmp_path / "params.yaml"),
+        "--sweeps",
+        str(sweeps),
+        "--out",
+        str(tmp_path / "analysis"),
+    ]
     try:
         assert subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, timeout=300).returncode == 0
         free = os.statvfs(mlruns).f_bavail * os.statvfs(mlruns).f_frsize
@@ -93,19 +113,25 @@ def test_a_really_full_file_system_under_mlruns_leaves_no_analysis_run_running(t
 def _locked():
     import sqlalchemy.exc
     from mlflow.exceptions import MlflowException
+
     cause = sqlalchemy.exc.OperationalError("UPDATE runs SET ...", {}, Exception("database is locked"))
     try:  # as MLflow's SQLAlchemy store reports it: a logged traceback, then MlflowException from the error
         raise cause
     except sqlalchemy.exc.OperationalError as e:
-        logging.getLogger("mlflow.store.db.utils").exception("SQLAlchemy database error. The following exception "
-                                                             "is caught.\n%s", e)
+        logging.getLogger("mlflow.store.db.utils").exception(
+            "SQLAlchemy database error. The following exception is caught.\n%s", e
+        )
         err = MlflowException(message=e, error_code="TEMPORARILY_UNAVAILABLE")
         err.__cause__ = e
         return err
 
 
-def test_a_locked_tracking_store_mid_sweep_says_so_and_claims_nothing_false(repo, tmp_path, monkeypatch,  # noqa: F811
-                                                                             capsys):
+def test_a_locked_tracking_store_mid_sweep_says_so_and_claims_nothing_false(
+    repo,
+    tmp_path,
+    monkeypatch,  # noqa: F811
+    capsys,
+):
     """Proves: mlflow.db locked by another process mid-sweep (every MLflow write fails "database is locked") gives
     one message naming the lock, no traceback, and the trial's MLflow run state as it is (never "ended FAILED"
     when its end could not be written)."""
@@ -113,6 +139,7 @@ def test_a_locked_tracking_store_mid_sweep_says_so_and_claims_nothing_false(repo
 
     def locked(*a, **kw):
         raise _locked()
+
     monkeypatch.setattr(tracking, "log_completed_run", locked)
     monkeypatch.setattr(tracking.Tracker, "end_run", locked)
     monkeypatch.setattr(tracking.Tracker, "set_tags", locked)
@@ -127,17 +154,23 @@ def test_a_locked_tracking_store_mid_sweep_says_so_and_claims_nothing_false(repo
 
 def _refused():
     import sqlalchemy.exc
-    cause = sqlalchemy.exc.OperationalError("SELECT ...", {}, Exception(
-        'connection failed: connection to server at "127.0.0.1", port 5432 failed: Connection refused'))
+
+    cause = sqlalchemy.exc.OperationalError(
+        "SELECT ...",
+        {},
+        Exception('connection failed: connection to server at "127.0.0.1", port 5432 failed: Connection refused'),
+    )
     err = optuna.exceptions.StorageInternalError(
         "An exception is raised during the commit. This typically happens due to invalid data in the commit, e.g. "
-        "exceeding max length. ")
+        "exceeding max length. "
+    )
     err.__cause__ = cause
     return err
 
 
 def test_an_unreachable_optuna_store_mid_sweep_names_the_cause_and_no_reenqueue_that_failed(
-        repo, tmp_path, monkeypatch, capsys):  # noqa: F811
+    repo, tmp_path, monkeypatch, capsys
+):  # noqa: F811
     """Proves: the Optuna store going down mid-trial (Optuna wraps the driver's "Connection refused" into "... e.g.
     exceeding max length") is reported by its real cause, and the message claims a re-enqueue only if it happened."""
     cfg = repo()
@@ -153,10 +186,15 @@ def test_an_unreachable_optuna_store_mid_sweep_names_the_cause_and_no_reenqueue_
             if gone.is_set():
                 raise _refused()
             return real(*a, **kw)
+
         return call
+
     monkeypatch.setattr(tracking, "log_completed_run", down)
-    for cls, name in ((optuna.study.Study, "tell"), (optuna.study.Study, "enqueue_trial"),
-                      (optuna.trial.Trial, "set_user_attr")):
+    for cls, name in (
+        (optuna.study.Study, "tell"),
+        (optuna.study.Study, "enqueue_trial"),
+        (optuna.trial.Trial, "set_user_attr"),
+    ):
         monkeypatch.setattr(cls, name, unless_down(getattr(cls, name)))
     code = main(["sweep", "--strategy", "single"])
     err = " ".join(capsys.readouterr().err.split())
@@ -181,6 +219,7 @@ def _black_hole():
                 held.append(srv.accept()[0])
             except OSError:
                 return
+
     threading.Thread(target=serve, daemon=True).start()
     return srv, held
 
@@ -189,16 +228,33 @@ def test_an_optuna_store_that_accepts_and_never_answers_fails_within_a_bound(mak
     """Proves: a sweep whose PostgreSQL storage accepts the TCP connection and never answers says so within the
     store timeout (PARALLAX_STORE_TIMEOUT_S), having said what it waits for, instead of waiting without end."""
     make_cfg()
-    (tmp_path / "params.yaml").write_text(f"profile: ''\ndata: {{source: synthetic, dir: {synthetic_root}, "
-                                          f"train_limit: 256, test_limit: 128}}\n")
+    (tmp_path / "params.yaml").write_text(
+        f"profile: ''\ndata: {{source: synthetic, dir: {synthetic_root}, train_limit: 256, test_limit: 128}}\n"
+    )
     srv, held = _black_hole()
     try:
         env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(REPO), "PARALLAX_STORE_TIMEOUT_S": "3"}
         url = f"postgresql://parallax@127.0.0.1:{srv.getsockname()[1]}/optuna"
         try:
-            p = subprocess.run([sys.executable, "-m", "pipeline", "sweep", "--strategy", "single", "--params",
-                                str(tmp_path / "params.yaml"), "--set", f"sweep.storage={url}"],
-                               env=env, cwd=tmp_path, capture_output=True, text=True, timeout=90)
+            p = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pipeline",
+                    "sweep",
+                    "--strategy",
+                    "single",
+                    "--params",
+                    str(tmp_path / "params.yaml"),
+                    "--set",
+                    f"sweep.storage={url}",
+                ],
+                env=env,
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=90,
+            )
         except subprocess.TimeoutExpired:
             pytest.fail("the sweep waited 90 s on a store that never answers, without giving up")
         err = " ".join(p.stderr.split())

@@ -1,6 +1,7 @@
 """Store faults met after a kill or a hand edit: an MLflow experiment deleted in the UI, an artifact folder that
 cannot be written, an Optuna store lost mid-sweep, and MLflow runs left RUNNING by a SIGKILLed command. Each is named
 before anything runs, or repaired by the next run; none leaves a run RUNNING or ends in a generic error."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,9 +9,9 @@ import sys
 
 import pytest
 
+from pipeline.errors import Stopped, StoreError
 from pipeline.sweep import stage as sweep
 from pipeline.tracking import client as tracking
-from pipeline.errors import Stopped, StoreError
 
 ONE_POINT = ["sweep.strategies=[single]", "sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}"]
 
@@ -50,6 +51,7 @@ def test_an_optuna_store_lost_mid_sweep_still_ends_the_parent_run(make_cfg, tmp_
         (tmp_path / "mlruns" / "optuna.db").unlink()
         monkeypatch.setattr(sweep.claims, "running", unanswered)
         raise RuntimeError("the store went away")
+
     monkeypatch.setattr(sweep, "run_one", lose_the_store)
     with pytest.raises(Stopped):
         sweep.run_sweep(cfg, "single", tmp_path / "single.jsonl")
@@ -75,8 +77,9 @@ def test_a_run_left_running_by_a_killed_command_is_ended_by_the_next(make_cfg, t
     tr = tracking.Tracker(cfg)
     live = tr.start_run("live", {"stage": "train"})
     args = ["profile=", "data.source=synthetic", f"data.dir={cfg.data.dir}"]
-    out = subprocess.run([sys.executable, "-c", _KILLED, *args], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", _KILLED, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     dead = out.stdout.strip()
     assert dead, out.stderr
     assert tr.client.get_run(dead).info.status == "RUNNING"
@@ -95,10 +98,12 @@ def test_a_second_ctrl_c_during_a_trial_teardown_is_an_interruption(make_cfg, tm
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     from pipeline.errors import Interrupted
+
     cfg = make_cfg(*ONE_POINT)
 
     def second_ctrl_c(*a, **k):
         raise SignalException("Process 1 got signal: 2", sigval=signal.SIGINT)
+
     monkeypatch.setattr("pipeline.trial.launch.run_trial", second_ctrl_c)  # the local runner looks it up there
     with pytest.raises(Interrupted) as e:
         sweep.run_sweep(cfg, "single", tmp_path / "single.jsonl")

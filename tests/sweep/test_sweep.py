@@ -1,4 +1,5 @@
 """A tiny study end to end: CSV rows, Optuna trial states, MLflow parent/child runs, failure, resume."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from pipeline.tracking import client as tracking
 from pipeline.sweep.stage import open_storage, points, run_sweep, study_name
+from pipeline.tracking import client as tracking
 
 TINY = """
 data: {{train_limit: 512, test_limit: 256}}
@@ -26,6 +27,7 @@ def tiny(make_cfg, tmp_path):
     def make(bad_lr=100.0, *sets):
         (tmp_path / "experiments" / "tiny.yaml").write_text(TINY.format(bad_lr=bad_lr))
         return make_cfg(*sets, profile="tiny")
+
     (tmp_path / "experiments").mkdir(exist_ok=True)
     return make
 
@@ -94,6 +96,7 @@ def test_n_trials_0_sets_the_study_up_and_says_it_runs_nothing_by_design(tiny, t
 
 def test_unavailable_strategy_rows_say_why(tiny, tmp_path):
     from pipeline.host.devices import probe
+
     if probe().kind == "cuda":
         pytest.skip("dp is available on CUDA hosts")
     out = tmp_path / "dp.jsonl"
@@ -135,8 +138,9 @@ def test_pruning_reaches_a_multiprocess_trial_through_rank_0(tiny, tmp_path, mon
     reported = []
     monkeypatch.setattr(optuna.Trial, "report", lambda self, value, step: reported.append((value, step)))
     monkeypatch.setattr(optuna.Trial, "should_prune", lambda self: True)
-    cfg = tiny(100.0, "sweep.pruning=true", "train.epochs=3",
-               "sweep.spaces.ddp={devices: [2], batch_size: [64], lr: [0.1]}")
+    cfg = tiny(
+        100.0, "sweep.pruning=true", "train.epochs=3", "sweep.spaces.ddp={devices: [2], batch_size: [64], lr: [0.1]}"
+    )
     out = tmp_path / "ddp.jsonl"
     run_sweep(cfg, "ddp", out)
     rows = [r for r in read(out) if r["state"] != "skipped"]
@@ -160,8 +164,9 @@ def test_unselected_strategy_writes_a_table_saying_so_and_opens_no_store(tiny, t
 def test_a_table_written_while_another_worker_starts_a_trial_has_its_whole_point():
     """Another worker's trial, claimed and half-way through suggesting its params (model and devices so far), is
     written as its enqueued point, not a KeyError that stops this worker's sweep."""
-    from pipeline.sweep import queue as claims
     from pipeline.records.table import trial_row
+    from pipeline.sweep import queue as claims
+
     study = optuna.create_study(storage=optuna.storages.RDBStorage("sqlite:///:memory:", heartbeat_interval=1))
     point = {"model": "lenet", "devices": 2, "batch_size": 128, "lr": 0.1}
     study.enqueue_trial(point)

@@ -1,4 +1,5 @@
 """tools/screenshots.py without a browser: its arguments, and the errors it gives when a requirement is missing."""
+
 import subprocess
 import sys
 

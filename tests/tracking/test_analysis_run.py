@@ -1,18 +1,22 @@
 """The MLflow `analysis` run carries the figures (keyed images and artifacts); trial runs carry MLflow's system
 metrics only when tracking.system_metrics is on."""
+
 from __future__ import annotations
 
 import pytest
 
-from pipeline.tracking import analysis_run, client as tracking
 from pipeline.cli import main
+from pipeline.tracking import analysis_run
+from pipeline.tracking import client as tracking
 
 from ..analysis.test_analyze import row, write
 
 
 def _params(tmp_path, synthetic_root):
-    (tmp_path / "params.yaml").write_text(f"profile: ''\ndata: {{source: synthetic, dir: {synthetic_root}, "
-                                          f"train_limit: 512, test_limit: 256}}\ntrain: {{warmup_steps: 1}}\n")
+    (tmp_path / "params.yaml").write_text(
+        f"profile: ''\ndata: {{source: synthetic, dir: {synthetic_root}, "
+        f"train_limit: 512, test_limit: 256}}\ntrain: {{warmup_steps: 1}}\n"
+    )
 
 
 def test_analysis_run_carries_figures_and_numbers(make_cfg, tmp_path, synthetic_root):
@@ -50,8 +54,28 @@ def _trial(make_cfg, tmp_path, synthetic_root, *sets):
     cfg = make_cfg(*sets)
     _params(tmp_path, synthetic_root)
     out = tmp_path / "t"
-    assert main(["train", "--strategy", "single", "--devices", "1", "--epochs", "1", "--max-steps", "4",
-                 "--batch-size", "64", "--out", str(out), "--quiet", *[x for s in sets for x in ("--set", s)]]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--strategy",
+                "single",
+                "--devices",
+                "1",
+                "--epochs",
+                "1",
+                "--max-steps",
+                "4",
+                "--batch-size",
+                "64",
+                "--out",
+                str(out),
+                "--quiet",
+                *[x for s in sets for x in ("--set", s)],
+            ]
+        )
+        == 0
+    )
     (run,) = tracking.Tracker(cfg).find_runs("tags.dvc_stage = 'train'")
     return run
 
@@ -64,8 +88,9 @@ def test_system_metrics_are_off_by_default(make_cfg, tmp_path, synthetic_root):
 
 def test_system_metrics_when_asked(make_cfg, tmp_path, synthetic_root):
     pytest.importorskip("psutil", reason="MLflow's system metrics need psutil")
-    run = _trial(make_cfg, tmp_path, synthetic_root, "tracking.system_metrics=true",
-                 "tracking.system_metrics_interval_s=0.1")
+    run = _trial(
+        make_cfg, tmp_path, synthetic_root, "tracking.system_metrics=true", "tracking.system_metrics_interval_s=0.1"
+    )
     m = run.data.metrics
     assert "system/cpu_utilization_percentage" in m and "system/system_memory_usage_megabytes" in m
     assert "mem/peak_mib/dev0" in m  # beside the allocator's per-device peaks, never instead

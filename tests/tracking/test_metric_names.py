@@ -1,5 +1,6 @@
 """What a trial's and the analysis run's MLflow metrics are: headline names sort first, the breakdown is one table,
 numbers are rounded, and the analysis run carries headline numbers rather than one metric per summary field."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,14 +8,31 @@ import pytest
 from pipeline.records.trial import TrialRecord
 from pipeline.tracking import metric_names as names
 
-BD = {"samples": 3, "step_s": 0.1, "residual_s": 0.01,
-      "parts_s": {"data": 0.01, "forward": 0.02, "backward_compute": 0.04, "comm_exposed": 0.01,
-                  "optimizer": 0.01, "idle": 0.0}}
+BD = {
+    "samples": 3,
+    "step_s": 0.1,
+    "residual_s": 0.01,
+    "parts_s": {
+        "data": 0.01,
+        "forward": 0.02,
+        "backward_compute": 0.04,
+        "comm_exposed": 0.01,
+        "optimizer": 0.01,
+        "idle": 0.0,
+    },
+}
 
 
 def _record(**kw):
-    return TrialRecord(throughput_img_s=1234.5678, test_acc=[0.5, 0.876543], peak_mem_bytes=[12_345_678.0],
-                       mem_imbalance=1.0123456, wall_s=3.3333333, breakdown=BD, **kw)
+    return TrialRecord(
+        throughput_img_s=1234.5678,
+        test_acc=[0.5, 0.876543],
+        peak_mem_bytes=[12_345_678.0],
+        mem_imbalance=1.0123456,
+        wall_s=3.3333333,
+        breakdown=BD,
+        **kw,
+    )
 
 
 def test_headline_names_sort_before_memory_and_timings():
@@ -25,7 +43,8 @@ def test_headline_names_sort_before_memory_and_timings():
     assert keys == sorted(keys)
     assert keys[:2] == [names.FINAL_ACC, names.THROUGHPUT]
     assert max(keys.index(names.FINAL_ACC), keys.index(names.THROUGHPUT)) < min(
-        i for i, k in enumerate(keys) if k.startswith(("mem/", "perf/")))
+        i for i, k in enumerate(keys) if k.startswith(("mem/", "perf/"))
+    )
     assert not any(k.startswith("breakdown/") for k in m)
     curve = names.epoch_metrics({"train_loss": 2.0, "test_acc": 0.5, "epoch_s": 1.0, "throughput_img_s": 10.0})
     assert set(curve) == {names.LOSS, names.ACC, names.EPOCH_S, names.EPOCH_IMG_S}
@@ -57,12 +76,32 @@ def test_analysis_run_carries_counts_and_headline_numbers_only():
     """The analysis run logs the counts (measured vs flagged too) and up to four headline numbers per strategy, in
     chart sections that sort after the figures, not every number of summary.json (its figures compare the
     strategies)."""
-    summary = {"n_trials": 4, "n_complete": 3, "n_measured": 2, "n_flagged": 1, "synthetic_data": True,
-               "strategies": {"ddp": {"status": "measured", "best_throughput_img_s": 900.56, "n_complete": 3,
-                                      "weak_efficiency": 0.812345, "largest_k": 2, "max_dev0_excess_bytes": 5,
-                                      "best_throughput_at": {"k": 2}, "parallel_devices": True}}}
+    summary = {
+        "n_trials": 4,
+        "n_complete": 3,
+        "n_measured": 2,
+        "n_flagged": 1,
+        "synthetic_data": True,
+        "strategies": {
+            "ddp": {
+                "status": "measured",
+                "best_throughput_img_s": 900.56,
+                "n_complete": 3,
+                "weak_efficiency": 0.812345,
+                "largest_k": 2,
+                "max_dev0_excess_bytes": 5,
+                "best_throughput_at": {"k": 2},
+                "parallel_devices": True,
+            }
+        },
+    }
     assert names.analysis_metrics(summary) == {
-        "strategy/ddp/best_throughput_img_s": 900.6, "strategy/ddp/weak_efficiency": 0.8123,
-        "summary/n_complete": 3, "summary/n_flagged": 1, "summary/n_measured": 2, "summary/n_trials": 4}
+        "strategy/ddp/best_throughput_img_s": 900.6,
+        "strategy/ddp/weak_efficiency": 0.8123,
+        "summary/n_complete": 3,
+        "summary/n_flagged": 1,
+        "summary/n_measured": 2,
+        "summary/n_trials": 4,
+    }
     # chart sections in name order: the figures first, then the strategies' numbers, then the counts
     assert names.FIGURES < "strategy" < "summary"

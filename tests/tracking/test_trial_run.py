@@ -1,5 +1,6 @@
 """tracking.trial_run.TrialRun: a trial's MLflow run ends exactly once, with the status its block's outcome calls
 for, and is never left RUNNING by a refused FINISHED write. A fake store records each write."""
+
 from __future__ import annotations
 
 import pytest

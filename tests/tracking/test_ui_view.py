@@ -1,6 +1,7 @@
 """The MLflow runs-table view Parallax shares (pipeline/tracking/ui_view.py): written as MLflow's own share tag on a
 real
 store, with the columns the store has, and still matching what the installed MLflow UI reads."""
+
 import json
 import re
 from pathlib import Path
@@ -33,8 +34,12 @@ def test_publish_writes_mlflows_share_tag_with_the_columns_the_store_has(tmp_pat
     route = ui_view.publish_view(client, exp)
     tag = client.get_experiment(exp).tags["mlflow.sharedViewState.parallax"]
     state = json.loads(tag)
-    assert state["selectedColumns"] == ["params.`devices`", "params.`batch_size`", "metrics.`img_s/throughput`",
-                                        "attributes.`Dataset`"]
+    assert state["selectedColumns"] == [
+        "params.`devices`",
+        "params.`batch_size`",
+        "metrics.`img_s/throughput`",
+        "attributes.`Dataset`",
+    ]
     assert state["runsExpanded"] == {}  # MLflow does not share expanded rows: the studies show their summaries
     assert state["lifecycleFilter"] == "Active" and state["runsPinned"] == [] and state["groupBy"] is None
     assert route == f"#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey=parallax"
@@ -57,6 +62,7 @@ def test_a_refused_tag_is_a_warning_not_a_failure(capsys):
 
         def set_experiment_tag(self, *a):
             raise PermissionError("read-only store")
+
     assert ui_view.publish_view(ReadOnly(), "1") is None
     assert "runs-table view was not written (PermissionError: read-only store)" in capsys.readouterr().err
 
@@ -81,8 +87,9 @@ def test_the_installed_mlflow_ui_reads_this_tag_link_and_state():
     # every field the UI keeps is set (it replaces its state with the shared one); charts' own config may be unset
     assert ui_fields - ours <= {"compareRunCharts", "compareRunSections", "chartsSearchFilter"}, ui_fields - ours
     assert ours <= ui_fields, ours - ui_fields  # nothing the UI does not know
-    facets = re.search(r'\["searchFilter","orderByKey",[^\]]*\]', "".join(p.read_text(errors="replace")
-                                                                          for p in BUNDLE.glob("*.js")))
+    facets = re.search(
+        r'\["searchFilter","orderByKey",[^\]]*\]', "".join(p.read_text(errors="replace") for p in BUNDLE.glob("*.js"))
+    )
     assert facets and set(json.loads(facets.group(0))) == set(ui_view.FACETS)
 
 
@@ -93,11 +100,16 @@ def test_the_view_shows_the_latest_pipeline_run_with_columns_in_reading_order(tm
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.create_experiment("parallax", artifact_location=(tmp_path / "artifacts").as_uri())
     for n, group in enumerate(("exp-old", "exp-new")):
-        parent = client.create_run(exp, run_name=f"{group} · study ddp", start_time=1000 * (n + 1),
-                                   tags={"parallax.pipeline_run": group})
+        parent = client.create_run(
+            exp, run_name=f"{group} · study ddp", start_time=1000 * (n + 1), tags={"parallax.pipeline_run": group}
+        )
         client.log_metric(parent.info.run_id, "study/weak_efficiency_max_k", 0.9)
-        run = client.create_run(exp, run_name="ddp k=2", start_time=1000 * (n + 1) + 1, tags={
-            "mlflow.parentRunId": parent.info.run_id, "parallax.pipeline_run": group})
+        run = client.create_run(
+            exp,
+            run_name="ddp k=2",
+            start_time=1000 * (n + 1) + 1,
+            tags={"mlflow.parentRunId": parent.info.run_id, "parallax.pipeline_run": group},
+        )
         for k, v in {"strategy": "ddp", "devices": 2, "batch_size": 64, "lr": 0.1}.items():
             client.log_param(run.info.run_id, k, v)
         for k, v in {"flagged": 1.0, "acc/final_test": 0.5, "mem/peak_mib": 12.0, "img_s/throughput": 10.0}.items():
@@ -105,8 +117,15 @@ def test_the_view_shows_the_latest_pipeline_run_with_columns_in_reading_order(tm
     state = ui_view.publish(client, exp)
     assert state["searchFilter"] == "tags.`parallax.pipeline_run` = 'exp-new'"
     assert state["selectedColumns"][:9] == [
-        "params.`strategy`", "params.`devices`", "params.`batch_size`", "params.`lr`", "metrics.`img_s/throughput`",
-        "metrics.`study/weak_efficiency_max_k`", "metrics.`mem/peak_mib`", "metrics.`acc/final_test`",
-        "metrics.`flagged`"]
+        "params.`strategy`",
+        "params.`devices`",
+        "params.`batch_size`",
+        "params.`lr`",
+        "metrics.`img_s/throughput`",
+        "metrics.`study/weak_efficiency_max_k`",
+        "metrics.`mem/peak_mib`",
+        "metrics.`acc/final_test`",
+        "metrics.`flagged`",
+    ]
     shown = client.search_runs([exp], filter_string=state["searchFilter"])
     assert {r.info.run_name for r in shown} == {"exp-new · study ddp", "ddp k=2"} and len(shown) == 2

@@ -1,5 +1,6 @@
 """What the viewers show: MLflow (experiment kind, learning curves, MiB, dataset input, host tags, study summaries,
 unavailable studies, analysis metrics) and Optuna (metric name, numeric user attributes, optuna-dashboard)."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,10 @@ import urllib.request
 import optuna
 import pytest
 
-from pipeline.sweep import study_view
-from pipeline.tracking import client as tracking
 from pipeline.records.trial import TrialRecord
+from pipeline.sweep import study_view
 from pipeline.sweep.stage import open_storage, run_sweep, space_hash, study_name
+from pipeline.tracking import client as tracking
 
 PROFILE = """
 data: {train_limit: 512, test_limit: 256}
@@ -75,6 +76,7 @@ def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
 
     # the analysis run carries summary.json's numbers as metrics
     from pipeline.cli import main
+
     sweeps = tmp_path / "results" / "sweeps"
     sweeps.mkdir(parents=True)
     (tmp_path / "single.jsonl").rename(sweeps / "single.jsonl")
@@ -84,11 +86,13 @@ def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
     summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
     assert analysis.data.metrics["summary/n_complete"] == summary["n_complete"] == 1
     assert analysis.data.metrics["strategy/single/best_throughput_img_s"] == pytest.approx(  # rounded: 4 digits
-        summary["strategies"]["single"]["best_throughput_img_s"], rel=1e-3)
+        summary["strategies"]["single"]["best_throughput_img_s"], rel=1e-3
+    )
 
 
 def test_unavailable_study_says_why(views, tmp_path):
     from pipeline.host.devices import probe
+
     if probe().kind == "cuda":
         pytest.skip("dp is available on CUDA hosts")
     run_sweep(views, "dp", tmp_path / "dp.jsonl")
@@ -110,11 +114,27 @@ def test_existing_experiment_gets_the_kind_tag(make_cfg):
 
 
 def test_summary_numbers_become_analysis_metrics():
-    summary = {"n_trials": 4, "n_complete": 3, "synthetic_data": True, "host": "h", "target_acc": None,
-               "strategies": {"ddp": {"status": "measured", "best_throughput_img_s": 900.5, "n_complete": 3,
-                                      "best_throughput_at": {"k": 2}, "parallel_devices": True}}}
-    assert tracking.summary_metrics(summary) == {"summary/n_complete": 3, "summary/n_trials": 4,
-                                                 "strategy/ddp/best_throughput_img_s": 900.5}
+    summary = {
+        "n_trials": 4,
+        "n_complete": 3,
+        "synthetic_data": True,
+        "host": "h",
+        "target_acc": None,
+        "strategies": {
+            "ddp": {
+                "status": "measured",
+                "best_throughput_img_s": 900.5,
+                "n_complete": 3,
+                "best_throughput_at": {"k": 2},
+                "parallel_devices": True,
+            }
+        },
+    }
+    assert tracking.summary_metrics(summary) == {
+        "summary/n_complete": 3,
+        "summary/n_trials": 4,
+        "strategy/ddp/best_throughput_img_s": 900.5,
+    }
 
 
 def _free_port() -> int:
@@ -129,15 +149,30 @@ def test_optuna_dashboard_reads_the_study_back(tmp_path):
     study = optuna.create_study(study_name="views-single-0123456789", storage=url, direction="maximize")
     study_view.name_study(study, "single", "views", "0123456789")
     trial = study.ask()
-    study_view.set_trial_numbers(trial, TrialRecord(throughput_img_s=1234.5, test_acc=[0.5, 0.8],
-                                                    peak_mem_bytes=[2**21, 2**20], mem_imbalance=1.33,
-                                                    epoch_s=[1.0, 2.0]))
+    study_view.set_trial_numbers(
+        trial,
+        TrialRecord(
+            throughput_img_s=1234.5,
+            test_acc=[0.5, 0.8],
+            peak_mem_bytes=[2**21, 2**20],
+            mem_imbalance=1.33,
+            epoch_s=[1.0, 2.0],
+        ),
+    )
     study.tell(trial, 0.8)
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-c", "import sys, optuna_dashboard; "
-                               "optuna_dashboard.run_server(sys.argv[1], host='127.0.0.1', port=int(sys.argv[2]))",
-         url, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-c",
+            "import sys, optuna_dashboard; "
+            "optuna_dashboard.run_server(sys.argv[1], host='127.0.0.1', port=int(sys.argv[2]))",
+            url,
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline, studies = time.monotonic() + 60, None
         while studies is None:

@@ -3,6 +3,7 @@ and failure), and `pipeline ui` starts no MLflow job runners and leaves nothing 
 
     .venv/bin/python -m pytest tests/trial/test_cleanup.py
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,14 @@ def test_trials_leave_nothing_in_the_temp_dir_on_success_or_failure(tmp_path, sy
     (root / "experiments" / "t.yaml").write_text(PROFILE)
     (root / "params.yaml").write_text(f"profile: t\ndata: {{source: synthetic, dir: {synthetic_root}}}\n")
     env = {**os.environ, "DVC_ROOT": str(root), "PYTHONPATH": str(REPO), "TMPDIR": str(systmp)}
-    p = subprocess.run([sys.executable, "-m", "pipeline", "sweep", "--strategy", "ddp"], cwd=root, env=env,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "pipeline", "sweep", "--strategy", "ddp"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "trial 1/2 -> failed (diverged" in p.stderr, p.stderr[-3000:]
     assert "trial 2/2 -> " in p.stderr, p.stderr[-3000:]  # the count goes on after a failed trial
@@ -57,9 +64,15 @@ def test_ui_starts_no_job_runners_and_leaves_nothing_in_dev_shm(make_cfg, tmp_pa
     before = {p.name for p in shm.iterdir()} if shm.is_dir() else set()
     port = _free_port()
     env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "ui", "--set", "profile=", "--port", str(port)],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "ui", "--set", "profile=", "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

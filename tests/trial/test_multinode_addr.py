@@ -1,6 +1,7 @@
 """A multi-node trial's advertised address: train.local_addr reaches torch's LaunchConfig, and a host whose name
 resolves only to a loopback address is refused at once, naming the cause and the fix, when the nodes are on
 separate machines (no hang of a minute with a message that does not say why)."""
+
 from __future__ import annotations
 
 import socket
@@ -16,6 +17,7 @@ def _loopback_named_host(monkeypatch, addr="127.0.1.1"):
         if host == "myhost":
             return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (addr, 0))]
         return real(host, *a, **k)
+
     monkeypatch.setattr(socket, "getfqdn", lambda name="": "myhost")
     monkeypatch.setattr(socket, "gethostname", lambda: "myhost")
     monkeypatch.setattr(socket, "getaddrinfo", fake)
@@ -26,6 +28,7 @@ def test_loopback_host_name_refused_for_separate_machines(make_cfg, monkeypatch)
     up front with the cause (the name's loopback address) and the fix (train.local_addr)."""
     from pipeline.host.devices import probe
     from pipeline.trial.launch import Infeasible, check_feasible
+
     _loopback_named_host(monkeypatch)
     cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.nnodes=2", "train.rdzv_endpoint=10.9.8.7:29400")
     with pytest.raises(Infeasible, match=r"(?s)myhost.*127\.0\.1\.1.*train\.local_addr"):
@@ -37,20 +40,36 @@ def test_local_addr_or_loopback_rendezvous_is_accepted(make_cfg, monkeypatch):
     as tests/trial/test_multinode.py runs them."""
     from pipeline.host.devices import probe
     from pipeline.trial.launch import check_feasible
+
     _loopback_named_host(monkeypatch)
     host = probe()
-    check_feasible(make_cfg("train.strategy=ddp", "train.devices=2", "train.nnodes=2", "train.local_addr=10.9.8.6",
-                            "train.rdzv_endpoint=10.9.8.7:29400"), host)
-    check_feasible(make_cfg("train.strategy=ddp", "train.devices=2", "train.nnodes=2",
-                            "train.rdzv_endpoint=127.0.0.1:29400"), host)
+    check_feasible(
+        make_cfg(
+            "train.strategy=ddp",
+            "train.devices=2",
+            "train.nnodes=2",
+            "train.local_addr=10.9.8.6",
+            "train.rdzv_endpoint=10.9.8.7:29400",
+        ),
+        host,
+    )
+    check_feasible(
+        make_cfg("train.strategy=ddp", "train.devices=2", "train.nnodes=2", "train.rdzv_endpoint=127.0.0.1:29400"), host
+    )
 
 
 def test_local_addr_reaches_launch_config(make_cfg):
     """train.local_addr is the address torch's elastic agent advertises (LaunchConfig.local_addr); unset, torch's own
     default (the host name) applies."""
     from pipeline.trial.ranks import rendezvous_args
-    cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.nnodes=2", "train.local_addr=10.9.8.6",
-                   "train.rdzv_endpoint=10.9.8.7:29400")
+
+    cfg = make_cfg(
+        "train.strategy=ddp",
+        "train.devices=2",
+        "train.nnodes=2",
+        "train.local_addr=10.9.8.6",
+        "train.rdzv_endpoint=10.9.8.7:29400",
+    )
     assert rendezvous_args(cfg.train)["local_addr"] == "10.9.8.6"
     cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.nnodes=2", "train.rdzv_endpoint=10.9.8.7:29400")
     assert rendezvous_args(cfg.train)["local_addr"] is None
@@ -78,6 +97,7 @@ def test_two_nodes_on_this_host_advertising_local_addr(tmp_path, synthetic_root)
     from pathlib import Path
 
     from pipeline.trial.launch import _addresses, _loopback_only
+
     addr = _own_routable_address()
     if addr is None:
         pytest.skip("this host has no routable IPv4 address")
@@ -89,13 +109,52 @@ def test_two_nodes_on_this_host_advertising_local_addr(tmp_path, synthetic_root)
 
     def node(n, *extra):
         return subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "train", "--strategy", "ddp", "--devices", "2", "--batch-size", "64",
-             "--max-steps", "1", "--no-track", "--quiet", "--set", f"data.dir={synthetic_root}",
-             "--set", "data.source=synthetic", "--set", "profile=", "--set", "data.train_limit=128",
-             "--set", "data.test_limit=64", "--set", "train.warmup_steps=1", "--set", "train.nnodes=2",
-             "--set", f"train.node_rank={n}", "--set", f"train.rdzv_endpoint={addr}:{port}",
-             "--set", "train.rdzv_id=addr-test", "--out", str(tmp_path / f"node{n}"), *extra],
-            cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "train",
+                "--strategy",
+                "ddp",
+                "--devices",
+                "2",
+                "--batch-size",
+                "64",
+                "--max-steps",
+                "1",
+                "--no-track",
+                "--quiet",
+                "--set",
+                f"data.dir={synthetic_root}",
+                "--set",
+                "data.source=synthetic",
+                "--set",
+                "profile=",
+                "--set",
+                "data.train_limit=128",
+                "--set",
+                "data.test_limit=64",
+                "--set",
+                "train.warmup_steps=1",
+                "--set",
+                "train.nnodes=2",
+                "--set",
+                f"train.node_rank={n}",
+                "--set",
+                f"train.rdzv_endpoint={addr}:{port}",
+                "--set",
+                "train.rdzv_id=addr-test",
+                "--out",
+                str(tmp_path / f"node{n}"),
+                *extra,
+            ],
+            cwd=repo,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
     if _loopback_only(_addresses(socket.getfqdn())):
         out = node(1).communicate(timeout=120)[0]  # alone: only the up-front check can end it with this message
         assert "train.local_addr" in out and "loopback" in out, out[-2000:]

@@ -2,6 +2,7 @@
 a partition (node 0's whole process group stopped: its connections stay open, nothing answers) ends node 1's trial
 within a bound derived from train.timeout_s with a Parallax error naming the rendezvous host; a rank killed on one
 node ends both nodes' trial with a reason."""
+
 from __future__ import annotations
 
 import os
@@ -28,16 +29,62 @@ def _start_nodes(tmp_path, synthetic_root, port):
     """Both nodes of a trial that trains until stopped, each in its own process group; returns once one rank has
     finished an epoch (both nodes train)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "DVC_ROOT": str(tmp_path)}
-    common = ["--batch-size", "64", "--lr", "0.05", "--epochs", "100000", "--no-track", "--quiet",
-              "--set", f"data.dir={synthetic_root}", "--set", "data.source=synthetic", "--set", "profile=",
-              "--set", "data.train_limit=128", "--set", "data.test_limit=64", "--set", "train.warmup_steps=1",
-              "--set", f"train.timeout_s={TIMEOUT_S}", "--set", "train.nnodes=2",
-              "--set", f"train.rdzv_endpoint=127.0.0.1:{port}", "--set", f"train.rdzv_id=faults-{port}"]
-    procs = [subprocess.Popen([sys.executable, "-m", "pipeline", "train", "--strategy", "ddp", "--devices", "2",
-                               "--set", f"train.node_rank={n}", "--out", str(tmp_path / f"node{n}"), *common],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True)
-             for n in (0, 1)]
+    common = [
+        "--batch-size",
+        "64",
+        "--lr",
+        "0.05",
+        "--epochs",
+        "100000",
+        "--no-track",
+        "--quiet",
+        "--set",
+        f"data.dir={synthetic_root}",
+        "--set",
+        "data.source=synthetic",
+        "--set",
+        "profile=",
+        "--set",
+        "data.train_limit=128",
+        "--set",
+        "data.test_limit=64",
+        "--set",
+        "train.warmup_steps=1",
+        "--set",
+        f"train.timeout_s={TIMEOUT_S}",
+        "--set",
+        "train.nnodes=2",
+        "--set",
+        f"train.rdzv_endpoint=127.0.0.1:{port}",
+        "--set",
+        f"train.rdzv_id=faults-{port}",
+    ]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "train",
+                "--strategy",
+                "ddp",
+                "--devices",
+                "2",
+                "--set",
+                f"train.node_rank={n}",
+                "--out",
+                str(tmp_path / f"node{n}"),
+                *common,
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for n in (0, 1)
+    ]
     deadline = time.monotonic() + 180
     while not any((tmp_path / f"node{n}" / "progress.jsonl").exists() for n in (0, 1)):
         assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "the trial never trained"
@@ -70,7 +117,7 @@ def test_partition_ends_the_other_node_with_the_reason(tmp_path, synthetic_root)
     finally:
         _end(node0)
     assert node1.returncode == 1, out[-3000:]
-    message = " ".join(out[out.rfind("\nerror: "):].split())  # Parallax's message, unwrapped
+    message = " ".join(out[out.rfind("\nerror: ") :].split())  # Parallax's message, unwrapped
     assert f"rendezvous host 127.0.0.1:{port}" in message and "train.timeout_s" in message, out[-3000:]
     assert "frame #" not in out and "Traceback" not in out, out[-3000:]
 
@@ -92,4 +139,4 @@ def test_a_killed_rank_ends_both_nodes_with_a_reason(tmp_path, synthetic_root):
             outs.append(_end(p))
     assert [p.returncode for p in procs] == [1, 1], "\n----\n".join(o[-3000:] for o in outs)
     for out in outs:  # the last line is Parallax's: the failed rank's own error, or the lost rendezvous host
-        assert "\nerror: " in out and "Traceback" not in out[out.rfind("\nerror: "):], out[-3000:]
+        assert "\nerror: " in out and "Traceback" not in out[out.rfind("\nerror: ") :], out[-3000:]

@@ -4,6 +4,7 @@ the rendezvous store and Gloo listen on 127.0.0.1 only, and the launcher leaves 
 
     .venv/bin/python -m pytest tests/trial/test_stage_launch.py
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -15,10 +16,10 @@ import pytest
 import torch.distributed as dist
 import torch.distributed.launcher.api as launcher_api
 
-from pipeline.scaling import collectives, overlap
-from pipeline.host import loopback
 from pipeline.config import loader as configmod
+from pipeline.host import loopback
 from pipeline.host.devices import probe
+from pipeline.scaling import collectives, overlap
 
 pytestmark = pytest.mark.skipif(probe().kind != "cpu" or probe().n < 2, reason="needs a CPU host with two cores")
 
@@ -43,6 +44,7 @@ def _report_listening_before_teardown(monkeypatch):
         with open(os.environ[_LISTENING], "a") as f:
             f.write(" ".join(sorted(_listening_addrs(os.getpid(), os.getppid()))) + "\n")
         return real(*args, **kwargs)
+
     monkeypatch.setattr(dist, "destroy_process_group", destroy)
 
 
@@ -61,6 +63,7 @@ def stage_env(tmp_path, monkeypatch):
     def spy(config, entrypoint):
         seen.append((config, os.environ.get("GLOO_SOCKET_IFNAME")))
         return real(config, entrypoint)
+
     monkeypatch.setattr(launcher_api, "elastic_launch", spy)
     return tmp, seen, tmp_path / "listening.txt"
 
@@ -80,8 +83,10 @@ def _assert_loopback_only_and_nothing_left(tmp, seen, listening):
 def test_the_overlap_stage_listens_on_loopback_only_and_leaves_no_temp_folders(stage_env, tmp_path):
     """`overlap` on a CPU host: its two ranks' rendezvous and Gloo listen on 127.0.0.1 only, and the system temp dir
     is as empty afterwards as before (no torchelastic_* folder)."""
-    cfg = configmod.override(configmod.Config(), ["overlap.size=16", "overlap.chain=1", "overlap.items=1",
-                                                  "overlap.reps=1", "overlap.warmup=0"])
+    cfg = configmod.override(
+        configmod.Config(),
+        ["overlap.size=16", "overlap.chain=1", "overlap.items=1", "overlap.reps=1", "overlap.warmup=0"],
+    )
     overlap.run(cfg, tmp_path / "out")
     _assert_loopback_only_and_nothing_left(*stage_env)
 

@@ -1,26 +1,56 @@
 """`python -m pipeline train`: the contract (metrics.json, final_state.pt, MLflow run) and that it learns."""
+
 from __future__ import annotations
 
 import json
 
 import torch
 
-from pipeline.tracking import client as tracking
 from pipeline.cli import main
+from pipeline.tracking import client as tracking
 
 
 def test_train_writes_contract_and_tracks_run(make_cfg, tmp_path, synthetic_root, monkeypatch, capsys):
     make_cfg()
-    (tmp_path / "params.yaml").write_text(f"profile: ''\ndata: {{source: synthetic, dir: {synthetic_root}, "
-                                          f"train_limit: 16384, test_limit: 2000}}\n")
+    (tmp_path / "params.yaml").write_text(
+        f"profile: ''\ndata: {{source: synthetic, dir: {synthetic_root}, train_limit: 16384, test_limit: 2000}}\n"
+    )
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"
-    code = main(["train", "--model", "lenet", "--batch-size", "128", "--lr", "0.3", "--epochs", "1",
-                 "--quiet", "--out", str(out)])
+    code = main(
+        [
+            "train",
+            "--model",
+            "lenet",
+            "--batch-size",
+            "128",
+            "--lr",
+            "0.3",
+            "--epochs",
+            "1",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     m = json.loads((out / "metrics.json").read_text())
-    for key in ("model", "strategy", "devices", "batch_size", "lr", "epochs", "data_source", "device_kind",
-                "host", "throughput_img_s", "epoch_s", "test_acc", "peak_mem_bytes", "mem_imbalance"):
+    for key in (
+        "model",
+        "strategy",
+        "devices",
+        "batch_size",
+        "lr",
+        "epochs",
+        "data_source",
+        "device_kind",
+        "host",
+        "throughput_img_s",
+        "epoch_s",
+        "test_acc",
+        "peak_mem_bytes",
+        "mem_imbalance",
+    ):
         assert key in m, key
     assert m["strategy"] == "single" and m["data_source"] == "synthetic" and len(m["epoch_s"]) == 1
     assert m["test_acc"][-1] > 0.3, "one epoch of LeNet should learn the synthetic classes well above chance"
@@ -47,30 +77,62 @@ def test_train_writes_contract_and_tracks_run(make_cfg, tmp_path, synthetic_root
 
 def test_max_steps_stops_early(make_cfg, tmp_path):
     from pipeline.trial.launch import run_trial
-    m = run_trial(make_cfg("train.max_steps=3", "train.batch_size=32", "data.train_limit=1024",
-                           "data.test_limit=128"), tmp_path / "o", progress=False)
+
+    m = run_trial(
+        make_cfg("train.max_steps=3", "train.batch_size=32", "data.train_limit=1024", "data.test_limit=128"),
+        tmp_path / "o",
+        progress=False,
+    )
     assert m["steps"] == 3 and len(m["epoch_s"]) == 1
 
 
 def test_divergence_is_a_failure_with_reason(make_cfg, tmp_path):
     import pytest
+
     from pipeline.trial.launch import TrialFailed, run_trial
+
     with pytest.raises(TrialFailed) as e:
-        run_trial(make_cfg("train.lr=100", "train.batch_size=64", "data.train_limit=2048",
-                           "data.test_limit=128", "train.check_every=5"), tmp_path / "o", progress=False)
+        run_trial(
+            make_cfg(
+                "train.lr=100",
+                "train.batch_size=64",
+                "data.train_limit=2048",
+                "data.test_limit=128",
+                "train.check_every=5",
+            ),
+            tmp_path / "o",
+            progress=False,
+        )
     assert e.value.kind == "diverged" and "lower the learning rate" in str(e.value)
 
 
-def test_a_run_of_warm_up_steps_only_says_why_it_has_no_throughput(make_cfg, tmp_path, synthetic_root,
-                                                                   monkeypatch, capsys):
+def test_a_run_of_warm_up_steps_only_says_why_it_has_no_throughput(
+    make_cfg, tmp_path, synthetic_root, monkeypatch, capsys
+):
     """2 steps, 3 of warm-up: nothing timed. The line says why img/s is missing (no `nan img/s`), and so does the
     MLflow run."""
     make_cfg()
-    (tmp_path / "params.yaml").write_text(f"profile: ''\ndata: {{source: synthetic, dir: {synthetic_root}, "
-                                          f"train_limit: 512, test_limit: 128}}\ntrain: {{warmup_steps: 3}}\n")
+    (tmp_path / "params.yaml").write_text(
+        f"profile: ''\ndata: {{source: synthetic, dir: {synthetic_root}, "
+        f"train_limit: 512, test_limit: 128}}\ntrain: {{warmup_steps: 3}}\n"
+    )
     monkeypatch.chdir(tmp_path)
-    code = main(["train", "--strategy", "single", "--devices", "1", "--batch-size", "256", "--epochs", "1",
-                 "--quiet", "--out", str(tmp_path / "run")])
+    code = main(
+        [
+            "train",
+            "--strategy",
+            "single",
+            "--devices",
+            "1",
+            "--batch-size",
+            "256",
+            "--epochs",
+            "1",
+            "--quiet",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "nan" not in out and "img/s" not in out.splitlines()[0]
     assert "no steady-state step was timed: all 2 step(s) of the run were warm-up (the first 3" in out
@@ -96,8 +158,9 @@ class _OnAnotherDevice(torch.Tensor):
                 return func(*args, **kwargs).as_subclass(torch.Tensor)
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         if any(type(a) is torch.Tensor for a in tensors) and any(isinstance(a, cls) for a in tensors):
-            raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
-                               "cuda:1 and cuda:0!")
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two devices, cuda:1 and cuda:0!"
+            )
         return super().__torch_function__(func, types, args, kwargs)
 
 
@@ -116,10 +179,13 @@ def test_a_loss_on_another_device_is_moved_to_the_loops_device(make_cfg):
 
     cfg = make_cfg("train.batch_size=32", "train.epochs=1", "train.breakdown_every=0")
     g = torch.Generator().manual_seed(0)
-    data = datamod.Dataset(torch.randint(0, 255, (128, 28, 28), dtype=torch.uint8, generator=g),
-                           torch.randint(0, 10, (128,), generator=g),
-                           torch.randint(0, 255, (64, 28, 28), dtype=torch.uint8, generator=g),
-                           torch.randint(0, 10, (64,), generator=g), "synthetic")
+    data = datamod.Dataset(
+        torch.randint(0, 255, (128, 28, 28), dtype=torch.uint8, generator=g),
+        torch.randint(0, 10, (128,), generator=g),
+        torch.randint(0, 255, (64, 28, 28), dtype=torch.uint8, generator=g),
+        torch.randint(0, 10, (64,), generator=g),
+        "synthetic",
+    )
     strategy = LossElsewhere(cfg.train, Host("cpu", 1, "cpu", "h", torch.__version__, ""))
     strategy.setup()
     out = train(cfg, strategy, data)

@@ -8,6 +8,7 @@ SIGTERM/SIGKILL, and what memory a GPU gets back when the trial's process exits,
 
     .venv/bin/python -m pytest tests/trial/test_trial_exec.py
 """
+
 from __future__ import annotations
 
 import os
@@ -16,12 +17,12 @@ import threading
 import pytest
 import torch
 
-from pipeline.trial import ranks
-from pipeline.host.devices import Host, device_for
 from pipeline.errors import Infeasible, TrialFailed
-from pipeline.trial.launch import check_feasible, run_trial
+from pipeline.host.devices import Host, device_for
 from pipeline.strategies.base import Strategy
 from pipeline.strategies.ddp import DDPStrategy
+from pipeline.trial import ranks
+from pipeline.trial.launch import check_feasible, run_trial
 
 HANG_S = 40  # how long the planted hang lasts: a trial that is not stopped before then completes (and the test fails)
 SMALL = ("train.batch_size=32", "data.train_limit=256", "data.test_limit=64", "train.epochs=1")
@@ -45,6 +46,7 @@ def test_an_in_process_strategy_over_its_budget_fails_with_kind_timeout(make_cfg
     def hung_step(self, *args, **kwargs):
         release.wait(HANG_S)
         return real_step(self, *args, **kwargs)
+
     monkeypatch.setattr(Strategy, "train_step", hung_step)
     releaser = threading.Timer(HANG_S, release.set)
     releaser.start()
@@ -61,8 +63,7 @@ def test_an_in_process_strategy_over_its_budget_fails_with_kind_timeout(make_cfg
     assert str(stacks) in str(e.value) and "in hung_step" in stacks.read_text(), stacks.read_text()
 
 
-def test_an_in_process_strategy_trains_in_a_child_and_reports_its_epochs_to_the_caller(make_cfg, tmp_path,
-                                                                                      monkeypatch):
+def test_an_in_process_strategy_trains_in_a_child_and_reports_its_epochs_to_the_caller(make_cfg, tmp_path, monkeypatch):
     """The training loop of a one-process strategy runs in a process of its own, never in the caller's (a sweep, the
     doctor): whatever it initialises on a device (CUDA contexts, the caching allocator's reserve on each of dp's k
     GPUs) goes when that process exits, so it is not left to the trials after it. The caller's on_epoch callback
@@ -75,13 +76,19 @@ def test_an_in_process_strategy_trains_in_a_child_and_reports_its_epochs_to_the_
             with open(pids, "a") as f:
                 f.write(f"{name} {os.getpid()}\n")
             return real(*args, **kwargs)
+
         return recorded
+
     # where a trial first touches its devices: the strategy's setup (set_device), then the loop (model, data)
     monkeypatch.setattr(Strategy, "setup", spy("setup", Strategy.setup))
     monkeypatch.setattr(ranks, "train", spy("train", ranks.train))
     called = []
-    record = run_trial(make_cfg("train.strategy=single", *SMALL), tmp_path / "o", progress=False,
-                       on_epoch=lambda r: called.append((os.getpid(), r["epoch"])) and False)
+    record = run_trial(
+        make_cfg("train.strategy=single", *SMALL),
+        tmp_path / "o",
+        progress=False,
+        on_epoch=lambda r: called.append((os.getpid(), r["epoch"])) and False,
+    )
     ran = [line.split() for line in pids.read_text().splitlines()]
     assert [name for name, _ in ran] == ["setup", "train"], ran
     assert str(os.getpid()) not in {pid for _, pid in ran}, (ran, os.getpid())
@@ -91,17 +98,28 @@ def test_an_in_process_strategy_trains_in_a_child_and_reports_its_epochs_to_the_
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("strategy,k", [("single", 1), ("ddp", 2)])
-def test_an_error_in_the_callers_epoch_callback_stops_the_trial_and_reaches_the_caller(make_cfg, tmp_path,
-                                                                                       strategy, k):
+def test_an_error_in_the_callers_epoch_callback_stops_the_trial_and_reaches_the_caller(make_cfg, tmp_path, strategy, k):
     """The caller's on_epoch (MLflow logging: its store may be down) runs in the caller's process while the ranks
     train elsewhere: its error stops the trial at that epoch and is raised by run_trial, as if the loop had called it,
     instead of dying with the watcher thread while the ranks wait train.timeout_s for an answer at every epoch."""
+
     def store_down(record):
         raise OSError(f"store unreachable at epoch {record['epoch']}")
+
     with pytest.raises(OSError, match="store unreachable at epoch 1"):
-        run_trial(make_cfg(f"train.strategy={strategy}", f"train.devices={k}", "train.oversubscribe=true", *SMALL,
-                           "train.epochs=3", "train.timeout_s=100"), tmp_path / "o", progress=False,
-                  on_epoch=store_down)
+        run_trial(
+            make_cfg(
+                f"train.strategy={strategy}",
+                f"train.devices={k}",
+                "train.oversubscribe=true",
+                *SMALL,
+                "train.epochs=3",
+                "train.timeout_s=100",
+            ),
+            tmp_path / "o",
+            progress=False,
+            on_epoch=store_down,
+        )
     assert not (tmp_path / "o" / "metrics.json").exists()
 
 
@@ -118,25 +136,31 @@ def test_fork_is_refused_on_a_cuda_host(make_cfg, strategy, k):
     check_feasible(make_cfg(*sets, "train.start_method=fork"), _host("cpu", 2))
 
 
-@pytest.mark.parametrize("visible,devices,nnodes,oversubscribe,shared", [
-    (4, 4, 1, False, False),  # the built-in launcher: every rank sees the node's 4 GPUs, takes cuda:local_rank
-    (1, 4, 1, False, False),  # an external per-rank binding (SLURM --gpus-per-task=1): each rank sees its own GPU
-    (2, 4, 2, False, False),  # 2 nodes, 2 ranks each, 2 GPUs each
-    (1, 8, 2, False, False),  # 2 nodes, 4 ranks each, one GPU bound to each rank
-    (2, 4, 1, True, True),  # oversubscribed: 4 ranks round-robin on 2 GPUs
-    (1, 2, 1, True, True),  # oversubscribed: 2 ranks on the one GPU
-    (4, 4, 1, True, False),  # oversubscribe allowed but not needed: every rank has its own GPU
-])
-def test_ranks_share_a_gpu_only_in_an_oversubscribed_trial(make_cfg, visible, devices, nnodes, oversubscribe,
-                                                           shared):
+@pytest.mark.parametrize(
+    "visible,devices,nnodes,oversubscribe,shared",
+    [
+        (4, 4, 1, False, False),  # the built-in launcher: every rank sees the node's 4 GPUs, takes cuda:local_rank
+        (1, 4, 1, False, False),  # an external per-rank binding (SLURM --gpus-per-task=1): each rank sees its own GPU
+        (2, 4, 2, False, False),  # 2 nodes, 2 ranks each, 2 GPUs each
+        (1, 8, 2, False, False),  # 2 nodes, 4 ranks each, one GPU bound to each rank
+        (2, 4, 1, True, True),  # oversubscribed: 4 ranks round-robin on 2 GPUs
+        (1, 2, 1, True, True),  # oversubscribed: 2 ranks on the one GPU
+        (4, 4, 1, True, False),  # oversubscribe allowed but not needed: every rank has its own GPU
+    ],
+)
+def test_ranks_share_a_gpu_only_in_an_oversubscribed_trial(make_cfg, visible, devices, nnodes, oversubscribe, shared):
     """shares_gpu (Gloo instead of NCCL) for the GPU counts a rank may see. A rank seeing fewer GPUs than its node
     runs ranks is not by itself sharing: under per-rank binding each sees one, its own. The trial's feasibility
     check (made where the node's GPUs are all visible) allows more ranks than GPUs only with train.oversubscribe.
     Checks the rule on mock hosts; whether NCCL initialises on a bound node needs the node."""
-    cfg = make_cfg("train.strategy=ddp", f"train.devices={devices}", f"train.nnodes={nnodes}",
-                   f"train.oversubscribe={str(oversubscribe).lower()}", "train.batch_size=64")
+    cfg = make_cfg(
+        "train.strategy=ddp",
+        f"train.devices={devices}",
+        f"train.nnodes={nnodes}",
+        f"train.oversubscribe={str(oversubscribe).lower()}",
+        "train.batch_size=64",
+    )
     assert DDPStrategy(cfg.train, _host("cuda", visible)).shares_gpu is shared
     assert DDPStrategy(cfg.train, _host("cpu", visible)).shares_gpu is False
     if visible == 1:  # a bound rank's device is its own GPU, cuda:0 in its numbering, whatever its local rank
         assert device_for(_host("cuda", 1), 3) == torch.device("cuda", 0)
-
