@@ -60,6 +60,19 @@ def under_load_text(r) -> str:
     """The label of a figure whose trials were all flagged as measured under interference (tables.timed)."""
     load = r.get("load_cores")
     busy = "" if _nan(load) else f", other processes keeping {load:.2f} cores busy (median)"
+    base, at_k = (None if _nan(r.get(c)) else bool(r.get(c)) for c in ("base_under_load", "k_under_load"))
+    if base is True and at_k is False:  # a ratio of a loaded k=1 and a quiet k: the efficiency reads high
+        return (
+            f"**measured under load**: its k=1 reference's trials were all flagged as measured under "
+            f"interference{busy} and the k={r['k']:g} trials were not, so the k=1 speed is low and this "
+            "efficiency reads high; it is not the strategy's scaling on a quiet host"
+        )
+    if base is False and at_k is True:  # a quiet k=1 and a loaded k: the efficiency reads low
+        return (
+            f"**measured under load**: its k={r['k']:g} trials were all flagged as measured under "
+            f"interference{busy} and the k=1 reference's were not, so this efficiency reads low; "
+            "it is not the strategy's scaling on a quiet host"
+        )
     return (
         f"**measured under load**: every trial behind it was flagged as measured under interference{busy}, "
         "so it is what this host gave while busy, not the strategy's speed on a quiet host"

@@ -126,7 +126,7 @@ def _intervals(r, base, windows) -> dict:
     return {**out, "base_n_interfered": base["n_interfered"] if base is not None else math.nan,
             # either end measured under load: the ratio is too, at the larger of the two loads
             "under_load": bool(loads), "load_cores": max(loads) if loads else math.nan,
-            "base_under_load": bool(base is not None and base["under_load"])}
+            "base_under_load": bool(base is not None and base["under_load"]), "k_under_load": bool(r["under_load"])}
 
 
 def scaling_table(df) -> pd.DataFrame:
@@ -150,7 +150,7 @@ def scaling_table(df) -> pd.DataFrame:
     cols = [*POINT, *EXTRAS, "nodes", "kind", "efficiency", "efficiency_lo", "efficiency_hi", "speedup", "speedup_lo",
             "speedup_hi", "throughput_img_s", "throughput_lo", "throughput_hi", "base_throughput_img_s",
             "parallel_devices", "n_windows", "n_repeats", "base_n_windows", "base_n_repeats", "n_interfered",
-            "base_n_interfered", "under_load", "load_cores", "base_under_load"]
+            "base_n_interfered", "under_load", "load_cores", "base_under_load", "k_under_load"]
     return _sort(pd.DataFrame(rows, columns=cols), ("kind",))
 
 

@@ -76,6 +76,25 @@ def test_a_point_with_quiet_trials_leaves_its_flagged_ones_out_unlabelled():
     assert "1 of the 3 complete trials was measured under interference" in reading[0] and "left out" in reading[0]
 
 
+@pytest.mark.parametrize("loaded_end", ["k=1", "k=2"])
+def test_an_efficiency_with_one_end_under_load_says_which_and_which_way(loaded_end):
+    """A loaded k=1 against a quiet k=2 makes the efficiency read high (and the reverse low): the label names the
+    loaded end and the direction, never "every trial behind it"."""
+    k1 = busy("ddp", 1, 500.0) if loaded_end == "k=1" else row("ddp", k=1, B=128, thr=1000.0)
+    k2 = busy("ddp", 2, 900.0) if loaded_end == "k=2" else row("ddp", k=2, B=256, thr=1800.0)
+    _, eff, *_, reading = everything(frame([k1, k2]))
+    e = one(eff, strategy="ddp", kind="weak", k=2)
+    assert (
+        e["under_load"] and e["base_under_load"] == (loaded_end == "k=1") and e["k_under_load"] == (loaded_end == "k=2")
+    )
+    line = next(line for line in reading if "eak-scaling efficiency" in line)
+    assert "**measured under load**" in line and "every trial behind it" not in line
+    if loaded_end == "k=1":
+        assert "k=1 reference's trials were all flagged" in line and "reads high" in line
+    else:
+        assert "k=2 trials were all flagged" in line and "reads low" in line
+
+
 def test_a_quiet_host_has_no_load_line():
     """No flagged trial: no under-load line, and metrics.json says 0 under load."""
     df = frame([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=256, thr=1800.0)])
