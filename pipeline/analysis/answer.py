@@ -17,7 +17,8 @@ import yaml
 from pipeline import catalog
 from pipeline.analysis import confidence, stats
 from pipeline.analysis.report_why import part_words
-from pipeline.analysis.tables import MEM_BASIS, MIB, best_row, breakdown_table, measured
+from pipeline.analysis.step_parts import breakdown_table
+from pipeline.analysis.tables import MEM_BASIS, MIB, best_row, measured
 
 BEST_YAML = "results/analysis/best.yaml"
 RUN_DIR = "runs/best"

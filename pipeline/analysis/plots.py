@@ -10,7 +10,8 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from pipeline import catalog
-from pipeline.analysis.tables import BD_PARTS, EXTRAS, MIB, POINT, group_by, is_serial
+from pipeline.analysis.tables import EXTRAS, MIB, POINT, group_by, is_serial
+from pipeline.records.derived import BD_PARTS
 
 LINESTYLES = ("-", "--", "-.", (0, (1, 1)))  # one per batch size within a strategy
 MARKERS = ("o", "s", "^", "D", "v")

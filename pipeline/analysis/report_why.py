@@ -10,7 +10,8 @@ import math
 
 from pipeline import catalog
 from pipeline.analysis.markdown import md_table
-from pipeline.analysis.tables import BD_ALL, BD_PARTS
+from pipeline.analysis.step_parts import BD_ALL
+from pipeline.records.derived import BD_PARTS
 
 # What each part is, in plain words (comm_exposed: what the strategy issues; see pipeline/scaling/collectives.py)
 PART_WORDS = {

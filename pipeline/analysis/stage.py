@@ -31,6 +31,7 @@ from pipeline.analysis import answer, plots, projection, report, report_why
 from pipeline.analysis.knob_effects import knob_table
 from pipeline.analysis.rows import EXPECTED, load_sweeps, read_sweeps  # noqa: F401
 from pipeline.analysis.rows import normalize as _normalize  # noqa: F401
+from pipeline.analysis.step_parts import breakdown_losses, breakdown_table
 from pipeline.analysis.summary import flat_metrics, strategy_status, summarize
 
 # Names tests/analysis/test_analyze.py reaches through this module.
@@ -38,8 +39,6 @@ from pipeline.analysis.summary import jsonable as _jsonable  # noqa: F401
 from pipeline.analysis.summary import strategy_metrics as _strategy_metrics  # noqa: F401
 from pipeline.analysis.tables import (
     accuracy_table,
-    breakdown_losses,
-    breakdown_table,
     memory_devices,
     memory_table,
     point_table,

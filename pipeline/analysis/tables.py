@@ -3,7 +3,8 @@
 From the trial rows (trial_rows.py: results/sweeps/*.jsonl read into one typed frame) it derives per-point
 throughput, weak/strong scaling efficiency, per-device memory and accuracy.
 Only complete, non-oversubscribed trials enter the numbers. Undefined stays NaN, never 0.
-Everything above this module (summary, knobs, plots, report, analyze) imports from here, never the other way.
+Everything above this module (step_parts, summary, knobs, plots, report, analyze) imports from here, never the other
+way.
 """
 from __future__ import annotations
 
@@ -16,15 +17,10 @@ from pipeline.analysis import stats
 from pipeline.analysis.rows import EXPECTED, EXTRAS
 from pipeline.records.trial import point_columns
 
-# The step-time breakdown's parts (pipeline/measure/breakdown.py PARTS; the sweep table's bd_<part>_s columns) and
-# the residual
-BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "idle")
-BD_ALL = (*BD_PARTS, "residual")
 POINT = ("strategy", "model", "k", "batch_size", "per_device_batch")
 MIB = 2.0**20
 # What a row's peak_mem_bytes holds (its mem_basis, set by pipeline/measure/memory.py's meters), hence what imbalance
-# and
-# device-0 excess are computed from. Rows of older tables carry no basis: theirs follows from their method.
+# and device-0 excess are computed from. Rows of older tables carry no basis: theirs follows from their method.
 MEM_BASIS = {"step_above_resident": "the step's peak above what was resident before the first step (CUDA allocator)",
              "memtracker_step": "one probe step's tensor memory, parameters included (PyTorch's MemTracker, CPU)",
              "peak_with_resident": "the allocator's peak over the whole run, data and evaluation included (older rows)"}
@@ -90,7 +86,7 @@ def point_table(df) -> pd.DataFrame:
                      "time_to_acc_s": at_best["time_to_acc_s"],
                      "parallel_devices": all_parallel(g["parallel_devices"]), "nodes": nodes(g),
                      **{c: g[c].median() for c in measures}})
-    return _sort(pd.DataFrame(rows, columns=cols))
+    return sort_points(pd.DataFrame(rows, columns=cols))
 
 
 def nodes(g) -> int:
@@ -151,7 +147,7 @@ def scaling_table(df) -> pd.DataFrame:
             "speedup_hi", "throughput_img_s", "throughput_lo", "throughput_hi", "base_throughput_img_s",
             "parallel_devices", "n_windows", "n_repeats", "base_n_windows", "base_n_repeats", "n_interfered",
             "base_n_interfered", "under_load", "load_cores", "base_under_load", "k_under_load"]
-    return _sort(pd.DataFrame(rows, columns=cols), ("kind",))
+    return sort_points(pd.DataFrame(rows, columns=cols), ("kind",))
 
 
 def memory_table(df) -> pd.DataFrame:
@@ -176,7 +172,7 @@ def memory_table(df) -> pd.DataFrame:
                                                    - {""}))})
     cols = [*POINT, *EXTRAS, "peaks", *MEM_LISTS, "peak_max", "peak_mean", "mem_imbalance",
             "dev0_excess_bytes", "mem_method", "mem_basis"]
-    return _sort(pd.DataFrame(rows, columns=cols))
+    return sort_points(pd.DataFrame(rows, columns=cols))
 
 
 def basis_of(method: str, basis: str) -> str:
@@ -208,59 +204,6 @@ def memory_devices(mem) -> pd.DataFrame:
                                        "device", "peak_mem_bytes", "peak_mem_mib", *extra.values()])
 
 
-BD_KEY = ("strategy", "model", "k", "per_device_batch")
-
-
-def breakdown_table(df) -> pd.DataFrame:
-    """Where a sampled step goes, per (strategy, model, k, per-device batch, extras): the median over complete trials
-    of the step and of each part (seconds), and each part's share of that median step. The residual is the median
-    step less the parts' medians: the measured residual (the loop's own work between phases) exactly when the point
-    has one trial, plus what medians of separate parts leave over when it has several; so the shares and the
-    residual's share sum to 1 by construction."""
-    m = measured(df)
-    m = m[m["bd_step_s"].notna() & (m["bd_step_s"] > 0)]
-    rows = []
-    for key, g in group_by(m, (*BD_KEY, *EXTRAS)):
-        r = {**dict(zip((*BD_KEY, *EXTRAS), key)), "batch_size": g["batch_size"].iloc[0], "n_trials": len(g),
-             "samples": g["bd_samples"].sum(), "step_s": g["bd_step_s"].median()}
-        for p in BD_PARTS:
-            r[f"{p}_s"] = g[f"bd_{p}_s"].median()
-        r["residual_s"] = r["step_s"] - sum(r[f"{p}_s"] for p in BD_PARTS)
-        for p in BD_ALL:
-            r[f"{p}_share"] = r[f"{p}_s"] / r["step_s"]
-        rows.append(r)
-    cols = [*BD_KEY, *EXTRAS, "batch_size", "n_trials", "samples", "step_s", *(f"{p}_s" for p in BD_ALL),
-            *(f"{p}_share" for p in BD_ALL)]
-    return _sort(pd.DataFrame(rows, columns=cols))
-
-
-def breakdown_losses(bd, eff) -> pd.DataFrame:
-    """Per strategy at each k > 1 with a k=1 breakdown at the same per-device batch (and extras): what the step lost
-    against k=1, part by part. loss_<part> = (part(k) - part(1)) / step(k), so the parts' losses sum to the step's
-    loss 1 - step(1)/step(k) exactly (a negative loss is a part that got faster); measured_efficiency is the weak
-    scaling efficiency from throughput (unsampled steps) beside it."""
-    weak = eff[eff["kind"] == "weak"] if len(eff) else eff
-    rows = []
-    for key, g in group_by(bd, ("strategy", "model", "per_device_batch", *EXTRAS)):
-        base = g[g["k"] == 1]
-        if base.empty:
-            continue
-        one = base.iloc[0]
-        for r in g[g["k"] > 1].to_dict("records"):
-            e = weak
-            for c, v in zip(("strategy", "model", "per_device_batch", *EXTRAS), key):
-                e = e[e[c] == v] if len(e) else e
-            e = e[e["k"] == r["k"]] if len(e) else e
-            out = {c: r[c] for c in (*BD_KEY, *EXTRAS)}
-            out.update(step_s=r["step_s"], step_k1_s=one["step_s"], loss=1 - one["step_s"] / r["step_s"],
-                       measured_efficiency=e["efficiency"].iloc[0] if len(e) else math.nan)
-            for p in BD_ALL:
-                out[f"loss_{p}"] = (r[f"{p}_s"] - one[f"{p}_s"]) / r["step_s"]
-            rows.append(out)
-    cols = [*BD_KEY, *EXTRAS, "step_s", "step_k1_s", "loss", "measured_efficiency", *(f"loss_{p}" for p in BD_ALL)]
-    return _sort(pd.DataFrame(rows, columns=cols))
-
-
 def _time_to_acc(r, target):
     accs, secs = r["test_acc_list"], r["epoch_s_list"]
     if accs and len(secs) >= len(accs):
@@ -285,10 +228,10 @@ def accuracy_table(df, target_acc: float | None = None) -> pd.DataFrame:
              "target_acc": g["target_acc"].max(), "n_trials": len(g)}
             for key, g in group_by(m, keys)]
     cols = [*keys, "test_acc", "time_to_acc_s", "target_acc", "n_trials"]
-    return _sort(pd.DataFrame(rows, columns=cols), ("lr",))
+    return sort_points(pd.DataFrame(rows, columns=cols), ("lr",))
 
 
-def _sort(df, extra=()):
+def sort_points(df, extra=()):
     """Strategies in EXPECTED's order (others after them), then model, k, b, B and `extra`."""
     rank = {s: i for i, s in enumerate(EXPECTED)}
     by = [c for c in ("strategy", "model", "k", "per_device_batch", "batch_size", *extra) if c in df]

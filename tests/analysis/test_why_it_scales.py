@@ -95,7 +95,7 @@ def _frame(rows=ROWS):
 
 
 def test_breakdown_table_medians_and_shares_sum_to_one():
-    from pipeline.analysis.tables import BD_ALL, breakdown_table
+    from pipeline.analysis.step_parts import BD_ALL, breakdown_table
 
     bd = breakdown_table(_frame())
     ddp2 = bd[(bd["strategy"] == "ddp") & (bd["k"] == 2)].iloc[0]
@@ -111,7 +111,8 @@ def test_breakdown_table_medians_and_shares_sum_to_one():
 
 def test_the_sentence_names_the_largest_loss_first():
     from pipeline.analysis.report_why import loss_sentence
-    from pipeline.analysis.tables import BD_ALL, breakdown_losses, breakdown_table, scaling_table
+    from pipeline.analysis.step_parts import BD_ALL, breakdown_losses, breakdown_table
+    from pipeline.analysis.tables import scaling_table
 
     df = _frame()
     losses = breakdown_losses(breakdown_table(df), scaling_table(df))
