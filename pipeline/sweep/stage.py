@@ -204,7 +204,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         except Infeasible:
             return False
 
-    gate = _quiet_gate(cfg, strategy)
+    gate = _quiet_gate(cfg, strategy) if feasible else None  # nothing this host can run: nothing to wait for
 
     def run(trial, done: int, eta: float | None) -> None:
         remeasures = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("remeasure"))

@@ -94,15 +94,16 @@ def test_n_trials_0_sets_the_study_up_and_says_it_runs_nothing_by_design(tiny, t
     assert [t.state for t in study.trials] == [TrialState.WAITING] * 2
 
 
-def test_unavailable_strategy_rows_say_why(tiny, tmp_path):
+def test_unavailable_strategy_rows_say_why(tiny, tmp_path, capsys):
     from pipeline.host.devices import probe
 
     if probe().kind == "cuda":
         pytest.skip("dp is available on CUDA hosts")
     out = tmp_path / "dp.jsonl"
-    run_sweep(tiny(), "dp", out)
+    run_sweep(tiny(100.0, "sweep.quiet_wait_s=5"), "dp", out)
     rows = read(out)
     assert rows and all(r["state"] == "skipped" and "CUDA" in r["reason"] for r in rows)
+    assert "before each trial: waiting" not in capsys.readouterr().err  # no trial to run: no quiet moment waited for
 
 
 @pytest.mark.slow
