@@ -36,11 +36,23 @@ def _empty(ax, what):
     ax.set_xticks([]), ax.set_yticks([])
 
 
-def _save(fig, path, source=""):
+def load_note(t) -> str:
+    """The line a figure of speeds carries when some of what it plots was measured under load (tables.py's
+    `under_load`: every trial behind the figure flagged as measured under interference), so a copied figure keeps it."""
+    if t is None or "under_load" not in t or not len(t):
+        return ""
+    n = int(t["under_load"].astype(bool).sum())
+    return (f"measured under load: {n} of the {len(t)} plotted figures come from trials all flagged as measured "
+            "under interference (report.md, Reading)") if n else ""
+
+
+def _save(fig, path, source="", load=""):
     note = source_note(source)
     if note:
         fig.text(0.01, -0.02, note, fontsize=8, ha="left", va="top",
                  color="tab:red" if "SYNTHETIC" in note else "dimgrey")
+    if load:
+        fig.text(0.01, -0.07 if note else -0.02, load, fontsize=8, ha="left", va="top", color="tab:red")
     fig.savefig(path, dpi=100, bbox_inches="tight")
 
 
@@ -87,7 +99,7 @@ def plot_efficiency(eff, path, colors, source=""):
         ax.set_xticks(sorted(e["k"].unique()))
         ax.set(xlabel="devices k", ylabel="efficiency T(k)/(k·T(1)) (bars: 95% interval)", ylim=(0, None))
         ax.legend(fontsize=7)
-    _save(fig, path, source)
+    _save(fig, path, source, load_note(eff[eff["efficiency"].notna()] if len(eff) else eff))
 
 
 def _model_panels(p, what):
@@ -131,7 +143,7 @@ def plot_throughput(pts, path, colors, source="", eff=None):
         ax.set(title=f"{model}: best throughput over batch sizes", xlabel="devices k",
                ylabel="images / s (bars: 95% interval)")
         ax.legend(fontsize=7)
-    _save(fig, path, source)
+    _save(fig, path, source, load_note(pts))
 
 
 def _common_batch(m):

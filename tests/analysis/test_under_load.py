@@ -142,3 +142,20 @@ def test_the_report_tables_label_points_measured_under_load(tmp_path):
     text = path.read_text()
     assert "| under_load |" in text and "1.70 cores" in text and "1.50 cores" in text
     assert "were all flagged keeps them, labelled under load" in text
+
+
+def test_the_speed_figures_carry_the_under_load_line(tmp_path):
+    """efficiency.png and throughput.png say how many of their figures were measured under load; none on a quiet
+    host."""
+    from pipeline.analysis import plots
+
+    df = frame([busy("single", 1, 1000.0, 1.5), busy("ddp", 1, 1000.0, 1.5), row("ddp", k=2, B=256, thr=1800.0)])
+    pts, eff, *_ = everything(df)
+    assert plots.load_note(pts).startswith("measured under load: 2 of the 3 plotted figures")
+    assert plots.load_note(eff[eff["efficiency"].notna()]).startswith("measured under load:")
+    quiet = frame([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=256, thr=1800.0)])
+    assert plots.load_note(tables.point_table(quiet)) == ""
+    colors = plots.style(sorted(set(df["strategy"])))
+    plots.plot_efficiency(eff, tmp_path / "efficiency.png", colors, "synthetic")
+    plots.plot_throughput(pts, tmp_path / "throughput.png", colors, "synthetic", eff)
+    assert (tmp_path / "efficiency.png").stat().st_size > 0 and (tmp_path / "throughput.png").stat().st_size > 0
