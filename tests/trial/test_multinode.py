@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.trial.tiny_args import tiny_synthetic_sets
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -35,18 +37,7 @@ def test_two_nodes_one_process_each_match_single(make_cfg, tmp_path, synthetic_r
         "1",
         "--no-track",
         "--quiet",
-        "--set",
-        f"data.dir={synthetic_root}",
-        "--set",
-        "data.source=synthetic",
-        "--set",
-        "profile=",
-        "--set",
-        "data.train_limit=128",
-        "--set",
-        "data.test_limit=64",
-        "--set",
-        "train.warmup_steps=1",
+        *tiny_synthetic_sets(synthetic_root),
     ]
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "DVC_ROOT": str(tmp_path)}

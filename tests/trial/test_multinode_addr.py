@@ -8,6 +8,8 @@ import socket
 
 import pytest
 
+from tests.trial.tiny_args import tiny_synthetic_sets
+
 
 def _loopback_named_host(monkeypatch, addr="127.0.1.1"):
     """Debian's `127.0.1.1 myhost` line: this host's name resolves to a loopback address only."""
@@ -124,18 +126,7 @@ def test_two_nodes_on_this_host_advertising_local_addr(tmp_path, synthetic_root)
                 "1",
                 "--no-track",
                 "--quiet",
-                "--set",
-                f"data.dir={synthetic_root}",
-                "--set",
-                "data.source=synthetic",
-                "--set",
-                "profile=",
-                "--set",
-                "data.train_limit=128",
-                "--set",
-                "data.test_limit=64",
-                "--set",
-                "train.warmup_steps=1",
+                *tiny_synthetic_sets(synthetic_root),
                 "--set",
                 "train.nnodes=2",
                 "--set",

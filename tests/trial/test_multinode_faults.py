@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.trial.tiny_args import tiny_synthetic_sets
+
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10  # train.timeout_s of these trials
 
@@ -38,18 +40,7 @@ def _start_nodes(tmp_path, synthetic_root, port):
         "100000",
         "--no-track",
         "--quiet",
-        "--set",
-        f"data.dir={synthetic_root}",
-        "--set",
-        "data.source=synthetic",
-        "--set",
-        "profile=",
-        "--set",
-        "data.train_limit=128",
-        "--set",
-        "data.test_limit=64",
-        "--set",
-        "train.warmup_steps=1",
+        *tiny_synthetic_sets(synthetic_root),
         "--set",
         f"train.timeout_s={TIMEOUT_S}",
         "--set",
