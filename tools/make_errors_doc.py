@@ -6,6 +6,7 @@
 import contextlib
 import io
 import os
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -35,7 +36,13 @@ def main():
             os.chdir(p)
 
     os.environ["DVC_ROOT"] = str(tmp)
+    class Factory:  # the fixture's tmp_path_factory, by hand
+        def mktemp(self, name):
+            (tmp / name).mkdir()
+            return tmp / name
+
     te.env.__wrapped__(lambda: None, tmp, synth, MP())
+    damaged = te.damaged.__wrapped__(synth, Factory())
     print("# Errors: every bad input and the message it gets\n")
     print(
         "Each stops before any work, exits non-zero and writes nothing to the MLflow or Optuna stores "
@@ -47,7 +54,7 @@ def main():
     for name, argv, _ in te.CASES:
         if argv is None:
             continue
-        argv = [a.replace("{tmp}", "/tmp/x" if False else str(tmp)) for a in argv]
+        argv = [a.replace("{tmp}", str(tmp)).replace("{damaged}", str(damaged)) for a in argv]
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             try:
@@ -59,6 +66,7 @@ def main():
         print(f"## {name}\n\n`python -m pipeline {' '.join(argv).replace(str(tmp), '$TMP')}` → exit {code}\n")
         print("> " + "\n> ".join(textwrap.wrap(msg, 110)) + "\n")
     after_runs_opened(cli, tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def after_runs_opened(cli, tmp):

@@ -73,12 +73,12 @@ CASES = [
     # a damaged file is caught by manifest.json's md5 before it is parsed (the IDX reader's own errors: test_data.py)
     (
         "data file with a wrong magic number",
-        ["train", "--out", "{tmp}/o", "--set", "data.dir={tmp}/badmagic"],
+        ["train", "--out", "{tmp}/o", "--set", "data.dir={damaged}/badmagic"],
         "changed after the download stage wrote it",
     ),
     (
         "data file of the wrong size",
-        ["sweep", "--strategy", "single", "--set", "data.dir={tmp}/truncated"],
+        ["sweep", "--strategy", "single", "--set", "data.dir={damaged}/truncated"],
         "23520008 bytes; the manifest says",
     ),
     (
@@ -101,7 +101,7 @@ CASES = [
     ("analyze --sweeps that does not exist", ["analyze", "--sweeps", "{tmp}/nowhere"], "does not exist"),
     (
         "analyze --out where nothing can be written",
-        ["analyze", "--sweeps", "{tmp}/badmagic", "--out", "{tmp}/afile/o"],
+        ["analyze", "--sweeps", "{damaged}/badmagic", "--out", "{tmp}/afile/o"],
         "cannot be written",
     ),
     ("doctor --out at an existing file", ["doctor", "--out", "{tmp}/afile"], "is an existing file"),
@@ -168,22 +168,30 @@ def env(make_cfg, tmp_path, synthetic_root, monkeypatch):
         f"profile: cpu\ndata: {{source: synthetic, dir: {synthetic_root}}}\ntrain: [1, 2]\n"
     )
     (tmp_path / "corrupt.db").write_bytes(b"this is not a database" * 100)
-    for name, damage in (("badmagic", b"\x00\x00\x09\x09"), ("truncated", None)):
-        d = tmp_path / name
-        shutil.copytree(synthetic_root, d)
-        f = next((d / "FashionMNIST" / "raw").glob("train-images-idx3-ubyte"))
-        raw = f.read_bytes()
-        f.write_bytes(damage + raw[4:] if damage else raw[: len(raw) // 2])
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
+@pytest.fixture(scope="module")
+def damaged(synthetic_root, tmp_path_factory):
+    """Two damaged copies of the synthetic data set, made once for the module (a copy is ~40 MB; one per case
+    filled gigabytes of the test host's disk)."""
+    root = tmp_path_factory.mktemp("damaged")
+    for name, damage in (("badmagic", b"\x00\x00\x09\x09"), ("truncated", None)):
+        d = root / name
+        shutil.copytree(synthetic_root, d)
+        f = next((d / "FashionMNIST" / "raw").glob("train-images-idx3-ubyte"))
+        raw = f.read_bytes()
+        f.write_bytes(damage + raw[4:] if damage else raw[: len(raw) // 2])
+    return root
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_stops_before_any_work(env, case, capsys):
+def test_bad_input_stops_before_any_work(env, damaged, case, capsys):
     name, argv, needle = case
     if argv is None:
         pytest.skip("not applicable on this host")
-    argv = [a.replace("{tmp}", str(env)) for a in argv]
+    argv = [a.replace("{tmp}", str(env)).replace("{damaged}", str(damaged)) for a in argv]
     try:
         code = main(argv)
     except SystemExit as e:  # argparse's own errors
