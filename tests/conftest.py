@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _keep_excepthook():
+    """torch's init_process_group wraps sys.excepthook in a "[rankN]: " prefix and never unwraps it
+    (distributed_c10d.py): restored after each test, so the in-process fake worlds do not prefix every later
+    traceback of the session with ten "[rankN]: " layers."""
+    hook = sys.excepthook
+    yield
+    sys.excepthook = hook
 
 
 @pytest.fixture(scope="session")

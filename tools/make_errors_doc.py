@@ -36,6 +36,7 @@ def main():
             os.chdir(p)
 
     os.environ["DVC_ROOT"] = str(tmp)
+
     class Factory:  # the fixture's tmp_path_factory, by hand
         def mktemp(self, name):
             (tmp / name).mkdir()
