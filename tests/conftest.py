@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,12 @@ import torch
 from pipeline.config import loader as configmod
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_report_header(config):
+    """Free disk where the tests write: a full disk fails every fixture that writes, far from its cause."""
+    tmp = tempfile.gettempdir()
+    return f"temporary files: {tmp}, {shutil.disk_usage(tmp).free / 2**30:.1f} GiB free"
 
 
 def pytest_collection_modifyitems(config, items):
