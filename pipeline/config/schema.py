@@ -127,7 +127,8 @@ class SweepConfig:
     trial_timeout_s: float = field(default=900.0, metadata=bounds(1, TIMEOUT_MAX_S))
     # each point measured this many times, in alternating rounds (a k=1 reference next to its k>1 points in each)
     repeats: int = field(default=1, metadata=bounds(1))
-    # a trial flagged as measured under interference is enqueued again, up to this many times (its row is kept)
+    # a trial flagged as measured under interference is enqueued again, up to this many times (its row is kept);
+    # not after 3 vain quiet waits in a row (measure/quiet.py): on a host that stays busy the copy meets the same load
     remeasure_interfered: int = field(default=0, metadata=bounds(0))
     # before each trial, wait up to this long for other processes to use at most train.interference_threshold
     # cores (measure/quiet.py; after 3 vain waits in a row, one probe per trial); 0 = never wait

@@ -4,7 +4,8 @@ Before each trial the sweep probes, over `probe_s`, how many cores other process
 the host's busy CPU time less this process tree's); at or below the flagging threshold the trial starts at once,
 otherwise the probe repeats until `max_wait_s` have passed, then the trial starts anyway (and interference.py flags
 it if the load stays). On a host that stays busy the sweep stops paying for the wait: after `give_up_after` vain
-waits in a row each later trial gets one probe only, until a probe finds the host quiet again. The trials run in
+waits in a row each later trial gets one probe only, and a flagged trial is not re-measured
+(sweep.remeasure_interfered), until a probe finds the host quiet again. The trials run in
 enqueue order (a k=1 reference next to its k>1 points, sweep/stage.py enqueue_order), so a quiet moment found for
 one tends to hold for its neighbours. The wait never fails a trial: no /proc/stat means no wait.
 """
@@ -54,6 +55,11 @@ class QuietGate:
         self.threshold, self.max_wait_s, self.probe_s = threshold, max_wait_s, probe_s
         self.probe = probe or (lambda: foreign_cores(probe_s))
         self.clock, self.give_up_after, self.vain = clock, give_up_after, 0
+
+    @property
+    def stays_busy(self) -> bool:
+        """The last give_up_after waits in a row found the host busy: a re-measure would meet the same load."""
+        return self.vain >= self.give_up_after
 
     def wants(self) -> str:
         """What the gate waits for, in words."""

@@ -220,6 +220,8 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             if waited.text:
                 print(f"{label} {waited.text}", file=sys.stderr, flush=True)
                 trial.set_user_attr("quiet_wait", waited.text)
+            if gate.stays_busy:  # a flagged result is kept as it is: a re-measure would meet the same load
+                trial.set_user_attr("host_stays_busy", gate.vain)
         outcome = run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir, configs)
         print(f"{label} -> {outcome}", file=sys.stderr, flush=True)
         write_table(study, strategy, skipped, out_csv, host)

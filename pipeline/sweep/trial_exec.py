@@ -223,10 +223,14 @@ def _record_result(study, trial, run: TrialRun, metrics, out_dir) -> str:
 
 def _remeasure(cfg, study, trial, p, metrics) -> str:
     """A trial flagged as measured under interference is enqueued again (its own row stays, flagged), up to
-    sweep.remeasure_interfered times; the copy runs after the trials already waiting."""
+    sweep.remeasure_interfered times; the copy runs after the trials already waiting. Not on a host that stays busy
+    (the quiet wait failed that many times in a row before this trial, stage.py): the copy would meet the same load."""
     done = trial.user_attrs.get("remeasure", 0)
     if not (metrics.get("interference") or {}).get("interfered") or done >= cfg.sweep.remeasure_interfered:
         return ""
+    busy = trial.user_attrs.get("host_stays_busy")
+    if busy:
+        return f"; not re-measured: the host stayed busy through {busy} quiet wait{'s' * (busy != 1)} in a row"
     study.enqueue_trial(
         p, user_attrs={"repeat": trial.user_attrs.get("repeat", 0), "remeasure": done + 1, "remeasure_of": trial.number}
     )

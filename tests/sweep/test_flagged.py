@@ -4,6 +4,7 @@ attributes; the console counter; the pipeline run's tag), and the study row show
 from __future__ import annotations
 
 import json
+import time
 
 import optuna
 import pytest
@@ -61,6 +62,25 @@ def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path,
         assert t.user_attrs["flagged"] == 1.0 and t.user_attrs["foreign_cores"] == 1.9
     err = capsys.readouterr().err
     assert "trial 2/1+1 re-measure " in err and "trial 2/1 " not in err
+
+
+def test_a_host_that_stays_busy_gets_no_remeasure(make_cfg, tmp_path, loaded, capsys, monkeypatch):
+    """Once the quiet wait has failed give_up_after times in a row, a flagged trial is kept as it is: a re-measure
+    would meet the same load. The console says why; no second run is made."""
+    from pipeline.measure import quiet
+    from pipeline.sweep import stage
+
+    def busy_gate(threshold, max_wait_s):
+        return quiet.QuietGate(threshold, max_wait_s, probe=lambda: time.sleep(0.01) or 1.9, give_up_after=1)
+
+    monkeypatch.setattr(stage, "QuietGate", busy_gate)
+    cfg = make_cfg(*ONE_POINT, "sweep.quiet_wait_s=0.05", "train.interference_threshold=0.5")
+    run_sweep(cfg, "single", tmp_path / "single.jsonl")
+    tr = tracking.Tracker(cfg)
+    (parent,) = tr.find_runs("tags.role = 'study'")
+    (run,) = tr.find_runs(f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert run.data.tags["parallax.flagged"] == REASON
+    assert "not re-measured: the host stayed busy through 1 quiet wait in a row" in capsys.readouterr().err
 
 
 def test_an_unflagged_trial_has_flagged_zero(make_cfg, tmp_path):

@@ -99,6 +99,20 @@ def test_an_interfered_trial_is_enqueued_again_up_to_the_limit(make_cfg):
     assert not study.get_trials(states=(TrialState.WAITING,))
 
 
+def test_no_remeasure_on_a_host_that_stays_busy(make_cfg):
+    """A flagged trial that ran after the quiet wait failed N times in a row (stage.py marks it) is not enqueued
+    again: the copy would meet the same load."""
+    cfg = make_cfg("sweep.remeasure_interfered=1")
+    study = optuna.create_study(storage=sweep.open_storage(cfg), study_name="busy")
+    p = {"devices": 1, "batch_size": 64, "lr": 0.1}
+    study.enqueue_trial(p, user_attrs={"repeat": 1})
+    first = claim(study)
+    first.set_user_attr("host_stays_busy", 3)
+    said = trial_exec._remeasure(cfg, study, first, p, {"interference": {"interfered": True}})
+    assert said == "; not re-measured: the host stayed busy through 3 quiet waits in a row"
+    assert not study.get_trials(states=(TrialState.WAITING,))
+
+
 def test_the_sweep_waits_for_a_quiet_moment_only_where_it_can_see_the_load(make_cfg, capsys):
     """Before each trial the sweep waits (bounded by sweep.quiet_wait_s) and says for what, once; off at 0, and off
     when SLURM runs the trials on other machines."""
