@@ -44,7 +44,8 @@ def why_no_answer(df, status) -> str:
         return (
             f"every one of the {len(m)} complete trials was measured under interference (other processes used "
             "this host's cores beyond pipeline/measure/interference.py's threshold), so none has a throughput "
-            "to compare. Rerun on a quieter host, or raise sweep.remeasure_interfered."
+            "to compare. Rerun on a quieter host: raising sweep.remeasure_interfered helps only where the host has "
+            "quiet moments (a sweep stops re-measuring once 3 waits in a row found it busy)."
         )
     down = "; ".join(
         f"{s}: {st['status']}" + (f" ({st['reason']})" if st["reason"] else "")

@@ -84,6 +84,8 @@ def test_no_answer_says_why():
     completed: no answer, and the summary's per-strategy reason."""
     ans, df = build(("ddp", 1, 1000.0, 1), ("ddp", 2, 1800.0, 2), interfered=True)
     assert ans.train["strategy"] == "ddp" and "*measured under load*" in text(ans).split("\n")[2]
+    loaded = answer.why_no_answer(df, {})  # where no under-load figure can be made either
+    assert "measured under interference" in loaded and "helps only where the host has quiet moments" in loaded
     failed = frame([row("ddp", k=1, state="failed", reason="CUDA out of memory")])
     status = strategy_status(failed, {"ddp": "ok"}, "results/sweeps", ["ddp"])
     cause = answer.why_no_answer(failed, status)
