@@ -85,5 +85,23 @@ def build_model(name: str, seed: int, init: str = "default") -> nn.Module:
     return model
 
 
+def is_channels_last_param(t: torch.Tensor) -> bool:
+    """Whether `apply_channels_last` gives this tensor the channels_last layout: 4-D with more than one input channel.
+
+    A weight with one input channel (the first conv: [20,1,3,3] LeNet, [64,1,3,3] ResNet-18) is the same bytes in
+    either layout, but its strides differ ([9,9,3,1] contiguous, [9,1,3,1] channels_last), and convolution's backward
+    returns its gradient contiguous: under a channels_last weight DDP's bucket view takes the weight's strides and
+    warns on every backward ("Grad strides do not match bucket view strides")."""
+    return t.dim() == 4 and t.shape[1] != 1
+
+
+def apply_channels_last(model: nn.Module) -> nn.Module:
+    """`model` (converted in place) with its 4-D parameters and buffers channels_last, except those with one input
+    channel, which stay contiguous (is_channels_last_param); what `model.to(memory_format=channels_last)` does
+    otherwise."""
+    cl = torch.channels_last
+    return model._apply(lambda t: t.to(memory_format=cl) if is_channels_last_param(t) else t)
+
+
 def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

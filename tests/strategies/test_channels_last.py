@@ -1,0 +1,99 @@
+"""train.channels_last converts every 4-D weight but those with one input channel (models.apply_channels_last): such
+a weight is the same bytes in either layout, and left contiguous its strides match the gradient convolution's
+backward returns, so DDP's bucket view (the weight's strides) takes that gradient without its "Grad strides do not
+match bucket view strides" warning on every backward.
+
+On CPU oneDNN's convolution backward returns each weight's gradient in the weight's own layout, so the mismatch never
+shows there; cuDNN's returns a one-input-channel weight's gradient with contiguous strides ([9,9,3,1] for a
+[64,1,3,3] weight, whatever the weight's). The DDP check below reproduces that with a gradient hook on those
+weights (it runs before the gradient is accumulated and reaches DDP's reducer); what cuDNN itself returns needs a
+GPU. pytest tests/strategies/test_channels_last.py -q"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+import warnings
+
+import pytest
+import torch
+
+from pipeline.config.loader import Config
+from pipeline.host.devices import Host
+from pipeline.models import apply_channels_last, build_model, is_channels_last_param
+from pipeline.strategies import STRATEGIES
+
+CPU = Host(kind="cpu", n=2, name="cpu", hostname="test", torch=torch.__version__, cuda="")
+STRIDE_WARNING = "Grad strides do not match bucket view strides"
+
+
+def _is_channels_last_only(t: torch.Tensor) -> bool:
+    """The layout dp's match_layout keeps on every replica (dp.py)."""
+    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+
+
+@pytest.mark.parametrize("name", ["lenet", "resnet18"])
+def test_every_4d_weight_but_the_one_input_channel_ones_is_channels_last(name):
+    """The first conv's weight keeps the plain model's strides, every other 4-D weight has channels_last's; dp's
+    match_layout, which copies device 0's channels_last-only weights to channels_last on every replica, finds the
+    first conv's contiguous, as the loop left it."""
+    plain = build_model(name, 0)
+    model = apply_channels_last(build_model(name, 0))
+    weights = {n: p for n, p in model.named_parameters() if p.dim() == 4}
+    first = next(iter(weights))
+    assert weights[first].shape[1] == 1 and not is_channels_last_param(weights[first])
+    for n, p in weights.items():
+        layout = torch.channels_last if n != first else torch.contiguous_format
+        assert is_channels_last_param(p) == (n != first), n
+        assert p.stride() == torch.empty_like(plain.get_parameter(n), memory_format=layout).stride(), n
+        assert torch.equal(p, plain.get_parameter(n)), n
+    assert not _is_channels_last_only(weights[first])
+    assert all(is_channels_last_param(p) for p in weights.values() if _is_channels_last_only(p))
+
+
+def _worker(model_name: str) -> list[str]:
+    import os
+
+    import torch.distributed as dist
+
+    from pipeline.trial.loop import build
+
+    t = dataclasses.replace(Config().train, strategy="ddp", devices=2, model=model_name, channels_last=True)
+    strategy = STRATEGIES["ddp"](t, CPU)
+    strategy.setup(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    try:
+        model, criterion, optimizer = build(t, strategy)  # the trial's own conversion
+        for p in model.module.parameters():
+            if p.dim() == 4 and p.shape[1] == 1:  # as cuDNN's convolution backward returns it (module docstring)
+                p.register_hook(lambda grad: grad.clone(memory_format=torch.contiguous_format))
+        g = torch.Generator().manual_seed(strategy.rank)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                x = torch.randn(2, 1, 28, 28, generator=g).contiguous(memory_format=torch.channels_last)
+                strategy.train_step(model, criterion, optimizer, x, torch.randint(0, 10, (2,), generator=g))
+        return [str(w.message) for w in caught]
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_name", ["lenet", "resnet18"])
+def test_ddp_with_channels_last_warns_nothing_about_grad_strides(model_name):
+    """Fresh ranks (the warning may be issued once per process) of a Gloo world of 2 on CPU."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    lc = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=2,
+        run_id=uuid.uuid4().hex[:8],
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.05,
+        start_method="spawn",  # as test_shm.py: forking pytest itself once hung a rank
+    )
+    res = elastic_launch(lc, _worker)(model_name)
+    for rank, messages in res.items():
+        assert not [m for m in messages if STRIDE_WARNING in m], (rank, messages)
