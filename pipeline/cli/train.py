@@ -30,12 +30,16 @@ def _print_epoch(record) -> None:
 
 def run(args) -> int:
     """`python -m pipeline train`: one trial, its MLflow run (unless --no-track), metrics.json and the final state."""
+    from pipeline.trial import start
+
+    cfg = _train_cfg(args)
+    start.start_early(cfg.train.start_method)  # a forkserver's imports run beside this process's own
+
     from pipeline.host.devices import probe
     from pipeline.measure import meter
     from pipeline.preflight import output_dir
     from pipeline.trial.launch import check_batch_fits, check_feasible, run_trial
 
-    cfg = _train_cfg(args)
     host = probe()
     check_feasible(cfg, host)  # before any work, before touching the stores
     from pipeline.data import store as data

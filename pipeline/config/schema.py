@@ -99,8 +99,8 @@ class TrainConfig:
     # the address this node advertises to the others (torch's LaunchConfig.local_addr); empty = torch's default, the
     # host name, refused for nodes on separate machines when it resolves to a loopback address only (launch.py)
     local_addr: str = ""
-    # how a trial's processes start; auto = spawn on GPUs, fork on CPU; fork is refused on GPUs (launch.py)
-    start_method: str = field(default="auto", metadata=choice("auto", "fork", "spawn"))
+    # how a trial's processes start (trial/start.py); auto = forkserver on GPUs, fork on CPU; fork is refused on GPUs
+    start_method: str = field(default="auto", metadata=choice("auto", "fork", "spawn", "forkserver"))
 
 
 @dataclass(frozen=True)

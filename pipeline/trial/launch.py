@@ -22,6 +22,7 @@ from pipeline.host.devices import Host, probe
 from pipeline.measure.interference import Monitor
 from pipeline.records.trial import TrialRecord, capability_fields, summarize
 from pipeline.strategies import STRATEGIES
+from pipeline.trial import start
 from pipeline.trial.loop import DivergenceError
 from pipeline.trial.rank_watch import is_out_of_memory
 from pipeline.trial.ranks import run_ranks
@@ -64,8 +65,8 @@ def check_feasible(cfg, host: Host) -> None:
         raise Infeasible(
             "train.start_method=fork cannot run on a CUDA host: this process initialises CUDA when it "
             'probes the GPUs, and a forked process cannot initialise it again (PyTorch: "Cannot '
-            're-initialize CUDA in forked subprocess"). Use train.start_method=spawn, or auto (spawn '
-            "on GPUs, fork on CPU)."
+            're-initialize CUDA in forked subprocess"). Use train.start_method=forkserver or spawn, or auto '
+            "(forkserver on GPUs, fork on CPU)."
         )
     if t.batch_size % t.devices:
         raise Infeasible(
@@ -153,11 +154,17 @@ _USER_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 
 def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: float | None = None) -> TrialRecord:
     """Run one trial, write out_dir/metrics.json (the record's JSON view) and out_dir/final_state.pt."""
+    entered = time.time()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not _USER_INDUCTOR_CACHE:  # importing torch._dynamo makes /tmp/torchinductor_<user>: kept in the repo instead
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(paths.repo_root() / "runs" / ".torchinductor")
-    for stale in [*out_dir.glob("ack-*"), out_dir / "progress.jsonl", out_dir / "final_state.pt"]:
+    for stale in [
+        *out_dir.glob("ack-*"),
+        out_dir / "progress.jsonl",
+        out_dir / "final_state.pt",
+        out_dir / "timeline.json",
+    ]:
         stale.unlink(missing_ok=True)
     host = probe()
     check_feasible(cfg, host)
@@ -167,9 +174,12 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
     monitor = Monitor(
         cfg.train.devices, host.kind, range(min(cfg.train.devices, host.n)), threshold=cfg.train.interference_threshold
     )
+    timeline = {"start_method": start.resolve(cfg.train.start_method, host.kind), "entered": entered}
     try:
         with monitor:
+            timeline["launched"] = time.time()
             results = run_ranks(cfg, host, strategy, out_dir, on_epoch, progress, timeout_s)
+            timeline["returned"] = time.time()
     except DivergenceError as e:
         raise TrialFailed(str(e), "diverged") from None
     except (RuntimeError, MemoryError) as e:  # this process's share (the data it loads before forking the ranks)
@@ -180,6 +190,8 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
     facts = host_fields(host, cfg.train.devices)
     record = summarize(cfg, host, strategy, results, time.perf_counter() - t0, facts, interference=monitor.result())
     (out_dir / "metrics.json").write_text(json.dumps(record.to_json(), indent=2))
+    timeline["rank0"], timeline["written"] = results[0].get("timeline"), time.time()
+    (out_dir / "timeline.json").write_text(json.dumps(timeline, indent=2))
     return record
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import time
 
 import torch
 from torch import nn
@@ -16,7 +17,7 @@ from torch import nn
 from pipeline.data import store as datamod
 from pipeline.measure import breakdown
 from pipeline.measure.meter import Meter
-from pipeline.models import build_model
+from pipeline.models import apply_channels_last, build_model
 
 
 class DivergenceError(RuntimeError):
@@ -58,7 +59,7 @@ def build(t, strategy):
     """The model with its parallelism applied (before the loop), its criterion and optimizer."""
     model = build_model(t.model, t.seed, t.init).to(strategy.device)
     if t.channels_last and strategy.channels_last_params:
-        model = model.to(memory_format=torch.channels_last)
+        model = apply_channels_last(model)
     model, criterion = strategy.wrap(model, nn.CrossEntropyLoss())
     if t.compile:
         model = torch.compile(model)
@@ -74,9 +75,11 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
     return n // batch_size
 
 
-def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) -> dict:
-    """Train cfg.train.model with `strategy` (already set up) on `data`; returns this process's results."""
+def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, marks: dict | None = None) -> dict:
+    """Train cfg.train.model with `strategy` (already set up) on `data`; returns this process's results. `marks`: the
+    trial's timeline, given the times the model is built and training ends, and the seconds in steps and evaluation."""
     t, device = cfg.train, strategy.device
+    marks = {} if marks is None else marks
     model, criterion, optimizer = build(t, strategy)
     # --- data: uint8 tensors resident on the input device, normalised there per batch. Every rank holds the whole
     # set (its batches index into it); the memory meter counts it as resident, not as the step's (metrics.py)
@@ -93,7 +96,9 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
     )
     history = {"test_acc": [], "train_loss": []}
     step, stopped = 0, False
+    marks.update(built=time.time(), steps_s=0.0, eval_s=0.0)
     for epoch in range(t.epochs):
+        t_steps = time.perf_counter()
         batches = datamod.epoch_batches(train_x.shape[0], t.batch_size, epoch, t.seed, rank, world).to(device)
         model.train()
         loss_sum, n_steps = torch.zeros((), device=device), 0
@@ -117,6 +122,8 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
                 break
         epoch_s, throughput = meter.end_epoch(step)
         _check_finite(loss, step, epoch, t.lr)
+        t_eval = time.perf_counter()
+        marks["steps_s"] += t_eval - t_steps
         # --- end of epoch: loss, evaluation, then the caller's verdict (report, prune), agreed by every rank
         history["train_loss"].append((strategy.reduce(loss_sum) / (n_steps * world)).item())
         with meter.evaluation():  # outside the memory window: evaluation is not the strategy's step
@@ -124,6 +131,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
                 evaluate(strategy.eval_model(model), strategy, test_x, test_y, channels_last=t.channels_last)
             )
         meter.note_accuracy(history["test_acc"][-1])
+        marks["eval_s"] += time.perf_counter() - t_eval
         record = {
             "epoch": epoch + 1,
             "epochs": t.epochs,
@@ -139,6 +147,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None) ->
             break
         if t.max_steps and step >= t.max_steps:
             break
+    marks["trained"] = time.time()
     state = strategy.state_dict(model)  # collective for sharded parameters: every rank calls it
     return _results(strategy, meter.results(), history, step, stopped, state)
 

@@ -5,8 +5,8 @@ one (single, scratch, dp, dp_criterion).
 Never the caller's process, so every trial has its time budget: a call that never returns (DataParallel's NCCL
 broadcast on a host with broken P2P) can only be stopped from outside; a stopped rank leaves its Python stacks in
 stacks-rank<r>.txt. A long-lived caller (sweep, doctor) keeps none of a trial's device state (CUDA contexts, the
-caching allocator's reserve). Cost: the launcher's start and stop, a few tenths of a second on CPU (fork shares the
-loaded data); on GPUs (spawn) also importing torch and reading the data again, per trial.
+caching allocator's reserve). Cost: the launcher's start and stop and the ranks' start (start.py: fork on CPU shares
+the loaded data; on GPUs each rank is a fork of a server with torch loaded, which maps the data files).
 
 The main rank reports each epoch through files in the trial directory (progress.jsonl, answered by ack-<epoch>),
 so the caller's callback (MLflow logging, Optuna pruning) runs in the caller's process, also across nodes.
@@ -36,7 +36,7 @@ from pipeline.host import loopback
 from pipeline.host.capabilities import fp32_pinned, tf32_flags, tf32_text
 from pipeline.host.devices import Host, probe
 from pipeline.strategies import STRATEGIES
-from pipeline.trial import node_addr
+from pipeline.trial import node_addr, start
 from pipeline.trial.loop import train
 from pipeline.trial.rank_watch import failure_reason, stacks_kept, watch_epochs
 from pipeline.trial.rdzv_watch import RendezvousWatch
@@ -72,14 +72,14 @@ def _progress_bar(enabled: bool, label: str):
     return update
 
 
-def _run_process(cfg, strategy, rank, world, data, on_epoch, progress):
+def _run_process(cfg, strategy, rank, world, data, on_epoch, progress, marks=None):
     strategy.setup(rank, world)
     try:
         label = f"{cfg.train.strategy} k={cfg.train.devices}"
         # pinned in each process: a spawned rank starts with torch's TF32 defaults, whatever its parent set
         with fp32_pinned(cfg.train.fp32_precision != "default", tf32=cfg.train.fp32_precision == "tf32"):
             return {**train(cfg, strategy, data, on_epoch=on_epoch,
-                            progress=_progress_bar(progress and strategy.is_main(), label)),
+                            progress=_progress_bar(progress and strategy.is_main(), label), marks=marks),
                     "tf32": tf32_text(tf32_flags())}
     finally:
         strategy.teardown()
@@ -135,36 +135,38 @@ def _stacks_on_stop(path: Path) -> None:
     faulthandler.register(signal.SIGTERM, file=_STACKS, all_threads=True, chain=True)
 
 
-def rank_entry(cfg, out_dir: str, wait_for_ack: bool, progress: bool) -> dict:
+def rank_entry(cfg, out_dir: str, wait_for_ack: bool, progress: bool, env: dict | None = None) -> dict:
     """Entry point of each worker process started by the elastic launcher. `cfg`: the trial's Config as its caller
-    built it (shared by fork, pickled by spawn), used as it is: never rebuilt or validated again here."""
+    built it (shared by fork, pickled otherwise), used as it is: never rebuilt or validated again here. `env`: the
+    caller's environment changes a forkserver's rank takes (start.env_delta)."""
     # forked from the trial's parent: its Python objects (torch, MLflow, Optuna: hundreds of thousands) are never
     # garbage here, so keep the collector off them (a full collection at teardown walked them all and copied the
     # shared pages it touched)
     gc.freeze()
+    start.apply_env(env or {})
+    marks = {"entered": time.time()}  # the trial's timeline (timeline.json): where its fixed cost goes
     _exit_with_agent()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _stacks_on_stop(Path(out_dir) / f"stacks-rank{rank}.txt")
+    for module in (*start.PRELOAD[:-1], *STRATEGIES[cfg.train.strategy].HEAVY_MODULES):  # loaded already unless spawned
+        importlib.import_module(module)
+    marks["imported"] = time.time()
     data = _DATA if _DATA is not None else load_data(cfg)
+    marks["data"] = time.time()
     strategy = STRATEGIES[cfg.train.strategy](cfg.train, probe())
     on_epoch = _file_reporter(Path(out_dir), wait_for_ack, cfg.train.timeout_s)
-    result = _run_process(cfg, strategy, rank, world, data, on_epoch, progress)
+    result = _run_process(cfg, strategy, rank, world, data, on_epoch, progress, marks)
     if result["state_dict"] is not None:
         torch.save(result.pop("state_dict"), Path(out_dir) / "final_state.pt")
     result.pop("state_dict", None)
     result["node"] = os.environ.get("GROUP_RANK", "0")
     result["local_rank"] = int(os.environ.get("LOCAL_RANK", rank))
+    marks["returned"] = time.time()
+    result["timeline"] = marks
     return result
 
 
 # ----------------------------------------------------------------------------- many processes
-
-def _start_method(cfg, host: Host) -> str:
-    if cfg.train.start_method != "auto":
-        return cfg.train.start_method
-    # fork shares the loaded data and skips re-importing torch; CUDA cannot be used after fork.
-    return "spawn" if host.kind == "cuda" else "fork"
-
 
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
@@ -213,7 +215,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     nproc = t.devices // t.nnodes if STRATEGIES[t.strategy].multiprocess else 1
     standalone = t.nnodes == 1 and not t.rdzv_endpoint
     rdzv = rendezvous_args(t)
-    start_method = _start_method(cfg, host)
+    start_method = start.resolve(t.start_method, host.kind)
     stop = threading.Event()
     timed_out = threading.Event()
 
@@ -231,10 +233,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     failed = []  # the error of the caller's on_epoch, if any
     watcher = threading.Thread(target=watch_epochs, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None, failed),
                                daemon=True)
-    if start_method == "fork":  # once per process, inherited by every forked rank of every trial
-        # torch._dynamo: every trial's optimizer imports it (torch/_compile.py, on its first param group)
-        for module in ("torch._dynamo", *STRATEGIES[t.strategy].HEAVY_MODULES):
-            importlib.import_module(module)
+    start.prepare(start_method, STRATEGIES[t.strategy].HEAVY_MODULES)
     # the agent's logs (/tmp/torchelastic_*) and torch.multiprocessing's error files (/tmp/pytorch-errorfile-*,
     # named in the system temp dir before forking, never removed) go to a folder of this trial's, removed below
     _remove_orphaned_scratch()
@@ -250,7 +249,8 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
         with loopback.collectives_on_loopback() if standalone else node_addr.collectives_on(t.local_addr), \
                 _tempdir(scratch), \
                 watch or contextlib.nullcontext():
-            results = elastic_launch(lc, rank_entry)(cfg, str(out_dir), on_epoch is not None, progress)
+            results = elastic_launch(lc, rank_entry)(cfg, str(out_dir), on_epoch is not None, progress,
+                                                     start.env_delta(start_method))
     except Exception as e:
         if watch and watch.lost:
             raise TrialFailed(f"lost the rendezvous host {t.rdzv_endpoint} (node 0): it did not answer for "
