@@ -54,8 +54,26 @@ def _proc_stat() -> tuple[float, float] | None:
 
 
 def _own_cpu() -> float:
+    """CPU seconds of this process, the children it reaped, and its live children with what they reaped: a trial's
+    ranks forked by a forkserver (trial/start.py) are reaped by that server, a live child of this process, so their
+    time is the server's until this process exits."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    return t.user + t.system + t.children_user + t.children_system + _live_children_cpu()
+
+
+def _live_children_cpu() -> float:
+    me, ticks = os.getpid(), 0
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+        if len(fields) > 14 and int(fields[1]) == me:  # fields from `state` on: ppid, ..., utime, stime, cutime, cstime
+            ticks += sum(int(x) for x in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 class Monitor:
