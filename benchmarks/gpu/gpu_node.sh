@@ -2,7 +2,8 @@
 # Parallax on an air-gapped GPU node, from the bundle `make gpu-bundle` builds (this file is its run.sh):
 # installs the project without a registry into a folder of its own on PYTHONPATH, beside the node's Python and its
 # own PyTorch (neither is touched), then runs the first-run check (on a CUDA host: benchmarks/gpu/gpu_first_run.py,
-# under 10 minutes, one row per review finding in first-run.md), `doctor` and the GPU benchmark, all under OUT_DIR.
+# under 10 minutes, one row per review finding in first-run.md; its steps read this folder's params.yaml and
+# experiments/, and size their limits on one timed trial), `doctor` and the GPU benchmark, all under OUT_DIR.
 # (A folder, not a venv: a venv made from a venv's Python does not see that venv's packages, as on images whose
 # PyTorch lives in a venv.)
 #
@@ -45,7 +46,7 @@ if [ "${FIRST_RUN:-}" != skip ]; then
   if "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
     PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m benchmarks.gpu.gpu_first_run --out "$OUT/first-run" 2>&1 | tee "$OUT/first-run.log" || status=1
   else
-    echo "first-run check skipped: no CUDA device here (it needs one)" | tee "$OUT/first-run.log"
+    echo "first-run check skipped: no CUDA device here (it needs one; --allow-cpu rehearses it on a CPU)" | tee "$OUT/first-run.log"
   fi
   [ "${FIRST_RUN:-}" = only ] && { echo "results in $OUT/first-run/first-run.md"; exit $status; }
 fi

@@ -4,8 +4,9 @@
 
 The node keeps its own PyTorch (and everything else it has): the bundle carries the project as a wheel, plus wheels
 of only those core requirements the node lacks (from `pip freeze` of the node, or the documented GPU node below),
-the benchmark scripts, the seeds' reference recipe, and run.sh, which installs all of it without a registry into a
-folder beside the node's packages and runs the first-run check, `doctor` and the GPU benchmarks. The size is
+the benchmark scripts, params.yaml and the profiles (experiments/: the first-run check's steps read them from the
+bundle, as from a checkout), the seeds' reference recipe, and run.sh, which installs all of it without a registry
+into a folder beside the node's packages and runs the first-run check, `doctor` and the GPU benchmarks. The size is
 printed; over 64 MiB fails.
 
 The documented node has torch, pandas, matplotlib and pytest only (none of which pulls in pyyaml or tqdm), so a
@@ -83,6 +84,22 @@ def _pip(*args):
     subprocess.run([sys.executable, "-m", "pip", *args], check=True)
 
 
+def carry(out: Path, peer: Path | None) -> None:
+    """Everything but the wheels: benchmarks/, the configuration, the reference recipe and run.sh."""
+    shutil.copytree(
+        REPO / "benchmarks", out / "benchmarks", ignore=shutil.ignore_patterns("out", "__pycache__", "RESULTS.md")
+    )
+    # the configuration the first-run check's steps read: beside benchmarks/, the bundle is their root as a checkout
+    # would be (gpu_first_run.project_root), wherever run.sh is started from
+    shutil.copy2(REPO / "params.yaml", out / "params.yaml")
+    shutil.copytree(REPO / "experiments", out / "experiments", ignore=shutil.ignore_patterns("__pycache__"))
+    if peer and peer.exists():
+        (out / "peers").mkdir()
+        shutil.copy2(peer, out / "peers" / peer.name)
+    shutil.copy2(REPO / "benchmarks" / "gpu" / "gpu_node.sh", out / "run.sh")
+    (out / "run.sh").chmod(0o755)
+
+
 def build(out: Path, node: dict[str, str], peer: Path | None) -> Path:
     if out.exists():
         shutil.rmtree(out)
@@ -113,14 +130,7 @@ def build(out: Path, node: dict[str, str], peer: Path | None) -> Path:
         )
     # what run.sh installs by name from wheels/ (pip picks each one's wheel for the node's Python)
     (wheels / "install.txt").write_text("\n".join(["parallax", *lacking]) + "\n")
-    shutil.copytree(
-        REPO / "benchmarks", out / "benchmarks", ignore=shutil.ignore_patterns("out", "__pycache__", "RESULTS.md")
-    )
-    if peer and peer.exists():
-        (out / "peers").mkdir()
-        shutil.copy2(peer, out / "peers" / peer.name)
-    shutil.copy2(REPO / "benchmarks" / "gpu" / "gpu_node.sh", out / "run.sh")
-    (out / "run.sh").chmod(0o755)
+    carry(out, peer)
     (out / "CONTENTS.txt").write_text(
         "Parallax GPU bundle. On the node: bash run.sh OUT_DIR (see the top of run.sh).\n"
         f"wheels: {', '.join(sorted(p.name for p in wheels.iterdir()))}\n"

@@ -55,6 +55,9 @@ def test_bundle_installs_offline_keeps_torch_and_runs_the_checks(tmp_path):
     assert built.returncode == 0, built.stderr + built.stdout
     assert "MiB" in built.stdout and (tmp_path / "gpu-bundle.tar.gz").exists()
     assert bundle.size(tmp_path / "gpu-bundle") <= bundle.LIMIT
+    # the configuration the first-run check's steps read, beside its script (gpu_first_run.project_root)
+    assert (tmp_path / "gpu-bundle" / "params.yaml").exists()
+    assert (tmp_path / "gpu-bundle" / "experiments" / "cpu.yaml").exists()
     venv = _node(tmp_path)
     site = tmp_path / "parallax-site"
     env = {
