@@ -66,6 +66,12 @@ def prepare(method: str, heavy_modules=()) -> None:
             importlib.import_module(module)
 
 
+def prepared(method: str, heavy_modules=()) -> str:
+    """`method`, prepared: for a caller that launches ranks of its own through the elastic launcher."""
+    prepare(method, heavy_modules)
+    return method
+
+
 def env_delta(method: str) -> dict[str, tuple[str | None, str | None]]:
     """The caller's environment changes since its forkserver started, {name: (then, now)}: empty unless `method` is
     forkserver (fork and spawn take the caller's current environment)."""

@@ -22,6 +22,7 @@ from pipeline.config.loader import Config
 from pipeline.host.devices import Host
 from pipeline.models import apply_channels_last, build_model, is_channels_last_param
 from pipeline.strategies import STRATEGIES
+from pipeline.trial import start
 
 CPU = Host(kind="cpu", n=2, name="cpu", hostname="test", torch=torch.__version__, cuda="")
 STRIDE_WARNING = "Grad strides do not match bucket view strides"
@@ -92,7 +93,7 @@ def test_ddp_with_channels_last_warns_nothing_about_grad_strides(model_name):
         rdzv_endpoint="localhost:0",
         max_restarts=0,
         monitor_interval=0.05,
-        start_method="spawn",  # as test_shm.py: forking pytest itself once hung a rank
+        start_method=start.prepared("forkserver"),  # as test_shm.py: forking pytest itself once hung a rank
     )
     res = elastic_launch(lc, _worker)(model_name)
     for rank, messages in res.items():

@@ -22,6 +22,7 @@ from pipeline.doctor import equivalence
 from pipeline.host.devices import Host
 from pipeline.models import build_model
 from pipeline.strategies import fsdp
+from pipeline.trial import start
 
 WORLD = 3  # LeNet's rows split unevenly (20 -> 7, 7, 6), and the head's 4 rows leave rank 2 none
 CPU = Host(kind="cpu", n=WORLD, name="cpu", hostname="test", torch=torch.__version__, cuda="")
@@ -103,7 +104,7 @@ def test_the_joined_cpu_shards_are_the_full_state_on_rank_0():
         rdzv_configs={"timeout": int(datetime.timedelta(minutes=2).total_seconds())},
         max_restarts=0,
         monitor_interval=0.05,
-        start_method="spawn",  # as test_shm.py: forking pytest itself once hung a rank
+        start_method=start.prepared("forkserver"),  # as test_shm.py: forking pytest itself once hung a rank
     )
     res = elastic_launch(lc, _worker)()
     r0 = res[0]

@@ -14,6 +14,7 @@ import torch
 from pipeline.config import loader as configmod
 from pipeline.host.devices import probe
 from pipeline.strategies import shm_allreduce
+from pipeline.trial import start
 from pipeline.trial.launch import Infeasible, check_feasible
 
 pytestmark = pytest.mark.skipif(
@@ -74,9 +75,10 @@ def _launch(case: str, nproc: int) -> list[dict]:
         rdzv_endpoint="localhost:0",
         max_restarts=0,
         monitor_interval=0.05,
-        # spawn: forking pytest itself, after other tests left threads in it, once hung a rank
-        # before it reached init_process_group (CI, after test_scaleout)
-        start_method="spawn",
+        # not fork: forking pytest itself, after other tests left threads in it, once hung a rank before it reached
+        # init_process_group (CI, after test_scaleout). The trials' forkserver (trial/start.py): a fork of a clean
+        # server with torch loaded, not of pytest
+        start_method=start.prepared("forkserver"),
     )
     results = elastic_launch(lc, _worker)(case)
     return [results[r] for r in sorted(results)]
