@@ -12,7 +12,6 @@ GPU. pytest tests/strategies/test_channels_last.py -q"""
 from __future__ import annotations
 
 import dataclasses
-import uuid
 import warnings
 
 import pytest
@@ -22,7 +21,7 @@ from pipeline.config.loader import Config
 from pipeline.host.devices import Host
 from pipeline.models import apply_channels_last, build_model, is_channels_last_param
 from pipeline.strategies import STRATEGIES
-from pipeline.trial import start
+from tests.strategies import world
 
 CPU = Host(kind="cpu", n=2, name="cpu", hostname="test", torch=torch.__version__, cuda="")
 STRIDE_WARNING = "Grad strides do not match bucket view strides"
@@ -82,19 +81,6 @@ def _worker(model_name: str) -> list[str]:
 @pytest.mark.parametrize("model_name", ["lenet", "resnet18"])
 def test_ddp_with_channels_last_warns_nothing_about_grad_strides(model_name):
     """Fresh ranks (the warning may be issued once per process) of a Gloo world of 2 on CPU."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    lc = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=2,
-        run_id=uuid.uuid4().hex[:8],
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.05,
-        start_method=start.prepared("forkserver"),  # as test_shm.py: forking pytest itself once hung a rank
-    )
-    res = elastic_launch(lc, _worker)(model_name)
+    res = world.launch(_worker, model_name)
     for rank, messages in res.items():
         assert not [m for m in messages if STRIDE_WARNING in m], (rank, messages)

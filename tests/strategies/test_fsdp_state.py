@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import datetime
-import uuid
 from unittest import mock
 
 import pytest
@@ -22,7 +20,7 @@ from pipeline.doctor import equivalence
 from pipeline.host.devices import Host
 from pipeline.models import build_model
 from pipeline.strategies import fsdp
-from pipeline.trial import start
+from tests.strategies import world
 
 WORLD = 3  # LeNet's rows split unevenly (20 -> 7, 7, 6), and the head's 4 rows leave rank 2 none
 CPU = Host(kind="cpu", n=WORLD, name="cpu", hostname="test", torch=torch.__version__, cuda="")
@@ -92,21 +90,7 @@ def _worker() -> dict:
 
 @pytest.mark.slow
 def test_the_joined_cpu_shards_are_the_full_state_on_rank_0():
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    lc = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=WORLD,
-        run_id=uuid.uuid4().hex[:8],
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        rdzv_configs={"timeout": int(datetime.timedelta(minutes=2).total_seconds())},
-        max_restarts=0,
-        monitor_interval=0.05,
-        start_method=start.prepared("forkserver"),  # as test_shm.py: forking pytest itself once hung a rank
-    )
-    res = elastic_launch(lc, _worker)()
+    res = world.launch(_worker, nproc=WORLD, rdzv_timeout_s=120)
     r0 = res[0]
     assert all(res[r]["backend"] == "gloo" for r in res)
     assert [res[r]["rows"]["0.0.weight"] for r in sorted(res)] == [7, 7, 6]  # uneven

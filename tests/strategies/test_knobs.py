@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
 import torch
 
 from pipeline.config import loader as configmod
 from pipeline.host.devices import probe
+from tests.strategies import world
 
 TWO = probe().n >= 2
 
@@ -66,20 +66,9 @@ def _knob_worker(sets: list[str], count_buckets: bool = False) -> dict:
 
 
 def launch(*sets, count_buckets=False):
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    lc = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=2,
-        run_id=uuid.uuid4().hex[:8],
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        start_method="fork",
-        monitor_interval=0.05,
+    return world.launch(
+        _knob_worker, ["train.strategy=ddp", "train.devices=2", *sets], count_buckets, start_method="fork"
     )
-    return elastic_launch(lc, _knob_worker)(["train.strategy=ddp", "train.devices=2", *sets], count_buckets)
 
 
 pytestmark = pytest.mark.skipif(not TWO, reason="needs 2 devices")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import uuid
 
 import pytest
 import torch
@@ -14,8 +13,8 @@ import torch
 from pipeline.config import loader as configmod
 from pipeline.host.devices import probe
 from pipeline.strategies import shm_allreduce
-from pipeline.trial import start
 from pipeline.trial.launch import Infeasible, check_feasible
+from tests.strategies import world
 
 pytestmark = pytest.mark.skipif(
     shm_allreduce.available(1 << 20) is not None,
@@ -64,23 +63,7 @@ def _worker(case: str) -> dict:
 
 
 def _launch(case: str, nproc: int) -> list[dict]:
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    lc = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=uuid.uuid4().hex[:8],
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.05,
-        # not fork: forking pytest itself, after other tests left threads in it, once hung a rank before it reached
-        # init_process_group (CI, after test_scaleout). The trials' forkserver (trial/start.py): a fork of a clean
-        # server with torch loaded, not of pytest
-        start_method=start.prepared("forkserver"),
-    )
-    results = elastic_launch(lc, _worker)(case)
+    results = world.launch(_worker, case, nproc=nproc)
     return [results[r] for r in sorted(results)]
 
 
