@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -38,6 +39,18 @@ def _keep_excepthook():
     hook = sys.excepthook
     yield
     sys.excepthook = hook
+
+
+@pytest.fixture(autouse=True)
+def _keep_tracking_env():
+    """mlflow.set_tracking_uri (every in-process Tracker) also sets MLFLOW_TRACKING_URI in os.environ: restored after
+    each test, so a later test's subprocesses do not inherit another test's store (and warn about it)."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 @pytest.fixture(scope="session")

@@ -53,27 +53,22 @@ def _proc_stat() -> tuple[float, float] | None:
     return busy / hz, v[7] / hz
 
 
-def _own_cpu() -> float:
-    """CPU seconds of this process, the children it reaped, and its live children with what they reaped: a trial's
-    ranks forked by a forkserver (trial/start.py) are reaped by that server, a live child of this process, so their
-    time is the server's until this process exits."""
+def _own_cpu(helpers=()) -> float:
+    """CPU seconds of this process, the children it reaped, and `helpers` (live children of this process that start
+    the trial's ranks) with what they reaped: a forkserver (trial/start.py) reaps the ranks it forks, so their time is
+    the server's until this process exits."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system + _live_children_cpu()
+    return t.user + t.system + t.children_user + t.children_system + sum(map(_process_cpu, helpers))
 
 
-def _live_children_cpu() -> float:
-    me, ticks = os.getpid(), 0
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):  # gone meanwhile
-            continue
-        if len(fields) > 14 and int(fields[1]) == me:  # fields from `state` on: ppid, ..., utime, stime, cutime, cstime
-            ticks += sum(int(x) for x in fields[11:15])
-    return ticks / os.sysconf("SC_CLK_TCK")
+def _process_cpu(pid: int) -> float:
+    """utime + stime + cutime + cstime of a live process, from /proc (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # from `state` on: utime is the 12th
+    except (OSError, IndexError):
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 class Monitor:
@@ -86,14 +81,18 @@ class Monitor:
         gpu_indices=(),
         threshold: float = DEFAULT_THRESHOLD,
         sample_s: float | None = None,
+        helpers=tuple,
     ):
+        """`helpers()`: the PIDs of live processes whose CPU time (and that of the children they reap) is the
+        trial's own, read at the window's start and end (the forkserver the trial's ranks are forked from)."""
         self.devices_used, self.kind, self.threshold = devices_used, device_kind, threshold
+        self.helpers = helpers
         self.gpus = list(gpu_indices)  # the trial's CUDA ordinals
         self.sample_s = sample_s
         self._start = self._end = self._gpu = None
 
     def __enter__(self):
-        self._start = (time.monotonic(), _proc_stat(), _own_cpu(), os.getloadavg()[0])
+        self._start = (time.monotonic(), _proc_stat(), _own_cpu(self.helpers()), os.getloadavg()[0])
         if self.kind == "cuda":
             self._gpu = GpuSampler(self.gpus, SAMPLE_INTERVAL_S if self.sample_s is None else self.sample_s)
             self._gpu.start()
@@ -102,7 +101,7 @@ class Monitor:
     def __exit__(self, *exc):
         if self._gpu:
             self._gpu.stop()
-        self._end = (time.monotonic(), _proc_stat(), _own_cpu(), os.getloadavg()[0])
+        self._end = (time.monotonic(), _proc_stat(), _own_cpu(self.helpers()), os.getloadavg()[0])
         return False
 
     def result(self) -> dict:

@@ -151,8 +151,16 @@ class Tracker:
         root = root if root.is_absolute() else repo_root() / root
         name = "synthetic" if cfg.data.source == "synthetic" else "fashion-mnist"
         ds = MetaDataset(LocalArtifactDatasetSource(str(root)), name=name, digest=data_digest(root))
-        self.client.log_inputs(run_id, [DatasetInput(ds._to_mlflow_entity(),
-                                                     [InputTag("mlflow.data.context", context)])])
+        inputs = [DatasetInput(ds._to_mlflow_entity(), [InputTag("mlflow.data.context", context)])]
+        # MLflow's SQL store looks a dataset up, then inserts it: two sweep workers logging the same data at the same
+        # moment both insert, and the later one fails on the datasets table's unique key. The row exists by then, so
+        # the same call again finds it and only links this run to it.
+        for attempt in range(3):
+            try:
+                return self.client.log_inputs(run_id, inputs)
+            except Exception as e:
+                if attempt == 2 or not _is_integrity_error(e):
+                    raise
 
     def log_artifact(self, run_id: str, path, subdir: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), subdir)
@@ -282,3 +290,14 @@ def log_completed_run(tracker: Tracker, run_id: str, record, out_dir: Path) -> N
     tracker.set_tags(run_id, record.tags())
     if (out_dir / "metrics.json").exists():
         tracker.log_artifact(run_id, out_dir / "metrics.json")
+
+
+def _is_integrity_error(e: BaseException | None) -> bool:
+    """A unique-key violation anywhere in the exception's chain (SQLAlchemy's IntegrityError, however it is wrapped)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if type(e).__name__ == "IntegrityError" or "UNIQUE constraint failed" in str(e):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False

@@ -172,7 +172,11 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
     t0 = time.perf_counter()
     # what else used the host meanwhile (interference.py): recorded with the trial, flagged beyond the threshold
     monitor = Monitor(
-        cfg.train.devices, host.kind, range(min(cfg.train.devices, host.n)), threshold=cfg.train.interference_threshold
+        cfg.train.devices,
+        host.kind,
+        range(min(cfg.train.devices, host.n)),
+        threshold=cfg.train.interference_threshold,
+        helpers=start.server_pids,
     )
     timeline = {"start_method": start.resolve(cfg.train.start_method, host.kind), "entered": entered}
     try:

@@ -72,6 +72,13 @@ def prepared(method: str, heavy_modules=()) -> str:
     return method
 
 
+def server_pids() -> list[int]:
+    """This process's forkserver, while it runs: its ranks' CPU time is the trial's own (measure/interference.py).
+    Python names the server's PID in a private attribute only."""
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    return [pid] if pid else []
+
+
 def env_delta(method: str) -> dict[str, tuple[str | None, str | None]]:
     """The caller's environment changes since its forkserver started, {name: (then, now)}: empty unless `method` is
     forkserver (fork and spawn take the caller's current environment)."""
