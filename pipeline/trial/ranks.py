@@ -148,7 +148,7 @@ def rank_entry(cfg, out_dir: str, wait_for_ack: bool, progress: bool, env: dict 
     _exit_with_agent()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _stacks_on_stop(Path(out_dir) / f"stacks-rank{rank}.txt")
-    for module in (*start.PRELOAD[:-1], *STRATEGIES[cfg.train.strategy].HEAVY_MODULES):  # loaded already unless spawned
+    for module in (*start.IMPORTS, *STRATEGIES[cfg.train.strategy].HEAVY_MODULES):  # loaded already unless spawned
         importlib.import_module(module)
     marks["imported"] = time.time()
     data = _DATA if _DATA is not None else load_data(cfg)

@@ -22,8 +22,9 @@ import multiprocessing.forkserver
 import os
 
 METHODS = ("auto", "fork", "spawn", "forkserver")
-# what every rank imports before its first step: preloaded in the server (and, with fork, in the caller)
-PRELOAD = ("torch", "torch._dynamo", "pipeline.trial.ranks")
+# what every rank imports before its first step beside the rank entry: loaded in the server (preload.py) and, with
+# fork, in the caller
+IMPORTS = ("torch", "torch._dynamo")
 
 _SERVER_ENV: dict[str, str] | None = None  # os.environ when this process started its forkserver
 
@@ -37,14 +38,14 @@ def resolve(method: str, kind: str) -> str:
 
 
 def start_early(method: str, heavy_modules=()) -> None:
-    """Start this process's forkserver now, with `PRELOAD` and `heavy_modules` imported in it, when `method` may
+    """Start this process's forkserver now, with preload.py and `heavy_modules` imported in it, when `method` may
     resolve to forkserver; it then loads them while the caller does its own set-up. Idempotent."""
     global _SERVER_ENV
     if method not in ("forkserver", "auto") or _SERVER_ENV is not None:
         return
     if method == "auto" and not _cuda_likely():
         return
-    multiprocessing.set_forkserver_preload([*PRELOAD, *heavy_modules])
+    multiprocessing.set_forkserver_preload(["pipeline.trial.preload", *heavy_modules])
     _SERVER_ENV = dict(os.environ)
     multiprocessing.forkserver.ensure_running()
 
@@ -62,7 +63,7 @@ def prepare(method: str, heavy_modules=()) -> None:
     elif method == "fork":  # once per process, inherited by every forked rank of every trial
         import importlib
 
-        for module in (*PRELOAD[:-1], *heavy_modules):
+        for module in (*IMPORTS, *heavy_modules):
             importlib.import_module(module)
 
 

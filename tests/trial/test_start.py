@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import multiprocessing.forkserver
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +24,7 @@ from pipeline.measure.comm_probes import DUMP_ENV
 from pipeline.trial import start
 from pipeline.trial.launch import run_trial
 
+REPO = Path(__file__).resolve().parents[2]
 SMALL = ("train.batch_size=32", "data.train_limit=256", "data.test_limit=64", "train.epochs=1")
 
 
@@ -93,3 +97,13 @@ def test_every_trial_writes_its_timeline_in_order(make_cfg, tmp_path):
     ]
     assert stamps == sorted(stamps)
     assert 0 < r["steps_s"] and 0 < r["eval_s"] and r["steps_s"] + r["eval_s"] <= r["trained"] - r["built"]
+
+
+def test_the_servers_preload_leaves_the_collector_on_and_its_imports_frozen():
+    """preload.py imports with the collector off; the server and every rank it forks must have it on again."""
+    code = (
+        "import gc, sys; import pipeline.trial.preload; "
+        "print(gc.isenabled(), gc.get_freeze_count() > 0, 'torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert out.split() == ["True", "True", "True"]
