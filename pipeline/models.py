@@ -85,22 +85,30 @@ def build_model(name: str, seed: int, init: str = "default") -> nn.Module:
     return model
 
 
-def is_channels_last_param(t: torch.Tensor) -> bool:
-    """Whether `apply_channels_last` gives this tensor the channels_last layout: 4-D with more than one input channel.
+def one_channel_stays_contiguous(device_type: str) -> bool:
+    """Whether `apply_channels_last` leaves weights with one input channel (the first conv: [20,1,3,3] LeNet, [64,1,3,3]
+    ResNet-18) contiguous on this kind of device. Such a weight is the same bytes in either layout, but its strides
+    differ ([9,9,3,1] contiguous, [9,1,3,1] channels_last), and DDP's bucket view takes the weight's strides:
+    - CUDA: yes. cuDNN's backward returns that weight's gradient contiguous, so under a channels_last weight DDP warns
+      "Grad strides do not match bucket view strides" on every backward (seen on an H200); cuDNN picks channels_last
+      kernels from the input's layout alone, so the convolution itself is unchanged (not yet run on a GPU).
+    - CPU: no. oneDNN returns each gradient in its weight's layout (no warning either way), and with a contiguous
+      one-channel weight beside channels_last inputs it takes a slower path: a LeNet step 25% slower on a 2-core
+      EPYC (benchmarks/RESULTS.md, log 2026-11-26)."""
+    return device_type == "cuda"
 
-    A weight with one input channel (the first conv: [20,1,3,3] LeNet, [64,1,3,3] ResNet-18) is the same bytes in
-    either layout, but its strides differ ([9,9,3,1] contiguous, [9,1,3,1] channels_last), and convolution's backward
-    returns its gradient contiguous: under a channels_last weight DDP's bucket view takes the weight's strides and
-    warns on every backward ("Grad strides do not match bucket view strides")."""
-    return t.dim() == 4 and t.shape[1] != 1
+
+def is_channels_last_param(t: torch.Tensor, device_type: str) -> bool:
+    """Whether `apply_channels_last` gives this tensor the channels_last layout on `device_type`: 4-D, and more than one
+    input channel where one_channel_stays_contiguous."""
+    return t.dim() == 4 and not (t.shape[1] == 1 and one_channel_stays_contiguous(device_type))
 
 
-def apply_channels_last(model: nn.Module) -> nn.Module:
-    """`model` (converted in place) with its 4-D parameters and buffers channels_last, except those with one input
-    channel, which stay contiguous (is_channels_last_param); what `model.to(memory_format=channels_last)` does
-    otherwise."""
+def apply_channels_last(model: nn.Module, device_type: str) -> nn.Module:
+    """`model` (converted in place) with its 4-D parameters and buffers channels_last, but for what
+    one_channel_stays_contiguous keeps; on CPU exactly `model.to(memory_format=channels_last)`."""
     cl = torch.channels_last
-    return model._apply(lambda t: t.to(memory_format=cl) if is_channels_last_param(t) else t)
+    return model._apply(lambda t: t.to(memory_format=cl) if is_channels_last_param(t, device_type) else t)
 
 
 def count_params(model: nn.Module) -> int:

@@ -59,7 +59,7 @@ def build(t, strategy):
     """The model with its parallelism applied (before the loop), its criterion and optimizer."""
     model = build_model(t.model, t.seed, t.init).to(strategy.device)
     if t.channels_last and strategy.channels_last_params:
-        model = apply_channels_last(model)
+        model = apply_channels_last(model, strategy.device.type)
     model, criterion = strategy.wrap(model, nn.CrossEntropyLoss())
     if t.compile:
         model = torch.compile(model)
