@@ -93,8 +93,8 @@ def one_channel_stays_contiguous(device_type: str) -> bool:
       "Grad strides do not match bucket view strides" on every backward (seen on an H200); cuDNN picks channels_last
       kernels from the input's layout alone, so the convolution itself is unchanged (not yet run on a GPU).
     - CPU: no. oneDNN returns each gradient in its weight's layout (no warning either way), and with a contiguous
-      one-channel weight beside channels_last inputs it takes a slower path: a LeNet step 25% slower on a 2-core
-      EPYC (benchmarks/RESULTS.md, log 2026-11-26)."""
+      one-channel weight beside channels_last inputs it takes a slower path: 22-27% fewer images per second (LeNet
+      `single` and `ddp` k=2) on a 2-core EPYC (benchmarks/log/2026-11-26.md §3)."""
     return device_type == "cuda"
 
 

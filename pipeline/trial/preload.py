@@ -11,10 +11,12 @@ import gc
 
 gc.disable()
 try:
-    import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401  every optimizer imports it (torch/_compile.py)
+    import importlib
 
-    import pipeline.trial.ranks  # noqa: F401  the rank entry
+    from pipeline.trial import start
+
+    for module in (*start.IMPORTS, "pipeline.trial.ranks"):  # what every rank needs, and the rank entry
+        importlib.import_module(module)
 finally:
     gc.freeze()
     gc.enable()

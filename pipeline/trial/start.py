@@ -21,10 +21,9 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 
-METHODS = ("auto", "fork", "spawn", "forkserver")
 # what every rank imports before its first step beside the rank entry: loaded in the server (preload.py) and, with
 # fork, in the caller
-IMPORTS = ("torch", "torch._dynamo")
+IMPORTS = ("torch", "torch._dynamo")  # torch._dynamo: every optimizer imports it (torch/_compile.py)
 
 _SERVER_ENV: dict[str, str] | None = None  # os.environ when this process started its forkserver
 
