@@ -90,6 +90,6 @@ def test_the_probe_measures_other_processes_as_interference_does(monkeypatch):
     own = iter([10.0, 11.0])
     clock = iter([50.0] + [52.0] * 100)  # the window: 2 s
     monkeypatch.setattr(interference, "_proc_stat", lambda: next(ticks))
-    monkeypatch.setattr(interference, "_own_cpu", lambda: next(own))
+    monkeypatch.setattr(interference, "_own_cpu", lambda helpers=(): next(own))
     monkeypatch.setattr(interference.time, "monotonic", lambda: next(clock))
     assert quiet.foreign_cores(2.0, sleep=lambda s: None) == pytest.approx(1.0)
