@@ -1,5 +1,7 @@
 """The package's user-facing exceptions, and the handler that turns them into a one-paragraph message and an exit
-status (no traceback). Torch-free, so that commands which never train (analyze) do not import torch to handle them."""
+status (no traceback). Torch-free, so that commands which never train (analyze) do not import torch to handle them.
+`redact`, which hides every URL's credentials in them, is hand-written: no URL parser finds URLs inside prose, and
+urllib ends a password at its first `/?#@`, which shows the rest of one that holds them."""
 
 from __future__ import annotations
 
@@ -9,34 +11,48 @@ import re
 import signal
 import sys
 import textwrap
+import threading
 
-# scheme://user:SECRET@host -> scheme://user:***@host. SQLAlchemy ends a password at its first `@`, browsers and
-# urllib at the first `/?#`; a password may hold any of them, a space or a quote, so the secret runs from `user:` to
-# the LAST `@` that a host follows, on that line and before the next URL: more is hidden, never less.
-_HEAD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"?#]*:")
+# scheme://USER:SECRET@host and scheme://TOKEN@host -> scheme://***@host: the user may be the secret itself (a token
+# given as the user, or as the user of `TOKEN:x-oauth-basic@`), so the whole userinfo goes. A user alone ends at its
+# `@`. SQLAlchemy ends a password at its first `@`, browsers and urllib at the first `/?#`; a password may hold any of
+# them, a space or a quote, so the secret runs to the LAST `@` that a host follows, on that line and before the next
+# URL: more is hidden, never less.
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_USER = re.compile(r"[^/\s:@'\"?#]*")
 _END = r"(?=[/?#\s'\"),;]|$)"
 _AT_HOST = re.compile(r"@(?:\[[0-9A-Fa-f:.]*\]|[\w.%~-]*)(?::\d+)?" + _END)
 _WORD = re.compile(r"\S*")
 _PORT = re.compile(r"\d{1,5}" + _END)  # scheme://host:PORT/...: no userinfo unless an @host follows in the word
-# ?password=SECRET, &sslpassword=..., &api_token=... -> ***; a quote ends the value only where the URL ends
-_QUERY = re.compile(
-    r"(?P<head>[?&;][\w.-]*(?:password|passwd|pwd|secret|token|credential)[\w.-]*=)"
-    r"(?P<secret>(?:[^&\s'\"]|['\"](?![\s),;]|$))*)",
-    re.I,
-)
+# the query (or fragment, or `;` parameter) names whose values are secrets, matched anywhere in the name and in any
+# case: api_key, X-Amz-Signature, AccessToken, sslpassword, client_secret, ...
+_NAMES = r"[\w.-]*(?:password|passwd|pwd|secret|token|credential|key|auth|sig|session|jwt|bearer|cookie)[\w.-]*"
+_VALUE = r"(?P<secret>(?:[^&\s'\"]|['\"](?![\s),;]|$))*)"  # a quote ends the value only where the URL ends
+_QUERY = re.compile(rf"(?P<head>[?&;#]{_NAMES}=){_VALUE}", re.I)
+_ENCODED = re.compile(rf"(?P<head>{_NAMES}%3D){_VALUE}", re.I)  # options=-c%20password%3DSECRET
 
 
-def _redact_userinfo(text: str) -> str:
+def _redact_userinfo(text: str, users: bool = True) -> str:
     out, pos = [], 0
-    while m := _HEAD.search(text, pos):
+    while m := _SCHEME.search(text, pos):
         start = m.end()
-        line = text.find("\n", start)
+        user = _USER.match(text, start).end()
+        after = text[user : user + 1]
+        if after == "@" and users and _AT_HOST.match(text, user):  # scheme://USER@host: the user alone
+            out.append(text[pos:start] + "***")
+            pos = user
+            continue
+        if after != ":":
+            out.append(text[pos:start])
+            pos = start
+            continue
+        line = text.find("\n", user)
         line = len(text) if line < 0 else line
-        nxt = text.find("://", start, line)
+        nxt = text.find("://", user, line)
         limit = line if nxt < 0 else nxt
-        ats = [a.start() for a in _AT_HOST.finditer(text, start, limit)]
-        word = _WORD.match(text, start).end()
-        if not ats or (_PORT.match(text, start) and ats[0] > word):
+        ats = [a.start() for a in _AT_HOST.finditer(text, user + 1, limit)]
+        word = _WORD.match(text, user + 1).end()
+        if not ats or (_PORT.match(text, user + 1) and ats[0] > word):
             out.append(text[pos:start])
             pos = start
             continue
@@ -45,15 +61,61 @@ def _redact_userinfo(text: str) -> str:
     return "".join(out) + text[pos:]
 
 
+def _redact(text, users: bool = True) -> str:
+    hidden = _redact_userinfo(str(text), users)
+    return _ENCODED.sub(lambda m: f"{m['head']}***", _QUERY.sub(lambda m: f"{m['head']}***", hidden))
+
+
 def redact(text) -> str:
-    """Every URL in `text` with its password (and password/token query values) replaced by ***.
+    """`text` with every credential of every URL in it replaced by ***: the user and password (the whole userinfo,
+    `scheme://***@host`) and the values of secret-like query, fragment and `;` parameters (token, api_key, key,
+    secret, password, auth, sig, ...; also URL-encoded, `password%3D...`).
 
     The one helper for anything shown or stored: messages, log lines, MLflow params and tags, CSVs, manifests."""
-    return _QUERY.sub(lambda m: f"{m['head']}***", _redact_userinfo(str(text)))
+    return _redact(text)
 
 
 def has_password(url: str) -> bool:
-    return redact(url) != url
+    """Whether `url` holds a secret that DVC would write to dvc.lock: a password, a secret-like query value, or a
+    user alone in an http(s) URL (an MLflow server takes a token as the user). A database URL's user alone is a role
+    name, the form docs/scale-out.md recommends (its password in PGPASSWORD or ~/.pgpass): no secret."""
+    return _redact(url, users=url.lower().startswith("http")) != url
+
+
+def env_number(
+    name: str, default: float, lo: float, hi: float, what: str, lo_open: bool = False, environ=os.environ
+) -> float:
+    """The number the environment variable `name` holds, `default` when it is unset. An empty, non-numeric,
+    non-finite or out-of-range value is a ConfigError that names the variable: read at import, such a value would
+    otherwise surface as an unexpected ValueError, or run with a wait nobody meant."""
+    import math
+
+    from pipeline.config.loader import ConfigError
+
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = None
+    low = value is not None and (value < lo or (lo_open and value == lo))
+    if value is None or not math.isfinite(value) or low or value > hi:
+        kind = (
+            "empty"
+            if not raw.strip()
+            else "not a number"
+            if value is None
+            else "not a finite number"
+            if not math.isfinite(value)
+            else "out of range"
+        )
+        span = f"above {lo:.10g} and up to {hi:.10g}" if lo_open else f"from {lo:.10g} to {hi:.10g}"
+        raise ConfigError(
+            f"The environment variable {name}={raw!r} is {kind}: it sets {what}. Give a number "
+            f"{span}, or unset it (`unset {name}`) for the default, {default:.10g}. Nothing was run."
+        )
+    return value
 
 
 def root_cause(e: BaseException) -> str:
@@ -228,9 +290,107 @@ def user_errors():
             signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold Ctrl-C and SIGTERM over a few store writes that must not be cut in two (a trial's claim, its owner and
+    first heartbeat); a signal that came meanwhile is raised again at the end, to the handler it would have met."""
+    if not threading_main():
+        yield
+        return
+    got: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
+        if got:
+            signal.raise_signal(got[0])
+
+
+# DVC runs a stage's cmd as `$SHELL -c CMD` (dvc/stage/run.py); a shell that does not exec the command stays between
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "fish", "ksh", "mksh", "busybox"})
+LIFELINE_S = 1.0  # how often a stage command run by DVC looks for the process that ran it
+
+
+def _proc(pid: int) -> tuple[str, str, int, str] | None:
+    """(command name, state, parent pid, start time) of a process from /proc/<pid>/stat; None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+        head, _, tail = text.rpartition(")")
+        fields = tail.split()
+        return head.split("(", 1)[1], fields[0], int(fields[1]), fields[19]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def runner() -> tuple[int, str, str | None] | None:
+    """The process that ran this stage command, as (pid, command name, start time): under DVC (which sets DVC_STAGE
+    for every stage command) the nearest ancestor that is not a shell; None outside DVC. Start time None: no /proc,
+    and only the parent pid is watched."""
+    if not os.environ.get("DVC_STAGE"):
+        return None
+    pid = os.getppid()
+    for _ in range(8):
+        info = _proc(pid)
+        if info is None:
+            return pid, "its parent", None
+        name, _, ppid, start = info
+        if name not in _SHELLS or ppid <= 1:
+            break
+        pid = ppid
+    return pid, name, start
+
+
+def _is_gone(pid: int, start: str | None, parent: int) -> bool:
+    if os.getppid() != parent:  # the parent (DVC, or the shell between) died: this process was re-parented
+        return True
+    info = _proc(pid) if start is not None else None
+    return start is not None and (info is None or info[1] in ("Z", "X") or info[3] != start)
+
+
+@contextlib.contextmanager
+def lifeline(poll_s: float = LIFELINE_S):
+    """A stage command run by DVC stops as on SIGTERM once the process that ran it is gone. DVC has no SIGTERM
+    handler: a `kill` of `dvc repro` or `dvc exp run` ends DVC at once and leaves its stage command running, a writer
+    in the workspace that nobody records. Outside DVC (no DVC_STAGE) nothing is watched: a sweep started with nohup
+    outlives its shell, by design."""
+    found = runner() if threading_main() else None
+    if found is None:
+        yield
+        return
+    (pid, name, start), parent, stop = found, os.getppid(), threading.Event()
+
+    def watch():
+        while not stop.wait(poll_s):
+            if _is_gone(pid, start, parent):
+                try:
+                    say(f"the process that ran this stage ({name}, pid {pid}) is gone: stopping as on SIGTERM")
+                except (OSError, ValueError):  # its terminal or pipe went with it
+                    pass
+                os.kill(os.getpid(), signal.SIGTERM)  # the main thread unwinds as on `kill`: nothing left RUNNING
+                return
+
+    threading.Thread(target=watch, daemon=True, name="parallax-lifeline").start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 def _unexpected(e: Exception, status) -> None:
     if os.environ.get("PARALLAX_TRACEBACK"):
         raise e
+    if isinstance(e, ModuleNotFoundError) and e.name and e.name.split(".")[0] != "pipeline":
+        say(
+            f"error: {e.name.split('.')[0]} is not installed for this interpreter ({sys.executable}): a set-up step, "
+            f"not a fault. Run `make setup` in the Parallax checkout, then use .venv/bin/python (or `source "
+            f".venv/bin/activate` first)."
+        )
+        status.code = 1
+        return
     first = (str(e).strip().splitlines() or [""])[0][:500]
     say(
         f"error: unexpected {type(e).__name__}: {first}. Nothing more was run. If the message names a file, a "
@@ -241,8 +401,6 @@ def _unexpected(e: Exception, status) -> None:
 
 
 def threading_main() -> bool:
-    import threading
-
     return threading.current_thread() is threading.main_thread()
 
 

@@ -1,4 +1,5 @@
-"""Where things are: the checkout a command runs in, and the root its shared stores hang from.
+"""Where things are: the checkout a command runs in, and the root its shared stores hang from; and whether a path
+fits the file system (too_long).
 
 The checkout (repo_root) holds params.yaml, experiments/, data/, results/ and runs/; the store root (store_root)
 holds mlruns/: the MLflow and Optuna databases, MLflow's artifacts and the lock that serializes their creation.
@@ -41,3 +42,25 @@ def store_root() -> Path:
     if os.environ.get("DVC_ROOT"):
         return Path(os.environ["DVC_ROOT"]).resolve()
     return repo_root()
+
+
+# one name of a path at most 255 bytes (ext4, xfs, btrfs, tmpfs), a whole path at most 4096 (Linux's PATH_MAX)
+NAME_MAX_BYTES = 255
+PATH_MAX_BYTES = 4096
+
+
+def too_long(path) -> str | None:
+    """Why the file system refuses `path` ("has a name of 300 bytes ..."), or None when it fits. Checked before a
+    path from the user is used, so that the refusal names the setting or option instead of an OSError ("File name too
+    long") from wherever the path is first opened."""
+    text = os.fsencode(os.path.abspath(os.fspath(path)))
+    name = max(text.split(b"/"), key=len)
+    if len(name) > NAME_MAX_BYTES:
+        shown = os.fsdecode(name)
+        return (
+            f"has a name of {len(name)} bytes ({shown[:20]}...{shown[-20:]}), longer than the {NAME_MAX_BYTES} "
+            f"bytes a file system allows for one name"
+        )
+    if len(text) > PATH_MAX_BYTES:
+        return f"is {len(text)} bytes long (made absolute), longer than the {PATH_MAX_BYTES} bytes Linux allows"
+    return None

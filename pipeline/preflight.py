@@ -1,27 +1,80 @@
 """Checks made before any MLflow run or Optuna trial is opened: stores reachable and usable, output paths writable.
 
-A store that cannot be reached fails within seconds (PREFLIGHT_TIMEOUT_S) with its address, password redacted,
-instead of after MLflow's or the database driver's minutes of retries. Torch-free and MLflow-free.
+A store that cannot be reached fails within seconds (PREFLIGHT_TIMEOUT_S) with its address, credentials redacted,
+instead of after MLflow's or the database driver's minutes of retries. A relative SQLite URL is resolved against the
+store root, like the default store (store_url); an in-memory one is refused. Torch-free and MLflow-free: SQLite URLs
+are split by hand rather than by SQLAlchemy's make_url, which `train --no-track` on the core install does not have.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import sqlite3
 import tempfile
 import urllib.parse
 from pathlib import Path
 
-from .errors import DataError, PathError, StoreError, has_password, redact
+from .errors import DataError, PathError, StoreError, env_number, has_password, redact
 from .errors import say as say
-from .paths import store_root
+from .paths import store_root, too_long
 
-PREFLIGHT_TIMEOUT_S = float(os.environ.get("PARALLAX_PREFLIGHT_TIMEOUT_S", "5"))
+PREFLIGHT_TIMEOUT_S = env_number(
+    "PARALLAX_PREFLIGHT_TIMEOUT_S",
+    5.0,
+    lo=0,
+    lo_open=True,
+    hi=3600,
+    what="how many seconds the check before a run waits for a store's server to answer",
+)
 _WARNED: set[str] = set()
 _ENV = {"tracking.uri": "MLFLOW_TRACKING_URI", "sweep.storage": "OPTUNA_STORAGE"}  # read by the tools, not by us
 _PORTS = {"http": 80, "https": 443, "postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
+
+
+_SQLITE = re.compile(r"(?P<scheme>sqlite(?:\+\w+)?)://(?P<rest>.*)", re.I | re.S)
+
+
+def _sqlite(url: str) -> tuple[str, str, str] | None:
+    """(scheme, database path, query) of a SQLite URL as SQLAlchemy reads it (the path "" or ":memory:" for an
+    in-memory database); None for any other URL."""
+    m = _SQLITE.fullmatch(url)
+    if not m:
+        return None
+    path, _, query = m["rest"][1:].partition("?") if m["rest"].startswith("/") else ("", "", "")
+    return m["scheme"], path, query
+
+
+def _in_memory(path: str, query: str) -> bool:
+    return path in ("", ":memory:") or path.startswith("file::memory:") or "mode=memory" in query.lower()
+
+
+def store_url(value: str, key: str, default: str) -> str:
+    """The URL of the store `key` names: `value`, with a relative SQLite path taken from the store root ($DVC_ROOT
+    when set, else the repository root: paths.store_root), as the empty default, mlruns/<default> there, is. Never
+    the current directory: under `dvc exp run --temp` it is a checkout DVC deletes with the stores in it, and a
+    command run from a sub-directory would start other stores than the one run from the root."""
+    if not value:
+        return f"sqlite:///{store_root() / 'mlruns' / default}"
+    parts = _sqlite(value)
+    if parts is None or _in_memory(parts[1], parts[2]):
+        return value
+    scheme, path, query = parts
+    file_uri = path.startswith("file:")  # sqlite:///file:o.db?uri=true
+    inner = path[len("file:") :] if file_uri else path
+    if Path(inner).is_absolute():
+        return value
+    resolved = store_root() / inner
+    if f"{key}/relative" not in _WARNED:
+        _WARNED.add(f"{key}/relative")
+        say(
+            f"note: {key}={redact(value)} is relative: the store is {resolved} (a relative SQLite path is taken "
+            f"from $DVC_ROOT when set, else the repository root, like the default store; never from the current "
+            f"directory)."
+        )
+    return f"{scheme}:///{'file:' if file_uri else ''}{resolved}" + (f"?{query}" if query else "")
 
 
 def check_store(url: str, key: str) -> None:
@@ -30,13 +83,22 @@ def check_store(url: str, key: str) -> None:
     if has_password(url) and key not in _WARNED:
         _WARNED.add(key)
         say(
-            f"warning: {key} carries a password ({redact(url)}). Parallax never shows or stores it, but DVC "
-            f"records tracked parameters verbatim in dvc.lock and the shell keeps --set options in its history: "
-            f"prefer PGPASSWORD, ~/.pgpass or MLFLOW_TRACKING_PASSWORD (docs/scale-out.md)."
+            f"warning: {key} carries a password or token ({redact(url)}). Parallax never shows or stores it, but "
+            f"DVC records tracked parameters verbatim in dvc.lock and the shell keeps --set options in its history: "
+            f"prefer PGPASSWORD, ~/.pgpass, MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_PASSWORD (docs/scale-out.md)."
         )
     _unused_env(url, key)
-    if url.startswith("sqlite:///"):
-        _check_sqlite(Path(url[len("sqlite:///") :]), url, key)
+    if (parts := _sqlite(url)) is not None:
+        _, path, query = parts
+        if _in_memory(path, query):
+            raise StoreError(
+                f"{key}={redact(url)} is a SQLite database in memory: everything written to it ("
+                f"{'the study and its trials' if key == 'sweep.storage' else 'the MLflow runs'}) would vanish when "
+                f"this process ends, and no other process or worker could see it. Give a database file "
+                f"(sqlite:////abs/path/file.db, or sqlite:///file.db, relative to $DVC_ROOT when set, else the "
+                f"repository root), or leave {key} empty for the default store in mlruns/. Nothing was run."
+            )
+        _check_sqlite(Path(path[len("file:") :] if path.startswith("file:") else path), url, key)
         return
     parts = urllib.parse.urlsplit(redact(url))  # a password may hold `/?#`, where urllib alone ends the netloc
     scheme = parts.scheme.split("+")[0].lower()
@@ -74,6 +136,8 @@ def _unused_env(url: str, key: str) -> None:
 
 def _check_sqlite(path: Path, url: str, key: str) -> None:
     where = f"{redact(url)} ({key})"
+    if why := too_long(path):
+        raise StoreError(f"Cannot use {where}: the path {why}. Point {key} at a shorter path. Nothing was run.")
     if path.parent == store_root() / "mlruns":  # the default store: its folder is ours to create
         path.parent.mkdir(parents=True, exist_ok=True)
     if not path.parent.is_dir():
@@ -152,9 +216,20 @@ def writable_dir(d: Path, what: str) -> None:
         ) from None
 
 
+def _fits(path: Path, option: str, error=PathError) -> Path:
+    if why := too_long(path):
+        raise error(f"{option} {_short(path)} cannot be used: the path {why}. Give a shorter path. Nothing was run.")
+    return Path(path)
+
+
+def _short(path) -> str:
+    text = str(path)
+    return text if len(text) <= 160 else f"{text[:80]}...{text[-60:]}"
+
+
 def output_file(path: Path, option: str) -> Path:
     """`path` is where a file will be written: not a directory, in a directory that can be written."""
-    path = Path(path)
+    path = _fits(path, option)
     if path.is_dir():
         raise PathError(
             f"{option} {path} is a directory, but it names the file to write (e.g. "
@@ -172,7 +247,7 @@ def output_file(path: Path, option: str) -> Path:
 
 def output_dir(path: Path, option: str) -> Path:
     """`path` is a directory to write into: a directory already, or creatable."""
-    path = Path(path)
+    path = _fits(path, option)
     if path.exists() and not path.is_dir():
         raise PathError(
             f"{option} {path} is an existing file, but it names the directory to write into. Give a "
@@ -185,7 +260,7 @@ def output_dir(path: Path, option: str) -> Path:
 def input_dir(path: Path, option: str, holds: str) -> Path:
     """`path` is a directory to read from: it exists (an empty one is read as holding nothing). Checked first, so
     that a mistyped path stops the command instead of giving an empty result that looks like a real one."""
-    path = Path(path)
+    path = _fits(path, option, DataError)
     if not path.is_dir():
         state = "is not a directory" if path.exists() else "does not exist"
         raise DataError(f"{option} {path} {state}; it names the directory of {holds}. Nothing was run.")

@@ -9,7 +9,9 @@ runner-up's, a tie said as a tie. stage.py writes best.yaml; report.py puts the 
 from __future__ import annotations
 
 import shlex
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 import yaml
@@ -97,12 +99,20 @@ def _scaling(top, eff) -> str | None:
     if top["k"] < 2:
         return None
     e = _same(eff[eff["kind"] == "weak"], top, ("strategy", "model", "k", "per_device_batch"))
-    if e.empty or pd.isna(e["efficiency"].iloc[0]):
-        return f"no k=1 reference at b={top['per_device_batch']:g}, so its scaling is not measured"
-    r = e.iloc[0]
+    if len(e) and not pd.isna(e["efficiency"].iloc[0]):
+        r = e.iloc[0]
+        return (
+            f"from k=1 to k={top['k']:g} it keeps a weak-scaling efficiency of "
+            f"{confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}"
+        )
+    weak_gap = f"no k=1 run at its per-device batch b={top['per_device_batch']:g}, so its weak scaling is not measured"
+    s = _same(eff[eff["kind"] == "strong"], top, ("strategy", "model", "k", "batch_size"))
+    if s.empty or pd.isna(s["efficiency"].iloc[0]):
+        return f"{weak_gap}, nor its strong scaling (no k=1 run at B={top['batch_size']:g} either)"
+    r = s.iloc[0]
     return (
-        f"from k=1 to k={top['k']:g} it keeps a weak-scaling efficiency of "
-        f"{confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}"
+        f"from k=1 at the same global batch B={top['batch_size']:g} it keeps a strong-scaling efficiency of "
+        f"{confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])} ({weak_gap})"
     )
 
 
@@ -189,11 +199,20 @@ def _train(top, df) -> dict:
 
 
 def _text(v) -> str:
-    return str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+    """A value as the command line takes it back unchanged: floats in full (repr: the shortest exact form)."""
+    return str(v).lower() if isinstance(v, bool) else repr(v) if isinstance(v, float) else str(v)
 
 
-def command(train: dict) -> str:
-    """The `python -m pipeline train` line of a train section: its flags, then `--set` for the knobs."""
+def interpreter() -> str:
+    """How the command names Python: the checkout's .venv/bin/python when this runs from a venv named .venv (`make
+    setup`'s; a new shell's `python` lacks torch), else `python`."""
+    return ".venv/bin/python" if sys.prefix != sys.base_prefix and Path(sys.prefix).name == ".venv" else "python"
+
+
+def command(train: dict, data_source: str = "") -> str:
+    """The `python -m pipeline train` line of a train section: its flags, then `--set` for the knobs and for the
+    data source the sweep measured on when it is not params.yaml's default (synthetic: the command then runs
+    offline too)."""
     flags = {
         "model": "--model",
         "strategy": "--strategy",
@@ -204,7 +223,9 @@ def command(train: dict) -> str:
     }
     args = [f"{flags[k]} {_text(v)}" for k, v in train.items() if k in flags]
     args += [f"--set {shlex.quote(f'train.{k}={_text(v)}')}" for k, v in train.items() if k not in flags]
-    return "python -m pipeline train " + " ".join(args) + f" --out {RUN_DIR}"
+    if data_source == "synthetic":
+        args.append("--set data.source=synthetic")
+    return f"{interpreter()} -m pipeline train " + " ".join(args) + f" --out {RUN_DIR}"
 
 
 def build(df, status, pts, eff, mem) -> Answer:
@@ -254,7 +275,7 @@ def build(df, status, pts, eff, mem) -> Answer:
             f"- **How sure:** {_sure(top, verdict, tied, rest, pm)}.",
             "",
         ]
-    cmd = command(first)
+    cmd = command(first, "synthetic" if synthetic else "")
     lines += [
         "Run it (or take the `train:` section of " + BEST_YAML + " into your params.yaml):",
         "",

@@ -20,6 +20,8 @@ import json
 import sys
 from pathlib import Path
 
+from pipeline.records import files
+
 VEGA_LITE = "5.21"  # the major version of DVC's templates ("$schema": .../vega-lite/v5.json)
 INSTALL = "python -m pip install vl-convert-python"
 SUMMARY = Path("results/analysis/summary.json")
@@ -86,7 +88,7 @@ def write(path: Path, summary: Path = SUMMARY) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     bundle = vl_convert.javascript_bundle(vl_version=VEGA_LITE)  # type: ignore[call-arg]  # the stub wants a snippet
-    path.write_text(template(bundle, source=read_source(summary)), encoding="utf-8")
+    files.write_text(path, template(bundle, source=read_source(summary)))  # whole, never through a symlink
     return path
 
 

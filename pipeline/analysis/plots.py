@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from pipeline import catalog
 from pipeline.analysis.tables import EXTRAS, MIB, POINT, group_by, is_serial
+from pipeline.records import files
 from pipeline.records.derived import BD_PARTS
 
 LINESTYLES = ("-", "--", "-.", (0, (1, 1)))  # one per batch size within a strategy
@@ -53,7 +54,8 @@ def _save(fig, path, source="", load=""):
                  color="tab:red" if "SYNTHETIC" in note else "dimgrey")
     if load:
         fig.text(0.01, -0.07 if note else -0.02, load, fontsize=8, ha="left", va="top", color="tab:red")
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    with files.replaced(path) as tmp:  # whole or not at all, never through a symlink
+        fig.savefig(tmp, dpi=100, bbox_inches="tight")
 
 
 def _label(r, models, part):

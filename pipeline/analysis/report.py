@@ -23,6 +23,7 @@ from pipeline.analysis.tables import (
     joined,
     shown_extras,
 )
+from pipeline.records import files
 
 
 def _mib(v):
@@ -262,6 +263,6 @@ def write_report(path, df, notes, status, pts, eff, mem, acc, extra=(), first=No
     s += _problems(df, status)
     if notes:
         s += ["\n## Notes\n\n", "\n".join(f"- {n}" for n in notes) + "\n"]
-    Path(path).write_text("".join(s))
+    files.write_text(path, "".join(s))
 
 

@@ -12,6 +12,9 @@ results/collectives.json, when present (pipeline/collectives.measure() written a
 for the model; the stage never measures them itself (it launches no processes). Only complete, non-oversubscribed
 trials enter the numbers; everything else is listed with its reason.
 Undefined stays NaN (CSV: row absent; JSON: null), never 0.
+Each output is written whole or not at all (records/files.py: a temporary file renamed over it, which also replaces a
+symlink placed there rather than writing through it); a write refused (a full disk) stops the stage with one
+paragraph naming the folder and its free space, every output left whole, the new ones before it, the old ones after.
 
 The wing, arrows one way (tests/architecture/test_imports.py keeps it so):
     tables.py    reading the sweep tables; point, scaling, memory, accuracy tables (pure pandas)
@@ -24,6 +27,7 @@ The wing, arrows one way (tests/architecture/test_imports.py keeps it so):
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -46,6 +50,8 @@ from pipeline.analysis.tables import (
     shown_extras,
 )
 from pipeline.analysis.tables import shown_extras as _shown  # noqa: F401
+from pipeline.errors import Stopped
+from pipeline.records import files
 
 
 def _csv(df, path, cols, shown):
@@ -53,7 +59,27 @@ def _csv(df, path, cols, shown):
     for c in ("k", "batch_size", "per_device_batch", "device", "peak_mem_bytes"):
         if c in df and df[c].dropna().map(lambda v: float(v).is_integer()).all():
             df[c] = df[c].astype("Int64")  # 2, not 2.0; an empty cell stays empty
-    df.to_csv(path, index=False)
+    _to_csv(df, path)
+
+
+def _to_csv(df, path: Path) -> None:
+    with files.replacing(path, "w", newline="") as f:
+        df.to_csv(f, index=False)
+
+
+@contextlib.contextmanager
+def _writing(out: Path):
+    """The outputs' writes: one the host refuses (a full disk, a read-only folder) stops the stage in one paragraph."""
+    try:
+        yield
+    except OSError as e:
+        what = f"{Path(e.filename).name}: " if e.filename else ""
+        raise Stopped(
+            f"analyze could not write its outputs in {out} ({what}{e.strerror or e}); {files.free_text(out)} there. "
+            f"Each output is replaced whole or not at all: those written before this one are new, this one and the "
+            f"rest keep their previous contents. Free space there (or write the analysis elsewhere with --out) and "
+            f"rerun analyze."
+        ) from None
 
 
 def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
@@ -133,8 +159,8 @@ def _why(out: Path, df, eff, collectives, source: str) -> list[str]:
     bd = breakdown_table(df)
     losses = breakdown_losses(bd, eff)
     model, model_notes = projection.model_table(df, eff, collectives)
-    bd.to_csv(out / "breakdown.csv", index=False)
-    model.to_csv(out / "model.csv", index=False)
+    _to_csv(bd, out / "breakdown.csv")
+    _to_csv(model, out / "model.csv")
     plots.plot_breakdown(bd, out / "breakdown.png", source)
     plots.plot_model(eff, model, out / "model.png", source)
     return report_why.why_section(bd, losses, model, model_notes)
@@ -145,28 +171,26 @@ def analyze(
 ) -> dict:
     """Read every sweep table, write all outputs into out_dir and return the summary dict. collectives_json: this
     host's measured collectives (default: collectives.json beside the sweeps directory, used only if present)."""
-    df, notes, files = read_sweeps(sweeps_dir, expected)
+    df, notes, tables = read_sweeps(sweeps_dir, expected)
     collectives, more = read_collectives(Path(collectives_json or Path(sweeps_dir).parent / "collectives.json"))
     notes += more
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     pts, eff, mem = point_table(df), scaling_table(df), memory_table(df)
     acc = accuracy_table(df, target_acc)
-    status = strategy_status(df, files, sweeps_dir, expected)
+    status = strategy_status(df, tables, sweeps_dir, expected)
     summary = summarize(df, status, pts, eff, mem, target_acc)
     knobs = knob_table(pts, eff)
-    _write_csvs(out, pts, eff, mem, acc, shown_extras(df))
-    _write_figures(out, status, pts, eff, mem, knobs, summary.get("data_source") or "")
-    knobs.to_csv(out / "knobs.csv", index=False)
-    extra = (
-        _why(out, df, eff, collectives, summary.get("data_source") or "")
-        + report.knob_section(knobs)
-        + report.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md")
-    )
+    overlap = report.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md")
     best = answer.build(df, status, pts, eff, mem)
-    (out / "best.yaml").write_text(answer.best_yaml(best))
-    report.write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra, best)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    metrics = flat_metrics(summary, pts, eff, mem)  # the DVC metric: flat numbers (sentences stay in report.md)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, allow_nan=False) + "\n")
+    with _writing(out):  # from here on only writes: a failing one is said as such
+        out.mkdir(parents=True, exist_ok=True)
+        _write_csvs(out, pts, eff, mem, acc, shown_extras(df))
+        _write_figures(out, status, pts, eff, mem, knobs, summary.get("data_source") or "")
+        _to_csv(knobs, out / "knobs.csv")
+        extra = _why(out, df, eff, collectives, summary.get("data_source") or "") + report.knob_section(knobs) + overlap
+        files.write_text(out / "best.yaml", answer.best_yaml(best))
+        report.write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra, best)
+        files.write_text(out / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
+        metrics = flat_metrics(summary, pts, eff, mem)  # the DVC metric: flat numbers (sentences stay in report.md)
+        files.write_text(out / "metrics.json", json.dumps(metrics, indent=1, allow_nan=False) + "\n")
     return summary

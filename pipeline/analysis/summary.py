@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pipeline.analysis.rows import EXTRAS
 from pipeline.analysis.tables import MIB, all_parallel, best_row, is_unavailable, joined, measured
+from pipeline.analysis.tables import POINT as POINT_KEYS
 from pipeline.records.trial import point_columns
 
 
@@ -173,8 +175,10 @@ def _finite(v) -> bool:
 
 
 # significant digits per metrics.json group: enough to tell two experiments apart, short enough for a narrow column
-# (short names: `dvc exp show` sizes a column by its name, and a narrow terminal then shows only "…")
-DIGITS = {"img_s": 4, "eff": 3, "strong_eff": 3, "peak_mib": 4, "acc": 3, "under_load": 3}
+# (short names: `dvc exp show` sizes a column by its name, and a narrow terminal then shows only "…"); accuracy to
+# 4 decimals of a 0.xxxx value, as the report prints it
+DIGITS = {"img_s": 4, "eff": 3, "strong_eff": 3, "peak_mib": 4, "acc": 4, "under_load": 3}
+KEYS = ("strategy", "model", "k")  # what a metrics.json figure is per (the model only when the sweeps hold several)
 
 
 def _rounded(v: float, digits: int) -> float:
@@ -182,38 +186,63 @@ def _rounded(v: float, digits: int) -> float:
     return v if v == 0 else round(v, digits - 1 - math.floor(math.log10(abs(v))))
 
 
-def _per_k(out: dict, table, col: str, name: str, models: bool, best=max) -> None:
-    """out[name.strategy[.model].kK] = best (or worst) `col` over the table's rows of that strategy, model and k."""
-    if table.empty:
+def fastest(pts) -> pd.DataFrame:
+    """Per strategy, model and k, the point metrics.json's figures are of: the fastest measured (the configuration
+    the report's answer runs at that k, with its best lr), else the first listed."""
+    if pts.empty:
+        return pts
+    speed = pts["throughput_img_s"] if "throughput_img_s" in pts else pd.Series(math.nan, index=pts.index)
+    order = pts.assign(_speed=speed.fillna(-math.inf)).sort_values("_speed", ascending=False, kind="stable")
+    return order.groupby(list(KEYS), sort=True).head(1).drop(columns="_speed")
+
+
+def _at_point(table, points, on) -> pd.DataFrame:
+    """table's rows at those points (matched on `on`, the columns both have), one per point."""
+    if table.empty or points.empty:
+        return table.iloc[0:0]
+    on = [c for c in on if c in table and c in points]
+    return table.merge(points[on].drop_duplicates(), on=on, how="inner")
+
+
+def _per_k(out: dict, table, col: str, name: str, models: bool) -> None:
+    """out[name.strategy[.model].kK] = `col` of the table's row for that strategy, model and k (one per key)."""
+    if table.empty or col not in table:
         return
-    for (s, m, k), g in table.groupby(["strategy", "model", "k"], sort=True):
+    for (s, m, k), g in table.groupby(list(KEYS), sort=True):
         vals = [float(v) for v in g[col] if _finite(v)]
         if vals:
-            out[_key(name, s, m if models else None, f"k{int(k)}")] = _rounded(best(vals), DIGITS.get(name, 4))
+            out[_key(name, s, m if models else None, f"k{int(k)}")] = _rounded(vals[0], DIGITS.get(name, 4))
 
 
 def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     """metrics.json: only numbers, flat dotted keys, stable across experiments of one profile, in the order
     `dvc exp show` shows them: first the counts that explain an empty cell (`n_trials`, `n_complete`, `n_measured`:
-    on a quiet host, `n_flagged`: measured under interference), then per strategy and k `img_s.S.kK` (best img/s
-    over batch sizes), `eff.S.kK` (best weak-scaling efficiency, k >= 2), `strong_eff.S.kK`, `peak_mib.S.kK`
-    (largest per-device peak, MiB), `<name>.S.kK` (largest) for each field the trial record declares with the POINT
-    view, then per strategy `acc.S` (best test accuracy). Rounded to DIGITS significant digits. The model joins the
-    key (`img_s.ddp.resnet18.k2`) only when the sweeps hold more than one. Undefined values are left out, never 0;
-    memory imbalance and per-strategy counts are in summary.json and report.md. Measured under load (tables.timed:
-    every trial behind a figure flagged by interference.py): the figure keeps its key and `under_load.S.kK` labels
-    it with the cores other processes kept busy; `under_load` counts the labelled strategy-k pairs (0 on a quiet
-    host)."""
+    on a quiet host, `n_flagged`: measured under interference), then per strategy and k the figures of ONE point,
+    the fastest at that k (`fastest`: the configuration the report's answer runs there), so that each value is the
+    report's: `img_s.S.kK` (its img/s), `eff.S.kK` (its weak-scaling efficiency, k >= 2), `strong_eff.S.kK`,
+    `peak_mib.S.kK` (its largest per-device peak, MiB), `acc.S.kK` (its test accuracy, best lr), `<name>.S.kK` for
+    each field the trial record declares with the POINT view; then per strategy `acc.S`, a different quantity: the
+    best test accuracy of any of the strategy's points (the report's "against the best"). Rounded to DIGITS
+    significant digits. The model joins the key (`img_s.ddp.resnet18.k2`) only when the sweeps hold more than one.
+    Undefined values are left out, never 0; memory imbalance and per-strategy counts are in summary.json and
+    report.md. Measured under load (tables.timed: every trial behind the point flagged by interference.py): the
+    figures keep their keys and `under_load.S.kK` labels them with the cores other processes kept busy at that point
+    (an efficiency whose k=1 end alone was loaded is labelled in report.md and efficiency.csv); `under_load` counts
+    the labelled strategy-k pairs (0 on a quiet host)."""
     models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
     out: dict = {
         k: summary[k] for k in ("n_trials", "n_complete", "n_measured", "n_flagged") if _finite(summary.get(k))
     }
-    _per_k(out, pts, "throughput_img_s", "img_s", models)
+    top = fastest(pts)
+    on = [*POINT_KEYS, *(c for c in top.columns if c in EXTRAS)]
+    _per_k(out, top, "throughput_img_s", "img_s", models)
     for kind, name in (("weak", "eff"), ("strong", "strong_eff")):
         e = eff[(eff["kind"] == kind) & (eff["k"] >= 2)] if len(eff) else eff
-        _per_k(out, e, "efficiency", name, models)
+        _per_k(out, _at_point(e, top, on), "efficiency", name, models)
     if len(mem):
-        _per_k(out, mem.assign(peak_mib=mem["peak_max"] / MIB), "peak_mib", "peak_mib", models)
+        at = _at_point(mem, top, on)
+        _per_k(out, at.assign(peak_mib=at["peak_max"] / MIB), "peak_mib", "peak_mib", models)
+    _per_k(out, top, "test_acc", "acc", models)
     strategies = summary.get("strategies") or {}
     out.update(
         {
@@ -222,11 +251,10 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
             if _finite(st.get("best_test_acc"))
         }
     )
-    for col in point_columns():  # the record's POINT fields: the largest over a strategy's points at each k
-        if col in pts:
-            _per_k(out, pts, col, col, models)
-    loaded = [t[t["under_load"].astype(bool)] for t in (pts, eff[eff["k"] >= 2] if len(eff) else eff) if len(t)]
-    for t in loaded:
-        _per_k(out, t, "load_cores", "under_load", models)  # the label: cores busy elsewhere (absent: unmeasured)
-    out["under_load"] = len({(r["strategy"], r["model"], r["k"]) for t in loaded for r in t.to_dict("records")})
+    for col in point_columns():  # the record's POINT fields, at the same point
+        if col in top:
+            _per_k(out, top, col, col, models)
+    loaded = top[top["under_load"].astype(bool)] if len(top) and "under_load" in top else top.iloc[0:0]
+    _per_k(out, loaded, "load_cores", "under_load", models)  # the label: cores busy elsewhere (absent: unmeasured)
+    out["under_load"] = len(loaded)
     return jsonable(out)

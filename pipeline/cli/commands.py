@@ -54,7 +54,26 @@ def cmd_analyze(args) -> int:
     summary = analyze(args.sweeps, args.out, target_acc=cfg.analyze.target_acc)
     run_id = log_analysis_run(cfg, summary, args.out)
     print(f"wrote {args.out}/report.md (MLflow run {run_id})")
+    print(answer_screen((args.out / "report.md").read_text(), args.out))
     return 0
+
+
+def answer_screen(report: str, out) -> str:
+    """What the pipeline's last stage leaves on screen: the report's answer (its section, without the command's
+    block) and where to look next."""
+    lines = report.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("## Answer")), None)
+    shown: list[str] = []
+    if start is not None:
+        for line in lines[start + 1 :]:
+            if line.startswith("## ") or line.startswith("Run it"):
+                break
+            shown.append(line)
+    body = "\n".join(shown).strip() or "(report.md has no answer section)"
+    return (
+        f"\n{body}\n\nNext: head -n 40 {out}/report.md (the answer and its command) · make ui (every run in MLflow) · "
+        f".venv/bin/dvc exp show (experiments side by side)"
+    )
 
 
 def cmd_collectives(args) -> int:
@@ -80,6 +99,7 @@ def cmd_collectives(args) -> int:
 
 
 def cmd_overlap(args) -> int:
+    from pipeline.errors import interruption, root_cause
     from pipeline.host.devices import probe
     from pipeline.preflight import check_store, output_dir
     from pipeline.scaling import overlap
@@ -101,21 +121,26 @@ def cmd_overlap(args) -> int:
             "dvc_stage": "overlap",
         },
     )
-    tracker.log_params(run_id, res["settings"])
     c, m = res["concurrent"], res["communication"]
-    tracker.log_metrics(
-        run_id,
-        {
-            "overlap/A_s": c["A"]["median_s"],
-            "overlap/B_s": c["B"]["median_s"],
-            "overlap/both_s": c["both"]["median_s"],
-            "overlap/ratio_both_to_sum": res["ratio_both_to_sum"],
-            "overlap/comm_sequential_s": m["sequential"]["median_s"],
-            "overlap/comm_overlapped_s": m["overlapped"]["median_s"],
-            "overlap/comm_saving": res["comm_saving"],
-        },
-    )
-    tracker.log_artifacts(run_id, args.out)
+    try:
+        tracker.log_params(run_id, res["settings"])
+        tracker.log_metrics(
+            run_id,
+            {
+                "overlap/A_s": c["A"]["median_s"],
+                "overlap/B_s": c["B"]["median_s"],
+                "overlap/both_s": c["both"]["median_s"],
+                "overlap/ratio_both_to_sum": res["ratio_both_to_sum"],
+                "overlap/comm_sequential_s": m["sequential"]["median_s"],
+                "overlap/comm_overlapped_s": m["overlapped"]["median_s"],
+                "overlap/comm_saving": res["comm_saving"],
+            },
+        )
+        tracker.log_artifacts(run_id, args.out)
+    except BaseException as e:  # Ctrl-C, SIGTERM (or DVC gone) or a store fault while logging: never left RUNNING
+        signalled = interruption(e)
+        tracker.close_run(run_id, "KILLED" if signalled else "FAILED", str(signalled or root_cause(e)))
+        raise
     tracker.end_run(run_id)
     print((args.out / "overlap.md").read_text())
     return 0
@@ -178,9 +203,11 @@ def cmd_profiles(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from pipeline.errors import user_errors
+    from pipeline.errors import lifeline, user_errors
 
-    with user_errors() as status:
+    # lifeline: a stage command run by DVC stops (as on SIGTERM, which user_errors turns into an exit 143) once the
+    # process that ran it is gone; a `kill` of DVC leaves no sweep, overlap or analyze writing on without it
+    with user_errors() as status, lifeline():
         status.code = globals()[f"cmd_{args.command}"](args)
     return status.code
 

@@ -6,16 +6,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pipeline.paths import too_long
+
 
 def path(text: str) -> Path:
     """A path option (--out, --params, --sweeps): never empty. Path("") is ".", so `--out ""` (an unset shell
-    variable) would write, and clear old outputs, in whatever directory the command runs in."""
+    variable) would write, and clear old outputs, in whatever directory the command runs in. Nor too long for the
+    file system, which would end the command in an OSError from wherever the path is first used."""
     if not text.strip():
         raise argparse.ArgumentTypeError(
             "the path is empty (an unset shell variable?), and an empty path would "
             "silently mean the current directory. Give the path (`.` for the current "
             "directory). Nothing was run."
         )
+    if why := too_long(text):
+        raise argparse.ArgumentTypeError(f"the path {why}. Give a shorter path. Nothing was run.")
     return Path(text)
 
 

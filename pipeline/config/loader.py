@@ -26,6 +26,8 @@ from pipeline.config.schema import (
     SPACE_META,
     STRATEGY_NAMES,
     TIMEOUT_MAX_S,
+    TRIALS_MAX,
+    TRIALS_WHY,
     AnalyzeConfig,
     Config,
     DataConfig,
@@ -36,7 +38,7 @@ from pipeline.config.schema import (
     TrainConfig,
     choice,
 )
-from pipeline.paths import repo_root
+from pipeline.paths import repo_root, too_long
 
 __all__ = ["COMM_HOOKS", "MODELS", "PROFILE_NAME", "SEED_MAX", "SOURCES", "STRATEGY_NAMES", "TIMEOUT_MAX_S",
            "AnalyzeConfig", "Config", "ConfigError", "DataConfig", "OverlapConfig", "SpaceConfig", "SweepConfig",
@@ -88,6 +90,10 @@ def _coerce(key: str, typ, value, meta: dict):
         if value != value.strip():
             _err(key, f"{value!r} is blank or has spaces around it: it would name something other than what "
                       f"shows (an MLflow experiment, a folder). Remove the spaces, or leave it empty for the default.")
+    if meta.get("max_len") and len(value) > meta["max_len"]:
+        _err(key, f"{_short(value)!r} has {len(value)} characters, at most {meta['max_len']} fit ({meta['why']}).")
+    if meta.get("path") and (why := too_long(value)):
+        _err(key, f"the path {_short(value)!r} {why}. Choose a shorter path.")
     if "pattern" in meta and value and not meta["pattern"].fullmatch(value):
         _err(key, f"{value!r} is not a name of the form {meta['pattern'].pattern}.")
     if "choices" in meta and value not in meta["choices"]:
@@ -98,6 +104,11 @@ def _coerce(key: str, typ, value, meta: dict):
     if hi is not None and value > hi:
         _err(key, f"must be <= {hi}, got {value!r}" + (f" ({meta['why']})." if meta.get("why") else "."))
     return value
+
+
+def _short(text: str, keep: int = 60) -> str:
+    """`text` with its middle elided when longer than 2 * keep characters: a message names a long value, not all."""
+    return text if len(text) <= 2 * keep else f"{text[:keep]}...{text[-keep:]}"
 
 
 def _build(cls, mapping, prefix: str):
@@ -126,6 +137,13 @@ def _build(cls, mapping, prefix: str):
             if name == "strategies":
                 meta = choice(*STRATEGY_NAMES)
             kwargs[name] = _coerce(key, typ, value, meta)
+            if name == "strategies" and (twice := [v for i, v in enumerate(kwargs[name]) if v in kwargs[name][:i]]):
+                _err(key, f"it lists `{twice[0]}` more than once; each strategy runs one study, so list it once.")
+    if cls is SweepConfig and (sizes := {s: _points(v) for s, v in kwargs.get("spaces", {}).items()}):
+        (s, n), repeats = max(sizes.items(), key=lambda kv: kv[1]), kwargs.get("repeats", SweepConfig.repeats)
+        if n * repeats > TRIALS_MAX:
+            _err(f"{prefix}.repeats", f"{repeats} repeats of the {n} points of `{prefix}.spaces.{s}` make "
+                                      f"{n * repeats} trials, at most {TRIALS_MAX} ({TRIALS_WHY}).")
     return cls(**kwargs)
 
 
@@ -140,9 +158,21 @@ def _build_spaces(value, key: str) -> dict:
     out = {}
     for s, v in value.items():
         parts = v if isinstance(v, list) else [v]
+        if not parts:  # else the strategy would silently run the `default` space
+            _err(f"{key}.{s}", "the list is empty; give at least one mapping of lists (an empty search space runs "
+                               "nothing), or remove the key for the `default` space.")
         out[s] = tuple(_build_space(part, f"{key}.{s}" + (f"[{i}]" if isinstance(v, list) else ""), s)
                        for i, part in enumerate(parts))
+        if (size := _points(out[s])) > TRIALS_MAX:
+            _err(f"{key}.{s}", f"its lists make {size} points (the product of their lengths), at most {TRIALS_MAX} "
+                               f"({TRIALS_WHY}).")
     return out
+
+
+def _points(space: tuple[SpaceConfig, ...]) -> int:
+    """How many points a space holds at most (before duplicates are dropped): its lists' lengths multiplied, added
+    over its products. Counted, not listed: a product of a few long lists is too many points to list."""
+    return sum(math.prod(len(getattr(p, f.name)) for f in dataclasses.fields(p)) for p in space)
 
 
 def _build_space(mapping, prefix, strategy: str = "default"):
@@ -269,6 +299,9 @@ def profile_path(profile, root: Path) -> Path:
     if not known:  # usually a command run outside the repository: say where the profiles were looked for
         fix += (f" No experiments/*.yaml under {root}, taken as the repository root (the nearest directory with "
                 f"dvc.yaml or params.yaml, else the current one): run from the Parallax checkout, or set DVC_ROOT.")
+    if isinstance(profile, str) and len(profile) > 100:  # a file name, an MLflow experiment's and a study's
+        raise ConfigError(f"Invalid profile {_short(profile)!r}: it has {len(profile)} characters, at most 100 fit "
+                          f"(it names experiments/<profile>.yaml, its MLflow experiment and its studies). {fix}")
     if not isinstance(profile, str) or not PROFILE_NAME.fullmatch(profile):
         raise ConfigError(f"Invalid profile {profile!r}: a profile is the name of a file under experiments/, made of "
                           f"lower-case letters, digits, `_` and `-` (no path, no dots). {fix}")

@@ -1,8 +1,10 @@
 """The configuration's schema: frozen dataclasses, one per params.yaml section, with each field's default and the
-metadata config.py validates it by (`choice(...)`: one of these values; `bounds(...)`: a range). Nothing here reads a
-file; config.py builds and validates these from params.yaml, the profile and --set.
+metadata config.py validates it by (`choice(...)`: one of these values; `bounds(...)`: a range, with the reason for
+its upper bound; `text(...)`: a string's length; `path()`: a path the file system takes). Nothing here reads a file;
+config.py builds and validates these from params.yaml, the profile and --set.
 
-A new field is one line in its dataclass (with `metadata=choice(...)`/`bounds(...)` where it has limits).
+A new field is one line in its dataclass (with `metadata=choice(...)`/`bounds(...)` where it has limits; a number
+whose size costs memory or time gets an upper bound and its `why`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,25 @@ OVERLAP_SIZE_WHY = (
     "a matrix; larger exhausts the host's memory"
 )
 TIMEOUT_MAX_S = 30 * 86400.0  # timers and PyTorch's collective timeout overflow near 1e9 s; 30 days is plenty
+DEVICES_MAX = 1024
+DEVICES_WHY = (
+    "a trial starts one process per device; more than any host or SLURM allocation this runs on only starts "
+    "processes until the host's memory is gone"
+)
+REPEATS_MAX = 100
+REPEATS_WHY = (
+    "each repeat is one more trial of every point, all enqueued when the study is set up: 100 already make a "
+    "20-point grid 2,000 trials; more exhausts the set-up's memory and time"
+)
+# a study: at most this many trials, its space's points (the sum over its products of the product of its lists'
+# lengths) times sweep.repeats
+TRIALS_MAX = 100_000
+TRIALS_WHY = (
+    "every trial is enqueued when the study is set up, about 60 a second: 100,000 take half an hour, and more "
+    "exhaust the set-up's memory and time long before their trials could run"
+)
+OVERLAP_ITEMS_WHY = "each item and each product of a chain holds a size x size matrix: more exhausts the host's memory"
+OVERLAP_RUNS_WHY = "each is one more timed run of every arm of the benchmark: more runs for days"
 
 
 def choice(*values):
@@ -39,10 +60,20 @@ def bounds(lo=None, hi=None, lo_open=False, why=""):
     return {"lo": lo, "hi": hi, "lo_open": lo_open, "why": why}
 
 
+def text(max_len: int, why: str, **meta):
+    """A string of at most `max_len` characters; `why` says, in the refusal, what takes it."""
+    return {"max_len": max_len, "why": why, **meta}
+
+
+def path():
+    """A file system path: each of its names and the whole short enough for the file system (paths.too_long)."""
+    return {"path": True}
+
+
 @dataclass(frozen=True)
 class DataConfig:
     source: str = field(default="fashion-mnist", metadata=choice(*SOURCES))
-    dir: str = "data/fashion-mnist"
+    dir: str = field(default="data/fashion-mnist", metadata=path())
     mirror: str = ""  # URL or local directory holding the four .gz files (air-gapped clusters)
     train_limit: int = field(default=0, metadata=bounds(0))  # 0 = all 60,000
     test_limit: int = field(default=0, metadata=bounds(0))  # 0 = all 10,000
@@ -52,7 +83,7 @@ class DataConfig:
 class TrainConfig:
     model: str = field(default="lenet", metadata=choice(*MODELS))
     strategy: str = field(default=catalog.REFERENCE, metadata=choice(*STRATEGY_NAMES))
-    devices: int = field(default=1, metadata=bounds(1))
+    devices: int = field(default=1, metadata=bounds(1, DEVICES_MAX, why=DEVICES_WHY))
     batch_size: int = field(default=256, metadata=bounds(1))  # global batch, split over devices
     lr: float = field(default=0.2, metadata=bounds(0, lo_open=True))
     epochs: int = field(default=1, metadata=bounds(1))
@@ -95,7 +126,7 @@ class TrainConfig:
     nnodes: int = field(default=1, metadata=bounds(1))
     node_rank: int = field(default=0, metadata=bounds(0))
     rdzv_endpoint: str = ""  # host:port of the rendezvous (c10d); empty = a free local port
-    rdzv_id: str = "parallax"
+    rdzv_id: str = field(default="parallax", metadata=text(100, "it names the launcher's folders and the rendezvous"))
     # the address this node advertises to the others (torch's LaunchConfig.local_addr); empty = torch's default, the
     # host name, refused for nodes on separate machines when it resolves to a loopback address only (launch.py)
     local_addr: str = ""
@@ -120,13 +151,15 @@ class SpaceConfig:
 @dataclass(frozen=True)
 class SweepConfig:
     strategies: tuple[str, ...] = STRATEGY_NAMES
-    storage: str = ""  # Optuna RDB URL; empty = sqlite file mlruns/optuna.db at the repository root
+    # Optuna RDB URL; empty = sqlite file mlruns/optuna.db at the store root ($DVC_ROOT when set, else the repository
+    # root), against which a relative sqlite:///file.db resolves too (preflight.store_url)
+    storage: str = ""
     sampler: str = field(default="grid", metadata=choice("grid", "tpe"))
     n_trials: int = field(default=0, metadata=bounds(0))  # 0 = the whole grid
     pruning: bool = False
     trial_timeout_s: float = field(default=900.0, metadata=bounds(1, TIMEOUT_MAX_S))
     # each point measured this many times, in alternating rounds (a k=1 reference next to its k>1 points in each)
-    repeats: int = field(default=1, metadata=bounds(1))
+    repeats: int = field(default=1, metadata=bounds(1, REPEATS_MAX, why=REPEATS_WHY))
     # a trial flagged as measured under interference is enqueued again, up to this many times (its row is kept);
     # not after 3 vain quiet waits in a row (measure/quiet.py): on a host that stays busy the copy meets the same load
     remeasure_interfered: int = field(default=0, metadata=bounds(0))
@@ -143,8 +176,10 @@ class SweepConfig:
 
 @dataclass(frozen=True)
 class TrackingConfig:
-    uri: str = ""  # empty = sqlite:///<repo>/mlruns/mlflow.db
-    experiment: str = ""  # empty = "parallax-<profile>"
+    uri: str = ""  # empty = sqlite:///<store root>/mlruns/mlflow.db; a relative sqlite:///file.db is at the store root
+    experiment: str = field(  # empty = "parallax-<profile>"
+        default="", metadata=text(256, "MLflow's database holds an experiment's name in 256 characters")
+    )
     # MLflow's system metrics in every trial run (host CPU/RAM/disk/network, per GPU via pynvml; docs/metrics.md):
     # off by default, since the sampling thread runs in the process whose throughput is measured
     system_metrics: bool = False
@@ -159,10 +194,10 @@ class AnalyzeConfig:
 @dataclass(frozen=True)
 class OverlapConfig:
     size: int = field(default=512, metadata=bounds(16, OVERLAP_SIZE_MAX, why=OVERLAP_SIZE_WHY))  # square matrices
-    chain: int = field(default=20, metadata=bounds(1))  # products per chain
-    items: int = field(default=20, metadata=bounds(1))  # results computed and communicated
-    reps: int = field(default=7, metadata=bounds(1))
-    warmup: int = field(default=2, metadata=bounds(0))
+    chain: int = field(default=20, metadata=bounds(1, 1000, why=OVERLAP_ITEMS_WHY))  # products per chain
+    items: int = field(default=20, metadata=bounds(1, 1000, why=OVERLAP_ITEMS_WHY))  # results computed, communicated
+    reps: int = field(default=7, metadata=bounds(1, 1000, why=OVERLAP_RUNS_WHY))
+    warmup: int = field(default=2, metadata=bounds(0, 1000, why=OVERLAP_RUNS_WHY))
 
 
 @dataclass(frozen=True)
@@ -172,7 +207,9 @@ class SlurmConfig:
     partition: str = ""
     devices_per_node: int = field(default=1, metadata=bounds(1))  # a k-device trial gets ceil(k/this) nodes
     device: str = field(default="cuda", metadata=choice("cuda", "cpu"))  # GPUs (gres) or cores per node
-    time_limit_min: int = field(default=60, metadata=bounds(1))  # each trial's job
+    time_limit_min: int = field(  # each trial's job
+        default=60, metadata=bounds(1, int(TIMEOUT_MAX_S // 60), why="30 days; SLURM's own limits are shorter")
+    )
     account: str = ""
     rdzv_port: int = field(default=29400, metadata=bounds(1024, 65000))  # c10d on the first node; + job id % 500
     poll_s: float = field(default=2.0, metadata=bounds(0.1, 600))  # `scontrol show job` every this many seconds
@@ -180,7 +217,12 @@ class SlurmConfig:
 
 @dataclass(frozen=True)
 class Config:
-    profile: str = field(default="cpu", metadata={"pattern": PROFILE_NAME})  # "" = no profile
+    profile: str = field(  # "" = no profile
+        default="cpu",
+        metadata=text(
+            100, "it names experiments/<profile>.yaml, its MLflow experiment and its studies", pattern=PROFILE_NAME
+        ),
+    )
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
     sweep: SweepConfig = SweepConfig()
@@ -210,7 +252,7 @@ def plain(x):
 # What each search-space list holds (SpaceConfig's fields are tuples: every element is checked against this)
 SPACE_META = {
     "model": choice(*MODELS),
-    "devices": bounds(1),
+    "devices": bounds(1, DEVICES_MAX, why=DEVICES_WHY),
     "batch_size": bounds(1),
     "lr": bounds(0, lo_open=True),
     "bucket_cap_mb": bounds(0, lo_open=True),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import mmap
 import os
 import shutil
@@ -72,7 +73,12 @@ def read_idx(path) -> torch.Tensor:
     ndim = magic & 0xFF
     header = 4 + 4 * ndim
     dims = [int.from_bytes(buf[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    size = header + int(np.prod(dims))
+    size = header + math.prod(dims)  # Python's integers: NumPy's int64 product wraps, and a wrapped size can match
+    if math.prod(max(d, 1) for d in dims) >= 2**63:  # torch's sizes and strides are int64, even for no element
+        raise DataError(
+            f"{path} has a corrupt header: its dimensions {dims} overflow a 64-bit size, so no tensor can hold "
+            f"them. The file is not Fashion-MNIST; delete it and rerun {_RERUN}."
+        )
     if len(buf) != size:
         kind = "truncated" if len(buf) < size else "longer than its header says"
         raise DataError(
@@ -238,6 +244,13 @@ def _read_checked(raw: Path) -> list[torch.Tensor]:
                 f"form a Fashion-MNIST split: shapes {list(images.shape)} and {list(labels.shape)}, "
                 f"expected [N, 28, 28] and [N] with labels 0-9. Delete {raw} and rerun {_RERUN}."
             )
+    n_train, n_test = len(tensors[0]), len(tensors[2])
+    if n_train < n_test:  # the real set and its synthetic stand-in both hold 60000 training and 10000 test images
+        raise DataError(
+            f"{raw / FILES[0]} holds {n_train} images and {raw / FILES[2]} {n_test}: fewer training than test "
+            f"images, so the train and test files (t10k-*) are swapped or mislabelled; Fashion-MNIST, and its "
+            f"synthetic stand-in, has 60000 training and 10000 test images. Delete {raw} and rerun {_RERUN}."
+        )
     return tensors
 
 

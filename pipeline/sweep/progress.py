@@ -3,7 +3,7 @@
     for p in progress(queue, "[sweep ddp] enqueueing trials"): ...
 
 A loop that ends within EVERY_S prints nothing; one that spoke ends with a `done in N s` line. `counter` is the
-sweep's "trial 9/8+1 re-measure" count.
+sweep's "trial 9/9 (8 planned + 1 re-measure)" count.
 """
 
 from __future__ import annotations
@@ -39,13 +39,10 @@ def progress(
 
 
 def counter(done: int, total: int, remeasures: int = 0) -> str:
-    """`trial n/total` for the trial about to run, `done` trials finished before it: re-measures extend the total
-    ("9/8+1 re-measure"), and a count past even that (trials failed and run again) reads n/n, never 16/8."""
+    """`trial n/total` for the trial about to run, `done` trials finished before it: re-measures extend the total and
+    say so ("9/9 (8 planned + 1 re-measure)"), and a count past even that (trials failed and run again) reads n/n,
+    never 16/8."""
     n = done + 1
-    if remeasures:
-        return (
-            f"{n}/{total}+{remeasures} re-measure{'s' if remeasures > 1 else ''}"
-            if n <= total + remeasures
-            else f"{n}/{n}"
-        )
+    if remeasures and n <= total + remeasures:
+        return f"{n}/{total + remeasures} ({total} planned + {remeasures} re-measure{'s' if remeasures > 1 else ''})"
     return f"{n}/{max(total, n)}"

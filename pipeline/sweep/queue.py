@@ -36,16 +36,21 @@ import time
 import optuna
 from optuna.trial import TrialState
 
-from pipeline.errors import StoreError, redact, root_cause, store_fault
+from pipeline.config.loader import TIMEOUT_MAX_S
+from pipeline.errors import StoreError, env_number, redact, root_cause, signals_deferred, store_fault
 from pipeline.paths import store_root
-from pipeline.preflight import check_store
+from pipeline.preflight import check_store, store_url
 
 # A trial whose heartbeat is older than GRACE_S is failed as stale and enqueued again: a rerun after a SIGKILL waits
 # that long for it. PARALLAX_GRACE_S shortens the wait (tests; at least 4 s, so that a live trial, beating every
 # HEARTBEAT_S, is never taken for a dead one).
-GRACE_S = max(4, int(os.environ.get("PARALLAX_GRACE_S", "20")))
+GRACE_S = max(4, int(env_number("PARALLAX_GRACE_S", 20, lo=0, hi=TIMEOUT_MAX_S,
+                                 what="how many seconds a trial's heartbeat may be late before it is failed as stale "
+                                      "(4 at least are used)")))
 # a database server's connect (TCP, then its start-up exchange) is bounded: libpq's connect_timeout (2 s at least)
-STORE_TIMEOUT_S = max(2, int(float(os.environ.get("PARALLAX_STORE_TIMEOUT_S", "30"))))
+STORE_TIMEOUT_S = max(2, int(env_number("PARALLAX_STORE_TIMEOUT_S", 30, lo=0, hi=TIMEOUT_MAX_S,
+                                        what="how many seconds the sweep waits for the Optuna database to answer "
+                                             "(2 at least are used)")))
 HEARTBEAT_S = max(1, min(5, GRACE_S // 4))
 WORKER_ATTR = "parallax_worker"
 
@@ -96,7 +101,9 @@ def claim(study: optuna.Study, runnable=lambda point: True) -> optuna.Trial | No
         if not runnable(t.system_attrs.get("fixed_params") or t.params):
             continue
         try:
-            if storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
+            with signals_deferred():  # Ctrl-C or SIGTERM waits for the three writes: never a trial without its owner
+                if not storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
+                    continue
                 # the owner first, then the first beat, each right away: Optuna never calls a trial without a heartbeat
                 # stale, so a worker killed before its first beat would leave the trial RUNNING for ever and every
                 # rerun waiting on it; and a trial with a heartbeat but no owner yet is judged by its heartbeat
@@ -105,10 +112,46 @@ def claim(study: optuna.Study, runnable=lambda point: True) -> optuna.Trial | No
                 # is never stale before its owner is recorded.
                 storage.set_trial_system_attr(t._trial_id, WORKER_ATTR, me())
                 storage.record_heartbeat(t._trial_id)
-                return optuna.Trial(study, t._trial_id)
+            return optuna.Trial(study, t._trial_id)
         except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
             continue
     return None
+
+
+# a trial's attributes given when it is enqueued, which a copy enqueued again keeps (study_setup, trial_exec)
+QUEUED_ATTRS = ("repeat", "remeasure", "remeasure_of", "requeued")
+
+
+def release_mine(study: optuna.Study, why: str) -> list[int]:
+    """Fail each trial this worker holds RUNNING with `why` as its reason and enqueue its point again; returns their
+    numbers. For a worker stopped between a trial's claim and its end (Ctrl-C in the quiet wait, or while the trial is
+    set up): the trial is not left RUNNING until a rerun finds its heartbeat stale."""
+    mine, released = me(), []
+    for t in running(study):
+        if t.system_attrs.get(WORKER_ATTR) != mine:
+            continue
+        try:
+            study._storage.set_trial_user_attr(t._trial_id, "reason", why)
+            if not study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:  # recorded meanwhile (its runner told it first)
+            continue
+        point = t.system_attrs.get("fixed_params") or t.params
+        study.enqueue_trial(point, user_attrs={k: t.user_attrs[k] for k in QUEUED_ATTRS if k in t.user_attrs})
+        released.append(t.number)
+    return released
+
+
+def held_elsewhere(study: optuna.Study) -> list:
+    """The RUNNING trials another live worker holds: not this worker's, not one whose worker is dead on this host,
+    not one whose heartbeat is stale (a worker on another host that stopped beating)."""
+    stale = set(study._storage._get_stale_trial_ids(study._study_id))
+    mine, host = me(), socket.gethostname()
+    return [
+        t for t in running(study)
+        if (owner := t.system_attrs.get(WORKER_ATTR)) != mine and t._trial_id not in stale
+        and (not owner or owner.get("host") != host or is_alive_here(owner))
+    ]
 
 
 def fail_stale_trials(study: optuna.Study) -> list[int]:
@@ -172,7 +215,8 @@ def end_stale_mlflow_runs(study, tracker) -> None:
 # ----------------------------------------------------------------------------- the store
 
 def storage_url(cfg) -> str:
-    return cfg.sweep.storage or f"sqlite:///{store_root() / 'mlruns' / 'optuna.db'}"
+    """sweep.storage, a relative SQLite path resolved against the store root; empty = mlruns/optuna.db there."""
+    return store_url(cfg.sweep.storage, "sweep.storage", "optuna.db")
 
 
 def open_storage(cfg) -> optuna.storages.RDBStorage:

@@ -14,6 +14,10 @@ database; without one (a small cluster, the test cluster) a job that ends withou
 preemption, time limit, a node lost) would look RUNNING for ever. submitit still writes the batch script, pickles
 the call and reads the results back. Jobs are submitted with --no-requeue: the Optuna queue is the only record of
 what runs, so a cancelled or preempted job's trial is enqueued again there (Requeued), never behind its back.
+A controller that does not answer `scontrol show job` for UNREACHABLE_S gets the job cancelled (it may still run)
+and fails the trial as UNREACHABLE: the cluster's fault, which the sweep handles as a store fault (it stops, and the
+point runs again). A trial directory reused from an earlier trial is emptied of that trial's files before the job
+is submitted: nothing of it is read as the new trial's epochs or record.
 
 Off (no partition) is `local`, launch.run_trial on this host; submitit is imported only when SLURM is on.
 """
@@ -31,10 +35,14 @@ import time
 from pathlib import Path
 
 from pipeline.errors import TrialFailed
+from pipeline.records import files
 
 REQUEUE = {"CANCELLED", "PREEMPTED", "DEADLINE"}  # not the trial's fault: run it again (up to MAX_REQUEUES times)
 ENDED = REQUEUE | {"COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "SPECIAL_EXIT"}
 MAX_REQUEUES = 2
+UNREACHABLE = "slurm_unreachable"  # the failure kind of a trial whose job SLURM's controller stopped answering for
+UNREACHABLE_S = 60.0  # how long `scontrol show job` may fail before the job is given up (a controller's fail-over)
+UNSUBMITTED = "slurm_submit"  # the failure kind of a trial whose job `sbatch` could not submit
 
 
 class Requeued(TrialFailed):
@@ -124,16 +132,49 @@ def _boot_id() -> str:
 
 def scontrol(*args: str) -> dict:
     """`scontrol show ... -o` as a dict ({} when SLURM does not know it, or cannot be asked)."""
+    return ask(*args)[0]
+
+
+def ask(*args: str) -> tuple[dict, str]:
+    """`scontrol show ... -o` as a dict, and when that is empty, why: scontrol's own words (its stderr)."""
     try:
-        out = subprocess.run(["scontrol", "show", *args, "-o"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
+        p = subprocess.run(["scontrol", "show", *args, "-o"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return {}, "no answer within 30 s"
+    except OSError as e:
+        return {}, f"{type(e).__name__}: {e}"
     fields = {}
-    for word in re.split(r"\s+(?=[A-Za-z][\w/:]*=)", out.strip()):  # values may hold spaces (Reason=Not responding)
+    for word in re.split(r"\s+(?=[A-Za-z][\w/:]*=)", p.stdout.strip()):  # values hold spaces (Reason=Not responding)
         key, eq, value = word.partition("=")
         if eq:
             fields.setdefault(key, value.strip())
-    return fields
+    return fields, "" if fields else " ".join(p.stderr.split())[:300] or f"exit {p.returncode} without output"
+
+
+def cancel(job_id: str) -> str:
+    """scancel the job; what became of it, for a message."""
+    try:
+        p = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return f"scancel {job_id} got no answer within 30 s: the job may still run; cancel it once SLURM answers"
+    except OSError as e:
+        return f"scancel {job_id} could not run ({e}): the job may still run; cancel it once SLURM answers"
+    if p.returncode:
+        said = " ".join(p.stderr.split())[:200] or f"exit {p.returncode}"
+        return f"scancel {job_id} failed ({said}): the job may still run; cancel it once SLURM answers"
+    return f"job {job_id} cancelled (scancel)"
+
+
+def clear(out_dir: Path) -> None:
+    """Remove what an earlier trial left in a reused trial directory: its nodes' directories (progress.jsonl,
+    record, final state) and the record and final state copied from them."""
+    for d in out_dir.glob("node*"):
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d)
+        else:
+            d.unlink()
+    for name in ("metrics.json", "final_state.pt"):
+        (out_dir / name).unlink(missing_ok=True)
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -185,11 +226,23 @@ class Runner:
         return ex
 
     def __call__(self, tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="", note=None):
+        from pipeline.trial.launch import writing_folder
+
         out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        with writing_folder(out_dir):
+            out_dir.mkdir(parents=True, exist_ok=True)
+            clear(out_dir)  # before the job is queued: the epochs read meanwhile are this trial's only
         nodes = nodes_for(self.scfg, tcfg.train.devices)
         tcfg = with_train(tcfg, nnodes=1, rdzv_endpoint="")  # node_main sets the allocation's
-        job = self.executor(out_dir / "slurm", nodes, label).submit(node_main, tcfg, str(out_dir), timeout_s)
+        try:
+            job = self.executor(out_dir / "slurm", nodes, label).submit(node_main, tcfg, str(out_dir), timeout_s)
+        except subprocess.CalledProcessError as e:  # sbatch said why on stderr, above
+            raise TrialFailed(
+                f"`sbatch` could not submit the trial's job (exit {e.returncode}; its own message is printed above "
+                f"this one): SLURM's controller did not take it (no controller answering, no slurm.conf, a partition "
+                f"or account it refuses)",
+                UNSUBMITTED,
+            ) from None
         if note:
             note({"slurm_job_id": str(job.job_id), "nodes": nodes})
 
@@ -200,16 +253,19 @@ class Runner:
         try:
             info = self.wait(job, out_dir, on_epoch, say)
             ended = True
+        except TrialFailed as e:
+            ended = e.kind in ("stopped", UNREACHABLE)  # the wait cancelled the job itself
+            raise
         finally:
             if not ended:  # interrupted, or stopped by the sweep: never leave the job behind
-                subprocess.run(["scancel", str(job.job_id)], capture_output=True, timeout=30)
+                cancel(str(job.job_id))
         return self.outcome(job, info, nodes, out_dir, say)
 
     def wait(self, job, out_dir: Path, on_epoch, say) -> dict:
         """Poll `scontrol show job` until the job ends, handing each epoch record to on_epoch meanwhile."""
-        seen, last, missing = 0, None, 0
+        seen, last, lost_since = 0, None, None
         while True:
-            info = scontrol("job", str(job.job_id))
+            info, why = ask("job", str(job.job_id))
             state = info.get("JobState", "")
             shown = "queued" if state in ("PENDING", "CONFIGURING", "REQUEUED") else (
                 "running" if state in ("RUNNING", "COMPLETING") else state.lower())
@@ -221,10 +277,22 @@ class Runner:
             seen = self.epochs(out_dir, seen, on_epoch, job)
             if state in ENDED:
                 return info
-            if not info:
-                missing += 1
-                if missing * self.scfg.poll_s > 60 or all(t.paths.result_pickle.exists() for t in tasks(job)):
-                    return info  # SLURM forgot it (MinJobAge), or scontrol is unreachable
+            if info:
+                lost_since = None
+            else:
+                lost_since = lost_since or time.monotonic()
+                if all(t.paths.result_pickle.exists() for t in tasks(job)):
+                    return info  # SLURM forgot it (MinJobAge) after it ended: its results are here
+                lost_s = time.monotonic() - lost_since
+                if lost_s > UNREACHABLE_S:
+                    cancelled = cancel(str(job.job_id))
+                    say(f"`scontrol show job` failed for {lost_s:.0f} s; {cancelled}")
+                    raise TrialFailed(
+                        f"SLURM job {job.job_id}: `scontrol show job {job.job_id}` failed for {lost_s:.0f} s (over "
+                        f"{UNREACHABLE_S:.0f} s), last with: {why}. SLURM's controller is unreachable or lost the "
+                        f"job, so its state is unknown; {cancelled}",
+                        UNREACHABLE,
+                    )
             time.sleep(self.scfg.poll_s)
 
     def epochs(self, out_dir: Path, seen: int, on_epoch, job) -> int:
@@ -237,9 +305,9 @@ class Runner:
             except ValueError:  # being written
                 return seen
             if on_epoch and on_epoch(record):
-                subprocess.run(["scancel", str(job.job_id)], capture_output=True, timeout=30)
-                raise TrialFailed(f"stopped at epoch {record['epoch']} by the sweep; SLURM job {job.job_id} "
-                                  f"cancelled (pruning and taken-over trials end their job)", "stopped")
+                cancelled = cancel(str(job.job_id))
+                raise TrialFailed(f"stopped at epoch {record['epoch']} by the sweep; {cancelled} (pruning and "
+                                  f"taken-over trials end their job)", "stopped")
             seen += 1
         return seen
 
@@ -286,10 +354,14 @@ class Runner:
             raise TrialFailed(f"{why}: no node returned the main rank's record", "error")
         record = _shared_cores(main["record"], results)
         node_dir = out_dir / f"node{main['node']}"
-        for f in ("metrics.json", "final_state.pt"):
-            if (node_dir / f).exists():
-                shutil.copy2(node_dir / f, out_dir / f)
-        if record is not main["record"]:
-            (out_dir / "metrics.json").write_text(json.dumps(record.to_json(), indent=2))
+        from pipeline.trial.launch import writing_folder
+
+        with writing_folder(out_dir):  # each whole or not at all
+            for f in ("metrics.json", "final_state.pt"):
+                if (node_dir / f).exists():
+                    with open(node_dir / f, "rb") as src, files.replacing(out_dir / f, "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+            if record is not main["record"]:
+                files.write_text(out_dir / "metrics.json", json.dumps(record.to_json(), indent=2))
         say(f"done: {state} on {info.get('NodeList', '?')}")
         return record

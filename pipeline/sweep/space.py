@@ -1,6 +1,7 @@
 """A strategy's search space as the sweep runs it: its points (the product of each SpaceConfig's lists, with the
 knob dimensions the strategy's catalog row accepts), Optuna's categorical choices, a point's trial configuration, and
-the study name that identifies the space and everything else that changes a trial's result.
+the study name that identifies the space and everything else that changes a trial's result (identity: every
+setting but the NEUTRAL ones, named with their reasons).
 """
 
 from __future__ import annotations
@@ -58,26 +59,73 @@ class PointConfigs:
 
 
 def study_name(cfg, strategy: str) -> str:
-    """Identifies the search space and everything that changes a trial's result, so spaces never mix. The hash
-    stays in the name (also kept as user attribute space_hash): a rerun finds its study by name, so a name without
-    it would either mix spaces or, renamed, orphan every study already in a store."""
+    """Identifies the study by everything that changes a trial's result (identity), so that a number is never filed
+    under another configuration. The digest stays in the name (also kept as user attribute space_hash): a rerun
+    finds its study by name, and a changed setting finds none and starts a new study."""
     return f"{cfg.profile}-{strategy}-{space_hash(cfg, strategy)}"
 
 
+# The settings that cannot change a trial's result, each with the reason: where results are stored, how processes
+# find each other, when a trial may start or is given up, which stage reads a section. A section's name stands for
+# all its fields. Every other setting of the resolved configuration is part of a study's identity, so a setting
+# added to the schema changes the study (a rerun starts a new one) until it is named here with its reason
+# (tests/sweep/test_identity.py changes every field and checks both sides).
+NEUTRAL = {
+    "profile": "the study name's prefix; the profile's settings are resolved into the others",
+    "data.mirror": "where the four files are downloaded from; the files are verified by their checksums",
+    "train.strategy": "the study's strategy stands in for it",
+    "train.node_rank": "which node this is; every node of a trial runs the same configuration",
+    "train.rdzv_endpoint": "where the nodes of a trial meet",
+    "train.rdzv_id": "the name the nodes of a trial meet under",
+    "train.local_addr": "the address a node advertises to the others",
+    "sweep.strategies": "which strategies run trials; each strategy has its own study",
+    "sweep.spaces": "the strategy's own points stand in for it (other strategies' spaces do not change this one)",
+    "sweep.storage": "the store the study lives in",
+    "sweep.n_trials": "the budget: a study whose budget grows runs the new part (stage.prepare_study)",
+    "sweep.trial_timeout_s": "when a running trial is given up; a trial that completes measured the same",
+    "sweep.quiet_wait_s": "how long to wait for a quiet host before a trial; each trial records its own load",
+    "sweep.remeasure_interfered": "how often a flagged trial is enqueued again; each copy is a trial of its own",
+    "tracking.uri": "the MLflow store runs are logged to",
+    "tracking.experiment": "the MLflow experiment runs are logged under",
+    "analyze": "read by the analysis stage only, after the trials",
+    "overlap": "read by the overlap stage only",
+    "slurm.account": "the account a job is charged to",
+    "slurm.poll_s": "how often a job's state is read",
+    "slurm.rdzv_port": "where a job's nodes meet",
+    "slurm.time_limit_min": "when a running job is given up; a trial that completes measured the same",
+}
+
+
+def _settings(cfg) -> dict:
+    """Every setting of the resolved configuration as {"section.field" (or "field"): value}."""
+    out: dict = {}
+    for section, value in cfg.to_dict().items():
+        if isinstance(value, dict) and section != "profile":
+            out.update({f"{section}.{k}": v for k, v in value.items()})
+        else:
+            out[section] = value
+    return out
+
+
+def neutral(setting: str) -> bool:
+    return setting in NEUTRAL or setting.split(".", 1)[0] in NEUTRAL
+
+
+def identity(cfg, strategy: str) -> dict:
+    """What a study's trials depend on: the strategy, its points, and every setting not NEUTRAL (a train setting a
+    point sets is the point's)."""
+    pts = points(cfg, strategy)
+    per_point = {f"train.{k}" for p in pts for k in p}
+    key = {k: v for k, v in _settings(cfg).items() if not neutral(k) and k not in per_point}
+    return {"strategy": strategy, "points": pts, "settings": key}
+
+
+def changed_settings(cfg, strategy: str) -> dict:
+    """The identity's settings whose values differ from the schema's defaults: what sets this study apart, shown on
+    its MLflow parent run."""
+    default = identity(type(cfg)(), strategy)["settings"]
+    return {k: v for k, v in identity(cfg, strategy)["settings"].items() if default.get(k) != v}
+
+
 def space_hash(cfg, strategy: str) -> str:
-    t = cfg.train
-    key = {
-        "space": points(cfg, strategy),
-        "epochs": t.epochs,
-        "seed": t.seed,
-        "max_steps": t.max_steps,
-        "data": [cfg.data.source, cfg.data.train_limit, cfg.data.test_limit],
-        "warmup": t.warmup_steps,
-        "amp": t.amp_dtype,
-        "pruning": cfg.sweep.pruning,
-        "sampler": cfg.sweep.sampler,
-        **({"emulated_max_steps": cfg.sweep.emulated_max_steps} if cfg.sweep.emulated_max_steps else {}),
-    }
-    if cfg.sweep.repeats != 1:  # only then: studies made before repeats existed keep their names
-        key["repeats"] = cfg.sweep.repeats
-    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    return hashlib.sha1(json.dumps(identity(cfg, strategy), sort_keys=True, default=str).encode()).hexdigest()[:10]

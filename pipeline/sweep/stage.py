@@ -14,6 +14,7 @@ finished trials. results/sweeps/<strategy>.jsonl is rewritten from the study aft
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -30,7 +31,7 @@ from pipeline.sweep import queue as claims
 from pipeline.sweep import slurm, study_parent, study_setup, study_view
 from pipeline.sweep.progress import counter, progress
 from pipeline.sweep.queue import open_storage, storage_url
-from pipeline.sweep.space import PointConfigs, choices, points, space_hash, study_name
+from pipeline.sweep.space import PointConfigs, changed_settings, choices, points, space_hash, study_name
 from pipeline.sweep.trial_exec import best_effort, fault_text, fmt_point, run_one
 from pipeline.tracking import client as tracking
 from pipeline.trial.launch import Infeasible, check_batch_fits, check_feasible
@@ -91,12 +92,21 @@ def prepare_study(
             lambda: optuna.load_study(study_name=name, storage=storage, sampler=_sampler(cfg)),
         )
         if study_setup.DONE in study.user_attrs:
-            return study, feasible, skipped
-        study_setup.begin(study, queue)  # its creator was interrupted: this worker completes the set-up
+            grown = study_setup.missing(study, queue)
+            if not grown:
+                return study, feasible, skipped
+            print(
+                f"[sweep {strategy}] study {name}: its queue grew from {study.user_attrs[study_setup.DONE]} to "
+                f"{len(queue)} trial(s) (sweep.n_trials {cfg.sweep.n_trials or 'the whole grid'}); the "
+                f"{len(grown)} new trial(s) are enqueued, the finished ones kept",
+                file=sys.stderr,
+                flush=True,
+            )
+        study_setup.begin(study, queue)  # its creator was interrupted, or its budget grew: this worker completes it
     if "mlflow_parent_run_id" not in study.user_attrs:
         group = tracking.pipeline_run()  # the run name tells two pipeline runs' "study ddp" rows apart
         parent = tracker.start_run(
-            f"{group} · study {strategy}",
+            f"study {strategy} · {group}",  # the strategy first: a narrow name column keeps it
             {
                 tracking.PIPELINE_RUN_TAG: group,
                 "strategy": strategy,
@@ -116,6 +126,7 @@ def prepare_study(
             parent,
             {
                 "space": json.dumps(choices(cfg, strategy))[:6000],
+                "settings": json.dumps(changed_settings(cfg, strategy), sort_keys=True, default=str)[:6000],
                 "points": len(feasible),
                 "epochs": cfg.train.epochs,
                 "storage": redact(storage_url(cfg)),
@@ -124,8 +135,9 @@ def prepare_study(
         study.set_user_attr("mlflow_parent_run_id", parent)
     study_view.name_study(study, strategy, cfg.profile, space_hash(cfg, strategy))
     resumed = len(study.get_trials(deepcopy=False))
+    grew = study_setup.DONE in study.user_attrs
     added = study_setup.complete(study, queue, f"[sweep {strategy}] enqueueing trials")  # marks it complete last
-    if resumed:
+    if resumed and not grew:
         print(
             f"[sweep {strategy}] study {name}: its set-up had been interrupted after {resumed} trial(s) were "
             f"enqueued; the {added} missing trial(s) are enqueued now",
@@ -136,10 +148,10 @@ def prepare_study(
 
 
 def _others_running(study) -> bool:
-    """Whether trials of the study run (in other workers); False when the Optuna store cannot say (lost or
+    """Whether other live workers run trials of the study; False when the Optuna store cannot say (lost or
     unreachable): the parent run is then ended, not left RUNNING, and a live worker's rerun marks it RUNNING again."""
     try:
-        return bool(claims.running(study))
+        return bool(claims.held_elsewhere(study))
     except Exception:
         return False
 
@@ -182,20 +194,16 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         storage = open_storage(cfg)  # a bad URL fails now
         tracker = tracking.Tracker(cfg)
         configs = PointConfigs(cfg, strategy)  # each point's Config built once, for its checks and its trials
-        study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, storage, n_train, configs)
-    parent_id = study.user_attrs.get("mlflow_parent_run_id")
-    if parent_id and tracker.client.get_run(parent_id).info.status != "RUNNING":
-        tracker.client.update_run(parent_id, status="RUNNING")
+        try:
+            study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, storage, n_train, configs)
+        except BaseException as e:  # Ctrl-C in the set-up: a parent run it opened is not left RUNNING
+            if (signalled := interruption(e)) is None:
+                raise
+            best_effort(
+                lambda: _end_setup(optuna.load_study(study_name=study_name(cfg, strategy), storage=storage), tracker)
+            )
+            raise signalled from None
     trials_dir = paths.repo_root() / "runs" / "trials"
-    total = study.user_attrs.get("enqueued", len(feasible))
-    print(
-        f"[sweep {strategy}] study {study.study_name}: {total} trial(s) to run, {len(skipped)} point(s) "
-        f"skipped on this host ({host.kind} x{host.n})",
-        file=sys.stderr,
-        flush=True,
-    )
-    for p, why in skipped:
-        print(f"  skipped {fmt_point(p)}: {why}", file=sys.stderr)
 
     def runnable(point: dict) -> bool:
         try:
@@ -203,8 +211,6 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             return True
         except Infeasible:
             return False
-
-    gate = _quiet_gate(cfg, strategy) if feasible else None  # nothing this host can run: nothing to wait for
 
     def run(trial, done: int, eta: float | None) -> None:
         remeasures = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("remeasure"))
@@ -226,8 +232,22 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         print(f"{label} -> {outcome}", file=sys.stderr, flush=True)
         write_table(study, strategy, skipped, out_csv, host)
 
-    interrupted, fault = True, None
+    # from here every stop (Ctrl-C, SIGTERM, a fault) ends in `finally`: nothing this worker holds is left RUNNING
+    interrupted, fault, why = True, None, "interrupted"
     try:
+        parent_id = study.user_attrs.get("mlflow_parent_run_id")
+        if parent_id and tracker.client.get_run(parent_id).info.status != "RUNNING":
+            tracker.client.update_run(parent_id, status="RUNNING")
+        total = study.user_attrs.get("enqueued", len(feasible))
+        print(
+            f"[sweep {strategy}] study {study.study_name}: {total} trial(s) to run, {len(skipped)} point(s) "
+            f"skipped on this host ({host.kind} x{host.n})",
+            file=sys.stderr,
+            flush=True,
+        )
+        for p, reason in skipped:
+            print(f"  skipped {fmt_point(p)}: {reason}", file=sys.stderr)
+        gate = _quiet_gate(cfg, strategy) if feasible else None  # nothing this host can run: nothing to wait for
         claims.serve(
             study,
             tracker,
@@ -239,9 +259,14 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             say=lambda msg: print(f"[sweep {strategy}] {msg}", file=sys.stderr, flush=True),
         )
         interrupted = False
+    except KeyboardInterrupt as e:
+        why = f"interrupted ({signal.Signals(getattr(e, 'signum', signal.SIGINT)).name})"
+        raise
     except Exception as e:  # a fault: the trial (if any) is closed already; the parent run is closed below
         if (signalled := interruption(e)) is not None:
+            why = f"interrupted ({signal.Signals(signalled.signum).name})"
             raise signalled from None
+        why = f"error: {fault_text(e)}"
         fault = (
             e
             if isinstance(e, Stopped)
@@ -252,16 +277,32 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         )
         raise fault from None
     finally:
+        if interrupted:  # stopped between a claim and the trial's end: the trial it holds fails and waits again
+            best_effort(lambda: claims.release_mine(study, f"{why}; enqueued again"))
         if fault is None:
             write_table(study, strategy, skipped, out_csv, host)
         if not interrupted:
             study_parent.finish(study, tracker, parent_id, out_csv, skipped)
-        elif parent_id:  # ended unless another worker is on it; the rerun marks it RUNNING again
-            best_effort(
-                lambda: (
-                    tracker.close_run(parent_id, "FAILED" if fault else "KILLED", str(fault or ""))
-                    if not _others_running(study)
-                    else None
-                )
-            )
+        else:  # ended unless another worker is on it; the rerun marks it RUNNING again
+            _end_parent(study, tracker, "FAILED" if fault else "KILLED", str(fault or ""))
     return out_csv
+
+
+def _end_setup(study, tracker) -> None:
+    """A set-up this worker was running, interrupted: its parent run ended KILLED. A worker that only waited for
+    another's set-up (study_setup.ready) leaves the run to that one."""
+    if study.user_attrs.get(study_setup.SETUP_BY) == claims.me():
+        _end_parent(study, tracker, "KILLED")
+
+
+def _end_parent(study, tracker, status: str, reason: str = "") -> None:
+    """End the study's parent run with `status`, unless another live worker runs trials under it (best effort)."""
+    parent_id = study.user_attrs.get("mlflow_parent_run_id")
+    if parent_id:
+        best_effort(
+            lambda: (
+                tracker.close_run(parent_id, status, reason)
+                if tracker.status(parent_id) == "RUNNING" and not _others_running(study)
+                else None
+            )
+        )

@@ -1,6 +1,7 @@
 """A study's MLflow parent run at the sweep's end: the sweep table and Optuna's plots as its artifacts, the study's
-numbers as its metrics (or, when nothing could run on this host, why), then FINISHED. Nothing is done while trials
-are still waiting or running: the worker that ends the study last finishes its parent run.
+numbers as its metrics (or, when nothing could run on this host, why), then FINISHED; stopped meanwhile (Ctrl-C,
+SIGTERM), KILLED, and a rerun finishes it. Nothing is done while trials are still waiting or running: the worker
+that ends the study last finishes its parent run.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import warnings
 
 from optuna.trial import TrialState
 
+from pipeline.errors import interruption
 from pipeline.sweep import study_view
 
 
@@ -16,35 +18,48 @@ def finish(study, tracker, parent_id, out_csv, skipped=()) -> None:
     left = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
     if not parent_id or left:
         return
-    tracker.end_stale_runs(f"tags.mlflow.parentRunId = '{parent_id}'")  # a trial run whose process died early
-    tracker.log_artifact(parent_id, out_csv, "study")
-    summarise(study, tracker, parent_id, list(skipped))
+    status = None
     try:
-        complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-        if not complete:  # nothing to plot (e.g. a strategy this host cannot run): skip matplotlib's start-up
-            return
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from optuna.visualization import matplotlib as ovm
-
-        plots_dir = out_csv.parent / ".plots" / study.study_name
-        plots_dir.mkdir(parents=True, exist_ok=True)
-        # parameter importances need a real sample (and cost seconds): only for studies of 10+ trials
-        fns = ["plot_optimization_history", "plot_slice"] + (["plot_param_importances"] if complete >= 10 else [])
-        for fn in fns:
-            try:
-                with warnings.catch_warnings():  # few trials or one-valued params: matplotlib complains
-                    warnings.simplefilter("ignore")
-                    ax = getattr(ovm, fn)(study)
-                fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
-                fig.savefig(plots_dir / f"{fn}.png", dpi=90, bbox_inches="tight")
-                matplotlib.pyplot.close(fig)
-            except Exception as e:  # too few trials for importances, etc.
-                (plots_dir / f"{fn}.txt").write_text(f"not drawn: {e}\n")
-        tracker.log_artifacts(parent_id, plots_dir, "study/plots")
+        tracker.end_stale_runs(f"tags.mlflow.parentRunId = '{parent_id}'")  # a trial run whose process died early
+        tracker.log_artifact(parent_id, out_csv, "study")
+        summarise(study, tracker, parent_id, list(skipped))
+        status = "FINISHED"  # the plots are extras: one that fails does not fail the study
+        plot(study, tracker, parent_id, out_csv)
+    except BaseException as e:
+        if (signalled := interruption(e)) is not None:  # Ctrl-C or SIGTERM meanwhile: the rerun logs it all again
+            status = None
+            tracker.close_run(parent_id, "KILLED", f"{signalled} while the study's results were logged")
+        raise
     finally:
-        tracker.end_run(parent_id, "FINISHED")
+        if status:
+            tracker.end_run(parent_id, status)
+
+
+def plot(study, tracker, parent_id, out_csv) -> None:
+    """Optuna's plots of the study as the parent run's artifacts (study/plots)."""
+    complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    if not complete:  # nothing to plot (e.g. a strategy this host cannot run): skip matplotlib's start-up
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from optuna.visualization import matplotlib as ovm
+
+    plots_dir = out_csv.parent / ".plots" / study.study_name
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    # parameter importances need a real sample (and cost seconds): only for studies of 10+ trials
+    fns = ["plot_optimization_history", "plot_slice"] + (["plot_param_importances"] if complete >= 10 else [])
+    for fn in fns:
+        try:
+            with warnings.catch_warnings():  # few trials or one-valued params: matplotlib complains
+                warnings.simplefilter("ignore")
+                ax = getattr(ovm, fn)(study)
+            fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+            fig.savefig(plots_dir / f"{fn}.png", dpi=90, bbox_inches="tight")
+            matplotlib.pyplot.close(fig)
+        except Exception as e:  # too few trials for importances, etc.
+            (plots_dir / f"{fn}.txt").write_text(f"not drawn: {e}\n")
+    tracker.log_artifacts(parent_id, plots_dir, "study/plots")
 
 
 def summarise(study, tracker, parent_id, skipped) -> None:

@@ -10,6 +10,7 @@ import json
 import socket
 import sys
 import time
+import uuid
 
 from pipeline.sweep import queue as claims
 from pipeline.sweep.progress import progress
@@ -17,6 +18,7 @@ from pipeline.sweep.progress import progress
 SETUP_BY = "setup_by"  # the worker setting the queue up (claims.me())
 EXPECTED = "setup_expected"  # how many trials the queue holds
 DONE = "enqueued"  # written last: the set-up is complete (its value: the trials of the queue)
+UID = "uid"  # this study's own id: its trial folders carry it, so a same-named study in another store has others
 
 
 def key(point: dict, repeat: int) -> str:
@@ -33,21 +35,37 @@ def present(study) -> set[str]:
     }
 
 
+def uid(study) -> str:
+    return study.user_attrs.get(UID, "")
+
+
+def trial_folder(study, trials_dir, number: int):
+    """A trial's own folder: the study's name, the study's uid (two stores may hold a study of one name) and the
+    trial's number."""
+    return trials_dir / "-".join(x for x in (study.study_name, uid(study), f"{number:04d}") if x)
+
+
 def begin(study, queue: list[tuple[dict, int]]) -> None:
     """Record who sets the queue up and how many trials it holds, before the first is enqueued."""
+    if UID not in study.user_attrs:
+        study.set_user_attr(UID, uuid.uuid4().hex[:8])
     study.set_user_attr(SETUP_BY, claims.me())
     study.set_user_attr(EXPECTED, len(queue))
+
+
+def missing(study, queue: list[tuple[dict, int]]) -> list[tuple[dict, int]]:
+    have = present(study)
+    return [(p, r) for p, r in queue if key(p, r) not in have]
 
 
 def complete(study, queue: list[tuple[dict, int]], what: str = "enqueueing trials") -> int:
     """Enqueue, in order, the trials of `queue` not in the study yet (a long queue says how far it is, as `what`:
     ~40 ms a trial on SQLite), then mark the set-up complete; returns how many were enqueued here."""
-    have = present(study)
-    missing = [(p, r) for p, r in queue if key(p, r) not in have]
-    for p, repeat in progress(missing, what):
+    todo = missing(study, queue)
+    for p, repeat in progress(todo, what):
         study.enqueue_trial(p, user_attrs={"repeat": repeat})
     study.set_user_attr(DONE, len(queue))
-    return len(missing)
+    return len(todo)
 
 
 def ready(study, reload, poll_s: float = 0.5, say=lambda msg: print(msg, file=sys.stderr, flush=True)):

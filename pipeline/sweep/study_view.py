@@ -58,9 +58,12 @@ def study_metrics(study, n_skipped: int) -> dict:
     thr = [m["throughput_img_s"] for _, m in measured]
     accs = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
     imb = [m["mem_imbalance"] for p, m in measured if p.get("devices", 1) >= 2 and m.get("mem_imbalance") is not None]
+    flagged = sum(t.user_attrs.get("flagged") == 1.0 for t in study.get_trials(deepcopy=False))
     out = {
         **counts,
         "study/n_skipped": n_skipped,
+        "study/n_flagged": flagged,
+        "flagged": flagged,  # the trials' 0/1 column: on the collapsed study row, how many of its trials are flagged
         "study/best_img_s": max(thr) if thr else None,
         "study/median_img_s": statistics.median(thr) if thr else None,
         # the trials' own columns, filled on the collapsed study row: the study's best trial in each

@@ -1,7 +1,9 @@
 """One claimed sweep trial, run and recorded once: COMPLETE/PRUNED/FAIL in Optuna, FINISHED/KILLED/FAILED in its
 MLflow run (tracking.trial_run), with what the sweep adds to a trial: pruning, a heartbeat that a worker taking the
 trial over ends, a SLURM job enqueued again when the cluster ends it, a re-measure when it ran under interference,
-and, on a fault, a message that says what the stores hold.
+and, on a fault, a message that says what the stores hold. A trial that failed because the host or the cluster did
+(its directory could not be written, SLURM's controller stopped answering) is such a fault: the sweep stops and the
+point runs again, never failed for good.
 """
 
 from __future__ import annotations
@@ -19,14 +21,22 @@ from pipeline.errors import FAULT_TEXT, Stopped, interruption, root_cause, store
 from pipeline.host.capabilities import host_capabilities
 from pipeline.measure import meter
 from pipeline.records import labels as emulated
+from pipeline.records.files import free_text
 from pipeline.records.table import KNOBS
 from pipeline.records.trial import planned
 from pipeline.strategies import STRATEGIES
 from pipeline.sweep import queue as claims
-from pipeline.sweep import slurm, study_view
+from pipeline.sweep import slurm, study_setup, study_view
 from pipeline.sweep.space import choices
 from pipeline.tracking.trial_run import TrialRun
-from pipeline.trial.launch import TrialFailed, host_fields
+from pipeline.trial.launch import UNWRITABLE, TrialFailed, host_fields
+
+# failure kinds that are the host's or the cluster's, not the trial's: handled as a store fault is (stop, run again)
+HOST_FAULTS = {
+    UNWRITABLE: "Free space there (or make it writable)",
+    slurm.UNREACHABLE: "Once `scontrol show job` answers again (SLURM's controller is back)",
+    slurm.UNSUBMITTED: "Once `sbatch` submits (its own message names the cause; `scontrol ping` tests the controller)",
+}
 
 
 def fmt_point(p: dict) -> str:
@@ -57,7 +67,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
         host_caps(host),
         cfg.sweep.emulated_max_steps,
     )  # "" = not bounded
-    out_dir = trials_dir / f"{study.study_name}-{trial.number:04d}"
+    out_dir = study_setup.trial_folder(study, trials_dir, trial.number)
     beat, t0 = claims.heartbeat(trial), time.monotonic()
     run = TrialRun(tracker, tcfg, stage=f"sweep@{strategy}")
 
@@ -119,6 +129,8 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
         if beat.lost.is_set():
             return _taken_over(tracker, run)
         if isinstance(metrics, TrialFailed):
+            if metrics.kind in HOST_FAULTS:
+                raise metrics  # not the trial's failure: stopped below, its point enqueued again
             reason = f"{metrics.kind}: {metrics}"
             trial.set_user_attr("reason", reason)
             if getattr(metrics, "requeue", False):  # SLURM cancelled or preempted its job (slurm.Requeued)
@@ -136,19 +148,30 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
         signalled = interruption(e)  # Ctrl-C, or a signal torch's launcher caught as SignalException
         interrupted = signalled is not None
         e = e if isinstance(e, KeyboardInterrupt) else signalled or e
-        why = f"interrupted ({e or type(e).__name__})" if interrupted else f"error: {root_cause(e)}"
+        host = isinstance(e, TrialFailed) and e.kind in HOST_FAULTS
+        why = (
+            f"interrupted ({e or type(e).__name__})"
+            if interrupted
+            else f"{e.kind}: {e}"
+            if host
+            else f"error: {root_cause(e)}"
+        )
         closed, noted, told, again = best_effort(
             lambda: run.end("KILLED" if interrupted else "FAILED", f"{why}; trial enqueued again"),
             lambda: trial.set_user_attr("reason", f"{why}; enqueued again"),
             lambda: study.tell(trial, state=TrialState.FAIL),
-            lambda: study.enqueue_trial(p),
+            lambda: study.enqueue_trial(p, user_attrs=_copied(trial)),
         )
         if interrupted:
             raise e from None
+        cause, fix = (
+            (f": {e} ({free_text(out_dir)} there)" if e.kind == UNWRITABLE else f": {e}", HOST_FAULTS[e.kind])
+            if host
+            else (f" on {fault_text(e)}", "Fix the cause (free disk space, a writable and reachable store)")
+        )
         raise Stopped(
-            f"The sweep stopped in trial #{trial.number} ({fmt_point(p)}) on {fault_text(e)}. "
-            f"{_recorded(tracker, run.run_id, told, again)} Fix the cause (free disk space, a writable and "
-            f"reachable store) and rerun the sweep: finished trials are kept."
+            f"The sweep stopped in trial #{trial.number} ({fmt_point(p)}){cause}. "
+            f"{_recorded(tracker, run.run_id, told, again)} {fix} and rerun the sweep: finished trials are kept."
         ) from None
 
 
@@ -249,6 +272,12 @@ def _requeue(study, trial, run: TrialRun, p, reason) -> str:
     study.tell(trial, state=TrialState.FAIL)
     study.enqueue_trial(p, user_attrs={"repeat": trial.user_attrs.get("repeat", 0), "requeued": n + 1})
     return f"{reason} ({n + 1}/{slurm.MAX_REQUEUES})"
+
+
+def _copied(trial) -> dict:
+    """What a trial enqueued again after a fault keeps of its own: which repeat or re-measure of its point it is (as
+    a copy enqueued for a dead worker keeps them)."""
+    return {k: trial.user_attrs[k] for k in ("repeat", "remeasure", "remeasure_of") if k in trial.user_attrs}
 
 
 def _taken_over(tracker, run: TrialRun) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from pipeline import scratch
 from pipeline.errors import StoreError, redact
 from pipeline.paths import repo_root, store_root
-from pipeline.preflight import check_store
+from pipeline.preflight import check_store, store_url
 from pipeline.tracking import metric_names
 from pipeline.tracking.store_checks import check_artifacts, first_contact
 
@@ -34,7 +34,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 def tracking_uri(cfg) -> str:
-    return cfg.tracking.uri or f"sqlite:///{store_root() / 'mlruns' / 'mlflow.db'}"
+    """tracking.uri, a relative SQLite path resolved against the store root; empty = mlruns/mlflow.db there."""
+    return store_url(cfg.tracking.uri, "tracking.uri", "mlflow.db")
 
 
 def experiment_name(cfg) -> str:

@@ -69,8 +69,11 @@ UI_DEFAULTS = {
 
 
 def latest_pipeline_run(runs) -> str | None:
-    """The pipeline run (tag PIPELINE_RUN_TAG) of the newest run that has one."""
+    """The pipeline run (tag PIPELINE_RUN_TAG) of the newest study run (a sweep's parent, tag role=study), else of
+    the newest run that has one: a standalone `python -m pipeline train` (the report's own command, say) started
+    after the sweep never hides it."""
     tagged = [r for r in runs if r.data.tags.get(PIPELINE_RUN_TAG)]
+    tagged = [r for r in tagged if r.data.tags.get("role") == "study"] or tagged
     return max(tagged, key=lambda r: r.info.start_time or 0).data.tags[PIPELINE_RUN_TAG] if tagged else None
 
 

@@ -1,12 +1,14 @@
 """Run one trial: check that it can run here, run its ranks (ranks.py: through PyTorch's elastic launcher, one process
 per device or one for a one-process strategy, never this process), and build its record (record.py), written as
-out_dir/metrics.json.
+out_dir/metrics.json. A directory the host cannot write (a full disk, a quota, a read-only or failing file system)
+fails the trial with kind `unwritable` (ranks.UNWRITABLE), naming it.
 
     python -m pipeline train --strategy ddp --devices 2 --epochs 1 --out runs/ddp2
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
 import json
@@ -20,12 +22,13 @@ from pipeline.errors import Infeasible, TrialFailed  # defined torch-free, for t
 from pipeline.host.capabilities import host_capabilities
 from pipeline.host.devices import Host, probe
 from pipeline.measure.interference import Monitor
+from pipeline.records import files
 from pipeline.records.trial import TrialRecord, capability_fields, summarize
 from pipeline.strategies import STRATEGIES
 from pipeline.trial import start
 from pipeline.trial.loop import DivergenceError
 from pipeline.trial.rank_watch import is_out_of_memory
-from pipeline.trial.ranks import run_ranks
+from pipeline.trial.ranks import UNWRITABLE, run_ranks
 
 
 def total_devices(cfg, host: Host) -> int:
@@ -150,22 +153,32 @@ def check_batch_fits(cfg, n_train: int) -> None:
 
 
 _USER_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+# what an earlier trial left in a reused directory: gone before this one starts, so none of it reads as this trial's
+_STALE = ("ack-*", "stacks-rank*.txt", "progress.jsonl", "final_state.pt", "metrics.json", "timeline.json")
+
+
+@contextlib.contextmanager
+def writing_folder(out_dir: Path):
+    """This process's writes of the trial directory: one the host refuses fails the trial as UNWRITABLE."""
+    try:
+        yield
+    except Exception as e:
+        if not files.is_write_fault(e):
+            raise
+        why = f"{type(e).__name__}: {e}"
+        raise TrialFailed(f"the host could not write the trial directory {out_dir}: {why}", UNWRITABLE) from None
 
 
 def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: float | None = None) -> TrialRecord:
     """Run one trial, write out_dir/metrics.json (the record's JSON view) and out_dir/final_state.pt."""
     entered = time.time()
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with writing_folder(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in [f for pattern in _STALE for f in out_dir.glob(pattern)]:
+            stale.unlink(missing_ok=True)
     if not _USER_INDUCTOR_CACHE:  # importing torch._dynamo makes /tmp/torchinductor_<user>: kept in the repo instead
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(paths.repo_root() / "runs" / ".torchinductor")
-    for stale in [
-        *out_dir.glob("ack-*"),
-        out_dir / "progress.jsonl",
-        out_dir / "final_state.pt",
-        out_dir / "timeline.json",
-    ]:
-        stale.unlink(missing_ok=True)
     host = probe()
     check_feasible(cfg, host)
     strategy = STRATEGIES[cfg.train.strategy](cfg.train, host)
@@ -193,9 +206,11 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
         raise TrialFailed(f"ran out of memory preparing the trial: {text.splitlines()[0]}", "oom") from None
     facts = host_fields(host, cfg.train.devices)
     record = summarize(cfg, host, strategy, results, time.perf_counter() - t0, facts, interference=monitor.result())
-    (out_dir / "metrics.json").write_text(json.dumps(record.to_json(), indent=2))
-    timeline["rank0"], timeline["written"] = results[0].get("timeline"), time.time()
-    (out_dir / "timeline.json").write_text(json.dumps(timeline, indent=2))
+    timeline["rank0"] = results[0].get("timeline")
+    with writing_folder(out_dir):  # each whole or not at all
+        files.write_text(out_dir / "metrics.json", json.dumps(record.to_json(), indent=2))
+        timeline["written"] = time.time()
+        files.write_text(out_dir / "timeline.json", json.dumps(timeline, indent=2))
     return record
 
 

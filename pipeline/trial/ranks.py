@@ -10,14 +10,19 @@ the loaded data; on GPUs each rank is a fork of a server with torch loaded, whic
 
 The main rank reports each epoch through files in the trial directory (progress.jsonl, answered by ack-<epoch>),
 so the caller's callback (MLflow logging, Optuna pruning) runs in the caller's process, also across nodes.
+
+A rank that cannot write the trial directory (a full disk, a quota, a read-only or failing file system) fails the
+trial with kind `unwritable`, naming the directory: the host's fault, which a sweep runs again, not the trial's.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import faulthandler
 import gc
 import importlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -35,11 +40,45 @@ from pipeline.errors import Interrupted, TrialFailed
 from pipeline.host import loopback
 from pipeline.host.capabilities import fp32_pinned, tf32_flags, tf32_text
 from pipeline.host.devices import Host, probe
+from pipeline.records import files
 from pipeline.strategies import STRATEGIES
 from pipeline.trial import node_addr, start
 from pipeline.trial.loop import train
 from pipeline.trial.rank_watch import failure_reason, stacks_kept, watch_epochs
 from pipeline.trial.rdzv_watch import RendezvousWatch
+
+UNWRITABLE = "unwritable"  # the failure kind of a trial whose directory the host could not write
+
+
+class FolderUnwritable(OSError):
+    """A rank could not write the trial directory; its name in a failed rank's message marks the trial
+    UNWRITABLE."""
+
+
+@contextlib.contextmanager
+def _writing(path: Path):
+    """A rank's write of `path`, in the trial directory: a write the host refuses is raised as FolderUnwritable."""
+    try:
+        yield
+    except Exception as e:
+        if not files.is_write_fault(e):
+            raise
+        if isinstance(e, OSError):
+            raise FolderUnwritable(e.errno, e.strerror or str(e), str(path)) from None
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise FolderUnwritable(errno.EIO, f"torch could not write the whole file ({first})", str(path)) from None
+
+
+class _NoUnwritableTraceback(logging.Filter):
+    """The launcher logs a failed rank's traceback (some 70 lines); a rank that could not write the trial directory
+    is said once, by the trial's failure."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return exc is None or FolderUnwritable.__name__ not in str(exc)
+
+
+logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_NoUnwritableTraceback())
 
 
 def load_data(cfg, verify: bool = False) -> datamod.Dataset:
@@ -90,7 +129,7 @@ def _file_reporter(out_dir: Path, wait_for_ack: bool, timeout_s: float):
     other ranks wait for this rank's verdict inside a collective that times out after train.timeout_s, so the answer
     is awaited for half that: an answer that comes later (a tracking server stalled) is taken at the next epoch."""
     def report(record: dict) -> bool:
-        with open(out_dir / "progress.jsonl", "a") as f:
+        with _writing(out_dir / "progress.jsonl"), open(out_dir / "progress.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         if _WAKE is not None:
             os.write(_WAKE[1], b"!")  # the file is the record; the byte only saves the watcher's polling delay
@@ -131,7 +170,8 @@ def _stacks_on_stop(path: Path) -> None:
     `path`, then end as SIGTERM does. faulthandler writes from the C signal handler, so it also answers while the
     main thread is blocked in C (a collective that never returns)."""
     global _STACKS
-    _STACKS = open(path, "w")
+    with _writing(path):
+        _STACKS = open(path, "w")
     faulthandler.register(signal.SIGTERM, file=_STACKS, all_threads=True, chain=True)
 
 
@@ -156,8 +196,10 @@ def rank_entry(cfg, out_dir: str, wait_for_ack: bool, progress: bool, env: dict 
     strategy = STRATEGIES[cfg.train.strategy](cfg.train, probe())
     on_epoch = _file_reporter(Path(out_dir), wait_for_ack, cfg.train.timeout_s)
     result = _run_process(cfg, strategy, rank, world, data, on_epoch, progress, marks)
-    if result["state_dict"] is not None:
-        torch.save(result.pop("state_dict"), Path(out_dir) / "final_state.pt")
+    if result["state_dict"] is not None:  # whole or not at all: a full disk leaves no final_state.pt cut short
+        path = Path(out_dir) / "final_state.pt"
+        with _writing(path), files.replacing(path, "wb") as f:
+            torch.save(result.pop("state_dict"), f)
     result.pop("state_dict", None)
     result["node"] = os.environ.get("GROUP_RANK", "0")
     result["local_rank"] = int(os.environ.get("LOCAL_RANK", rank))
@@ -191,6 +233,22 @@ def _tempdir(path: str):
         yield
     finally:
         tempfile.tempdir = previous
+
+
+def _watch(out_dir: Path, on_epoch, stop, wake_fd, failed: list) -> None:
+    """watch_epochs, whose own error (its answer to an epoch refused by a full disk) goes to `failed` like the caller's,
+    for the caller to raise once the ranks end, rather than ending the thread with a traceback."""
+    try:
+        watch_epochs(out_dir, on_epoch, stop, wake_fd, failed)
+    except Exception as e:
+        failed.append(e)
+
+
+def _raise_unwritable(e: BaseException, out_dir: Path) -> None:
+    """`e` as the trial's UNWRITABLE failure where it is this process's write of the trial directory refused."""
+    name = getattr(e, "filename", None)
+    if files.is_write_fault(e) and name and Path(name).parent == out_dir:
+        raise TrialFailed(f"the host could not write the trial directory {out_dir}: {e}", UNWRITABLE) from None
 
 
 def rendezvous_args(t) -> dict:
@@ -231,7 +289,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     _DATA = load_data(cfg) if start_method == "fork" else None
     _WAKE = os.pipe() if start_method == "fork" and standalone else None
     failed = []  # the error of the caller's on_epoch, if any
-    watcher = threading.Thread(target=watch_epochs, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None, failed),
+    watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None, failed),
                                daemon=True)
     start.prepare(start_method, STRATEGIES[t.strategy].HEAVY_MODULES)
     # the agent's logs (/tmp/torchelastic_*) and torch.multiprocessing's error files (/tmp/pytorch-errorfile-*,
@@ -259,7 +317,12 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
                               f"0's output and the link between the nodes, then run the trial again on every node.",
                               "worker_died") from None
         if isinstance(e, ChildFailedError):
-            raise failure_reason(e) from None
+            reason = failure_reason(e)
+            if FolderUnwritable.__name__ in str(reason):
+                why = str(reason).replace(f"{FolderUnwritable.__name__}: ", "")
+                raise TrialFailed(f"the host could not write the trial directory {out_dir}: {why}", UNWRITABLE) \
+                    from None
+            raise reason from None
         if not isinstance(e, SignalException):
             raise
         if timed_out.is_set():
@@ -284,6 +347,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
             for s, h in handlers.items():
                 signal.signal(s, h)
     if failed:
+        _raise_unwritable(failed[0], out_dir)
         raise failed[0]
     return [results[r] for r in sorted(results)]
 

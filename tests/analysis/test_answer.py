@@ -5,6 +5,8 @@ autocast named in the why. On constructed frames with window lists (three trials
 from __future__ import annotations
 
 import shlex
+import sys
+from pathlib import Path
 
 import pandas as pd
 
@@ -47,7 +49,7 @@ def test_a_clear_winner_names_strategy_and_k_and_its_command_and_yaml_run(tmp_pa
     assert "**Use ddp at k=2**" in t and "clear of the runner-up's (fsdp 1,3" in t and "tie" not in t.lower()
     assert "weak-scaling efficiency of 0.9" in t and ans.command in t.replace(" \\\n    ", " ")
     words = shlex.split(ans.command)
-    assert words[:4] == ["python", "-m", "pipeline", "train"]
+    assert words[0] in ("python", ".venv/bin/python") and words[1:4] == ["-m", "pipeline", "train"]
     args = build_parser().parse_args(words[3:])
     assert (args.strategy, args.devices, args.batch_size, args.lr, args.epochs) == ("ddp", 2, 256, 0.1, 2)
     cfg = loader.load(overrides=args.overrides, root=REPO)
@@ -115,3 +117,33 @@ def test_even_memory_is_no_finding_and_equal_accuracy_is_a_tie():
     out = " ".join(report._reading(tables.point_table(df), tables.scaling_table(df), tables.memory_table(df), {}, df))
     assert "no imbalance beyond noise" in out and "Worst memory imbalance" not in out
     assert "Best final test accuracy: **tie: ddp, fsdp** within 0.005" in out
+
+
+def test_the_command_runs_as_printed_with_its_exact_lr_data_source_and_interpreter():
+    """A learning rate in full (not 6 digits), the synthetic source the sweep measured on (so it runs offline, where
+    params.yaml names Fashion-MNIST), and the interpreter that has the project's packages."""
+    cmd = answer.command({"strategy": "ddp", "devices": 2, "lr": 0.123456789}, "synthetic")
+    words = shlex.split(cmd)
+    args = build_parser().parse_args(words[3:])
+    assert args.lr == 0.123456789
+    assert loader.load(overrides=args.overrides, root=REPO).data.source == "synthetic"
+    venv = sys.prefix != sys.base_prefix and Path(sys.prefix).name == ".venv"
+    assert words[0] == (".venv/bin/python" if venv else "python")
+    assert "data.source" not in answer.command({"strategy": "ddp"}, "fashion-mnist")
+
+
+def test_a_point_without_a_weak_reference_says_its_strong_scaling_never_not_measured():
+    """k=2 at B=256 (b=128) with a k=1 run only at B=256: weak scaling has no reference, strong scaling has one; the
+    why gives the strong efficiency (which the table below shows) and says which reference is missing."""
+    rows, wins = [], []
+    for k, mean, seed in ((1, 1000.0, 1), (2, 1800.0, 2)):
+        r, w = repeats("ddp", k, mean, seed=seed)
+        rows += [{**x, "batch_size": 256, "per_device_batch": 256 // k} for x in r]
+        wins += w
+    df = with_windows(rows, wins)
+    status = {"ddp": {"status": "measured", "reason": ""}}
+    ans = answer.build(df, status, tables.point_table(df), tables.scaling_table(df), tables.memory_table(df))
+    t = text(ans)
+    assert "**Use ddp at k=2**" in t, t
+    assert "strong-scaling efficiency of 0.9" in t and "weak scaling is not measured" in t, t
+    assert "its scaling is not measured" not in t

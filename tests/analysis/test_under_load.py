@@ -159,3 +159,28 @@ def test_the_speed_figures_carry_the_under_load_line(tmp_path):
     plots.plot_efficiency(eff, tmp_path / "efficiency.png", colors, "synthetic")
     plots.plot_throughput(pts, tmp_path / "throughput.png", colors, "synthetic", eff)
     assert (tmp_path / "efficiency.png").stat().st_size > 0 and (tmp_path / "throughput.png").stat().st_size > 0
+
+
+def test_metrics_json_figures_at_a_k_are_those_of_one_point_the_answer_runs():
+    """At ddp k=2 the fastest point (B=256, flagged, 0.36 cores) and a slower quiet one (B=512, bigger memory, better
+    accuracy): every `.ddp.k2` figure of metrics.json is the B=256 point's, as in the report's answer (its load, its
+    peak memory, its accuracy), never mixed with the other point's; `acc.ddp` is labelled the best of any point."""
+    mib = 2**20
+    df = frame(
+        [
+            row("ddp", k=1, B=128, thr=1000.0, acc=0.79, peaks=[90 * mib]),
+            row("ddp", k=2, B=512, thr=1500.0, acc=0.81, peaks=[200 * mib] * 2),
+            busy("ddp", k=2, thr=1800.0, cores=0.36, acc=0.80, peaks=[100 * mib] * 2),  # B=256
+        ]
+    )
+    pts, eff, mem, status, summ, metrics, _ = everything(df)
+    assert metrics["img_s.ddp.k2"] == 1800.0 and metrics["peak_mib.ddp.k2"] == 100.0
+    assert metrics["acc.ddp.k2"] == 0.8 and metrics["acc.ddp"] == 0.81
+    assert metrics["under_load.ddp.k2"] == pytest.approx(0.36) and metrics["under_load"] == 1
+    assert metrics["eff.ddp.k2"] == pytest.approx(0.9)  # B=256 is b=128 per device: k=1's b
+    from pipeline.analysis import answer
+
+    ans = answer.build(df, status, pts, eff, mem)
+    t = "\n".join(ans.lines)
+    assert ans.train["batch_size"] == 256 and "0.36" in t
+    assert "peak memory 100.0 / 100.0 MiB" in t and "test accuracy 0.8000" in t, t

@@ -45,7 +45,7 @@ FLOORS = {
         "paths",
         "preflight",
     },
-    "analysis": {"records", "scaling", "catalog"},
+    "analysis": {"records", "scaling", "catalog", "errors"},
     "doctor": {
         "scratch",
         "config",

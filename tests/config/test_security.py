@@ -15,17 +15,14 @@ import pytest
 
 from pipeline.config import loader as configmod
 from tests.conftest import REPO
+from tests.project import copy_tracked
 
 BIN = Path(sys.executable).parent
 
 
 def clone_repo(dst: Path) -> Path:
     """The tracked files in a fresh directory, committed (as a fresh clone would be)."""
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
-    for f in files:
-        if (REPO / f).is_file():
-            (dst / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / f, dst / f)
+    copy_tracked(dst)
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "clone"]):
         subprocess.run(cmd, cwd=dst, check=True, capture_output=True)
@@ -108,17 +105,17 @@ SECRET = "PW_s3cret-4711"
 def test_redact_hides_the_password_of_every_url():
     from pipeline.errors import redact
     cases = {
-        f"postgresql://user:{SECRET}@host:1/db": "postgresql://user:***@host:1/db",
-        f"postgresql+psycopg://u:{SECRET}@h/db?sslmode=require": "postgresql+psycopg://u:***@h/db?sslmode=require",
+        f"postgresql://user:{SECRET}@host:1/db": "postgresql://***@host:1/db",
+        f"postgresql+psycopg://u:{SECRET}@h/db?sslmode=require": "postgresql+psycopg://***@h/db?sslmode=require",
         # ambiguous (a password may hold `@h/a`): the secret runs to the last `@` a host follows, hiding more
-        f"x 'http://user:{SECRET}@h/a@b' and https://v:{SECRET}@k/": "x 'http://user:***@b' and https://v:***@k/",
+        f"x 'http://user:{SECRET}@h/a@b' and https://v:{SECRET}@k/": "x 'http://***@b' and https://***@k/",
         f"postgresql://h/db?password={SECRET}&user=x": "postgresql://h/db?password=***&user=x",
-        "postgresql://user@host/db": "postgresql://user@host/db",
+        "postgresql://user@host/db": "postgresql://***@host/db",  # a user alone may be a token
         "sqlite:////abs/mlruns/optuna.db": "sqlite:////abs/mlruns/optuna.db",
     }
     for given, shown in cases.items():
         assert redact(given) == shown
-    assert redact(f"postgresql://user:p@ss{SECRET}@host/db") == "postgresql://user:***@host/db"
+    assert redact(f"postgresql://user:p@ss{SECRET}@host/db") == "postgresql://***@host/db"
 
 
 @pytest.fixture
@@ -146,7 +143,7 @@ def test_unreachable_store_or_mirror_is_named_without_its_password(repo, argv, s
     code = main([*argv, "--set", setting, *extra])
     err = " ".join(capsys.readouterr().err.split())
     assert code != 0 and "Traceback" not in err, err
-    assert SECRET not in err and "user:***@127.0.0.1:1" in err, err
+    assert SECRET not in err and "://***@127.0.0.1:1" in err, err
     assert ("carries a user name or password" if argv == ["download"] else "Cannot reach") in err, err
     assert not (repo / "mlruns" / "mlflow.db").exists() and not (repo / "mlruns" / "optuna.db").exists()
 
@@ -247,7 +244,7 @@ def test_passwords_in_store_urls_appear_in_no_output_or_store(postgres, mlflow_s
                            text=True, timeout=600)
         outputs.append(p.stdout + p.stderr)
         assert p.returncode == (2 if argv[0] == "download" else 0), outputs[-1][-3000:]
-    assert "parallax:***@" in outputs[0] or "***" in outputs[2], outputs
+    assert "://***@" in outputs[0] or "***" in outputs[2], outputs
     found = [i for i, text in enumerate(outputs) if secret in text]
     assert not found, [outputs[i][-2000:] for i in found]
     files = [f for f in root.rglob("*")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.project import copy_tracked
+
 from .test_pipeline import TINY
 
 REPO = next(p for p in Path(__file__).resolve().parents if (p / "dvc.yaml").is_file())  # in tests/ or a folder of it
@@ -25,7 +27,11 @@ PARAMS = {
     "strategies: null": "strategies: [single]",
     "overlap: {}": "overlap: {size: 16, chain: 1, items: 1, reps: 3, warmup: 0}",
 }
-WORKSPACE, QUEUED, TEMP = 1, (2, 3), 4  # train.epochs of each experiment (the tiny profile's is 1)
+WORKSPACE, TEMP = 1, 4  # train.epochs of the workspace's run (the tiny profile's) and of the --temp experiment
+# the queued experiments: one with more epochs, one whose settings change a result outside the sweep's points (d2l's
+# init, channels_last off) and must run its own trials, not report the workspace's under its name
+QUEUED = {"q2": ["train.epochs=2"], "qinit": ["train.init=d2l", "train.channels_last=false"]}
+QUEUED_EPOCHS = {"q2": 2, "qinit": None}  # None: params.yaml's null (the profile's 1)
 
 
 def _env() -> dict:
@@ -70,18 +76,17 @@ def _shown(node, out: dict) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # four tiny pipelines, two of them at once: 10 minutes is too short on a busy 2-core host
 @pytest.mark.skipif(not (BIN / "dvc").exists() or not shutil.which("git"), reason="needs dvc beside the interpreter")
 def test_queued_and_temp_experiments_record_their_own_params_and_results(tmp_path):
     """A fresh copy of the project runs its pipeline in the workspace (epochs 1), then two queued experiments
     (epochs 2 and 3, one worker) and a `--temp` one (epochs 4) beside them. Each shows its own train.epochs and its
-    own metrics in `dvc exp show` (metrics.json read from the cache, not `-`, four different readings); each one's
+    own metrics in `dvc exp show` (metrics.json read from the cache, not `-`, four different readings: the queued
+    experiment that changes only train.init and channels_last runs a study of its own); each one's
     trials ran with its epochs (MLflow params, one study each, in the parent's stores); the workspace's results/,
     dvc.lock and params.yaml are byte for byte what its own run left."""
     repo = tmp_path / "proj"
-    for f in subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split():
-        if (REPO / f).is_file():
-            (repo / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / f, repo / f)
+    copy_tracked(repo)
     (repo / "experiments" / "tiny.yaml").write_text(TINY)
     params = (repo / "params.yaml").read_text()
     for old, new in PARAMS.items():
@@ -94,8 +99,8 @@ def test_queued_and_temp_experiments_record_their_own_params_and_results(tmp_pat
     _sh(["dvc", "exp", "run", "-n", "ws"], repo)
     before = _results(repo)
     assert "results/sweeps/single.jsonl" in before and "results/analysis/report.md" in before
-    for e in QUEUED:
-        _sh(["dvc", "exp", "run", "--queue", "-n", f"q{e}", "-S", f"train.epochs={e}"], repo)
+    for name, sets in QUEUED.items():
+        _sh(["dvc", "exp", "run", "--queue", "-n", name, *(a for kv in sets for a in ("-S", kv))], repo)
     try:
         _sh(["dvc", "queue", "start", "-j", "1"], repo)
         _sh(["dvc", "exp", "run", "--temp", "-n", f"t{TEMP}", "-S", f"train.epochs={TEMP}"], repo)
@@ -104,14 +109,14 @@ def test_queued_and_temp_experiments_record_their_own_params_and_results(tmp_pat
             if not any(w in status for w in ("Queued", "Running")):
                 break
             time.sleep(2)
-        failed = [f"q{e}" for e in QUEUED if f"q{e}" not in status or "Success" not in status.split(f"q{e}")[1]]
+        failed = [n for n in QUEUED if n not in status or "Success" not in status.split(n)[1]]
         logs = "".join(_sh(["dvc", "queue", "logs", n], repo, check=False).stdout[-3000:] for n in failed)
         assert not failed, f"{status}\n{logs}"
     finally:
         _sh(["dvc", "queue", "stop", "--kill"], repo, timeout=60, check=False)
 
     shown = _shown(json.loads(_sh(["dvc", "exp", "show", "--json"], repo).stdout), {})
-    expected = {"ws": None, **{f"q{e}": e for e in QUEUED}, f"t{TEMP}": TEMP}
+    expected = {"ws": None, **QUEUED_EPOCHS, f"t{TEMP}": TEMP}
     for name, epochs in expected.items():
         assert name in shown and shown[name][0] == epochs, (name, shown)
         metrics = shown[name][1]
@@ -125,5 +130,5 @@ def test_queued_and_temp_experiments_record_their_own_params_and_results(tmp_pat
         "print(json.dumps([[e, s, st] for e, s, st in zip(r['params.epochs'], r['tags.study'], r['status'])]))"
     )
     trials = json.loads(_sh([sys.executable, "-c", code], repo).stdout)
-    assert sorted(int(e) for e, _, _ in trials) == [WORKSPACE, *QUEUED, TEMP], trials
+    assert sorted(int(e) for e, _, _ in trials) == sorted([WORKSPACE, 2, WORKSPACE, TEMP]), trials
     assert len({s for _, s, _ in trials}) == 4 and {st for _, _, st in trials} == {"FINISHED"}, trials

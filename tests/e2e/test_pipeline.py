@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.project import copy_tracked
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -46,11 +47,7 @@ def run(cmd, cwd, **kw):
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory):
     dst = tmp_path_factory.mktemp("clone")
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
-    for f in files + ["pipeline/data/store.py", "pipeline/analysis/stage.py"]:
-        if (REPO / f).exists():
-            (dst / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / f, dst / f)
+    copy_tracked(dst, extra=("pipeline/data/store.py", "pipeline/analysis/stage.py"))
     (dst / "experiments" / "tiny.yaml").write_text(TINY)
     params = (
         (dst / "params.yaml")

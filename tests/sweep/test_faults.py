@@ -18,6 +18,7 @@ import pytest
 from optuna.trial import TrialState
 
 from pipeline.cli import main
+from pipeline.config import loader as configmod
 from pipeline.sweep import queue as claims
 from pipeline.sweep.stage import open_storage, study_name
 from pipeline.tracking import client as tracking
@@ -36,7 +37,8 @@ def repo(make_cfg, tmp_path, synthetic_root, monkeypatch):
     def make(n=512, epochs=1, lrs="[0.1, 0.2]"):
         (tmp_path / "experiments" / "f.yaml").write_text(PROFILE.format(n=n, epochs=epochs, lrs=lrs))
         (tmp_path / "params.yaml").write_text(f"profile: f\ndata: {{source: synthetic, dir: {synthetic_root}}}\n")
-        return make_cfg(profile="f")
+        make_cfg(profile="f")  # DVC_ROOT, the profile
+        return configmod.load(None, [], root=tmp_path)  # as `main(["sweep", ...])` reads it: the same study name
 
     make_cfg()
     monkeypatch.chdir(tmp_path)

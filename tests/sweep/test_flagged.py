@@ -45,7 +45,7 @@ def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path,
     run_sweep(cfg, "single", tmp_path / "single.jsonl")
     tr = tracking.Tracker(cfg)
     (parent,) = tr.find_runs("tags.role = 'study'")
-    assert parent.info.run_name == "exp-test · study single"
+    assert parent.info.run_name == "study single · exp-test"
     trials = {r.info.run_name: r for r in tr.find_runs(f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
     first, again = "single k=1 B=64 lr=0.1 [under load]", "single k=1 B=64 lr=0.1 re-measure of #0 [under load]"
     assert set(trials) == {first, again}
@@ -61,7 +61,7 @@ def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path,
     for t in study.trials:
         assert t.user_attrs["flagged"] == 1.0 and t.user_attrs["foreign_cores"] == 1.9
     err = capsys.readouterr().err
-    assert "trial 2/1+1 re-measure " in err and "trial 2/1 " not in err
+    assert "trial 2/2 (1 planned + 1 re-measure)" in err and "trial 2/1 " not in err
 
 
 def test_a_host_that_stays_busy_gets_no_remeasure(make_cfg, tmp_path, loaded, capsys, monkeypatch):

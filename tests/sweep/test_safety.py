@@ -5,13 +5,15 @@ every torch.load is weights-only, DVC commands interpolate only validated names,
 from __future__ import annotations
 
 import ast
-import os
 import re
+import socket
+import subprocess
 import sys
 
 import pytest
 import yaml
 
+from pipeline.cli import ui
 from tests.conftest import REPO
 from tests.sweep.test_reliability import figure  # noqa: F401 (shared with test_reliability.py)
 
@@ -21,10 +23,10 @@ def test_ui_binds_to_localhost_without_a_shell(make_cfg, tmp_path, monkeypatch):
 
     make_cfg()  # DVC_ROOT=tmp_path
     calls = []
-    monkeypatch.setattr(os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
-    assert main(["ui", "--set", "profile=", "--port", "5123"]) == 0
-    ((path, argv, env),) = calls
-    assert path == sys.executable and argv[:4] == [sys.executable, "-m", "mlflow", "ui"]
+    monkeypatch.setattr(ui, "start", lambda argv, env: calls.append((argv, env)) or Ended())
+    assert main(["ui", "--set", "profile=", "--port", "5123"]) == 3  # the server's exit status
+    ((argv, env),) = calls
+    assert argv[:4] == [sys.executable, "-m", "mlflow", "ui"]
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and "0.0.0.0" not in argv
     assert argv[argv.index("--port") + 1] == "5123"
     assert env["MLFLOW_BACKEND_STORE_URI"] == f"sqlite:///{tmp_path.resolve()}/mlruns/mlflow.db"
@@ -40,13 +42,11 @@ def test_ui_binds_to_localhost_without_a_shell(make_cfg, tmp_path, monkeypatch):
 
 
 def test_ui_on_a_busy_port_is_a_clear_error_before_mlflow_starts(make_cfg, monkeypatch, capsys):
-    import socket
-
     from pipeline.cli import main
 
     make_cfg()
     calls = []
-    monkeypatch.setattr(os, "execve", lambda *a: calls.append(a))
+    monkeypatch.setattr(ui, "start", lambda *a: calls.append(a) or Ended())
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -55,6 +55,45 @@ def test_ui_on_a_busy_port_is_a_clear_error_before_mlflow_starts(make_cfg, monke
     err = capsys.readouterr().err
     assert f"Port {port} on 127.0.0.1 is in use" in err and "--port " in err and "UI_PORT=" in err
     assert calls == []  # MLflow never started
+
+
+class Ended:
+    """A server process that ended at once, with status 3, without listening."""
+
+    returncode = 3
+
+    def poll(self):
+        return 3
+
+    def wait(self, timeout=None):
+        return 3
+
+
+LISTENS_LATE = """import socket, sys, time
+time.sleep(1.0)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); print("listening", flush=True); time.sleep(1.0)
+"""
+
+
+def test_ui_prints_its_link_only_once_the_server_listens(make_cfg, monkeypatch, capfd):
+    """MLflow's server takes 10-30 s to listen: the link comes after it does (a stand-in server here listens after
+    1 s), so a click never meets "connection refused"; the command ends with the server's status."""
+    from pipeline.cli import main
+
+    make_cfg()
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    monkeypatch.setattr(
+        ui, "start", lambda argv, env: subprocess.Popen([sys.executable, "-c", LISTENS_LATE, str(port)])
+    )
+    assert main(["ui", "--set", "profile=", "--port", str(port)]) == 0
+    out = capfd.readouterr().out
+    assert (
+        out.index("Starting MLflow's UI") < out.index("listening") < out.index(f"MLflow UI on http://127.0.0.1:{port}")
+    )
+    assert out.index("listening") < out.index("viewStateShareKey=parallax")
 
 
 def _package_calls():

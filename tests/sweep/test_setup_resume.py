@@ -108,3 +108,23 @@ def test_a_set_up_whose_creator_is_alive_is_waited_for_then_completed_when_it_di
     finally:
         creator.kill()
         creator.wait()
+
+
+def test_a_budget_that_grows_enqueues_the_new_part_and_says_so(make_cfg, tmp_path, capsys):
+    """sweep.n_trials is the budget, not part of the study's identity: raised from 1 to 3 over the same study, the
+    rerun enqueues the 2 new points' trials (the first kept, none twice) and says so; the study keeps its name."""
+    out = tmp_path / "single.jsonl"
+    small = make_cfg(*SPACE[:2], "sweep.n_trials=1")
+    run_sweep(small, "single", out, max_new_trials=0)
+    study = optuna.load_study(study_name=study_name(small, "single"), storage=open_storage(small))
+    assert len(study.trials) == 1 and study.user_attrs["enqueued"] == 1
+    capsys.readouterr()
+
+    grown = make_cfg(*SPACE[:2], "sweep.n_trials=3")
+    assert study_name(grown, "single") == study_name(small, "single")
+    run_sweep(grown, "single", out, max_new_trials=0)
+    err = capsys.readouterr().err
+    study = optuna.load_study(study_name=study_name(grown, "single"), storage=open_storage(grown))
+    assert keys(study) == sorted(json.dumps([p, 0], sort_keys=True) for p in sweep.points(grown, "single"))
+    assert study.user_attrs["enqueued"] == 3
+    assert "its queue grew from 1 to 3 trial(s)" in err and "3 trial(s) to run" in err

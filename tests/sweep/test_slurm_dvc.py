@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.project import copy_tracked
 from tests.sweep import slurm_cluster
 
 slurm = slurm_cluster.slurm  # the module's cluster (a fixture: assigned, not imported by name)
@@ -28,10 +29,7 @@ SPACE = {"devices": [2, 4], "batch_size": [64], "lr": [0.5]}
 
 
 def _clone(dst: Path) -> Path:
-    for f in subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split():
-        if (REPO / f).is_file():
-            (dst / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / f, dst / f)
+    copy_tracked(dst)
     prof = yaml.safe_load((dst / "experiments" / "slurm.yaml").read_text())
     assert {"partition", "devices_per_node", "time_limit_min", "account"} <= set(prof["slurm"])  # the user's shape
     prof["slurm"].update(CLUSTER)

@@ -15,6 +15,7 @@ import optuna
 import pytest
 import torch
 
+from pipeline.sweep import study_setup
 from pipeline.sweep.stage import open_storage, run_sweep, study_name
 from pipeline.tracking import client as tracking
 from tests.sweep import slurm_cluster
@@ -96,7 +97,7 @@ def test_sweep_points_span_nodes_and_k4_matches_single(on_cluster, make_cfg, tmp
     )
     k4_trial = next(t.number for t in trials if t.params["devices"] == 4)
     got = torch.load(
-        tmp_path / "runs" / "trials" / f"{study.study_name}-{k4_trial:04d}" / "final_state.pt", weights_only=True
+        study_setup.trial_folder(study, tmp_path / "runs" / "trials", k4_trial) / "final_state.pt", weights_only=True
     )
     ref_cfg = make_cfg(
         "train.strategy=single",

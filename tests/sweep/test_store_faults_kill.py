@@ -109,7 +109,7 @@ def test_a_second_ctrl_c_during_a_trial_teardown_is_an_interruption(make_cfg, tm
         sweep.run_sweep(cfg, "single", tmp_path / "single.jsonl")
     assert e.value.signum == signal.SIGINT
     runs = {r.info.run_name: r.info.status for r in tracking.Tracker(cfg).find_runs("attributes.status != ''")}
-    assert runs == {f"{tracking.pipeline_run()} · study single": "KILLED", "single k=1 B=64 lr=0.1": "KILLED"}
+    assert runs == {f"study single · {tracking.pipeline_run()}": "KILLED", "single k=1 B=64 lr=0.1": "KILLED"}
 
 
 def test_a_study_parent_run_is_not_ended_for_the_worker_that_opened_it(make_cfg, tmp_path):

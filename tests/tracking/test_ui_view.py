@@ -129,3 +129,15 @@ def test_the_view_shows_the_latest_pipeline_run_with_columns_in_reading_order(tm
     ]
     shown = client.search_runs([exp], filter_string=state["searchFilter"])
     assert {r.info.run_name for r in shown} == {"exp-new · study ddp", "ddp k=2"} and len(shown) == 2
+
+
+def test_a_standalone_train_run_after_the_sweep_does_not_hide_it(tmp_path):
+    """The report's own `python -m pipeline train ...`, run after the pipeline, is the newest run with a pipeline_run
+    tag of its own; the view still shows the sweep's runs (those of the newest study run)."""
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("parallax", artifact_location=(tmp_path / "artifacts").as_uri())
+    client.create_run(
+        exp, run_name="pr1 · study ddp", start_time=1000, tags={"parallax.pipeline_run": "pr1", "role": "study"}
+    )
+    client.create_run(exp, run_name="single k=1", start_time=5000, tags={"parallax.pipeline_run": "train-later"})
+    assert ui_view.publish(client, exp)["searchFilter"] == "tags.`parallax.pipeline_run` = 'pr1'"

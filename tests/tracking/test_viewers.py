@@ -99,7 +99,7 @@ def test_unavailable_study_says_why(views, tmp_path):
     (parent,) = tracking.Tracker(views).find_runs("tags.role = 'study' and tags.strategy = 'dp'")
     why = parent.data.tags["parallax.unavailable"]
     assert "CUDA" in why and why in parent.data.tags["mlflow.note.content"]
-    assert parent.info.run_name == f"{tracking.pipeline_run()} · study dp (unavailable)"
+    assert parent.info.run_name == f"study dp · {tracking.pipeline_run()} (unavailable)"
     assert parent.info.status == "FINISHED"
     assert parent.data.metrics["study/n_complete"] == 0 and parent.data.metrics["study/n_skipped"] == 1
 

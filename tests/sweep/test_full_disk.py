@@ -1,0 +1,64 @@
+"""A full disk where trials write (runs/trials): the trial that could not write its folder is the host's failure, not
+the point's. The sweep stops with exit 1 and one paragraph naming the folder and its free space; the trial is failed
+and its point enqueued again, as for a store fault; a rerun once space is freed runs every point.
+
+A real full file system needs root (a tmpfs on runs/trials): here the rank's write of final_state.pt raises what the
+host's would (torch's "unexpected pos" of a file cut short, or ENOSPC).
+
+    .venv/bin/python -m pytest tests/sweep/test_full_disk.py
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import optuna
+import pytest
+import torch
+from optuna.trial import TrialState
+
+from pipeline.cli import main
+from pipeline.config import loader as configmod
+from pipeline.sweep.stage import open_storage, study_name
+
+from . import test_faults
+from .test_faults import _runs
+
+repo = test_faults.repo  # the fixture
+
+
+def _cut_short(*a, **kw):
+    raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 102656 vs 102552")
+
+
+def _no_space(*a, **kw):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fault", [_cut_short, _no_space], ids=["torch-cut-short", "ENOSPC"])
+def test_a_full_trial_folder_stops_the_sweep_and_a_rerun_runs_every_point(repo, tmp_path, monkeypatch, capfd, fault):
+    repo()
+    cfg = configmod.load(tmp_path / "params.yaml", [])  # as the sweep reads it: the same study name
+    real = torch.save
+    monkeypatch.setattr(torch, "save", fault)  # the ranks are forked: they inherit it
+    code = main(["sweep", "--strategy", "single"])
+    err = capfd.readouterr().err
+    flat = " ".join(err.split())
+    assert code == 1, flat[-3000:]
+    assert "Traceback (most recent" not in err and "api.py" not in err, err[-3000:]
+    assert "The sweep stopped in trial #0" in flat and "free" in flat, flat[-3000:]
+    assert str(tmp_path / "runs" / "trials") in flat, flat[-3000:]
+    assert "trial #1" not in flat  # the next point never started on the full disk
+    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    (failed,) = study.get_trials(states=(TrialState.FAIL,))
+    assert "failure_kind" not in failed.user_attrs and "enqueued again" in failed.user_attrs["reason"]
+    assert len(study.get_trials(states=(TrialState.WAITING,))) == 2  # its copy, and the point not reached
+    assert not [r for r in _runs(tmp_path) if r.info.status == "RUNNING"]
+
+    monkeypatch.setattr(torch, "save", real)  # space freed
+    assert main(["sweep", "--strategy", "single"]) == 0
+    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    done = sorted(t.params["lr"] for t in study.get_trials(states=(TrialState.COMPLETE,)))
+    assert done == [0.1, 0.2]

@@ -1,0 +1,116 @@
+"""A study's identity covers every setting that changes a trial's result: each field of the configuration schema,
+changed on its own, changes the study's name unless it is on the NEUTRAL list (with its reason) or set per point."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipeline.config import schema
+from pipeline.sweep import space
+
+
+def _other(f: dataclasses.Field, value):
+    """A different value of the field's type (validity beyond the type is not needed: the digest only reads)."""
+    if "choices" in f.metadata:
+        return next(c for c in f.metadata["choices"] if c != value)
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value * 2 + 1
+    if isinstance(value, str):
+        return value + "x"
+    if isinstance(value, tuple):
+        return value[:1]
+    if isinstance(value, dict):  # sweep.spaces: another strategy's space
+        return {"ddp": (schema.SpaceConfig(lr=(0.5,)),)}
+    raise AssertionError(f"no other value for {f.name}={value!r}: teach _other the type")
+
+
+def _changed(cfg, setting: str):
+    section, _, name = setting.rpartition(".")
+    if not section:
+        f = next(f for f in dataclasses.fields(cfg) if f.name == name)
+        return dataclasses.replace(cfg, **{name: _other(f, getattr(cfg, name))})
+    sub = getattr(cfg, section)
+    f = next(f for f in dataclasses.fields(sub) if f.name == name)
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(sub, **{name: _other(f, getattr(sub, name))})})
+
+
+def _every_setting() -> list[str]:
+    out = []
+    for f in dataclasses.fields(schema.Config):
+        if dataclasses.is_dataclass(f.default):
+            out += [f"{f.name}.{g.name}" for g in dataclasses.fields(f.default)]
+        else:
+            out.append(f.name)
+    return out
+
+
+SETTINGS = _every_setting()
+STRATEGY = "single"
+
+
+def test_the_walk_covers_every_section():
+    sections = {s.split(".")[0] for s in SETTINGS}
+    assert sections == {f.name for f in dataclasses.fields(schema.Config)}
+    assert "train.init" in SETTINGS and "slurm.partition" in SETTINGS and len(SETTINGS) > 60
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_a_setting_changes_the_study_unless_it_is_neutral_or_per_point(setting):
+    cfg = schema.Config()
+    per_point = {f"train.{k}" for p in space.points(cfg, STRATEGY) for k in p}
+    before, after = space.space_hash(cfg, STRATEGY), space.space_hash(_changed(cfg, setting), STRATEGY)
+    if space.neutral(setting) or setting in per_point:
+        assert after == before, f"{setting} is neutral or the point's, yet changes the study"
+    else:
+        assert after != before, (
+            f"{setting} changes no study: add it to the identity, or to space.NEUTRAL with the reason it cannot "
+            "change a trial's result"
+        )
+
+
+def test_every_neutral_name_is_a_setting_or_a_section_and_says_why():
+    names = set(SETTINGS) | {s.split(".")[0] for s in SETTINGS}
+    assert set(space.NEUTRAL) <= names, set(space.NEUTRAL) - names
+    assert all(len(why) > 15 for why in space.NEUTRAL.values())
+
+
+def test_the_settings_a_hostile_user_changed_start_a_new_study():
+    """The case that filed another configuration's numbers: d2l's init and channels_last off under one name."""
+    cfg = schema.Config()
+    changed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init="d2l", channels_last=False))
+    assert space.study_name(changed, STRATEGY) != space.study_name(cfg, STRATEGY)
+
+
+def test_the_strategy_s_own_space_changes_the_study_and_another_s_does_not():
+    cfg = schema.Config()
+    lr = (schema.SpaceConfig(lr=(0.5,)),)
+    own = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, spaces={STRATEGY: lr}))
+    other = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, spaces={"ddp": lr}))
+    assert space.space_hash(own, STRATEGY) != space.space_hash(cfg, STRATEGY)
+    assert space.space_hash(other, STRATEGY) == space.space_hash(cfg, STRATEGY)
+
+
+def test_params_yaml_lists_every_train_and_sweep_key_so_dvc_exp_run_can_set_it():
+    """DVC refuses `-S train.init=d2l` unless params.yaml has the key: every train key and every scalar sweep key is
+    listed (null: the profile's value), so each setting that changes a study can be set the plain way."""
+    import yaml
+
+    from pipeline import paths
+
+    listed = yaml.safe_load((paths.repo_root() / "params.yaml").read_text())
+    for section, cls in (("train", schema.TrainConfig), ("sweep", schema.SweepConfig)):
+        missing = {f.name for f in dataclasses.fields(cls) if f.name != "spaces"} - set(listed[section] or {})
+        assert not missing, f"params.yaml's {section} lacks {sorted(missing)}: list each (null = the profile's)"
+
+
+def test_the_study_s_changed_settings_name_what_sets_it_apart():
+    cfg = schema.Config()
+    changed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init="d2l", channels_last=False))
+    assert space.changed_settings(cfg, STRATEGY) == {}
+    assert space.changed_settings(changed, STRATEGY) == {"train.init": "d2l", "train.channels_last": False}
