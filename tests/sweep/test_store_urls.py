@@ -27,7 +27,7 @@ def test_a_relative_sqlite_url_resolves_against_the_store_root(make_cfg, tmp_pat
     for absolute in (f"sqlite:///{tmp_path / 'abs.db'}", "postgresql://u@db:5432/o", "http://127.0.0.1:5000"):
         assert storage_url(make_cfg(f"sweep.storage={absolute}")) == absolute
         assert tracking_uri(make_cfg(f"tracking.uri={absolute}")) == absolute
-    assert storage_url(make_cfg()) == f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}"  # the default, as before
+    assert storage_url(make_cfg()) == f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}"
 
 
 @pytest.mark.parametrize(
