@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
-VIEWPORT = {"width": 1920, "height": 1080}
+VIEWPORT = {"width": 1600, "height": 1000}  # a laptop's browser: names and columns must fit it
 # true when a rendered leaf element's text contains the text
 SHOWN_JS = """(text) => [...document.querySelectorAll('body *')].some(e => e.childElementCount === 0
   && e.offsetParent !== null && e.textContent.includes(text))"""

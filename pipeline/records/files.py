@@ -80,6 +80,28 @@ def is_write_fault(e: BaseException) -> bool:
     return False
 
 
+PROBE_BYTES = 1 << 20  # what a trial writes at the least (its record, progress, a LeNet state) is of this order
+
+
+def refuses_writes(folder) -> str | None:
+    """The host's refusal of a write of PROBE_BYTES in `folder` (its error text), or None when it takes one: after a
+    trial failed some other way (a rank's peer died first), whether a full disk is the cause after all."""
+    folder = Path(folder)
+    probe = folder / f".parallax-write-probe-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"\0" * PROBE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+        return None
+    except OSError as e:
+        return f"{e.strerror or type(e).__name__}" if is_write_fault(e) else None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+
+
 def free_text(folder) -> str:
     """`180 KiB free of 600 KiB` on the file system that holds `folder` (its nearest existing parent)."""
     p = Path(folder).absolute()

@@ -20,6 +20,7 @@ from pipeline.config import loader as configmod
 from pipeline.errors import FAULT_TEXT, Stopped, interruption, root_cause, store_fault
 from pipeline.host.capabilities import host_capabilities
 from pipeline.measure import meter
+from pipeline.records import files
 from pipeline.records import labels as emulated
 from pipeline.records.files import free_text
 from pipeline.records.table import KNOBS
@@ -129,6 +130,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
         if beat.lost.is_set():
             return _taken_over(tracker, run)
         if isinstance(metrics, TrialFailed):
+            metrics = _on_a_full_disk(metrics, out_dir)
             if metrics.kind in HOST_FAULTS:
                 raise metrics  # not the trial's failure: stopped below, its point enqueued again
             reason = f"{metrics.kind}: {metrics}"
@@ -175,7 +177,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
         ) from None
 
 
-UNDER_LOAD = " [under load]"  # the run-name suffix of a trial measured under interference
+UNDER_LOAD = "[under load] "  # the run-name prefix of a trial measured under interference (a cut name keeps it)
 
 
 def run_name(strategy: str, p: dict, trial) -> tuple[str, dict]:
@@ -189,12 +191,27 @@ def run_name(strategy: str, p: dict, trial) -> tuple[str, dict]:
 
 
 def flag(run: TrialRun, name: str, metrics) -> None:
-    """A trial measured under interference, flagged where a viewer looks: its run name ends UNDER_LOAD and the tag
+    """A trial measured under interference, flagged where a viewer looks: its run name begins UNDER_LOAD and the tag
     parallax.flagged holds the reason (the metric `flagged` and Optuna's `flagged` attribute come with its record)."""
     interference = metrics.get("interference") or {}
     if interference.get("interfered"):
         run.tag({"parallax.flagged": interference.get("interference_reason") or "measured under load"})
-        run.rename(name + UNDER_LOAD)
+        run.rename(UNDER_LOAD + name)
+
+
+def _on_a_full_disk(failed: TrialFailed, out_dir: Path) -> TrialFailed:
+    """A trial failed some other way whose folder now refuses a write: the host's failure after all (in a multi-process
+    trial the launcher may report a peer of the rank whose write failed, as worker_died), so its point is kept."""
+    if failed.kind in HOST_FAULTS:
+        return failed
+    refused = files.refuses_writes(out_dir)
+    if refused is None:
+        return failed
+    return TrialFailed(
+        f"the host could not write the trial directory {out_dir} ({refused}); the trial itself ended "
+        f"{failed.kind}: {failed}",
+        UNWRITABLE,
+    )
 
 
 def fault_text(e: BaseException) -> str:

@@ -99,3 +99,43 @@ def test_dvc_repro_runs_every_stage(clone):
     )
     total, running, studies, analysis = map(int, run([sys.executable, "-c", code], clone).stdout.split())
     assert running == 0 and studies == len(strategies) and analysis >= 1 and total > studies + 5
+
+
+@pytest.mark.slow
+def test_every_figure_the_answer_shows_has_one_value_in_report_metrics_mlflow_and_optuna(clone):
+    """One offline run: the answer's throughput, accuracy and peak memory for its strategy and k are the values of
+    metrics.json (`dvc metrics show`) and of the MLflow analysis run; the strategy's MLflow study row carries the
+    report's best throughput; the Optuna study names its objective and why its best trial is another quantity."""
+    import re
+
+    if not (clone / "results" / "analysis" / "report.md").exists():
+        run(["dvc", "repro"], clone)
+    out = clone / "results" / "analysis"
+    report = (out / "report.md").read_text()
+    answer = report.split("## Answer", 1)[1].split("\n## ", 1)[0]
+    train = yaml.safe_load((out / "best.yaml").read_text())["train"]
+    s, k = train["strategy"], train["devices"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    speed = float(re.search(r"([\d,]+) (?:\([^)]*\) )?images/s", answer).group(1).replace(",", ""))
+    assert metrics[f"img_s.{s}.k{k}"] == pytest.approx(speed, rel=1e-3, abs=1), (answer, metrics)
+    acc = re.search(r"test accuracy (\d\.\d{4})", answer)
+    if acc:
+        assert metrics[f"acc.{s}.k{k}"] == pytest.approx(float(acc.group(1)), abs=1e-4), (answer, metrics)
+    peaks = re.search(r"peak memory ([\d.,/ ]+) MiB per device", answer)
+    if peaks:
+        top = max(float(v.replace(",", "")) for v in peaks.group(1).split("/"))
+        assert metrics[f"peak_mib.{s}.k{k}"] == pytest.approx(top, abs=0.06), (answer, metrics)
+    code = (
+        "import json, mlflow, optuna; mlflow.set_tracking_uri('sqlite:///mlruns/mlflow.db');"
+        "r = mlflow.search_runs(search_all_experiments=True);"
+        f"study = r[(r['tags.role'] == 'study') & (r['tags.strategy'] == '{s}')].iloc[0];"
+        "ana = r[r['tags.mlflow.runName'] == 'analysis'].iloc[0];"
+        f"st = [x for x in optuna.get_all_study_summaries('sqlite:///mlruns/optuna.db') if '-{s}-' in x.study_name][0];"
+        "print(json.dumps({'row': study['metrics.img_s/throughput'],"
+        f" 'analysis': ana['metrics.strategy/{s}/best_throughput_img_s'],"
+        " 'objective': st.user_attrs.get('objective', '')}))"
+    )
+    seen = json.loads(run([sys.executable, "-c", code], clone).stdout)
+    best = json.loads((out / "summary.json").read_text())["strategies"][s]["best_throughput_img_s"]
+    assert seen["row"] == pytest.approx(best, rel=1e-3) and seen["analysis"] == pytest.approx(best, rel=1e-3), seen
+    assert "test_acc" in seen["objective"] and "differ by design" in seen["objective"], seen

@@ -37,7 +37,7 @@ def loaded(monkeypatch):
 
 
 def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path, loaded, capsys, monkeypatch):
-    """A flagged trial's run is named "... [under load]", tagged parallax.flagged with the reason and has metric
+    """A flagged trial's run is named "[under load] ...", tagged parallax.flagged with the reason and has metric
     flagged=1; Optuna holds flagged=1.0 and foreign_cores as numbers; its re-measure is named and tagged with the
     trial it repeats; the counter reads "2/1+1 re-measure", never "2/1"; every run carries the pipeline run."""
     monkeypatch.setenv("PARALLAX_PIPELINE_RUN", "exp-test")
@@ -47,7 +47,7 @@ def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path,
     (parent,) = tr.find_runs("tags.role = 'study'")
     assert parent.info.run_name == "study single · exp-test"
     trials = {r.info.run_name: r for r in tr.find_runs(f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
-    first, again = "single k=1 B=64 lr=0.1 [under load]", "single k=1 B=64 lr=0.1 re-measure of #0 [under load]"
+    first, again = "[under load] single k=1 B=64 lr=0.1", "[under load] single k=1 B=64 lr=0.1 re-measure of #0"
     assert set(trials) == {first, again}
     for run in trials.values():
         assert run.data.tags["parallax.flagged"] == REASON and run.data.metrics["flagged"] == 1

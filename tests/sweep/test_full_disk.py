@@ -62,3 +62,34 @@ def test_a_full_trial_folder_stops_the_sweep_and_a_rerun_runs_every_point(repo, 
     study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
     done = sorted(t.params["lr"] for t in study.get_trials(states=(TrialState.COMPLETE,)))
     assert done == [0.1, 0.2]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("full", [True, False], ids=["folder-full", "folder-writable"])
+def test_a_peer_reported_dead_on_a_full_disk_keeps_its_point(repo, tmp_path, monkeypatch, capfd, full):
+    """In a multi-process trial the launcher may report a peer of the rank whose write failed (worker_died). When the
+    trial's folder then refuses a write, the failure is the host's: the sweep stops, the point is enqueued again. When
+    the folder takes writes, worker_died stays the trial's own failure (the study goes on)."""
+    from pipeline.errors import TrialFailed
+    from pipeline.records import files
+    from pipeline.sweep import slurm
+
+    repo()
+    cfg = configmod.load(tmp_path / "params.yaml", [])
+
+    def peer_died(*a, **kw):
+        raise TrialFailed("rank 1 (pid 4242) died: SIGABRT", "worker_died")
+
+    monkeypatch.setattr(slurm, "local", peer_died)
+    monkeypatch.setattr(files, "refuses_writes", lambda folder: "No space left on device" if full else None)
+    code = main(["sweep", "--strategy", "single"])
+    flat = " ".join(capfd.readouterr().err.split())
+    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    failed = study.get_trials(states=(TrialState.FAIL,))
+    if full:
+        assert code == 1 and "could not write the trial directory" in flat and "worker_died" in flat, flat[-2000:]
+        assert len(failed) == 1 and "enqueued again" in failed[0].user_attrs["reason"]
+        assert len(study.get_trials(states=(TrialState.WAITING,))) == 2
+    else:
+        assert code == 0 and len(failed) == 2, flat[-2000:]
+        assert {t.user_attrs["failure_kind"] for t in failed} == {"worker_died"}
