@@ -11,6 +11,7 @@ experiment's shared runs-table view (ui_view.py), so the link
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -110,6 +111,10 @@ def log_analysis_run(cfg, summary: dict, out_dir: Path) -> str:
         tracker.log_artifacts(run_id, out_dir)
     except Exception as e:
         raise _failed(tracker, run_id, e, out_dir) from None
+    except BaseException as e:  # Ctrl-C, SIGTERM, the DVC that ran it gone (errors.lifeline): never left RUNNING
+        with contextlib.suppress(Exception):
+            tracker.close_run(run_id, "KILLED", f"interrupted ({type(e).__name__}) while the analysis was logged")
+        raise
     tracker.close_run(run_id, "FINISHED")
     log_study_rows(tracker, summary, out_dir)
     ui_view.publish_view(tracker.client, tracker.experiment_id)

@@ -273,3 +273,16 @@ def test_overlap_size_has_an_upper_bound_with_the_reason():
     with pytest.raises(configmod.ConfigError, match=r"overlap.size.*<= 8192.*memory"):
         configmod.load(None, ["overlap.size=100000"], root=REPO)
     assert configmod.load(None, ["overlap.size=8192"], root=REPO).overlap.size == 8192
+
+
+def test_ctrl_c_while_analyze_logs_its_run_ends_it_killed(make_cfg, tmp_path, synthetic_root, monkeypatch):
+    """Ctrl-C (or SIGTERM, or the DVC that ran it gone) while the analysis run's artifacts are copied: the command
+    exits 130 and the run ends KILLED with the reason, never left RUNNING."""
+    import signal
+
+    make_cfg()
+    sweeps = _sweeps(tmp_path, synthetic_root)
+    monkeypatch.setattr(tracking.Tracker, "log_artifacts", lambda *a, **k: signal.raise_signal(signal.SIGINT))
+    assert main(["analyze", "--sweeps", str(sweeps), "--out", str(tmp_path / "analysis")]) == 130
+    (run,) = [r for r in _runs(tmp_path) if r.data.tags.get("stage") == "analyze"]
+    assert run.info.status == "KILLED" and "interrupted" in run.data.tags.get("failure", ""), run.data.tags
