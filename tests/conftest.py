@@ -87,3 +87,14 @@ def make_cfg(synthetic_root, tmp_path, monkeypatch):
         return configmod.load(None, [*base, *sets], root=tmp_path)  # tmp_path/params.yaml if any
 
     return make
+
+
+@pytest.fixture
+def default_sigint():
+    """SIGINT raises KeyboardInterrupt in this process, whatever an earlier test's launcher left installed (torch's
+    elastic agent installs its own handlers and never removes them)."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)

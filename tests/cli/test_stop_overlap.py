@@ -22,7 +22,7 @@ RESULT = {
 }
 
 
-def test_ctrl_c_while_overlap_logs_its_run_ends_it_killed(make_cfg, tmp_path, monkeypatch):
+def test_ctrl_c_while_overlap_logs_its_run_ends_it_killed(make_cfg, tmp_path, monkeypatch, default_sigint):
     make_cfg()  # the stores under tmp_path
     (tmp_path / "params.yaml").write_text('profile: ""\ndata: {source: synthetic}\n')
     monkeypatch.chdir(tmp_path)

@@ -145,7 +145,9 @@ def test_ctrl_c_between_claim_and_start_leaves_nothing_running(make_cfg, tmp_pat
     assert [p.info.status for p in parents] == ["KILLED"]
 
 
-def test_ctrl_c_while_the_parent_run_is_closed_ends_it_killed_and_a_rerun_finishes_it(make_cfg, tmp_path, monkeypatch):
+def test_ctrl_c_while_the_parent_run_is_closed_ends_it_killed_and_a_rerun_finishes_it(
+    make_cfg, tmp_path, monkeypatch, default_sigint
+):
     """Ctrl-C after the last trial, while the study's results are logged on its parent run: the run ends KILLED,
     not RUNNING, and a rerun logs them and ends it FINISHED."""
     cfg = make_cfg("sweep.strategies=[single]", "sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}")
