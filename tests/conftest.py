@@ -89,12 +89,17 @@ def make_cfg(synthetic_root, tmp_path, monkeypatch):
     return make
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def default_sigint():
-    """SIGINT raises KeyboardInterrupt in this process, whatever an earlier test's launcher left installed (torch's
-    elastic agent installs its own handlers and never removes them)."""
+    """Every test starts with Python's own SIGINT and SIGTERM handling (SIGINT raises KeyboardInterrupt, SIGTERM
+    ends the process), whatever an earlier test's launcher left installed: torch's elastic agent installs its own
+    handlers in the process that launches and never removes them, which made Ctrl-C tests depend on their order in
+    the full suite. The handlers found before are put back after."""
     import signal
 
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     yield
-    signal.signal(signal.SIGINT, before)
+    for s, h in before.items():
+        signal.signal(s, signal.SIG_DFL if h is None else h)
