@@ -104,7 +104,7 @@ class TrainConfig:
     fp32_precision: str = field(default="default", metadata=choice("default", "ieee", "tf32"))
     # collective timeout: a hung rank fails the trial
     timeout_s: float = field(default=120.0, metadata=bounds(1, TIMEOUT_MAX_S))
-    check_every: int = field(default=25, metadata=bounds(1))  # steps between NaN/inf loss checks (one sync)
+    check_every: int = field(default=25, metadata=bounds(1))  # steps between NaN/inf loss checks (on the device: no sync)
     pin_cores: bool = True  # CPU hosts: pin worker process r of a multi-process trial to core r
     channels_last: bool = True  # NHWC activations: faster convolutions on CPU (oneDNN) and GPU (tensor cores)
     compile: bool = False  # torch.compile the model

@@ -6,12 +6,15 @@ memory probe of a step other than step 0 on CPU, or of any step on GPUs, is a `n
 clock on an unsampled step), as `autocast` is for fp32 strategies.
 
 - images/s over steady-state steps: the first `warmup_steps` (at least 1: step 0 is the CPU memory probe) are not
-  timed, and devices are synchronised before each clock read;
+  timed. **No host synchronisation inside the epoch**: a clock read is a mark (a CUDA event recorded on each device's
+  stream; on CPU, where operators finish before the call returns, the host's clock), and the marks are turned into
+  seconds at the epoch's end, after one synchronisation. Only the breakdown's sampled steps synchronise (below);
 - the step-time breakdown (breakdown.py) on every `every`-th steady-state step: such a sampled step is kept out of
-  the throughput window (its images and its seconds, from a synchronised clock read before it to one after), so
+  the throughput window (its images and its seconds, from a synchronised mark before it to one after: the rare eager
+  probe segment, the only steps that stall the device), so
   throughput is the unsampled steps' alone; the sampled steps still count in epoch_s and time to accuracy;
 - steady-state images/s per measurement window of WINDOW_STEPS timed steps (`throughput_windows`: the spread of
-  the trial's throughput, for stats.py's intervals): a window closes at a synchronised clock read before the step
+  the trial's throughput, for stats.py's intervals): a window closes at a mark before the step
   that would be its (N+1)-th unsampled one, never spans an epoch's end (evaluation), and leaves out sampled steps as
   the overall figure does; an epoch's tail shorter than half a window is not a window (it counts in the overall
   figure only);
@@ -26,10 +29,59 @@ from __future__ import annotations
 import contextlib
 import time
 
+import torch
+
 from pipeline.measure.breakdown import NO_CLOCK, Off
 from pipeline.measure.memory import memory_meter
 
 _UNSAMPLED = contextlib.nullcontext(NO_CLOCK)
+
+
+class HostClock:
+    """Marks on the host's clock: on CPU an operator has finished when its call returns, so a mark is a clock read."""
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    def mark(self):
+        return time.perf_counter()
+
+    def seconds(self, a, b) -> float:
+        return b - a
+
+    def settle(self) -> None:
+        """Wait for the work queued before the last mark (nothing on CPU; a synchronisation on GPUs)."""
+
+
+class StreamClock(HostClock):
+    """Marks as CUDA events recorded on the current stream of each device this process drives: recording one never
+    stalls the host. Seconds between two marks are read once both have completed (after `settle`); with several
+    devices in one process (dp, scratch) the slowest device's span counts."""
+
+    def __init__(self, strategy):
+        super().__init__(strategy)
+        self.devices = sorted({d for d in strategy.devices if d.type == "cuda"}, key=str)
+
+    def mark(self):
+        events = []
+        for d in self.devices:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record(torch.cuda.current_stream(d))
+            events.append(e)
+        return events
+
+    def seconds(self, a, b) -> float:
+        return max(x.elapsed_time(y) for x, y in zip(a, b)) / 1000.0
+
+    def settle(self) -> None:
+        self.strategy.synchronize()
+
+
+def clock_for(strategy) -> HostClock:
+    """The marks of this process's devices: CUDA events where it drives a GPU, the host's clock otherwise."""
+    return StreamClock(strategy) if any(d.type == "cuda" for d in strategy.devices) else HostClock(strategy)
+
+
 WINDOW_STEPS = 10  # timed steps per throughput window: ~13 windows per epoch in the cpu profile at B=128
 
 
@@ -46,7 +98,9 @@ class Meter:
         self.strategy, self.batch_size, self.target_acc = strategy, batch_size, target_acc
         self.window_steps = max(window_steps, 1)
         self.windows: list[float] = []  # images/s per closed window
-        self.window = None  # the open window: (first step, clock, excluded steps and seconds at its start)
+        self.pending: list[tuple] = []  # this epoch's closed windows as (steps, mark, mark, sampled seconds inside)
+        self.window = None  # the open window: (first step, mark, excluded steps and seconds at its start)
+        self.clock = clock_for(strategy)
         self.warmup = max(warmup_steps, 1)  # step 0 is the memory probe on CPU: never timed
         self.memory = memory_meter(strategy)  # its window opens at the first tick
         self.breakdown = breakdown or Off()
@@ -58,21 +112,19 @@ class Meter:
     def start_epoch(self, step: int) -> None:
         self.first_step = step
         self.excluded_steps, self.excluded_s = 0, 0.0  # this epoch's sampled steps, kept out of throughput
-        self.strategy.synchronize()
-        self.t0 = self.t_steady = time.perf_counter()
+        self.strategy.synchronize()  # the boundary: the device is idle after the last evaluation's read
+        self.t0 = self.t_steady = self.clock.mark()
         self.window = self._open(step, self.t0) if step >= self.warmup else None
 
     def tick(self, step: int) -> None:
-        """Before global step `step`: steady state starts at the end of the warm-up (synchronise, read the clock);
-        a full window closes (synchronise, read the clock) and the next one opens. The memory window (re)opens."""
+        """Before global step `step`: steady state starts at the end of the warm-up (a mark); a full window closes at
+        a mark and the next one opens. Never a synchronisation. The memory window (re)opens."""
         self.memory.open()
         if step == self.warmup:
-            self.strategy.synchronize()
-            self.t_steady = time.perf_counter()
+            self.t_steady = self.clock.mark()
             self.window = self._open(step, self.t_steady)
         elif self.window is not None and self._window_steps(step) >= self.window_steps:
-            self.strategy.synchronize()
-            now = time.perf_counter()
+            now = self.clock.mark()
             self._close(step, now)
             self.window = self._open(step, now)
 
@@ -83,13 +135,20 @@ class Meter:
         first, _, excluded, _ = self.window
         return step - first - (self.excluded_steps - excluded)
 
-    def _close(self, step: int, t: float) -> None:
-        """Record the open window's images/s if it holds at least half a window of unsampled steps."""
+    def _close(self, step: int, t) -> None:
+        """Keep the open window (read at the epoch's end) if it holds at least half a window of unsampled steps."""
         n, (_, t0, _, excluded_s) = self._window_steps(step), self.window
-        seconds = t - t0 - (self.excluded_s - excluded_s)
-        if 2 * n >= self.window_steps and seconds > 0:
-            self.windows.append(n * self.batch_size / seconds)
+        if 2 * n >= self.window_steps:
+            self.pending.append((n, t0, t, self.excluded_s - excluded_s))
         self.window = None
+
+    def _read_windows(self) -> None:
+        """The epoch's closed windows as images/s, once its marks have completed."""
+        for n, a, b, excluded_s in self.pending:
+            seconds = self.clock.seconds(a, b) - excluded_s
+            if seconds > 0:
+                self.windows.append(n * self.batch_size / seconds)
+        self.pending = []
 
     def sample(self, step: int):
         """A context around global step `step` (data in + train_step) giving its phase clock: the breakdown's on a
@@ -100,12 +159,13 @@ class Meter:
 
     @contextlib.contextmanager
     def _sampled(self):
-        self.strategy.synchronize()
-        t = time.perf_counter()
+        self.strategy.synchronize()  # the rare eager probe segment: the only steps that stall the device
+        t = self.clock.mark()
         with self.breakdown.sample() as clock:
             yield clock
+        end = self.clock.mark()
         self.strategy.synchronize()
-        wall = time.perf_counter() - t
+        wall = self.clock.seconds(t, end)
         self.excluded_steps, self.excluded_s = self.excluded_steps + 1, self.excluded_s + wall
         self.sampled_steps, self.sampled_s = self.sampled_steps + 1, self.sampled_s + wall
 
@@ -121,15 +181,17 @@ class Meter:
         yield
 
     def end_epoch(self, step: int) -> tuple[float, float | None]:
-        """After the epoch's last step (global `step` steps done): (epoch seconds, steady-state images/s or None)."""
-        self.strategy.synchronize()
-        t_end = time.perf_counter()
-        # this epoch's steps after the warm-up, less the breakdown's sampled ones
-        timed = max(0, step - max(self.first_step, self.warmup)) - self.excluded_steps
-        timed_s = t_end - self.t_steady - self.excluded_s
-        epoch_s = t_end - self.t0
+        """After the epoch's last step (global `step` steps done): (epoch seconds, steady-state images/s or None).
+        The epoch's one synchronisation: its marks are read here."""
+        t_end = self.clock.mark()
         if self.window is not None:
             self._close(step, t_end)
+        self.clock.settle()
+        # this epoch's steps after the warm-up, less the breakdown's sampled ones
+        timed = max(0, step - max(self.first_step, self.warmup)) - self.excluded_steps
+        timed_s = self.clock.seconds(self.t_steady, t_end) - self.excluded_s
+        epoch_s = self.clock.seconds(self.t0, t_end)
+        self._read_windows()
         throughput = timed * self.batch_size / timed_s if timed else None
         if timed:
             self.timed_images += timed * self.batch_size

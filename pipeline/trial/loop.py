@@ -6,7 +6,6 @@ main process only; the stop decision is then agreed by every rank.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -46,13 +45,56 @@ def evaluate(
     return strategy.reduce(correct).item() / x.shape[0]
 
 
-def _check_finite(loss: torch.Tensor, step: int, epoch: int, lr: float) -> None:
-    value = loss.item()
-    if not math.isfinite(value):
-        raise DivergenceError(
-            f"loss became {value} at step {step} (epoch {epoch + 1}): the run diverged; "
-            f"lower the learning rate (train.lr={lr})."
-        )
+class FiniteWatch:
+    """NaN/inf loss detection that never stalls the device inside an epoch.
+
+    Every `train.check_every`-th step records on the device the first step whose loss is not finite and that loss
+    (a `where` into a two-number state: no host read). In the epoch the host looks at a host-side copy only: on GPUs
+    an asynchronous copy into pinned memory, looked at once its event has completed (`query()` never waits); on CPU
+    the state itself, whose operators have finished when their call returns. Either way the look reads host memory
+    through NumPy's view, never an `.item()`. At the epoch's end, after its one synchronisation, `settle` reads it
+    for certain."""
+
+    def __init__(self, device: torch.device, lr: float):
+        self.lr, self.epoch = lr, 0
+        self.state = torch.tensor([-1.0, 0.0], dtype=torch.float64, device=device)  # first bad step (-1: none), loss
+        self.cuda = device.type == "cuda"
+        self.host = self.state.clone().cpu().pin_memory() if self.cuda else self.state
+        self.view = self.host.numpy()  # host memory: reading it dispatches nothing to the device
+        self.copied = None  # the event after the last asynchronous copy into `host`
+
+    def _record(self, loss: torch.Tensor, step: int) -> None:
+        value = loss.detach().to(self.state)
+        bad = ~torch.isfinite(value) & (self.state[0] < 0)
+        self.state.copy_(torch.where(bad, torch.stack((torch.full_like(value, step), value)), self.state))
+
+    def add(self, loss: torch.Tensor, step: int) -> None:
+        self._record(loss, step)
+        self._look()
+        if self.cuda and self.copied is None:
+            self.host.copy_(self.state, non_blocking=True)
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+
+    def _look(self) -> None:
+        if self.cuda:
+            if self.copied is None or not self.copied.query():
+                return
+            self.copied = None
+        step, value = self.view
+        if step >= 0:
+            raise DivergenceError(
+                f"loss became {value} at step {int(step)} (epoch {self.epoch + 1}): the run diverged; "
+                f"lower the learning rate (train.lr={self.lr})."
+            )
+
+    def settle(self, loss: torch.Tensor, step: int) -> None:
+        """At the epoch's end (the device settled): the last loss checked too, then the state read for certain."""
+        self._record(loss, step)
+        if self.cuda:
+            self.host.copy_(self.state)
+            self.copied = None
+        self._look()
 
 
 def build(t, strategy):
@@ -95,10 +137,11 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
         breakdown.Breakdown(strategy, model, every) if every else breakdown.Off(),
     )
     history = {"test_acc": [], "train_loss": []}
+    watch = FiniteWatch(device, t.lr)
     step, stopped = 0, False
     marks.update(built=time.time(), steps_s=0.0, eval_s=0.0)
     for epoch in range(t.epochs):
-        t_steps = time.perf_counter()
+        t_steps, watch.epoch = time.perf_counter(), epoch
         batches = datamod.epoch_batches(train_x.shape[0], t.batch_size, epoch, t.seed, rank, world).to(device)
         model.train()
         loss_sum, n_steps = torch.zeros((), device=device), 0
@@ -115,13 +158,13 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
             loss_sum += loss.detach().to(device)  # dp with train.output_device=j returns it on cuda:j
             step, n_steps = step + 1, n_steps + 1
             if step % t.check_every == 0:
-                _check_finite(loss, step, epoch, t.lr)
+                watch.add(loss, step)
             if progress is not None:
                 progress(epoch, i + 1, steps)
             if t.max_steps and step >= t.max_steps:
                 break
         epoch_s, throughput = meter.end_epoch(step)
-        _check_finite(loss, step, epoch, t.lr)
+        watch.settle(loss, step)
         t_eval = time.perf_counter()
         marks["steps_s"] += t_eval - t_steps
         # --- end of epoch: loss, evaluation, then the caller's verdict (report, prune), agreed by every rank

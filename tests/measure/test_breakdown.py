@@ -65,6 +65,7 @@ def test_every_trial_breakdown_adds_up(make_cfg, tmp_path, monkeypatch, strategy
 
 class FakeStrategy:
     device = torch.device("cpu")
+    devices = (device,)
 
     def synchronize(self):
         pass

@@ -107,6 +107,7 @@ def _run(make_cfg, monkeypatch, epochs=2):
 
     monkeypatch.setattr(trainmod, "evaluate", evaluate)
     monkeypatch.setattr(metermod, "memory_meter", lambda s: metrics.CudaPeaks(s))
+    monkeypatch.setattr(metermod, "clock_for", metermod.HostClock)  # the computation runs on the CPU
     cfg = make_cfg("train.batch_size=32", f"train.epochs={epochs}", "train.breakdown_every=0")
     g = torch.Generator().manual_seed(0)
     data = trainmod.datamod.Dataset(

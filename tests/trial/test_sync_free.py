@@ -1,0 +1,185 @@
+"""The timed region of a trial never makes the host wait for the device.
+
+Between the meter's `start_epoch` and `end_epoch` (the epoch's steps, warm-up and throughput windows included) no
+step reads a device value back to the host: no `aten::_local_scalar_dense` (what `.item()`, `float()`, `bool()` and
+`int()` of a tensor dispatch), no `.cpu()`/`.tolist()`, no `torch.cuda.synchronize` and no `strategy.synchronize`.
+They are counted through a TorchDispatchMode (every aten operator, wherever in the step it is called) and mocks,
+for every strategy this host runs in one process at k=1, with the breakdown off. The epoch-end read (outside the
+region) is where they belong. On a GPU such a read stalls the stream and hides the step's real cost behind it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections import Counter
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from pipeline import catalog
+from pipeline.data import store as datamod
+from pipeline.host.devices import probe
+from pipeline.measure import meter as metermod
+from pipeline.strategies import STRATEGIES
+from pipeline.trial import loop
+
+READS = {"aten::_local_scalar_dense"}
+
+
+class Region:
+    """What is read back to the host, by (step, what), while the timed region is open."""
+
+    def __init__(self):
+        self.open, self.step, self.seen = False, None, Counter()
+
+    def note(self, what: str) -> None:
+        if self.open:
+            self.seen[(self.step, what)] += 1
+
+
+class CountReads(TorchDispatchMode):
+    def __init__(self, region: Region):
+        super().__init__()
+        self.region = region
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        if name in READS:
+            self.region.note(name)
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def counting(monkeypatch, region: Region):
+    """Mocks on every other way to a host read, and the meter's boundaries opening and closing the region."""
+    start, tick, end = metermod.Meter.start_epoch, metermod.Meter.tick, metermod.Meter.end_epoch
+
+    def start_epoch(self, step):
+        start(self, step)
+        region.open = True
+
+    def ticked(self, step):
+        region.step = step
+        tick(self, step)
+
+    def end_epoch(self, step):
+        region.open = False  # the epoch-end read belongs here
+        return end(self, step)
+
+    monkeypatch.setattr(metermod.Meter, "start_epoch", start_epoch)
+    monkeypatch.setattr(metermod.Meter, "tick", ticked)
+    monkeypatch.setattr(metermod.Meter, "end_epoch", end_epoch)
+    for name in ("cpu", "tolist"):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *a, _name=name, _original=original, **k):
+            region.note(f"Tensor.{_name}")
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, read)
+    sync = torch.cuda.synchronize
+    monkeypatch.setattr(
+        torch.cuda, "synchronize", lambda *a, **k: (region.note("torch.cuda.synchronize"), sync(*a, **k))
+    )
+    with CountReads(region):
+        yield
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def one_process(monkeypatch, strategy):
+    """The strategy set up as the only rank of a one-process group, torn down after (threads restored)."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    threads = torch.get_num_threads()
+    try:
+        strategy.setup(0, 1)
+        yield strategy
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        torch.set_num_threads(threads)
+
+
+ONE_PROCESS = [s.name for s in catalog.STRATEGIES]
+
+
+@pytest.mark.parametrize("name", ONE_PROCESS)
+def test_no_host_read_in_any_step_of_the_timed_region(make_cfg, synthetic_root, monkeypatch, name):
+    """24 steps of LeNet (one warm-up, two throughput windows, a finite-loss check on every other step): nothing in
+    the region reads the device back; the epoch-end read still finds a diverged loss (test_train.py)."""
+    host = probe()
+    why = STRATEGIES[name].unavailable_reason(host)
+    if why:
+        pytest.skip(f"{name} cannot run on this host: {why}")
+    cfg = make_cfg(
+        f"train.strategy={name}",
+        "train.devices=1",
+        "train.batch_size=32",
+        "train.max_steps=24",
+        "train.check_every=2",
+        "train.breakdown_every=0",
+        "train.pin_cores=false",
+        "train.channels_last=false",
+    )
+    data = datamod.load(synthetic_root, "synthetic", train_limit=32 * 24, test_limit=64)
+    region = Region()
+    strategy = STRATEGIES[name](cfg.train, host)
+    synchronize = strategy.synchronize
+    monkeypatch.setattr(strategy, "synchronize", lambda: (region.note("strategy.synchronize"), synchronize()))
+    with one_process(monkeypatch, strategy), counting(monkeypatch, region):
+        out = loop.train(cfg, strategy, data)
+    assert out["steps"] == 24 and out["throughput_img_s"] and len(out["throughput_windows"]) == 2
+    assert not region.seen, f"{name}: host reads inside the timed region, by (step, what): {dict(region.seen)}"
+
+
+def test_the_count_sees_a_host_read(monkeypatch):
+    """The instrument can fail: an `.item()`, a `.tolist()` and a device synchronisation in the region are counted."""
+    region = Region()
+    with counting(monkeypatch, region):
+        region.open, region.step = True, 7
+        torch.ones(2).sum().item()
+        torch.ones(2).tolist()
+        torch.cuda.synchronize() if torch.cuda.is_available() else region.note("torch.cuda.synchronize")
+        region.open = False
+        torch.ones(1).item()  # outside: not counted
+    assert region.seen == Counter(
+        {(7, "aten::_local_scalar_dense"): 1, (7, "Tensor.tolist"): 1, (7, "torch.cuda.synchronize"): 1}
+    )
+
+
+def test_breakdown_steps_are_the_only_ones_that_synchronise(make_cfg, synthetic_root, monkeypatch):
+    """With the breakdown on, the strategy's synchronize is called around its sampled steps only (the rare eager
+    probe segment), never on another step of the region."""
+    host = probe()
+    cfg = make_cfg(
+        "train.devices=1",
+        "train.batch_size=32",
+        "train.max_steps=24",
+        "train.breakdown_every=5",
+        "train.pin_cores=false",
+    )
+    data = datamod.load(synthetic_root, "synthetic", train_limit=32 * 24, test_limit=64)
+    region, strategy = Region(), STRATEGIES["single"](cfg.train, host)
+    monkeypatch.setattr(strategy, "synchronize", lambda: region.note("strategy.synchronize"))
+    with one_process(monkeypatch, strategy), counting(monkeypatch, region):
+        loop.train(cfg, strategy, data)
+    steps = {step for step, what in region.seen if what == "strategy.synchronize"}
+    # warm-up 1: steady steps 1..23; sampled = every 5th steady step (breakdown.is_sampled)
+    probe_meter = metermod.Meter(strategy, 32, 1, 0.5, _breakdown(strategy, 5))
+    sampled = {s for s in range(1, 24) if probe_meter.breakdown.is_sampled(s - 1)}
+    assert steps and steps == sampled, (steps, sampled)
+
+
+def _breakdown(strategy, every):
+    from pipeline.measure import breakdown
+
+    return breakdown.Breakdown(strategy, torch.nn.Linear(1, 1), every)
