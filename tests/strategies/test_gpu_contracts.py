@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import types
 from unittest import mock
 
 import pytest
@@ -69,33 +68,55 @@ class _Sampled:
         return None
 
 
-def test_every_device_is_synchronised_before_each_clock_read(monkeypatch):
-    """Every clock read in meter.py (epoch start and end, steady-state start, window edges, around a sampled step)
-    comes after a synchronize of every device in strategy.devices since the previous read, so queued kernels on any
-    GPU are counted in the interval they belong to. Intent only: what cudaDeviceSynchronize waits for needs a GPU."""
+def test_marks_are_events_on_every_device_read_only_after_each_is_synchronised(monkeypatch):
+    """Every mark in meter.py (epoch start and end, steady-state start, window edges, around a sampled step) records
+    one CUDA event on the current stream of every device in strategy.devices, so queued kernels on any GPU are
+    counted in the interval they belong to; an event is read (`elapsed_time`) only after its device has been
+    synchronised; the devices are synchronised at the epoch's edges and around sampled steps, never at a window's
+    edge. Intent only: what the events and cudaDeviceSynchronize do needs a GPU."""
     strategy = DataParallelStrategy(_train_cfg(), GPUS)
     want = set(strategy.devices)
     assert want == {torch.device("cuda", 0), torch.device("cuda", 1)}
-    synced: set = set()
-    reads: list[set] = []
+    now, events, syncs = [0.0], [], []
 
-    def perf_counter():
-        reads.append(set(synced))
-        synced.clear()
-        return float(len(reads))
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.device, self.settled = None, False
 
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synced.add(torch.device(d)))
-    monkeypatch.setattr(meter_mod, "time", types.SimpleNamespace(perf_counter=perf_counter))
+        def record(self, stream=None):
+            now[0] += 1.0
+            self.device, self.t = stream, now[0]
+            events.append(self)
+
+        def elapsed_time(self, other):
+            assert self.settled and other.settled, "an event read before its device was synchronised"
+            return (other.t - self.t) * 1000.0
+
+    def synchronize(d=None):
+        syncs.append(torch.device(d))
+        for e in events:
+            e.settled = e.settled or e.device == torch.device(d)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: torch.device(d))
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
     monkeypatch.setattr(meter_mod, "memory_meter", lambda s: mock.Mock())  # the CUDA allocator's peaks: not here
     m = meter_mod.Meter(strategy, batch_size=8, warmup_steps=2, target_acc=1.0, breakdown=_Sampled(), window_steps=3)
-    step = 0
+    step, window_syncs = 0, []
     for _ in range(2):  # two epochs of 12 steps: warm-up, windows, sampled steps, epoch edges
         m.start_epoch(step)
         for _ in range(12):
-            m.tick(step)
+            before = len(syncs)
+            m.tick(step)  # a window's edge: marks only
+            window_syncs.append(len(syncs) - before)
             with m.sample(step):
                 pass
             step += 1
         m.end_epoch(step)
-    assert m.sampled_steps > 0 and m.windows and m.epoch_throughput[-1]  # each kind of clock read happened
-    assert all(r == want for r in reads), reads
+    assert m.sampled_steps > 0 and len(m.windows) >= 4 and m.epoch_throughput[-1]  # each kind of mark happened
+    assert len(events) % 2 == 0 and all(
+        {events[i].device, events[i + 1].device} == want for i in range(0, len(events), 2)
+    ), "a mark left out a device"
+    assert not any(window_syncs), "a window's edge synchronised the devices"
+    assert {d for d in syncs} == want and all(e.settled for e in events)
