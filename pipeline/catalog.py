@@ -13,9 +13,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The sweep knobs of DDP's communication design: a dimension of the search space only for the strategies whose row
-# accepts it (SpaceConfig holds a default for each; train.<knob> configures one run)
-KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
+# The sweep knobs: a dimension of the search space only for the strategies whose row accepts it (SpaceConfig holds a
+# default for each; train.<knob> configures one run, refused for a strategy whose row does not list it). Two kinds:
+# DDP's communication design, and the execution modes (same arithmetic, different execution: torch.compile,
+# cuDNN's autotuner, autocast on the one-device reference so AMP's gain is told apart from DDP's cost). Every mode is
+# off by default: the reference row of every comparison runs eager, fp32, unautotuned.
+COMM_KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
+MODES = ("compile", "cudnn_benchmark", "autocast")
+KNOBS = (*COMM_KNOBS, *MODES)
+
+# Why a row leaves out a mode another row takes (the error names it; docs/strategies.md lists it): what a design
+# cannot do is itself a finding about it
+_NO_COMPILE_DP = (
+    "nn.DataParallel replicates the module inside every forward (threads, one replica per device), which "
+    "torch.compile cannot trace: the compiled wrapper would run the replicas eagerly"
+)
+_NO_COMPILE_SCRATCH = (
+    "the step runs each replica of the wrapper's list by hand, one after another: compiling the wrapper compiles "
+    "nothing that runs"
+)
+_NO_COMPILE_FSDP = (
+    "PyTorch's FSDP2 memory tracker (FSDPMemTracker, the per-device memory figure on CPU) fails inside a compiled "
+    "FSDP module's hooks (torch 2.14): a compiled fsdp trial would lose its memory figure, half of what is compared"
+)
+_NO_AUTOCAST = (
+    "autocast is the one-device reference's mode, ddp_amp's counterpart; every other row runs fp32 (ddp_amp: always "
+    "bf16/fp16)"
+)
 
 # The training state a strategy may shard across its ranks instead of replicating it (a row's `shards`, in this
 # order): the scaling model adds the collectives sharding issues, the report shows the memory it saved
@@ -39,6 +63,7 @@ class StrategySpec:
     name: str
     description: str  # one line, for the docs and the CLI
     knobs: tuple[str, ...] = ()  # sweep knobs it accepts (a subset of KNOBS, in KNOBS' order)
+    why_not: tuple[tuple[str, str], ...] = ()  # (knob, why this row leaves it out), where the reason is the design's
     multiprocess: bool = False  # one process per device, started by PyTorch's elastic launcher
     one_device_only: bool = False  # runs at train.devices=1 only
     cuda_only: bool = False  # unavailable on a CPU-only host
@@ -49,36 +74,44 @@ class StrategySpec:
 
 
 STRATEGIES: tuple[StrategySpec, ...] = (
-    StrategySpec("single", "the baseline: one device, one process, plain SGD", one_device_only=True),
+    StrategySpec("single", "the baseline: one device, one process", knobs=MODES, one_device_only=True),
     StrategySpec(
         "scratch",
         "d2l's data parallelism from scratch: replicas in one process, hand-written all-reduce",
+        knobs=("cudnn_benchmark",),
+        why_not=(("compile", _NO_COMPILE_SCRATCH), ("autocast", _NO_AUTOCAST)),
         parallel_on_cpu=False,
         comm="copy_allreduce",
     ),
     StrategySpec(
         "dp",
         "torch.nn.DataParallel: one process, outputs gathered on one device",
+        knobs=("cudnn_benchmark",),
+        why_not=(("compile", _NO_COMPILE_DP), ("autocast", _NO_AUTOCAST)),
         cuda_only=True,
         comm="dp_gather_logits",
     ),
     StrategySpec(
         "dp_criterion",
         "DataParallelModel + DataParallelCriterion: the loss computed on each device",
+        knobs=("cudnn_benchmark",),
+        why_not=(("compile", _NO_COMPILE_DP), ("autocast", _NO_AUTOCAST)),
         cuda_only=True,
         comm="dp_gather_losses",
     ),
     StrategySpec(
         "ddp",
         "DistributedDataParallel: one process per device, bucketed all-reduce",
-        knobs=KNOBS,
+        knobs=(*COMM_KNOBS, "compile", "cudnn_benchmark"),
+        why_not=(("autocast", _NO_AUTOCAST),),
         multiprocess=True,
         comm="bucket_allreduce",
     ),
     StrategySpec(
         "ddp_amp",
         "DDP + torch.amp autocast (bf16, or fp16 with a GradScaler), the successor of Apex",
-        knobs=KNOBS,
+        knobs=(*COMM_KNOBS, "compile", "cudnn_benchmark"),
+        why_not=(("autocast", _NO_AUTOCAST),),
         multiprocess=True,
         autocast=True,
         comm="bucket_allreduce",
@@ -86,7 +119,8 @@ STRATEGIES: tuple[StrategySpec, ...] = (
     StrategySpec(
         "zero1",
         "ZeRO-1: DDP with the optimizer state sharded across ranks (ZeroRedundancyOptimizer)",
-        knobs=KNOBS,
+        knobs=(*COMM_KNOBS, "compile", "cudnn_benchmark"),
+        why_not=(("autocast", _NO_AUTOCAST),),
         multiprocess=True,
         comm="bucket_allreduce",
         shards=("optimizer",),
@@ -94,6 +128,8 @@ STRATEGIES: tuple[StrategySpec, ...] = (
     StrategySpec(
         "fsdp",
         "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks",
+        knobs=("cudnn_benchmark",),
+        why_not=(("compile", _NO_COMPILE_FSDP), ("autocast", _NO_AUTOCAST)),
         multiprocess=True,
         comm="shard_units",
         shards=SHARDABLE,
@@ -123,6 +159,12 @@ def knobs(name: str) -> tuple[str, ...]:
     """The sweep knobs `name` accepts (none for an unknown name: a sweep table may hold a retired strategy)."""
     row = SPECS.get(name)
     return row.knobs if row else ()
+
+
+def why_not(name: str, knob: str) -> str:
+    """Why strategy `name` leaves out `knob`, where its row says; "" otherwise."""
+    row = SPECS.get(name)
+    return dict(row.why_not).get(knob, "") if row else ""
 
 
 def is_one_device_only(name: str) -> bool:
@@ -199,4 +241,7 @@ def markdown_table() -> str:
             f"{'one per device' if s.multiprocess else 'one'} | {devices} | {on_cpu} | "
             f"{_yes(s.autocast)} | {COMM_PATTERNS[s.comm]} | {', '.join(s.shards) or '-'} |"
         )
+    modes = ", ".join(f"`{m}`" for m in MODES)
+    lines += ["", f"Execution modes ({modes}; all off by default) a row leaves out:", ""]
+    lines += [f"- `{s.name}` without `{knob}`: {why}." for s in STRATEGIES for knob, why in s.why_not]
     return "\n".join(lines) + "\n"

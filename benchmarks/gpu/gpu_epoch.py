@@ -1,19 +1,23 @@
-"""One full epoch on the host's first device: Parallax `single` (fp32) and `ddp_amp` k=1 (bf16) vs the d2l recipe.
+"""The ladder: one model's epoch on the host's first device, rung by rung from the eager fp32 step to every
+execution mode, beside the d2l recipe.
 
-    .venv/bin/python -m benchmarks.gpu.gpu_epoch [--models resnet18,lenet] [--rounds 2] [--images 60000] [--batch 256]
-        [--peer PATH] [--data DIR] [--source synthetic] [--json out.json]
-    .venv/bin/python -m benchmarks.gpu.gpu_epoch --models lenet --images 4096 --rounds 1    # CPU smoke run, ~1 min
+    .venv/bin/python -m benchmarks.gpu.gpu_epoch [--models resnet18,lenet] [--rounds 1] [--images 60000] [--batch 256]
+        [--rungs single,single_bf16,...] [--peer PATH] [--data DIR] [--source synthetic] [--json out.json]
+    .venv/bin/python -m benchmarks.gpu.gpu_epoch --models lenet --images 4096 --rungs single,ddp   # CPU smoke run
 
-Per model, alternating in every round: one epoch over the first --images training images (whole batches of
---batch) with Parallax `single` (fp32), with `ddp_amp` at k=1 (train.amp_dtype=bf16), and with the seeds' recipe
-(d2l_reference.py: torchvision + ToTensor + DataLoader with 4 workers, fp32, 2 epochs) on the same device and data
-files. Printed: epoch seconds as measured (Parallax: its one epoch, warm-up steps included; d2l: epochs 1 and 2),
-steady-state img/s (Parallax: steps after warm-up; d2l: its epoch 2), ratios to the d2l recipe, and MFU = FLOPs per
-training image (torch.utils.flop_counter) x img/s over (a) the GPU's datasheet dense bf16 peak and (b) a bf16 GEMM
-8192^3 measured in this run (CPU host: fp32 GEMM on one core, no datasheet peak). Targets are printed, not asserted.
-Parallax's trials run with train.breakdown_every=0: a sampled step synchronises every phase, and epoch_s counts it.
-A d2l recipe that fails (a node without torchvision) is reported as "d2l peer failed: ..." and Parallax is measured
-alone; --no-peer REASON skips it up front.
+Rungs (LADDER; each adds one mode to the rung before it): `single` eager fp32 -> bf16 (train.autocast) -> +cuDNN
+autotuner (train.cudnn_benchmark) -> +torch.compile; the same for `ddp` at k=1 (eager fp32, then `ddp_amp` bf16,
++autotuner, +compile). CUDA graphs are not a mode yet: the ladder says so instead of a figure. Per model and round,
+alternating: every rung trains two epochs over the first --images training images (whole batches of --batch) and
+the seeds' recipe (d2l_reference.py: torchvision + ToTensor + DataLoader with 4 workers, fp32, 2 epochs) runs on the
+same device and data files. Printed: the warm epoch (epoch 2, as the recipe's figure is its epoch 2) and the cold one
+(lazy loading, autotuning, compilation), steady-state img/s (steps after warm-up), ratios to the recipe's warm epoch,
+and MFU = FLOPs per training image (torch.utils.flop_counter) x img/s over (a) the GPU's datasheet dense bf16 peak
+and (b) a bf16 GEMM 8192^3 measured in this run (CPU host: fp32 GEMM on one core, no datasheet peak). The bars of
+the step at the GPU's speed are printed as met or not, never asserted: ResNet-18's best rung <= 0.6 s per warm
+60k-image epoch and >= 5x the recipe's warm epoch, eager ddp k=1 within 10% of eager single. Trials run with
+train.breakdown_every=0 (a sampled step synchronises every phase). A d2l recipe that fails (a node without
+torchvision) is reported as "d2l peer failed: ..." and Parallax is measured alone; --no-peer REASON skips it.
 """
 
 from __future__ import annotations
@@ -40,8 +44,26 @@ PEERS = (
 # torch.cuda.get_device_name: first substring wins. Any other H100 (e.g. "NVIDIA H100 80GB HBM3") is an SXM part.
 DATASHEET_BF16_TFLOPS = (("H200", 989), ("H100 PCIe", 756), ("H100 NVL", None), ("H100", 989), ("A100", 312))
 LR = {"lenet": 0.2, "resnet18": 0.1}  # d2l's: multiple-gpus.md (LeNet), multiple-gpus-concise.md (ResNet-18)
-ROWS = (("single", "parallax single fp32"), ("ddp_amp", "parallax ddp_amp k=1 bf16"), ("d2l", "d2l recipe fp32"))
-TARGET_EPOCH_S, TARGET_RATIO = 0.6, 5.0  # ResNet-18 ddp_amp k=1 on one GPU, per 60k images
+BF16 = {"amp_dtype": "bf16"}
+# (key, strategy, train settings, label): each rung adds one execution mode (catalog.MODES) to the one before it
+LADDER = (
+    ("single", "single", {}, "single eager fp32"),
+    ("single_bf16", "single", {"autocast": True, **BF16}, "single bf16 (autocast)"),
+    ("single_bf16_bench", "single", {"autocast": True, "cudnn_benchmark": True, **BF16}, "  + cudnn.benchmark"),
+    (
+        "single_bf16_bench_compile",
+        "single",
+        {"autocast": True, "cudnn_benchmark": True, "compile": True, **BF16},
+        "  + torch.compile",
+    ),
+    ("ddp", "ddp", {}, "ddp k=1 eager fp32"),
+    ("ddp_amp", "ddp_amp", BF16, "ddp_amp k=1 bf16"),
+    ("ddp_amp_bench", "ddp_amp", {"cudnn_benchmark": True, **BF16}, "  + cudnn.benchmark"),
+    ("ddp_amp_bench_compile", "ddp_amp", {"cudnn_benchmark": True, "compile": True, **BF16}, "  + torch.compile"),
+)
+ROWS = (*((key, label) for key, _, _, label in LADDER), ("d2l", "d2l recipe fp32"))
+GRAPHS = "CUDA graphs: not a mode yet (no rung): the whole-step capture waits for a GPU to be built and checked on"
+TARGET_EPOCH_S, TARGET_RATIO, TARGET_DDP_GAP = 0.6, 5.0, 0.10  # ResNet-18 on one GPU, per warm 60k-image epoch
 
 
 def datasheet_peak(name: str) -> float | None:
@@ -66,16 +88,59 @@ def d2l(peer: Path, data: Path, model: str, batch: int, steps: int) -> dict:
     return {"epoch1_s": float(epochs[0][1]), "epoch_s": float(epochs[1][1]), "img_s": float(epochs[1][2])}
 
 
-def parallax(cfg, tmp: Path, model: str, strategy: str, batch: int) -> dict:
-    extra = {"amp_dtype": "bf16"} if strategy == "ddp_amp" else {}
-    m = trial(cfg, tmp / strategy, model=model, strategy=strategy, devices=1, batch_size=batch, lr=LR[model], **extra)
-    return {"epoch_s": m["epoch_s"][0], "img_s": m["throughput_img_s"], "amp_dtype": m["amp_dtype"]}
+def parallax(cfg, tmp: Path, model: str, rung: str, batch: int) -> dict:
+    """One rung's trial of two epochs: epoch 2 is the warm epoch (the recipe's figure), epoch 1 the cold one."""
+    _, strategy, sets, _ = next(r for r in LADDER if r[0] == rung)
+    m = trial(cfg, tmp / rung, model=model, strategy=strategy, devices=1, batch_size=batch, lr=LR[model], **sets)
+    return {
+        "epoch_s": m["epoch_s"][-1],
+        "epoch1_s": m["epoch_s"][0],
+        "img_s": m["throughput_img_s"],
+        "amp_dtype": m["amp_dtype"],
+    }
+
+
+def targets(rows: dict, kind: str, say) -> dict:
+    """The bars of the step at the GPU's speed, printed met or not (never asserted); a rung not run is not judged."""
+    where = "" if kind == "cuda" else " (GPU bars; this host is a CPU)"
+    yes = {True: "met", False: "NOT met", None: "not measured"}
+    ran = {k: r for k, r in rows.items() if k != "d2l" and r.get("epoch_s_per_60k")}
+    best = min(ran, key=lambda k: ran[k]["epoch_s_per_60k"]) if ran else None
+    met = {"best_epoch": None, "best_ratio": None, "ddp_gap": None}
+    if best:
+        b = ran[best]
+        met["best_epoch"] = b["epoch_s_per_60k"] <= TARGET_EPOCH_S
+        met["best_ratio"] = None if b["epoch_ratio_vs_d2l"] is None else b["epoch_ratio_vs_d2l"] >= TARGET_RATIO
+        say(
+            f"  bar{where}: best rung ({best}) warm epoch <= {TARGET_EPOCH_S} s/60k: {b['epoch_s_per_60k']:.2f} s -> "
+            f"{yes[met['best_epoch']]}; >= {TARGET_RATIO:.0f}x the recipe's warm epoch: "
+            f"{b['epoch_ratio_vs_d2l'] or 0:.2f}x -> {yes[met['best_ratio']]}"
+        )
+    if "single" in ran and "ddp" in ran:
+        gap = ran["ddp"]["epoch_s"] / ran["single"]["epoch_s"] - 1
+        met["ddp_gap"] = gap <= TARGET_DDP_GAP
+        say(
+            f"  bar{where}: eager ddp k=1 within {TARGET_DDP_GAP:.0%} of eager single: {gap:+.1%} -> "
+            f"{yes[met['ddp_gap']]}"
+        )
+    return {
+        "epoch_s_per_60k_max": TARGET_EPOCH_S,
+        "ratio_vs_d2l_min": TARGET_RATIO,
+        "ddp_gap_max": TARGET_DDP_GAP,
+        "best_rung": best,
+        "met": met,
+    }
 
 
 def main():
     p = parser(__doc__)
     p.add_argument("--models", default="resnet18,lenet", help="comma-separated: resnet18, lenet")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument(
+        "--rungs",
+        default=",".join(key for key, *_ in LADDER),
+        help=f"comma-separated rungs of the ladder (default: all): {', '.join(key for key, *_ in LADDER)}",
+    )
     p.add_argument("--images", type=int, default=60000, help="training images per epoch (default: all 60,000)")
     p.add_argument("--batch", type=int, default=256, help="batch size for all three (d2l's: 256)")
     p.add_argument(
@@ -96,6 +161,9 @@ def main():
     p.add_argument("--json", type=Path, default=None, help="also write every figure here")
     args = p.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
+    rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
+    if not rungs or set(rungs) - {key for key, *_ in LADDER}:
+        p.error(f"--rungs takes a comma-separated subset of {', '.join(key for key, *_ in LADDER)}; got {args.rungs!r}")
     if args.peer is not None and not args.peer.exists():
         p.error(f"the d2l recipe is not at {args.peer}; pass --peer PATH")
     args.peer = None if args.no_peer else args.peer or next((q for q in PEERS if q.exists()), None)
@@ -152,7 +220,7 @@ def main():
         source,
         f"data.train_limit={images}",
         "data.test_limit=1000",
-        "train.epochs=1",
+        "train.epochs=2",
         f"train.warmup_steps={min(5, steps - 1)}",
         "train.breakdown_every=0",
     )
@@ -163,8 +231,8 @@ def main():
         say(f"round {r + 1} peak: {gemms[-1] / 1e12:,.3f} TFLOP/s ({gemm_what})")
         for model in models:
             with tempfile.TemporaryDirectory() as tmp:
-                for strategy in ("single", "ddp_amp"):
-                    runs[model][strategy].append(parallax(cfg, Path(tmp), model, strategy, args.batch))
+                for rung in rungs:
+                    runs[model][rung].append(parallax(cfg, Path(tmp), model, rung, args.batch))
             if args.peer:
                 try:
                     runs[model]["d2l"].append(d2l(args.peer, args.data, model, args.batch, steps))
@@ -172,10 +240,12 @@ def main():
                     print(f"d2l peer failed: {e}", flush=True)
                     args.peer, peer_note = None, f"failed: {e}"
             d = runs[model]["d2l"][-1] if (args.peer and runs[model]["d2l"]) else None
-            s, a = runs[model]["single"][-1], runs[model]["ddp_amp"][-1]
+            done = "; ".join(
+                f"{key} {runs[model][key][-1]['epoch_s']:.2f} s warm, {runs[model][key][-1]['img_s'] or 0:,.0f} img/s"
+                for key in rungs
+            )
             say(
-                f"round {r + 1} {model}: single {s['epoch_s']:.2f} s, {s['img_s'] or 0:,.0f} img/s; "
-                f"ddp_amp ({a['amp_dtype']}) {a['epoch_s']:.2f} s, {a['img_s'] or 0:,.0f} img/s"
+                f"round {r + 1} {model}: {done}"
                 + (
                     f"; d2l epoch 1 {d['epoch1_s']:.2f} s, epoch 2 {d['epoch_s']:.2f} s, {d['img_s']:,.0f} img/s"
                     if d
@@ -198,6 +268,8 @@ def main():
         "tf32_text": caps.get("tf32_text"),
         "fp32_label": fp32,
         "images_per_epoch": images,
+        "rungs": rungs,
+        "graphs": GRAPHS,
         "batch": args.batch,
         "rounds": args.rounds,
         "peer": str(args.peer or ""),
@@ -233,13 +305,10 @@ def main():
                 "mfu_datasheet": fpi[model] * ips / sheet if (ips and sheet) else None,
             }
             out["rows"][key] = row
-            first = (
-                f" (its epoch 2; epoch 1 {med([x['epoch1_s'] for x in xs]):.2f} s)"
-                if key == "d2l"
-                else " (warm-up incl.)"
-            )
+            row["epoch1_s"] = med([x["epoch1_s"] for x in xs])
             say(
-                f"  {label:36s} epoch {epoch_s:6.2f} s as measured{first} = {row['epoch_s_per_60k']:.2f} s/60k; "
+                f"  {label:28s} warm epoch {epoch_s:6.2f} s (cold {row['epoch1_s']:.2f} s) = "
+                f"{row['epoch_s_per_60k']:.2f} s/60k; "
                 f"steady state {ips or 0:>9,.0f} img/s = {row['steady_s_per_60k'] or 0:.2f} s/60k"
             )
             mfu = f"MFU {row['mfu_gemm'] or 0:.1%} of measured GEMM" + (f" x {units} cores" if units > 1 else "")
@@ -252,26 +321,9 @@ def main():
                 )
             else:
                 say(f"  {'':26s} {mfu}" + ("" if ref else "; no d2l recipe: no ratio"))
+        say(f"  {GRAPHS}")
         if model == "resnet18":
-            row = out["rows"]["ddp_amp"]
-            where = "" if host.kind == "cuda" else " (GPU targets; this host is a CPU)"
-            met = {
-                "epoch_s_per_60k": row["epoch_s_per_60k"] <= TARGET_EPOCH_S,
-                "epoch_ratio": (row["epoch_ratio_vs_d2l"] or 0) >= TARGET_RATIO,
-                "img_s_ratio": (row["img_s_ratio_vs_d2l"] or 0) >= TARGET_RATIO,
-            }
-            out["targets"] = {"epoch_s_per_60k_max": TARGET_EPOCH_S, "ratio_vs_d2l_min": TARGET_RATIO, "met": met}
-            yes = {True: "met", False: "NOT met"}
-            say(
-                f"  target{where}: resnet18 ddp_amp k=1 epoch <= {TARGET_EPOCH_S} s/60k: "
-                f"{row['epoch_s_per_60k']:.2f} s as measured -> {yes[met['epoch_s_per_60k']]} "
-                f"(steady state {row['steady_s_per_60k'] or 0:.2f} s)"
-            )
-            say(
-                f"  target{where}: resnet18 ddp_amp k=1 >= {TARGET_RATIO:.0f}x the d2l recipe: "
-                f"epoch {row['epoch_ratio_vs_d2l'] or 0:.2f}x -> {yes[met['epoch_ratio']]}, "
-                f"img/s {row['img_s_ratio_vs_d2l'] or 0:.2f}x -> {yes[met['img_s_ratio']]}"
-            )
+            out["targets"] = targets(out["rows"], host.kind, say)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
         say(f"wrote {args.json}")

@@ -36,7 +36,7 @@ echo "torch before install: $before, after: $after" | tee "$OUT/install.txt"
 cd "$OUT"  # doctor and the benchmark write here; the synthetic data, too
 if [ "${QUICK:-0}" = 1 ]; then
   doctor_args=(--strategies single,dp,ddp,ddp_amp --steps 3)
-  bench_args=(--models lenet --images 2048 --rounds 1)
+  bench_args=(--models lenet --images 2048 --rounds 1 --rungs single,ddp,ddp_amp)
 else
   doctor_args=()
   bench_args=()

@@ -20,7 +20,7 @@ from pipeline import catalog
 from pipeline.analysis import confidence, stats
 from pipeline.analysis.report_why import part_words
 from pipeline.analysis.step_parts import breakdown_table
-from pipeline.analysis.tables import MEM_BASIS, MIB, best_row, measured
+from pipeline.analysis.tables import EXTRAS, MEM_BASIS, MIB, best_row, measured
 
 BEST_YAML = "results/analysis/best.yaml"
 RUN_DIR = "runs/best"
@@ -133,7 +133,8 @@ def _step(top, bd) -> str:
 
 
 def _cost(top, p_all, mem, synthetic: bool) -> str:
-    m = _same(mem, top, ("strategy", "model", "k", "batch_size"))
+    # the point's own memory: its optimizer (AdamW's state) and knobs too, not another setting's at the same k and B
+    m = _same(mem, top, ("strategy", "model", "k", "batch_size", *(c for c in EXTRAS if c in mem and c in top)))
     if len(m) and len(m.iloc[0]["peaks"]):
         r = m.iloc[0]
         basis = "; ".join(MEM_BASIS.get(b, b) for b in r["mem_basis"].split(", ")) if r["mem_basis"] else ""
@@ -182,7 +183,8 @@ def _sure(top, verdict, tied, rest, p) -> str:
 
 
 def _train(top, df) -> dict:
-    """best.yaml's train section: the point's model, strategy, k, batch, best lr, epochs and knobs (as typed)."""
+    """best.yaml's train section: the point's model, strategy, k, batch, best lr, optimizer (its lr is that
+    optimizer's), epochs and knobs (as typed)."""
     rows = _same(measured(df), top, ("strategy", "model", "k", "batch_size"))
     epochs = rows["epochs"].dropna()
     knobs = {k: yaml.safe_load(top[k]) for k in catalog.knobs(top["strategy"]) if top.get(k, "") != ""}
@@ -193,6 +195,8 @@ def _train(top, df) -> dict:
         "batch_size": int(top["batch_size"]),
         "lr": float(top["best_lr"]),
     }
+    if top.get("optimizer", ""):
+        train["optimizer"] = top["optimizer"]
     if len(epochs):
         train["epochs"] = int(epochs.max())
     return {**train, **knobs}
@@ -250,6 +254,8 @@ def build(df, status, pts, eff, mem) -> Answer:
         tag = f" ({model})" if p["model"].nunique() > 1 else ""
         speed = confidence.fmt(top["throughput_img_s"], top["throughput_lo"], top["throughput_hi"], 0)
         where = f"B={top['batch_size']:g}, lr={top['best_lr']:g}"
+        if top.get("optimizer", "sgd") not in ("", "sgd"):  # d2l's plain SGD, the default, goes unsaid
+            where += f", {top['optimizer']}"
         if top.get("under_load"):  # every trial behind this figure was flagged (tables.timed): say so at once
             cores = top.get("load_cores")
             busy = f", {cores:.2f} cores busy elsewhere" if isinstance(cores, float) and cores == cores else ""

@@ -15,8 +15,9 @@ from pipeline.catalog import KNOBS, NAMES
 from pipeline.records.table import SUFFIX, read_table, typed
 
 EXPECTED = NAMES  # strategies in the catalog's order (pipeline/catalog.py); others sort after them
-# Grouped on, so that a distinct setting is a distinct point; shown only where they vary.
-EXTRAS = ("host", "data_source", *KNOBS)
+# Grouped on, so that a distinct setting is a distinct point; shown only where they vary. The optimizer too: its
+# state is memory (what ZeRO-1 and FSDP shard) and its best lr is its own.
+EXTRAS = ("host", "data_source", "optimizer", *KNOBS)
 MAX_BAD = 10  # damaged lines of one table named one by one in the notes and on stderr
 
 
@@ -44,6 +45,8 @@ def normalize(df: pd.DataFrame, stem: str) -> pd.DataFrame:
     df["per_device_batch"] = df["per_device_batch"].fillna(derived.where(derived % 1 == 0))
     for c in EXTRAS:
         df[c] = df[c].map(key_text)
+    # a row of an older table, from before train.optimizer, trained with plain SGD: the only optimizer then
+    df["optimizer"] = df["optimizer"].where(df["optimizer"] != "", "sgd")
     return df
 
 

@@ -1,5 +1,7 @@
 """What sharding saved: per measured point, a sharding strategy's largest per-device memory peak against its
-unsharded baseline's (catalog.sharding_baselines: fsdp -> ddp) at the same model, k, batch and memory figure."""
+unsharded baseline's (catalog.sharding_baselines: fsdp -> ddp) at the same model, k, batch, optimizer and memory
+figure. The optimizer decides what there is to shard: plain SGD keeps no state, so ZeRO-1 saves nothing there;
+sgd_momentum keeps one buffer per parameter, adamw two."""
 
 from __future__ import annotations
 
@@ -17,13 +19,15 @@ COLUMNS = [
     "model",
     "k",
     "batch_size",
+    "optimizer",
     "mem_basis",
     "peak_mib",
     "baseline_mib",
     "saved_mib",
     "saved_pct",
 ]
-MATCH = ("model", "k", "batch_size", "mem_basis")  # a pair is measured alike: same point, same memory figure
+# a pair is measured alike: same point, same optimizer (its state is what there is to shard), same memory figure
+MATCH = ("model", "k", "batch_size", "optimizer", "mem_basis")
 
 
 def savings(mem: pd.DataFrame) -> pd.DataFrame:
@@ -60,10 +64,13 @@ def section(mem: pd.DataFrame, md_table) -> list[str]:
     s = [
         "\n### What sharding saved\n\n",
         f"Each sharding strategy's largest per-device peak against its unsharded baseline's ({pairs}) at the same "
-        "model, k, batch and memory figure (mem_basis: "
+        "model, k, batch, optimizer and memory figure (mem_basis: "
         + "; ".join(f"{k} = {v}" for k, v in MEM_BASIS.items() if k != "peak_with_resident")
         + "). saved = baseline − sharded, in MiB and % of the baseline; negative: sharding cost memory. "
-        "Counted (bytes), not timed.\n\n",
+        "Counted (bytes), not timed. The optimizer sets what there is to shard: sgd keeps no state (ZeRO-1 saves "
+        "nothing there), sgd_momentum one buffer per parameter, adamw two. ZeRO-1 splits it by whole tensors, so the "
+        "rank that keeps the largest share sets the largest peak (LeNet at k=2: its first linear layer's weight is "
+        "four fifths of the model).\n\n",
     ]
     table = savings(mem)
     if table.empty:

@@ -132,6 +132,8 @@ def _build(cls, mapping, prefix: str):
             kwargs[name] = _build(typ, value, key)
         elif name == "spaces":
             kwargs[name] = _build_spaces(value, key)
+        elif value in ([], ()) and fields[name].default == ():
+            kwargs[name] = ()  # a dimension left unswept (SpaceConfig.optimizer), as to_dict writes it back
         else:
             meta = dict(fields[name].metadata)
             if name == "strategies":
@@ -171,8 +173,9 @@ def _build_spaces(value, key: str) -> dict:
 
 def _points(space: tuple[SpaceConfig, ...]) -> int:
     """How many points a space holds at most (before duplicates are dropped): its lists' lengths multiplied, added
-    over its products. Counted, not listed: a product of a few long lists is too many points to list."""
-    return sum(math.prod(len(getattr(p, f.name)) for f in dataclasses.fields(p)) for p in space)
+    over its products (a dimension not swept, an empty list, is one value). Counted, not listed: a product of a few
+    long lists is too many points to list."""
+    return sum(math.prod(max(len(getattr(p, f.name)), 1) for f in dataclasses.fields(p)) for p in space)
 
 
 def _build_space(mapping, prefix, strategy: str = "default"):
@@ -185,10 +188,27 @@ def _build_space(mapping, prefix, strategy: str = "default"):
         for knob in catalog.KNOBS:
             if knob not in accepted and getattr(space, knob) != getattr(SpaceConfig, knob):
                 takers = [n for n in catalog.NAMES if knob in catalog.knobs(n)]
-                _err(f"{prefix}.{knob}", f"`{strategy}` has no `{knob}` knob (it accepts "
+                why = catalog.why_not(strategy, knob)
+                _err(f"{prefix}.{knob}", f"`{strategy}` has no `{knob}` knob ({f'{why}; ' if why else ''}it accepts "
                      f"{', '.join(accepted) or 'no sweep knobs'}); `{knob}` applies to {', '.join(takers)}. Remove it "
                      f"from this space.")
     return space
+
+
+def knob_refusal(t: TrainConfig) -> str:
+    """Why train config `t` cannot run: a knob set away from its default for a strategy whose catalog row does not
+    take it, with the design's reason where the row gives one (a silent no-op would record a mode that never ran);
+    "" when every knob set applies."""
+    defaults = TrainConfig()
+    for knob in catalog.KNOBS:
+        if knob not in catalog.knobs(t.strategy) and getattr(t, knob) != getattr(defaults, knob):
+            takers = ", ".join(n for n in catalog.NAMES if knob in catalog.knobs(n))
+            why = catalog.why_not(t.strategy, knob)
+            return (
+                f"`{t.strategy}` has no `{knob}` knob{f' ({why})' if why else ''}; train.{knob}={getattr(t, knob)} "
+                f"applies to {takers}. Leave it at {getattr(defaults, knob)} for `{t.strategy}`."
+            )
+    return ""
 
 
 def _merge(base: dict, top: dict) -> dict:

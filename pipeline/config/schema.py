@@ -19,6 +19,7 @@ MODELS = ("lenet", "resnet18")
 STRATEGY_NAMES = catalog.NAMES
 SOURCES = ("fashion-mnist", "synthetic")
 COMM_HOOKS = ("none", "shm", "fp16", "bf16", "powersgd")
+OPTIMIZERS = ("sgd", "sgd_momentum", "adamw")
 # a profile is a file name under experiments/, never a path: nothing outside experiments/ is read as one
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 SEED_MAX = 2**32 - 1  # Optuna's samplers seed NumPy, which takes 32 bits; torch would take 64
@@ -86,6 +87,11 @@ class TrainConfig:
     devices: int = field(default=1, metadata=bounds(1, DEVICES_MAX, why=DEVICES_WHY))
     batch_size: int = field(default=256, metadata=bounds(1))  # global batch, split over devices
     lr: float = field(default=0.2, metadata=bounds(0, lo_open=True))
+    # sgd = d2l's plain SGD (no optimizer state; the seeds' recipe); sgd_momentum = SGD with momentum 0.9 (one
+    # buffer per parameter); adamw = AdamW with PyTorch's defaults, betas (0.9, 0.999), weight_decay 0.01 (two
+    # buffers per parameter, and an lr near 1e-3, not SGD's 0.1-0.3). Stateful optimizers give ZeRO-1 and FSDP
+    # optimizer state to shard (strategies/base.py OPTIMIZERS)
+    optimizer: str = field(default="sgd", metadata=choice(*OPTIMIZERS))
     epochs: int = field(default=1, metadata=bounds(1))
     max_steps: int = field(default=0, metadata=bounds(0))  # 0 = no limit
     seed: int = field(default=0, metadata=bounds(0, SEED_MAX))  # NumPy's (Optuna's samplers) limit: 32 bits
@@ -104,10 +110,13 @@ class TrainConfig:
     fp32_precision: str = field(default="default", metadata=choice("default", "ieee", "tf32"))
     # collective timeout: a hung rank fails the trial
     timeout_s: float = field(default=120.0, metadata=bounds(1, TIMEOUT_MAX_S))
-    check_every: int = field(default=25, metadata=bounds(1))  # steps between NaN/inf loss checks (on the device: no sync)
+    check_every: int = field(default=25, metadata=bounds(1))  # steps between NaN/inf loss checks (on the device)
     pin_cores: bool = True  # CPU hosts: pin worker process r of a multi-process trial to core r
     channels_last: bool = True  # NHWC activations: faster convolutions on CPU (oneDNN) and GPU (tensor cores)
-    compile: bool = False  # torch.compile the model
+    # execution modes (catalog.MODES; a row lists the ones it takes): same arithmetic, different execution
+    compile: bool = False  # torch.compile the (wrapped) model
+    cudnn_benchmark: bool = False  # cuDNN's autotuner picks each convolution's algorithm (GPUs; CPU: no effect)
+    autocast: bool = False  # `single` under torch.amp autocast with train.amp_dtype, as ddp_amp runs
     # step-time breakdown (breakdown.py): every N-th steady-state step is timed by phase, outside the throughput
     # window; 0 = off
     breakdown_every: int = field(default=10, metadata=bounds(0))
@@ -142,10 +151,15 @@ class SpaceConfig:
     devices: tuple[int, ...] = (1, 2)
     batch_size: tuple[int, ...] = (256,)
     lr: tuple[float, ...] = (0.2,)
+    # empty = not swept: every point takes train.optimizer (so `-S train.optimizer=adamw` reaches the sweep)
+    optimizer: tuple[str, ...] = ()
     bucket_cap_mb: tuple[float, ...] = (25.0,)
     grad_as_bucket_view: tuple[bool, ...] = (False,)
     accum_steps: tuple[int, ...] = (1,)
     comm_hook: tuple[str, ...] = ("none",)
+    compile: tuple[bool, ...] = (False,)
+    cudnn_benchmark: tuple[bool, ...] = (False,)
+    autocast: tuple[bool, ...] = (False,)
 
 
 @dataclass(frozen=True)
@@ -255,6 +269,7 @@ SPACE_META = {
     "devices": bounds(1, DEVICES_MAX, why=DEVICES_WHY),
     "batch_size": bounds(1),
     "lr": bounds(0, lo_open=True),
+    "optimizer": choice(*OPTIMIZERS),
     "bucket_cap_mb": bounds(0, lo_open=True),
     "accum_steps": bounds(1),
     "comm_hook": choice(*COMM_HOOKS),

@@ -25,7 +25,11 @@ CPU worker processes: tensor memory of one probe step (the first step, which is 
 timed), seen through PyTorch's MemTracker (FSDPMemTracker for FSDP): parameters, gradients, optimizer state,
 activations and temporaries that pass through the dispatcher (basis `memtracker_step`). Communication buffers
 allocated outside the dispatcher (e.g. DDP's gradient buckets when they are not views) are not counted: the figure
-is a lower bound. It includes the parameters, which on GPUs are resident, so CPU and GPU figures are different
+is a lower bound. A torch optimizer makes its state lazily, inside the probe step's `step()`, after the forward and
+backward that hold the step's peak, yet it stays resident through every later step's peak: where the probe's peak
+came before the state existed, the state the step ends with is added to it (the later steps' peak, with no step but
+the first to probe). A hand-written optimizer (scratch's) makes its state before training, as d2l does, and the probe
+tracks its tensors. It includes the parameters, which on GPUs are resident, so CPU and GPU figures are different
 measures; the method and basis fields say which one a record holds.
 """
 
@@ -46,8 +50,10 @@ class CpuMemProbe:
 
         self.devices = devices
         self.tracker = tracker or MemTracker()
-        # a hand-written optimizer (scratch's manual SGD) keeps no state tensors to track
-        self.tracker.track_external(model, optimizer if isinstance(optimizer, torch.optim.Optimizer) else None)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            self.tracker.track_external(model, optimizer)
+        else:  # a hand-written optimizer (scratch's): its state tensors, if it keeps any, one by one
+            self.tracker.track_external(model, *getattr(optimizer, "state_tensors", list)())
         self.peak = 0
 
     def __enter__(self):
@@ -56,14 +62,21 @@ class CpuMemProbe:
 
     def __exit__(self, *exc):
         self.tracker.__exit__(*exc)
-        snap = self.tracker.get_tracker_snapshot("peak")
-        self.peak = int(sum(v.get("Total", 0) for v in snap.values()))
+        peak, end = self.tracker.get_tracker_snapshot("peak"), self.tracker.get_tracker_snapshot("current")
+        # the optimizer state made after the peak (module docstring): resident at every later step's peak
+        made_after = sum(max(0, _opt_state(end.get(d, {})) - _opt_state(v)) for d, v in peak.items())
+        self.peak = int(sum(v.get("Total", 0) for v in peak.values())) + made_after
         return False
 
     def peaks(self) -> list[int]:
         # On a CPU host a process is one device; a single process driving k replicas (scratch)
         # holds them all in one address space, so one figure is reported for it.
         return [self.peak]
+
+
+def _opt_state(snap: dict) -> int:
+    """Optimizer-state bytes of one device's tracker snapshot (MemTracker's and FSDPMemTracker's OPT categories)."""
+    return sum(v for k, v in snap.items() if getattr(k, "name", None) == "OPT")
 
 
 class CudaPeaks:

@@ -21,7 +21,8 @@ from pipeline import scratch
 from pipeline.catalog import KNOBS
 from pipeline.records.trial import COLUMNS, TrialRecord, table_kinds
 
-POINT_KEYS = ("model", "devices", "batch_size", "lr", *KNOBS)  # what a trial's (or skipped point's) params say
+# what a trial's (or skipped point's) params say
+POINT_KEYS = ("model", "devices", "batch_size", "lr", "optimizer", *KNOBS)
 STATES = {"COMPLETE": "complete", "FAIL": "failed", "PRUNED": "pruned", "RUNNING": "running", "WAITING": "waiting"}
 SUFFIX = ".jsonl"
 

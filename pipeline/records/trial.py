@@ -64,6 +64,7 @@ class TrialRecord:
     batch_size: int | None = _f(PARAM, TABLE)
     per_device_batch: int | None = _f(PARAM, TABLE)
     lr: float | None = _f(PARAM, TABLE)
+    optimizer: str | None = _f(PARAM, TABLE)  # train.optimizer: sgd, sgd_momentum or adamw
     epochs: int | None = _f(PARAM, TABLE)
     seed: int | None = _f(PARAM)
     max_steps: int | None = _f(PARAM)
@@ -79,6 +80,10 @@ class TrialRecord:
     accum_steps: int | None = _f(PARAM, TABLE)
     comm_hook: str | None = _f(PARAM, TABLE)
     amp_dtype: str | None = _f(PARAM)  # the setting before the trial, what the strategy resolved after (ddp_amp)
+    # the execution modes (catalog.MODES): same arithmetic, different execution
+    compile: bool | None = _f(PARAM, TABLE)
+    cudnn_benchmark: bool | None = _f(PARAM, TABLE)
+    autocast: bool | None = _f(PARAM, TABLE)
     # where it ran (capabilities.host_capabilities: the facts that change a number)
     oversubscribed: bool | None = _f(TAG, TABLE)
     device_kind: str | None = _f(TAG, TABLE)
@@ -182,11 +187,13 @@ def planned(cfg, host, host_fields: dict | None = None) -> TrialRecord:
     t = cfg.train
     return TrialRecord(
         model=t.model, strategy=t.strategy, devices=t.devices, batch_size=t.batch_size,
-        per_device_batch=t.batch_size // t.devices, lr=t.lr, epochs=t.epochs, seed=t.seed, max_steps=t.max_steps,
+        per_device_batch=t.batch_size // t.devices, lr=t.lr, optimizer=t.optimizer, epochs=t.epochs, seed=t.seed,
+        max_steps=t.max_steps,
         data_source=cfg.data.source, synthetic=cfg.data.source == "synthetic", train_limit=cfg.data.train_limit,
         test_limit=cfg.data.test_limit, nnodes=t.nnodes, warmup_steps=max(t.warmup_steps, 1),
         target_acc=t.target_acc, bucket_cap_mb=t.bucket_cap_mb, grad_as_bucket_view=t.grad_as_bucket_view,
-        accum_steps=t.accum_steps, comm_hook=t.comm_hook, amp_dtype=t.amp_dtype,
+        accum_steps=t.accum_steps, comm_hook=t.comm_hook, amp_dtype=t.amp_dtype, compile=t.compile,
+        cudnn_benchmark=t.cudnn_benchmark, autocast=t.autocast,
         oversubscribed=t.devices > host.n * t.nnodes, device_kind=host.kind, device_name=host.name,
         host=host.hostname, host_devices=host.n, torch=host.torch, cuda=host.cuda, **(host_fields or {}))
 

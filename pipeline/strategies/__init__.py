@@ -42,7 +42,7 @@ def class_facts(cls: type[Strategy]) -> dict:
         "multiprocess": cls.multiprocess,
         "one_device_only": cls.one_device_only,
         "parallel_on_cpu": cls.parallel_on_cpu,
-        "autocast": cls.autocast is not Strategy.autocast,
+        "autocast": cls.always_autocast,
         "cuda_only": cls.unavailable_reason(cpu) is not None and cls.unavailable_reason(gpu) is None,
     }
 

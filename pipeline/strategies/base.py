@@ -9,6 +9,7 @@ autocast, forward_loss, backward, reduce_gradients, optimizer_step), never by re
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from torch import nn
@@ -17,6 +18,18 @@ from pipeline import catalog
 from pipeline.host.devices import Host, device_for, keep_freed_memory
 from pipeline.measure.breakdown import NO_CLOCK
 from pipeline.measure.comm_probes import NoComm
+
+from .amp import Amp, resolve_dtype
+
+# train.optimizer -> (class, settings besides lr). sgd is d2l's recipe and keeps no state; the stateful two are what
+# a user who weighs ZeRO-1 or FSDP against DDP trains with: momentum keeps one buffer per parameter, AdamW two (its
+# PyTorch defaults: betas (0.9, 0.999), eps 1e-8, weight_decay 0.01). scratch.py writes the same updates by hand.
+MOMENTUM = 0.9
+OPTIMIZERS = {
+    "sgd": (torch.optim.SGD, {}),
+    "sgd_momentum": (torch.optim.SGD, {"momentum": MOMENTUM}),
+    "adamw": (torch.optim.AdamW, {}),
+}
 
 
 class Strategy:
@@ -28,6 +41,9 @@ class Strategy:
     VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (("", ()),)
     channels_last_params = True  # False where parameters must stay contiguous (FSDP's flat shards)
     HEAVY_MODULES: tuple[str, ...] = ()  # imported once by the trial's parent before forking ranks (ranks.py)
+    # True: the forward always runs under autocast (ddp_amp); otherwise it does with train.autocast, a mode only the
+    # rows that list it take (launch.check_feasible refuses it elsewhere)
+    always_autocast = False
 
     def __init__(self, train_cfg, host: Host):
         self.cfg, self.host = train_cfg, host
@@ -73,7 +89,8 @@ class Strategy:
         return model, criterion
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        return torch.optim.SGD(model.parameters(), lr=self.cfg.lr)
+        cls, settings = OPTIMIZERS[self.cfg.optimizer]
+        return cls(model.parameters(), lr=self.cfg.lr, **settings)
 
     # --- the step: base.train_step is the only step; strategies override the hooks it calls -----------------
     accum_steps = 1  # micro-batches per optimizer step (ddp: train.accum_steps)
@@ -116,25 +133,36 @@ class Strategy:
         return [(model, x, y)]
 
     def autocast(self):
-        return contextlib.nullcontext()
+        return self.amp.autocast() if self.amp else contextlib.nullcontext()
 
     @classmethod
     def autocast_dtype(cls, t, device_type: str) -> str | None:
         """The low-precision type `autocast` will compute in for train config `t` ("bf16", "fp16"), None = fp32;
         known before set-up, so a sweep can tell whether this host runs it natively (capabilities.py)."""
-        return None
+        return resolve_dtype(t, device_type) if (cls.always_autocast or t.autocast) else None
+
+    @functools.cached_property
+    def amp(self) -> Amp | None:
+        """This process's autocast and loss scaling (after set-up), or None for an fp32 step."""
+        return Amp(self.cfg, self.device) if (self.always_autocast or self.cfg.autocast) else None
 
     def forward_loss(self, model, criterion, x, y) -> torch.Tensor:
         return criterion(model(x), y)
 
     def backward(self, loss) -> None:
-        loss.backward()
+        if self.amp:
+            self.amp.backward(loss)
+        else:
+            loss.backward()
 
     def reduce_gradients(self, model) -> None:
         """Sum gradients across devices before the update, where no wrapper does it during backward (scratch)."""
 
     def optimizer_step(self, optimizer) -> None:
-        optimizer.step()
+        if self.amp:
+            self.amp.step(optimizer)
+        else:
+            optimizer.step()
 
     # --- across processes -----------------------------------------------------------------------------
     def reduce(self, t: torch.Tensor) -> torch.Tensor:
@@ -150,8 +178,8 @@ class Strategy:
         return flag
 
     def facts(self) -> dict:
-        """Settings this strategy resolved at run time (ddp: the comm hook used; ddp_amp: amp_dtype=auto's pick)."""
-        return {}
+        """Settings this strategy resolved at run time (ddp: the comm hook used; autocast: amp_dtype=auto's pick)."""
+        return self.amp.facts() if self.amp else {}
 
     def is_main(self) -> bool:
         return self.rank == 0
@@ -174,6 +202,7 @@ class Strategy:
 
     def state_dict(self, model: nn.Module) -> dict:
         """The full, unwrapped state_dict on the main process (collective where parameters are sharded)."""
+        model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the plain model's keys
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
     def memory_tracker(self, model, optimizer):

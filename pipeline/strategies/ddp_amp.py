@@ -1,17 +1,7 @@
-"""DDP + torch.amp, the modern replacement for NVIDIA Apex: autocast the forward, scale the loss for fp16.
-
-Delta from `ddp`: an autocast context (bf16 on CPUs and on GPUs with native bf16, else fp16) and a GradScaler, which is
-a no-op object for bf16 (bf16 keeps fp32's exponent range, so no loss scaling is needed).
-
-GradScaler skips the optimizer step while its scale overflows the fp16 gradients and halves the scale, the first
-steps included (2.11 torch/amp/grad_scaler.py:103-105). The steps it skipped and its final scale are trial facts:
-a skipped step leaves the weights unchanged, which must not read as a wrong update. They are counted on the device
-(no host sync per step) and read once, at the end.
-"""
+"""DDP + torch.amp, the modern replacement for NVIDIA Apex: the forward always under autocast (amp.py: bf16, or fp16
+with a GradScaler). Its delta from `ddp` is one flag: base.Strategy's hooks run the step through amp.Amp."""
 
 from __future__ import annotations
-
-import torch
 
 from .ddp import DDPStrategy
 
@@ -19,47 +9,4 @@ from .ddp import DDPStrategy
 class DDPAmpStrategy(DDPStrategy):
     name = "ddp_amp"
     VARIANTS = (("bf16", ("train.amp_dtype=bf16",)), ("fp16+GradScaler", ("train.amp_dtype=fp16",)))
-
-    @classmethod
-    def autocast_dtype(cls, t, device_type: str) -> str:
-        if t.amp_dtype != "auto":
-            return t.amp_dtype
-        # native bf16 only: PyTorch's default also counts emulated bf16 (pre-Ampere GPUs), slower than fp16 there
-        native = device_type == "cpu" or torch.cuda.is_bf16_supported(including_emulation=False)
-        return "bf16" if native else "fp16"
-
-    def setup(self, rank=0, world_size=1):
-        device = super().setup(rank, world_size)
-        want = self.autocast_dtype(self.cfg, device.type)
-        self.dtype = torch.bfloat16 if want == "bf16" else torch.float16
-        self.scaler = torch.amp.GradScaler(
-            device.type, init_scale=self.cfg.amp_init_scale, enabled=self.dtype == torch.float16
-        )
-        self.skipped = None  # a device counter, made at the first step (setup allocates nothing on the device)
-        return device
-
-    def facts(self) -> dict:
-        on = self.scaler.is_enabled()
-        return {
-            **super().facts(),
-            "amp_dtype": str(self.dtype).replace("torch.", ""),
-            "amp_scale": self.scaler.get_scale() if on else None,
-            "amp_skipped_steps": (int(self.skipped.item()) if self.skipped is not None else 0) if on else None,
-        }
-
-    def autocast(self):
-        return torch.autocast(self.device.type, dtype=self.dtype)
-
-    def backward(self, loss):
-        self.scaler.scale(loss).backward()
-
-    def optimizer_step(self, optimizer):
-        self.scaler.step(optimizer)
-        # found_inf per device as step() just used it (GradScaler's own record; private, present since torch 1.6
-        # and at the 2.11 floor): any > 0 means step() skipped optimizer.step()
-        found = self.scaler._found_inf_per_device(optimizer) if self.scaler.is_enabled() else {}
-        if found:
-            if self.skipped is None:
-                self.skipped = torch.zeros((), dtype=torch.int64, device=self.device)
-            self.skipped += (sum(v.to(self.skipped.device) for v in found.values()) > 0).long()
-        self.scaler.update()
+    always_autocast = True

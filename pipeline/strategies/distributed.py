@@ -66,7 +66,7 @@ class DistributedStrategy(Strategy):
         return self.host.kind == "cuda" and self.cfg.oversubscribe and self.cfg.devices // self.cfg.nnodes > self.host.n
 
     def facts(self) -> dict:
-        return {"backend": self.backend}
+        return {**super().facts(), "backend": self.backend}
 
     @property
     def data_shard(self) -> tuple[int, int]:

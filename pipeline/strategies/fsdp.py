@@ -123,4 +123,5 @@ class FSDPStrategy(DistributedStrategy):
 
         from pipeline.measure.memory import CpuMemProbe
 
-        return CpuMemProbe(self.devices, model, optimizer, tracker=FSDPMemTracker(model, optimizer))
+        plain = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the tracker needs the FSDP module itself
+        return CpuMemProbe(self.devices, plain, optimizer, tracker=FSDPMemTracker(plain, optimizer))

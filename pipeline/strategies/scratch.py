@@ -3,7 +3,8 @@
 Delta from `single`: `wrap` makes one replica per device; a step splits the batch over them (`place_batch`),
 runs forward/backward on each replica, then `reduce_gradients` sums the gradients into device 0 and copies the sum
 back *in place* (`.to()` onto the same device returns the same tensor, so rebinding instead of copying would
-silently alias the replicas); the SGD update is applied on every replica. On a CPU host the k replicas run one after
+silently alias the replicas); the update (hand-written SGD, momentum or AdamW: train.optimizer) is applied on every
+replica, each with its own copy of the optimizer state. On a CPU host the k replicas run one after
 another in one process: the devices are not parallel, and the results say so (parallel_devices = False).
 """
 
@@ -18,7 +19,7 @@ from torch.nn import functional as F
 from pipeline.host.devices import device_for
 from pipeline.measure.comm_probes import NoComm
 
-from .base import Strategy
+from .base import MOMENTUM, Strategy
 
 
 def allreduce(tensors: list[torch.Tensor]) -> None:
@@ -42,22 +43,59 @@ class Replicas(nn.Module):
 
 
 class ManualSGD:
-    """d2l's `sgd`, applied to every replica (the summed gradient is already the global-batch mean)."""
+    """d2l's `sgd`, applied to every replica (the summed gradient is already the global-batch mean); with momentum,
+    d2l's `sgd_momentum` (one velocity per parameter, PyTorch's convention: v = momentum * v + g, p -= lr * v). Like
+    d2l's `init_momentum_states`, the state is made before training, so each replica holds its own copy throughout."""
 
-    def __init__(self, replicas: Replicas, lr: float):
+    def __init__(self, replicas: Replicas, lr: float, momentum: float = 0.0):
         self.params = [list(r.parameters()) for r in replicas.replicas]
-        self.lr = lr
+        self.lr, self.momentum = lr, momentum
+        self.states = [[torch.zeros_like(p) for p in params] for params in self.params] if momentum else []
 
     @torch.no_grad()
     def step(self):
-        for params in self.params:
-            for p in params:
-                p.sub_(p.grad, alpha=self.lr)
+        if not self.momentum:
+            for params in self.params:
+                for p in params:
+                    p.sub_(p.grad, alpha=self.lr)
+            return
+        for params, states in zip(self.params, self.states):
+            for p, v in zip(params, states):
+                v.mul_(self.momentum).add_(p.grad)
+                p.sub_(v, alpha=self.lr)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every replica's optimizer state, for the memory probe (it is no torch Optimizer)."""
+        return [v for states in self.states for v in states]
 
     def zero_grad(self, set_to_none=True):
         for params in self.params:
             for p in params:
                 p.grad = None
+
+
+class ManualAdamW(ManualSGD):
+    """d2l's `adam` with decoupled weight decay (AdamW), in PyTorch's order of operations (torch.optim.AdamW, one
+    tensor at a time) so one step matches single's: two moments per parameter per replica, made before training."""
+
+    def __init__(self, replicas: Replicas, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay=0.01):
+        super().__init__(replicas, lr)
+        self.betas, self.eps, self.weight_decay, self.t = betas, eps, weight_decay, 0
+        self.states = [[(torch.zeros_like(p), torch.zeros_like(p)) for p in params] for params in self.params]
+
+    @torch.no_grad()
+    def step(self):
+        (b1, b2), self.t = self.betas, self.t + 1
+        step_size, root2 = self.lr / (1 - b1**self.t), (1 - b2**self.t) ** 0.5
+        for params, states in zip(self.params, self.states):
+            for p, (m, v) in zip(params, states):
+                p.mul_(1 - self.lr * self.weight_decay)
+                m.lerp_(p.grad, 1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                p.addcdiv_(m, (v.sqrt() / root2).add_(self.eps), value=-step_size)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [t for states in self.states for pair in states for t in pair]
 
 
 class ScratchStrategy(Strategy):
@@ -79,7 +117,11 @@ class ScratchStrategy(Strategy):
         return Replicas(model, self.devices), lambda out, target: F.cross_entropy(out, target, reduction="sum") / n
 
     def build_optimizer(self, model):
-        return ManualSGD(model, self.cfg.lr)
+        # hand-written, as d2l writes them: the update is part of what "from scratch" means
+        name, lr = self.cfg.optimizer, self.cfg.lr
+        if name == "adamw":
+            return ManualAdamW(model, lr)
+        return ManualSGD(model, lr, MOMENTUM if name == "sgd_momentum" else 0.0)
 
     def place_batch(self, model, x, y):
         # one chunk per replica, moved to its device when its turn comes (a generator: one graph alive at a time)

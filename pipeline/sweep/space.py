@@ -24,7 +24,9 @@ def points(cfg, strategy: str) -> list[dict]:
     keys = [k for k in SPACE_KEYS if k not in KNOBS or k in catalog.knobs(strategy)]
     seen: dict = {}  # a point's values (scalars, so hashable) -> the point; a dict keeps the first-seen order
     for space in cfg.space(strategy):
-        for combo in itertools.product(*(getattr(space, k) for k in keys)):
+        # a dimension the space leaves empty is not swept: the train section's value (train.optimizer)
+        dims = (getattr(space, k) or (getattr(cfg.train, k),) for k in keys)
+        for combo in itertools.product(*dims):
             seen.setdefault(combo, None)  # a set lookup, not a scan: a 200x200 grid is 40,000 points
     return [dict(zip(keys, combo)) for combo in seen]
 

@@ -44,6 +44,8 @@ def fmt_point(p: dict) -> str:
     s = f"k={p['devices']} B={p['batch_size']} lr={p['lr']}"
     if p.get("model") and p["model"] != "lenet":
         s = f"{p['model']} {s}"
+    if p.get("optimizer", "sgd") != "sgd":  # d2l's plain SGD, the default, goes unsaid
+        s += f" {p['optimizer']}"
     for k in KNOBS:
         default = getattr(configmod.SpaceConfig(), k)[0]
         if k in p and p[k] != default:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from pipeline import paths
+from pipeline.config import loader as configmod
 from pipeline.errors import Infeasible, TrialFailed  # defined torch-free, for the CLI's error handler
 from pipeline.host.capabilities import host_capabilities
 from pipeline.host.devices import Host, probe
@@ -50,6 +51,8 @@ def check_feasible(cfg, host: Host) -> None:
             f"{n}. (train.oversubscribe=true allows it for functional tests; such runs are excluded "
             f"from scaling and memory analysis.)"
         )
+    if why := configmod.knob_refusal(t):
+        raise Infeasible(why)
     if t.devices % t.nnodes:
         raise Infeasible(
             f"train.devices={t.devices} does not split evenly over train.nnodes={t.nnodes} nodes: "

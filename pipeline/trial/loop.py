@@ -98,7 +98,9 @@ class FiniteWatch:
 
 
 def build(t, strategy):
-    """The model with its parallelism applied (before the loop), its criterion and optimizer."""
+    """The model with its parallelism applied (before the loop), its criterion and optimizer, in the trial's
+    execution modes (catalog.MODES: compile, cuDNN's autotuner; autocast is the strategy's step)."""
+    torch.backends.cudnn.benchmark = t.cudnn_benchmark
     model = build_model(t.model, t.seed, t.init).to(strategy.device)
     if t.channels_last and strategy.channels_last_params:
         model = apply_channels_last(model, strategy.device.type)

@@ -147,3 +147,16 @@ def test_a_point_without_a_weak_reference_says_its_strong_scaling_never_not_meas
     assert "**Use ddp at k=2**" in t, t
     assert "strong-scaling efficiency of 0.9" in t and "weak scaling is not measured" in t, t
     assert "its scaling is not measured" not in t
+
+
+def test_the_answer_runs_the_optimizer_it_measured(tmp_path):
+    """A point measured with AdamW: the headline says so, the command sets train.optimizer, and best.yaml loads
+    with it (the lr is AdamW's, meaningless with another optimizer)."""
+    ans, _ = build(("ddp", 1, 1000.0, 1), ("ddp", 2, 1800.0, 2), lr=0.001, optimizer="adamw")
+    assert "lr=0.001, adamw)" in text(ans) and ans.train["optimizer"] == "adamw"
+    args = build_parser().parse_args(shlex.split(ans.command)[3:])
+    assert loader.load(overrides=args.overrides, root=REPO).train.optimizer == "adamw"
+    path = tmp_path / "best.yaml"
+    path.write_text(answer.best_yaml(ans))
+    train = loader.load(params=path, root=REPO).train
+    assert (train.optimizer, train.lr) == ("adamw", 0.001)

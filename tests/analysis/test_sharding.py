@@ -60,3 +60,26 @@ def test_section_renders_the_table():
     shards = ", ".join(catalog.spec(SHARDED).shards)
     assert f"| {SHARDED} | {shards} | {BASE} | lenet | 2 | 256 |" in text
     assert text.rstrip().endswith("| 100 | 200 | 100 | 50 |")
+
+
+def test_each_optimizer_is_compared_with_its_own_baseline():
+    """AdamW's state is memory plain SGD does not hold: a sharded AdamW point is compared with the baseline's AdamW
+    point, never with its smaller SGD one, and the table says which optimizer each row is."""
+    m = mem(
+        [
+            row(BASE, k=2, B=256, peaks=[20 * MIB] * 2, optimizer="sgd"),
+            row(BASE, k=2, B=256, peaks=[21 * MIB] * 2, optimizer="adamw"),
+            row(SHARDED, k=2, B=256, peaks=[20 * MIB] * 2, optimizer="sgd"),
+            row(SHARDED, k=2, B=256, peaks=[20.5 * MIB] * 2, optimizer="adamw"),
+        ]
+    )
+    t = sharding.savings(m).set_index("optimizer")
+    assert t.loc["sgd", "saved_mib"] == pytest.approx(0) and t.loc["sgd", "baseline_mib"] == pytest.approx(20)
+    assert t.loc["adamw", "saved_mib"] == pytest.approx(0.5) and t.loc["adamw", "baseline_mib"] == pytest.approx(21)
+    assert "| lenet | 2 | 256 | adamw |" in "".join(sharding.section(m, md_table))
+
+
+def test_rows_of_tables_from_before_the_optimizer_setting_read_as_plain_sgd():
+    """An older table has no optimizer column: its trials trained with plain SGD, the only optimizer then."""
+    t = sharding.savings(mem([row(BASE, k=2, B=256), row(SHARDED, k=2, B=256, optimizer="sgd")]))
+    assert list(t["optimizer"]) == ["sgd"]

@@ -89,7 +89,7 @@ def test_the_shipped_profiles_and_their_aliases_still_load():
     for name, text in config.describe_profiles(REPO):
         assert not text.startswith("UNREADABLE"), (name, text)
     cfg = config.load(REPO / "params.yaml", ["profile=cpu"], root=REPO)
-    assert cfg.space("dp") == cfg.space("ddp")
+    assert cfg.space("zero1") == cfg.space("fsdp") == cfg.space("ddp")  # one space, an anchor and its aliases
 
 
 def test_special_and_oversized_files_are_refused(root):

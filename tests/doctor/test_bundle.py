@@ -211,6 +211,8 @@ def test_gpu_epoch_reports_a_failing_d2l_peer_and_still_writes_its_json(tmp_path
             "512",
             "--rounds",
             "1",
+            "--rungs",
+            "single,ddp,ddp_amp",
             "--peer",
             str(peer),
             "--json",
@@ -226,4 +228,5 @@ def test_gpu_epoch_reports_a_failing_d2l_peer_and_still_writes_its_json(tmp_path
     assert "d2l peer failed: " in run.stdout and "torchvision" in run.stdout
     report = json.loads(out.read_text())
     assert "torchvision" in report["peer_note"]
-    assert set(report["models"]["lenet"]["rows"]) == {"single", "ddp_amp"}
+    assert set(report["models"]["lenet"]["rows"]) == {"single", "ddp", "ddp_amp"}
+    assert "CUDA graphs: not a mode yet" in run.stdout and "eager ddp k=1 within 10%" not in run.stdout  # lenet

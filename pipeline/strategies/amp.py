@@ -1,0 +1,61 @@
+"""torch.amp for any strategy's step: autocast the forward, scale the loss for fp16 (the modern replacement for
+NVIDIA Apex). `ddp_amp` always runs under it; `single` does with train.autocast, so AMP's gain at one device is told
+apart from DDP's cost.
+
+The type: bf16 on CPUs and on GPUs with native bf16, else fp16 (train.amp_dtype=auto), with a GradScaler that is a
+no-op object for bf16 (bf16 keeps fp32's exponent range, so no loss scaling is needed).
+
+GradScaler skips the optimizer step while its scale overflows the fp16 gradients and halves the scale, the first
+steps included (2.11 torch/amp/grad_scaler.py:103-105). The steps it skipped and its final scale are trial facts:
+a skipped step leaves the weights unchanged, which must not read as a wrong update. They are counted on the device
+(no host sync per step) and read once, at the end.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def resolve_dtype(t, device_type: str) -> str:
+    """train.amp_dtype as it runs on `device_type`: "bf16" or "fp16"."""
+    if t.amp_dtype != "auto":
+        return t.amp_dtype
+    # native bf16 only: PyTorch's default also counts emulated bf16 (pre-Ampere GPUs), slower than fp16 there
+    native = device_type == "cpu" or torch.cuda.is_bf16_supported(including_emulation=False)
+    return "bf16" if native else "fp16"
+
+
+class Amp:
+    """One process's autocast context, loss scaling and skipped-step count."""
+
+    def __init__(self, t, device: torch.device):
+        self.device = device
+        self.dtype = torch.bfloat16 if resolve_dtype(t, device.type) == "bf16" else torch.float16
+        fp16 = self.dtype == torch.float16
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=t.amp_init_scale, enabled=fp16)
+        self.skipped = None  # a device counter, made at the first step (nothing is allocated before it)
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def backward(self, loss) -> None:
+        self.scaler.scale(loss).backward()
+
+    def step(self, optimizer) -> None:
+        self.scaler.step(optimizer)
+        # found_inf per device as step() just used it (GradScaler's own record; private, present since torch 1.6
+        # and at the 2.11 floor): any > 0 means step() skipped optimizer.step()
+        found = self.scaler._found_inf_per_device(optimizer) if self.scaler.is_enabled() else {}
+        if found:
+            if self.skipped is None:
+                self.skipped = torch.zeros((), dtype=torch.int64, device=self.device)
+            self.skipped += (sum(v.to(self.skipped.device) for v in found.values()) > 0).long()
+        self.scaler.update()
+
+    def facts(self) -> dict:
+        on = self.scaler.is_enabled()
+        return {
+            "amp_dtype": str(self.dtype).replace("torch.", ""),
+            "amp_scale": self.scaler.get_scale() if on else None,
+            "amp_skipped_steps": (int(self.skipped.item()) if self.skipped is not None else 0) if on else None,
+        }
