@@ -1,5 +1,5 @@
 """Figures of the analysis stage (matplotlib's object API, Agg, no global pyplot state), drawn from tables.py's
-tables: efficiency, throughput, memory per device, accuracy, one per varied DDP knob (knobs.py), the step-time
+tables: efficiency, throughput, memory per device, accuracy, one per varied knob (knob_effects.py), the step-time
 breakdown, and measured vs modelled efficiency (the modelled table of projection.py: dashed, hollow, "modelled")."""
 from __future__ import annotations
 

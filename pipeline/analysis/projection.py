@@ -7,7 +7,7 @@ fitted only on the k=1 trial's compute per image (1 / its throughput) and an int
     measure them): no host measurement, no error printed, and the notes say so;
   - projected to k = 4 and 8 on the host's collectives (extrapolated) when measured, and on the nominal
     interconnect profiles (experiments/interconnects/nominal.yaml) always.
-Pure: tables and a parsed JSON dict in, a table and notes out (on tables.py and scaling_model.py).
+Pure: tables and a parsed JSON dict in, a table and notes out (on tables.py and scaling/model.py).
 """
 
 from __future__ import annotations

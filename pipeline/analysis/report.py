@@ -1,6 +1,6 @@
 """report.md of the analysis stage: tables, findings in plain language generated from the numbers.
 
-Built on tables.py's tables (and knobs.py's knob table); writes one file, report.md.
+Built on tables.py's tables (and knob_effects.py's knob table); writes one file, report.md.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from pipeline import catalog
 from pipeline.analysis.tables import measured
 from pipeline.records.labels import is_bounded
 
-# the sweep table's per-trial host columns (sweep_table.py, from the trial record), in the section's order
+# the sweep table's per-trial host columns (records/table.py, from the trial record), in the section's order
 HOST_COLS = (
     "host_cpu_isa",
     "host_bf16",
@@ -146,7 +146,7 @@ def slow_rows(df) -> list[str]:
 
 
 def bounded_rows(df) -> list[str]:
-    """The trials a sweep bounded because their autocast type is emulated here (emulated.py), per strategy."""
+    """The trials a sweep bounded because their autocast type is emulated here (records/labels.py), per strategy."""
     if "reason" not in df:
         return []
     b = df.loc[df["reason"].map(is_bounded).astype(bool)]

@@ -2,7 +2,7 @@
 
     python -m pipeline analyze          # or: dvc repro -s analyze
 
-Reads results/sweeps/*.jsonl (one row per trial, written by sweep_table.py) and writes into
+Reads results/sweeps/*.jsonl (one row per trial, written by records/table.py) and writes into
 results/analysis/: metrics.json (the DVC metric: flat numbers only), summary.json (the structured summary),
 efficiency/throughput/memory/accuracy.csv (tidy, for DVC plots), efficiency/throughput/memory/accuracy.png,
 knobs.csv (+ one knob_*.png per varied DDP knob), best.yaml (the fastest configuration as a params-style `train:`
@@ -17,12 +17,13 @@ symlink placed there rather than writing through it); a write refused (a full di
 paragraph naming the folder and its free space, every output left whole, the new ones before it, the old ones after.
 
 The wing, arrows one way (tests/architecture/test_imports.py keeps it so):
-    tables.py    reading the sweep tables; point, scaling, memory, accuracy tables (pure pandas)
-    summary.py   summary.json's dict; knobs.py  the DDP knobs' table        (on tables)
-    plots.py     the figures;        report.py  report.md                  (on tables)
+    rows.py      reading the sweep tables into one typed frame
+    tables.py    point, scaling, memory, accuracy tables (pure pandas, on rows)
+    summary.py   summary.json's dict; knob_effects.py  the knobs' table   (on tables)
+    plots.py     the figures;        report.py  report.md (with report_*.py, sharding.py, causes.py, confidence.py)
     answer.py    report.md's first screen and best.yaml: strategy, k, why, cost, how sure, command
-    projection.py  the scaling model's checks and projections, all modelled (on tables, scaling_model)
-    analyze.py   this entry: the only module that decides which files are written (on all of them)
+    projection.py  the scaling model's checks and projections, all modelled (on tables, scaling/model.py)
+    stage.py     this entry: the only module that decides which files are written (on all of them)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The analysis wing's floor: sweep tables in, pure pandas tables out (no files written, no figures).
 
-From the trial rows (trial_rows.py: results/sweeps/*.jsonl read into one typed frame) it derives per-point
+From the trial rows (rows.py: results/sweeps/*.jsonl read into one typed frame) it derives per-point
 throughput, weak/strong scaling efficiency, per-device memory and accuracy.
 Only complete, non-oversubscribed trials enter the numbers. Undefined stays NaN, never 0.
 Everything above this module (step_parts, summary, knobs, plots, report, analyze) imports from here, never the other

@@ -40,7 +40,7 @@ def n_trials(text: str) -> int:
 
 
 def port(text: str) -> int:
-    """argparse type of --port: a whole number from 1 to 65535, refused before anything runs (ui_cli.py: and free)"""
+    """argparse type of --port: a whole number from 1 to 65535, refused before anything runs (cli/ui.py: and free)"""
     try:
         port = int(text)
     except ValueError:

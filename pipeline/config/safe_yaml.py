@@ -1,5 +1,5 @@
 """Reading a YAML file the user names, within bounds: a regular file of at most MAX_YAML_BYTES, a document that
-expands to at most MAX_YAML_VALUES values through its aliases; anything else is Refused (config.py turns that into a
+expands to at most MAX_YAML_VALUES values through its aliases; anything else is Refused (loader.py turns that into a
 ConfigError) before it is read or expanded.
 """
 

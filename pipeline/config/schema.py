@@ -1,7 +1,7 @@
 """The configuration's schema: frozen dataclasses, one per params.yaml section, with each field's default and the
-metadata config.py validates it by (`choice(...)`: one of these values; `bounds(...)`: a range, with the reason for
+metadata loader.py validates it by (`choice(...)`: one of these values; `bounds(...)`: a range, with the reason for
 its upper bound; `text(...)`: a string's length; `path()`: a path the file system takes). Nothing here reads a file;
-config.py builds and validates these from params.yaml, the profile and --set.
+loader.py builds and validates these from params.yaml, the profile and --set.
 
 A new field is one line in its dataclass (with `metadata=choice(...)`/`bounds(...)` where it has limits; a number
 whose size costs memory or time gets an upper bound and its `why`).
@@ -181,7 +181,7 @@ class SweepConfig:
     # cores (measure/quiet.py; after 3 vain waits in a row, one probe per trial); 0 = never wait
     quiet_wait_s: float = field(default=10.0, metadata=bounds(0, TIMEOUT_MAX_S))
     # a trial whose autocast type this host only emulates (bf16 on a CPU without AVX-512-BF16/AMX) runs at most this
-    # many optimizer steps, labelled "bounded" (emulated.py); 0 = no bound
+    # many optimizer steps, labelled "bounded" (records/labels.py); 0 = no bound
     emulated_max_steps: int = field(default=0, metadata=bounds(0))
     # strategy -> a mapping (one product of lists) or a list of mappings (a union of products, for paired
     # settings such as d2l's "k=1 at B=256, k=2 at B=512"); strategies not listed use `default`

@@ -1,6 +1,6 @@
 """What data.dir holds and how it is made: the four IDX file names, torchvision's folder for them, the command that
 writes them, the download's socket timeout, and the reader that refuses a special file among them. Torch-free,
-imported by data.py and download.py (so that neither imports the other at the top: data.prepare imports download
+imported by store.py and download.py (so that neither imports the other at the top: data.prepare imports download
 only when it fetches)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 point skipped on this host, rewritten atomically from the study after every trial; and its reader for analysis.
 
 JSON lines keep types and lists (peaks per device, accuracy per epoch): analysis reads the rows back as they were
-written and parses nothing. The columns and their kinds are the trial record's (record.py): a row is the record's
+written and parses nothing. The columns and their kinds are the trial record's (records/trial.py): a row is the record's
 table view plus what describes the Optuna trial (study, trial, state, reason, MLflow run id). Optuna-free and
 torch-free: analysis imports it.
 """

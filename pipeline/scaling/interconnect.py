@@ -117,7 +117,7 @@ SCOPES = ("intra-node", "inter-node")
 def load_profiles(path: Path | str | None = None, scope: str | None = "intra-node") -> dict[str, Interconnect]:
     """The nominal interconnect profiles (experiments/interconnects/nominal.yaml) of `scope` ("intra-node", the
     default; "inter-node"; None: every one): name -> Interconnect. An entry without `scope` is intra-node."""
-    import yaml  # a data file, not configuration: config.py stays the only reader of params and profiles
+    import yaml  # a data file, not configuration: config/loader.py stays the only reader of params and profiles
 
     raw = yaml.safe_load(Path(path or PROFILES_FILE).read_text())
     out = {}

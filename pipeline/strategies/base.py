@@ -206,7 +206,7 @@ class Strategy:
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
     def memory_tracker(self, model, optimizer):
-        """A context measuring tensor memory of one probe step on a CPU host (see metrics.py)."""
+        """A context measuring tensor memory of one probe step on a CPU host (measure/memory.py)."""
         from pipeline.measure.memory import CpuMemProbe
 
         return CpuMemProbe(self.devices, model, optimizer)

@@ -1,6 +1,6 @@
 """The sweep's worker queue: which worker runs which trial (atomic claims), heartbeats, stale trials taken over, and
 the worker loop. The only module that touches Optuna's private API (study._storage, trial._trial_id,
-storage._get_stale_trial_ids): sweep.py and the rest go through the public functions here.
+storage._get_stale_trial_ids): stage.py and the rest go through the public functions here.
 
 Why not `study.optimize`: the sweep enqueues every feasible point once, when the study is created, and any number of
 workers (on one host or many, sharing an RDB) must run exactly that queue. optimize serves a different model: (1)

@@ -42,7 +42,7 @@ def name_study(study, strategy: str, profile: str, space_hash: str) -> None:
 
 def set_trial_numbers(trial, record) -> None:
     """The trial record's headline numbers as separate numeric user attributes (optuna-dashboard plots those that
-    are numbers; the `metrics` attribute is one JSON object): its OPTUNA view (record.py)."""
+    are numbers; the `metrics` attribute is one JSON object): its OPTUNA view (records/trial.py)."""
     for k, v in record.optuna_attrs().items():
         trial.set_user_attr(k, v)
 

@@ -282,7 +282,7 @@ def system_metrics(cfg, run_id: str | None):
 
 def log_completed_run(tracker: Tracker, run_id: str, record, out_dir: Path) -> None:
     """Everything a finished trial leaves in its run: its record's metrics (metric_names.trial_metrics, at the last
-    epoch's step, after the learning curves), its step-time breakdown as one table, its tags (record.py), and the
+    epoch's step, after the learning curves), its step-time breakdown as one table, its tags (records/trial.py), and the
     metrics file."""
     tracker.log_metrics(run_id, metric_names.trial_metrics(record), step=len(record.test_acc or []))
     table = metric_names.breakdown_table(record)

@@ -1,5 +1,5 @@
 """Run one trial: check that it can run here, run its ranks (ranks.py: through PyTorch's elastic launcher, one process
-per device or one for a one-process strategy, never this process), and build its record (record.py), written as
+per device or one for a one-process strategy, never this process), and build its record (records/trial.py), written as
 out_dir/metrics.json. A directory the host cannot write (a full disk, a quota, a read-only or failing file system)
 fails the trial with kind `unwritable` (ranks.UNWRITABLE), naming it.
 

@@ -126,7 +126,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
     marks = {} if marks is None else marks
     model, criterion, optimizer = build(t, strategy)
     # --- data: uint8 tensors resident on the input device, normalised there per batch. Every rank holds the whole
-    # set (its batches index into it); the memory meter counts it as resident, not as the step's (metrics.py)
+    # set (its batches index into it); the memory meter counts it as resident, not as the step's (measure/memory.py)
     train_x, train_y, test_x, test_y = (v.to(device) for v in (data.train_x, data.train_y, data.test_x, data.test_y))
     rank, world = strategy.data_shard
     steps = steps_per_epoch(train_x.shape[0], t.batch_size)

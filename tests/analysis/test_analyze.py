@@ -9,7 +9,7 @@ from pipeline.analysis import stage as A
 
 
 def row(strategy="ddp", k=1, B=128, lr=0.1, thr=1000.0, acc=0.8, state="complete", reason="", peaks=None, **kw):
-    """One sweep-table row, as sweep_table.py writes it (typed: lists are lists, absent is None)."""
+    """One sweep-table row, as records/table.py writes it (typed: lists are lists, absent is None)."""
     peaks = peaks if peaks is not None else [100 * 2**20] * k
     r = {
         "study": f"s-{strategy}",

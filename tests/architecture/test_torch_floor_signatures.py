@@ -38,10 +38,10 @@ CALLS = (
     ("torch.backends.cudnn.version", 0, (), "capabilities.py"),
     ("torch.cuda._get_nvml_device_index", 1, (), "benchmarks/gpu/gpu_first_run.py: host facts"),
     # allocator statistics
-    ("torch.cuda.reset_peak_memory_stats", 1, (), "metrics.py"),
-    ("torch.cuda.max_memory_allocated", 1, (), "metrics.py"),
-    ("torch.cuda.memory_allocated", 1, (), "metrics.py: resident at the window's first opening"),
-    ("torch.cuda.max_memory_reserved", 1, (), "metrics.py: reserved peak"),
+    ("torch.cuda.reset_peak_memory_stats", 1, (), "measure/memory.py"),
+    ("torch.cuda.max_memory_allocated", 1, (), "measure/memory.py"),
+    ("torch.cuda.memory_allocated", 1, (), "measure/memory.py: resident at the window's first opening"),
+    ("torch.cuda.max_memory_reserved", 1, (), "measure/memory.py: reserved peak"),
     # process groups and collectives
     (
         "torch.distributed.init_process_group",
