@@ -188,6 +188,30 @@ def cmd_doctor(args) -> int:
     return 1 if report["counts"]["failed"] else 0
 
 
+def cmd_fit(args) -> int:
+    from pipeline.scaling import memory
+
+    try:
+        device = memory.parse_size(args.device_memory)
+        ks = tuple(int(k) for k in args.devices.split(","))
+    except ValueError as e:
+        raise configmod.ConfigError(f"--device-memory / --devices: {e}") from None
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    rows = memory.fit_table(args.model, args.batch_size, device, args.optimizer, ks, strategies)
+    gib = memory.GIB
+    print(
+        f"{args.model}, global batch {args.batch_size}, {args.optimizer}, on {device / gib:.1f} GiB per device "
+        "(modelled: the step's peak above resident + the resident parameters, buffers and data set)"
+    )
+    print(f"{'strategy':<13}{'k':>3}  {'modelled peak GiB':>18}  {'fits':>4}  {'largest batch that fits':>24}")
+    for r in rows:
+        print(
+            f"{r['strategy']:<13}{r['k']:>3}  {r['device_bytes'] / gib:>18.2f}  {'yes' if r['fits'] else 'no':>4}  "
+            f"{r['largest_batch'] or 'none':>24}"
+        )
+    return 0
+
+
 def cmd_profiles(args) -> int:
     found = configmod.describe_profiles()
     for name, desc in found:

@@ -220,6 +220,38 @@ def build_parser() -> argparse.ArgumentParser:
         "experiment tag behind the printed link (default: written, then the link printed)",
     )
 
+    p = sub.add_parser(
+        "fit",
+        help="will it fit? the modelled peak memory per device of every strategy and k, before running",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Per strategy and k: the modelled peak memory per device at --batch-size (the step's peak "
+        "above resident plus the resident parameters, buffers and data set, as on a GPU), whether it fits "
+        "--device-memory, and the largest global batch that does. The memory model (pipeline/scaling/memory.py, "
+        "docs/metrics.md) counts the model's activations on the meta device: no GPU, no training, no data.",
+        epilog="example: python -m pipeline fit --model resnet18 --batch-size 512 --device-memory 80GiB",
+    )
+    p.add_argument("--model", choices=configmod.MODELS, default="resnet18", help="the model (default resnet18)")
+    p.add_argument("--batch-size", type=int, default=512, metavar="B", help="global batch (default 512)")
+    p.add_argument(
+        "--device-memory",
+        default="80GiB",
+        metavar="SIZE",
+        help="memory of one device, e.g. 80GiB, 40G, 24GiB (binary units; default 80GiB)",
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=("sgd", "sgd_momentum", "adamw"),
+        default="adamw",
+        help="train.optimizer: its state per parameter is part of the peak (default adamw)",
+    )
+    p.add_argument("--devices", default="1,2,4,8", metavar="K,K", help="the k to show (default 1,2,4,8)")
+    p.add_argument(
+        "--strategies",
+        default=",".join(configmod.STRATEGY_NAMES),
+        metavar="A,B",
+        help="comma-separated strategies (default: all)",
+    )
+
     sub.add_parser(
         "profiles",
         help="list the experiment profiles under experiments/",

@@ -11,7 +11,7 @@ import pytest
 from pipeline.cli import build_parser, main
 from pipeline.config import loader as configmod
 
-COMMANDS = ("download", "train", "sweep", "overlap", "collectives", "analyze", "ui", "profiles", "doctor")
+COMMANDS = ("download", "train", "sweep", "overlap", "collectives", "analyze", "ui", "profiles", "doctor", "fit")
 
 
 def _subparsers(ap: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
