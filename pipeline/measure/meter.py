@@ -19,6 +19,8 @@ clock on an unsampled step), as `autocast` is for fp32 strategies.
   the overall figure does; an epoch's tail shorter than half a window is not a window (it counts in the overall
   figure only);
 - seconds per epoch (training only, evaluation excluded) and time to the target accuracy (their running sum);
+- the cold start (`startup_s`): the seconds of the warm-up steps (lazy loading, the autotuner's trials, compilation),
+  inside the first epoch's seconds but never in throughput, reported on their own so a warm epoch can be told apart;
 - memory per device (metrics.memory_meter): on GPUs the allocator's window opens at a step's `tick` (the first
   time, what is resident is recorded: model, optimizer, data) and closes at `evaluation()` and at `results`, so
   the step's peak above resident is the strategy's own; on CPU, tensor memory of a probe step.
@@ -106,6 +108,7 @@ class Meter:
         self.breakdown = breakdown or Off()
         self.sampled_s, self.sampled_steps = 0.0, 0  # sampled steps' wall time, instrument included
         self.timed_images, self.timed_s, self.time_to_acc = 0, 0.0, None
+        self.startup_s = 0.0  # the warm-up steps' seconds, over the epochs they span
         self.epoch_s: list[float] = []
         self.epoch_throughput: list[float | None] = []
 
@@ -191,6 +194,8 @@ class Meter:
         timed = max(0, step - max(self.first_step, self.warmup)) - self.excluded_steps
         timed_s = self.clock.seconds(self.t_steady, t_end) - self.excluded_s
         epoch_s = self.clock.seconds(self.t0, t_end)
+        if self.first_step < self.warmup:  # warm-up steps ran in this epoch: up to the steady start, or to its end
+            self.startup_s += self.clock.seconds(self.t0, self.t_steady if step > self.warmup else t_end)
         self._read_windows()
         throughput = timed * self.batch_size / timed_s if timed else None
         if timed:
@@ -218,6 +223,7 @@ class Meter:
             "throughput_windows": list(self.windows),
             "timed_steps": timed_steps,
             "time_to_acc_s": self.time_to_acc,
+            "startup_s": self.startup_s,
             "epoch_s": self.epoch_s,
             "epoch_throughput_img_s": self.epoch_throughput,
             "peak_mem_bytes": self.memory.peaks(),

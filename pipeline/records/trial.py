@@ -118,6 +118,7 @@ class TrialRecord:
     train_loss: list[float] | None = _f()
     epoch_throughput_img_s: list[float] | None = _f()
     time_to_acc_s: float | None = _f(METRIC, TABLE, metric="perf/time_to_acc_s")
+    startup_s: float | None = _f(METRIC, TABLE, metric="perf/startup_s")  # the warm-up steps' seconds (meter.py)
     eval: str | None = _f()
     peak_mem_bytes: list[float] | None = _f(TAG, TABLE, tag="mem_peak_bytes")  # per device, of kind mem_basis
     mem_imbalance: float | None = _f(METRIC, OPTUNA, TABLE, metric="mem/imbalance")
@@ -228,7 +229,7 @@ def summarize(cfg, host, strategy, results: list[dict], wall_s: float, host_fiel
         throughput_windows=[min(w) for w in zip(*windows)] if windows else [],
         timed_steps=main["timed_steps"], epoch_s=main["epoch_s"], test_acc=main["test_acc"],
         train_loss=main["train_loss"], epoch_throughput_img_s=main["epoch_throughput_img_s"],
-        time_to_acc_s=main["time_to_acc_s"],
+        time_to_acc_s=main["time_to_acc_s"], startup_s=main.get("startup_s"),
         eval="test set split across the trial's processes, correct counts summed" if strategy.multiprocess
              else "on this process's first device",
         peak_mem_bytes=peaks, mem_imbalance=imbalance(peaks), mem_device0_excess=device0_excess(peaks),

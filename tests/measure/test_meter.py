@@ -58,6 +58,8 @@ def test_warm_up_spanning_an_epoch_is_not_timed(monkeypatch):
     # epoch 3: steps 4-5, both timed from the epoch's start (clock 5) to its end (clock 6)
     assert per_epoch[2] == (1.0, 20 / 1.0)
     assert res["timed_steps"] == 3 and res["throughput_img_s"] == 30 / 2.0
+    # the cold start: epoch 1 whole (clock 0..1) and epoch 2 up to its steady start (clock 2..3)
+    assert res["startup_s"] == 2.0
     assert res["epoch_s"] == [1.0, 2.0, 1.0] and res["epoch_throughput_img_s"] == [None, 10.0, 20.0]
     assert res["time_to_acc_s"] == 3.0  # reached after epoch 2: training seconds of epochs 1 and 2
 
