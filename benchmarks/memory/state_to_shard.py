@@ -1,14 +1,14 @@
 """What ZeRO-1 and FSDP save per device once the optimizer keeps state: per-device peaks of ddp, zero1 and fsdp.
 
     .venv/bin/python -m benchmarks.memory.state_to_shard [--optimizers sgd,adamw] [--devices 2] [--batch 256]
-        [--bucket-view] [--data DIR] [--source synthetic]
+        [--bucket-copies] [--data DIR] [--source synthetic]
 
 Real trials on this host, one per (optimizer, strategy): LeNet, k devices, 2 steps; the figure is each device's
 peak as the trial records it (on CPU: MemTracker over the probe step, optimizer state included; docs/metrics.md).
 Printed per optimizer: every strategy's per-device peaks in MiB and, for zero1 and fsdp, the saving against ddp on
-their largest device and over all devices together. `--bucket-view` also runs ddp with train.grad_as_bucket_view:
-on CPU the gradients then live in DDP's buckets, which MemTracker does not see (docs/metrics.md), so the figure
-drops by one set of gradients while the memory used does not.
+their largest device and over all devices together. `--bucket-copies` also runs ddp with
+train.grad_as_bucket_view=false (the default is on): DDP then keeps its gradients and a bucket copy of them, one set
+of gradients more per device (MemTracker counts the buckets: measure/memory.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main():
     p.add_argument("--optimizers", default="sgd,adamw", help="comma-separated: sgd, sgd_momentum, adamw")
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--batch", type=int, default=256, help="global batch")
-    p.add_argument("--bucket-view", action="store_true", help="also ddp with train.grad_as_bucket_view=true")
+    p.add_argument("--bucket-copies", action="store_true", help="also ddp with train.grad_as_bucket_view=false")
     args = p.parse_args()
     source = resolve_source(args)
     ensure_data(args.data, source)
@@ -44,13 +44,13 @@ def main():
     )
     print(host_line(), f"| data: {source}", flush=True)
     runs = [("ddp", {}), ("zero1", {}), ("fsdp", {})]
-    if args.bucket_view:
-        runs.append(("ddp", {"grad_as_bucket_view": True}))
+    if args.bucket_copies:
+        runs.append(("ddp", {"grad_as_bucket_view": False}))
     with tempfile.TemporaryDirectory() as tmp:
         for opt in [o.strip() for o in args.optimizers.split(",") if o.strip()]:
             peaks = {}
             for strategy, extra in runs:
-                label = strategy + (" (bucket view)" if extra else "")
+                label = strategy + (" (bucket copies)" if extra else "")
                 m = trial(
                     cfg,
                     Path(tmp) / f"{opt}-{label}",

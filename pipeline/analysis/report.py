@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.analysis import answer, causes, confidence, sharding
+from pipeline.analysis import answer, causes, confidence, memory_fit, sharding
 from pipeline.analysis.markdown import md_table
 from pipeline.analysis.report_host import host_capabilities_section, nodes_line
 from pipeline.analysis.tables import (
@@ -181,6 +181,7 @@ def _tables(df, pts, eff, mem, acc):
           md_table(mm, ["strategy", "model", *x, "k", "batch_size", "mem_method", "mem_basis", "per_device_mib",
                         *gpu, "peak_max_mib", "mem_imbalance", "dev0_excess_mib"]),
           *sharding.section(mem, md_table),
+          *memory_fit.section(mem, md_table),
           "\n## Accuracy\n\n",
           "Final test accuracy and time to the target accuracy ('—': not reached).\n\n",
           md_table(acc, ["strategy", "model", *x, *(["epochs"] if acc["epochs"].nunique() > 1 else []),

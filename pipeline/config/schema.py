@@ -125,7 +125,8 @@ class TrainConfig:
     interference_threshold: float = field(default=0.25, metadata=bounds(0))
     # DDP communication knobs (ddp, ddp_amp)
     bucket_cap_mb: float = field(default=25.0, metadata=bounds(0, lo_open=True))
-    grad_as_bucket_view: bool = False
+    # gradients as views of DDP's buckets: one copy of the gradients fewer per device, same arithmetic
+    grad_as_bucket_view: bool = True
     # optimizer steps use no_sync for accum_steps-1 micro-batches
     accum_steps: int = field(default=1, metadata=bounds(1))
     # none = DDP as PyTorch ships it (its own all-reduce: Gloo on CPU, NCCL on GPUs); shm = shared memory between the
@@ -154,7 +155,7 @@ class SpaceConfig:
     # empty = not swept: every point takes train.optimizer (so `-S train.optimizer=adamw` reaches the sweep)
     optimizer: tuple[str, ...] = ()
     bucket_cap_mb: tuple[float, ...] = (25.0,)
-    grad_as_bucket_view: tuple[bool, ...] = (False,)
+    grad_as_bucket_view: tuple[bool, ...] = (True,)
     accum_steps: tuple[int, ...] = (1,)
     comm_hook: tuple[str, ...] = ("none",)
     compile: tuple[bool, ...] = (False,)

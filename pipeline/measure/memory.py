@@ -23,9 +23,11 @@ What "memory per device" means here, on GPUs (CUDA caching allocator, read per d
 
 CPU worker processes: tensor memory of one probe step (the first step, which is a warm-up step and so never
 timed), seen through PyTorch's MemTracker (FSDPMemTracker for FSDP): parameters, gradients, optimizer state,
-activations and temporaries that pass through the dispatcher (basis `memtracker_step`). Communication buffers
-allocated outside the dispatcher (e.g. DDP's gradient buckets when they are not views) are not counted: the figure
-is a lower bound. A torch optimizer makes its state lazily, inside the probe step's `step()`, after the forward and
+activations and temporaries that pass through the dispatcher (basis `memtracker_step`), DDP's gradient buckets
+among them (DDP rebuilds them in the first step, through the dispatcher: a ddp probe step is single's plus one set
+of gradients, to the byte; with train.grad_as_bucket_view the gradients are the buckets' views, so single's).
+Buffers a backend allocates outside the dispatcher (a communication library's own) are not counted: the figure is a
+lower bound. A torch optimizer makes its state lazily, inside the probe step's `step()`, after the forward and
 backward that hold the step's peak, yet it stays resident through every later step's peak: where the probe's peak
 came before the state existed, the state the step ends with is added to it (the later steps' peak, with no step but
 the first to probe). A hand-written optimizer (scratch's) makes its state before training, as d2l does, and the probe

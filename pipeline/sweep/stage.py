@@ -60,6 +60,40 @@ def enqueue_order(pts: list[dict], repeats: int) -> list[tuple[dict, int]]:
     return [(p, r) for r in range(repeats) for g in groups.values() for p in g]
 
 
+def check_memory_fits(tcfg, host) -> None:
+    """Raise Infeasible where the memory model (pipeline/scaling/memory.py) puts this point's peak per device above
+    the device's memory: the point is skipped with the reason instead of run into an out-of-memory error. GPUs only:
+    a CPU host's processes share the host's memory, with no per-device limit to check against."""
+    if host.kind != "cuda":
+        return
+    import torch
+
+    from pipeline.scaling import memory
+
+    t = tcfg.train
+    device = min(torch.cuda.get_device_properties(i).total_memory for i in range(min(t.devices, host.n)))
+    knobs = {"grad_as_bucket_view": t.grad_as_bucket_view, "autocast": t.autocast or None}
+    p = memory.predict(
+        t.strategy,
+        t.model,
+        t.devices,
+        t.batch_size,
+        t.optimizer,
+        basis="gpu",
+        anchors=memory.COUNT_ANCHORS,
+        **knobs,
+    )
+    total = memory.device_total(p)
+    if total > device:
+        g = memory.GIB
+        raise Infeasible(
+            f"predicted peak {total / g:.1f} GiB per device > {device / g:.1f} GiB on {host.name}: modelled (the "
+            f"memory model's step peak above resident + the resident model and data, device {p.rank}); the largest "
+            f"batch it fits at k={t.devices} is "
+            f"{memory.largest_batch(t.strategy, t.model, t.devices, device, t.optimizer, basis='gpu', **knobs)}"
+        )
+
+
 def prepare_study(
     cfg, strategy: str, host, tracker, storage=None, n_train: int | None = None, configs=None
 ) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
@@ -74,6 +108,7 @@ def prepare_study(
         tcfg = configs(p)
         try:
             check_feasible(slurm.sized(cfg, tcfg), slurm.cluster_host(cfg, host))  # SLURM: one node's devices
+            check_memory_fits(tcfg, host)
             if n_train is not None:
                 check_batch_fits(tcfg, n_train)
             feasible.append(p)
@@ -208,6 +243,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
     def runnable(point: dict) -> bool:
         try:
             check_feasible(slurm.sized(cfg, configs(point)), slurm.cluster_host(cfg, host))
+            check_memory_fits(configs(point), host)
             return True
         except Infeasible:
             return False

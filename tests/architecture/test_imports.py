@@ -31,7 +31,7 @@ FLOORS = {
     "strategies": {"host", "measure", "catalog"},
     "trial": {"scratch", "config", "records", "data", "host", "measure", "strategies", "errors", "paths", "models"},
     "tracking": {"scratch", "errors", "paths", "preflight"},
-    "scaling": {"catalog", "host", "strategies", "trial", "models"},
+    "scaling": {"catalog", "host", "strategies", "trial", "models", "paths"},
     "sweep": {
         "config",
         "records",
@@ -39,6 +39,7 @@ FLOORS = {
         "measure",
         "strategies",
         "trial",
+        "scaling",
         "tracking",
         "catalog",
         "errors",

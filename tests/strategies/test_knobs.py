@@ -89,8 +89,8 @@ def test_no_sync_skips_the_allreduce_until_the_last_micro_batch():
 
 
 def test_bucket_size_and_gradient_view_are_applied():
-    small = launch("train.bucket_cap_mb=0.1", "train.grad_as_bucket_view=true", count_buckets=True)[0]
-    big = launch("train.bucket_cap_mb=25", count_buckets=True)[0]
+    small = launch("train.bucket_cap_mb=0.1", count_buckets=True)[0]  # gradient views: the default
+    big = launch("train.bucket_cap_mb=25", "train.grad_as_bucket_view=false", count_buckets=True)[0]
     assert small["bucket_cap_bytes"] == int(0.1 * 1024 * 1024) and small["as_view"] == 1
     assert big["as_view"] == 0
     # after the first iteration DDP rebuilds its buckets with the cap: LeNet's 0.5 MB of gradients

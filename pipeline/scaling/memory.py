@@ -1,0 +1,508 @@
+"""A projection, labelled as modelled: the peak memory per device of a strategy at any k, batch, optimizer and
+precision, from the model's parameters, the strategy's row (pipeline/catalog.py: `shards`, `comm`, `autocast`), the
+optimizer's state per parameter and the activations of one forward and backward, counted once per model and batch.
+
+    python -m pipeline fit --model resnet18 --batch-size 512 --device-memory 80GiB    # will it fit?
+
+Every figure returned here is modelled (`MODELLED`); nothing here is a measurement.
+
+The two figures a record holds (pipeline/measure/memory.py), and so the two bases this model predicts:
+    cpu  (memtracker_step)      the CPU probe step under MemTracker: parameters included, the optimizer's state
+                                included (made after the peak, added), the input batch left out (made before it)
+    gpu  (step_above_resident)  the CUDA allocator's step peak above what was resident at the first step: the
+                                parameters and buffers are resident and left out, the input batch counts;
+                                `resident` adds them back (with the data set every rank holds) for "will it fit?"
+
+Terms per device (bytes; W = 4 bytes per parameter, fp32 master weights under autocast too):
+    params       W, or under fsdp each tensor's dim 0 shard padded to a multiple of k
+    buffers      BatchNorm's running statistics (replicated, never sharded)
+    grads        W, or fsdp's shard (dim 0 split as torch.chunk does; device 0 holds the largest)
+    optimizer    per parameter: sgd 0, sgd_momentum 4 bytes, adamw 8 bytes + a 4-byte step per tensor; zero1 keeps
+                 the tensors its rank owns (ZeroRedundancyOptimizer's greedy partition, mirrored), fsdp its shards
+    buckets      DDP's gradient buckets (bucket_allreduce rows): W. MemTracker counts them on CPU: DDP rebuilds its
+                 buckets in the first step, through the dispatcher, so a ddp/zero1 probe step is single's + W to
+                 the byte (LeNet and ResNet-18); with grad_as_bucket_view the gradients are the buckets' views and
+                 `grads` is 0
+    activations  the peak of one forward + backward less the parameters and gradients, counted at the per-device
+                 batch on the `meta` device (no memory, no compute; bytes as MemTracker counts them on CPU) or, under
+                 autocast, on the host's CPU at that batch (autocast does not act on `meta`); it holds the saved
+                 tensors, the temporaries at the peak, and the gradients not yet made then
+    gathered     fsdp: the unsharded unit at the peak (FSDP2 all-gathers one unit at a time): its parameters, its
+                 unsharded gradients, at k > 1 the reduce-scatter's input
+    replicas     scratch on a CPU host: the k replicas live in one process, so (k - 1) x (W + grads + state)
+    input        the step's input batch where the figure sees it: scratch's chunks on CPU, every row's on GPUs
+    step_temps   the optimizer step's temporaries: torch's AdamW one tensor at a time (CPU) holds two of the
+                 largest tensor it updates, its foreach form (CUDA) one of everything it updates
+
+    fixed = params + buffers + buckets + replicas + input
+    peak  = max(fixed + activations + grads + gathered + state,  fixed + grads + state + step_temps)
+    on CPU, for a torch optimizer (state made lazily in the probe step, added to the probe's peak where that came
+    first): fixed + activations + grads + gathered + state where that forward + backward peak, without the state,
+    is above the step's; else the step's (_total)
+Assumptions (what a miss points to): activations are the `single` step's at the per-device batch (one process per
+device; DDP's and FSDP's hooks add nothing else); the step's temporaries are torch's AdamW's; dp and dp_criterion
+are projected only (CUDA only: replicas on devices 1..k-1, gradients, gathered outputs and the whole input batch on
+device 0); zero1's post-step broadcasts over Gloo copy what they send (not modelled: a miss at the optimizer step).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+from pipeline import catalog
+
+MODELLED = True
+MIB, GIB = 1 << 20, 1 << 30
+INPUT_BYTES = 28 * 28 * 4 + 8  # one normalised float32 image and its int64 label
+DATASET_BYTES = (60_000 + 10_000) * (28 * 28 + 8)  # every rank holds Fashion-MNIST's uint8 images and labels
+STATE_BYTES = {"sgd": 0, "sgd_momentum": 4, "adamw": 8}  # optimizer state per parameter
+STEP_BYTES = {"adamw": 4}  # and per parameter tensor (AdamW's step counter)
+# the optimizer step's temporaries: (x the largest tensor it updates one at a time, x all it updates with foreach)
+STEP_TEMPS = {"sgd": (0, 0), "sgd_momentum": (0, 0), "adamw": (2, 1)}
+COUNT_ANCHORS = (64, 128)  # per-device batches counted for `fit`; other batches interpolate (or extend) linearly
+# under autocast the count runs on the host's CPU (autocast does not act on `meta`): always at these small batches,
+# extended linearly, so a count costs a second, not a large batch's forward and backward
+AUTOCAST_ANCHORS = (16, 32)
+TERMS = (
+    "params",
+    "buffers",
+    "grads",
+    "optimizer",
+    "buckets",
+    "activations",
+    "gathered",
+    "replicas",
+    "input",
+    "step_temps",
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The model's parameter tensors (numel, dim-0 rows, in parameters() order), its FSDP units (indices), buffers."""
+
+    model: str
+    numel: tuple[int, ...]
+    rows: tuple[int, ...]
+    units: tuple[tuple[int, ...], ...]
+    buffer_bytes: int
+
+    @property
+    def params(self) -> int:
+        return sum(self.numel)
+
+
+@dataclass
+class Counted:
+    """One model's forward + backward, counted per per-device batch: the peak less the parameters (`fb`), and each
+    FSDP unit's own peak inside it (`units`), in bytes; `fit` interpolates between them."""
+
+    fb: dict[int, int] = field(default_factory=dict)
+    units: dict[int, list[int]] = field(default_factory=dict)
+
+    def at(self, b: int) -> tuple[float, list[float]]:
+        if b in self.fb:
+            return float(self.fb[b]), [float(u) for u in self.units[b]]
+        xs = sorted(self.fb)
+        lo, hi = (xs[0], xs[1]) if b < xs[0] else (xs[-2], xs[-1]) if b > xs[-1] else _bracket(xs, b)
+        f = (b - lo) / (hi - lo)
+        return self.fb[lo] + f * (self.fb[hi] - self.fb[lo]), [
+            u + f * (v - u) for u, v in zip(self.units[lo], self.units[hi])
+        ]
+
+
+def _bracket(xs, b):
+    i = next(i for i, x in enumerate(xs) if x > b)
+    return xs[i - 1], xs[i]
+
+
+def known_models() -> tuple[str, ...]:
+    from pipeline.models import MODELS
+
+    return tuple(MODELS)
+
+
+@functools.cache
+def layout(model: str, cache=None) -> Layout:
+    """The parameters and units of `model`, built on the `meta` device (no memory, no initialisation); kept in the
+    cache file beside the counts, so a later `fit` loads no torch."""
+    key = f"layout|{model}|torch {_torch_version()}"
+    stored = _read_cache(cache).get(key)
+    if stored:
+        return Layout(
+            model,
+            tuple(stored["numel"]),
+            tuple(stored["rows"]),
+            tuple(tuple(u) for u in stored["units"]),
+            stored["buffer_bytes"],
+        )
+    lay = _build_layout(model)
+    _write_cache(
+        cache, key, {"numel": lay.numel, "rows": lay.rows, "units": lay.units, "buffer_bytes": lay.buffer_bytes}
+    )
+    return lay
+
+
+def _torch_version() -> str:
+    from importlib.metadata import version
+
+    return version("torch")
+
+
+def _build_layout(model: str) -> Layout:
+    import torch
+
+    from pipeline.models import MODELS
+
+    with torch.device("meta"):
+        m = MODELS[model]()
+    index = {id(p): i for i, p in enumerate(m.parameters())}
+    units = tuple(tuple(index[id(p)] for p in unit.parameters()) for unit in fsdp_units(m))
+    params = list(m.parameters())
+    return Layout(
+        model,
+        tuple(p.numel() for p in params),
+        tuple(p.shape[0] for p in params),
+        units,
+        sum(b.numel() * b.element_size() for b in m.buffers()),
+    )
+
+
+def fsdp_units(model):
+    """The blocks fsdp.py shards, by the same rule (each direct child with parameters; a Sequential stage's blocks)."""
+    from torch import nn
+
+    for child in model.children():
+        if isinstance(child, nn.Sequential) and len(list(child.children())) > 1:
+            yield from (b for b in child.children() if any(True for _ in b.parameters()))
+        elif any(True for _ in child.parameters()):
+            yield child
+
+
+_COUNTED: dict[tuple[str, bool], Counted] = {}
+
+
+def counted(model: str, batches, autocast: bool = False, cache=None) -> Counted:
+    """`model`'s forward + backward counted at each per-device batch of `batches` (once per process, and across
+    processes in `cache`, a JSON file: runs/memory_model.json by default)."""
+    key = (model, autocast)
+    c = _COUNTED.setdefault(key, Counted())
+    missing = [b for b in sorted(set(batches)) if b not in c.fb]
+    if missing:
+        stored = _read_cache(cache).get(_cache_key(model, autocast), {})
+        for b in missing:
+            if str(b) in stored:
+                c.fb[b], c.units[b] = stored[str(b)]
+            else:
+                c.fb[b], c.units[b] = _count(model, b, autocast)
+                stored[str(b)] = [c.fb[b], c.units[b]]
+        _write_cache(cache, _cache_key(model, autocast), stored)
+    return c
+
+
+def _cache_key(model: str, autocast: bool) -> str:
+    return f"{model}|{'autocast' if autocast else 'fp32'}|torch {_torch_version()}"
+
+
+def _cache_file(cache):
+    if cache is not None:
+        return cache
+    from pipeline import paths
+
+    return paths.repo_root() / "runs" / "memory_model.json"
+
+
+def _read_cache(cache) -> dict:
+    try:
+        return json.loads(_cache_file(cache).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(cache, key: str, value: dict) -> None:
+    path = _cache_file(cache)
+    try:
+        data = _read_cache(cache)
+        data[key] = value
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1, sort_keys=True))
+    except OSError:  # a cache only: a read-only checkout counts again next time
+        pass
+
+
+def _count(model: str, b: int, autocast: bool) -> tuple[int, list[int]]:
+    """One forward + backward of `model` at batch `b` under MemTracker, as the trial runs it (channels_last, the
+    trial's default, cross-entropy): the peak less the parameters, and each FSDP unit's peak less the parameters."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from pipeline.models import MODELS
+
+    device = "cpu" if autocast else "meta"  # autocast does not act on meta tensors
+    torch.manual_seed(0)
+    with torch.device(device):
+        m = MODELS[model]().to(memory_format=torch.channels_last)
+        x = torch.randn(b, 1, 28, 28).contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 10, (b,))
+    units = list(fsdp_units(m))
+    w = sum(p.numel() * p.element_size() for p in m.parameters())
+    tracker = MemTracker()
+    tracker.track_external(m)
+    with tracker:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+    peak = sum(v.get("Total", 0) for v in tracker.get_tracker_snapshot("peak").values())
+    local = [
+        max(tracker.memory_tracking[u].local_peak.values(), default=0) if u in tracker.memory_tracking else 0
+        for u in units
+    ]
+    return int(peak - w), [int(v - w) if v else 0 for v in local]
+
+
+# ----------------------------------------------------------------------------- the partitions
+
+
+def zero1_owned(numel, k: int) -> list[list[int]]:
+    """The parameter tensors (indices) each of k ranks keeps optimizer state for: ZeroRedundancyOptimizer's
+    partition (torch/distributed/optim/zero_redundancy_optimizer.py, _partition_parameters): largest first (a stable
+    sort), each to the rank with the fewest elements so far, the lowest rank on a tie."""
+    owned, sizes = [[] for _ in range(k)], [0] * k
+    for i in sorted(range(len(numel)), key=lambda i: numel[i], reverse=True):
+        r = sizes.index(min(sizes))
+        owned[r].append(i)
+        sizes[r] += numel[i]
+    return owned
+
+
+def shard_numel(numel: int, rows: int, k: int, rank: int, padded: bool = False) -> int:
+    """Elements of one tensor on `rank` under FSDP2: dim 0 split as torch.chunk does (ceil(rows/k) rows per rank, the
+    last ranks fewer or none); `padded`: the storage every rank holds (ceil(rows/k) rows)."""
+    per_row, chunk = numel // max(rows, 1), math.ceil(rows / k)
+    if padded:
+        return chunk * per_row
+    return max(0, min(chunk, rows - rank * chunk)) * per_row
+
+
+# ----------------------------------------------------------------------------- the prediction
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Per device (rank order) the modelled peak in bytes and its terms; `peak` = the largest (the report's)."""
+
+    strategy: str
+    model: str
+    k: int
+    batch_size: int
+    optimizer: str
+    basis: str
+    per_device: tuple[int, ...]
+    terms: tuple[dict, ...]
+    resident: int  # gpu basis: what is resident before the first step (parameters, buffers, the data set)
+    modelled: bool = True
+
+    @property
+    def peak(self) -> int:
+        return max(self.per_device)
+
+    @property
+    def rank(self) -> int:
+        return self.per_device.index(self.peak)
+
+
+def predict(
+    strategy: str,
+    model: str,
+    k: int,
+    batch_size: int,
+    optimizer: str = "sgd",
+    basis: str = "cpu",
+    grad_as_bucket_view: bool = True,  # train.grad_as_bucket_view's default
+    autocast: bool | None = None,
+    anchors=None,
+    cache=None,
+) -> Prediction:
+    """The modelled peak per device of `strategy` at k devices and global batch `batch_size` (module docstring).
+    `anchors`: count the activations at these per-device batches and interpolate (fit's fast path); by default
+    they are counted at this point's own per-device batch."""
+    row = catalog.spec(strategy)
+    amp = row.autocast if autocast is None else autocast
+    lay = layout(model, cache)
+    b = max(1, batch_size // k)
+    fb, unit_peaks = counted(model, AUTOCAST_ANCHORS if amp else anchors or (b,), amp, cache).at(b)
+    terms = [
+        _rank_terms(row, lay, k, r, b, batch_size, optimizer, basis, grad_as_bucket_view, fb, unit_peaks)
+        for r in range(1 if (basis == "cpu" and not row.parallel_on_cpu) else k)
+    ]
+    lazy = basis == "cpu" and not _handwritten(row)  # a hand-written optimizer makes its state up front
+    per_device = tuple(int(_total(t, lazy)) for t in terms)
+    resident = lay.buffer_bytes + DATASET_BYTES + int(terms[0]["params_resident"])
+    for t in terms:
+        t.pop("params_resident")
+    return Prediction(strategy, model, k, batch_size, optimizer, basis, per_device, tuple(terms), resident)
+
+
+def _total(t: dict, lazy_state: bool) -> float:
+    """The peak of one rank's terms. `lazy_state` (the CPU probe of a torch optimizer, whose state is made inside
+    the probe step's `step()`): the probe adds the state only where its peak came before the state existed
+    (pipeline/measure/memory.py), so the figure is the forward + backward's peak plus the state where that peak is
+    the higher, else the optimizer step's peak; elsewhere the state is there at every peak."""
+    fixed = t["params"] + t["buffers"] + t["buckets"] + t["replicas"] + t["input"]
+    fb = fixed + t["activations"] + t["grads"] + t["gathered"]
+    step = fixed + t["grads"] + t["optimizer"] + t["step_temps"]
+    if lazy_state:
+        return fb + t["optimizer"] if fb > step else step
+    return max(fb + t["optimizer"], step)
+
+
+def _handwritten(row) -> bool:
+    """d2l's from-scratch recipe (its copy-based all-reduce) steps with a hand-written optimizer, whose state is made
+    before training, as d2l does (strategies/scratch.py)."""
+    return row.comm == "copy_allreduce"
+
+
+def _gathers_on_device0(row) -> bool:
+    """nn.DataParallel's designs: the batch scattered from, and the outputs (or losses) gathered on, device 0."""
+    return row.comm in ("dp_gather_logits", "dp_gather_losses")
+
+
+def _rank_terms(row, lay: Layout, k, rank, b, batch, optimizer, basis, gav, fb, unit_peaks) -> dict:
+    w_full = 4 * lay.params
+    sharded = set(row.shards)
+    fsdp = "params" in sharded
+    if fsdp:
+        w = 4 * sum(shard_numel(n, r, k, rank, padded=True) for n, r in zip(lay.numel, lay.rows))
+        g = 4 * sum(shard_numel(n, r, k, rank) for n, r in zip(lay.numel, lay.rows))
+    else:
+        w, g = w_full, w_full
+    # the tensors whose state this rank keeps, and their elements on it
+    if "optimizer" in sharded and not fsdp:
+        mine = {i: lay.numel[i] for i in zero1_owned(lay.numel, k)[rank]}
+    elif fsdp:
+        mine = {i: shard_numel(n, r, k, rank) for i, (n, r) in enumerate(zip(lay.numel, lay.rows))}
+    else:
+        mine = dict(enumerate(lay.numel))
+    state = STATE_BYTES[optimizer] * sum(mine.values()) + STEP_BYTES.get(optimizer, 0) * len(mine)
+    one_at_a_time, foreach = STEP_TEMPS[optimizer]
+    temps = 4 * (foreach * sum(mine.values()) if basis == "gpu" else one_at_a_time * max(mine.values(), default=0))
+    buckets = w_full if row.comm == "bucket_allreduce" else 0
+    if buckets and gav:
+        g = 0  # the gradients are views of the buckets
+    # activations: the counted forward + backward less the gradients it made (the step's `grads` term holds them)
+    acts = fb - w_full - lay.buffer_bytes
+    gathered = 0.0
+    if fsdp and lay.units:
+        # the unit FSDP2 holds unsharded nearest the peak (the one with the highest own peak): its parameters, and at
+        # k > 1 its unsharded gradients too, beside their shards
+        near = max(range(len(lay.units)), key=lambda u: unit_peaks[u])
+        gathered = (1 if k == 1 else 2) * 4 * sum(lay.numel[i] for i in lay.units[near])
+    replicas = 0
+    inputs = 0
+    if basis == "cpu" and not row.parallel_on_cpu:  # every replica in this one process, one after another
+        replicas = (k - 1) * (w_full + w_full + state)
+        inputs = batch * INPUT_BYTES  # the chunks are views of the whole batch, which the probe then sees
+    if basis == "gpu":
+        inputs = b * INPUT_BYTES + b * 28 * 28  # the normalised batch and the uint8 gather it is made from
+        if _gathers_on_device0(row) and rank == 0:
+            # device 0: the whole batch is normalised there and scattered, the outputs gathered there
+            inputs = batch * (INPUT_BYTES + 28 * 28) + 2 * batch * 10 * 4
+    params = w
+    if basis == "gpu" and not _gathers_on_device0(row) or (basis == "gpu" and rank == 0):
+        params = 0  # resident before the first step
+    if basis == "gpu" and _gathers_on_device0(row) and rank > 0:
+        g, state, temps = 0, 0, 0  # a replica: parameters broadcast in each forward, its gradients reduced to 0
+    buffers = 0 if basis == "gpu" else lay.buffer_bytes
+    if basis == "gpu" and _handwritten(row):
+        state = 0  # hand-written: made before training, resident
+    return {
+        "params": params,
+        "buffers": buffers,
+        "grads": g,
+        "optimizer": state,
+        "buckets": buckets,
+        "activations": max(0.0, acts),
+        "gathered": gathered,
+        "replicas": replicas,
+        "input": inputs,
+        "step_temps": temps,
+        "params_resident": w,
+    }
+
+
+# ----------------------------------------------------------------------------- will it fit?
+
+_SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'80GiB', '80G', '79.6 GiB', '512MiB', '1024' (bytes) -> bytes (binary units; GB is read as GiB too)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"not a memory size: {text!r} (e.g. 80GiB, 40G, 512MiB)")
+    unit = (m.group(2) or "B").upper()[0]
+    return int(float(m.group(1)) * {"B": 1, "K": 1 << 10, "M": MIB, "G": GIB, "T": 1 << 40}[unit])
+
+
+def device_total(p: Prediction) -> int:
+    """What the device holds at the peak (gpu basis): the step peak above resident plus the resident."""
+    return p.peak + (p.resident if p.basis == "gpu" else 0)
+
+
+def largest_batch(strategy: str, model: str, k: int, device_bytes: int, optimizer: str, **kw) -> int:
+    """The largest global batch (a multiple of k) whose modelled peak fits `device_bytes`; 0 if none does."""
+
+    def fits(batch):
+        return device_total(predict(strategy, model, k, batch, optimizer, anchors=COUNT_ANCHORS, **kw)) <= device_bytes
+
+    if not fits(k):
+        return 0
+    lo, hi = 1, 2
+    while fits(hi * k) and hi < 1 << 24:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid * k) else (lo, mid)
+    return lo * k
+
+
+def fit_table(
+    model: str,
+    batch_size: int,
+    device_bytes: int,
+    optimizer: str = "adamw",
+    ks=(1, 2, 4, 8),
+    strategies=None,
+    basis: str = "gpu",
+    cache=None,
+) -> list[dict]:
+    """Per strategy and k: the modelled peak per device at `batch_size`, whether it fits, the largest batch that
+    does. A strategy a k does not apply to (one device only; batch not divisible by k) is left out."""
+    rows = []
+    for s in strategies or catalog.NAMES:
+        for k in ks:
+            if (catalog.spec(s).one_device_only and k != 1) or batch_size % k:
+                continue
+            p = predict(s, model, k, batch_size, optimizer, basis=basis, anchors=COUNT_ANCHORS, cache=cache)
+            total = device_total(p)
+            rows.append(
+                {
+                    "strategy": s,
+                    "k": k,
+                    "batch_size": batch_size,
+                    "peak_bytes": p.peak,
+                    "device_bytes": total,
+                    "fits": total <= device_bytes,
+                    "largest_batch": largest_batch(s, model, k, device_bytes, optimizer, basis=basis, cache=cache),
+                }
+            )
+    return rows
+
+
+def error_pct(measured: float, modelled: float) -> float:
+    """(modelled - measured) / measured, in %: positive where the model over-predicts."""
+    return 100.0 * (modelled - measured) / measured if measured else math.nan
