@@ -30,7 +30,9 @@ DEVICE0 = tuple(s.name for s in catalog.STRATEGIES if s.comm in ("dp_gather_logi
 
 
 def _flag(v) -> bool:
-    return bool(v) and not (isinstance(v, float) and math.isnan(v))
+    """A knob's on/off as the analysis rows hold it: text ('True', 'False'; '' where a table lacks the column, a
+    table from before the knob, when it was off), or a bool in a frame built by hand."""
+    return v is True or (isinstance(v, str) and v.strip().lower() == "true")
 
 
 def compared(mem: pd.DataFrame) -> pd.DataFrame:

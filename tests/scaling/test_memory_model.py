@@ -117,3 +117,16 @@ def memory_fit_table(rows):
     from pipeline.analysis import stage as A
 
     return A.memory_table(frame(rows))
+
+
+def test_a_knob_read_back_as_text_is_off_when_it_says_false():
+    """The analysis rows hold knobs as text (rows.key_text): 'False' is off, '' (a table from before the column) is
+    the old default, off; the report would otherwise model DDP's gradient views for a trial that kept copies."""
+    assert [memory_fit._flag(v) for v in ("True", "False", "", None, True, False)] == [
+        True,
+        False,
+        False,
+        False,
+        True,
+        False,
+    ]
