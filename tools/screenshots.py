@@ -19,6 +19,7 @@ script makes for every page is closing MLflow's assistant panel, which covers a 
 Requirements (no browser download): Chromium at /usr/bin/chromium (`apt-get install -y chromium`) and the
 `playwright` package (`.venv/bin/pip install playwright`; not `playwright install`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 VIEWPORT = {"width": 1600, "height": 1000}  # a laptop's browser: names and columns must fit it
 # true when a rendered leaf element's text contains the text
 SHOWN_JS = """(text) => [...document.querySelectorAll('body *')].some(e => e.childElementCount === 0
@@ -47,18 +55,31 @@ SHOWN_JS = """(text) => [...document.querySelectorAll('body *')].some(e => e.chi
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=Path("docs/screenshots"),
-                   help="folder for the PNGs, relative to the repository root (default: docs/screenshots)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("docs/screenshots"),
+        help="folder for the PNGs, relative to the repository root (default: docs/screenshots)",
+    )
     p.add_argument("--port", type=int, default=0, help="UI port on 127.0.0.1 (default: 0 = a free one)")
     p.add_argument("--chromium", default=CHROMIUM, help=f"the Chromium executable (default: {CHROMIUM})")
     p.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for the UI to start (default: 90)")
     p.add_argument("--params", default=None, help="params file (default: params.yaml at the repository root)")
-    p.add_argument("--flagged", action="store_true",
-                   help="instead: a trial flagged as measured under interference in the runs table, on its page and "
-                        "in optuna-dashboard (flagged-runs-table.png, flagged-trial.png, flagged-optuna.png)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a parameter, repeatable (default: none; the store and experiment are the ones "
-                        "params.yaml and its profile name, e.g. --set tracking.uri=...)")
+    p.add_argument(
+        "--flagged",
+        action="store_true",
+        help="instead: a trial flagged as measured under interference in the runs table, on its page and "
+        "in optuna-dashboard (flagged-runs-table.png, flagged-trial.png, flagged-optuna.png)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a parameter, repeatable (default: none; the store and experiment are the ones "
+        "params.yaml and its profile name, e.g. --set tracking.uri=...)",
+    )
     return p.parse_args(argv)
 
 
@@ -68,8 +89,10 @@ def missing_requirements(chromium: str) -> list[str]:
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        out.append(f"Playwright is not installed: {sys.executable} -m pip install playwright "
-                   "(its own browser download, `playwright install`, is not needed)")
+        out.append(
+            f"Playwright is not installed: {sys.executable} -m pip install playwright "
+            "(its own browser download, `playwright install`, is not needed)"
+        )
     if not (os.path.isfile(chromium) and os.access(chromium, os.X_OK)):
         out.append(f"Chromium was not found at {chromium}: apt-get install -y chromium, or pass --chromium PATH")
     return out
@@ -85,22 +108,38 @@ def pick_runs(client, experiment_id: str, flagged: bool = False) -> dict:
     """The runs to show: the fastest trial (flagged: of those measured under interference), the fastest trial of
     each strategy (to compare), the analysis run."""
     runs = client.search_runs([experiment_id], max_results=5000)
-    trials = [r for r in runs if "mlflow.parentRunId" in r.data.tags and "img_s/throughput" in r.data.metrics
-              and r.info.status == "FINISHED" and (not flagged or "parallax.flagged" in r.data.tags)]
+    trials = [
+        r
+        for r in runs
+        if "mlflow.parentRunId" in r.data.tags
+        and "img_s/throughput" in r.data.metrics
+        and r.info.status == "FINISHED"
+        and (not flagged or "parallax.flagged" in r.data.tags)
+    ]
     best: dict = {}
     for r in sorted(trials, key=lambda r: -r.data.metrics["img_s/throughput"]):
         best.setdefault(r.data.tags.get("strategy", "?"), r)
     analysis = next((r for r in runs if r.data.tags.get("stage") == "analyze"), None)
-    return {"trial": trials and max(trials, key=lambda r: r.data.metrics["img_s/throughput"]),
-            "compare": list(best.values())[:4], "analysis": analysis, "all": runs}
+    return {
+        "trial": trials and max(trials, key=lambda r: r.data.metrics["img_s/throughput"]),
+        "compare": list(best.values())[:4],
+        "analysis": analysis,
+        "all": runs,
+    }
 
 
 def start_ui(args, port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "pipeline", "ui", "--port", str(port)]
     cmd += (["--params", args.params] if args.params else []) + [a for s in args.overrides for a in ("--set", s)]
     log = tempfile.TemporaryFile(mode="w+")  # the server's output, shown if it fails to start
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -131,6 +170,7 @@ def shoot(page, url: str, path: Path, wait_text: str, prepare=None, height: int 
     """Open `url`, wait until `wait_text` shows, `prepare(page)` if given, save the viewport (or the page's top
     `height` pixels)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page.goto(url, wait_until="load")  # not "networkidle": the UI polls the server for as long as it is open
     try:
         page.wait_for_function(SHOWN_JS, arg=wait_text, timeout=30_000)
@@ -143,8 +183,10 @@ def shoot(page, url: str, path: Path, wait_text: str, prepare=None, height: int 
     page.wait_for_timeout(1500)  # charts and tables finish their layout
     if height:
         # the UI scrolls inside <main>, not the document: grow the viewport to the content's height
-        full = page.evaluate("Math.max(document.documentElement.scrollHeight, ...[...document.querySelectorAll("
-                             "'main')].map(m => m.scrollHeight + m.getBoundingClientRect().top + 16))")
+        full = page.evaluate(
+            "Math.max(document.documentElement.scrollHeight, ...[...document.querySelectorAll("
+            "'main')].map(m => m.scrollHeight + m.getBoundingClientRect().top + 16))"
+        )
         page.set_viewport_size({"width": page.viewport_size["width"], "height": min(max(full, 600), height)})
         page.wait_for_timeout(500)
     page.screenshot(path=str(path))
@@ -196,33 +238,45 @@ def take(args, base: str, experiment_id: str, picked: dict) -> None:
     from playwright.sync_api import sync_playwright
 
     from pipeline.tracking import ui_view
+
     ml = "workflowType=machine_learning"
     view = ui_view.view_state(picked["all"])  # what the shared view the UI server wrote shows
     # the table is drawn once the first metric column's header is there
-    first_metric = next((c[len("metrics.`"):-1] for c in view["selectedColumns"] if c.startswith("metrics.")),
-                        "Run Name")
+    first_metric = next(
+        (c[len("metrics.`") : -1] for c in view["selectedColumns"] if c.startswith("metrics.")), "Run Name"
+    )
     exp = f"{base}/#/experiments/{experiment_id}"
     with tempfile.TemporaryDirectory(prefix="parallax-chromium-") as profile, sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
-            profile, executable_path=args.chromium, headless=True, args=CHROMIUM_ARGS, viewport=VIEWPORT)
+            profile, executable_path=args.chromium, headless=True, args=CHROMIUM_ARGS, viewport=VIEWPORT
+        )
         page = ctx.new_page()
         page.set_default_timeout(60_000)
         pre = "flagged-" if args.flagged else ""
-        shoot(page, f"{base}/{ui_view.path(experiment_id)}", args.out / f"{pre}runs-table.png", first_metric,
-              prepare=expand_studies if args.flagged else None)
+        shoot(
+            page,
+            f"{base}/{ui_view.path(experiment_id)}",
+            args.out / f"{pre}runs-table.png",
+            first_metric,
+            prepare=expand_studies if args.flagged else None,
+        )
         r = picked["trial"]
         shoot(page, f"{exp}/runs/{r.info.run_id}?{ml}", args.out / f"{pre}trial.png", r.info.run_name, height=2000)
         if args.flagged:
             dashboard(args, page, r)
         elif len(picked["compare"]) >= 2:
             ids = json.dumps([r.info.run_id for r in picked["compare"]])
-            shoot(page, f"{base}/#/compare-runs?runs={ids}&experiments={json.dumps([experiment_id])}&{ml}",
-                  args.out / "compare.png", "Parallel Coordinates Plot", prepare=plot_throughput)
+            shoot(
+                page,
+                f"{base}/#/compare-runs?runs={ids}&experiments={json.dumps([experiment_id])}&{ml}",
+                args.out / "compare.png",
+                "Parallel Coordinates Plot",
+                prepare=plot_throughput,
+            )
         if picked["analysis"] and not args.flagged:
             run = f"{exp}/runs/{picked['analysis'].info.run_id}"
             shoot(page, f"{run}?{ml}", args.out / "analysis.png", "analysis", height=2000)
-            shoot(page, f"{run}/artifacts/efficiency.png?{ml}", args.out / "analysis-efficiency.png",
-                  "efficiency.png")
+            shoot(page, f"{run}/artifacts/efficiency.png?{ml}", args.out / "analysis-efficiency.png", "efficiency.png")
             shoot(page, f"{run}/model-metrics?{ml}", args.out / "analysis-charts.png", "figures/efficiency")
         ctx.close()
 
@@ -231,18 +285,25 @@ def dashboard(args, page, run) -> None:
     """optuna-dashboard (`python -m pipeline.cli.dashboard`) on the trials of `run`'s study, its numeric `flagged`
     and `foreign_cores` attributes shown; skipped with a line where optuna-dashboard is not installed."""
     import optuna
+
     try:
         import optuna_dashboard  # noqa: F401
     except ImportError:
         print("optuna-dashboard is not installed: flagged-optuna.png not taken", file=sys.stderr)
         return
     from pipeline.cli import dashboard as cli_dashboard
+
     url = cli_dashboard.storage_url()
     study_id = optuna.storages.get_storage(url).get_study_id_from_name(run.data.tags["study"])
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli.dashboard", "--port", str(port)], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path[1:]])})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli.dashboard", "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path[1:]])},
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + args.timeout
@@ -267,13 +328,17 @@ def main(argv=None) -> int:
 
     from pipeline.config import loader as configmod
     from pipeline.tracking import client as tracking
+
     cfg = configmod.load(args.params, args.overrides)
     client = MlflowClient(tracking.tracking_uri(cfg))
     exp = client.get_experiment_by_name(tracking.experiment_name(cfg))
     picked = pick_runs(client, exp.experiment_id, args.flagged) if exp else None
     if not picked or not picked["trial"]:
-        print(f"no finished trial in experiment {tracking.experiment_name(cfg)!r} of the store "
-              f"{tracking.tracking_uri(cfg)}: run the sweeps first (make pipeline-offline)", file=sys.stderr)
+        print(
+            f"no finished trial in experiment {tracking.experiment_name(cfg)!r} of the store "
+            f"{tracking.tracking_uri(cfg)}: run the sweeps first (make pipeline-offline)",
+            file=sys.stderr,
+        )
         return 1
     args.out = REPO / args.out  # an absolute --out stays as it is
     args.out.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ reading them is docs/gpu.md's "the first GPU run".
 A CPU host is refused (exit 2) unless --allow-cpu: then the same plan runs smaller (doctor on single and ddp, a few
 steps each) with every CUDA-only step skipped and its reason said: a rehearsal of the check, not of the findings.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,10 +81,28 @@ class Result:
 def doctor_step(name, findings, what, strategies, max_devices, sets=(), optional=(), **kw) -> Step:
     """A `doctor` step: its command and its trial count come from the same strategies and max_devices. `optional`:
     options an older build may reject (the step then runs without them)."""
-    argv = ("-m", "pipeline", "doctor", CONFIG, "--strategies", ",".join(strategies), "--max-devices",
-            str(max_devices), *sets, "--out", "{out}")
-    return Step(name, findings, what, (*argv, *optional), doctor=(tuple(strategies), max_devices),
-                fallback=argv if optional else (), **kw)
+    argv = (
+        "-m",
+        "pipeline",
+        "doctor",
+        CONFIG,
+        "--strategies",
+        ",".join(strategies),
+        "--max-devices",
+        str(max_devices),
+        *sets,
+        "--out",
+        "{out}",
+    )
+    return Step(
+        name,
+        findings,
+        what,
+        (*argv, *optional),
+        doctor=(tuple(strategies), max_devices),
+        fallback=argv if optional else (),
+        **kw,
+    )
 
 
 def build_plan(kind: str = "cuda") -> tuple[Step, ...]:
@@ -98,44 +117,139 @@ def build_plan(kind: str = "cuda") -> tuple[Step, ...]:
     dp = "dp runs on CUDA devices only"
     tf32 = "TF32 is a CUDA setting: a CPU computes IEEE fp32 either way"
     return (
-        Step("host", ("G7", "G17", "G20"), "CUDA ordinals vs NVML (uuid), CUDA_VISIBLE_DEVICES, nvidia-smi topo",
-             (me, "--host-facts", "{out}/host.json"), trials=0, fixed_s=45),
-        Step("data", (), "the synthetic data set the steps train on, in OUT/data",
-             ("-m", "pipeline", "download", CONFIG), trials=0, fixed_s=60),
-        Step("calibration", (), "one trial (train single, 5 steps), timed: what a trial costs on this host",
-             (*train, "--strategy", "single", "--epochs", "1", "--max-steps", "5"), fixed_s=90, calibrates=True),
-        doctor_step("doctor_breakdown_off", ("G2", "G4", "G13", "G19", "G21", "G22"),
-                    "doctor at k=1 with train.breakdown_every=0", doc, 1,
-                    sets=("--set", "train.breakdown_every=0", *short)),
-        doctor_step("equivalence_tf32_on", ("G6",), "doctor's one-step equivalence with TF32 on (dp, ddp; k=1)",
-                    ("dp", "ddp"), 1, sets=("--steps", "3", "--set", "train.fp32_precision=tf32"), cuda_only=tf32),
-        doctor_step("equivalence_tf32_off", ("G6",), "doctor's one-step equivalence with TF32 off (dp, ddp; k=1)",
-                    ("dp", "ddp"), 1, sets=("--steps", "3", "--set", "train.fp32_precision=ieee"), cuda_only=tf32),
-        Step("memory_single", ("G3",), f"LeNet single, {span}: resident at reset vs the peaks",
-             (*train, "--strategy", "single", *epoch)),
-        Step("overlap", ("G10",), "the overlap stage's measurement (side stream), without its MLflow run",
-             (me, "--overlap", "{out}", CONFIG)),
-        Step("dp_output_device_1", ("G5",), f"train dp k=2 with train.output_device=1, {span}",
-             (*train, "--strategy", "dp", "--devices", "2", *epoch, "--set", "train.output_device=1"), devices=2,
-             cuda_only=dp),
-        Step("memory_dp_k2", ("G3", "G21"), f"LeNet dp k=2, {span}: resident at reset vs the peaks per device",
-             (*train, "--strategy", "dp", "--devices", "2", *epoch), devices=2, cuda_only=dp),
-        Step("collectives", ("G9", "G16"), "collectives, the in-process ops timed apart",
-             ("-m", "pipeline", "collectives", CONFIG, "--out", "{out}/collectives.json"), trials=2, devices=2,
-             cuda_only="G9 and G16 are NCCL's; a CPU's Gloo collectives are the pipeline's collectives stage"),
-        doctor_step("doctor_default", ("G1", "G2", "G12", "G14", "G15", "G18", "G20"),
-                    "doctor as shipped, k <= 2 (one GPU: the multi-process strategies' k=2 rows share it), "
-                    "one sampled step's events dumped", doc, 2, sets=short, optional=("--dump-events", "{out}/events")),
+        Step(
+            "host",
+            ("G7", "G17", "G20"),
+            "CUDA ordinals vs NVML (uuid), CUDA_VISIBLE_DEVICES, nvidia-smi topo",
+            (me, "--host-facts", "{out}/host.json"),
+            trials=0,
+            fixed_s=45,
+        ),
+        Step(
+            "data",
+            (),
+            "the synthetic data set the steps train on, in OUT/data",
+            ("-m", "pipeline", "download", CONFIG),
+            trials=0,
+            fixed_s=60,
+        ),
+        Step(
+            "calibration",
+            (),
+            "one trial (train single, 5 steps), timed: what a trial costs on this host",
+            (*train, "--strategy", "single", "--epochs", "1", "--max-steps", "5"),
+            fixed_s=90,
+            calibrates=True,
+        ),
+        doctor_step(
+            "doctor_breakdown_off",
+            ("G2", "G4", "G13", "G19", "G21", "G22"),
+            "doctor at k=1 with train.breakdown_every=0",
+            doc,
+            1,
+            sets=("--set", "train.breakdown_every=0", *short),
+        ),
+        doctor_step(
+            "equivalence_tf32_on",
+            ("G6",),
+            "doctor's one-step equivalence with TF32 on (dp, ddp; k=1)",
+            ("dp", "ddp"),
+            1,
+            sets=("--steps", "3", "--set", "train.fp32_precision=tf32"),
+            cuda_only=tf32,
+        ),
+        doctor_step(
+            "equivalence_tf32_off",
+            ("G6",),
+            "doctor's one-step equivalence with TF32 off (dp, ddp; k=1)",
+            ("dp", "ddp"),
+            1,
+            sets=("--steps", "3", "--set", "train.fp32_precision=ieee"),
+            cuda_only=tf32,
+        ),
+        Step(
+            "memory_single",
+            ("G3",),
+            f"LeNet single, {span}: resident at reset vs the peaks",
+            (*train, "--strategy", "single", *epoch),
+        ),
+        Step(
+            "overlap",
+            ("G10",),
+            "the overlap stage's measurement (side stream), without its MLflow run",
+            (me, "--overlap", "{out}", CONFIG),
+        ),
+        Step(
+            "dp_output_device_1",
+            ("G5",),
+            f"train dp k=2 with train.output_device=1, {span}",
+            (*train, "--strategy", "dp", "--devices", "2", *epoch, "--set", "train.output_device=1"),
+            devices=2,
+            cuda_only=dp,
+        ),
+        Step(
+            "memory_dp_k2",
+            ("G3", "G21"),
+            f"LeNet dp k=2, {span}: resident at reset vs the peaks per device",
+            (*train, "--strategy", "dp", "--devices", "2", *epoch),
+            devices=2,
+            cuda_only=dp,
+        ),
+        Step(
+            "collectives",
+            ("G9", "G16"),
+            "collectives, the in-process ops timed apart",
+            ("-m", "pipeline", "collectives", CONFIG, "--out", "{out}/collectives.json"),
+            trials=2,
+            devices=2,
+            cuda_only="G9 and G16 are NCCL's; a CPU's Gloo collectives are the pipeline's collectives stage",
+        ),
+        doctor_step(
+            "doctor_default",
+            ("G1", "G2", "G12", "G14", "G15", "G18", "G20"),
+            "doctor as shipped, k <= 2 (one GPU: the multi-process strategies' k=2 rows share it), "
+            "one sampled step's events dumped",
+            doc,
+            2,
+            sets=short,
+            optional=("--dump-events", "{out}/events"),
+        ),
     )
 
 
 PLAN = build_plan("cuda")
 # what a finding's row says when no step covers it
-UNCOVERED = {"G8": "sampled only inside trials (gpu_monitor fields of doctor's rows, if the build records them)",
-             "G11": "shown by the install itself: run.sh's install.txt and its 'core requirements' line"}
-KEYS = ("img_s", "step_ms", "peak_mem", "resident", "reserved", "nvml", "comm", "tf32", "scale", "skipped",
-        "status", "reason", "check", "backend", "alpha", "beta", "saving", "nccl", "uuid", "visible", "interconnect",
-        "gpu_", "epoch_s", "output_device", "mem_")
+UNCOVERED = {
+    "G8": "sampled only inside trials (gpu_monitor fields of doctor's rows, if the build records them)",
+    "G11": "shown by the install itself: run.sh's install.txt and its 'core requirements' line",
+}
+KEYS = (
+    "img_s",
+    "step_ms",
+    "peak_mem",
+    "resident",
+    "reserved",
+    "nvml",
+    "comm",
+    "tf32",
+    "scale",
+    "skipped",
+    "status",
+    "reason",
+    "check",
+    "backend",
+    "alpha",
+    "beta",
+    "saving",
+    "nccl",
+    "uuid",
+    "visible",
+    "interconnect",
+    "gpu_",
+    "epoch_s",
+    "output_device",
+    "mem_",
+)
 
 
 def trials(step: Step, host) -> int:
@@ -195,8 +309,7 @@ def figures(out: Path, limit: int = 40) -> dict:
             for i, x in enumerate(v):
                 label = "/".join(str(x[k]) for k in ("strategy", "k", "variant") if x.get(k) not in (None, ""))
                 walk(f"{prefix}[{label or i}]", x)
-        elif any(k in prefix.rsplit(".", 1)[-1].lower() for k in KEYS) and (
-                not isinstance(v, str) or len(v) <= 160):
+        elif any(k in prefix.rsplit(".", 1)[-1].lower() for k in KEYS) and (not isinstance(v, str) or len(v) <= 160):
             found[prefix] = v
 
     for path in sorted(out.rglob("*.json")):
@@ -221,6 +334,7 @@ def host_facts(path: Path) -> None:
 
     try:
         import pynvml
+
         pynvml.nvmlInit()
     except Exception as e:  # noqa: BLE001
         pynvml, nvml_error = None, f"{type(e).__name__}: {e}"
@@ -229,22 +343,36 @@ def host_facts(path: Path) -> None:
     gpus = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
-        row = {"ordinal": i, "name": props.name, "uuid": str(getattr(props, "uuid", "")),
-               "pci": [getattr(props, k, None) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")],
-               "nvml_index": guard(lambda: torch.cuda._get_nvml_device_index(i))}
+        row = {
+            "ordinal": i,
+            "name": props.name,
+            "uuid": str(getattr(props, "uuid", "")),
+            "pci": [getattr(props, k, None) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")],
+            "nvml_index": guard(lambda: torch.cuda._get_nvml_device_index(i)),
+        }
         if pynvml:
-            row["nvml_uuid_at_same_index"] = guard(lambda: pynvml.nvmlDeviceGetUUID(
-                pynvml.nvmlDeviceGetHandleByIndex(i)))
+            row["nvml_uuid_at_same_index"] = guard(
+                lambda: pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+            )
         gpus.append(row)
 
     def smi(*args):
-        return guard(lambda: subprocess.run(["nvidia-smi", *args], capture_output=True, text=True,
-                                            timeout=15).stdout)
+        return guard(lambda: subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=15).stdout)
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                                "nvml": nvml_error or "pynvml imported", "gpus": gpus,
-                                "nvidia_smi_L": smi("-L"), "nvidia_smi_topo": smi("topo", "-m")},
-                               indent=1, default=str))
+    path.write_text(
+        json.dumps(
+            {
+                "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "nvml": nvml_error or "pynvml imported",
+                "gpus": gpus,
+                "nvidia_smi_L": smi("-L"),
+                "nvidia_smi_topo": smi("topo", "-m"),
+            },
+            indent=1,
+            default=str,
+        )
+    )
 
 
 def overlap_only(out: Path, overrides) -> None:
@@ -291,8 +419,13 @@ def run_step(step: Step, out: Path, timeout_s: float, python: str = sys.executab
     out.mkdir(parents=True, exist_ok=True)
     base, root = out.parent.parent, project_root()
     path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p)  # a checkout's pipeline too
-    env = {**os.environ, "DVC_ROOT": str(root or base), "PYTHONPATH": path, "PYTHONUNBUFFERED": "1",
-           "MPLBACKEND": "Agg"}
+    env = {
+        **os.environ,
+        "DVC_ROOT": str(root or base),
+        "PYTHONPATH": path,
+        "PYTHONUNBUFFERED": "1",
+        "MPLBACKEND": "Agg",
+    }
     env.pop("DVC_STAGE", None)  # inside a DVC stage repo_root() would be the current folder's project
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(base / ".torchinductor"))  # not the root's runs/
     sets = config(base, root)
@@ -308,8 +441,14 @@ def run_step(step: Step, out: Path, timeout_s: float, python: str = sys.executab
         if not (code == 2 and "unrecognized arguments" in stderr):
             break
     last = (stderr.strip() or stdout.strip() or "no output").splitlines()[-1][:200]
-    res = Result(step.name, "passed" if code == 0 else "failed", "" if code == 0 else last,
-                 time.monotonic() - t0, code, figures(out))
+    res = Result(
+        step.name,
+        "passed" if code == 0 else "failed",
+        "" if code == 0 else last,
+        time.monotonic() - t0,
+        code,
+        figures(out),
+    )
     if argv is step.fallback and step.fallback:
         res.why = (res.why + "; " if res.why else "") + f"this build rejects {step.argv[-2]} (ran without it)"
     fixtures = sorted((out / "events").glob("events-*.json"))  # doctor --dump-events: one per profiled trial
@@ -331,8 +470,11 @@ def run_plan(plan, out: Path, budget_s: float, host, runner=run_step, trial_s: f
     """The steps in order, each under min(its sized limit, what is left of the budget); a step whose trials would
     need more than what is left is not started. The calibration step's seconds become the per-trial cost of the
     steps after it (trial_s given: that cost, no calibration). Returns the results and that cost with its source."""
-    cost = {"trial_s": trial_s, "from": "--trial-s"} if trial_s else {
-        "trial_s": DEFAULT_TRIAL_S, "from": f"the default {DEFAULT_TRIAL_S:g} s: no calibration ran"}
+    cost = (
+        {"trial_s": trial_s, "from": "--trial-s"}
+        if trial_s
+        else {"trial_s": DEFAULT_TRIAL_S, "from": f"the default {DEFAULT_TRIAL_S:g} s: no calibration ran"}
+    )
     results, start = [], time.monotonic()
     for step in plan:
         n, left = trials(step, host), budget_s - (time.monotonic() - start)
@@ -342,9 +484,14 @@ def run_plan(plan, out: Path, budget_s: float, host, runner=run_step, trial_s: f
         elif step.calibrates and trial_s:
             res = Result(step.name, "skipped", f"--trial-s {trial_s:g}: the limits are sized on it")
         elif left < max(need, MIN_LEFT_S):
-            res = Result(step.name, "not run", f"the {budget_s:.0f} s budget was spent" if left < MIN_LEFT_S else
-                         f"its {n} trials need about {need:.0f} s at {cost['trial_s']:.1f} s each, and {left:.0f} s "
-                         f"of the {budget_s:.0f} s budget are left")
+            res = Result(
+                step.name,
+                "not run",
+                f"the {budget_s:.0f} s budget was spent"
+                if left < MIN_LEFT_S
+                else f"its {n} trials need about {need:.0f} s at {cost['trial_s']:.1f} s each, and {left:.0f} s "
+                f"of the {budget_s:.0f} s budget are left",
+            )
         else:
             limit = limit_s(step, host, cost["trial_s"])
             res = runner(step, out / "steps" / step.name, min(limit, left))
@@ -368,13 +515,30 @@ def rows(plan, results) -> list[dict]:
         ran = [by_step[s.name] for s in steps if s.name in by_step and by_step[s.name].status in ("passed", "failed")]
         if ran:
             shown = "; ".join(f"{r.step}: {r.status}" + (f" ({r.why})" if r.why else "") for r in ran)
-            out.append({"finding": g, "exercised": True, "ran": [s.what for s in steps], "showed": shown,
-                        "figures": {r.step: r.figures for r in ran}})
+            out.append(
+                {
+                    "finding": g,
+                    "exercised": True,
+                    "ran": [s.what for s in steps],
+                    "showed": shown,
+                    "figures": {r.step: r.figures for r in ran},
+                }
+            )
         else:
-            why = "; ".join(f"{by_step[s.name].step}: {by_step[s.name].status} ({by_step[s.name].why})"
-                            for s in steps if s.name in by_step) or UNCOVERED.get(g, "no step of this run covers it")
-            out.append({"finding": g, "exercised": False, "ran": [s.what for s in steps],
-                        "showed": f"not exercised: {why}", "figures": {}})
+            why = "; ".join(
+                f"{by_step[s.name].step}: {by_step[s.name].status} ({by_step[s.name].why})"
+                for s in steps
+                if s.name in by_step
+            ) or UNCOVERED.get(g, "no step of this run covers it")
+            out.append(
+                {
+                    "finding": g,
+                    "exercised": False,
+                    "ran": [s.what for s in steps],
+                    "showed": f"not exercised: {why}",
+                    "figures": {},
+                }
+            )
     return out
 
 
@@ -382,14 +546,20 @@ def write_report(path: Path, plan, results, facts: dict) -> dict:
     """first-run.md: the per-finding table, the steps, then everything as one JSON block (load() reads it back)."""
     report = {"facts": facts, "steps": [asdict(r) for r in results], "findings": rows(plan, results)}
     title = "# Parallax: first GPU run" + (", rehearsed on a CPU" if facts.get("rehearsal") else "")
-    lines = [title, ""] + [f"- {k}: {v}" for k, v in facts.items()] + [
-        "", "| finding | ran | what the hardware showed | figures |", "|---|---|---|---|"]
+    lines = (
+        [title, ""]
+        + [f"- {k}: {v}" for k, v in facts.items()]
+        + ["", "| finding | ran | what the hardware showed | figures |", "|---|---|---|---|"]
+    )
     for r in report["findings"]:
         figs = "; ".join(f"{k}={v}" for fs in r["figures"].values() for k, v in list(fs.items())[:8])
         lines.append(f"| {r['finding']} | {', '.join(r['ran']) or '-'} | {r['showed']} | {figs[:600] or '-'} |")
     lines += ["", "| step | status | trials | limit s | seconds | why |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r.step} | {r.status} | {r.trials} | {'-' if r.limit_s is None else f'{r.limit_s:.0f}'} | "
-              f"{r.seconds:.1f} | {r.why or '-'} |" for r in results]
+    lines += [
+        f"| {r.step} | {r.status} | {r.trials} | {'-' if r.limit_s is None else f'{r.limit_s:.0f}'} | "
+        f"{r.seconds:.1f} | {r.why or '-'} |"
+        for r in results
+    ]
     lines += ["", "```json", json.dumps(report, indent=1, default=str), "```", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
@@ -399,44 +569,62 @@ def write_report(path: Path, plan, results, facts: dict) -> dict:
 def load(path: Path) -> dict:
     """The JSON block of a first-run.md."""
     text = path.read_text()
-    return json.loads(text[text.rindex("```json") + len("```json"):text.rindex("```")])
+    return json.loads(text[text.rindex("```json") + len("```json") : text.rindex("```")])
 
 
 def print_plan(plan, host, trial_s: float, source: str, budget_s: float, out: Path = Path("OUT")) -> None:
     """The dry run: each step with its trials, its sized limit and whether it runs here, then the budget."""
     print(f"per-trial cost: {trial_s:g} s, {source}")
-    print(f"each step's limit: its trials x {trial_s:g} s x {SAFETY:g} + {MARGIN_S} s; host, data and calibration "
-          f"have fixed limits")
+    print(
+        f"each step's limit: its trials x {trial_s:g} s x {SAFETY:g} + {MARGIN_S} s; host, data and calibration "
+        f"have fixed limits"
+    )
     sets, count = config(out, project_root()), 0
     for i, s in enumerate(plan, 1):
         n = trials(s, host)
         skip = skipped(s, host)
         count += 0 if skip else n
-        print(f"{i:2d}. {s.name} [{', '.join(s.findings) or 'setup'}] {n} trial{'s' * (n != 1)}, limit "
-              f"{limit_s(s, host, trial_s):.0f} s{' (fixed)' if s.fixed_s else ''}: {s.what}\n"
-              + (f"    skipped here: {skip}\n" if skip else "")
-              + f"    python {' '.join(expand(s.argv, out / 'steps' / s.name, sets))}")
+        print(
+            f"{i:2d}. {s.name} [{', '.join(s.findings) or 'setup'}] {n} trial{'s' * (n != 1)}, limit "
+            f"{limit_s(s, host, trial_s):.0f} s{' (fixed)' if s.fixed_s else ''}: {s.what}\n"
+            + (f"    skipped here: {skip}\n" if skip else "")
+            + f"    python {' '.join(expand(s.argv, out / 'steps' / s.name, sets))}"
+        )
     expected = count * trial_s
-    print(f"budget {budget_s:.0f} s: {count} trials at {trial_s:g} s, about {expected:.0f} s expected "
-          + ("(within the budget)" if expected <= budget_s else "(over the budget: the last steps will not run)")
-          + "; each step runs under min(its limit, what is left), and one whose trials need more than is left is "
-          "not started")
+    print(
+        f"budget {budget_s:.0f} s: {count} trials at {trial_s:g} s, about {expected:.0f} s expected "
+        + ("(within the budget)" if expected <= budget_s else "(over the budget: the last steps will not run)")
+        + "; each step runs under min(its limit, what is left), and one whose trials need more than is left is "
+        "not started"
+    )
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("first-run"), help="default: ./first-run")
     p.add_argument("--budget-s", type=float, default=580, help="the whole run's wall-clock budget (default 580)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the plan, each step's trials and sized limit, and exit (any host)")
-    p.add_argument("--gpus", type=int, metavar="N",
-                   help="with --dry-run: plan for a node with N GPUs (default: this host's; one without CUDA)")
-    p.add_argument("--trial-s", type=float, metavar="S",
-                   help=f"size the limits on S seconds per trial, no calibration (default: the calibration step "
-                        f"measures it; a dry run assumes {DEFAULT_TRIAL_S:g} s)")
-    p.add_argument("--allow-cpu", action="store_true",
-                   help="without CUDA: run the same plan smaller, each CUDA-only step skipped with its reason (a "
-                        "rehearsal of the check, not of the findings)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the plan, each step's trials and sized limit, and exit (any host)"
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="with --dry-run: plan for a node with N GPUs (default: this host's; one without CUDA)",
+    )
+    p.add_argument(
+        "--trial-s",
+        type=float,
+        metavar="S",
+        help=f"size the limits on S seconds per trial, no calibration (default: the calibration step "
+        f"measures it; a dry run assumes {DEFAULT_TRIAL_S:g} s)",
+    )
+    p.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        help="without CUDA: run the same plan smaller, each CUDA-only step skipped with its reason (a "
+        "rehearsal of the check, not of the findings)",
+    )
     p.add_argument("--host-facts", type=Path, metavar="FILE", help=argparse.SUPPRESS)  # the host step
     p.add_argument("--overlap", type=Path, metavar="DIR", help=argparse.SUPPRESS)  # the overlap step
     p.add_argument("--set", dest="overrides", action="append", default=[], help=argparse.SUPPRESS)  # its config
@@ -459,26 +647,41 @@ def main(argv=None) -> int:
     if args.dry_run:
         if args.gpus or (host.kind != "cuda" and not args.allow_cpu):
             n = args.gpus or (host.n if host.kind == "cuda" else 1)
-            print(f"plan for a node with {n} CUDA device{'s' * (n != 1)}" + ("" if args.gpus else
-                  " (this host has none: --gpus N for another node, --allow-cpu for this CPU)"))
+            print(
+                f"plan for a node with {n} CUDA device{'s' * (n != 1)}"
+                + ("" if args.gpus else " (this host has none: --gpus N for another node, --allow-cpu for this CPU)")
+            )
             host = Host("cuda", n, "(planned)", host.hostname, host.torch, "")
         else:
             print(f"plan for this host: {host.kind} x{host.n} ({host.name})")
-        source = ("given (--trial-s)" if args.trial_s else "the stated default: a dry run does not calibrate (a run "
-                  "times one trial first; --trial-s S sizes on S)")
+        source = (
+            "given (--trial-s)"
+            if args.trial_s
+            else "the stated default: a dry run does not calibrate (a run "
+            "times one trial first; --trial-s S sizes on S)"
+        )
         print_plan(build_plan(host.kind), host, args.trial_s or DEFAULT_TRIAL_S, source, args.budget_s)
         return 0
     if host.kind != "cuda" and not args.allow_cpu:
-        print("gpu_first_run needs CUDA: this host has no CUDA device (--dry-run shows the plan; --allow-cpu runs it "
-              "here, smaller, with the CUDA-only steps skipped)", file=sys.stderr)
+        print(
+            "gpu_first_run needs CUDA: this host has no CUDA device (--dry-run shows the plan; --allow-cpu runs it "
+            "here, smaller, with the CUDA-only steps skipped)",
+            file=sys.stderr,
+        )
         return 2
     root = project_root()
-    facts = {"host": f"{host.kind} x{host.n} ({host.name})", "torch": torch.__version__, "cuda": torch.version.cuda,
-             "gpus": host.n if host.kind == "cuda" else 0,
-             "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
-             "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"), "budget_s": args.budget_s,
-             "configuration": f"{root}: its params.yaml and experiments/ (every step's DVC_ROOT)" if root else
-             f"the built-in defaults (profile=): no experiments/*.yaml in {REPO}"}
+    facts = {
+        "host": f"{host.kind} x{host.n} ({host.name})",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpus": host.n if host.kind == "cuda" else 0,
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
+        "budget_s": args.budget_s,
+        "configuration": f"{root}: its params.yaml and experiments/ (every step's DVC_ROOT)"
+        if root
+        else f"the built-in defaults (profile=): no experiments/*.yaml in {REPO}",
+    }
     if host.kind != "cuda":
         facts["rehearsal"] = "on a CPU (--allow-cpu): the CUDA-only steps are skipped; nothing here is a GPU finding"
     out = args.out.resolve()

@@ -1,6 +1,7 @@
 """Figures of the analysis stage (matplotlib's object API, Agg, no global pyplot state), drawn from tables.py's
 tables: efficiency, throughput, memory per device, accuracy, one per varied knob (knob_effects.py), the step-time
 breakdown, and measured vs modelled efficiency (the modelled table of projection.py: dashed, hollow, "modelled")."""
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,11 @@ def source_note(source: str) -> str:
     """The data line every figure carries, so that a copied figure keeps it."""
     if not source:
         return ""
-    return ("data: SYNTHETIC stand-in, not Fashion-MNIST (accuracy means nothing)" if "synthetic" in source
-            else f"data: {source}")
+    return (
+        "data: SYNTHETIC stand-in, not Fashion-MNIST (accuracy means nothing)"
+        if "synthetic" in source
+        else f"data: {source}"
+    )
 
 
 def _empty(ax, what):
@@ -43,15 +47,22 @@ def load_note(t) -> str:
     if t is None or "under_load" not in t or not len(t):
         return ""
     n = int(t["under_load"].astype(bool).sum())
-    return (f"measured under load: {n} of the {len(t)} plotted figures come from trials all flagged as measured "
-            "under interference (report.md, Reading)") if n else ""
+    return (
+        (
+            f"measured under load: {n} of the {len(t)} plotted figures come from trials all flagged as measured "
+            "under interference (report.md, Reading)"
+        )
+        if n
+        else ""
+    )
 
 
 def _save(fig, path, source="", load=""):
     note = source_note(source)
     if note:
-        fig.text(0.01, -0.02, note, fontsize=8, ha="left", va="top",
-                 color="tab:red" if "SYNTHETIC" in note else "dimgrey")
+        fig.text(
+            0.01, -0.02, note, fontsize=8, ha="left", va="top", color="tab:red" if "SYNTHETIC" in note else "dimgrey"
+        )
     if load:
         fig.text(0.01, -0.07 if note else -0.02, load, fontsize=8, ha="left", va="top", color="tab:red")
     with files.replaced(path) as tmp:  # whole or not at all, never through a symlink
@@ -75,8 +86,9 @@ def _bars(ax, x, lo, hi, color):
 def plot_efficiency(eff, path, colors, source=""):
     """Weak and strong efficiency per k, with 95 % interval bars where known."""
     fig = Figure(figsize=(11, 4.2))
-    for ax, kind, ref, sym in zip(fig.subplots(1, 2), ("weak", "strong"),
-                                  ("per_device_batch", "batch_size"), ("b", "B")):
+    for ax, kind, ref, sym in zip(
+        fig.subplots(1, 2), ("weak", "strong"), ("per_device_batch", "batch_size"), ("b", "B")
+    ):
         e = eff[(eff["kind"] == kind) & eff["efficiency"].notna()]
         ax.set_title(f"{kind} scaling (fixed {sym})")
         if e.empty:
@@ -89,9 +101,14 @@ def plot_efficiency(eff, path, colors, source=""):
             if len(g) < 2:
                 continue  # a lone k=1 point is 1.0 by definition
             i = seen[r["strategy"]] = seen.get(r["strategy"], -1) + 1
-            ax.plot(g["k"], g["efficiency"], marker=MARKERS[i % len(MARKERS)], color=colors[r["strategy"]],
-                    ls=":" if is_serial(r) else LINESTYLES[i % len(LINESTYLES)],
-                    label=_label(r, models, f"{sym}={r[ref]:g}") + (" (serial)" if is_serial(r) else ""))
+            ax.plot(
+                g["k"],
+                g["efficiency"],
+                marker=MARKERS[i % len(MARKERS)],
+                color=colors[r["strategy"]],
+                ls=":" if is_serial(r) else LINESTYLES[i % len(LINESTYLES)],
+                label=_label(r, models, f"{sym}={r[ref]:g}") + (" (serial)" if is_serial(r) else ""),
+            )
             _bars(ax, g["k"], g["efficiency_lo"], g["efficiency_hi"], colors[r["strategy"]])
         if not seen:  # only lone k=1 points: no line to draw, and an empty frame reads as "zero"
             what = "per-device batch b" if kind == "weak" else "global batch B"
@@ -134,16 +151,25 @@ def plot_throughput(pts, path, colors, source="", eff=None):
         for s, b in group_by(best, ("strategy",)):
             if catalog.is_one_device_only(s[0]) and len(b) == 1 and len(ks) > 1:
                 # one device only: a reference line across k (a lone point at k=1 hides under the others)
-                ax.axhline(b["throughput_img_s"].iloc[0], color=colors[s[0]], ls="--", lw=2, zorder=5,
-                           label=f"{s[0]} (1 device), for reference")
+                ax.axhline(
+                    b["throughput_img_s"].iloc[0],
+                    color=colors[s[0]],
+                    ls="--",
+                    lw=2,
+                    zorder=5,
+                    label=f"{s[0]} (1 device), for reference",
+                )
                 if np.isfinite(b[["throughput_lo", "throughput_hi"]].to_numpy(dtype=float)).all():
                     ax.axhspan(b["throughput_lo"].iloc[0], b["throughput_hi"].iloc[0], color=colors[s[0]], alpha=0.15)
                 continue
             ax.plot(b["k"], b["throughput_img_s"], marker="o", color=colors[s[0]], label=s[0])
             _bars(ax, b["k"], b["throughput_lo"], b["throughput_hi"], colors[s[0]])
         ax.set_xticks(ks)
-        ax.set(title=f"{model}: best throughput over batch sizes", xlabel="devices k",
-               ylabel="images / s (bars: 95% interval)")
+        ax.set(
+            title=f"{model}: best throughput over batch sizes",
+            xlabel="devices k",
+            ylabel="images / s (bars: 95% interval)",
+        )
         ax.legend(fontsize=7)
     _save(fig, path, source, load_note(pts))
 
@@ -182,13 +208,18 @@ def plot_accuracy(pts, path, colors, source=""):
     for ax, model, g in panels:
         best = g.groupby(["strategy", "k", "batch_size"], sort=False)["test_acc"].max().reset_index()
         for (s, k), b in group_by(best, ("strategy", "k")):
-            ax.plot(b["batch_size"], b["test_acc"], marker="o", color=colors[s],
-                    ls=["-", "--", ":", "-."][int(math.log2(k)) % 4 if k >= 1 else 0], label=f"{s} k={k:g}")
+            ax.plot(
+                b["batch_size"],
+                b["test_acc"],
+                marker="o",
+                color=colors[s],
+                ls=["-", "--", ":", "-."][int(math.log2(k)) % 4 if k >= 1 else 0],
+                label=f"{s} k={k:g}",
+            )
         ax.set_xscale("log", base=2)
         ticks = sorted(best["batch_size"].unique())
         ax.set_xticks(ticks, [f"{b:g}" for b in ticks])
-        ax.set(title=f"{model}: final test accuracy (best lr)", xlabel="global batch B",
-               ylabel="test accuracy")
+        ax.set(title=f"{model}: final test accuracy (best lr)", xlabel="global batch B", ylabel="test accuracy")
         ax.legend(fontsize=7)
     _save(fig, path, source)
 
@@ -209,8 +240,14 @@ def plot_knob(table, knob, path, source=""):
     _save(fig, path, source)
 
 
-BD_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward_compute": "tab:orange",
-             "comm_exposed": "tab:red", "optimizer": "tab:green", "idle": "tab:purple"}
+BD_COLORS = {
+    "data": "tab:gray",
+    "forward": "tab:blue",
+    "backward_compute": "tab:orange",
+    "comm_exposed": "tab:red",
+    "optimizer": "tab:green",
+    "idle": "tab:purple",
+}
 
 
 def plot_breakdown(bd, path, source=""):
@@ -223,16 +260,26 @@ def plot_breakdown(bd, path, source=""):
         _save(fig, path, source)
         return
     several = bd.groupby("strategy")["per_device_batch"].nunique().max() > 1 or bd["model"].nunique() > 1
-    labels = [f"{r['strategy']}\nk={r['k']:g}" + (f"\n{r['model']} b={r['per_device_batch']:g}" if several else "")
-              for r in bd.to_dict("records")]
+    labels = [
+        f"{r['strategy']}\nk={r['k']:g}" + (f"\n{r['model']} b={r['per_device_batch']:g}" if several else "")
+        for r in bd.to_dict("records")
+    ]
     x = np.arange(len(bd))
     bottom = np.zeros(len(bd))
     for p in BD_PARTS:
         h = bd[f"{p}_share"].fillna(0).to_numpy()
         ax.bar(x, h, 0.7, bottom=bottom, color=BD_COLORS[p], label=p.replace("_", " "))
         bottom += h
-    ax.bar(x, bd["residual_share"].fillna(0).to_numpy(), 0.7, bottom=bottom, color="white", edgecolor="black",
-           hatch="//", label="residual (unattributed)")
+    ax.bar(
+        x,
+        bd["residual_share"].fillna(0).to_numpy(),
+        0.7,
+        bottom=bottom,
+        color="white",
+        edgecolor="black",
+        hatch="//",
+        label="residual (unattributed)",
+    )
     ax.set_xticks(x, labels, fontsize=8)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(title="where a sampled step goes (measured; share of the step)", ylabel="share of step time")
@@ -263,22 +310,38 @@ def plot_model(eff, model, path, source=""):
                 m = m[m[c] == v]
             b = f"b={ref['per_device_batch']:g}"
             if len(m) >= 2:
-                ax.plot(m["k"], m["efficiency"], color="black", ls="-", marker=MARKERS[i % len(MARKERS)],
-                        label=f"{b} measured")
+                ax.plot(
+                    m["k"],
+                    m["efficiency"],
+                    color="black",
+                    ls="-",
+                    marker=MARKERS[i % len(MARKERS)],
+                    label=f"{b} measured",
+                )
             for j, ic in enumerate(ics):
                 q = g[g["interconnect"] == ic].sort_values("k")
                 if len(q):
-                    ax.plot(q["k"], q["modelled_efficiency"], color=colormaps["tab10"]((j + 1) % 10), ls="--",
-                            marker=MARKERS[i % len(MARKERS)], markerfacecolor="none",
-                            label=f"{b} modelled: {ic}")
+                    ax.plot(
+                        q["k"],
+                        q["modelled_efficiency"],
+                        color=colormaps["tab10"]((j + 1) % 10),
+                        ls="--",
+                        marker=MARKERS[i % len(MARKERS)],
+                        markerfacecolor="none",
+                        label=f"{b} modelled: {ic}",
+                    )
         ax.axhline(1.0, color="grey", ls=":", lw=1, label="ideal")
-        ax.set(title=f"{s}: weak scaling, measured vs modelled", xlabel="devices k",
-               ylabel="efficiency (modelled where dashed)", ylim=(0, None))
+        ax.set(
+            title=f"{s}: weak scaling, measured vs modelled",
+            xlabel="devices k",
+            ylabel="efficiency (modelled where dashed)",
+            ylim=(0, None),
+        )
         ax.set_xscale("log", base=2)
         ks = sorted(set(mine["k"]) | {1})
         ax.set_xticks(ks, [f"{k:g}" for k in ks])
         ax.legend(fontsize=6)
-    for ax in axes[len(strategies):] if strategies else axes[1:]:
+    for ax in axes[len(strategies) :] if strategies else axes[1:]:
         ax.set_visible(False)
     fig.text(0.01, 1.0, "dashed, hollow: modelled (pipeline/scaling/model.py), not measured", fontsize=8)
     _save(fig, path, source)

@@ -2,6 +2,7 @@
 
 Built on tables.py's tables (and knob_effects.py's knob table); writes one file, report.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -75,36 +76,47 @@ def _reading(pts, eff, mem, status, df) -> list[str]:
             dev0 = m2.assign(dev0=[q[0] for q in m2["peaks"]])
             r0 = best_row(dev0, "dev0")
             who = _ties(dev0, "dev0", r0["dev0"] * (1 - MEM_NOISE))
-            out.append(f"Most memory on device 0 with k≥2{tag}: **{who}**, {r0['dev0'] / MIB:,.1f} MiB "
-                       f"(k={r0['k']:g}, B={r0['batch_size']:g}; figure: {_basis_text(r0['mem_basis'])}); {MEM_SURE}.")
+            out.append(
+                f"Most memory on device 0 with k≥2{tag}: **{who}**, {r0['dev0'] / MIB:,.1f} MiB "
+                f"(k={r0['k']:g}, B={r0['batch_size']:g}; figure: {_basis_text(r0['mem_basis'])}); {MEM_SURE}."
+            )
             imb = best_row(m2, "mem_imbalance")
             if imb["mem_imbalance"] <= 1 + MEM_NOISE:
-                out.append(f"Memory imbalance (max/mean) at k≥2{tag}: no imbalance beyond noise (every point within "
-                           f"{MEM_NOISE:.0%} of even; figure: {_basis_text(imb['mem_basis'])}); {MEM_SURE}.")
+                out.append(
+                    f"Memory imbalance (max/mean) at k≥2{tag}: no imbalance beyond noise (every point within "
+                    f"{MEM_NOISE:.0%} of even; figure: {_basis_text(imb['mem_basis'])}); {MEM_SURE}."
+                )
             else:
-                out.append(f"Worst memory imbalance (max/mean){tag}: "
-                           f"**{_ties(m2, 'mem_imbalance', imb['mem_imbalance'] - MEM_NOISE)}**, "
-                           f"{imb['mem_imbalance']:.2f}× at k={imb['k']:g}, B={imb['batch_size']:g}; "
-                           f"device-0 excess there {_mib(imb['dev0_excess_bytes']):,.1f} MiB (both from: "
-                           f"{_basis_text(imb['mem_basis'])}); {MEM_SURE}.")
+                out.append(
+                    f"Worst memory imbalance (max/mean){tag}: "
+                    f"**{_ties(m2, 'mem_imbalance', imb['mem_imbalance'] - MEM_NOISE)}**, "
+                    f"{imb['mem_imbalance']:.2f}× at k={imb['k']:g}, B={imb['batch_size']:g}; "
+                    f"device-0 excess there {_mib(imb['dev0_excess_bytes']):,.1f} MiB (both from: "
+                    f"{_basis_text(imb['mem_basis'])}); {MEM_SURE}."
+                )
         if len(m):
             if m["mem_method"].nunique() > 1 or m["mem_basis"].nunique() > 1:
-                out.append("Memory was measured with different methods ("
-                           + ", ".join(sorted(set(m["mem_method"]) - {""}))
-                           + "): compare across those with care.")
+                out.append(
+                    "Memory was measured with different methods ("
+                    + ", ".join(sorted(set(m["mem_method"]) - {""}))
+                    + "): compare across those with care."
+                )
         r = best_row(p, "test_acc")
         if r is not None:
             who = _ties(p, "test_acc", r["test_acc"] - answer.ACC_TIE)
             within = f" within {answer.ACC_TIE}" if who.startswith("tie") else ""
-            out.append(f"Best final test accuracy{tag}: **{who}**{within}, {r['test_acc']:.4f} (k={r['k']:g}, "
-                       f"B={r['batch_size']:g}, lr={r['best_lr']:g}); "
-                       f"how sure: best of {r['n_lrs']:g} lr(s) over {r['n_trials']:g} trial(s) of one seed, whose "
-                       "seed-to-seed spread is not measured.")
-    serial = sorted({r["strategy"] for r in pts.to_dict("records")
-                     if r["k"] >= 2 and is_serial(r)})
+            out.append(
+                f"Best final test accuracy{tag}: **{who}**{within}, {r['test_acc']:.4f} (k={r['k']:g}, "
+                f"B={r['batch_size']:g}, lr={r['best_lr']:g}); "
+                f"how sure: best of {r['n_lrs']:g} lr(s) over {r['n_trials']:g} trial(s) of one seed, whose "
+                "seed-to-seed spread is not measured."
+            )
+    serial = sorted({r["strategy"] for r in pts.to_dict("records") if r["k"] >= 2 and is_serial(r)})
     for s in serial:
-        out.append(f"**{s}**: its k devices do not run in parallel on this host "
-                   "(parallel_devices=False), so its \"scaling\" is not real parallel scaling.")
+        out.append(
+            f"**{s}**: its k devices do not run in parallel on this host "
+            '(parallel_devices=False), so its "scaling" is not real parallel scaling.'
+        )
     down = [s for s, st in status.items() if st["status"] != "measured"]
     if down:
         out.append("Not measured here: " + ", ".join(f"{s} ({status[s]['status']})" for s in down) + ".")
@@ -130,114 +142,220 @@ def _host_section(df):
     cols = ["host", "device_kind", "device_name", "host_devices"]
     h = df[df[cols[0]] != ""].groupby(cols, dropna=False).size().reset_index(name="trials")
     src = joined(df["data_source"]) or "unknown"
-    return ["## Host and devices\n\n", md_table(h, [*cols, "trials"],
-            ["host", "kind", "device", "devices N", "trials"]), f"\nData source: **{src}**.\n", *nodes_line(df)]
-
+    return [
+        "## Host and devices\n\n",
+        md_table(h, [*cols, "trials"], ["host", "kind", "device", "devices N", "trials"]),
+        f"\nData source: **{src}**.\n",
+        *nodes_line(df),
+    ]
 
 
 def _load_col(t):
     """under_load shown as the cores busy elsewhere ('yes' where unmeasured), NaN ('—') where not under load."""
     if t.empty:
         return t
-    return t.assign(under_load=[(f"{c:.2f} cores" if not math.isnan(c) else "yes") if u else math.nan
-                                for u, c in zip(t["under_load"].astype(bool), t["load_cores"].astype(float))])
+    return t.assign(
+        under_load=[
+            (f"{c:.2f} cores" if not math.isnan(c) else "yes") if u else math.nan
+            for u, c in zip(t["under_load"].astype(bool), t["load_cores"].astype(float))
+        ]
+    )
 
 
 def _tables(df, pts, eff, mem, acc):
     x = shown_extras(df)
     pts = _load_col(pts)
     n = ["nodes"] if (pts["nodes"] > 1).any() else []  # where some point's k devices spanned nodes (SLURM)
-    s = ["\n## Throughput per point\n\n",
-         "Median over learning rates (and repeats) of complete trials; accuracy from the best lr"
-         + ("; nodes: the nodes its k devices spanned" if n else "") + ".\n\n",
-         "under_load: the cores other processes kept busy where every trial of the point was flagged as measured "
-         "under interference and its figures come from those trials ('—': measured without interference).\n\n",
-         md_table(pts, ["strategy", "model", *x, "k", *n, "batch_size", "per_device_batch",
-                        "throughput_img_s", "under_load", "n_trials", "n_lrs", "best_lr", "test_acc"]),
-         "\n## Scaling efficiency\n\n",
-         "E(k) = T(k)/(k·T(1)) with T(1) measured by the same strategy: weak at fixed per-device "
-         "batch b, strong at fixed global batch B. '—' = no k=1 reference (undefined, not 0). efficiency_95: its 95% "
-         "bootstrap interval over measurement windows and trials ('—': one measurement, unknown); n_measured: "
-         "windows/trials at k, then at k=1.\n"]
+    s = [
+        "\n## Throughput per point\n\n",
+        "Median over learning rates (and repeats) of complete trials; accuracy from the best lr"
+        + ("; nodes: the nodes its k devices spanned" if n else "")
+        + ".\n\n",
+        "under_load: the cores other processes kept busy where every trial of the point was flagged as measured "
+        "under interference and its figures come from those trials ('—': measured without interference).\n\n",
+        md_table(
+            pts,
+            [
+                "strategy",
+                "model",
+                *x,
+                "k",
+                *n,
+                "batch_size",
+                "per_device_batch",
+                "throughput_img_s",
+                "under_load",
+                "n_trials",
+                "n_lrs",
+                "best_lr",
+                "test_acc",
+            ],
+        ),
+        "\n## Scaling efficiency\n\n",
+        "E(k) = T(k)/(k·T(1)) with T(1) measured by the same strategy: weak at fixed per-device "
+        "batch b, strong at fixed global batch B. '—' = no k=1 reference (undefined, not 0). efficiency_95: its 95% "
+        "bootstrap interval over measurement windows and trials ('—': one measurement, unknown); n_measured: "
+        "windows/trials at k, then at k=1.\n",
+    ]
     for kind in ("weak", "strong"):
         e = _load_col(confidence.interval_columns(eff[(eff["kind"] == kind) & (eff["k"] >= 2)]))
-        s += [f"\n### {kind.capitalize()} scaling\n\n",
-              md_table(e, ["strategy", "model", *x, "k", *n, "per_device_batch", "batch_size",
-                           "throughput_img_s", "base_throughput_img_s", "speedup", "efficiency", "efficiency_95",
-                           "n_measured", "under_load", "parallel_devices"])]
-    mm = mem.assign(per_device_mib=_per_device_mib(mem["peaks"]),
-                    **{f"{c}_mib": _per_device_mib(mem[c]) for c in MEM_LISTS},
-                    peak_max_mib=mem["peak_max"] / MIB, dev0_excess_mib=mem["dev0_excess_bytes"] / MIB)
+        s += [
+            f"\n### {kind.capitalize()} scaling\n\n",
+            md_table(
+                e,
+                [
+                    "strategy",
+                    "model",
+                    *x,
+                    "k",
+                    *n,
+                    "per_device_batch",
+                    "batch_size",
+                    "throughput_img_s",
+                    "base_throughput_img_s",
+                    "speedup",
+                    "efficiency",
+                    "efficiency_95",
+                    "n_measured",
+                    "under_load",
+                    "parallel_devices",
+                ],
+            ),
+        ]
+    mm = mem.assign(
+        per_device_mib=_per_device_mib(mem["peaks"]),
+        **{f"{c}_mib": _per_device_mib(mem[c]) for c in MEM_LISTS},
+        peak_max_mib=mem["peak_max"] / MIB,
+        dev0_excess_mib=mem["dev0_excess_bytes"] / MIB,
+    )
     gpu = [f"{c}_mib" for c in MEM_LISTS if mem[c].map(len).any()]  # GPU figures, shown where a row has them
-    s += ["\n## Memory per device\n\n",
-          "Per device in MiB, device 0 first. per_device_mib holds the figure mem_basis names; imbalance = max/mean "
-          "and device-0 excess = peak[0] − mean(peak[1:]) (k ≥ 2) are computed from it. step_above_resident (GPUs): "
-          f"{MEM_BASIS['step_above_resident']}, what the strategy itself costs, data and evaluation left out. "
-          f"memtracker_step (CPU): {MEM_BASIS['memtracker_step']}."
-          + (" resident: allocated before the first step (model, optimizer, the whole data set on every device); "
-             "reserved_peaks: the caching allocator's reserved peak; nvml_used: the device's used memory as NVML "
-             "sees it (every process and CUDA context on it, so extra contexts on device 0 show here); '—': not "
-             "measured." if gpu else "") + "\n\n",
-          md_table(mm, ["strategy", "model", *x, "k", "batch_size", "mem_method", "mem_basis", "per_device_mib",
-                        *gpu, "peak_max_mib", "mem_imbalance", "dev0_excess_mib"]),
-          *sharding.section(mem, md_table),
-          *memory_fit.section(mem, md_table),
-          "\n## Accuracy\n\n",
-          "Final test accuracy and time to the target accuracy ('—': not reached).\n\n",
-          md_table(acc, ["strategy", "model", *x, *(["epochs"] if acc["epochs"].nunique() > 1 else []),
-                         "k", "batch_size", "lr", "test_acc", "time_to_acc_s", "target_acc"])]
+    s += [
+        "\n## Memory per device\n\n",
+        "Per device in MiB, device 0 first. per_device_mib holds the figure mem_basis names; imbalance = max/mean "
+        "and device-0 excess = peak[0] − mean(peak[1:]) (k ≥ 2) are computed from it. step_above_resident (GPUs): "
+        f"{MEM_BASIS['step_above_resident']}, what the strategy itself costs, data and evaluation left out. "
+        f"memtracker_step (CPU): {MEM_BASIS['memtracker_step']}."
+        + (
+            " resident: allocated before the first step (model, optimizer, the whole data set on every device); "
+            "reserved_peaks: the caching allocator's reserved peak; nvml_used: the device's used memory as NVML "
+            "sees it (every process and CUDA context on it, so extra contexts on device 0 show here); '—': not "
+            "measured."
+            if gpu
+            else ""
+        )
+        + "\n\n",
+        md_table(
+            mm,
+            [
+                "strategy",
+                "model",
+                *x,
+                "k",
+                "batch_size",
+                "mem_method",
+                "mem_basis",
+                "per_device_mib",
+                *gpu,
+                "peak_max_mib",
+                "mem_imbalance",
+                "dev0_excess_mib",
+            ],
+        ),
+        *sharding.section(mem, md_table),
+        *memory_fit.section(mem, md_table),
+        "\n## Accuracy\n\n",
+        "Final test accuracy and time to the target accuracy ('—': not reached).\n\n",
+        md_table(
+            acc,
+            [
+                "strategy",
+                "model",
+                *x,
+                *(["epochs"] if acc["epochs"].nunique() > 1 else []),
+                "k",
+                "batch_size",
+                "lr",
+                "test_acc",
+                "time_to_acc_s",
+                "target_acc",
+            ],
+        ),
+    ]
     return s
 
 
 def _problems(df, status):
     s = ["\n## Unavailable on this host\n\n"]
     un = df[(df["state"] == "skipped") & df["reason"].map(is_unavailable)]
-    lines = [f"- **{st}**: {r} ({len(g)} point(s) skipped)"
-             for (st, r), g in group_by(un, ("strategy", "reason"))]
-    lines += [f"- **{n}**: {st['reason']}" for n, st in status.items() if st["status"] in ("missing", "empty")
-              or st["status"].startswith("unreadable")]
+    lines = [f"- **{st}**: {r} ({len(g)} point(s) skipped)" for (st, r), g in group_by(un, ("strategy", "reason"))]
+    lines += [
+        f"- **{n}**: {st['reason']}"
+        for n, st in status.items()
+        if st["status"] in ("missing", "empty") or st["status"].startswith("unreadable")
+    ]
     s += ["\n".join(lines) + "\n" if lines else "_none_\n"]
     other = df[(df["state"] == "skipped") & ~df["reason"].map(is_unavailable)]
-    s += ["\n## Other skipped points\n\n",
-          md_table(other.groupby(["strategy", "reason"], sort=False).size().reset_index(name="points"))]
+    s += [
+        "\n## Other skipped points\n\n",
+        md_table(other.groupby(["strategy", "reason"], sort=False).size().reset_index(name="points")),
+    ]
     bad = df[~df["state"].isin(["complete", "skipped"])]
-    s += ["\n## Failed and pruned trials\n\n",
-          md_table(bad, ["strategy", "model", "k", "batch_size", "lr", "trial", "state", "reason"])]
+    s += [
+        "\n## Failed and pruned trials\n\n",
+        md_table(bad, ["strategy", "model", "k", "batch_size", "lr", "trial", "state", "reason"]),
+    ]
     inter = df[df["interfered"] & (df["state"] == "complete")]
-    s += ["\n## Measured under interference\n\n",
-          "Other processes used this host's cores while these trials ran (beyond the threshold of "
-          "`pipeline/measure/interference.py`); their speed is not the strategy's. A point that also has trials "
-          "measured without interference leaves them out of its throughput and efficiency; a point whose trials "
-          "were all flagged keeps them, labelled under load. Accuracy and memory keep them.\n\n"
-          if len(inter) else "",
-          md_table(inter, ["strategy", "model", "k", "batch_size", "lr", "throughput_img_s", "foreign_cores",
-                           "interference_reason"])]
+    s += [
+        "\n## Measured under interference\n\n",
+        "Other processes used this host's cores while these trials ran (beyond the threshold of "
+        "`pipeline/measure/interference.py`); their speed is not the strategy's. A point that also has trials "
+        "measured without interference leaves them out of its throughput and efficiency; a point whose trials "
+        "were all flagged keeps them, labelled under load. Accuracy and memory keep them.\n\n"
+        if len(inter)
+        else "",
+        md_table(
+            inter,
+            ["strategy", "model", "k", "batch_size", "lr", "throughput_img_s", "foreign_cores", "interference_reason"],
+        ),
+    ]
     ov = df[df["oversubscribed"]]
-    s += ["\n## Excluded: oversubscribed runs (functional tests, not in scaling or memory)\n\n",
-          md_table(ov, ["strategy", "model", "k", "batch_size", "lr", "state", "throughput_img_s"])]
+    s += [
+        "\n## Excluded: oversubscribed runs (functional tests, not in scaling or memory)\n\n",
+        md_table(ov, ["strategy", "model", "k", "batch_size", "lr", "state", "throughput_img_s"]),
+    ]
     return s
 
 
 def knob_section(table) -> list[str]:
     """The DDP communication knobs' section: one table and one figure per varied knob (knobs.knob_table)."""
     if table.empty:
-        return ["\n## DDP communication knobs\n\nNo knob was varied in these sweeps (turn them on with the "
-                "`cpu-comm` profile or `sweep.spaces.ddp.<knob>: [...]`).\n"]
-    out = ["\n## DDP communication knobs\n\nEach row is one measured point; accuracy beside throughput shows a "
-           "faster but worse setting.\n"]
+        return [
+            "\n## DDP communication knobs\n\nNo knob was varied in these sweeps (turn them on with the "
+            "`cpu-comm` profile or `sweep.spaces.ddp.<knob>: [...]`).\n"
+        ]
+    out = [
+        "\n## DDP communication knobs\n\nEach row is one measured point; accuracy beside throughput shows a "
+        "faster but worse setting.\n"
+    ]
     for knob in table["knob"].unique():
         t = table[table["knob"] == knob].sort_values(["strategy", "k", "batch_size", "value"])
-        out += [f"\n### {knob}\n\n", md_table(t, ["value", "strategy", "model", "k", "batch_size",
-                                                  "throughput_img_s", "weak_efficiency", "test_acc"]),
-                f"\n![{knob}](knob_{knob}.png)\n"]
+        out += [
+            f"\n### {knob}\n\n",
+            md_table(
+                t, ["value", "strategy", "model", "k", "batch_size", "throughput_img_s", "weak_efficiency", "test_acc"]
+            ),
+            f"\n![{knob}](knob_{knob}.png)\n",
+        ]
     return out
 
 
 def overlap_section(overlap_md: Path) -> list[str]:
     """The overlap stage's own markdown (results/overlap/overlap.md), or how to make it."""
     if not overlap_md.exists():
-        return ["\n## Automatic parallelism and communication overlap\n\nNot measured: run the `overlap` stage "
-                "(`dvc repro -s overlap`).\n"]
+        return [
+            "\n## Automatic parallelism and communication overlap\n\nNot measured: run the `overlap` stage "
+            "(`dvc repro -s overlap`).\n"
+        ]
     return ["\n" + overlap_md.read_text()]
 
 
@@ -246,24 +364,29 @@ def write_report(path, df, notes, status, pts, eff, mem, acc, extra=(), first=No
     s = ["# Parallax analysis report\n\n"]
     synth = sorted(set(df.loc[df["data_source"] == "synthetic", "strategy"]))
     if synth:
-        s.append("> **⚠️ WARNING: SYNTHETIC DATA.** Trials of " + ", ".join(synth) + " ran on "
-                 "deterministic synthetic Fashion-MNIST-shaped data, not Fashion-MNIST: their "
-                 "accuracies say nothing about the real task.\n\n")
+        s.append(
+            "> **⚠️ WARNING: SYNTHETIC DATA.** Trials of " + ", ".join(synth) + " ran on "
+            "deterministic synthetic Fashion-MNIST-shaped data, not Fashion-MNIST: their "
+            "accuracies say nothing about the real task.\n\n"
+        )
     s += ["\n".join((first or answer.build(df, status, pts, eff, mem)).lines) + "\n\n"]
     s += [f"{len(df)} trial rows, {int((df['state'] == 'complete').sum())} complete.\n\n"]
     s += _host_section(df) + host_capabilities_section(df)
-    s += ["\n## Reading\n\n", "\n".join(f"- {line}" for line in _reading(pts, eff, mem, status, df)
-                                         + _transports(df)) + "\n"]
+    s += [
+        "\n## Reading\n\n",
+        "\n".join(f"- {line}" for line in _reading(pts, eff, mem, status, df) + _transports(df)) + "\n",
+    ]
     st = pd.DataFrame([{"strategy": k, **v} for k, v in status.items()])
-    s += ["\n## Strategies\n\n", md_table(st, ["strategy", "status", "n_complete", "n_failed", "n_pruned",
-                                               "n_skipped", "n_oversubscribed", "reason"])]
+    s += [
+        "\n## Strategies\n\n",
+        md_table(
+            st, ["strategy", "status", "n_complete", "n_failed", "n_pruned", "n_skipped", "n_oversubscribed", "reason"]
+        ),
+    ]
     s += _tables(df, pts, eff, mem, acc)
-    s += ["\n## Figures\n\n"] + [f"![{n}]({n}.png)\n\n"
-                                   for n in ("efficiency", "throughput", "memory", "accuracy")]
+    s += ["\n## Figures\n\n"] + [f"![{n}]({n}.png)\n\n" for n in ("efficiency", "throughput", "memory", "accuracy")]
     s += list(extra)
     s += _problems(df, status)
     if notes:
         s += ["\n## Notes\n\n", "\n".join(f"- {n}" for n in notes) + "\n"]
     files.write_text(path, "".join(s))
-
-

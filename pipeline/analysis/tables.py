@@ -6,6 +6,7 @@ Only complete, non-oversubscribed trials enter the numbers. Undefined stays NaN,
 Everything above this module (step_parts, summary, knobs, plots, report, analyze) imports from here, never the other
 way.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,18 +22,23 @@ POINT = ("strategy", "model", "k", "batch_size", "per_device_batch")
 MIB = 2.0**20
 # What a row's peak_mem_bytes holds (its mem_basis, set by pipeline/measure/memory.py's meters), hence what imbalance
 # and device-0 excess are computed from. Rows of older tables carry no basis: theirs follows from their method.
-MEM_BASIS = {"step_above_resident": "the step's peak above what was resident before the first step (CUDA allocator)",
-             "memtracker_step": "one probe step's tensor memory, parameters included (PyTorch's MemTracker, CPU)",
-             "peak_with_resident": "the allocator's peak over the whole run, data and evaluation included (older rows)"}
-MEM_LISTS = {"resident": "mem_resident_bytes", "reserved_peaks": "mem_reserved_peak_bytes",
-             "nvml_used": "mem_nvml_used_bytes"}  # memory_table column: the sweep table's per-device column
+MEM_BASIS = {
+    "step_above_resident": "the step's peak above what was resident before the first step (CUDA allocator)",
+    "memtracker_step": "one probe step's tensor memory, parameters included (PyTorch's MemTracker, CPU)",
+    "peak_with_resident": "the allocator's peak over the whole run, data and evaluation included (older rows)",
+}
+MEM_LISTS = {
+    "resident": "mem_resident_bytes",
+    "reserved_peaks": "mem_reserved_peak_bytes",
+    "nvml_used": "mem_nvml_used_bytes",
+}  # memory_table column: the sweep table's per-device column
 
 
 # ---------------------------------------------------------------- tables
 
+
 def measured(df):
-    return df[(df["state"] == "complete") & ~df["oversubscribed"]
-              & df["k"].notna() & df["batch_size"].notna()]
+    return df[(df["state"] == "complete") & ~df["oversubscribed"] & df["k"].notna() & df["batch_size"].notna()]
 
 
 def all_parallel(values) -> bool | None:
@@ -69,23 +75,45 @@ def point_table(df) -> pd.DataFrame:
     over lrs (and repeats) of complete trials measured without interference, or of its flagged trials where all
     were flagged (under_load True, load_cores: their median other-process cores); accuracy comes from the best lr."""
     measures = [c for c in point_columns() if c in df]  # the record's POINT fields: each one's median per point
-    cols = [*POINT, *EXTRAS, "nodes", "throughput_img_s", "n_trials", "n_lrs", "best_lr", "test_acc",
-            "time_to_acc_s", "parallel_devices", "n_interfered", "under_load", "load_cores", *measures]
+    cols = [
+        *POINT,
+        *EXTRAS,
+        "nodes",
+        "throughput_img_s",
+        "n_trials",
+        "n_lrs",
+        "best_lr",
+        "test_acc",
+        "time_to_acc_s",
+        "parallel_devices",
+        "n_interfered",
+        "under_load",
+        "load_cores",
+        *measures,
+    ]
     rows = []
     for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
         acc = g[g["test_acc"].notna()]
         best = acc.sort_values(["test_acc", "time_to_acc_s"], ascending=[False, True]).head(1)
         at_best = {c: best[c].iloc[0] if len(best) else math.nan for c in ("lr", "test_acc", "time_to_acc_s")}
         used, loaded = timed(g)
-        rows.append({**dict(zip((*POINT, *EXTRAS), key)),
-                     "throughput_img_s": used["throughput_img_s"].median(),  # NaN if none timed
-                     "n_interfered": int(g["interfered"].sum()),
-                     "under_load": loaded, "load_cores": load_of(used) if loaded else math.nan,
-                     "n_trials": len(g), "n_lrs": g["lr"].nunique(),
-                     "best_lr": at_best["lr"], "test_acc": at_best["test_acc"],
-                     "time_to_acc_s": at_best["time_to_acc_s"],
-                     "parallel_devices": all_parallel(g["parallel_devices"]), "nodes": nodes(g),
-                     **{c: g[c].median() for c in measures}})
+        rows.append(
+            {
+                **dict(zip((*POINT, *EXTRAS), key)),
+                "throughput_img_s": used["throughput_img_s"].median(),  # NaN if none timed
+                "n_interfered": int(g["interfered"].sum()),
+                "under_load": loaded,
+                "load_cores": load_of(used) if loaded else math.nan,
+                "n_trials": len(g),
+                "n_lrs": g["lr"].nunique(),
+                "best_lr": at_best["lr"],
+                "test_acc": at_best["test_acc"],
+                "time_to_acc_s": at_best["time_to_acc_s"],
+                "parallel_devices": all_parallel(g["parallel_devices"]),
+                "nodes": nodes(g),
+                **{c: g[c].median() for c in measures},
+            }
+        )
     return sort_points(pd.DataFrame(rows, columns=cols))
 
 
@@ -116,13 +144,19 @@ def _point_key(r) -> tuple:
 
 
 def _intervals(r, base, windows) -> dict:
-    out = stats.point_intervals(windows.get(_point_key(r), []),
-                                None if base is None else windows.get(_point_key(base), []), r["k"])
+    out = stats.point_intervals(
+        windows.get(_point_key(r), []), None if base is None else windows.get(_point_key(base), []), r["k"]
+    )
     loads = [x["load_cores"] for x in (r, base) if x is not None and x["under_load"]]
-    return {**out, "base_n_interfered": base["n_interfered"] if base is not None else math.nan,
-            # either end measured under load: the ratio is too, at the larger of the two loads
-            "under_load": bool(loads), "load_cores": max(loads) if loads else math.nan,
-            "base_under_load": bool(base is not None and base["under_load"]), "k_under_load": bool(r["under_load"])}
+    return {
+        **out,
+        "base_n_interfered": base["n_interfered"] if base is not None else math.nan,
+        # either end measured under load: the ratio is too, at the larger of the two loads
+        "under_load": bool(loads),
+        "load_cores": max(loads) if loads else math.nan,
+        "base_under_load": bool(base is not None and base["under_load"]),
+        "k_under_load": bool(r["under_load"]),
+    }
 
 
 def scaling_table(df) -> pd.DataFrame:
@@ -141,12 +175,43 @@ def scaling_table(df) -> pd.DataFrame:
             t1 = base["throughput_img_s"] if base is not None else math.nan
             for r in g.to_dict("records"):
                 speedup = r["throughput_img_s"] / t1
-                rows.append({**r, "kind": kind, "base_throughput_img_s": t1,
-                             "speedup": speedup, "efficiency": speedup / r["k"], **_intervals(r, base, windows)})
-    cols = [*POINT, *EXTRAS, "nodes", "kind", "efficiency", "efficiency_lo", "efficiency_hi", "speedup", "speedup_lo",
-            "speedup_hi", "throughput_img_s", "throughput_lo", "throughput_hi", "base_throughput_img_s",
-            "parallel_devices", "n_windows", "n_repeats", "base_n_windows", "base_n_repeats", "n_interfered",
-            "base_n_interfered", "under_load", "load_cores", "base_under_load", "k_under_load"]
+                rows.append(
+                    {
+                        **r,
+                        "kind": kind,
+                        "base_throughput_img_s": t1,
+                        "speedup": speedup,
+                        "efficiency": speedup / r["k"],
+                        **_intervals(r, base, windows),
+                    }
+                )
+    cols = [
+        *POINT,
+        *EXTRAS,
+        "nodes",
+        "kind",
+        "efficiency",
+        "efficiency_lo",
+        "efficiency_hi",
+        "speedup",
+        "speedup_lo",
+        "speedup_hi",
+        "throughput_img_s",
+        "throughput_lo",
+        "throughput_hi",
+        "base_throughput_img_s",
+        "parallel_devices",
+        "n_windows",
+        "n_repeats",
+        "base_n_windows",
+        "base_n_repeats",
+        "n_interfered",
+        "base_n_interfered",
+        "under_load",
+        "load_cores",
+        "base_under_load",
+        "k_under_load",
+    ]
     return sort_points(pd.DataFrame(rows, columns=cols), ("kind",))
 
 
@@ -164,14 +229,33 @@ def memory_table(df) -> pd.DataFrame:
         r = dict(zip((*POINT, *EXTRAS), key))
         excess = peaks[0] - float(np.nanmean(peaks[1:])) if r["k"] >= 2 and n >= 2 else math.nan
         top = float(np.nanmax(peaks))
-        rows.append({**r, "peaks": peaks, **{c: _device_medians(g[src]) for c, src in MEM_LISTS.items()},
-                     "peak_max": top, "peak_mean": mean, "mem_imbalance": top / mean if mean > 0 else math.nan,
-                     "dev0_excess_bytes": excess,
-                     "mem_method": ", ".join(sorted(set(g["mem_method"]) - {""})),
-                     "mem_basis": ", ".join(sorted({basis_of(m, b) for m, b in zip(g["mem_method"], g["mem_basis"])}
-                                                   - {""}))})
-    cols = [*POINT, *EXTRAS, "peaks", *MEM_LISTS, "peak_max", "peak_mean", "mem_imbalance",
-            "dev0_excess_bytes", "mem_method", "mem_basis"]
+        rows.append(
+            {
+                **r,
+                "peaks": peaks,
+                **{c: _device_medians(g[src]) for c, src in MEM_LISTS.items()},
+                "peak_max": top,
+                "peak_mean": mean,
+                "mem_imbalance": top / mean if mean > 0 else math.nan,
+                "dev0_excess_bytes": excess,
+                "mem_method": ", ".join(sorted(set(g["mem_method"]) - {""})),
+                "mem_basis": ", ".join(
+                    sorted({basis_of(m, b) for m, b in zip(g["mem_method"], g["mem_basis"])} - {""})
+                ),
+            }
+        )
+    cols = [
+        *POINT,
+        *EXTRAS,
+        "peaks",
+        *MEM_LISTS,
+        "peak_max",
+        "peak_mean",
+        "mem_imbalance",
+        "dev0_excess_bytes",
+        "mem_method",
+        "mem_basis",
+    ]
     return sort_points(pd.DataFrame(rows, columns=cols))
 
 
@@ -187,8 +271,7 @@ def _device_medians(lists) -> list[float]:
     lists = [[math.nan if v is None else float(v) for v in p] for p in lists if any(v is not None for v in p)]
     if not lists:
         return []
-    return [float(np.nanmedian([p[i] if i < len(p) else math.nan for p in lists]))
-            for i in range(max(map(len, lists)))]
+    return [float(np.nanmedian([p[i] if i < len(p) else math.nan for p in lists])) for i in range(max(map(len, lists)))]
 
 
 def memory_devices(mem) -> pd.DataFrame:
@@ -196,12 +279,28 @@ def memory_devices(mem) -> pd.DataFrame:
     nvml_used_bytes NaN where not measured."""
     lists = ("peaks", *MEM_LISTS)
     extra = {"resident": "resident_bytes", "reserved_peaks": "reserved_peak_bytes", "nvml_used": "nvml_used_bytes"}
-    rows = [{**{c: r[c] for c in mem.columns if c not in lists}, "device": i,
-             "peak_mem_bytes": int(round(p)), "peak_mem_mib": p / MIB,
-             **{name: r[c][i] if i < len(r[c]) else math.nan for c, name in extra.items()}}
-            for r in mem.to_dict("records") for i, p in enumerate(r["peaks"]) if not math.isnan(p)]
-    return pd.DataFrame(rows, columns=[*(c for c in mem.columns if c not in lists),
-                                       "device", "peak_mem_bytes", "peak_mem_mib", *extra.values()])
+    rows = [
+        {
+            **{c: r[c] for c in mem.columns if c not in lists},
+            "device": i,
+            "peak_mem_bytes": int(round(p)),
+            "peak_mem_mib": p / MIB,
+            **{name: r[c][i] if i < len(r[c]) else math.nan for c, name in extra.items()},
+        }
+        for r in mem.to_dict("records")
+        for i, p in enumerate(r["peaks"])
+        if not math.isnan(p)
+    ]
+    return pd.DataFrame(
+        rows,
+        columns=[
+            *(c for c in mem.columns if c not in lists),
+            "device",
+            "peak_mem_bytes",
+            "peak_mem_mib",
+            *extra.values(),
+        ],
+    )
 
 
 def _time_to_acc(r, target):
@@ -222,11 +321,17 @@ def accuracy_table(df, target_acc: float | None = None) -> pd.DataFrame:
         m["time_to_acc_s"] = [_time_to_acc(r, target_acc) for r in m.to_dict("records")]
         m["target_acc"] = float(target_acc)
     keys = (*POINT, "lr", "epochs", *EXTRAS)
-    rows = [{**dict(zip(keys, key)), "test_acc": g["test_acc"].median(),
-             # a repeat that never reached the target makes the point "not reached"
-             "time_to_acc_s": g["time_to_acc_s"].median(skipna=False),
-             "target_acc": g["target_acc"].max(), "n_trials": len(g)}
-            for key, g in group_by(m, keys)]
+    rows = [
+        {
+            **dict(zip(keys, key)),
+            "test_acc": g["test_acc"].median(),
+            # a repeat that never reached the target makes the point "not reached"
+            "time_to_acc_s": g["time_to_acc_s"].median(skipna=False),
+            "target_acc": g["target_acc"].max(),
+            "n_trials": len(g),
+        }
+        for key, g in group_by(m, keys)
+    ]
     cols = [*keys, "test_acc", "time_to_acc_s", "target_acc", "n_trials"]
     return sort_points(pd.DataFrame(rows, columns=cols), ("lr",))
 
@@ -238,17 +343,23 @@ def sort_points(df, extra=()):
 
     def key(col):
         return col.map(lambda s: f"{rank.get(s, 99):02d}{s}") if col.name == "strategy" else col
+
     return df.sort_values(by, key=key, kind="stable").reset_index(drop=True) if len(df) else df
 
 
 # ---------------------------------------------------------------- helpers for the summary and the report
 
+
 def shown_extras(df, cols=EXTRAS):
     """Extras worth a column: they vary within a strategy (host/data_source: anywhere)."""
     if df.empty:
         return []
-    return [c for c in cols if c in df and (df.groupby("strategy")[c].nunique().max() > 1
-                                            or (c in ("host", "data_source") and df[c].nunique() > 1))]
+    return [
+        c
+        for c in cols
+        if c in df
+        and (df.groupby("strategy")[c].nunique().max() > 1 or (c in ("host", "data_source") and df[c].nunique() > 1))
+    ]
 
 
 def is_unavailable(reason) -> bool:

@@ -5,6 +5,7 @@ Unknown keys and invalid values raise ConfigError (one paragraph naming the key 
 before any work starts; a search space may set only the sweep knobs its strategy accepts (pipeline/catalog.py).
 A Config is never mutated: `override` returns a new one.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,10 +41,30 @@ from pipeline.config.schema import (
 )
 from pipeline.paths import repo_root, too_long
 
-__all__ = ["COMM_HOOKS", "MODELS", "PROFILE_NAME", "SEED_MAX", "SOURCES", "STRATEGY_NAMES", "TIMEOUT_MAX_S",
-           "AnalyzeConfig", "Config", "ConfigError", "DataConfig", "OverlapConfig", "SpaceConfig", "SweepConfig",
-           "TrackingConfig", "TrainConfig", "describe_profiles", "load", "override", "parse_set", "profile_path",
-           "replace_train"]
+__all__ = [
+    "COMM_HOOKS",
+    "MODELS",
+    "PROFILE_NAME",
+    "SEED_MAX",
+    "SOURCES",
+    "STRATEGY_NAMES",
+    "TIMEOUT_MAX_S",
+    "AnalyzeConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "OverlapConfig",
+    "SpaceConfig",
+    "SweepConfig",
+    "TrackingConfig",
+    "TrainConfig",
+    "describe_profiles",
+    "load",
+    "override",
+    "parse_set",
+    "profile_path",
+    "replace_train",
+]
 
 
 class ConfigError(ValueError):
@@ -52,9 +73,12 @@ class ConfigError(ValueError):
 
 # ----------------------------------------------------------------------------- building
 
+
 def _err(key, msg):
-    raise ConfigError(f"Invalid configuration value for `{key}`: {msg} Fix it in params.yaml, the profile "
-                      f"file under experiments/, or with `--set {key}=...`.")
+    raise ConfigError(
+        f"Invalid configuration value for `{key}`: {msg} Fix it in params.yaml, the profile "
+        f"file under experiments/, or with `--set {key}=...`."
+    )
 
 
 def _coerce(key: str, typ, value, meta: dict):
@@ -85,11 +109,17 @@ def _coerce(key: str, typ, value, meta: dict):
         if not isinstance(value, str):
             _err(key, f"expected a string, got {value!r} ({type(value).__name__}).")
         if _CONTROL.search(value):
-            _err(key, f"{value!r} holds a control character (a newline, a tab, a NUL byte): a name, path or URL that "
-                      f"shows as something else than it is. Write it on one line, without them.")
+            _err(
+                key,
+                f"{value!r} holds a control character (a newline, a tab, a NUL byte): a name, path or URL that "
+                f"shows as something else than it is. Write it on one line, without them.",
+            )
         if value != value.strip():
-            _err(key, f"{value!r} is blank or has spaces around it: it would name something other than what "
-                      f"shows (an MLflow experiment, a folder). Remove the spaces, or leave it empty for the default.")
+            _err(
+                key,
+                f"{value!r} is blank or has spaces around it: it would name something other than what "
+                f"shows (an MLflow experiment, a folder). Remove the spaces, or leave it empty for the default.",
+            )
     if meta.get("max_len") and len(value) > meta["max_len"]:
         _err(key, f"{_short(value)!r} has {len(value)} characters, at most {meta['max_len']} fit ({meta['why']}).")
     if meta.get("path") and (why := too_long(value)):
@@ -121,9 +151,11 @@ def _build(cls, mapping, prefix: str):
     unknown = sorted(set(mapping) - set(fields))
     if unknown:
         where = f"section `{prefix}`" if prefix else "the top level"
-        raise ConfigError(f"Unknown configuration key `{(prefix + '.') if prefix else ''}{unknown[0]}` in {where}. "
-                          f"Valid keys there: {', '.join(fields)}. Check the spelling in params.yaml, the profile "
-                          f"under experiments/, or your --set option.")
+        raise ConfigError(
+            f"Unknown configuration key `{(prefix + '.') if prefix else ''}{unknown[0]}` in {where}. "
+            f"Valid keys there: {', '.join(fields)}. Check the spelling in params.yaml, the profile "
+            f"under experiments/, or your --set option."
+        )
     kwargs = {}
     for name, value in mapping.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -144,8 +176,11 @@ def _build(cls, mapping, prefix: str):
     if cls is SweepConfig and (sizes := {s: _points(v) for s, v in kwargs.get("spaces", {}).items()}):
         (s, n), repeats = max(sizes.items(), key=lambda kv: kv[1]), kwargs.get("repeats", SweepConfig.repeats)
         if n * repeats > TRIALS_MAX:
-            _err(f"{prefix}.repeats", f"{repeats} repeats of the {n} points of `{prefix}.spaces.{s}` make "
-                                      f"{n * repeats} trials, at most {TRIALS_MAX} ({TRIALS_WHY}).")
+            _err(
+                f"{prefix}.repeats",
+                f"{repeats} repeats of the {n} points of `{prefix}.spaces.{s}` make "
+                f"{n * repeats} trials, at most {TRIALS_MAX} ({TRIALS_WHY}).",
+            )
     return cls(**kwargs)
 
 
@@ -161,13 +196,20 @@ def _build_spaces(value, key: str) -> dict:
     for s, v in value.items():
         parts = v if isinstance(v, list) else [v]
         if not parts:  # else the strategy would silently run the `default` space
-            _err(f"{key}.{s}", "the list is empty; give at least one mapping of lists (an empty search space runs "
-                               "nothing), or remove the key for the `default` space.")
-        out[s] = tuple(_build_space(part, f"{key}.{s}" + (f"[{i}]" if isinstance(v, list) else ""), s)
-                       for i, part in enumerate(parts))
+            _err(
+                f"{key}.{s}",
+                "the list is empty; give at least one mapping of lists (an empty search space runs "
+                "nothing), or remove the key for the `default` space.",
+            )
+        out[s] = tuple(
+            _build_space(part, f"{key}.{s}" + (f"[{i}]" if isinstance(v, list) else ""), s)
+            for i, part in enumerate(parts)
+        )
         if (size := _points(out[s])) > TRIALS_MAX:
-            _err(f"{key}.{s}", f"its lists make {size} points (the product of their lengths), at most {TRIALS_MAX} "
-                               f"({TRIALS_WHY}).")
+            _err(
+                f"{key}.{s}",
+                f"its lists make {size} points (the product of their lengths), at most {TRIALS_MAX} ({TRIALS_WHY}).",
+            )
     return out
 
 
@@ -189,9 +231,12 @@ def _build_space(mapping, prefix, strategy: str = "default"):
             if knob not in accepted and getattr(space, knob) != getattr(SpaceConfig, knob):
                 takers = [n for n in catalog.NAMES if knob in catalog.knobs(n)]
                 why = catalog.why_not(strategy, knob)
-                _err(f"{prefix}.{knob}", f"`{strategy}` has no `{knob}` knob ({f'{why}; ' if why else ''}it accepts "
-                     f"{', '.join(accepted) or 'no sweep knobs'}); `{knob}` applies to {', '.join(takers)}. Remove it "
-                     f"from this space.")
+                _err(
+                    f"{prefix}.{knob}",
+                    f"`{strategy}` has no `{knob}` knob ({f'{why}; ' if why else ''}it accepts "
+                    f"{', '.join(accepted) or 'no sweep knobs'}); `{knob}` applies to {', '.join(takers)}. Remove it "
+                    f"from this space.",
+                )
     return space
 
 
@@ -226,13 +271,16 @@ def _read_yaml(path: Path) -> dict:
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML ({e}). Fix the file's syntax.") from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}). Save it "
-                          f"as UTF-8; YAML files are read as UTF-8 whatever the locale.") from None
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}). Save it "
+            f"as UTF-8; YAML files are read as UTF-8 whatever the locale."
+        ) from None
     except OSError as e:
         raise ConfigError(f"Cannot read {path} ({e.strerror or e}). Check that it is a readable file.") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping of sections (data, train, sweep, ...), "
-                          f"not {type(data).__name__}.")
+        raise ConfigError(
+            f"{path} must hold a mapping of sections (data, train, sweep, ...), not {type(data).__name__}."
+        )
     return data
 
 
@@ -248,8 +296,10 @@ def parse_set(items) -> dict:
     for item in items or ():
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not p.isidentifier() for p in key.split(".")):
-            raise ConfigError(f"Malformed --set option {item!r}: expected KEY=VALUE with a dotted key, "
-                              f"for example `--set train.lr=0.1` or `--set data.source=synthetic`.")
+            raise ConfigError(
+                f"Malformed --set option {item!r}: expected KEY=VALUE with a dotted key, "
+                f"for example `--set train.lr=0.1` or `--set data.source=synthetic`."
+            )
         try:
             value = safe_yaml.load(raw, f"The --set option {item!r}") if raw != "" else ""
         except safe_yaml.Refused as e:
@@ -263,12 +313,14 @@ def parse_set(items) -> dict:
         for i, p in enumerate(parts[:-1]):
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                section = ".".join(parts[:i + 1])
-                raise ConfigError(f"Malformed --set option {by.get(section, item)!r}: it sets `{section}` to a "
-                                  f"value, but this command also sets `{key}` inside it (with another --set), "
-                                  f"and `{section}` cannot be both a value and a section. "
-                                  f"Keep one of the two; a section's keys are set one by one, e.g. "
-                                  f"`--set train.lr=0.1`.")
+                section = ".".join(parts[: i + 1])
+                raise ConfigError(
+                    f"Malformed --set option {by.get(section, item)!r}: it sets `{section}` to a "
+                    f"value, but this command also sets `{key}` inside it (with another --set), "
+                    f"and `{section}` cannot be both a value and a section. "
+                    f"Keep one of the two; a section's keys are set one by one, e.g. "
+                    f"`--set train.lr=0.1`."
+                )
         node[parts[-1]] = value
         by[key] = item
     return out
@@ -282,12 +334,16 @@ def load(params: str | Path | None = None, overrides=(), root: Path | None = Non
     root = Path(root) if root else repo_root()
     path = Path(params) if params else root / "params.yaml"
     if params and not path.exists() and path.is_symlink():
-        raise ConfigError(f"The params file {path} (--params) is a symbolic link that leads nowhere (to "
-                          f"{path.readlink()}, which is missing or loops back). Point --params at the file itself. "
-                          f"Nothing was run.")
+        raise ConfigError(
+            f"The params file {path} (--params) is a symbolic link that leads nowhere (to "
+            f"{path.readlink()}, which is missing or loops back). Point --params at the file itself. "
+            f"Nothing was run."
+        )
     if params and not path.exists():
-        raise ConfigError(f"The params file {path} (--params) does not exist. Check the path, or leave --params out "
-                          f"to read params.yaml at the repository root. Nothing was run.")
+        raise ConfigError(
+            f"The params file {path} (--params) does not exist. Check the path, or leave --params out "
+            f"to read params.yaml at the repository root. Nothing was run."
+        )
     raw = _read_yaml(path) if path.exists() else {}
     sets = parse_set(overrides)
     profile = sets.get("profile", raw.get("profile", "cpu"))
@@ -314,17 +370,25 @@ def _drop_unset(layer: dict) -> dict:
 def profile_path(profile, root: Path) -> Path:
     """experiments/<profile>.yaml for a profile name of the fixed alphabet that names an existing file."""
     known = sorted(p.stem for p in (root / "experiments").glob("*.yaml") if PROFILE_NAME.fullmatch(p.stem))
-    fix = (f"Valid profiles: {', '.join(known) or '(none found)'}. Select one with `dvc exp run -S profile=NAME` "
-           f"or `--set profile=NAME`.")
+    fix = (
+        f"Valid profiles: {', '.join(known) or '(none found)'}. Select one with `dvc exp run -S profile=NAME` "
+        f"or `--set profile=NAME`."
+    )
     if not known:  # usually a command run outside the repository: say where the profiles were looked for
-        fix += (f" No experiments/*.yaml under {root}, taken as the repository root (the nearest directory with "
-                f"dvc.yaml or params.yaml, else the current one): run from the Parallax checkout, or set DVC_ROOT.")
+        fix += (
+            f" No experiments/*.yaml under {root}, taken as the repository root (the nearest directory with "
+            f"dvc.yaml or params.yaml, else the current one): run from the Parallax checkout, or set DVC_ROOT."
+        )
     if isinstance(profile, str) and len(profile) > 100:  # a file name, an MLflow experiment's and a study's
-        raise ConfigError(f"Invalid profile {_short(profile)!r}: it has {len(profile)} characters, at most 100 fit "
-                          f"(it names experiments/<profile>.yaml, its MLflow experiment and its studies). {fix}")
+        raise ConfigError(
+            f"Invalid profile {_short(profile)!r}: it has {len(profile)} characters, at most 100 fit "
+            f"(it names experiments/<profile>.yaml, its MLflow experiment and its studies). {fix}"
+        )
     if not isinstance(profile, str) or not PROFILE_NAME.fullmatch(profile):
-        raise ConfigError(f"Invalid profile {profile!r}: a profile is the name of a file under experiments/, made of "
-                          f"lower-case letters, digits, `_` and `-` (no path, no dots). {fix}")
+        raise ConfigError(
+            f"Invalid profile {profile!r}: a profile is the name of a file under experiments/, made of "
+            f"lower-case letters, digits, `_` and `-` (no path, no dots). {fix}"
+        )
     pfile = root / "experiments" / f"{profile}.yaml"
     if not pfile.exists():  # one that is not a regular file is refused, with its kind, when it is read
         raise ConfigError(f"Unknown profile `{profile}`: no file experiments/{profile}.yaml. {fix}")
@@ -338,9 +402,11 @@ def _check_shapes(cls, layer: dict, prefix: str, where: str) -> None:
         key = f"{prefix}.{name}" if prefix else name
         if typ is not None and dataclasses.is_dataclass(typ) and value is not None:
             if not isinstance(value, dict):
-                raise ConfigError(f"Invalid configuration value for `{key}` in {where}: expected a mapping of keys "
-                                  f"(a section), got {value!r}. Write it as `{key}: {{...}}` or leave it out; a "
-                                  f"section of another shape is never dropped silently, with or without --set.")
+                raise ConfigError(
+                    f"Invalid configuration value for `{key}` in {where}: expected a mapping of keys "
+                    f"(a section), got {value!r}. Write it as `{key}: {{...}}` or leave it out; a "
+                    f"section of another shape is never dropped silently, with or without --set."
+                )
             _check_shapes(typ, value, key, where)
 
 
@@ -365,4 +431,3 @@ def describe_profiles(root: Path | None = None) -> list[tuple[str, str]]:
             except (ConfigError, AttributeError) as e:  # bad YAML; a file that is not a mapping
                 out.append((p.stem, f"UNREADABLE: {e}"))
     return out
-

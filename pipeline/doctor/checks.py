@@ -10,6 +10,7 @@ Needs only the training core: no MLflow, Optuna or DVC. Writes doctor.json and d
 `--dump-events DIR`: each profiled trial process (dp, dp_criterion, fsdp) writes its first sampled step's profiler
 events to DIR (comm_probes.dump_events): on a GPU host, the replay fixtures tests/fixtures/ takes.
 """
+
 from __future__ import annotations
 
 import json
@@ -98,8 +99,18 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def run_case(case: Case, base, host: Host, ref: dict | None, init: dict, work: Path, steps: int,
-             per_device_batch: int, model: str, emulated: tuple[str, ...] = ()) -> Row:
+def run_case(
+    case: Case,
+    base,
+    host: Host,
+    ref: dict | None,
+    init: dict,
+    work: Path,
+    steps: int,
+    per_device_batch: int,
+    model: str,
+    emulated: tuple[str, ...] = (),
+) -> Row:
     """One row: feasibility, the equivalence step, the timed run. `emulated`: dtypes this host only emulates
     (their timed run is cut to a sixth of the steps: an emulated fp16 step on a CPU is ~10x slower)."""
     row = Row(case.strategy, case.k, case.variant, case.tag)
@@ -119,14 +130,24 @@ def run_case(case: Case, base, host: Host, ref: dict | None, init: dict, work: P
     try:
         tag = f"{case.strategy}-{case.k}-{case.variant or 'fp32'}-{case.tag or 'x'}".replace("+", "")
         got, eq = equivalence.one_step(base, work / f"eq-{tag}", case.strategy, case.k, extra=case.sets)
-        verdict = equivalence.check(ref, got, eq, init=init, low_precision="amp_dtype" in " ".join(case.sets),
-                                    device_kind=host.kind)
+        verdict = equivalence.check(
+            ref, got, eq, init=init, low_precision="amp_dtype" in " ".join(case.sets), device_kind=host.kind
+        )
         row.check = verdict.detail
         batch = per_device_batch * case.k
         warmup = WARMUP_STEPS
-        cfg = configmod.override(base, [*sets, f"train.model={model}", f"train.batch_size={batch}",
-                                        f"train.warmup_steps={warmup}", f"train.max_steps={warmup + steps}",
-                                        f"data.train_limit={batch * (warmup + steps + 1)}", "data.test_limit=256"])
+        cfg = configmod.override(
+            base,
+            [
+                *sets,
+                f"train.model={model}",
+                f"train.batch_size={batch}",
+                f"train.warmup_steps={warmup}",
+                f"train.max_steps={warmup + steps}",
+                f"data.train_limit={batch * (warmup + steps + 1)}",
+                "data.test_limit=256",
+            ],
+        )
         m = run_trial(cfg, work / f"timed-{tag}", progress=False, timeout_s=cfg.sweep.trial_timeout_s)
         row.img_s = m["throughput_img_s"]
         row.step_ms = 1000 * batch / row.img_s if row.img_s else None
@@ -139,12 +160,18 @@ def run_case(case: Case, base, host: Host, ref: dict | None, init: dict, work: P
         row.mem_basis = m.get("mem_basis") or ""
         row.resident_mib, row.reserved_peak_mib, row.nvml_used_mib = (
             [round(p / MIB, 2) for p in m.get(key) or []]
-            for key in ("mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes"))
+            for key in ("mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes")
+        )
         row.amp_scale, row.amp_skipped_steps = m.get("amp_scale"), m.get("amp_skipped_steps")
         row.amp_dtype, row.comm_hook_used = m.get("amp_dtype") or "", m.get("comm_hook_used") or ""
         row.status = "passed" if verdict.ok else "skipped" if verdict.skipped else "failed"
-        row.reason = ("" if verdict.ok else verdict.detail if verdict.skipped
-                      else f"does not match single-device SGD: {verdict.detail}")
+        row.reason = (
+            ""
+            if verdict.ok
+            else verdict.detail
+            if verdict.skipped
+            else f"does not match single-device SGD: {verdict.detail}"
+        )
     except Exception as e:  # a doctor reports a broken strategy; it does not crash on it
         row.status, row.reason = "failed", _first_line(e)
     finally:
@@ -164,8 +191,17 @@ def _data(base, work: Path) -> tuple[str, str]:
         return str(work / "data"), "synthetic"
 
 
-def run(base, out: Path, strategies=None, max_devices: int = 2, steps: int = 30, per_device_batch: int = 128,
-        model: str = "lenet", say=print, dump_events: Path | None = None) -> dict:
+def run(
+    base,
+    out: Path,
+    strategies=None,
+    max_devices: int = 2,
+    steps: int = 30,
+    per_device_batch: int = 128,
+    model: str = "lenet",
+    say=print,
+    dump_events: Path | None = None,
+) -> dict:
     """Run every case, write out/doctor.json and out/doctor.md, return the report."""
     if dump_events is not None:  # read by breakdown.Breakdown in every trial process (spawned ranks inherit it)
         os.environ[DUMP_ENV] = str(Path(dump_events).resolve())
@@ -173,15 +209,22 @@ def run(base, out: Path, strategies=None, max_devices: int = 2, steps: int = 30,
             return run(base, out, strategies, max_devices, steps, per_device_batch, model, say)
         finally:
             os.environ.pop(DUMP_ENV, None)
-            say(f"profiler events of the profiled strategies' first sampled step: {dump_events}"
-                + ("" if base.train.breakdown_every else " (none: train.breakdown_every=0 samples no step)"))
+            say(
+                f"profiler events of the profiled strategies' first sampled step: {dump_events}"
+                + ("" if base.train.breakdown_every else " (none: train.breakdown_every=0 samples no step)")
+            )
     host = probe()
     strategies = list(strategies or catalog.NAMES)
     caps = host_capabilities(host)
-    say(f"doctor: {host.kind} x{host.n} ({host.name}); torch {caps['torch']}"
-        + (f", CUDA {caps['cuda']}, NCCL {caps['nccl']}" if host.kind == "cuda" else
-           f", CPU ISA {caps['cpu']['isa_text']}")
-        + f"; bf16 {caps['bf16']}, fp16 {caps['fp16']}; TF32: {caps['tf32_text']}")
+    say(
+        f"doctor: {host.kind} x{host.n} ({host.name}); torch {caps['torch']}"
+        + (
+            f", CUDA {caps['cuda']}, NCCL {caps['nccl']}"
+            if host.kind == "cuda"
+            else f", CPU ISA {caps['cpu']['isa_text']}"
+        )
+        + f"; bf16 {caps['bf16']}, fp16 {caps['fp16']}; TF32: {caps['tf32_text']}"
+    )
     with scratch.folder("parallax-doctor-") as tmp:  # also removes the folders of killed doctor runs
         work = Path(tmp)
         data_dir, source = _data(base, work)
@@ -197,19 +240,41 @@ def run(base, out: Path, strategies=None, max_devices: int = 2, steps: int = 30,
         cases = plan(host, strategies, max_devices)
         rows = []
         for i, case in enumerate(cases, 1):
-            row = run_case(case, base, host, ref, init, work, steps, per_device_batch, model,
-                           tuple(d for d in ("bf16", "fp16") if caps[d] != "native"))
+            row = run_case(
+                case,
+                base,
+                host,
+                ref,
+                init,
+                work,
+                steps,
+                per_device_batch,
+                model,
+                tuple(d for d in ("bf16", "fp16") if caps[d] != "native"),
+            )
             rows.append(row)
-            say(f"[{i}/{len(cases)}] {_label(asdict(row))}: {row.status}"
+            say(
+                f"[{i}/{len(cases)}] {_label(asdict(row))}: {row.status}"
                 + (f", {row.img_s:,.0f} img/s" if row.img_s else "")
-                + (f" - {row.reason.splitlines()[0]}" if row.reason else "") + f" ({row.seconds:.1f} s)")
-    report = {"host": caps, "data_source": source, "synthetic": source == "synthetic",
-              "settings": {"model": model, "timed_steps": steps, "per_device_batch": per_device_batch,
-                           "max_devices": max_devices, "warmup_steps": WARMUP_STEPS,
-                           "equivalence": f"one SGD step, lr {equivalence.LR}, LeNet, global batch 64, against "
-                           f"`single`, TF32 off, fp16 GradScaler from scale {equivalence.FP16_INIT_SCALE:g}"},
-              "rows": [asdict(r) for r in rows],
-              "counts": {s: sum(r.status == s for r in rows) for s in ("passed", "failed", "skipped", "unavailable")}}
+                + (f" - {row.reason.splitlines()[0]}" if row.reason else "")
+                + f" ({row.seconds:.1f} s)"
+            )
+    report = {
+        "host": caps,
+        "data_source": source,
+        "synthetic": source == "synthetic",
+        "settings": {
+            "model": model,
+            "timed_steps": steps,
+            "per_device_batch": per_device_batch,
+            "max_devices": max_devices,
+            "warmup_steps": WARMUP_STEPS,
+            "equivalence": f"one SGD step, lr {equivalence.LR}, LeNet, global batch 64, against "
+            f"`single`, TF32 off, fp16 GradScaler from scale {equivalence.FP16_INIT_SCALE:g}",
+        },
+        "rows": [asdict(r) for r in rows],
+        "counts": {s: sum(r.status == s for r in rows) for s in ("passed", "failed", "skipped", "unavailable")},
+    }
     write(report, out)
     return report
 
@@ -230,27 +295,33 @@ def precision(r: dict, h: dict) -> str:
 
 def markdown(report: dict) -> str:
     h = report["host"]
-    lines = [f"# Parallax doctor: {h['hostname']}", "",
-             f"- devices: {h['kind']} x{h['devices']} ({h['name']})",
-             f"- torch {h['torch']}, Python {h['python']}, CUDA build {h['cuda'] or '-'}, cuDNN {h['cudnn'] or '-'}, "
-             f"NCCL {h['nccl'] or '-'}, Gloo {'yes' if h['gloo'] else 'no'}",
-             f"- CPU ISA: {h['cpu']['isa_text']} (PyTorch kernels: "
-             f"{h['cpu']['torch_cpu_capability']})",
-             f"- bf16 {h['bf16']}, fp16 {h['fp16']} on these devices ("
-             + ("; ".join(f"GPU {g['index']} {g['name']}: cc {g['compute_capability']}" for g in h.get("gpus", []))
-                or f"bf16: {h['cpu']['bf16_why']}; fp16: {h['cpu']['fp16_why']}") + ")",
-             f"- TF32: {h.get('tf32_text') or 'not recorded'} (the timed runs; the equivalence step pins fp32)",
-             f"- data: {report['data_source']}" + (" (SYNTHETIC stand-in, labelled)" if report["synthetic"] else ""),
-             f"- equivalence: {report['settings']['equivalence']}; timed run: {report['settings']['model']}, "
-             f"{report['settings']['timed_steps']} steps after warm-up"
-             + (f" ({w} steps: past DDP's runtime statistics)" if (w := report["settings"].get("warmup_steps")) else "")
-             + f", batch {report['settings']['per_device_batch']} per device",
-             f"- {report['counts']['passed']} passed, {report['counts']['failed']} failed, "
-             + (f"{report['counts']['skipped']} skipped, " if report["counts"].get("skipped") else "")
-             + f"{report['counts']['unavailable']} unavailable", "",
-             "| strategy | status | precision | img/s | ms/step | peak MiB per device | memory from | backend "
-             "| check or reason |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Parallax doctor: {h['hostname']}",
+        "",
+        f"- devices: {h['kind']} x{h['devices']} ({h['name']})",
+        f"- torch {h['torch']}, Python {h['python']}, CUDA build {h['cuda'] or '-'}, cuDNN {h['cudnn'] or '-'}, "
+        f"NCCL {h['nccl'] or '-'}, Gloo {'yes' if h['gloo'] else 'no'}",
+        f"- CPU ISA: {h['cpu']['isa_text']} (PyTorch kernels: {h['cpu']['torch_cpu_capability']})",
+        f"- bf16 {h['bf16']}, fp16 {h['fp16']} on these devices ("
+        + (
+            "; ".join(f"GPU {g['index']} {g['name']}: cc {g['compute_capability']}" for g in h.get("gpus", []))
+            or f"bf16: {h['cpu']['bf16_why']}; fp16: {h['cpu']['fp16_why']}"
+        )
+        + ")",
+        f"- TF32: {h.get('tf32_text') or 'not recorded'} (the timed runs; the equivalence step pins fp32)",
+        f"- data: {report['data_source']}" + (" (SYNTHETIC stand-in, labelled)" if report["synthetic"] else ""),
+        f"- equivalence: {report['settings']['equivalence']}; timed run: {report['settings']['model']}, "
+        f"{report['settings']['timed_steps']} steps after warm-up"
+        + (f" ({w} steps: past DDP's runtime statistics)" if (w := report["settings"].get("warmup_steps")) else "")
+        + f", batch {report['settings']['per_device_batch']} per device",
+        f"- {report['counts']['passed']} passed, {report['counts']['failed']} failed, "
+        + (f"{report['counts']['skipped']} skipped, " if report["counts"].get("skipped") else "")
+        + f"{report['counts']['unavailable']} unavailable",
+        "",
+        "| strategy | status | precision | img/s | ms/step | peak MiB per device | memory from | backend "
+        "| check or reason |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in report["rows"]:
         tput = f"{r['img_s']:,.0f}" if r["img_s"] else "-"
         if r["tag"] == "oversubscribed" and r["img_s"]:
@@ -260,9 +331,11 @@ def markdown(report: dict) -> str:
         step = f"{r['step_ms']:.1f}" if r["step_ms"] else "-"
         if r["step_ms"] and r.get("timed_steps") and r["timed_steps"] != report["settings"]["timed_steps"]:
             step += f" ({r['timed_steps']} steps: emulated dtype)"
-        lines.append(f"| {_label(r)} | {r['status']} | {precision(r, h)} | {tput} | {step} | "
-                     f"{', '.join(f'{p:.1f}' for p in r['peak_mem_mib']) or '-'} | {r['mem_method'] or '-'} | "
-                     f"{r['backend'] or '-'} | {_said(r).replace('|', '/')} |")
+        lines.append(
+            f"| {_label(r)} | {r['status']} | {precision(r, h)} | {tput} | {step} | "
+            f"{', '.join(f'{p:.1f}' for p in r['peak_mem_mib']) or '-'} | {r['mem_method'] or '-'} | "
+            f"{r['backend'] or '-'} | {_said(r).replace('|', '/')} |"
+        )
     return "\n".join(lines) + "\n"
 
 

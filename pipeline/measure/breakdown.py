@@ -60,6 +60,7 @@ with sampling on, in ranges that nearly touch: not resolved; train.breakdown_eve
 Each trial reports timed_step_s (unsampled) and sampled_wall_s (a sampled step with barriers and probe), so the cost is
 visible per trial.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -80,6 +81,7 @@ PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", "id
 
 # ----------------------------------------------------------------------------- the phase clock
 
+
 class NoClock:
     """Off: an unsampled step's phases cost one call each and measure nothing."""
 
@@ -99,8 +101,9 @@ class PhaseClock:
     def __init__(self, synchronize, labelled: bool = False):
         self.synchronize = synchronize
         # profiler labels only where a profiler reads them: each costs tens of microseconds, left in the residual
-        self.label = (lambda phase: record_function(PHASE + phase)) if labelled else \
-            (lambda phase: contextlib.nullcontext())
+        self.label = (
+            (lambda phase: record_function(PHASE + phase)) if labelled else (lambda phase: contextlib.nullcontext())
+        )
         self.s: dict[str, float] = defaultdict(float)
 
     @contextlib.contextmanager
@@ -130,8 +133,10 @@ _END = object()
 
 # ----------------------------------------------------------------------------- sampling and the trial's figures
 
+
 class Off:
     """No breakdown: no step is sampled, no figures."""
+
     every = 0
 
     def is_sampled(self, n: int) -> bool:
@@ -175,8 +180,9 @@ class Breakdown(Off):
             t2 = time.perf_counter()
         finally:
             comm = self.comm.stop()
-        self.samples.append({"step": self.next_step, "work_s": t1 - t0, "barrier_s": t2 - t1,
-                             "phases": dict(clock.s), "comm": comm})
+        self.samples.append(
+            {"step": self.next_step, "work_s": t1 - t0, "barrier_s": t2 - t1, "phases": dict(clock.s), "comm": comm}
+        )
         if os.environ.get(comm_probes.DUMP_ENV) and self.comm.events is not None and not self.dumped:
             self._dump(Path(os.environ[comm_probes.DUMP_ENV]), comm)
 
@@ -187,12 +193,22 @@ class Breakdown(Off):
         k = world * len(s.devices)
         self.dumped = True
         comm_probes.dump_events(
-            out / f"events-{s.name}-k{k}-{facts.get('backend') or 'none'}-rank{rank}.json", self.comm.events,
-            facts, comm, strategy=s.name, k=k, rank=rank, world=world, step=self.next_step,
-            device=str(s.devices[0]), torch=torch.__version__, cuda=torch.version.cuda,
+            out / f"events-{s.name}-k{k}-{facts.get('backend') or 'none'}-rank{rank}.json",
+            self.comm.events,
+            facts,
+            comm,
+            strategy=s.name,
+            k=k,
+            rank=rank,
+            world=world,
+            step=self.next_step,
+            device=str(s.devices[0]),
+            torch=torch.__version__,
+            cuda=torch.version.cuda,
             teardown_cupti=facts.get("teardown_cupti"),
             note="dumped by a real run (pipeline/measure/breakdown.py); replayed by "
-                 "tests/measure/test_comm_attribution.py")
+            "tests/measure/test_comm_attribution.py",
+        )
 
     def _parts(self, x: dict) -> dict[str, float]:
         """One sample's parts before idle: each phase, less the exposed communication charged to it."""
@@ -211,21 +227,41 @@ class Breakdown(Off):
         barriers and probe included (what sampling costs the epoch: samples x (sampled_wall_s - timed_step_s)).
         Collective in a multi-process trial: every rank calls it."""
         rank, world = self.strategy.data_shard
-        mine = {"rank": rank, "barrier_s": [x["barrier_s"] for x in self.samples],
-                "work_s": [x["work_s"] for x in self.samples], "parts": [self._parts(x) for x in self.samples]}
+        mine = {
+            "rank": rank,
+            "barrier_s": [x["barrier_s"] for x in self.samples],
+            "work_s": [x["work_s"] for x in self.samples],
+            "parts": [self._parts(x) for x in self.samples],
+        }
         everyone = self.strategy.gather(mine)
         # the barrier's own latency: the last rank to arrive waits only for it (the shortest wait of the sample)
         latency = [min(col) for col in zip(*(r["barrier_s"] for r in everyone))]
         per_rank = [_summary(r, latency) for r in everyone]
         out = per_rank[[r["rank"] for r in everyone].index(rank)]
-        added = (len(self.samples) * (sampled_wall_s - timed_step_s)
-                 if timed_step_s is not None and sampled_wall_s is not None else None)
-        return {**out, "every": self.every, "timed_step_s": timed_step_s, "sampled_wall_s": sampled_wall_s,
-                "sampled_steps": [x.get("step") for x in self.samples], "sampling_added_s": added,
-                "probe": self.comm.facts(), "method": self._methods(world),
-                "ranks": [{"rank": r["rank"], "step_s": s["step_s"], "idle_s": (s["parts_s"] or {}).get("idle"),
-                           "comm_exposed_s": (s["parts_s"] or {}).get("comm_exposed")}
-                          for r, s in zip(everyone, per_rank)]}
+        added = (
+            len(self.samples) * (sampled_wall_s - timed_step_s)
+            if timed_step_s is not None and sampled_wall_s is not None
+            else None
+        )
+        return {
+            **out,
+            "every": self.every,
+            "timed_step_s": timed_step_s,
+            "sampled_wall_s": sampled_wall_s,
+            "sampled_steps": [x.get("step") for x in self.samples],
+            "sampling_added_s": added,
+            "probe": self.comm.facts(),
+            "method": self._methods(world),
+            "ranks": [
+                {
+                    "rank": r["rank"],
+                    "step_s": s["step_s"],
+                    "idle_s": (s["parts_s"] or {}).get("idle"),
+                    "comm_exposed_s": (s["parts_s"] or {}).get("comm_exposed"),
+                }
+                for r, s in zip(everyone, per_rank)
+            ],
+        }
 
     def _methods(self, world: int) -> dict[str, str]:
         clock = "synchronised wall clock (strategy.synchronize, then perf_counter) around"
@@ -236,21 +272,28 @@ class Breakdown(Off):
             "backward_compute": f"{clock} backward, less exposed communication charged to it",
             "comm_exposed": self.comm.method,
             "optimizer": f"{clock} zero_grad + optimizer_step",
-            "idle": ("one process: no other rank to wait for" if world == 1 else
-                     "timed barrier (1-element all-reduce) after the step, less its latency (the shortest wait "
-                     "over the ranks in the same sample)"),
+            "idle": (
+                "one process: no other rank to wait for"
+                if world == 1
+                else "timed barrier (1-element all-reduce) after the step, less its latency (the shortest wait "
+                "over the ranks in the same sample)"
+            ),
             "residual": "step - sum of parts: the loop's own work between phases, never folded into a part",
             "sampling": self._regime(),
         }
 
     def _regime(self) -> str:
-        sync = ("each phase and place_batch item between strategy.synchronize() calls (on GPUs a phase-serialised "
-                "step: launch latency exposed, no overlap across phases; breakdown.py)")
+        sync = (
+            "each phase and place_batch item between strategy.synchronize() calls (on GPUs a phase-serialised "
+            "step: launch latency exposed, no overlap across phases; breakdown.py)"
+        )
         facts = self.comm.facts()
         if getattr(self.comm, "cupti", False):
-            how = (f"one profiler session per trial (CUDA activity: CUPTI), at the first sampled step, then no "
-                   f"further sample; sessions opened: {facts.get('profiler_sessions')}; TEARDOWN_CUPTI="
-                   f"{facts.get('teardown_cupti') or 'unset (the Kineto default)'}")
+            how = (
+                f"one profiler session per trial (CUDA activity: CUPTI), at the first sampled step, then no "
+                f"further sample; sessions opened: {facts.get('profiler_sessions')}; TEARDOWN_CUPTI="
+                f"{facts.get('teardown_cupti') or 'unset (the Kineto default)'}"
+            )
         elif facts.get("path") in ("kernels", "spans"):
             how = "one profiler session (host-side activity only: no CUPTI) per sampled step"
         else:

@@ -16,6 +16,7 @@ torch's FunctionEvents), so it is tested without a profiler and replayed from ev
 Phases are the clock's `parallax::<phase>` ranges on the host only (Kineto repeats each as a device-side
 annotation: counted once), and only forward and backward are charged: a copy in the data phase moves data in.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,12 +64,15 @@ class DDPStats(NoComm):
     then every sample_rate-th (100 by default): the rate is set to 1 for the sampled step only, its stats logged right
     after backward (DDP itself would log them at the next forward), then the default rate is restored, so DDP runs
     as shipped on every other step. No profiler: no CUPTI session on GPUs."""
+
     DEFAULT_RATE = 100  # kDDPRuntimeLoggingSampleRate (torch/csrc/distributed/c10d/reducer.hpp)
 
     def __init__(self, model):
-        super().__init__("DDP's runtime stats of the sampled iteration (_get_ddp_logging_data): backward_comm_time "
-                         "- backward_compute_comm_overlap_time, i.e. last gradient ready -> last bucket reduced; "
-                         "taken out of the backward phase")
+        super().__init__(
+            "DDP's runtime stats of the sampled iteration (_get_ddp_logging_data): backward_comm_time "
+            "- backward_compute_comm_overlap_time, i.e. last gradient ready -> last bucket reduced; "
+            "taken out of the backward phase"
+        )
         self.model = model
         self.last_iteration, self.t_start = None, 0
 
@@ -85,8 +89,9 @@ class DDPStats(NoComm):
         d = self.model._get_ddp_logging_data()
         iteration, comm_end = d.get("iteration"), d.get("backward_comm_time_end")
         # a micro-batch under no_sync (accumulation) leaves the last synchronising iteration's stats: not this step's
-        fresh = iteration is not None and iteration != self.last_iteration and (not comm_end
-                                                                                 or comm_end >= self.t_start)
+        fresh = (
+            iteration is not None and iteration != self.last_iteration and (not comm_end or comm_end >= self.t_start)
+        )
         self.last_iteration = iteration
         if not fresh:
             return {}
@@ -96,11 +101,11 @@ class DDPStats(NoComm):
 
 PATH_WORDS = {
     "kernels": "device kernels whose name holds {names} (NCCL collectives; copies where listed), less the time "
-               "any other kernel ran on any device: one timeline for all devices, so NCCL on device 0 overlapping "
-               "compute on device 1 counts as hidden; device-side user annotations (gpu_user_annotation) are not "
-               "kernels; one profiler session (CUDA activity: CUPTI) per trial, at its first sampled step",
+    "any other kernel ran on any device: one timeline for all devices, so NCCL on device 0 overlapping "
+    "compute on device 1 counts as hidden; device-side user annotations (gpu_user_annotation) are not "
+    "kernels; one profiler session (CUDA activity: CUPTI) per trial, at its first sampled step",
     "spans": "host-side time inside the spans {names} (the collective runs on the host: Gloo blocks its caller, "
-             "even for CUDA tensors), on any thread; no CUDA activity requested (no CUPTI session)",
+    "even for CUDA tensors), on any thread; no CUDA activity requested (no CUPTI session)",
 }
 
 
@@ -111,8 +116,7 @@ class ProfiledComm(NoComm):
 
     labelled = True
 
-    def __init__(self, spans: tuple[str, ...], device: torch.device, method: str,
-                 kernels: tuple[str, ...] = ("nccl",)):
+    def __init__(self, spans: tuple[str, ...], device: torch.device, method: str, kernels: tuple[str, ...] = ("nccl",)):
         self.whole, self.what = (), method
         self.spans, self.device, self.kernels = spans, device, kernels
         self.backend = self.path = self.prof = None
@@ -135,13 +139,19 @@ class ProfiledComm(NoComm):
     def method(self) -> str:
         if self.path is None:
             return self.what
-        return (f"{self.what}. Path taken: {self.path} (backend {self.backend or 'none: in-process'}): "
-                + PATH_WORDS[self.path].format(names=", ".join(self.names) or "(none)"))
+        return f"{self.what}. Path taken: {self.path} (backend {self.backend or 'none: in-process'}): " + PATH_WORDS[
+            self.path
+        ].format(names=", ".join(self.names) or "(none)")
 
     def facts(self) -> dict:
-        return {"path": self.path, "backend": self.backend, "comm_names": list(self.names),
-                "profiler_sessions": self.sessions, "cupti": self.cupti,
-                "teardown_cupti": os.environ.get("TEARDOWN_CUPTI")}
+        return {
+            "path": self.path,
+            "backend": self.backend,
+            "comm_names": list(self.names),
+            "profiler_sessions": self.sessions,
+            "cupti": self.cupti,
+            "teardown_cupti": os.environ.get("TEARDOWN_CUPTI"),
+        }
 
     def start(self) -> None:
         if self.path is None:
@@ -180,8 +190,14 @@ def records(events) -> list[dict]:
     out = []
     for e in events:
         kind = e.device_type.name.lower()
-        r = {"name": e.name, "device_type": kind, "is_user_annotation": bool(e.is_user_annotation),
-             "start_us": float(e.time_range.start), "end_us": float(e.time_range.end), "thread": int(e.thread)}
+        r = {
+            "name": e.name,
+            "device_type": kind,
+            "is_user_annotation": bool(e.is_user_annotation),
+            "start_us": float(e.time_range.start),
+            "end_us": float(e.time_range.end),
+            "thread": int(e.thread),
+        }
         if kind != "cpu":
             r["device"] = int(e.device_index)
         out.append(r)
@@ -191,16 +207,22 @@ def records(events) -> list[dict]:
 def attribute(events: list[dict], path: str, names) -> dict[str, float]:
     """Seconds of exposed communication charged to each of forward and backward (the module docstring)."""
     names = tuple(names)
-    phases = [(e["name"][len(PHASE):], e["start_us"], e["end_us"]) for e in events
-              if e["device_type"] == "cpu" and e["name"].startswith(PHASE)]
+    phases = [
+        (e["name"][len(PHASE) :], e["start_us"], e["end_us"])
+        for e in events
+        if e["device_type"] == "cpu" and e["name"].startswith(PHASE)
+    ]
     if path == "kernels":
         kernels = [e for e in events if e["device_type"] != "cpu" and not e["is_user_annotation"]]
         is_comm = [any(n.lower() in e["name"].lower() for n in names) for e in kernels]
         comm = [(e["start_us"], e["end_us"]) for e, c in zip(kernels, is_comm) if c]
         busy = [(e["start_us"], e["end_us"]) for e, c in zip(kernels, is_comm) if not c]
     elif path == "spans":
-        comm = [(e["start_us"], e["end_us"]) for e in events
-                if e["device_type"] == "cpu" and names and e["name"].startswith(names)]
+        comm = [
+            (e["start_us"], e["end_us"])
+            for e in events
+            if e["device_type"] == "cpu" and names and e["name"].startswith(names)
+        ]
         busy = []
     else:
         raise ValueError(f"unknown attribution path {path!r}: 'kernels' or 'spans'")
@@ -214,13 +236,26 @@ def attribute(events: list[dict], path: str, names) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- the replay format
 
-def dump_events(path: Path, events: list[dict], probe: dict, expected: dict[str, float],
-                expected_from: str = "pipeline.measure.comm_probes.attribute when the run dumped it", **about) -> Path:
+
+def dump_events(
+    path: Path,
+    events: list[dict],
+    probe: dict,
+    expected: dict[str, float],
+    expected_from: str = "pipeline.measure.comm_probes.attribute when the run dumped it",
+    **about,
+) -> Path:
     """Write one sampled step's event records with the probe's path and names and the attribution it gave
     (`expected_s`: what a replay must reproduce); `about`: strategy, rank, host... One event per line."""
-    head = {"format": FORMAT, "version": 1, "synthetic": False, **about,
-            "probe": {"path": probe["path"], "backend": probe.get("backend"), "comm_names": list(probe["comm_names"])},
-            "expected_s": expected, "expected_from": expected_from}
+    head = {
+        "format": FORMAT,
+        "version": 1,
+        "synthetic": False,
+        **about,
+        "probe": {"path": probe["path"], "backend": probe.get("backend"), "comm_names": list(probe["comm_names"])},
+        "expected_s": expected,
+        "expected_from": expected_from,
+    }
     text = json.dumps(head, indent=1)[:-2] + ',\n "events": [\n' + ",\n".join(json.dumps(e) for e in events) + "\n]}\n"
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ declared in DERIVED. Adding a measurement: one line in TrialRecord (rank= fills 
 POINT carries it into the analysis and metrics.json), plus the code that measures it;
 tests/records/test_record.py checks that every field reaches every view it declares. Torch-free: analysis imports it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -179,41 +180,78 @@ class TrialRecord:
         return cls(**{k: v for k, v in (m or {}).items() if k in names})
 
 
-
-
 # ---------------------------------------------------------------- building it
+
 
 def planned(cfg, host, host_fields: dict | None = None) -> TrialRecord:
     """What is known before the trial runs: its configuration, the host and its capability_fields."""
     t = cfg.train
     return TrialRecord(
-        model=t.model, strategy=t.strategy, devices=t.devices, batch_size=t.batch_size,
-        per_device_batch=t.batch_size // t.devices, lr=t.lr, optimizer=t.optimizer, epochs=t.epochs, seed=t.seed,
+        model=t.model,
+        strategy=t.strategy,
+        devices=t.devices,
+        batch_size=t.batch_size,
+        per_device_batch=t.batch_size // t.devices,
+        lr=t.lr,
+        optimizer=t.optimizer,
+        epochs=t.epochs,
+        seed=t.seed,
         max_steps=t.max_steps,
-        data_source=cfg.data.source, synthetic=cfg.data.source == "synthetic", train_limit=cfg.data.train_limit,
-        test_limit=cfg.data.test_limit, nnodes=t.nnodes, warmup_steps=max(t.warmup_steps, 1),
-        target_acc=t.target_acc, bucket_cap_mb=t.bucket_cap_mb, grad_as_bucket_view=t.grad_as_bucket_view,
-        accum_steps=t.accum_steps, comm_hook=t.comm_hook, amp_dtype=t.amp_dtype, compile=t.compile,
-        cudnn_benchmark=t.cudnn_benchmark, autocast=t.autocast,
-        oversubscribed=t.devices > host.n * t.nnodes, device_kind=host.kind, device_name=host.name,
-        host=host.hostname, host_devices=host.n, torch=host.torch, cuda=host.cuda, **(host_fields or {}))
+        data_source=cfg.data.source,
+        synthetic=cfg.data.source == "synthetic",
+        train_limit=cfg.data.train_limit,
+        test_limit=cfg.data.test_limit,
+        nnodes=t.nnodes,
+        warmup_steps=max(t.warmup_steps, 1),
+        target_acc=t.target_acc,
+        bucket_cap_mb=t.bucket_cap_mb,
+        grad_as_bucket_view=t.grad_as_bucket_view,
+        accum_steps=t.accum_steps,
+        comm_hook=t.comm_hook,
+        amp_dtype=t.amp_dtype,
+        compile=t.compile,
+        cudnn_benchmark=t.cudnn_benchmark,
+        autocast=t.autocast,
+        oversubscribed=t.devices > host.n * t.nnodes,
+        device_kind=host.kind,
+        device_name=host.name,
+        host=host.hostname,
+        host_devices=host.n,
+        torch=host.torch,
+        cuda=host.cuda,
+        **(host_fields or {}),
+    )
 
 
 def capability_fields(caps: dict) -> dict:
     """capabilities.host_capabilities(host) as the record's host_* fields."""
     cpu, gpus = caps.get("cpu") or {}, caps.get("gpus") or []
-    return {"host_cpu_isa": cpu.get("isa_text") or ",".join(cpu.get("isa") or []) or "none",
-            "host_torch_cpu_capability": cpu.get("torch_cpu_capability"), "host_bf16": caps.get("bf16"),
-            "host_fp16": caps.get("fp16"), "host_cpu_bf16": cpu.get("bf16"), "host_cpu_fp16": cpu.get("fp16"),
-            "host_gpu_name": ",".join(sorted({g["name"] for g in gpus})) or None,
-            "host_gpu_cc": ",".join(sorted({g["compute_capability"] for g in gpus})) or None,
-            "host_nccl": caps.get("nccl") or None, "host_torch": caps.get("torch"),
-            "host_cuda": caps.get("cuda") or None, "host_interconnect": caps.get("interconnect") or None,
-            "host_tf32": caps.get("tf32_text")}
+    return {
+        "host_cpu_isa": cpu.get("isa_text") or ",".join(cpu.get("isa") or []) or "none",
+        "host_torch_cpu_capability": cpu.get("torch_cpu_capability"),
+        "host_bf16": caps.get("bf16"),
+        "host_fp16": caps.get("fp16"),
+        "host_cpu_bf16": cpu.get("bf16"),
+        "host_cpu_fp16": cpu.get("fp16"),
+        "host_gpu_name": ",".join(sorted({g["name"] for g in gpus})) or None,
+        "host_gpu_cc": ",".join(sorted({g["compute_capability"] for g in gpus})) or None,
+        "host_nccl": caps.get("nccl") or None,
+        "host_torch": caps.get("torch"),
+        "host_cuda": caps.get("cuda") or None,
+        "host_interconnect": caps.get("interconnect") or None,
+        "host_tf32": caps.get("tf32_text"),
+    }
 
 
-def summarize(cfg, host, strategy, results: list[dict], wall_s: float, host_fields: dict | None = None,
-              interference: dict | None = None) -> TrialRecord:
+def summarize(
+    cfg,
+    host,
+    strategy,
+    results: list[dict],
+    wall_s: float,
+    host_fields: dict | None = None,
+    interference: dict | None = None,
+) -> TrialRecord:
     """The trial's record from every rank's result (results[0]: the main rank's, which may gather all ranks)."""
     main = results[0]
     ranks = main.get("ranks") or results  # every rank of every node, gathered by the trial itself
@@ -223,28 +261,50 @@ def summarize(cfg, host, strategy, results: list[dict], wall_s: float, host_fiel
     return dataclasses.replace(
         planned(cfg, host, host_fields),
         parallel_devices=host.kind == "cuda" or strategy.parallel_on_cpu,
-        steps=main["steps"], stopped=main["stopped"],
+        steps=main["steps"],
+        stopped=main["stopped"],
         # slowest rank: all ranks meet at every all-reduce, so the trial runs at its pace (window by window too)
         throughput_img_s=min(throughputs) if throughputs else None,
         throughput_windows=[min(w) for w in zip(*windows)] if windows else [],
-        timed_steps=main["timed_steps"], epoch_s=main["epoch_s"], test_acc=main["test_acc"],
-        train_loss=main["train_loss"], epoch_throughput_img_s=main["epoch_throughput_img_s"],
-        time_to_acc_s=main["time_to_acc_s"], startup_s=main.get("startup_s"),
-        eval="test set split across the trial's processes, correct counts summed" if strategy.multiprocess
-             else "on this process's first device",
-        peak_mem_bytes=peaks, mem_imbalance=imbalance(peaks), mem_device0_excess=device0_excess(peaks),
-        mem_method=main["mem_method"], mem_basis=main.get("mem_basis"),
+        timed_steps=main["timed_steps"],
+        epoch_s=main["epoch_s"],
+        test_acc=main["test_acc"],
+        train_loss=main["train_loss"],
+        epoch_throughput_img_s=main["epoch_throughput_img_s"],
+        time_to_acc_s=main["time_to_acc_s"],
+        startup_s=main.get("startup_s"),
+        eval="test set split across the trial's processes, correct counts summed"
+        if strategy.multiprocess
+        else "on this process's first device",
+        peak_mem_bytes=peaks,
+        mem_imbalance=imbalance(peaks),
+        mem_device0_excess=device0_excess(peaks),
+        mem_method=main["mem_method"],
+        mem_basis=main.get("mem_basis"),
         mem_resident_bytes=_per_device(ranks, "mem_resident_bytes"),
         mem_reserved_peak_bytes=_per_device(ranks, "mem_reserved_peak_bytes"),
         mem_nvml_used_bytes=_per_device(ranks, "mem_nvml_used_bytes"),
-        mem_devices=[f"node{r.get('node', '0')}:{r.get('host', host.hostname)}/{d}"
-                     + (f"/rank{r['rank']}" if strategy.multiprocess else "")
-                     for r in ranks for d in r["device_names"][:len(r["peak_mem_bytes"] or [])]],
-        comm_hook_used=main.get("comm_hook_used"), amp_dtype=main["amp_dtype"], backend=main.get("backend"),
-        amp_scale=main.get("amp_scale"), amp_skipped_steps=main.get("amp_skipped_steps"), tf32=main.get("tf32"),
-        breakdown=main.get("breakdown"), interference=interference, wall_s=wall_s,
-        **{f.name: RANK_AGGREGATES[f.metadata["rank"]](main, ranks, f.name) for f in dataclasses.fields(TrialRecord)
-           if f.metadata["rank"]})
+        mem_devices=[
+            f"node{r.get('node', '0')}:{r.get('host', host.hostname)}/{d}"
+            + (f"/rank{r['rank']}" if strategy.multiprocess else "")
+            for r in ranks
+            for d in r["device_names"][: len(r["peak_mem_bytes"] or [])]
+        ],
+        comm_hook_used=main.get("comm_hook_used"),
+        amp_dtype=main["amp_dtype"],
+        backend=main.get("backend"),
+        amp_scale=main.get("amp_scale"),
+        amp_skipped_steps=main.get("amp_skipped_steps"),
+        tf32=main.get("tf32"),
+        breakdown=main.get("breakdown"),
+        interference=interference,
+        wall_s=wall_s,
+        **{
+            f.name: RANK_AGGREGATES[f.metadata["rank"]](main, ranks, f.name)
+            for f in dataclasses.fields(TrialRecord)
+            if f.metadata["rank"]
+        },
+    )
 
 
 def _per_device(ranks, key) -> list | None:
@@ -267,6 +327,7 @@ def device0_excess(peaks) -> float | None:
 
 # ---------------------------------------------------------------- the sweep table's columns
 
+
 def _kind(annotation: str) -> str:
     return annotation.split("[")[0].split("|")[0].strip()
 
@@ -286,8 +347,11 @@ COLUMNS = list(table_kinds())
 
 def point_columns(record=TrialRecord) -> list[str]:
     """The sweep-table columns of the fields declared with the POINT view: analysed per point and in metrics.json."""
-    return [f.metadata["keys"].get(TABLE, f.name) for f in dataclasses.fields(record)
-            if POINT in f.metadata["views"] and TABLE in f.metadata["views"]]
+    return [
+        f.metadata["keys"].get(TABLE, f.name)
+        for f in dataclasses.fields(record)
+        if POINT in f.metadata["views"] and TABLE in f.metadata["views"]
+    ]
 
 
 def _finite(v) -> bool:

@@ -26,6 +26,7 @@ beta follows nccl-tests: all-reduce moves 2(k-1)/k * S per device, all-gather / 
 whole tensor), scratch 2(k-1) * S, dp copies (k-1) * S and dp scatter (k-1)/k * S; the fit weights each size by
 1 / time^2, so small messages (latency) and large ones (bandwidth) count alike.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -41,24 +42,32 @@ from pipeline import catalog
 from pipeline.scaling import model as sm
 
 MODES = ("back_to_back", "after_compute")
-FIT_BYTES = tuple(4096 * 4 ** i for i in range(6))  # 4 KiB .. 4 MiB
+FIT_BYTES = tuple(4096 * 4**i for i in range(6))  # 4 KiB .. 4 MiB
 DIST = ("allreduce", "allreduce_shm", "allgather", "reduce_scatter")
 LOCAL = ("scratch_allreduce", "dp_copy", "dp_scatter")
 # the strategies whose step issues each measured collective, from their catalog rows (a broadcast is priced with the
 # all-gather's figures: scaling/interconnect.py's STAND_IN)
 ISSUED_BY = {c: [s for s in catalog.NAMES if c in sm.collectives_of(s)] for c in DIST + LOCAL}
-FACTOR_TEXT = {"allreduce": "2(k-1)/k", "allreduce_shm": "2(k-1)/k", "allgather": "(k-1)/k",
-               "reduce_scatter": "(k-1)/k", "scratch_allreduce": "2(k-1)", "dp_copy": "k-1", "dp_scatter": "(k-1)/k"}
+FACTOR_TEXT = {
+    "allreduce": "2(k-1)/k",
+    "allreduce_shm": "2(k-1)/k",
+    "allgather": "(k-1)/k",
+    "reduce_scatter": "(k-1)/k",
+    "scratch_allreduce": "2(k-1)",
+    "dp_copy": "k-1",
+    "dp_scatter": "(k-1)/k",
+}
 
 
 # ----------------------------------------------------------------------------- the fit
+
 
 def fit(points: list[dict], collective: str, k: int) -> dict:
     """Least squares t = alpha + f(k) * S / beta over the sizes' medians, weighted by 1 / t^2."""
     f = sm.BUS_FACTOR[collective](k)
     xs = [f * p["bytes"] for p in points]
     ts = [p["median_s"] for p in points]
-    ws = [1 / t ** 2 for t in ts]
+    ws = [1 / t**2 for t in ts]
     sw = sum(ws)
     mx = sum(w * x for w, x in zip(ws, xs)) / sw
     mt = sum(w * t for w, t in zip(ws, ts)) / sw
@@ -74,9 +83,15 @@ def fit(points: list[dict], collective: str, k: int) -> dict:
         method += ", no bandwidth term (time flat in size)"
     pred = [alpha + slope * x for x in xs]
     rel = [(p - t) / t for p, t in zip(pred, ts)]
-    return {"alpha_s": alpha, "beta_Bps": 1 / slope if slope > 0 else None, "bus_factor": f,
-            "rel_rms": math.sqrt(sum(r * r for r in rel) / len(rel)), "max_rel_residual": max(abs(r) for r in rel),
-            "n_sizes": len(points), "method": method}
+    return {
+        "alpha_s": alpha,
+        "beta_Bps": 1 / slope if slope > 0 else None,
+        "bus_factor": f,
+        "rel_rms": math.sqrt(sum(r * r for r in rel) / len(rel)),
+        "max_rel_residual": max(abs(r) for r in rel),
+        "n_sizes": len(points),
+        "method": method,
+    }
 
 
 def _points(times_by_size: dict, collective: str, k: int, trial_sizes: set) -> list[dict]:
@@ -84,13 +99,23 @@ def _points(times_by_size: dict, collective: str, k: int, trial_sizes: set) -> l
     for nbytes in sorted(times_by_size):
         ts = sorted(times_by_size[nbytes])
         med = statistics.median(ts)
-        out.append({"bytes": nbytes, "in_trial": nbytes in trial_sizes, "median_s": med, "min_s": ts[0],
-                    "max_s": ts[-1], "p90_s": ts[min(len(ts) - 1, int(0.9 * len(ts)))], "n": len(ts),
-                    "busbw_Bps": sm.BUS_FACTOR[collective](k) * nbytes / med})
+        out.append(
+            {
+                "bytes": nbytes,
+                "in_trial": nbytes in trial_sizes,
+                "median_s": med,
+                "min_s": ts[0],
+                "max_s": ts[-1],
+                "p90_s": ts[min(len(ts) - 1, int(0.9 * len(ts)))],
+                "n": len(ts),
+                "busbw_Bps": sm.BUS_FACTOR[collective](k) * nbytes / med,
+            }
+        )
     return out
 
 
 # ----------------------------------------------------------------------------- one rank
+
 
 def _busy(seconds: float, a: torch.Tensor, sync) -> None:
     end = time.perf_counter() + seconds
@@ -143,6 +168,7 @@ def _local_op(name: str, nbytes: int, k: int, devices):
     from torch.nn.parallel import comm
 
     from pipeline.strategies.scratch import allreduce
+
     n = math.ceil(nbytes / 4 / k) * k
     if name == "scratch_allreduce":
         ts = [torch.zeros(n, device=d) for d in devices]  # sums of zeros: N repeats never overflow
@@ -155,6 +181,7 @@ def _local_op(name: str, nbytes: int, k: int, devices):
 def _rank(plan: dict) -> dict:
     """One worker process: time every planned collective; rank 0 also times the in-process ones."""
     from pipeline.strategies import shm_allreduce
+
     torch.set_num_threads(1)
     rank, k, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     cuda = plan["device_kind"] == "cuda"
@@ -167,8 +194,9 @@ def _rank(plan: dict) -> dict:
             os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[local % len(os.sched_getaffinity(0))]})
     timeout = datetime.timedelta(seconds=plan["timeout_s"])
     store, _, _ = next(dist.rendezvous("env://", rank, k, timeout=timeout))  # kept for the host-side wait below
-    dist.init_process_group(plan["backend"], store=store, rank=rank, world_size=k, timeout=timeout,
-                            device_id=dev if cuda else None)
+    dist.init_process_group(
+        plan["backend"], store=store, rank=rank, world_size=k, timeout=timeout, device_id=dev if cuda else None
+    )
     sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
     a = torch.randn(128, 128, device=dev)
     out = {"times": {}, "skipped": {}}
@@ -186,8 +214,9 @@ def _rank(plan: dict) -> dict:
         for mode in plan["modes"]:
             for nbytes in sizes:
                 fn = _dist_op(name, nbytes, k, dev, shm)
-                out["times"].setdefault(name, {}).setdefault(mode, {})[nbytes] = \
-                    _timed(fn, plan, mode, a, sync, dist.barrier, _ops_per_sync(plan, mode))
+                out["times"].setdefault(name, {}).setdefault(mode, {})[nbytes] = _timed(
+                    fn, plan, mode, a, sync, dist.barrier, _ops_per_sync(plan, mode)
+                )
         del shm
     # single-process strategies: rank 0 drives every device alone, once the others are in a host-side wait
     idle, done = [f"parallax/collectives/idle/{r}" for r in range(k)], "parallax/collectives/local_done"
@@ -202,8 +231,9 @@ def _rank(plan: dict) -> dict:
             for mode in plan["modes"]:
                 for nbytes in plan["sizes"].get(name, ()):
                     fn = _local_op(name, nbytes, k, devices)
-                    out["times"].setdefault(name, {}).setdefault(mode, {})[nbytes] = \
-                        _timed(fn, plan, mode, a, sync_all, lambda: None, _ops_per_sync(plan, mode))
+                    out["times"].setdefault(name, {}).setdefault(mode, {})[nbytes] = _timed(
+                        fn, plan, mode, a, sync_all, lambda: None, _ops_per_sync(plan, mode)
+                    )
         store.set(done, "1")
     dist.barrier()
     dist.destroy_process_group()
@@ -211,6 +241,7 @@ def _rank(plan: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- the host
+
 
 def trial_sizes(model: str, k: int, bucket_cap_mb: float, layout: dict | None = None) -> dict[str, list[int]]:
     """Message sizes (bytes) the trials of `model` issue at k, per collective."""
@@ -227,21 +258,32 @@ def _launch(k: int, plan: dict, start_method: str) -> dict[int, dict]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from pipeline.trial import stage_ranks
+
     try:
         return stage_ranks.launch(k, "collectives", start_method, _rank, plan)
     except ChildFailedError as e:
         raise RuntimeError(f"measuring collectives at k={k} failed: {e}") from None
 
 
-def measure(ks: list[int] | None = None, model: str = "lenet", bucket_cap_mb: float = 25.0, reps: int = 10,
-            warmup: int = 3, gap_s: float = 0.01, modes: tuple[str, ...] = MODES, fit_bytes=FIT_BYTES,
-            timeout_s: float = 120.0, ops_per_sync: int = 20) -> dict:
+def measure(
+    ks: list[int] | None = None,
+    model: str = "lenet",
+    bucket_cap_mb: float = 25.0,
+    reps: int = 10,
+    warmup: int = 3,
+    gap_s: float = 0.01,
+    modes: tuple[str, ...] = MODES,
+    fit_bytes=FIT_BYTES,
+    timeout_s: float = 120.0,
+    ops_per_sync: int = 20,
+) -> dict:
     """Time every strategy's collectives at k in `ks` (default 2..N) and fit (alpha, beta) per collective, k, mode.
 
     Returns a JSON-able dict: host, backend, ks, model, settings, and collectives[name] = {available, reason,
     issued_by, bus_factor, by_k: {"k": {mode: {points: [{bytes, in_trial, median_s, min_s, max_s, p90_s, n,
     busbw_Bps}], fit: {alpha_s, beta_Bps, bus_factor, rel_rms, max_rel_residual, n_sizes, method}}}}}."""
     from pipeline.host.devices import probe
+
     host = probe()
     ks = list(ks) if ks else list(range(2, host.n + 1))
     if not ks or min(ks) < 2 or max(ks) > host.n:
@@ -251,32 +293,63 @@ def measure(ks: list[int] | None = None, model: str = "lenet", bucket_cap_mb: fl
     layout = sm.model_layout(model)
     t0 = time.perf_counter()
     result = {
-        "measured": True, "kind": "collectives", "backend": backend, "ks": ks, "model": model,
-        "bucket_cap_mb": bucket_cap_mb, "param_bytes": layout["param_bytes"],
+        "measured": True,
+        "kind": "collectives",
+        "backend": backend,
+        "ks": ks,
+        "model": model,
+        "bucket_cap_mb": bucket_cap_mb,
+        "param_bytes": layout["param_bytes"],
         "measured_at": datetime.datetime.now().isoformat(timespec="seconds"),
         "host": {"hostname": host.hostname, "kind": host.kind, "n": host.n, "name": host.name, "torch": host.torch},
-        "settings": {"reps": reps, "warmup": warmup, "gap_s": gap_s, "modes": list(modes),
-                     "fit_bytes": list(fit_bytes), "ops_per_sync": ops_per_sync if cuda else 1,
-                     "timed": "per repeat: the last-arriving rank's duration (min over ranks), after a barrier, "
-                              "per op (GPUs, back to back: ops_per_sync ops between one sync pair); in-process ops: "
-                              "rank 0 alone, the other ranks in a host-side store wait"},
+        "settings": {
+            "reps": reps,
+            "warmup": warmup,
+            "gap_s": gap_s,
+            "modes": list(modes),
+            "fit_bytes": list(fit_bytes),
+            "ops_per_sync": ops_per_sync if cuda else 1,
+            "timed": "per repeat: the last-arriving rank's duration (min over ranks), after a barrier, "
+            "per op (GPUs, back to back: ops_per_sync ops between one sync pair); in-process ops: "
+            "rank 0 alone, the other ranks in a host-side store wait",
+        },
         "collectives": {},
     }
     for name in ISSUED_BY:
-        entry = {"available": True, "reason": None, "issued_by": ISSUED_BY[name], "bus_factor": FACTOR_TEXT[name],
-                 "by_k": {}}
+        entry = {
+            "available": True,
+            "reason": None,
+            "issued_by": ISSUED_BY[name],
+            "bus_factor": FACTOR_TEXT[name],
+            "by_k": {},
+        }
         if name.startswith("dp_") and not cuda:
-            entry.update(available=False, reason="dp and dp_criterion need CUDA GPUs (torch.nn.parallel.comm "
-                                                 "copies between GPUs); this host has none")
+            entry.update(
+                available=False,
+                reason="dp and dp_criterion need CUDA GPUs (torch.nn.parallel.comm "
+                "copies between GPUs); this host has none",
+            )
         if name == "allreduce_shm" and cuda:
             entry.update(available=False, reason="the shared-memory transport is for ranks on one CPU host")
         result["collectives"][name] = entry
     for k in ks:
         in_trial = trial_sizes(model, k, bucket_cap_mb, layout)
-        sizes = {name: sorted(set(fit_bytes) | set(in_trial.get(name, ())))
-                 for name, e in result["collectives"].items() if e["available"]}
-        plan = {"backend": backend, "device_kind": host.kind, "sizes": sizes, "reps": reps, "warmup": warmup,
-                "gap_s": gap_s, "modes": list(modes), "timeout_s": timeout_s, "ops_per_sync": ops_per_sync}
+        sizes = {
+            name: sorted(set(fit_bytes) | set(in_trial.get(name, ())))
+            for name, e in result["collectives"].items()
+            if e["available"]
+        }
+        plan = {
+            "backend": backend,
+            "device_kind": host.kind,
+            "sizes": sizes,
+            "reps": reps,
+            "warmup": warmup,
+            "gap_s": gap_s,
+            "modes": list(modes),
+            "timeout_s": timeout_s,
+            "ops_per_sync": ops_per_sync,
+        }
         ranks = _launch(k, plan, "spawn" if cuda else "fork")
         for name, why in ranks[0]["skipped"].items():
             result["collectives"][name].update(available=False, reason=why)
@@ -287,8 +360,10 @@ def measure(ks: list[int] | None = None, model: str = "lenet", bucket_cap_mb: fl
                 # collectives: rank 0 only)
                 timed = [r["times"][name][mode] for r in ranks.values() if name in r["times"]]
                 cost = {s: [min(t[s][i] for t in timed) for i in range(len(ts))] for s, ts in by_size.items()}
-                slowest = {s: statistics.median(max(t[s][i] for t in timed) for i in range(len(ts)))
-                           for s, ts in by_size.items()}
+                slowest = {
+                    s: statistics.median(max(t[s][i] for t in timed) for i in range(len(ts)))
+                    for s, ts in by_size.items()
+                }
                 points = _points(cost, name, k, set(in_trial.get(name, ())))
                 for p in points:
                     p["slowest_rank_median_s"] = slowest[p["bytes"]]

@@ -57,6 +57,7 @@ Assumptions (what the model leaves out, so what a miss points to):
     are kept apart, and a collective spanning nodes runs as one flat ring bounded by its slowest link
     (Interconnect.seconds); NCCL's hierarchical/tree algorithms would send less over the network.
 """
+
 from __future__ import annotations
 
 import math
@@ -91,18 +92,26 @@ ASSUMPTIONS = (
 
 # ----------------------------------------------------------------------------- what a strategy sends
 
+
 def model_layout(model: str = "lenet") -> dict:
     """Parameter tensors of `model` in definition order, and its FSDP units (the blocks fsdp.py shards)."""
     from torch import nn
 
     from pipeline.models import MODELS
+
     m = MODELS[model]()
-    params = [{"name": n, "shape": list(p.shape), "bytes": p.numel() * p.element_size()}
-              for n, p in m.named_parameters()]
+    params = [
+        {"name": n, "shape": list(p.shape), "bytes": p.numel() * p.element_size()} for n, p in m.named_parameters()
+    ]
     units = []
     for name, unit in _fsdp_units(m, nn):
-        units.append({"name": name, "shapes": [list(p.shape) for p in unit.parameters()],
-                      "bytes": sum(p.numel() * p.element_size() for p in unit.parameters())})
+        units.append(
+            {
+                "name": name,
+                "shapes": [list(p.shape) for p in unit.parameters()],
+                "bytes": sum(p.numel() * p.element_size() for p in unit.parameters()),
+            }
+        )
     return {"model": model, "params": params, "param_bytes": sum(p["bytes"] for p in params), "fsdp_units": units}
 
 
@@ -137,16 +146,25 @@ def fsdp_gathered_bytes(shapes: list[list[int]], k: int, elem: int = 4) -> int:
     return total
 
 
-def step_collectives(strategy: str, k: int, layout: dict, per_device_batch: int = 256, bucket_cap_mb: float = 25.0,
-                     comm_hook: str = "none", accum_steps: int = 1, transport: str | None = None) -> list[dict]:
+def step_collectives(
+    strategy: str,
+    k: int,
+    layout: dict,
+    per_device_batch: int = 256,
+    bucket_cap_mb: float = 25.0,
+    comm_hook: str = "none",
+    accum_steps: int = 1,
+    transport: str | None = None,
+) -> list[dict]:
     """The collectives one step of `strategy` issues at k: [{"collective", "bytes", "count", "phase"}].
 
     count may be fractional (accum_steps: one all-reduce every a micro-steps). transport names the all-reduce that
     carries DDP's buckets (allreduce, or allreduce_shm for comm_hook=shm on one CPU host). The strategy's
     collective pattern is its catalog row's `comm` (pipeline/catalog.py), and its `shards` add what sharding
     issues (sharding_collectives)."""
-    calls = _pattern_collectives(strategy, k, layout, per_device_batch, bucket_cap_mb, comm_hook, accum_steps,
-                                 transport)
+    calls = _pattern_collectives(
+        strategy, k, layout, per_device_batch, bucket_cap_mb, comm_hook, accum_steps, transport
+    )
     return calls + sharding_collectives(strategy, layout)
 
 
@@ -161,38 +179,48 @@ def sharding_collectives(strategy: str, layout: dict) -> list[dict]:
     parameters it owns, then every parameter tensor is broadcast from its owner (ZeroRedundancyOptimizer)."""
     if not broadcasts_after_step(strategy):
         return []
-    return [{"collective": "broadcast", "bytes": p["bytes"], "count": 1, "phase": "after step"}
-            for p in layout["params"]]
+    return [
+        {"collective": "broadcast", "bytes": p["bytes"], "count": 1, "phase": "after step"} for p in layout["params"]
+    ]
 
 
-def _pattern_collectives(strategy, k, layout, per_device_batch, bucket_cap_mb, comm_hook, accum_steps,
-                         transport) -> list[dict]:
+def _pattern_collectives(
+    strategy, k, layout, per_device_batch, bucket_cap_mb, comm_hook, accum_steps, transport
+) -> list[dict]:
     comm = comm_pattern(strategy)
     if comm == "bucket_allreduce":
         if comm_hook not in HOOK_BYTES:
             raise ValueError(f"comm_hook={comm_hook!r} is not modelled (modelled: {', '.join(HOOK_BYTES)})")
         name = transport or ("allreduce_shm" if comm_hook == "shm" else "allreduce")
         sizes = ddp_buckets([p["bytes"] for p in layout["params"]], bucket_cap_mb)
-        return [{"collective": name, "bytes": int(s * HOOK_BYTES[comm_hook]), "count": 1 / accum_steps,
-                 "phase": "backward"} for s in sizes]
+        return [
+            {"collective": name, "bytes": int(s * HOOK_BYTES[comm_hook]), "count": 1 / accum_steps, "phase": "backward"}
+            for s in sizes
+        ]
     if comm == "shard_units":
         out = []
         for u in layout["fsdp_units"]:
             g = fsdp_gathered_bytes(u["shapes"], k)
-            out += [{"collective": "allgather", "bytes": g, "count": 1, "phase": "forward", "unit": u["name"]},
-                    {"collective": "allgather", "bytes": g, "count": 1, "phase": "backward", "unit": u["name"]},
-                    {"collective": "reduce_scatter", "bytes": g, "count": 1, "phase": "backward", "unit": u["name"]}]
+            out += [
+                {"collective": "allgather", "bytes": g, "count": 1, "phase": "forward", "unit": u["name"]},
+                {"collective": "allgather", "bytes": g, "count": 1, "phase": "backward", "unit": u["name"]},
+                {"collective": "reduce_scatter", "bytes": g, "count": 1, "phase": "backward", "unit": u["name"]},
+            ]
         return out
     if comm == "copy_allreduce":
-        return [{"collective": "scratch_allreduce", "bytes": p["bytes"], "count": 1, "phase": "after backward"}
-                for p in layout["params"]]
+        return [
+            {"collective": "scratch_allreduce", "bytes": p["bytes"], "count": 1, "phase": "after backward"}
+            for p in layout["params"]
+        ]
     if comm in ("dp_gather_logits", "dp_gather_losses"):
         x = per_device_batch * k * 28 * 28 * 4
         out_bytes = per_device_batch * k * 10 * 4 if comm == "dp_gather_logits" else k * 4
-        return [{"collective": "dp_copy", "bytes": layout["param_bytes"], "count": 1, "phase": "replicate"},
-                {"collective": "dp_scatter", "bytes": x, "count": 1, "phase": "scatter input"},
-                {"collective": "dp_scatter", "bytes": out_bytes, "count": 1, "phase": "gather outputs"},
-                {"collective": "dp_copy", "bytes": layout["param_bytes"], "count": 1, "phase": "reduce gradients"}]
+        return [
+            {"collective": "dp_copy", "bytes": layout["param_bytes"], "count": 1, "phase": "replicate"},
+            {"collective": "dp_scatter", "bytes": x, "count": 1, "phase": "scatter input"},
+            {"collective": "dp_scatter", "bytes": out_bytes, "count": 1, "phase": "gather outputs"},
+            {"collective": "dp_copy", "bytes": layout["param_bytes"], "count": 1, "phase": "reduce gradients"},
+        ]
     if comm == "none":
         return []
     raise ValueError(f"strategy {strategy!r}: the communication pattern {comm!r} has no model")
@@ -200,8 +228,11 @@ def _pattern_collectives(strategy, k, layout, per_device_batch, bucket_cap_mb, c
 
 # the collectives each communication pattern issues (step_collectives' names; allreduce_shm: comm_hook=shm)
 PATTERN_COLLECTIVES = {
-    "none": (), "copy_allreduce": ("scratch_allreduce",), "dp_gather_logits": ("dp_copy", "dp_scatter"),
-    "dp_gather_losses": ("dp_copy", "dp_scatter"), "bucket_allreduce": ("allreduce", "allreduce_shm"),
+    "none": (),
+    "copy_allreduce": ("scratch_allreduce",),
+    "dp_gather_logits": ("dp_copy", "dp_scatter"),
+    "dp_gather_losses": ("dp_copy", "dp_scatter"),
+    "bucket_allreduce": ("allreduce", "allreduce_shm"),
     "shard_units": ("allgather", "reduce_scatter"),
 }
 
@@ -222,11 +253,25 @@ def comm_pattern(strategy: str) -> str:
 
 # ----------------------------------------------------------------------------- the projection
 
-def predict(strategy: str, k: int, compute_s_per_image: float, interconnect: Interconnect, *, model: str = "lenet",
-            per_device_batch: int = 256, bucket_cap_mb: float = 25.0, comm_hook: str = "none",
-            accum_steps: int = 1, transport: str | None = None, serial_replicas: bool = False,
-            overlap: float = 0.0, backward_fraction: float = 0.6, layout: dict | None = None,
-            devices_per_node: int | None = None) -> dict:
+
+def predict(
+    strategy: str,
+    k: int,
+    compute_s_per_image: float,
+    interconnect: Interconnect,
+    *,
+    model: str = "lenet",
+    per_device_batch: int = 256,
+    bucket_cap_mb: float = 25.0,
+    comm_hook: str = "none",
+    accum_steps: int = 1,
+    transport: str | None = None,
+    serial_replicas: bool = False,
+    overlap: float = 0.0,
+    backward_fraction: float = 0.6,
+    layout: dict | None = None,
+    devices_per_node: int | None = None,
+) -> dict:
     """Modelled step time, throughput and weak-scaling efficiency of `strategy` at k (see the module docstring).
 
     compute_s_per_image: the strategy's k=1 trial, 1 / (its images/s). serial_replicas: the k replicas run one after
@@ -237,8 +282,10 @@ def predict(strategy: str, k: int, compute_s_per_image: float, interconnect: Int
         raise ValueError("overlap and backward_fraction are fractions in [0, 1]")
     nnodes = math.ceil(k / devices_per_node) if devices_per_node else 1
     if nnodes > 1 and comm_pattern(strategy) in ONE_PROCESS:
-        raise ValueError(f"{strategy} runs its k devices in one process, which cannot span nodes (k={k}, nodes of "
-                         f"{devices_per_node})")
+        raise ValueError(
+            f"{strategy} runs its k devices in one process, which cannot span nodes (k={k}, nodes of "
+            f"{devices_per_node})"
+        )
     layout = layout or model_layout(model)
     t1 = per_device_batch * compute_s_per_image
     calls = step_collectives(strategy, k, layout, per_device_batch, bucket_cap_mb, comm_hook, accum_steps, transport)
@@ -258,16 +305,35 @@ def predict(strategy: str, k: int, compute_s_per_image: float, interconnect: Int
     compute = k * t1 if serial_replicas else t1
     step = compute + exposed
     return {
-        "modelled": True, "interconnect": interconnect.name, "interconnect_kind": interconnect.kind,
-        "strategy": strategy, "model": model, "k": k, "nnodes": nnodes, "devices_per_node": devices_per_node,
-        "links": "intra-node + inter-node" if nnodes > 1 else "intra-node", "per_device_batch": per_device_batch,
-        "compute_s_per_image_k1": compute_s_per_image, "compute_s": compute, "comm_s": comm,
-        "hideable_s": overlap * hideable, "exposed_comm_s": exposed, "step_s": step,
-        "throughput_img_s": k * per_device_batch / step, "efficiency": t1 / step,
-        "comm_bytes": sum(c["bytes"] * c["count"] for c in calls), "collectives": calls,
-        "parameters": {"overlap": overlap, "backward_fraction": backward_fraction, "serial_replicas": serial_replicas,
-                       "bucket_cap_mb": bucket_cap_mb, "comm_hook": comm_hook, "accum_steps": accum_steps,
-                       "transport": transport},
+        "modelled": True,
+        "interconnect": interconnect.name,
+        "interconnect_kind": interconnect.kind,
+        "strategy": strategy,
+        "model": model,
+        "k": k,
+        "nnodes": nnodes,
+        "devices_per_node": devices_per_node,
+        "links": "intra-node + inter-node" if nnodes > 1 else "intra-node",
+        "per_device_batch": per_device_batch,
+        "compute_s_per_image_k1": compute_s_per_image,
+        "compute_s": compute,
+        "comm_s": comm,
+        "hideable_s": overlap * hideable,
+        "exposed_comm_s": exposed,
+        "step_s": step,
+        "throughput_img_s": k * per_device_batch / step,
+        "efficiency": t1 / step,
+        "comm_bytes": sum(c["bytes"] * c["count"] for c in calls),
+        "collectives": calls,
+        "parameters": {
+            "overlap": overlap,
+            "backward_fraction": backward_fraction,
+            "serial_replicas": serial_replicas,
+            "bucket_cap_mb": bucket_cap_mb,
+            "comm_hook": comm_hook,
+            "accum_steps": accum_steps,
+            "transport": transport,
+        },
         "assumptions": list(ASSUMPTIONS),
     }
 
@@ -278,9 +344,19 @@ def check(prediction: dict, measured_efficiency: float, tolerance: float = DEFAU
     mod = prediction["efficiency"]
     rel = (mod - measured_efficiency) / measured_efficiency
     within = abs(rel) <= tolerance
-    return {"modelled": True, "interconnect": prediction["interconnect"], "strategy": prediction["strategy"],
-            "k": prediction["k"], "measured_efficiency": measured_efficiency, "modelled_efficiency": mod,
-            "error_points": mod - measured_efficiency, "rel_error": rel, "tolerance": tolerance,
-            "within_tolerance": within,
-            "verdict": "within tolerance" if within else
-            f"MISS: the model is off by {rel:+.1%} (tolerance {tolerance:.0%}); its assumptions say what it leaves out"}
+    return {
+        "modelled": True,
+        "interconnect": prediction["interconnect"],
+        "strategy": prediction["strategy"],
+        "k": prediction["k"],
+        "measured_efficiency": measured_efficiency,
+        "modelled_efficiency": mod,
+        "error_points": mod - measured_efficiency,
+        "rel_error": rel,
+        "tolerance": tolerance,
+        "within_tolerance": within,
+        "verdict": "within tolerance"
+        if within
+        else f"MISS: the model is off by {rel:+.1%} (tolerance "
+        f"{tolerance:.0%}); its assumptions say what it leaves out",
+    }

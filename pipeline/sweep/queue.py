@@ -21,6 +21,7 @@ live worker must not lose its trial. Workers on other hosts are judged by their 
 trial was taken over anyway (another host judged it stale) notices at its next beat, stops the trial at the next
 epoch and records nothing for it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,13 +45,31 @@ from pipeline.preflight import check_store, store_url
 # A trial whose heartbeat is older than GRACE_S is failed as stale and enqueued again: a rerun after a SIGKILL waits
 # that long for it. PARALLAX_GRACE_S shortens the wait (tests; at least 4 s, so that a live trial, beating every
 # HEARTBEAT_S, is never taken for a dead one).
-GRACE_S = max(4, int(env_number("PARALLAX_GRACE_S", 20, lo=0, hi=TIMEOUT_MAX_S,
-                                 what="how many seconds a trial's heartbeat may be late before it is failed as stale "
-                                      "(4 at least are used)")))
+GRACE_S = max(
+    4,
+    int(
+        env_number(
+            "PARALLAX_GRACE_S",
+            20,
+            lo=0,
+            hi=TIMEOUT_MAX_S,
+            what="how many seconds a trial's heartbeat may be late before it is failed as stale (4 at least are used)",
+        )
+    ),
+)
 # a database server's connect (TCP, then its start-up exchange) is bounded: libpq's connect_timeout (2 s at least)
-STORE_TIMEOUT_S = max(2, int(env_number("PARALLAX_STORE_TIMEOUT_S", 30, lo=0, hi=TIMEOUT_MAX_S,
-                                        what="how many seconds the sweep waits for the Optuna database to answer "
-                                             "(2 at least are used)")))
+STORE_TIMEOUT_S = max(
+    2,
+    int(
+        env_number(
+            "PARALLAX_STORE_TIMEOUT_S",
+            30,
+            lo=0,
+            hi=TIMEOUT_MAX_S,
+            what="how many seconds the sweep waits for the Optuna database to answer (2 at least are used)",
+        )
+    ),
+)
 HEARTBEAT_S = max(1, min(5, GRACE_S // 4))
 WORKER_ATTR = "parallax_worker"
 
@@ -148,8 +167,10 @@ def held_elsewhere(study: optuna.Study) -> list:
     stale = set(study._storage._get_stale_trial_ids(study._study_id))
     mine, host = me(), socket.gethostname()
     return [
-        t for t in running(study)
-        if (owner := t.system_attrs.get(WORKER_ATTR)) != mine and t._trial_id not in stale
+        t
+        for t in running(study)
+        if (owner := t.system_attrs.get(WORKER_ATTR)) != mine
+        and t._trial_id not in stale
         and (not owner or owner.get("host") != host or is_alive_here(owner))
     ]
 
@@ -214,6 +235,7 @@ def end_stale_mlflow_runs(study, tracker) -> None:
 
 # ----------------------------------------------------------------------------- the store
 
+
 def storage_url(cfg) -> str:
     """sweep.storage, a relative SQLite path resolved against the store root; empty = mlruns/optuna.db there."""
     return store_url(cfg.sweep.storage, "sweep.storage", "optuna.db")
@@ -223,25 +245,38 @@ def open_storage(cfg) -> optuna.storages.RDBStorage:
     url = storage_url(cfg)
     check_store(url, "sweep.storage")  # unreachable, corrupt or unwritable: fails now, in seconds
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
-    stale = ({"heartbeat_stale_trial_callback": retry(max_retry=2)} if retry else
-             {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)})
+    stale = (
+        {"heartbeat_stale_trial_callback": retry(max_retry=2)}
+        if retry
+        else {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)}
+    )
     server = url.split(":", 1)[0].split("+")[0].lower() in ("postgresql", "postgres")
     if server:  # a server that accepts and never answers is given up on, not waited for without end
-        print(f"waiting for the Optuna storage {redact(url)} (sweep.storage; gives up after {STORE_TIMEOUT_S:.0f} s "
-              f"without an answer)", file=sys.stderr, flush=True)
+        print(
+            f"waiting for the Optuna storage {redact(url)} (sweep.storage; gives up after {STORE_TIMEOUT_S:.0f} s "
+            f"without an answer)",
+            file=sys.stderr,
+            flush=True,
+        )
     args = {"timeout": 60} if url.startswith("sqlite") else {"connect_timeout": STORE_TIMEOUT_S} if server else None
     for attempt in range(5):
         try:
             return optuna.storages.RDBStorage(
-                url, engine_kwargs={"connect_args": args} if args else None,
-                heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, **stale)
+                url,
+                engine_kwargs={"connect_args": args} if args else None,
+                heartbeat_interval=HEARTBEAT_S,
+                grace_period=GRACE_S,
+                **stale,
+            )
         except Exception as e:  # bad URL, server down, missing driver
             if server and store_fault(e) == "no_answer":
-                raise StoreError(f"The Optuna storage {redact(url)} (sweep.storage) did not answer within "
-                                 f"{STORE_TIMEOUT_S:.0f} s: its port accepts connections but no database speaks "
-                                 f"on it ({root_cause(e)}). Check that the address is the database server's and "
-                                 f"that it is not stalled; PARALLAX_STORE_TIMEOUT_S sets the wait. Nothing was "
-                                 f"run.") from None
+                raise StoreError(
+                    f"The Optuna storage {redact(url)} (sweep.storage) did not answer within "
+                    f"{STORE_TIMEOUT_S:.0f} s: its port accepts connections but no database speaks "
+                    f"on it ({root_cause(e)}). Check that the address is the database server's and "
+                    f"that it is not stalled; PARALLAX_STORE_TIMEOUT_S sets the wait. Nothing was "
+                    f"run."
+                ) from None
             # workers started together on an empty PostgreSQL database race to create the tables; the losers get
             # IntegrityError (pg_type_typname_nsp_index) and succeed on a retry, the tables being there by then
             if type(e).__name__ == "IntegrityError" and attempt < 4:
@@ -253,10 +288,12 @@ def open_storage(cfg) -> optuna.storages.RDBStorage:
                 f"sqlite:////abs/path/optuna.db or postgresql://user@host:5432/db, with the password in PGPASSWORD "
                 f"or ~/.pgpass rather than in the URL (docs/scale-out.md); the server must be reachable, the "
                 f"database exist and its driver be installed. Or leave sweep.storage empty for the default sqlite "
-                f"file in mlruns/.") from None
+                f"file in mlruns/."
+            ) from None
 
 
 # ----------------------------------------------------------------------------- what a trial's runner may ask
+
 
 def heartbeat(trial: optuna.Trial) -> Heartbeat:
     """The heartbeat of a claimed trial (a context manager: beats while the trial runs)."""
@@ -301,15 +338,26 @@ def creating_stores(*urls: str):
 
 # ----------------------------------------------------------------------------- the worker loop
 
-def serve(study: optuna.Study, tracker, runnable, run, total: int, max_new_trials: int | None = None, say=print,
-          where: str = "") -> int:
+
+def serve(
+    study: optuna.Study,
+    tracker,
+    runnable,
+    run,
+    total: int,
+    max_new_trials: int | None = None,
+    say=print,
+    where: str = "",
+) -> int:
     """Claim and run waiting trials until none is left that this worker can run (or `max_new_trials` ran); returns
     how many ran here. Each turn first repairs stale trials (and their MLflow runs). `runnable(point)`: can this host
     run the point; `run(trial, done, eta_s)`: runs one claimed trial and records it (done = trials finished before
     it, eta_s = the time the `total` trials still need at this worker's pace, or None)."""
     if max_new_trials == 0:
-        say("--n-trials 0: the study is set up and no trial is run here, by design (the set-up step before the "
-            "workers, docs/scale-out.md); the same command without --n-trials 0 runs its trials")
+        say(
+            "--n-trials 0: the study is set up and no trial is run here, by design (the set-up step before the "
+            "workers, docs/scale-out.md); the same command without --n-trials 0 runs its trials"
+        )
         return 0
     ran, started = 0, time.monotonic()
     while max_new_trials is None or ran < max_new_trials:
@@ -320,8 +368,10 @@ def serve(study: optuna.Study, tracker, runnable, run, total: int, max_new_trial
             if not running(study):
                 left = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
                 if left:
-                    say(f"{len(left)} waiting trial(s) need more devices than this host offers{where}: left to a "
-                        f"larger worker")
+                    say(
+                        f"{len(left)} waiting trial(s) need more devices than this host offers{where}: left to a "
+                        f"larger worker"
+                    )
                 break
             time.sleep(1.0)  # another worker (or a dead one, until its heartbeat goes stale) holds a trial
             continue

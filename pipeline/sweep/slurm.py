@@ -21,6 +21,7 @@ is submitted: nothing of it is read as the new trial's epochs or record.
 
 Off (no partition) is `local`, launch.run_trial on this host; submitit is imported only when SLURM is on.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,6 +48,7 @@ UNSUBMITTED = "slurm_submit"  # the failure kind of a trial whose job `sbatch` c
 
 class Requeued(TrialFailed):
     """SLURM ended the trial's job (scancel, preemption): the sweep enqueues the point again."""
+
     requeue = True
 
 
@@ -81,8 +83,9 @@ def cluster_host(cfg, host):
     """What one node of the cluster offers, as the feasibility check reads a host."""
     if not is_on(cfg):
         return host
-    return dataclasses.replace(host, kind=cfg.slurm.device, n=cfg.slurm.devices_per_node,
-                               hostname=f"slurm:{cfg.slurm.partition}")
+    return dataclasses.replace(
+        host, kind=cfg.slurm.device, n=cfg.slurm.devices_per_node, hostname=f"slurm:{cfg.slurm.partition}"
+    )
 
 
 def runner(cfg):
@@ -92,10 +95,12 @@ def runner(cfg):
 
 def local(tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="", note=None):
     from pipeline.trial.launch import run_trial
+
     return run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=progress, timeout_s=timeout_s)
 
 
 # ----------------------------------------------------------------------------- on each node of the job
+
 
 def node_main(cfg, out_dir: str, timeout_s: float | None) -> dict:
     """One task per node: this node's share of the trial's ranks, in out_dir/node<i>. `cfg`: the trial's Config as
@@ -104,20 +109,31 @@ def node_main(cfg, out_dir: str, timeout_s: float | None) -> dict:
     import submitit
 
     from pipeline.trial.launch import run_trial
+
     env = submitit.JobEnvironment()
     if env.num_nodes > 1:
         port = cfg.slurm.rdzv_port + int(str(env.job_id).split("_")[0]) % 500
-        cfg = with_train(cfg, nnodes=env.num_nodes, node_rank=env.node,
-                         rdzv_endpoint=f"{env.hostnames[0]}:{port}", rdzv_id=f"slurm-{env.job_id}")
+        cfg = with_train(
+            cfg,
+            nnodes=env.num_nodes,
+            node_rank=env.node,
+            rdzv_endpoint=f"{env.hostnames[0]}:{port}",
+            rdzv_id=f"slurm-{env.job_id}",
+        )
     node_dir = Path(out_dir) / f"node{env.node}"
     try:
         record = run_trial(cfg, node_dir, on_epoch=None, progress=False, timeout_s=timeout_s)
     except TrialFailed as e:
         return {"node": env.node, "failed": (str(e), e.kind)}
     is_main = (node_dir / "final_state.pt").exists()
-    return {"node": env.node, "host": env.hostnames[env.node], "record": record if is_main else None,
-            "machine": _boot_id(), "cores": len(os.sched_getaffinity(0)),
-            "procs": cfg.train.devices // cfg.train.nnodes}
+    return {
+        "node": env.node,
+        "host": env.hostnames[env.node],
+        "record": record if is_main else None,
+        "machine": _boot_id(),
+        "cores": len(os.sched_getaffinity(0)),
+        "procs": cfg.train.devices // cfg.train.nnodes,
+    }
 
 
 def _boot_id() -> str:
@@ -129,6 +145,7 @@ def _boot_id() -> str:
 
 
 # ----------------------------------------------------------------------------- on the login node
+
 
 def scontrol(*args: str) -> dict:
     """`scontrol show ... -o` as a dict ({} when SLURM does not know it, or cannot be asked)."""
@@ -217,12 +234,20 @@ class Runner:
 
     def executor(self, folder: Path, nodes: int, label: str):
         import submitit  # the optional extra `slurm`: only here
+
         s = self.scfg
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0, python=sys.executable)
         per_node = {"cpus_per_task": s.devices_per_node} if s.device == "cpu" else {"gpus_per_node": s.devices_per_node}
-        ex.update_parameters(partition=s.partition, nodes=nodes, ntasks_per_node=1, time=s.time_limit_min,
-                             job_name=f"parallax {label}"[:120], additional_parameters={"no_requeue": True},
-                             **per_node, **({"account": s.account} if s.account else {}))
+        ex.update_parameters(
+            partition=s.partition,
+            nodes=nodes,
+            ntasks_per_node=1,
+            time=s.time_limit_min,
+            job_name=f"parallax {label}"[:120],
+            additional_parameters={"no_requeue": True},
+            **per_node,
+            **({"account": s.account} if s.account else {}),
+        )
         return ex
 
     def __call__(self, tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="", note=None):
@@ -247,8 +272,12 @@ class Runner:
             note({"slurm_job_id": str(job.job_id), "nodes": nodes})
 
         def say(msg: str) -> None:
-            print(f"  {label} SLURM job {job.job_id} ({nodes} node{'s' * (nodes > 1)}): {msg}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"  {label} SLURM job {job.job_id} ({nodes} node{'s' * (nodes > 1)}): {msg}",
+                file=sys.stderr,
+                flush=True,
+            )
+
         ended = False
         try:
             info = self.wait(job, out_dir, on_epoch, say)
@@ -267,11 +296,16 @@ class Runner:
         while True:
             info, why = ask("job", str(job.job_id))
             state = info.get("JobState", "")
-            shown = "queued" if state in ("PENDING", "CONFIGURING", "REQUEUED") else (
-                "running" if state in ("RUNNING", "COMPLETING") else state.lower())
+            shown = (
+                "queued"
+                if state in ("PENDING", "CONFIGURING", "REQUEUED")
+                else ("running" if state in ("RUNNING", "COMPLETING") else state.lower())
+            )
             if shown in ("queued", "running") and shown != last:  # the end is said by outcome()
-                where = {"queued": f" (Reason={info.get('Reason', '?')})",
-                         "running": f" on {info.get('NodeList', '?')}"}.get(shown, "")
+                where = {
+                    "queued": f" (Reason={info.get('Reason', '?')})",
+                    "running": f" on {info.get('NodeList', '?')}",
+                }.get(shown, "")
                 say(shown + where)
                 last = shown
             seen = self.epochs(out_dir, seen, on_epoch, job)
@@ -306,29 +340,39 @@ class Runner:
                 return seen
             if on_epoch and on_epoch(record):
                 cancelled = cancel(str(job.job_id))
-                raise TrialFailed(f"stopped at epoch {record['epoch']} by the sweep; {cancelled} (pruning and "
-                                  f"taken-over trials end their job)", "stopped")
+                raise TrialFailed(
+                    f"stopped at epoch {record['epoch']} by the sweep; {cancelled} (pruning and "
+                    f"taken-over trials end their job)",
+                    "stopped",
+                )
             seen += 1
         return seen
 
     def outcome(self, job, info: dict, nodes: int, out_dir: Path, say):
         state = info.get("JobState", "UNKNOWN")
         why = f"SLURM job {job.job_id} ended {state}" + (
-            f" (Reason={info['Reason']})" if info.get("Reason", "None") != "None" else "")
+            f" (Reason={info['Reason']})" if info.get("Reason", "None") != "None" else ""
+        )
         if state in REQUEUE:
             say(f"done: {state}; the trial is enqueued again")
             raise Requeued(f"{why}: not the trial's fault; its point is enqueued again", "slurm_" + state.lower())
         if state == "NODE_FAIL":
-            lost = [f"{h} ({n.get('State', '?')}: {n.get('Reason', '?')})" for h in hostnames(info.get("NodeList", ""))
-                    for n in [scontrol("node", h)] if "DOWN" in n.get("State", "") or "NOT_RESPONDING" in
-                    n.get("State", "")]
+            lost = [
+                f"{h} ({n.get('State', '?')}: {n.get('Reason', '?')})"
+                for h in hostnames(info.get("NodeList", ""))
+                for n in [scontrol("node", h)]
+                if "DOWN" in n.get("State", "") or "NOT_RESPONDING" in n.get("State", "")
+            ]
             say(f"done: NODE_FAIL {', '.join(lost)}")
-            raise TrialFailed(f"{why}: node(s) {', '.join(lost) or info.get('NodeList', '?')} stopped responding "
-                              f"to SLURM mid-trial", "node_fail")
+            raise TrialFailed(
+                f"{why}: node(s) {', '.join(lost) or info.get('NodeList', '?')} stopped responding to SLURM mid-trial",
+                "node_fail",
+            )
         if state == "TIMEOUT":
             say("done: TIMEOUT")
-            raise TrialFailed(f"{why}: over its time limit of {self.scfg.time_limit_min} min "
-                              f"(slurm.time_limit_min)", "timeout")
+            raise TrialFailed(
+                f"{why}: over its time limit of {self.scfg.time_limit_min} min (slurm.time_limit_min)", "timeout"
+            )
         deadline = time.monotonic() + 10  # a shared filesystem may show the result files late
         while not all(t.paths.result_pickle.exists() for t in tasks(job)) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -336,8 +380,7 @@ class Runner:
         if missing:  # submitit's result() would wait for ever (it asks sacct)
             tail = " | ".join(_tail(t.paths.stderr) for t in missing)
             say(f"done: {state}, {len(missing)} task(s) left no result")
-            raise TrialFailed(f"{why}: {len(missing)} of its {nodes} task(s) left no result; stderr: {tail}",
-                              "error")
+            raise TrialFailed(f"{why}: {len(missing)} of its {nodes} task(s) left no result; stderr: {tail}", "error")
         try:
             results = [t.result() for t in tasks(job)]
         except Exception as e:  # an exception outside the trial (the node could not import the package)
@@ -347,8 +390,7 @@ class Runner:
         failed = [r["failed"] for r in results if "failed" in r]
         if failed:
             say(f"done: {state}, trial failed")
-            raise TrialFailed(f"{failed[0][0]} (SLURM job {job.job_id}, node {results[0].get('node')})",
-                              failed[0][1])
+            raise TrialFailed(f"{failed[0][0]} (SLURM job {job.job_id}, node {results[0].get('node')})", failed[0][1])
         main = next((r for r in results if r.get("record") is not None), None)
         if main is None:
             raise TrialFailed(f"{why}: no node returned the main rank's record", "error")

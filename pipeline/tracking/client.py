@@ -5,6 +5,7 @@ parent repository under DVC's temp and queued executors too, so every experiment
 are written through MlflowClient with explicit run ids (no global "active run"), so a crashed trial can always be
 ended with a status.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,8 +45,12 @@ def experiment_name(cfg) -> str:
 
 def git_sha() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or "unknown"
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -57,8 +62,7 @@ def pipeline_run() -> str:
     """The pipeline run a run belongs to, the same for every stage of one run: the DVC experiment's name where
     `dvc exp run` sets DVC_EXP_NAME, else PARALLAX_PIPELINE_RUN where a user sets one, else the workspace at its
     git revision ("workspace@1a2b3c4")."""
-    return (os.environ.get("DVC_EXP_NAME") or os.environ.get("PARALLAX_PIPELINE_RUN")
-            or f"workspace@{git_sha()[:7]}")
+    return os.environ.get("DVC_EXP_NAME") or os.environ.get("PARALLAX_PIPELINE_RUN") or f"workspace@{git_sha()[:7]}"
 
 
 class Tracker:
@@ -67,6 +71,7 @@ class Tracker:
     def __init__(self, cfg):
         import mlflow
         from mlflow.tracking import MlflowClient
+
         uri = tracking_uri(cfg)
         check_store(uri, "tracking.uri")  # unreachable, corrupt or unwritable: fails now, in seconds
         mlflow.set_tracking_uri(uri)
@@ -83,7 +88,8 @@ class Tracker:
                 f"Cannot use the MLflow tracking store {redact(uri)} (tracking.uri): {type(e).__name__}: "
                 f"{redact((str(e).strip().splitlines() or [''])[0][:300])}. Check that it is an MLflow tracking "
                 f"server or database of a supported version (docs/scale-out.md), or leave tracking.uri empty for "
-                f"the local store in mlruns/. Nothing was run.") from None
+                f"the local store in mlruns/. Nothing was run."
+            ) from None
         self.experiment_id = exp.experiment_id
         self.name = name
         check_artifacts(exp.artifact_location or "", name)
@@ -96,8 +102,9 @@ class Tracker:
             if self.uri.startswith("sqlite:///") or "://" not in self.uri:
                 artifacts = (store_root() / "mlruns" / "artifacts").as_uri()
             try:
-                self.client.create_experiment(name, artifact_location=artifacts,
-                                              tags={"profile": cfg.profile, **EXPERIMENT_KIND})
+                self.client.create_experiment(
+                    name, artifact_location=artifacts, tags={"profile": cfg.profile, **EXPERIMENT_KIND}
+                )
             except Exception:  # another worker created it first
                 pass
             exp = self.client.get_experiment_by_name(name)
@@ -109,7 +116,8 @@ class Tracker:
                 f"and no experiment of that name made. Restore it with its runs: MLFLOW_TRACKING_URI="
                 f"{redact(self.uri)} mlflow experiments restore --experiment-id {i}; or remove it for good: mlflow "
                 f"gc --backend-store-uri {redact(self.uri)} --experiment-ids {i}; or set tracking.experiment to "
-                f"another name. Nothing was run.")
+                f"another name. Nothing was run."
+            )
         for k, v in EXPERIMENT_KIND.items():
             if exp.tags.get(k) is None:  # an experiment made before the tag was set (or by another tool)
                 self.client.set_experiment_tag(exp.experiment_id, k, v)
@@ -128,18 +136,24 @@ class Tracker:
 
     def log_params(self, run_id: str, params: dict) -> None:
         from mlflow.entities import Param
+
         self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
 
     def log_metrics(self, run_id: str, metrics: dict, step: int | None = None) -> None:
         from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()
-                 if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))]
+        batch = [
+            Metric(k, float(v), now, step or 0)
+            for k, v in metrics.items()
+            if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))
+        ]
         if batch:
             self.client.log_batch(run_id, metrics=batch)
 
     def set_tags(self, run_id: str, tags: dict) -> None:
         from mlflow.entities import RunTag
+
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items() if v is not None])
 
     def log_dataset(self, run_id: str, cfg, context: str = "train") -> None:
@@ -148,6 +162,7 @@ class Tracker:
         from mlflow.data.meta_dataset import MetaDataset
         from mlflow.data.sources import LocalArtifactDatasetSource
         from mlflow.entities import DatasetInput, InputTag
+
         root = Path(cfg.data.dir)
         root = root if root.is_absolute() else repo_root() / root
         name = "synthetic" if cfg.data.source == "synthetic" else "fashion-mnist"
@@ -194,9 +209,13 @@ class Tracker:
     def local_artifacts(self, run_id: str | None = None) -> Path | None:
         """The local folder of a run's artifacts (or of the experiment's), or None for a remote artifact store."""
         from urllib.parse import unquote, urlsplit
+
         try:
-            uri = (self.client.get_run(run_id).info.artifact_uri if run_id else
-                   self.client.get_experiment(self.experiment_id).artifact_location)
+            uri = (
+                self.client.get_run(run_id).info.artifact_uri
+                if run_id
+                else self.client.get_experiment(self.experiment_id).artifact_location
+            )
         except Exception:
             return None
         parts = urlsplit(uri)
@@ -229,14 +248,20 @@ class Tracker:
 
 def base_tags(planned, cfg, stage: str | None = None) -> dict:
     """A trial run's tags when it starts: the planned trial record's (record.planned) and where it was run from."""
-    return {**planned.tags(), "git_sha": git_sha(), "profile": cfg.profile, PIPELINE_RUN_TAG: pipeline_run(),
-            "dvc_stage": stage or ("" if not os.environ.get("DVC_ROOT") else "unknown")}
+    return {
+        **planned.tags(),
+        "git_sha": git_sha(),
+        "profile": cfg.profile,
+        PIPELINE_RUN_TAG: pipeline_run(),
+        "dvc_stage": stage or ("" if not os.environ.get("DVC_ROOT") else "unknown"),
+    }
 
 
 def data_digest(root) -> str | None:
     """A checksum of the data files (the md5s in manifest.json), or None without a manifest (MLflow then digests
     the dataset's name and source)."""
     import hashlib
+
     try:
         files = json.loads((Path(root) / "manifest.json").read_text())["files"]
         key = "".join(f"{n}:{files[n]['md5']}\n" for n in sorted(files))
@@ -267,12 +292,16 @@ def system_metrics(cfg, run_id: str | None):
         import psutil  # noqa: F401  (MLflow's CPU monitor needs it)
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
     except ImportError as e:
-        print(f"tracking.system_metrics is on but {e.name} is not installed (pip install psutil; pynvml for "
-              f"GPUs): this run has no system metrics", file=sys.stderr)
+        print(
+            f"tracking.system_metrics is on but {e.name} is not installed (pip install psutil; pynvml for "
+            f"GPUs): this run has no system metrics",
+            file=sys.stderr,
+        )
         yield None
         return
-    monitor = SystemMetricsMonitor(run_id, sampling_interval=cfg.tracking.system_metrics_interval_s,
-                                   tracking_uri=tracking_uri(cfg))
+    monitor = SystemMetricsMonitor(
+        run_id, sampling_interval=cfg.tracking.system_metrics_interval_s, tracking_uri=tracking_uri(cfg)
+    )
     monitor.start()
     try:
         yield monitor

@@ -14,6 +14,7 @@ so the caller's callback (MLflow logging, Optuna pruning) runs in the caller's p
 A rank that cannot write the trial directory (a full disk, a quota, a read-only or failing file system) fails the
 trial with kind `unwritable`, naming the directory: the host's fault, which a sweep runs again, not the trial's.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -96,6 +97,7 @@ def _progress_bar(enabled: bool, label: str):
     if not enabled:
         return None
     from tqdm import tqdm
+
     bars = {}
 
     def update(epoch, i, steps):
@@ -103,11 +105,18 @@ def _progress_bar(enabled: bool, label: str):
         if bar is None:
             for b in bars.values():
                 b.close()
-            bar = bars[epoch] = tqdm(total=steps, desc=f"{label} epoch {epoch + 1}", unit="step",
-                                     leave=False, dynamic_ncols=True, mininterval=0.5)
+            bar = bars[epoch] = tqdm(
+                total=steps,
+                desc=f"{label} epoch {epoch + 1}",
+                unit="step",
+                leave=False,
+                dynamic_ncols=True,
+                mininterval=0.5,
+            )
         bar.update(1)
         if i == steps:
             bar.close()
+
     return update
 
 
@@ -117,9 +126,17 @@ def _run_process(cfg, strategy, rank, world, data, on_epoch, progress, marks=Non
         label = f"{cfg.train.strategy} k={cfg.train.devices}"
         # pinned in each process: a spawned rank starts with torch's TF32 defaults, whatever its parent set
         with fp32_pinned(cfg.train.fp32_precision != "default", tf32=cfg.train.fp32_precision == "tf32"):
-            return {**train(cfg, strategy, data, on_epoch=on_epoch,
-                            progress=_progress_bar(progress and strategy.is_main(), label), marks=marks),
-                    "tf32": tf32_text(tf32_flags())}
+            return {
+                **train(
+                    cfg,
+                    strategy,
+                    data,
+                    on_epoch=on_epoch,
+                    progress=_progress_bar(progress and strategy.is_main(), label),
+                    marks=marks,
+                ),
+                "tf32": tf32_text(tf32_flags()),
+            }
     finally:
         strategy.teardown()
 
@@ -128,6 +145,7 @@ def _file_reporter(out_dir: Path, wait_for_ack: bool, timeout_s: float):
     """on_epoch for the main rank of a multi-process trial: append the record, wait for the caller's answer. The
     other ranks wait for this rank's verdict inside a collective that times out after train.timeout_s, so the answer
     is awaited for half that: an answer that comes later (a tracking server stalled) is taken at the next epoch."""
+
     def report(record: dict) -> bool:
         with _writing(out_dir / "progress.jsonl"), open(out_dir / "progress.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -140,6 +158,7 @@ def _file_reporter(out_dir: Path, wait_for_ack: bool, timeout_s: float):
         while not ack.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         return any(_said_stop(out_dir / f"ack-{e}") for e in range(1, record["epoch"] + 1))
+
     return report
 
 
@@ -159,6 +178,7 @@ def _exit_with_agent() -> None:
         while os.getppid() == agent:
             time.sleep(0.5)
         os._exit(1)
+
     threading.Thread(target=watch, daemon=True, name="parallax-agent-watch").start()
 
 
@@ -255,12 +275,21 @@ def rendezvous_args(t) -> dict:
     """LaunchConfig's rendezvous arguments for train config `t`."""
     if t.nnodes == 1 and not t.rdzv_endpoint:
         # one node: a static rendezvous (the dynamic one costs ~0.4 s a trial), listening on 127.0.0.1
-        return {"rdzv_backend": loopback.register(), "rdzv_endpoint": "", "rdzv_configs": {},
-                "run_id": f"parallax-{uuid.uuid4().hex[:8]}"}
+        return {
+            "rdzv_backend": loopback.register(),
+            "rdzv_endpoint": "",
+            "rdzv_configs": {},
+            "run_id": f"parallax-{uuid.uuid4().hex[:8]}",
+        }
     # torchrun's c10d rendezvous: node 0 hosts the store at rdzv_endpoint, the others connect to it; this node is
     # known to them by train.local_addr, or by its host name (torch's default)
-    return {"rdzv_backend": "c10d", "rdzv_endpoint": t.rdzv_endpoint, "run_id": t.rdzv_id,
-            "rdzv_configs": {"is_host": t.node_rank == 0}, "local_addr": t.local_addr or None}
+    return {
+        "rdzv_backend": "c10d",
+        "rdzv_endpoint": t.rdzv_endpoint,
+        "run_id": t.rdzv_id,
+        "rdzv_configs": {"is_host": t.node_rank == 0},
+        "local_addr": t.local_addr or None,
+    }
 
 
 def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s: float | None) -> list[dict]:
@@ -289,45 +318,63 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     _DATA = load_data(cfg) if start_method == "fork" else None
     _WAKE = os.pipe() if start_method == "fork" and standalone else None
     failed = []  # the error of the caller's on_epoch, if any
-    watcher = threading.Thread(target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None, failed),
-                               daemon=True)
+    watcher = threading.Thread(
+        target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None, failed), daemon=True
+    )
     start.prepare(start_method, STRATEGIES[t.strategy].HEAVY_MODULES)
     # the agent's logs (/tmp/torchelastic_*) and torch.multiprocessing's error files (/tmp/pytorch-errorfile-*,
     # named in the system temp dir before forking, never removed) go to a folder of this trial's, removed below
     _remove_orphaned_scratch()
     scratch = tempfile.mkdtemp(prefix=f"parallax-trial-{os.getpid()}-")
-    lc = LaunchConfig(min_nodes=t.nnodes, max_nodes=t.nnodes, nproc_per_node=nproc, **rdzv, max_restarts=0,
-                      monitor_interval=0.05, start_method=start_method, logs_specs=DefaultLogsSpecs(log_dir=scratch))
+    lc = LaunchConfig(
+        min_nodes=t.nnodes,
+        max_nodes=t.nnodes,
+        nproc_per_node=nproc,
+        **rdzv,
+        max_restarts=0,
+        monitor_interval=0.05,
+        start_method=start_method,
+        logs_specs=DefaultLogsSpecs(log_dir=scratch),
+    )
     watcher.start()
     if timer:
         timer.start()
     # a node that does not host the rendezvous ends its trial once node 0's store stops answering (rdzv_watch.py)
     watch = RendezvousWatch(t.rdzv_endpoint, t.timeout_s) if t.nnodes > 1 and t.node_rank else None
     try:
-        with loopback.collectives_on_loopback() if standalone else node_addr.collectives_on(t.local_addr), \
-                _tempdir(scratch), \
-                watch or contextlib.nullcontext():
-            results = elastic_launch(lc, rank_entry)(cfg, str(out_dir), on_epoch is not None, progress,
-                                                     start.env_delta(start_method))
+        with (
+            loopback.collectives_on_loopback() if standalone else node_addr.collectives_on(t.local_addr),
+            _tempdir(scratch),
+            watch or contextlib.nullcontext(),
+        ):
+            results = elastic_launch(lc, rank_entry)(
+                cfg, str(out_dir), on_epoch is not None, progress, start.env_delta(start_method)
+            )
     except Exception as e:
         if watch and watch.lost:
-            raise TrialFailed(f"lost the rendezvous host {t.rdzv_endpoint} (node 0): it did not answer for "
-                              f"{t.timeout_s:.0f} s (train.timeout_s): node 0 never started, stopped or died, or "
-                              f"the network between the nodes is down; this node's ranks were stopped. Check node "
-                              f"0's output and the link between the nodes, then run the trial again on every node.",
-                              "worker_died") from None
+            raise TrialFailed(
+                f"lost the rendezvous host {t.rdzv_endpoint} (node 0): it did not answer for "
+                f"{t.timeout_s:.0f} s (train.timeout_s): node 0 never started, stopped or died, or "
+                f"the network between the nodes is down; this node's ranks were stopped. Check node "
+                f"0's output and the link between the nodes, then run the trial again on every node.",
+                "worker_died",
+            ) from None
         if isinstance(e, ChildFailedError):
             reason = failure_reason(e)
             if FolderUnwritable.__name__ in str(reason):
                 why = str(reason).replace(f"{FolderUnwritable.__name__}: ", "")
-                raise TrialFailed(f"the host could not write the trial directory {out_dir}: {why}", UNWRITABLE) \
-                    from None
+                raise TrialFailed(
+                    f"the host could not write the trial directory {out_dir}: {why}", UNWRITABLE
+                ) from None
             raise reason from None
         if not isinstance(e, SignalException):
             raise
         if timed_out.is_set():
-            raise TrialFailed(f"trial exceeded its time budget of {timeout_s:.0f} s (sweep.trial_timeout_s); "
-                              f"every worker was stopped{stacks_kept(out_dir)}", "timeout") from None
+            raise TrialFailed(
+                f"trial exceeded its time budget of {timeout_s:.0f} s (sweep.trial_timeout_s); "
+                f"every worker was stopped{stacks_kept(out_dir)}",
+                "timeout",
+            ) from None
         raise Interrupted(e.sigval) from None  # exit 128 + the signal: 130 for SIGINT, 143 for SIGTERM
     finally:
         for f in out_dir.glob("stacks-rank*.txt"):

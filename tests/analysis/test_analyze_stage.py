@@ -1,6 +1,7 @@
 """The analysis stage end to end on small sweep tables: summary.json, the tidy CSVs, figures, the report, tolerance of
 odd or missing data, and the knob-effect tables.
 """
+
 import json
 
 import pandas as pd
@@ -14,17 +15,24 @@ def _sweeps(d):
     d.mkdir()
     rows = {
         "single": [row("single", k=1, B=B, thr=1000) for B in (128, 256)],
-        "ddp": [row("ddp", k=1, B=128, thr=1000), row("ddp", k=2, B=256, thr=1800),
-                row("ddp", k=1, B=256, thr=1250), row("ddp", k=2, B=256, lr=0.2, thr=1600),
-                row("ddp", k=4, B=512, thr=3000, data_source="synthetic"),
-                row("ddp", k=4, B=1024, state="failed", reason="CUDA out of memory"),
-                row("ddp", k=2, B=256, lr=0.3, state="pruned", reason="pruned at epoch 1"),
-                row("ddp", k=8, B=1024, state="skipped", reason="k=8 > N=4 devices", trial=None)],
-        "dp": [row("dp", k=k, B=128 * k, state="skipped", trial=None,
-                   reason="unavailable: nn.DataParallel needs CUDA") for k in (1, 2)],
-        "scratch": [row("scratch", k=2, B=256, thr=1100, parallel_devices=False,
-                        peaks=[300 * 2**20, 100 * 2**20]),
-                    row("scratch", k=4, B=512, thr=1200, parallel_devices=False, oversubscribed=True)],
+        "ddp": [
+            row("ddp", k=1, B=128, thr=1000),
+            row("ddp", k=2, B=256, thr=1800),
+            row("ddp", k=1, B=256, thr=1250),
+            row("ddp", k=2, B=256, lr=0.2, thr=1600),
+            row("ddp", k=4, B=512, thr=3000, data_source="synthetic"),
+            row("ddp", k=4, B=1024, state="failed", reason="CUDA out of memory"),
+            row("ddp", k=2, B=256, lr=0.3, state="pruned", reason="pruned at epoch 1"),
+            row("ddp", k=8, B=1024, state="skipped", reason="k=8 > N=4 devices", trial=None),
+        ],
+        "dp": [
+            row("dp", k=k, B=128 * k, state="skipped", trial=None, reason="unavailable: nn.DataParallel needs CUDA")
+            for k in (1, 2)
+        ],
+        "scratch": [
+            row("scratch", k=2, B=256, thr=1100, parallel_devices=False, peaks=[300 * 2**20, 100 * 2**20]),
+            row("scratch", k=4, B=512, thr=1200, parallel_devices=False, oversubscribed=True),
+        ],
     }
     for s, rs in rows.items():
         write(rs, d / f"{s}.jsonl")
@@ -66,25 +74,63 @@ def test_tidy_csvs(run):
     _, out = run
     eff = pd.read_csv(out / "efficiency.csv")
     # data_source varies within ddp, so it is a column; host does not
-    assert list(eff.columns) == ["strategy", "model", "data_source", "k", "per_device_batch",
-                                 "batch_size", "kind", "efficiency", "efficiency_lo", "efficiency_hi", "speedup",
-                                 "speedup_lo", "speedup_hi", "throughput_img_s", "n_windows", "n_repeats"]
+    assert list(eff.columns) == [
+        "strategy",
+        "model",
+        "data_source",
+        "k",
+        "per_device_batch",
+        "batch_size",
+        "kind",
+        "efficiency",
+        "efficiency_lo",
+        "efficiency_hi",
+        "speedup",
+        "speedup_lo",
+        "speedup_hi",
+        "throughput_img_s",
+        "n_windows",
+        "n_repeats",
+    ]
     assert eff["efficiency"].notna().all() and (eff["efficiency"] > 0).all()
     assert "scratch" not in set(eff["strategy"])  # undefined efficiency is absent, not 0
     w = eff[(eff["strategy"] == "ddp") & (eff["kind"] == "weak") & (eff["k"] == 2)]
     assert w["efficiency"].tolist() == [pytest.approx(0.85)]
     thr = pd.read_csv(out / "throughput.csv")
-    assert list(thr.columns) == ["strategy", "model", "data_source", "k", "batch_size",
-                                 "per_device_batch", "throughput_img_s"]
+    assert list(thr.columns) == [
+        "strategy",
+        "model",
+        "data_source",
+        "k",
+        "batch_size",
+        "per_device_batch",
+        "throughput_img_s",
+    ]
     assert 1200 not in set(thr["throughput_img_s"])  # oversubscribed scratch k=4
     mem = pd.read_csv(out / "memory.csv")
-    assert list(mem.columns) == ["strategy", "model", "data_source", "k", "batch_size", "device",
-                                 "peak_mem_bytes", "peak_mem_mib"]
+    assert list(mem.columns) == [
+        "strategy",
+        "model",
+        "data_source",
+        "k",
+        "batch_size",
+        "device",
+        "peak_mem_bytes",
+        "peak_mem_mib",
+    ]
     assert mem["device"].dtype.kind == "i"
     assert one(mem, strategy="scratch", device=0)["peak_mem_mib"] == pytest.approx(300)
     acc = pd.read_csv(out / "accuracy.csv")
-    assert list(acc.columns) == ["strategy", "model", "data_source", "k", "batch_size", "lr",
-                                 "test_acc", "time_to_acc_s"]
+    assert list(acc.columns) == [
+        "strategy",
+        "model",
+        "data_source",
+        "k",
+        "batch_size",
+        "lr",
+        "test_acc",
+        "time_to_acc_s",
+    ]
     assert not set(acc["k"]) & {8} and len(acc[acc["strategy"] == "ddp"]) == 5
 
 
@@ -121,8 +167,10 @@ def test_no_warning_without_synthetic_and_nothing_to_analyze(tmp_path):
     text = (tmp_path / "out" / "report.md").read_text()
     assert "SYNTHETIC" not in text and "nothing to compare" in text
     assert summary["host"] is None and summary["strategies"]["ddp"]["status"] == "missing"
-    assert all((tmp_path / "out" / f).exists() for f in
-               ("summary.json", "efficiency.csv", "memory.csv", "efficiency.png", "memory.png"))
+    assert all(
+        (tmp_path / "out" / f).exists()
+        for f in ("summary.json", "efficiency.csv", "memory.csv", "efficiency.png", "memory.png")
+    )
     assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
 
 
@@ -130,12 +178,21 @@ def test_partial_and_odd_data_never_crash(tmp_path):
     d = tmp_path / "sweeps"
     d.mkdir()
     # k=1 only, no memory, a complete row without numbers
-    write([row("single", k=1, peaks=[]), row("single", k=1, B=256, thr=None, test_acc=None, test_acc_list=None)],
-          d / "single.jsonl")
-    write([row("fsdp", k=2, B=256, state="failed", reason="worker died"),
-           row("fsdp", k=4, B=512, state="pruned", reason="pruned")], d / "fsdp.jsonl")
-    write([row("ddp", k=2, B=256, thr=1800, peak_mem_bytes="not a list", parallel_devices=None,
-               oversubscribed=None)], d / "ddp.jsonl")
+    write(
+        [row("single", k=1, peaks=[]), row("single", k=1, B=256, thr=None, test_acc=None, test_acc_list=None)],
+        d / "single.jsonl",
+    )
+    write(
+        [
+            row("fsdp", k=2, B=256, state="failed", reason="worker died"),
+            row("fsdp", k=4, B=512, state="pruned", reason="pruned"),
+        ],
+        d / "fsdp.jsonl",
+    )
+    write(
+        [row("ddp", k=2, B=256, thr=1800, peak_mem_bytes="not a list", parallel_devices=None, oversubscribed=None)],
+        d / "ddp.jsonl",
+    )
     (d / "broken.jsonl").write_bytes(b'{"a": 1}\n{"unterminated\n')
     s = A.analyze(d, tmp_path / "out", target_acc=0.5)
     st = s["strategies"]
@@ -151,8 +208,10 @@ def test_partial_and_odd_data_never_crash(tmp_path):
 
 def test_json_has_no_nan():
     import numpy as np
-    out = A._jsonable({"a": float("nan"), "b": [np.float64("inf"), np.int64(3)], "c": np.bool_(True),
-                       "d": {"e": 2.5, "f": 4.0}})
+
+    out = A._jsonable(
+        {"a": float("nan"), "b": [np.float64("inf"), np.int64(3)], "c": np.bool_(True), "d": {"e": 2.5, "f": 4.0}}
+    )
     assert out == {"a": None, "b": [None, 3], "c": True, "d": {"e": 2.5, "f": 4}}
     json.dumps(out, allow_nan=False)
 
@@ -161,17 +220,38 @@ def test_knob_effects_get_a_table_and_a_plot_per_varied_knob(tmp_path):
     import pandas as pd
 
     from pipeline.analysis.stage import analyze
+
     sweeps = tmp_path / "sweeps"
     sweeps.mkdir()
     rows = []
-    for i, (k, hook, tput, acc) in enumerate([(1, "none", 1000, 0.8), (2, "none", 1900, 0.8),
-                                              (1, "fp16", 1000, 0.79), (2, "fp16", 1980, 0.7)]):
-        rows.append({"trial": i, "strategy": "ddp", "model": "lenet", "devices": k, "batch_size": 128 * k,
-                     "per_device_batch": 128, "lr": 0.1, "state": "complete", "throughput_img_s": tput,
-                     "test_acc": acc, "data_source": "synthetic", "device_kind": "cpu", "host": "h",
-                     "host_devices": 2, "parallel_devices": True, "oversubscribed": False,
-                     "peak_mem_bytes": [100] * k, "bucket_cap_mb": 25,
-                     "grad_as_bucket_view": False, "accum_steps": 1, "comm_hook": hook})
+    for i, (k, hook, tput, acc) in enumerate(
+        [(1, "none", 1000, 0.8), (2, "none", 1900, 0.8), (1, "fp16", 1000, 0.79), (2, "fp16", 1980, 0.7)]
+    ):
+        rows.append(
+            {
+                "trial": i,
+                "strategy": "ddp",
+                "model": "lenet",
+                "devices": k,
+                "batch_size": 128 * k,
+                "per_device_batch": 128,
+                "lr": 0.1,
+                "state": "complete",
+                "throughput_img_s": tput,
+                "test_acc": acc,
+                "data_source": "synthetic",
+                "device_kind": "cpu",
+                "host": "h",
+                "host_devices": 2,
+                "parallel_devices": True,
+                "oversubscribed": False,
+                "peak_mem_bytes": [100] * k,
+                "bucket_cap_mb": 25,
+                "grad_as_bucket_view": False,
+                "accum_steps": 1,
+                "comm_hook": hook,
+            }
+        )
     write(rows, sweeps / "ddp.jsonl")
     analyze(sweeps, tmp_path / "out")
     table = pd.read_csv(tmp_path / "out" / "knobs.csv")
@@ -186,14 +266,36 @@ def test_resolved_transport_does_not_split_the_scaling_groups(tmp_path):
     """comm_hook=auto runs k=1 without communication (none) and k=2 over shared memory (shm): the tables group by
     the setting (auto), so the efficiency is still computed, and the report names the transport actually used."""
     from pipeline.analysis.stage import analyze
+
     sweeps = tmp_path / "sweeps"
     sweeps.mkdir()
-    rows = [{"trial": i, "strategy": "ddp", "model": "lenet", "devices": k, "batch_size": 128 * k,
-             "per_device_batch": 128, "lr": 0.1, "state": "complete", "throughput_img_s": tput, "test_acc": 0.8,
-             "data_source": "synthetic", "device_kind": "cpu", "host": "h", "host_devices": 2,
-             "parallel_devices": True, "oversubscribed": False, "peak_mem_bytes": [100] * k,
-             "bucket_cap_mb": 25, "grad_as_bucket_view": False, "accum_steps": 1, "comm_hook": "auto",
-             "comm_hook_used": used} for i, (k, used, tput) in enumerate([(1, "none", 1000), (2, "shm", 1900)])]
+    rows = [
+        {
+            "trial": i,
+            "strategy": "ddp",
+            "model": "lenet",
+            "devices": k,
+            "batch_size": 128 * k,
+            "per_device_batch": 128,
+            "lr": 0.1,
+            "state": "complete",
+            "throughput_img_s": tput,
+            "test_acc": 0.8,
+            "data_source": "synthetic",
+            "device_kind": "cpu",
+            "host": "h",
+            "host_devices": 2,
+            "parallel_devices": True,
+            "oversubscribed": False,
+            "peak_mem_bytes": [100] * k,
+            "bucket_cap_mb": 25,
+            "grad_as_bucket_view": False,
+            "accum_steps": 1,
+            "comm_hook": "auto",
+            "comm_hook_used": used,
+        }
+        for i, (k, used, tput) in enumerate([(1, "none", 1000), (2, "shm", 1900)])
+    ]
     write(rows, sweeps / "ddp.jsonl")
     analyze(sweeps, tmp_path / "out")
     eff = pd.read_csv(tmp_path / "out" / "efficiency.csv")

@@ -3,6 +3,7 @@ experiments/; no secret in any output or store; nothing listens beyond loopback 
 
     .venv/bin/python -m pytest tests/config/test_security.py            # -m "not slow" for the fast cases only
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,11 @@ BIN = Path(sys.executable).parent
 def clone_repo(dst: Path) -> Path:
     """The tracked files in a fresh directory, committed (as a fresh clone would be)."""
     copy_tracked(dst)
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "clone"]):
+    for cmd in (
+        ["git", "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "clone"],
+    ):
         subprocess.run(cmd, cwd=dst, check=True, capture_output=True)
     return dst
 
@@ -38,8 +42,23 @@ def run_in(root: Path, cmd: list[str], timeout=600, **env) -> subprocess.Complet
 
 # ----------------------------------------------------------------------------- 1. no command from params
 
-@pytest.mark.parametrize("profile", ["../params", "../../../tmp/p", "/etc/passwd", "cpu/../cpu", "CPU", ".cpu",
-                                     "cpu.yaml", "-cpu", "cpu;id", 3, ["cpu"]])
+
+@pytest.mark.parametrize(
+    "profile",
+    [
+        "../params",
+        "../../../tmp/p",
+        "/etc/passwd",
+        "cpu/../cpu",
+        "CPU",
+        ".cpu",
+        "cpu.yaml",
+        "-cpu",
+        "cpu;id",
+        3,
+        ["cpu"],
+    ],
+)
 def test_a_profile_is_a_name_under_experiments_never_a_path(profile):
     with pytest.raises(configmod.ConfigError, match="Invalid profile") as e:
         configmod.load(REPO / "params.yaml", [f"profile={profile}"], root=REPO)
@@ -104,6 +123,7 @@ SECRET = "PW_s3cret-4711"
 
 def test_redact_hides_the_password_of_every_url():
     from pipeline.errors import redact
+
     cases = {
         f"postgresql://user:{SECRET}@host:1/db": "postgresql://***@host:1/db",
         f"postgresql+psycopg://u:{SECRET}@h/db?sslmode=require": "postgresql+psycopg://***@h/db?sslmode=require",
@@ -139,6 +159,7 @@ UNREACHABLE = [  # port 1 on loopback: refused at once
 @pytest.mark.parametrize("argv,setting", UNREACHABLE, ids=[s.split("=")[0] + " " + a[0] for a, s in UNREACHABLE])
 def test_unreachable_store_or_mirror_is_named_without_its_password(repo, argv, setting, capsys):
     from pipeline.cli import main
+
     extra = ["--set", "data.source=fashion-mnist", "--set", f"data.dir={repo}/fm"] if argv == ["download"] else []
     code = main([*argv, "--set", setting, *extra])
     err = " ".join(capsys.readouterr().err.split())
@@ -155,19 +176,50 @@ def test_advice_never_suggests_a_password_in_a_url():
 
 # ----------------------------------------------------------------------------- 3. nothing beyond loopback
 
+
 @pytest.mark.slow
 def test_a_two_rank_trial_listens_on_loopback_only(tmp_path, synthetic_root):
     import time
 
     import psutil
+
     (tmp_path / "experiments").mkdir()
     env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "train", "--strategy", "ddp", "--devices", "2", "--batch-size", "64",
-         "--epochs", "3", "--no-track", "--quiet", "--out", str(tmp_path / "o"), "--set", "profile=",
-         "--set", "data.source=synthetic", "--set", f"data.dir={synthetic_root}", "--set", "data.train_limit=4096",
-         "--set", "train.comm_hook=none"],  # Gloo's own sockets too
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "train",
+            "--strategy",
+            "ddp",
+            "--devices",
+            "2",
+            "--batch-size",
+            "64",
+            "--epochs",
+            "3",
+            "--no-track",
+            "--quiet",
+            "--out",
+            str(tmp_path / "o"),
+            "--set",
+            "profile=",
+            "--set",
+            "data.source=synthetic",
+            "--set",
+            f"data.dir={synthetic_root}",
+            "--set",
+            "data.train_limit=4096",
+            "--set",
+            "train.comm_hook=none",
+        ],  # Gloo's own sockets too
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     listening, ranks = set(), set()
     while proc.poll() is None:
         try:
@@ -194,15 +246,23 @@ def test_a_two_rank_trial_listens_on_loopback_only(tmp_path, synthetic_root):
 def test_multi_node_trials_keep_the_endpoint_the_user_names(make_cfg, monkeypatch):
     """The loopback backend is for one-node trials only: nnodes > 1 uses torchrun's c10d on rdzv_endpoint."""
     from pipeline.trial import ranks
+
     seen = {}
 
     def fake_launch(lc, entry):
         seen.update(backend=lc.rdzv_backend, endpoint=lc.rdzv_endpoint, gloo=os.environ.get("GLOO_SOCKET_IFNAME"))
         return lambda *a: {0: {}}
+
     monkeypatch.setattr("torch.distributed.launcher.api.elastic_launch", fake_launch)
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.nnodes=2", "train.rdzv_endpoint=10.1.2.3:29400",
-                   "train.oversubscribe=true", "train.batch_size=64")
+    cfg = make_cfg(
+        "train.strategy=ddp",
+        "train.devices=2",
+        "train.nnodes=2",
+        "train.rdzv_endpoint=10.1.2.3:29400",
+        "train.oversubscribe=true",
+        "train.batch_size=64",
+    )
     ranks._launch(cfg, ranks.probe(), Path("/nonexistent-out"), None, False, None)
     assert seen == {"backend": "c10d", "endpoint": "10.1.2.3:29400", "gloo": None}
     cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.batch_size=64", "train.oversubscribe=true")
@@ -216,12 +276,17 @@ from tests.sweep.scaleout_services import mlflow_server, postgres  # noqa: E402,
 
 
 @pytest.mark.slow
-def test_passwords_in_store_urls_appear_in_no_output_or_store(postgres, mlflow_server, tmp_path,  # noqa: F811
-                                                              synthetic_root):
+def test_passwords_in_store_urls_appear_in_no_output_or_store(
+    postgres,  # noqa: F811  (the fixture imported above)
+    mlflow_server,  # noqa: F811
+    tmp_path,
+    synthetic_root,
+):
     import json
 
     import optuna
     from mlflow.tracking import MlflowClient
+
     secret = str(postgres["PGPASSWORD"])
     db = f"{postgres['DB_HOST']}:{postgres['DB_PORT']}"
     storage = f"postgresql://parallax:{secret}@{db}/optuna"
@@ -230,25 +295,39 @@ def test_passwords_in_store_urls_appear_in_no_output_or_store(postgres, mlflow_s
     (root / "experiments").mkdir(parents=True)
     (root / "experiments" / "s.yaml").write_text(
         "data: {train_limit: 512, test_limit: 128}\ntrain: {epochs: 1, warmup_steps: 1}\n"
-        "sweep: {spaces: {single: {devices: [1], batch_size: [64], lr: [0.1, 100.0]}}}\n")
-    (root / "params.yaml").write_text(f"profile: s\ndata: {{source: synthetic, dir: {synthetic_root}, "
-                                      f"mirror: 'http://mirror:{secret}@127.0.0.1:1/fm/'}}\n")
+        "sweep: {spaces: {single: {devices: [1], batch_size: [64], lr: [0.1, 100.0]}}}\n"
+    )
+    (root / "params.yaml").write_text(
+        f"profile: s\ndata: {{source: synthetic, dir: {synthetic_root}, "
+        f"mirror: 'http://mirror:{secret}@127.0.0.1:1/fm/'}}\n"
+    )
     env = {**os.environ, "DVC_ROOT": str(root), "PYTHONPATH": str(REPO)}
     env.pop("PGPASSWORD", None)  # the URL's password is the only one there is
-    sets = ["--set", f"sweep.storage={storage}", "--set", f"tracking.uri={tracking_uri}",
-            "--set", "tracking.experiment=secrets"]
+    sets = [
+        "--set",
+        f"sweep.storage={storage}",
+        "--set",
+        f"tracking.uri={tracking_uri}",
+        "--set",
+        "tracking.experiment=secrets",
+    ]
     outputs = []
-    for argv in (["sweep", "--strategy", "single", *sets], ["analyze", *sets],
-                 ["download", "--set", "data.source=fashion-mnist", "--set", f"data.dir={root}/fm"]):
-        p = subprocess.run([sys.executable, "-m", "pipeline", *argv], cwd=root, env=env, capture_output=True,
-                           text=True, timeout=600)
+    for argv in (
+        ["sweep", "--strategy", "single", *sets],
+        ["analyze", *sets],
+        ["download", "--set", "data.source=fashion-mnist", "--set", f"data.dir={root}/fm"],
+    ):
+        p = subprocess.run(
+            [sys.executable, "-m", "pipeline", *argv], cwd=root, env=env, capture_output=True, text=True, timeout=600
+        )
         outputs.append(p.stdout + p.stderr)
         assert p.returncode == (2 if argv[0] == "download" else 0), outputs[-1][-3000:]
     assert "://***@" in outputs[0] or "***" in outputs[2], outputs
     found = [i for i, text in enumerate(outputs) if secret in text]
     assert not found, [outputs[i][-2000:] for i in found]
-    files = [f for f in root.rglob("*")
-             if f.is_file() and f.name != "params.yaml" and secret.encode() in f.read_bytes()]
+    files = [
+        f for f in root.rglob("*") if f.is_file() and f.name != "params.yaml" and secret.encode() in f.read_bytes()
+    ]
     assert not files, files
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name("secrets")

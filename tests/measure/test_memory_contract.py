@@ -4,6 +4,7 @@ max_memory_allocated and max_memory_reserved) and a strategy that reports two CU
 CPU. These tests check the loop's intent (reset after the data is placed, the resident memory recorded at the reset,
 the peaks read before each evaluation and reset after it) and the arithmetic of the figures; they do not check the
 caching allocator's semantics, nor the sizes a real run has: those need a GPU."""
+
 from __future__ import annotations
 
 import math
@@ -111,10 +112,17 @@ def _run(make_cfg, monkeypatch, epochs=2):
     cfg = make_cfg("train.batch_size=32", f"train.epochs={epochs}", "train.breakdown_every=0")
     g = torch.Generator().manual_seed(0)
     data = trainmod.datamod.Dataset(
-        *(_logged(t, log) for t in (torch.randint(0, 255, (128, 28, 28), dtype=torch.uint8, generator=g),
-                                    torch.randint(0, 10, (128,), generator=g),
-                                    torch.randint(0, 255, (64, 28, 28), dtype=torch.uint8, generator=g),
-                                    torch.randint(0, 10, (64,), generator=g))), "synthetic")
+        *(
+            _logged(t, log)
+            for t in (
+                torch.randint(0, 255, (128, 28, 28), dtype=torch.uint8, generator=g),
+                torch.randint(0, 10, (128,), generator=g),
+                torch.randint(0, 255, (64, 28, 28), dtype=torch.uint8, generator=g),
+                torch.randint(0, 10, (64,), generator=g),
+            )
+        ),
+        "synthetic",
+    )
     strategy = FakeCuda(cfg.train, Host("cpu", 1, "cpu", "h", torch.__version__, ""))
     strategy.setup()
     return trainmod.train(cfg, strategy, data), log
@@ -133,8 +141,12 @@ def test_cuda_window_opens_after_placement_and_closes_before_each_evaluation(mak
     places = [i for i, e in enumerate(log) if e == ("place",)]
     first_reset = _first(log, "reset")
     assert len(places) == 4 and max(places) < first_reset, "peaks reset before the data was placed"
-    assert {log[i] for i in range(first_reset, _first(log, "step"))} >= {("reset", 0), ("reset", 1),
-                                                                          ("allocated", 0), ("allocated", 1)}
+    assert {log[i] for i in range(first_reset, _first(log, "step"))} >= {
+        ("reset", 0),
+        ("reset", 1),
+        ("allocated", 0),
+        ("allocated", 1),
+    }
     evals = [i for i, e in enumerate(log) if e == ("evaluate",)]
     assert len(evals) == 2
     for n, ev in enumerate(evals):
@@ -143,7 +155,7 @@ def test_cuda_window_opens_after_placement_and_closes_before_each_evaluation(mak
         assert {("max_allocated", 0), ("max_allocated", 1)} <= between, f"peaks not read before evaluation {n + 1}"
         nxt = [i for i in range(ev, len(log)) if log[i] == ("step",)]
         if nxt:
-            assert {("reset", 0), ("reset", 1)} <= set(log[ev:nxt[0]]), "peaks not reset after an evaluation"
+            assert {("reset", 0), ("reset", 1)} <= set(log[ev : nxt[0]]), "peaks not reset after an evaluation"
 
 
 def test_cuda_figures_per_device_from_the_fake_allocator(make_cfg, monkeypatch):
@@ -160,6 +172,7 @@ def test_cuda_figures_per_device_from_the_fake_allocator(make_cfg, monkeypatch):
 def test_without_nvml_the_nvml_figure_is_none(monkeypatch):
     """No pynvml, or an NVML error: the optional figure is None and the trial goes on."""
     import builtins
+
     real_import = builtins.__import__
 
     def no_pynvml(name, *a, **k):
@@ -180,20 +193,42 @@ def test_cpu_keeps_memtracker_and_says_so():
 
 
 def _rank(rank, peaks, resident=None, reserved=None, nvml=None, method="cuda_allocator"):
-    return {"rank": rank, "node": "0", "host": "h", "peak_mem_bytes": peaks, "device_names": ["cuda:%d" % rank],
-            "mem_resident_bytes": resident, "mem_reserved_peak_bytes": reserved, "mem_nvml_used_bytes": nvml,
-            "throughput_img_s": 1.0, "throughput_windows": []}
+    return {
+        "rank": rank,
+        "node": "0",
+        "host": "h",
+        "peak_mem_bytes": peaks,
+        "device_names": ["cuda:%d" % rank],
+        "mem_resident_bytes": resident,
+        "mem_reserved_peak_bytes": reserved,
+        "mem_nvml_used_bytes": nvml,
+        "throughput_img_s": 1.0,
+        "throughput_windows": [],
+    }
 
 
 def test_record_joins_ranks_and_names_the_basis(make_cfg):
     """Per rank lists are joined in rank order; imbalance and device-0 excess use the step's peak above resident."""
     from types import SimpleNamespace
+
     cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.batch_size=64")
     host = SimpleNamespace(kind="cuda", n=2, name="H100", hostname="h", torch="t", cuda="12")
     ranks = [_rank(0, [300], [50], [1000], [4000]), _rank(1, [100], [50], [900], [2000])]
-    main = {**ranks[0], "ranks": ranks, "steps": 1, "stopped": False, "timed_steps": 1, "epoch_s": [1.0],
-            "test_acc": [0.5], "train_loss": [1.0], "epoch_throughput_img_s": [1.0], "time_to_acc_s": None,
-            "mem_method": "cuda_allocator", "mem_basis": "step_above_resident", "amp_dtype": None}
+    main = {
+        **ranks[0],
+        "ranks": ranks,
+        "steps": 1,
+        "stopped": False,
+        "timed_steps": 1,
+        "epoch_s": [1.0],
+        "test_acc": [0.5],
+        "train_loss": [1.0],
+        "epoch_throughput_img_s": [1.0],
+        "time_to_acc_s": None,
+        "mem_method": "cuda_allocator",
+        "mem_basis": "step_above_resident",
+        "amp_dtype": None,
+    }
     r = R.summarize(cfg, host, SimpleNamespace(multiprocess=True, parallel_on_cpu=True), [main], 1.0)
     assert r.peak_mem_bytes == [300, 100] and r.mem_resident_bytes == [50, 50]
     assert r.mem_reserved_peak_bytes == [1000, 900] and r.mem_nvml_used_bytes == [4000, 2000]
@@ -205,9 +240,20 @@ def test_record_joins_ranks_and_names_the_basis(make_cfg):
 
 
 def _row(**kw):
-    base = {"state": "complete", "oversubscribed": False, "strategy": "dp", "model": "lenet", "devices": 2,
-            "batch_size": 64, "per_device_batch": 32, "lr": 0.1, "peak_mem_bytes": [300, 100],
-            "mem_method": "cuda_allocator", "host": "h", "data_source": "synthetic"}
+    base = {
+        "state": "complete",
+        "oversubscribed": False,
+        "strategy": "dp",
+        "model": "lenet",
+        "devices": 2,
+        "batch_size": 64,
+        "per_device_batch": 32,
+        "lr": 0.1,
+        "peak_mem_bytes": [300, 100],
+        "mem_method": "cuda_allocator",
+        "host": "h",
+        "data_source": "synthetic",
+    }
     return {**base, **kw}
 
 
@@ -215,8 +261,13 @@ def test_memory_table_carries_the_new_figures_and_loads_old_rows():
     """New rows carry resident, reserved and NVML per device and the basis; a row of an older table (no such
     columns) still makes a memory row, its basis read from its method."""
     from pipeline.analysis.rows import normalize
-    new = _row(mem_resident_bytes=[50, 50], mem_reserved_peak_bytes=[1000, 900], mem_nvml_used_bytes=[4000, 2000],
-               mem_basis="step_above_resident")
+
+    new = _row(
+        mem_resident_bytes=[50, 50],
+        mem_reserved_peak_bytes=[1000, 900],
+        mem_nvml_used_bytes=[4000, 2000],
+        mem_basis="step_above_resident",
+    )
     old = _row(strategy="ddp", mem_method="memtracker")
     m = tables.memory_table(normalize(pd.DataFrame([new, old]), "x")).set_index("strategy")
     assert m.loc["dp", "resident"] == [50, 50] and m.loc["dp", "nvml_used"] == [4000, 2000]
@@ -231,12 +282,23 @@ def test_report_memory_section_names_the_basis_and_shows_gpu_figures():
     has them (a CPU-only report keeps its columns)."""
     from pipeline.analysis import report
     from pipeline.analysis.rows import normalize
-    gpu = _row(mem_resident_bytes=[50 * 2**20, 50 * 2**20], mem_reserved_peak_bytes=[2**30, 2**30],
-               mem_basis="step_above_resident", throughput_img_s=100.0, test_acc_list=[0.5], test_acc=0.5)
+
+    gpu = _row(
+        mem_resident_bytes=[50 * 2**20, 50 * 2**20],
+        mem_reserved_peak_bytes=[2**30, 2**30],
+        mem_basis="step_above_resident",
+        throughput_img_s=100.0,
+        test_acc_list=[0.5],
+        test_acc=0.5,
+    )
     for rows, shown in (([gpu], True), ([_row(mem_method="memtracker", throughput_img_s=100.0)], False)):
         df = normalize(pd.DataFrame(rows), "x")
-        pts, eff, mem, acc = (tables.point_table(df), tables.scaling_table(df), tables.memory_table(df),
-                              tables.accuracy_table(df))
+        pts, eff, mem, acc = (
+            tables.point_table(df),
+            tables.scaling_table(df),
+            tables.memory_table(df),
+            tables.accuracy_table(df),
+        )
         text = "".join(report._tables(df, pts, eff, mem, acc))
         reading = " ".join(report._reading(pts, eff, mem, {}, df))
         basis = tables.MEM_BASIS["step_above_resident" if shown else "memtracker_step"]

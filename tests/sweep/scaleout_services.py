@@ -1,6 +1,7 @@
 """What tests/sweep/test_scaleout.py runs against: a throwaway PostgreSQL cluster and an `mlflow server` on 127.0.0.1
 (module fixtures), sweep workers and their killer, and docs/scale-out.md's commands with their shell variables.
 """
+
 from __future__ import annotations
 
 import glob
@@ -38,15 +39,15 @@ COMMANDS = {
     "createdb_optuna": "createdb -h $DB_HOST -p $DB_PORT -U parallax optuna",
     "createdb_mlflow": "createdb -h $DB_HOST -p $DB_PORT -U parallax mlflow",
     "mlflow_server": "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server "
-                     "--backend-store-uri postgresql://parallax@$DB_HOST:$DB_PORT/mlflow "
-                     "--serve-artifacts --artifacts-destination $ARTIFACTS "
-                     "--host $MLFLOW_HOST --port $MLFLOW_PORT --allowed-hosts $MLFLOW_HOST:$MLFLOW_PORT",
+    "--backend-store-uri postgresql://parallax@$DB_HOST:$DB_PORT/mlflow "
+    "--serve-artifacts --artifacts-destination $ARTIFACTS "
+    "--host $MLFLOW_HOST --port $MLFLOW_PORT --allowed-hosts $MLFLOW_HOST:$MLFLOW_PORT",
     "create_study": "python -m pipeline sweep --strategy $STRATEGY --n-trials 0 "
-                    "--set sweep.storage=postgresql://parallax@$DB_HOST:$DB_PORT/optuna "
-                    "--set tracking.uri=http://$MLFLOW_HOST:$MLFLOW_PORT",
+    "--set sweep.storage=postgresql://parallax@$DB_HOST:$DB_PORT/optuna "
+    "--set tracking.uri=http://$MLFLOW_HOST:$MLFLOW_PORT",
     "worker": "python -m pipeline sweep --strategy $STRATEGY "
-              "--set sweep.storage=postgresql://parallax@$DB_HOST:$DB_PORT/optuna "
-              "--set tracking.uri=http://$MLFLOW_HOST:$MLFLOW_PORT",
+    "--set sweep.storage=postgresql://parallax@$DB_HOST:$DB_PORT/optuna "
+    "--set tracking.uri=http://$MLFLOW_HOST:$MLFLOW_PORT",
     "pg_stop": "pg_ctl -D $PGDATA -m fast -w stop",
 }
 
@@ -118,8 +119,7 @@ def _free_port() -> int:
 def _run(argv, env=None, timeout=120, as_user=None) -> subprocess.CompletedProcess:
     if as_user:
         argv = ["runuser", "-u", as_user, "--", *argv]
-    return subprocess.run(argv, env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(argv, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +144,13 @@ def postgres():
         as_user = "postgres"
     # as root, the folder is handed to `postgres`, which must be able to reach it: /tmp, not a private TMPDIR
     base = Path(tempfile.mkdtemp(prefix="parallax-pg-", dir="/tmp" if as_user else None))
-    values = {"PGDATA": base / "data", "PWFILE": base / "pwfile", "DB_HOST": "127.0.0.1", "DB_PORT": _free_port(),
-              "PGPASSWORD": "parallax-test-pw"}
+    values = {
+        "PGDATA": base / "data",
+        "PWFILE": base / "pwfile",
+        "DB_HOST": "127.0.0.1",
+        "DB_PORT": _free_port(),
+        "PGPASSWORD": "parallax-test-pw",
+    }
     values["PWFILE"].write_text(values["PGPASSWORD"] + "\n")
     if as_user:
         pw = pwd.getpwnam(as_user)
@@ -167,8 +172,9 @@ def postgres():
         p = _run([str(pg / argv[0]), *argv[1:]], as_user=as_user)
         log = values["PGDATA"] / "server.log"
         if p.returncode:
-            _unavailable(f"pg_ctl start failed: {(p.stdout + p.stderr)[-800:]} "
-                         f"{log.read_text()[-1500:] if log.exists() else ''}")
+            _unavailable(
+                f"pg_ctl start failed: {(p.stdout + p.stderr)[-800:]} {log.read_text()[-1500:] if log.exists() else ''}"
+            )
         started = True
         for db in ("createdb_optuna", "createdb_mlflow"):
             _, argv = render(db, values)
@@ -181,8 +187,7 @@ def postgres():
             _, argv = render("pg_stop", values)
             p = _run([str(pg / argv[0]), *argv[1:]], as_user=as_user)
             if p.returncode:  # never leave it running: immediate shutdown
-                _run([str(pg / argv[0]), "-D", str(values["PGDATA"]), "-m", "immediate", "-w", "stop"],
-                     as_user=as_user)
+                _run([str(pg / argv[0]), "-D", str(values["PGDATA"]), "-m", "immediate", "-w", "stop"], as_user=as_user)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -218,9 +223,14 @@ def mlflow_server(postgres, tmp_path_factory):
     env, argv = render("mlflow_server", values)
     log = base / "server.log"
     t0 = time.monotonic()
-    proc = subprocess.Popen([str(BIN / argv[0]), *argv[1:]], cwd=base, stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, **env, "PGPASSWORD": str(postgres["PGPASSWORD"])})
+    proc = subprocess.Popen(
+        [str(BIN / argv[0]), *argv[1:]],
+        cwd=base,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, **env, "PGPASSWORD": str(postgres["PGPASSWORD"])},
+    )
     url = f"http://{values['MLFLOW_HOST']}:{values['MLFLOW_PORT']}"
     try:
         deadline = time.monotonic() + 180
@@ -259,8 +269,16 @@ class Worker:
         self.name, self.root, self.killer = name, root, killer
         self.lines: list[str] = []
         self.log = open(root / f"{name}.log", "w")
-        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, bufsize=1, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -282,7 +300,8 @@ class Worker:
         lines = list(self.lines)
         last_done = max((i for i, line in enumerate(lines) if DONE.search(line)), default=None)
         return last_done is not None and any(
-            (m := EPOCH.search(line)) and m.group(1) == "1" for line in lines[last_done + 1:])
+            (m := EPOCH.search(line)) and m.group(1) == "1" for line in lines[last_done + 1 :]
+        )
 
     def text(self) -> str:
         return "\n".join(self.lines)

@@ -36,6 +36,7 @@ veths, bridge and folder. A test process killed with SIGKILL leaves them behind 
 Without root, the programs or `ip netns`, `unavailable()` says why; the fixture skips with that reason, or fails
 when PARALLAX_REQUIRE_SLURM=1 (set by .ci/run once it has installed SLURM).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -73,18 +74,24 @@ from tests.sweep.slurm_programs import (  # noqa: F401 (NODES, required, unavail
 class Cluster:
     base: Path
     conf: Path
-    env: dict                        # os.environ + SLURM_CONF: for every client command
-    nodes: dict                      # node name -> address (inside its namespace and on the bridge)
-    netns: dict                      # node name -> network namespace name
-    controller: tuple                # (name, address, port)
-    daemons: dict = field(default_factory=dict)   # munged, slurmctld, node1, node2 -> pid
-    links: list = field(default_factory=list)     # the bridge and the root-side veths
+    env: dict  # os.environ + SLURM_CONF: for every client command
+    nodes: dict  # node name -> address (inside its namespace and on the bridge)
+    netns: dict  # node name -> network namespace name
+    controller: tuple  # (name, address, port)
+    daemons: dict = field(default_factory=dict)  # munged, slurmctld, node1, node2 -> pid
+    links: list = field(default_factory=list)  # the bridge and the root-side veths
     timings: dict = field(default_factory=dict)
 
     def run(self, argv, timeout: float = 60, check: bool = False, **kw) -> subprocess.CompletedProcess:
         """A client command against this cluster (SLURM_CONF set), text output captured."""
-        p = subprocess.run([str(a) for a in argv], env={**self.env, **kw.pop("env", {})}, capture_output=True,
-                           text=True, timeout=timeout, **kw)
+        p = subprocess.run(
+            [str(a) for a in argv],
+            env={**self.env, **kw.pop("env", {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **kw,
+        )
         if check and p.returncode:
             raise AssertionError(f"{argv} failed (rc {p.returncode}):\n{p.stdout}{p.stderr}\n{self.logs()}")
         return p
@@ -138,7 +145,7 @@ def cluster(cpus_per_node: int = 2):
     if reason:
         raise RuntimeError(f"cannot start a SLURM cluster: {reason}")
     t0 = time.monotonic()
-    tag = f"{os.getpid() % 10000:04d}{random.randint(0, 99):02d}"   # short: interface names have 15 characters
+    tag = f"{os.getpid() % 10000:04d}{random.randint(0, 99):02d}"  # short: interface names have 15 characters
     base = Path(tempfile.mkdtemp(prefix="parallax-slurm-", dir="/tmp"))
     os.chmod(base, 0o755)
     undo = _Teardown()
@@ -154,11 +161,21 @@ def cluster(cpus_per_node: int = 2):
         os.chmod(key, 0o400)
         sock = base / "munge-run" / "munge.socket"
         munged = subprocess.Popen(
-            [_prog("munged"), "-F", "-f", f"--socket={sock}", f"--key-file={key}",
-             f"--pid-file={base / 'munge-run' / 'munged.pid'}", f"--seed-file={base / 'munge' / 'munged.seed'}",
-             f"--log-file={base / 'log' / 'munged.log'}", "--num-threads=2"],
-            stdout=subprocess.DEVNULL, stderr=open(base / "log" / "munged.stderr.log", "w"),
-            start_new_session=True)
+            [
+                _prog("munged"),
+                "-F",
+                "-f",
+                f"--socket={sock}",
+                f"--key-file={key}",
+                f"--pid-file={base / 'munge-run' / 'munged.pid'}",
+                f"--seed-file={base / 'munge' / 'munged.seed'}",
+                f"--log-file={base / 'log' / 'munged.log'}",
+                "--num-threads=2",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(base / "log" / "munged.stderr.log", "w"),
+            start_new_session=True,
+        )
         undo.add(_kill_group, munged)
 
         # --- network: a bridge in the root namespace, one namespace per node on a veth pair
@@ -193,42 +210,73 @@ def cluster(cpus_per_node: int = 2):
         deadline = time.monotonic() + 10
         while not sock.exists():
             if munged.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"munged did not start (rc {munged.poll()}):\n{_tail(base / 'log' / 'munged.log')}"
-                                   f"{_tail(base / 'log' / 'munged.stderr.log')}")
+                raise RuntimeError(
+                    f"munged did not start (rc {munged.poll()}):\n{_tail(base / 'log' / 'munged.log')}"
+                    f"{_tail(base / 'log' / 'munged.stderr.log')}"
+                )
             time.sleep(0.05)
 
         # --- slurm.conf, slurmctld, slurmd x2
         ctl_port = _free_port()
         conf = base / "slurm.conf"
-        conf.write_text(SLURM_CONF.format(
-            ctl_name=ctl_name, ctl_addr=ctl_addr, ctl_port=ctl_port, munge_socket=sock, base=base,
-            nodes="\n".join(NODE_LINE.format(name=n, addr=a, cpus=cpus_per_node) for n, a in nodes.items()),
-            node_list=",".join(nodes)))
+        conf.write_text(
+            SLURM_CONF.format(
+                ctl_name=ctl_name,
+                ctl_addr=ctl_addr,
+                ctl_port=ctl_port,
+                munge_socket=sock,
+                base=base,
+                nodes="\n".join(NODE_LINE.format(name=n, addr=a, cpus=cpus_per_node) for n, a in nodes.items()),
+                node_list=",".join(nodes),
+            )
+        )
         (base / "cgroup.conf").write_text(CGROUP_CONF)
         env = {**os.environ, "SLURM_CONF": str(conf)}
         for var in [v for v in env if v.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_"))]:
             if var != "SLURM_CONF":
                 del env[var]
-        ctld = subprocess.Popen([_prog("slurmctld"), "-D", "-i", "-f", str(conf)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=open(base / "log" / "slurmctld.stderr.log", "w"),
-                                start_new_session=True)
+        ctld = subprocess.Popen(
+            [_prog("slurmctld"), "-D", "-i", "-f", str(conf)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(base / "log" / "slurmctld.stderr.log", "w"),
+            start_new_session=True,
+        )
         undo.add(_kill_group, ctld)
         slurmds = {}
         for name, ns in netns.items():
             (base / "spool" / name).mkdir()
             # not `ip netns exec`: it remounts /sys, hiding /sys/fs/cgroup, and slurmd's start needs that; our own
             # mount namespace instead, for the node's /etc/hosts (a private bind) and UTS namespace (hostname)
-            argv = ["nsenter", f"--net=/run/netns/{ns}", "unshare", "--mount", "--uts", "sh", "-c",
-                    f"mount --bind {base / 'hosts'} /etc/hosts && hostname {name} && "
-                    f"exec {_prog('slurmd')} -D -N {name} -f {conf}"]
-            slurmds[name] = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
-                                             stderr=open(base / "log" / f"slurmd-{name}.stderr.log", "w"),
-                                             start_new_session=True)
+            argv = [
+                "nsenter",
+                f"--net=/run/netns/{ns}",
+                "unshare",
+                "--mount",
+                "--uts",
+                "sh",
+                "-c",
+                f"mount --bind {base / 'hosts'} /etc/hosts && hostname {name} && "
+                f"exec {_prog('slurmd')} -D -N {name} -f {conf}",
+            ]
+            slurmds[name] = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=open(base / "log" / f"slurmd-{name}.stderr.log", "w"),
+                start_new_session=True,
+            )
             undo.add(_kill_group, slurmds[name])
-        c = Cluster(base=base, conf=conf, env=env, nodes=nodes, netns=netns,
-                    controller=(ctl_name, ctl_addr, ctl_port),
-                    daemons={"munged": munged.pid, "slurmctld": ctld.pid, **{n: p.pid for n, p in slurmds.items()}},
-                    links=links)
+        c = Cluster(
+            base=base,
+            conf=conf,
+            env=env,
+            nodes=nodes,
+            netns=netns,
+            controller=(ctl_name, ctl_addr, ctl_port),
+            daemons={"munged": munged.pid, "slurmctld": ctld.pid, **{n: p.pid for n, p in slurmds.items()}},
+            links=links,
+        )
 
         # --- wait until both nodes are idle
         deadline, states = time.monotonic() + START_TIMEOUT_S, {}

@@ -7,6 +7,7 @@ case that starts processes is marked slow; every measured figure is printed as a
 
 docs/reliability.md lists the cases, the figures of a run and what each fault costs.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,6 +41,7 @@ GRACE_S = 4  # PARALLAX_GRACE_S: how long a rerun waits for the trial of a SIGKI
 
 # ----------------------------------------------------------------------------- helpers
 
+
 def figure(**kw) -> None:
     print("FIGURE " + json.dumps(kw))
 
@@ -49,18 +51,28 @@ def make_repo(tmp_path, synthetic_root, strategy, space, train_limit=4096, epoch
     root = tmp_path / "repo"
     (root / "experiments").mkdir(parents=True)
     (root / "experiments" / "rel.yaml").write_text(
-        PROFILE.format(train_limit=train_limit, epochs=epochs, strategy=strategy, space=space))
+        PROFILE.format(train_limit=train_limit, epochs=epochs, strategy=strategy, space=space)
+    )
     (root / "params.yaml").write_text(f"profile: rel\ndata: {{source: synthetic, dir: {synthetic_root}}}\n")
-    env = {**os.environ, "DVC_ROOT": str(root), "PARALLAX_GRACE_S": str(GRACE_S),
-           "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {
+        **os.environ,
+        "DVC_ROOT": str(root),
+        "PARALLAX_GRACE_S": str(GRACE_S),
+        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     return root, env
 
 
 def start_sweep(root, env, strategy, *args, log="sweep.log") -> subprocess.Popen:
     # a session of its own: a signal to its process group is a Ctrl-C in a terminal
-    return subprocess.Popen([sys.executable, "-m", "pipeline", "sweep", "--strategy", strategy, *args],
-                            cwd=root, env=env, stdout=open(root / log, "a"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "sweep", "--strategy", strategy, *args],
+        cwd=root,
+        env=env,
+        stdout=open(root / log, "a"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def left_behind(root) -> list[psutil.Process]:
@@ -68,8 +80,7 @@ def left_behind(root) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter():
         try:
-            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and \
-                    p.environ().get("DVC_ROOT") == str(root):
+            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and p.environ().get("DVC_ROOT") == str(root):
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
@@ -115,6 +126,7 @@ def study(root):
 
 def mlflow_runs(root):
     from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri=f"sqlite:///{root}/mlruns/mlflow.db")
     exps = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(exps, max_results=10000)
@@ -146,10 +158,12 @@ def _no_strays(tmp_path):
 
 # ----------------------------------------------------------------------------- 3. a worker dies
 
+
 @pytest.mark.slow
 def test_sigkilled_rank_fails_the_trial_naming_it_and_the_study_goes_on(tmp_path, synthetic_root):
-    root, env = make_repo(tmp_path, synthetic_root, "ddp", "{devices: [2], batch_size: [64], lr: [0.1, 0.2]}",
-                          epochs=6)  # trial 0 must still run when the signal lands, a few tenths after its epoch 1
+    root, env = make_repo(
+        tmp_path, synthetic_root, "ddp", "{devices: [2], batch_size: [64], lr: [0.1, 0.2]}", epochs=6
+    )  # trial 0 must still run when the signal lands, a few tenths after its epoch 1
     proc = start_sweep(root, env, "ddp")
     wait_for(lambda: trial_started(root, 0), 120, proc, "trial 0 to report its first epoch")
     time.sleep(0.2)  # into epoch 2
@@ -158,8 +172,9 @@ def test_sigkilled_rank_fails_the_trial_naming_it_and_the_study_goes_on(tmp_path
     victim = ranks[-1]
     t0 = time.monotonic()
     os.kill(victim.pid, signal.SIGKILL)
-    failed = wait_for(lambda: [r for r in rows(root, "ddp") if r["state"] == "failed"], 60, proc,
-                      "the trial to be recorded as failed")[0]
+    failed = wait_for(
+        lambda: [r for r in rows(root, "ddp") if r["state"] == "failed"], 60, proc, "the trial to be recorded as failed"
+    )[0]
     seconds = time.monotonic() - t0
     # PyTorch's launcher reports one failed rank, the first it polls: the killed one (named, with its pid), or the
     # survivor whose Gloo connection the death closed (then the reason says a peer most likely died)
@@ -176,16 +191,23 @@ def test_sigkilled_rank_fails_the_trial_naming_it_and_the_study_goes_on(tmp_path
     assert [p.info.status for p in parents] == ["FINISHED"]
     dead = next(c for c in children if c.info.status == "FAILED")
     assert ("SIGKILL" if named else "peer rank's connection closed first") in dead.data.tags["failure"]
-    figure(case="SIGKILL rank of a 2-process ddp trial", seconds_to_failed=round(seconds, 2),
-           reason=failed["reason"], next_trial="complete", left_behind=0)
+    figure(
+        case="SIGKILL rank of a 2-process ddp trial",
+        seconds_to_failed=round(seconds, 2),
+        reason=failed["reason"],
+        next_trial="complete",
+        left_behind=0,
+    )
 
 
 # ----------------------------------------------------------------------------- 4. a collective hangs
 
+
 @pytest.mark.slow
 def test_stopped_rank_fails_the_trial_on_the_collective_timeout(tmp_path, synthetic_root):
-    root, env = make_repo(tmp_path, synthetic_root, "ddp", "{devices: [2], batch_size: [64], lr: [0.1, 0.2]}",
-                          epochs=6)  # trial 0 must still run when the rank is stopped, a few tenths after its epoch 1
+    root, env = make_repo(
+        tmp_path, synthetic_root, "ddp", "{devices: [2], batch_size: [64], lr: [0.1, 0.2]}", epochs=6
+    )  # trial 0 must still run when the rank is stopped, a few tenths after its epoch 1
     proc = start_sweep(root, env, "ddp", "--set", "train.timeout_s=3", "--set", "sweep.trial_timeout_s=300")
     wait_for(lambda: trial_started(root, 0), 120, proc, "trial 0 to report its first epoch")
     time.sleep(0.2)
@@ -194,8 +216,12 @@ def test_stopped_rank_fails_the_trial_on_the_collective_timeout(tmp_path, synthe
     t0 = time.monotonic()
     os.kill(victim.pid, signal.SIGSTOP)  # alive, holds its sockets, never answers: a rank that stops participating
     try:
-        failed = wait_for(lambda: [r for r in rows(root, "ddp") if r["state"] == "failed"], 90, proc,
-                          "the trial to fail on the collective timeout")[0]
+        failed = wait_for(
+            lambda: [r for r in rows(root, "ddp") if r["state"] == "failed"],
+            90,
+            proc,
+            "the trial to fail on the collective timeout",
+        )[0]
     finally:
         if victim.is_running():
             os.kill(victim.pid, signal.SIGCONT)  # only matters when the assertion above failed
@@ -208,14 +234,20 @@ def test_stopped_rank_fails_the_trial_on_the_collective_timeout(tmp_path, synthe
     assert not left_behind(root)
     runs, _, _ = mlflow_runs(root)
     assert not [r for r in runs if r.info.status == "RUNNING"]
-    figure(case="SIGSTOP rank of a 2-process ddp trial, train.timeout_s=3", seconds_to_failed=round(seconds, 2),
-           reason=failed["reason"][:120], next_trial="complete", left_behind=0)
+    figure(
+        case="SIGSTOP rank of a 2-process ddp trial, train.timeout_s=3",
+        seconds_to_failed=round(seconds, 2),
+        reason=failed["reason"][:120],
+        next_trial="complete",
+        left_behind=0,
+    )
 
 
 @pytest.mark.slow
 def test_trial_over_its_budget_is_stopped_and_the_study_goes_on(tmp_path, synthetic_root):
-    root, env = make_repo(tmp_path, synthetic_root, "ddp", "{devices: [2], batch_size: [64], lr: [0.1, 0.2]}",
-                          train_limit=8192, epochs=40)  # far over 6 s however fast
+    root, env = make_repo(
+        tmp_path, synthetic_root, "ddp", "{devices: [2], batch_size: [64], lr: [0.1, 0.2]}", train_limit=8192, epochs=40
+    )  # far over 6 s however fast
     t0 = time.monotonic()
     proc = start_sweep(root, env, "ddp", "--set", "sweep.trial_timeout_s=6")
     finish(proc, root)
@@ -226,18 +258,22 @@ def test_trial_over_its_budget_is_stopped_and_the_study_goes_on(tmp_path, synthe
     assert not left_behind(root)
     runs, _, _ = mlflow_runs(root)
     assert not [r for r in runs if r.info.status == "RUNNING"]
-    figure(case="trials over sweep.trial_timeout_s=6", trials=2, failed_on_budget=2,
-           sweep_seconds=round(seconds, 1))
+    figure(case="trials over sweep.trial_timeout_s=6", trials=2, failed_on_budget=2, sweep_seconds=round(seconds, 1))
 
 
 # ----------------------------------------------------------------------------- 5. divergence
 
+
 @pytest.mark.slow
 def test_diverged_multiprocess_trial_fails_and_the_study_goes_on(make_cfg, tmp_path):
     from pipeline.sweep.stage import run_sweep
+
     (tmp_path / "experiments").mkdir(exist_ok=True)
-    (tmp_path / "experiments" / "rel.yaml").write_text(PROFILE.format(
-        train_limit=2048, epochs=1, strategy="ddp", space="{devices: [2], batch_size: [64], lr: [100.0, 0.1]}"))
+    (tmp_path / "experiments" / "rel.yaml").write_text(
+        PROFILE.format(
+            train_limit=2048, epochs=1, strategy="ddp", space="{devices: [2], batch_size: [64], lr: [100.0, 0.1]}"
+        )
+    )
     cfg = make_cfg(profile="rel")
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     out = tmp_path / "ddp.jsonl"
@@ -260,18 +296,26 @@ def test_diverged_multiprocess_trial_fails_and_the_study_goes_on(make_cfg, tmp_p
 
 # ----------------------------------------------------------------------------- 6. interrupted sweep
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
 def test_interrupted_sweep_resumes_without_loss_or_repeats(tmp_path, synthetic_root, sig):
     # six epochs: the signal must land while trial 1 runs, and it is sent a few tenths of a second after trial 1's
     # first epoch; with two, a fast host (an AVX-512 Xeon, CI) finished trial 1 in that window
-    root, env = make_repo(tmp_path, synthetic_root, "ddp",
-                          "{devices: [2], batch_size: [64], lr: [0.1, 0.2, 0.3]}", train_limit=3072, epochs=6)
+    root, env = make_repo(
+        tmp_path,
+        synthetic_root,
+        "ddp",
+        "{devices: [2], batch_size: [64], lr: [0.1, 0.2, 0.3]}",
+        train_limit=3072,
+        epochs=6,
+    )
     proc = start_sweep(root, env, "ddp")
     wait_for(lambda: trial_started(root, 1), 180, proc, "trial 1 to report its first epoch")
     time.sleep(0.2)
-    done_before = {t.number: t.user_attrs["mlflow_run_id"] for t in study(root).get_trials(
-        states=(TrialState.COMPLETE,))}
+    done_before = {
+        t.number: t.user_attrs["mlflow_run_id"] for t in study(root).get_trials(states=(TrialState.COMPLETE,))
+    }
     assert list(done_before) == [0]
     t0 = time.monotonic()
     if sig in ("SIGINT", "SIGTERM"):
@@ -308,9 +352,16 @@ def test_interrupted_sweep_resumes_without_loss_or_repeats(tmp_path, synthetic_r
     assert_stores_intact(root)
     # the killed sweep's trial folder went with the rerun's first trial; the others with their trial
     assert not list(Path(tempfile.gettempdir()).glob(f"parallax-trial-{proc.pid}-*"))
-    figure(case=f"{sig} to the sweep mid-trial (trial 1 of 3)", sweep_exit_s=round(exit_s, 2),
-           all_processes_gone_s=round(gone_s, 2), running_mlflow_runs_while_stopped=still_running,
-           rerun_s=round(rerun_s, 1), completed_kept=len(done_before), repeated=0, lost=0)
+    figure(
+        case=f"{sig} to the sweep mid-trial (trial 1 of 3)",
+        sweep_exit_s=round(exit_s, 2),
+        all_processes_gone_s=round(gone_s, 2),
+        running_mlflow_runs_while_stopped=still_running,
+        rerun_s=round(rerun_s, 1),
+        completed_kept=len(done_before),
+        repeated=0,
+        lost=0,
+    )
 
 
 # ----------------------------------------------------------------------------- 7. concurrent workers
