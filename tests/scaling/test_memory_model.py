@@ -130,3 +130,28 @@ def test_a_knob_read_back_as_text_is_off_when_it_says_false():
         True,
         False,
     ]
+
+
+def test_the_autocast_count_on_fake_tensors_is_the_cpus():
+    """Under autocast the model counts on fake CPU tensors (no compute: a second, not ResNet-18's 20-35 s of emulated
+    bf16); what it counts is what MemTracker sees on the host's CPU for the same forward and backward, to 0.1%."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from pipeline.models import MODELS
+
+    torch.manual_seed(0)
+    m = MODELS["lenet"]().to(memory_format=torch.channels_last)
+    x = torch.randn(16, 1, 28, 28).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (16,))
+    tracker = MemTracker()
+    tracker.track_external(m)
+    with tracker:
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the forward under autocast, the backward after it
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+    real = sum(v.get("Total", 0) for v in tracker.get_tracker_snapshot("peak").values())
+    real -= sum(p.numel() * p.element_size() for p in m.parameters())
+    fake, units = memory._count("lenet", 16, autocast=True)
+    assert fake > 0 and len(units) == len(list(memory.fsdp_units(m)))
+    assert abs(fake - real) <= 1e-3 * real, (fake, real)
