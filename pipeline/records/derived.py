@@ -59,6 +59,11 @@ def breakdown_metrics(bd: dict) -> dict:
     return out
 
 
+def sampled_breakdown(r) -> dict:
+    """The record's breakdown as breakdown_metrics gives it, {} where the trial sampled no step."""
+    return breakdown_metrics(_bd(r))
+
+
 def _bd_cell(key: str):
     return lambda r: (_bd(r).get("parts_s") or {}).get(key[:-2]) if key[:-2] in BD_PARTS else _bd(r).get(key)
 
@@ -76,7 +81,7 @@ DERIVED = (
         METRIC,
         OPTUNA,
         table="test_acc",
-        metric="test/final_acc",
+        metric="acc/final_test",
         optuna="test_acc",
     ),
     _d("final_train_loss", "float", lambda r: (r.train_loss or [None])[-1], TABLE, table="train_loss"),
@@ -121,7 +126,15 @@ DERIVED = (
         METRIC,
         metric="mem/device0_excess_mib",
     ),
-    _d("breakdown", "dict", lambda r: breakdown_metrics(_bd(r)), METRIC, expand=True, metric="breakdown/"),
+    # of the breakdown, two numbers are metrics; its parts are one table per trial (TrialRecord.breakdown_parts)
+    _d("sampled_step_s", "float", lambda r: _bd(r).get("step_s"), METRIC, metric="perf/step_s"),
+    _d(
+        "comm_exposed_share",
+        "float",
+        lambda r: breakdown_metrics(_bd(r)).get("comm_exposed_share"),
+        METRIC,
+        metric="perf/comm_exposed_share",
+    ),
     *(
         _d(f"bd_{key}", "float", _bd_cell(key), TABLE)
         for key in ("step_s", *(f"{p}_s" for p in BD_PARTS), "residual_s", "samples")

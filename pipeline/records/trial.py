@@ -30,6 +30,7 @@ from pipeline.records.derived import (  # noqa: F401 (BD_COLUMNS, BD_PARTS, JSON
     TABLE,
     TAG,
     breakdown_metrics,
+    sampled_breakdown,
 )
 
 # Table columns that describe the Optuna trial (or the skipped point), not the run: filled by sweep_table.trial_row
@@ -111,7 +112,7 @@ class TrialRecord:
     parallel_devices: bool | None = _f(TAG, TABLE)
     steps: int | None = _f()
     stopped: bool | None = _f()
-    throughput_img_s: float | None = _f(METRIC, OPTUNA, TABLE, metric="perf/throughput_img_s")
+    throughput_img_s: float | None = _f(METRIC, OPTUNA, TABLE, metric="img_s/throughput")
     throughput_windows: list[float] | None = _f(TABLE)  # steady-state img/s per window, element-wise slowest rank
     timed_steps: int | None = _f()
     epoch_s: list[float] | None = _f(TABLE, table="epoch_s_list")
@@ -146,6 +147,10 @@ class TrialRecord:
 
     def metrics(self) -> dict:
         return {k: v for k, v in self._view(METRIC).items() if _finite(v)}
+
+    def breakdown_parts(self) -> dict:
+        """The sampled step's breakdown: <part>_s and <part>_share, step_s, samples ({} where no step was sampled)."""
+        return sampled_breakdown(self)
 
     def tags(self) -> dict:
         return {k: _tag(v) for k, v in self._view(TAG).items() if v is not None}

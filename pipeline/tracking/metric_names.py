@@ -19,15 +19,13 @@ LOSS = "loss/train"
 ACC = "acc/test"
 EPOCH_IMG_S = "img_s/epoch"
 EPOCH_S = "perf/epoch_s"
-# once per trial, at the last epoch's step
+# once per trial, at the last epoch's step: the record's METRIC view (records/trial.py) declares each name, and the
+# study rows (study_row_metrics, sweep.study_view) fill the same columns; these two are the record's own keys
+# (tests/tracking/test_metric_names.py holds them equal), named here because tracking does not import records
 FINAL_ACC = "acc/final_test"
 THROUGHPUT = "img_s/throughput"
 STEP_S = "perf/step_s"
 COMM_SHARE = "perf/comm_exposed_share"
-
-# the record's METRIC view (records/trial.py) -> the name MLflow shows; keys not listed keep their name
-RENAMED = {"perf/throughput_img_s": THROUGHPUT, "test/final_acc": FINAL_ACC}
-BREAKDOWN_PREFIX = "breakdown/"
 
 
 def rounded(v: float, digits: int = ROUND_DIGITS) -> float:
@@ -59,22 +57,15 @@ def epoch_metrics(record: dict) -> dict:
 
 
 def trial_metrics(record) -> dict:
-    """A finished trial's metrics (its record's METRIC view), renamed and rounded; of the breakdown only the step
-    time and the exposed communication's share (the rest is in breakdown_table)."""
-    out = {}
-    for k, v in record.metrics().items():
-        if not k.startswith(BREAKDOWN_PREFIX):
-            out[RENAMED.get(k, k)] = v
-    m = record.metrics()
-    out[STEP_S] = m.get(BREAKDOWN_PREFIX + "step_s")
-    out[COMM_SHARE] = m.get(BREAKDOWN_PREFIX + "comm_exposed_share")
-    return _clean(out)
+    """A finished trial's metrics: its record's METRIC view under the names the record declares, rounded (of the
+    breakdown the step time and the exposed communication's share; its parts are breakdown_table)."""
+    return _clean(record.metrics())
 
 
 def breakdown_table(record) -> dict | None:
     """The sampled step's breakdown as columns (part, seconds, share of the step), for MLflow's log_table; None
     where the trial sampled no step."""
-    m = {k[len(BREAKDOWN_PREFIX) :]: v for k, v in record.metrics().items() if k.startswith(BREAKDOWN_PREFIX)}
+    m = record.breakdown_parts()
     parts = [k[: -len("_share")] for k in m if k.endswith("_share")]
     if not parts:
         return None
@@ -124,8 +115,8 @@ def study_row_metrics(strategy: str, summary: dict, flat: dict) -> dict:
         "study/weak_efficiency_max_k": s.get("weak_efficiency"),
         "study/max_k": at.get("k"),
         "study/best_img_s": s.get("best_throughput_img_s"),
-        "img_s/throughput": s.get("best_throughput_img_s"),
-        "acc/final_test": s.get("best_test_acc"),
+        THROUGHPUT: s.get("best_throughput_img_s"),
+        FINAL_ACC: s.get("best_test_acc"),
         "mem/imbalance": s.get("worst_mem_imbalance"),
     }
     out = _clean(out)

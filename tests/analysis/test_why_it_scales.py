@@ -34,13 +34,14 @@ def test_sweep_row_and_mlflow_carry_the_breakdown():
     assert row["bd_step_s"] == 0.1 and row["bd_backward_compute_s"] == 0.04 and row["bd_residual_s"] == 0.01
     assert row["bd_samples"] == 3
     assert sum(row[f"bd_{p}_s"] for p in PARTS) + row["bd_residual_s"] == pytest.approx(row["bd_step_s"])
-    m = TrialRecord(breakdown=bd).metrics()
-    assert m["breakdown/comm_exposed_s"] == 0.01 and m["breakdown/residual_share"] == pytest.approx(0.1)
-    assert sum(m[f"breakdown/{p}_share"] for p in (*PARTS, "residual")) == pytest.approx(1.0)
+    m = TrialRecord(breakdown=bd).breakdown_parts()
+    assert m["comm_exposed_s"] == 0.01 and m["residual_share"] == pytest.approx(0.1)
+    assert sum(m[f"{p}_share"] for p in (*PARTS, "residual")) == pytest.approx(1.0)
+    assert TrialRecord(breakdown=bd).metrics()["perf/step_s"] == 0.1
     # a trial without sampled steps: empty cells, no metric
     t.user_attrs = {"metrics": {}}
     assert all(trial_row(SimpleNamespace(study_name="s"), "ddp", t=t)[c] is None for c in BD_COLUMNS)
-    assert not any(k.startswith("breakdown/") for k in TrialRecord().metrics())
+    assert TrialRecord().breakdown_parts() == {} and "perf/step_s" not in TrialRecord().metrics()
 
 
 # ----------------------------------------------------------------------------- the analysis

@@ -105,3 +105,13 @@ def test_analysis_run_carries_counts_and_headline_numbers_only():
     }
     # chart sections in name order: the figures first, then the strategies' numbers, then the counts
     assert names.FIGURES < "strategy" < "summary"
+
+
+def test_mlflow_shows_each_metric_under_the_name_the_record_declares():
+    """No rename between the record and MLflow: a trial's metrics are its record's METRIC view, key for key, and
+    the study rows' shared columns (THROUGHPUT, FINAL_ACC, STEP_S) are the record's own keys."""
+    r = _record()
+    declared = r.metrics()
+    assert list(names.trial_metrics(r)) == sorted(k for k in declared)
+    assert {names.THROUGHPUT, names.FINAL_ACC, names.STEP_S, names.COMM_SHARE} <= set(declared)
+    assert declared[names.THROUGHPUT] == r.throughput_img_s and declared[names.FINAL_ACC] == r.test_acc[-1]
