@@ -83,10 +83,17 @@ def _writing(out: Path):
         ) from None
 
 
+def _measured(t):
+    """`t` with the `measured` column DVC's plots show (a ring and legend entry, a tooltip line): "under load" for a
+    point from trials all flagged as measured under interference (tables.py's under_load), else "quiet"."""
+    return t.assign(measured=t["under_load"].eq(True).map({True: "under load", False: "quiet"}))
+
+
 def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
-    """The tidy CSVs of DVC plots; columns that vary (host, data source, knobs) after strategy and model."""
+    """The tidy CSVs of DVC plots; columns that vary (host, data source, knobs) after strategy and model; the speeds'
+    `measured` label last."""
     _csv(
-        eff[eff["efficiency"].notna()],
+        _measured(eff[eff["efficiency"].notna()]),
         out / "efficiency.csv",
         [
             "strategy",
@@ -104,13 +111,14 @@ def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
             "throughput_img_s",
             "n_windows",
             "n_repeats",
+            "measured",
         ],
         x,
     )
     _csv(
-        pts[pts["throughput_img_s"].notna()],
+        _measured(pts[pts["throughput_img_s"].notna()]),
         out / "throughput.csv",
-        ["strategy", "model", "k", "batch_size", "per_device_batch", "throughput_img_s"],
+        ["strategy", "model", "k", "batch_size", "per_device_batch", "throughput_img_s", "measured"],
         x,
     )
     devs = memory_devices(mem)  # the GPU-only figures (resident, reserved peak, NVML) where any device has them

@@ -6,6 +6,7 @@ import os
 import sys
 
 from pipeline import paths
+from pipeline.cli import stage_progress
 from pipeline.cli.parser import build_parser
 from pipeline.config import loader as configmod
 
@@ -101,6 +102,7 @@ def cmd_collectives(args) -> int:
 def cmd_overlap(args) -> int:
     from pipeline.errors import interruption, root_cause
     from pipeline.host.devices import probe
+    from pipeline.measure.interference import Monitor
     from pipeline.preflight import check_store, output_dir
     from pipeline.scaling import overlap
     from pipeline.tracking import client as tracking
@@ -108,7 +110,7 @@ def cmd_overlap(args) -> int:
     cfg = configmod.load(args.params, args.overrides)
     output_dir(args.out, "--out")  # a directory (overlap.json, overlap.md)
     check_store(tracking.tracking_uri(cfg), "tracking.uri")  # before the experiments, not after them
-    res = overlap.run(cfg, args.out)
+    res = overlap.run(cfg, args.out, watch=Monitor)  # what else used the host meanwhile: labelled under load
     tracker = tracking.Tracker(cfg)
     host = probe()
     run_id = tracker.start_run(
@@ -119,6 +121,7 @@ def cmd_overlap(args) -> int:
             "host": host.hostname,
             "git_sha": tracking.git_sha(),
             "dvc_stage": "overlap",
+            "under_load": res.get("under_load"),  # the measurements beside busy processes (overlap.md says so)
         },
     )
     c, m = res["concurrent"], res["communication"]
@@ -229,10 +232,12 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from pipeline.errors import lifeline, user_errors
 
+    stage = stage_progress.begin(args.command)  # a DVC stage: its place in the pipeline and the rest's ETA
     # lifeline: a stage command run by DVC stops (as on SIGTERM, which user_errors turns into an exit 143) once the
     # process that ran it is gone; a `kill` of DVC leaves no sweep, overlap or analyze writing on without it
     with user_errors() as status, lifeline():
         status.code = globals()[f"cmd_{args.command}"](args)
+    stage.end(status.code)  # its wall time, kept for the next run's ETA when it succeeded
     return status.code
 
 

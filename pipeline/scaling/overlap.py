@@ -14,6 +14,10 @@ communication hide behind computation?
    is a Gloo all-reduce of each finished item in the background (async_op=True) while the next one is computed.
 Every measurement is repeated (`overlap.reps`) after `overlap.warmup` unrecorded runs; the report gives the
 median and the spread, so a reader can tell a real difference from noise.
+Other processes on the host slow these timings as they slow a trial's, so the measurements run inside the trial's
+interference monitor (measure/interference.py, handed in by the CLI as `watch`: scaling/ does not import measure/):
+overlap.json records `foreign_cores` and `under_load` (flagged as a trial would be, beyond
+`train.interference_threshold`), and overlap.md says whether the figures were measured under load.
 """
 
 from __future__ import annotations
@@ -168,13 +172,38 @@ def measure_cpu(cfg) -> dict:
 # ----------------------------------------------------------------------------- the stage
 
 
-def run(cfg, out_dir: Path) -> dict:
+class Unwatched:
+    """No interference monitor: the host's load is not measured, and overlap.md says so."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def result(self) -> dict:
+        return {"foreign_cores": None, "interfered": False, "interference_reason": ""}
+
+
+def run(cfg, out_dir: Path, watch=Unwatched) -> dict:
+    """Measure, then write overlap.json and overlap.md. `watch(devices_used, device_kind, gpu_indices, threshold=)`:
+    a context manager over the measurements whose result() is interference.Monitor's (what else used the host)."""
     from pipeline.host.devices import probe
 
     host = probe()
     if host.kind == "cpu" and host.n < 2:
         raise RuntimeError("the overlap stage needs two devices (two CPU cores or two GPUs); this host has one")
-    res = measure_cuda(cfg) if host.kind == "cuda" else measure_cpu(cfg)
+    threshold = cfg.train.interference_threshold
+    with watch(2, host.kind, sorted({0, min(1, host.n - 1)}), threshold=threshold) as load:
+        res = measure_cuda(cfg) if host.kind == "cuda" else measure_cpu(cfg)
+    interference = load.result()
+    res["foreign_cores"] = interference["foreign_cores"]
+    res["under_load"] = bool(interference["interfered"])
+    res["interference_threshold"] = threshold
+    res["interference"] = interference
     c, m = res["concurrent"], res["communication"]
     res["ratio_both_to_sum"] = c["both"]["median_s"] / (c["A"]["median_s"] + c["B"]["median_s"])
     res["comm_saving"] = 1 - m["overlapped"]["median_s"] / m["sequential"]["median_s"]
@@ -211,6 +240,8 @@ def markdown(res: dict) -> str:
         f"{res['settings']['items']} items; {res['settings']['reps']} timed runs after "
         f"{res['settings']['warmup']} warm-up runs.",
         "",
+        load_line(res),
+        "",
         "| measurement | median ms | range ms | runs |",
         "|---|---:|---:|---:|",
         _row("chain on device A", c["A"]),
@@ -229,3 +260,21 @@ def markdown(res: dict) -> str:
         ),
     ]
     return "\n".join(lines) + "\n"
+
+
+def load_line(res: dict) -> str:
+    """Whether other processes competed with the measurements, as a trial's figures say it (an overlap.json written
+    before the monitor has no `under_load`: said as not measured)."""
+    cores, threshold = res.get("foreign_cores"), res.get("interference_threshold")
+    if res.get("under_load"):
+        if cores is not None and threshold is not None and cores > threshold:
+            why = f"{cores:.2f} cores busy in other processes on average (above {threshold:.2f})"
+        else:
+            why = res.get("interference", {}).get("interference_reason") or "flagged by the interference monitor"
+        return (
+            f"**Measured under load**: {why}. These timings are what this host gave while busy, not its speed on a "
+            "quiet one."
+        )
+    if cores is None:
+        return "Host load not measured: whether other processes competed with these timings is unknown."
+    return f"Measured on a quiet host ({cores:.2f} cores busy elsewhere on average)."

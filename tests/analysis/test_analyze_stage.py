@@ -91,6 +91,7 @@ def test_tidy_csvs(run):
         "throughput_img_s",
         "n_windows",
         "n_repeats",
+        "measured",
     ]
     assert eff["efficiency"].notna().all() and (eff["efficiency"] > 0).all()
     assert "scratch" not in set(eff["strategy"])  # undefined efficiency is absent, not 0
@@ -105,6 +106,7 @@ def test_tidy_csvs(run):
         "batch_size",
         "per_device_batch",
         "throughput_img_s",
+        "measured",
     ]
     assert 1200 not in set(thr["throughput_img_s"])  # oversubscribed scratch k=4
     mem = pd.read_csv(out / "memory.csv")

@@ -1,15 +1,17 @@
 """A busy host: points whose trials were all flagged as measured under interference still give a throughput and an
-efficiency, labelled "measured under load" in the Reading, the tables, summary.json and metrics.json; and the Reading
-names the real cause whenever it cannot give an efficiency."""
+efficiency, labelled "measured under load" in the Reading, the tables, summary.json, metrics.json and DVC's plots;
+and the Reading names the real cause whenever it cannot give an efficiency."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from pipeline.analysis import report, summary, tables
 from tests.analysis.test_analyze import frame, one, row
+from tests.conftest import REPO
 
 
 def busy(strategy="ddp", k=1, thr=1000.0, cores=1.6, **kw):
@@ -159,6 +161,36 @@ def test_the_speed_figures_carry_the_under_load_line(tmp_path):
     plots.plot_efficiency(eff, tmp_path / "efficiency.png", colors, "synthetic")
     plots.plot_throughput(pts, tmp_path / "throughput.png", colors, "synthetic", eff)
     assert (tmp_path / "efficiency.png").stat().st_size > 0 and (tmp_path / "throughput.png").stat().st_size > 0
+
+
+def test_the_dvc_plots_csvs_label_the_point_measured_under_load(tmp_path):
+    """efficiency.csv and throughput.csv (DVC's plots: a ring and a legend entry, a tooltip line) carry `measured`:
+    "under load" on the row of the point from flagged trials and on the efficiency it enters, "quiet" elsewhere; the
+    numbers are unchanged."""
+    import pandas as pd
+
+    from pipeline.analysis import stage
+    from tests.analysis.test_analyze import write
+
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    write([row("ddp", k=1, B=128, thr=1000.0), busy("ddp", 2, 1600.0, 1.7)], sweeps / "ddp.jsonl")
+    stage.analyze(sweeps, tmp_path / "out", expected=("ddp",))
+    thr = pd.read_csv(tmp_path / "out" / "throughput.csv")
+    assert thr[["k", "throughput_img_s", "measured"]].values.tolist() == [
+        [1, 1000.0, "quiet"],
+        [2, 1600.0, "under load"],
+    ]
+    eff = pd.read_csv(tmp_path / "out" / "efficiency.csv")
+    weak = eff[eff["kind"] == "weak"].set_index("k")
+    assert weak.loc[2, "measured"] == "under load" and weak.loc[2, "efficiency"] == pytest.approx(0.8)
+    assert weak.loc[1, "measured"] == "quiet"
+    # DVC's templates draw it: a ring around the point, in a legend of its own (the line keeps its strategy's colour)
+    for name in ("efficiency_by_strategy", "throughput_by_strategy"):
+        spec = json.loads((REPO / ".dvc" / "plots" / f"{name}.json").read_text())
+        layers = spec["spec"]["layer"] if "spec" in spec else spec["layer"]
+        (ring,) = [x for x in layers if x.get("transform") == [{"filter": "datum.measured == 'under load'"}]]
+        assert ring["encoding"]["stroke"]["field"] == "measured", name
 
 
 def test_metrics_json_figures_at_a_k_are_those_of_one_point_the_answer_runs():

@@ -27,7 +27,7 @@ def test_ctrl_c_while_overlap_logs_its_run_ends_it_killed(make_cfg, tmp_path, mo
     (tmp_path / "params.yaml").write_text('profile: ""\ndata: {source: synthetic}\n')
     monkeypatch.chdir(tmp_path)
 
-    def measured(cfg, out):  # the measurement itself is tests/scaling's: here only its run is logged
+    def measured(cfg, out, watch=None):  # the measurement itself is tests/scaling's: here only its run is logged
         (out / "overlap.md").write_text("overlap\n")
         return RESULT
 

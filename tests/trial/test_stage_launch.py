@@ -19,6 +19,7 @@ import torch.distributed.launcher.api as launcher_api
 from pipeline.config import loader as configmod
 from pipeline.host import loopback
 from pipeline.host.devices import probe
+from pipeline.measure.interference import Monitor
 from pipeline.scaling import collectives, overlap
 
 pytestmark = pytest.mark.skipif(probe().kind != "cpu" or probe().n < 2, reason="needs a CPU host with two cores")
@@ -87,8 +88,10 @@ def test_the_overlap_stage_listens_on_loopback_only_and_leaves_no_temp_folders(s
         configmod.Config(),
         ["overlap.size=16", "overlap.chain=1", "overlap.items=1", "overlap.reps=1", "overlap.warmup=0"],
     )
-    overlap.run(cfg, tmp_path / "out")
+    res = overlap.run(cfg, tmp_path / "out", watch=Monitor)
     _assert_loopback_only_and_nothing_left(*stage_env)
+    # the measurements ran inside the interference monitor: the ranks' CPU time is the stage's own, the rest foreign
+    assert isinstance(res["under_load"], bool) and res["interference"]["own_cpu_s"] > 0
 
 
 def test_the_collectives_stage_listens_on_loopback_only_and_leaves_no_temp_folders(stage_env):
