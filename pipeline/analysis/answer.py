@@ -69,6 +69,23 @@ def _same(t, r, cols):
     return t
 
 
+def _load(r, under="under_load", cores="load_cores") -> str:
+    """How a figure was measured: "under load (N cores busy elsewhere)" or "quietly"."""
+    if not r.get(under):
+        return "quietly"
+    n = r.get(cores)
+    return "under load" + (f" ({n:.2f} cores busy elsewhere)" if isinstance(n, float) and n == n else "")
+
+
+def _sides(*named) -> str:
+    """The conditions of both sides of a comparison, said once either side was measured under load ("" when all
+    were quiet): "; <a> measured under load (1.10 cores busy elsewhere), <b> quietly"."""
+    said = [(name, _load(r)) for name, r in named]
+    if all(how == "quietly" for _, how in said):
+        return ""
+    return "; " + ", ".join(f"{name} measured {how}" for name, how in said)
+
+
 def _k1_difference(top, p, df) -> str | None:
     """At k=1 and the same per-device batch: the strategy against the single-device baseline, when it differs."""
     ref = catalog.REFERENCE
@@ -85,7 +102,8 @@ def _k1_difference(top, p, df) -> str | None:
         return None
     text = (
         f"at k=1 {top['strategy']} already runs {ratio:.2f}× {ref} ({a['throughput_img_s']:,.0f} against "
-        f"{b['throughput_img_s']:,.0f} images/s at b={top['per_device_batch']:g})"
+        f"{b['throughput_img_s']:,.0f} images/s at b={top['per_device_batch']:g}"
+        f"{_sides((top['strategy'], a), (ref, b))})"
     )
     if catalog.SPECS.get(top["strategy"]) and catalog.SPECS[top["strategy"]].autocast:
         bf16 = sorted(set(df.loc[df["strategy"] == top["strategy"], "host_bf16"].dropna()) - {""})
@@ -103,7 +121,7 @@ def _scaling(top, eff) -> str | None:
         r = e.iloc[0]
         return (
             f"from k=1 to k={top['k']:g} it keeps a weak-scaling efficiency of "
-            f"{confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}"
+            f"{confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}{_ends(r)}"
         )
     weak_gap = f"no k=1 run at its per-device batch b={top['per_device_batch']:g}, so its weak scaling is not measured"
     s = _same(eff[eff["kind"] == "strong"], top, ("strategy", "model", "k", "batch_size"))
@@ -112,8 +130,17 @@ def _scaling(top, eff) -> str | None:
     r = s.iloc[0]
     return (
         f"from k=1 at the same global batch B={top['batch_size']:g} it keeps a strong-scaling efficiency of "
-        f"{confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])} ({weak_gap})"
+        f"{confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}{_ends(r)} ({weak_gap})"
     )
+
+
+def _ends(r) -> str:
+    """Both ends of an efficiency row (tables._intervals: k_under_load, base_under_load), when either was loaded."""
+    if not r.get("under_load"):
+        return ""
+    k = "under load" if r.get("k_under_load") else "quietly"
+    base = "under load" if r.get("base_under_load") else "quietly"
+    return f" (k={r['k']:g} measured {k}, its k=1 reference {base})"
 
 
 def _step(top, bd) -> str:
@@ -160,7 +187,8 @@ def _cost(top, p_all, mem, synthetic: bool) -> str:
 
 def _sure(top, verdict, tied, rest, p) -> str:
     def q(r):
-        return f"{r['strategy']} {confidence.fmt(r['throughput_img_s'], r['throughput_lo'], r['throughput_hi'], 0)}"
+        speed = confidence.fmt(r["throughput_img_s"], r["throughput_lo"], r["throughput_hi"], 0)
+        return f"{r['strategy']} {speed}{_sides((top['strategy'], top), (r['strategy'], r))}"
 
     head = {
         "best": f"{top['strategy']}'s 95% interval is clear of the runner-up's" + (f" ({q(rest[0])})" if rest else ""),
