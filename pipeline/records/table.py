@@ -27,12 +27,20 @@ STATES = {"COMPLETE": "complete", "FAIL": "failed", "PRUNED": "pruned", "RUNNING
 SUFFIX = ".jsonl"
 
 
+def point_of(t) -> dict:
+    """A stored sweep trial's whole point, wherever a point is read. Its Optuna params hold only the dimensions that
+    vary (sweep.space.suggest), and a trial another worker is starting has only some of those yet (suggested one by
+    one; seen in CI: a table written at that moment stopped the sweep on KeyError 'batch_size'); every sweep trial is
+    enqueued with its whole point (Optuna's system attribute fixed_params), which a retried copy keeps. The params go
+    over it; a stored trial whose params list the constant dimensions too (a study made when every dimension was
+    suggested) has them in both, equal."""
+    return {**(t.system_attrs.get("fixed_params") or {}), **t.params}
+
+
 def trial_row(study, strategy, t=None, point=None, reason="", state="skipped") -> dict:
     """One row: an Optuna trial (t, its record in user attribute `metrics`) or a point not run (point, reason)."""
     m = (t.user_attrs.get("metrics") if t else None) or {}
-    # a trial another worker is starting has only some of its params yet (suggested one by one): its enqueued point
-    # is whole (seen in CI: a table written at that moment stopped the sweep on KeyError 'batch_size')
-    p = {**(t.system_attrs.get("fixed_params") or {}), **t.params} if t else dict(point)
+    p = point_of(t) if t else dict(point)
     row = dict.fromkeys(COLUMNS)
     row.update({k: v for k, v in TrialRecord.from_dict(m).table_row().items() if v is not None})
     row.update({k: p[k] for k in POINT_KEYS if k in p}, strategy=strategy)
@@ -55,7 +63,7 @@ def write_table(study, strategy: str, skipped, out: Path, host) -> None:
     """Every trial of the study (but those still waiting) and every point skipped on `host` that no trial took."""
     trials = study.get_trials(deepcopy=False)
     rows = [trial_row(study, strategy, t=t) for t in trials if t.state.name != "WAITING"]
-    in_study = [t.system_attrs.get("fixed_params") or t.params for t in trials]
+    in_study = [point_of(t) for t in trials]
     for p, why in skipped:
         if p in in_study:  # infeasible here, but queued by a larger host: its row is the trial's
             continue

@@ -41,6 +41,7 @@ from pipeline.config.loader import TIMEOUT_MAX_S
 from pipeline.errors import StoreError, env_number, redact, root_cause, signals_deferred, store_fault
 from pipeline.paths import store_root
 from pipeline.preflight import check_store, store_url
+from pipeline.records.table import point_of
 
 # A trial whose heartbeat is older than GRACE_S is failed as stale and enqueued again: a rerun after a SIGKILL waits
 # that long for it. PARALLAX_GRACE_S shortens the wait (tests; at least 4 s, so that a live trial, beating every
@@ -117,7 +118,7 @@ def claim(study: optuna.Study, runnable=lambda point: True) -> optuna.Trial | No
     but one worker). A trial that needs more devices than this worker offers is left to a worker that has them."""
     storage = study._storage
     for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if not runnable(t.system_attrs.get("fixed_params") or t.params):
+        if not runnable(point_of(t)):
             continue
         try:
             with signals_deferred():  # Ctrl-C or SIGTERM waits for the three writes: never a trial without its owner
@@ -155,8 +156,7 @@ def release_mine(study: optuna.Study, why: str) -> list[int]:
                 continue
         except optuna.exceptions.UpdateFinishedTrialError:  # recorded meanwhile (its runner told it first)
             continue
-        point = t.system_attrs.get("fixed_params") or t.params
-        study.enqueue_trial(point, user_attrs={k: t.user_attrs[k] for k in QUEUED_ATTRS if k in t.user_attrs})
+        study.enqueue_trial(point_of(t), user_attrs={k: t.user_attrs[k] for k in QUEUED_ATTRS if k in t.user_attrs})
         released.append(t.number)
     return released
 
@@ -306,8 +306,8 @@ def trial_id(trial: optuna.Trial) -> int:
 
 
 def fixed_point(trial: optuna.Trial) -> dict:
-    """The enqueued point a claimed trial runs (its params before suggest_* has been called)."""
-    return trial.study._storage.get_trial_system_attrs(trial._trial_id).get("fixed_params") or {}
+    """The whole point a claimed trial runs, before suggest_* has been called (its enqueued point)."""
+    return point_of(trial.study._storage.get_trial(trial._trial_id))
 
 
 def finished(study: optuna.Study) -> int:

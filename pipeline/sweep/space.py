@@ -1,7 +1,7 @@
 """A strategy's search space as the sweep runs it: its points (the product of each SpaceConfig's lists, with the
-knob dimensions the strategy's catalog row accepts), Optuna's categorical choices, a point's trial configuration, and
-the study name that identifies the space and everything else that changes a trial's result (identity: every
-setting but the NEUTRAL ones, named with their reasons).
+knob dimensions the strategy's catalog row accepts), Optuna's categorical choices (only the dimensions that vary are
+Optuna parameters), a point's trial configuration, and the study name that identifies the space and everything else
+that changes a trial's result (identity: every setting but the NEUTRAL ones, named with their reasons).
 """
 
 from __future__ import annotations
@@ -32,12 +32,29 @@ def points(cfg, strategy: str) -> list[dict]:
 
 
 def choices(cfg, strategy: str) -> dict:
-    """Per parameter, every value the space takes (Optuna's categorical distributions), in first-seen order."""
+    """Per dimension, every value the space takes, in first-seen order (Optuna's categorical distributions, where
+    there are two or more: suggest)."""
     out: dict = {}
     for p in points(cfg, strategy):
         for k, v in p.items():
             out.setdefault(k, {}).setdefault(v, None)
     return {k: list(vs) for k, vs in out.items()}
+
+
+def constants(space: dict) -> dict:
+    """The dimensions of `space` (choices) that take one value, with that value. They are not Optuna parameters: a
+    parameter of one value is listed at 0.00 in optuna-dashboard's importances and tells nothing; the study shows
+    them once instead (study_view.name_study)."""
+    return {k: vals[0] for k, vals in space.items() if len(vals) == 1}
+
+
+def suggest(trial, cfg, strategy: str) -> dict:
+    """A claimed trial's whole point: the dimensions that vary suggested to Optuna as categoricals (its parameters,
+    which its enqueued point fixes), the constant ones taken from the space. records.table.point_of reads the whole
+    point of a stored trial back."""
+    space = choices(cfg, strategy)
+    fixed = constants(space)
+    return {k: fixed[k] if k in fixed else trial.suggest_categorical(k, vals) for k, vals in space.items()}
 
 
 def trial_config(cfg, strategy: str, point: dict):

@@ -168,7 +168,7 @@ def prepare_study(
             },
         )
         study.set_user_attr("mlflow_parent_run_id", parent)
-    study_view.name_study(study, strategy, cfg.profile, space_hash(cfg, strategy))
+    study_view.name_study(study, strategy, cfg.profile, space_hash(cfg, strategy), choices(cfg, strategy))
     resumed = len(study.get_trials(deepcopy=False))
     grew = study_setup.DONE in study.user_attrs
     added = study_setup.complete(study, queue, f"[sweep {strategy}] enqueueing trials")  # marks it complete last

@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 
+from pipeline.records.table import point_of
 from pipeline.sweep import queue as claims
 from pipeline.sweep.progress import progress
 
@@ -29,10 +30,7 @@ def key(point: dict, repeat: int) -> str:
 def present(study) -> set[str]:
     """The keys of the trials in the study, in any state (a trial that ran, or was failed and enqueued again,
     counts as present)."""
-    return {
-        key(t.system_attrs.get("fixed_params") or t.params, t.user_attrs.get("repeat", 0))
-        for t in study.get_trials(deepcopy=False)
-    }
+    return {key(point_of(t), t.user_attrs.get("repeat", 0)) for t in study.get_trials(deepcopy=False)}
 
 
 def uid(study) -> str:

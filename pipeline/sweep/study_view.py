@@ -1,5 +1,6 @@
-"""What the viewers show of a study: optuna-dashboard's metric name and plottable per-trial numbers, and the MLflow
-study parent run's summary metrics (so a collapsed study row compares with the others) or why it ran nothing.
+"""What the viewers show of a study: optuna-dashboard's metric name, the space's constant dimensions, plottable
+per-trial numbers and a note on each trial measured under load, and the MLflow study parent run's summary metrics (so
+a collapsed study row compares with the others) or why it ran nothing.
 
     make dashboard        # optuna-dashboard on http://127.0.0.1:8080 over mlruns/optuna.db
 """
@@ -12,6 +13,8 @@ import warnings
 import optuna
 from optuna.trial import TrialState
 
+from pipeline.records.table import point_of
+from pipeline.sweep.space import constants
 from pipeline.tracking.metric_names import rounded
 
 # What the sweep optimises: study.tell(trial, final test accuracy), direction maximize (sweep.trial_exec.run_one)
@@ -24,18 +27,19 @@ OBJECTIVE_TEXT = (
 )
 
 
-def name_study(study, strategy: str, profile: str, space_hash: str) -> None:
-    """Name the objective and keep what the study name encodes as user attributes (readable in the dashboard)."""
+def name_study(study, strategy: str, profile: str, space_hash: str, space: dict | None = None) -> None:
+    """Name the objective and keep what the study name encodes as user attributes (readable in the dashboard). The
+    space's (choices') constant dimensions are not Optuna parameters (space.suggest), so no trial lists them: the
+    study's attribute `constants` names each with its value, once (the sweep passes its space; without one the
+    attribute is left as it is)."""
     if study.metric_names != [OBJECTIVE]:
         with warnings.catch_warnings():  # "experimental" since Optuna 3.2, still in 5.0
             warnings.simplefilter("ignore", category=optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([OBJECTIVE])
-    for k, v in {
-        "strategy": strategy,
-        "profile": profile,
-        "space_hash": space_hash,
-        "objective": OBJECTIVE_TEXT,
-    }.items():
+    attrs = {"strategy": strategy, "profile": profile, "space_hash": space_hash, "objective": OBJECTIVE_TEXT}
+    if space is not None:
+        attrs["constants"] = ", ".join(f"{k}={v}" for k, v in constants(space).items()) or "none: every one varies"
+    for k, v in attrs.items():
         if study.user_attrs.get(k) != v:
             study.set_user_attr(k, v)
 
@@ -47,13 +51,40 @@ def set_trial_numbers(trial, record) -> None:
         trial.set_user_attr(k, v)
 
 
+def note_under_load(trial, record) -> None:
+    """A trial measured under interference says so on its optuna-dashboard trial page, where otherwise only the
+    numbers `flagged` and `foreign_cores` among its user attributes would. Written only where optuna-dashboard is
+    installed (the test extra; the pipeline extra leaves it out): without it nothing shows a note."""
+    interference = record.get("interference") or {}
+    if not interference.get("interfered"):
+        return
+    try:
+        from optuna_dashboard import save_note
+    except ImportError:
+        return
+    save_note(trial, under_load_note(interference))
+
+
+def under_load_note(interference: dict) -> str:
+    """The note's Markdown: the load first, then why the trial was flagged and where else that shows."""
+    cores = interference.get("foreign_cores")
+    load = f"{cores:.2f} cores busy in other processes" if cores is not None else "other processes used the host"
+    return (
+        f"**Measured under load**: {load} while the trial ran; its img/s is labelled `[under load]` in MLflow "
+        "(its run's name) and, in the report, left out where its point has a trial measured without load, else "
+        "labelled *measured under load*.\n\n"
+        "Why it is flagged (pipeline/measure/interference.py; its MLflow tag `parallax.flagged` says the same): "
+        f"{interference.get('interference_reason') or 'the host was busy'}."
+    )
+
+
 def _measured(study) -> list:
     """Complete trials that measured throughput on devices of their own (oversubscribed ones are functional tests)."""
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         m = t.user_attrs.get("metrics") or {}
         if m.get("throughput_img_s") and not m.get("oversubscribed"):
-            out.append((t.params, m))
+            out.append((point_of(t), m))
     return out
 
 

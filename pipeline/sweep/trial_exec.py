@@ -28,7 +28,7 @@ from pipeline.records.trial import planned
 from pipeline.strategies import STRATEGIES
 from pipeline.sweep import queue as claims
 from pipeline.sweep import slurm, study_setup, study_view
-from pipeline.sweep.space import choices
+from pipeline.sweep.space import suggest
 from pipeline.tracking.trial_run import TrialRun
 from pipeline.trial.launch import UNWRITABLE, TrialFailed, host_fields
 
@@ -63,7 +63,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     """Run one claimed trial and record it once: COMPLETE/PRUNED/FAIL in Optuna, FINISHED/KILLED/FAILED in MLflow.
     `configs` (space.PointConfigs) gives the point's Config, built once; the trial runs it as it is. A trial taken
     over by another worker is stopped and recorded by that worker only."""
-    p = {k: trial.suggest_categorical(k, vals) for k, vals in choices(cfg, strategy).items()}
+    p = suggest(trial, cfg, strategy)  # the whole point; only the dimensions that vary are Optuna parameters
     tcfg, bounded = emulated.bound(
         configs(p),
         STRATEGIES[strategy].autocast_dtype(cfg.train, host.kind),
@@ -144,6 +144,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
             study.tell(trial, state=TrialState.FAIL)
             return f"failed ({reason})"
         flag(run, name, metrics)
+        study_view.note_under_load(trial, metrics)
         outcome = _record_result(study, trial, run, metrics, out_dir)
         return outcome + _remeasure(cfg, study, trial, p, metrics)
     except optuna.exceptions.UpdateFinishedTrialError:
@@ -194,7 +195,8 @@ def run_name(strategy: str, p: dict, trial) -> tuple[str, dict]:
 
 def flag(run: TrialRun, name: str, metrics) -> None:
     """A trial measured under interference, flagged where a viewer looks: its run name begins UNDER_LOAD and the tag
-    parallax.flagged holds the reason (the metric `flagged` and Optuna's `flagged` attribute come with its record)."""
+    parallax.flagged holds the reason (the metric `flagged` and Optuna's `flagged` attribute come with its record,
+    its optuna-dashboard note from study_view.note_under_load)."""
     interference = metrics.get("interference") or {}
     if interference.get("interfered"):
         run.tag({"parallax.flagged": interference.get("interference_reason") or "measured under load"})

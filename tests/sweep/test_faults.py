@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 
 from pipeline.cli import main
 from pipeline.config import loader as configmod
+from pipeline.records.table import point_of
 from pipeline.sweep import queue as claims
 from pipeline.sweep.stage import open_storage, study_name
 from pipeline.tracking import client as tracking
@@ -156,7 +157,7 @@ def test_a_worker_whose_trial_was_taken_over_stops_it_and_records_nothing(repo, 
                 if running and running[0].user_attrs.get("mlflow_run_id"):
                     time.sleep(0.5)
                     storage.set_trial_state_values(running[0]._trial_id, state=TrialState.FAIL)
-                    study.enqueue_trial(running[0].params)
+                    study.enqueue_trial(point_of(running[0]))
                     return
             except (KeyError, ValueError):
                 pass

@@ -25,6 +25,13 @@ ONE_POINT = [
 REASON = "other processes kept 1.90 cores busy on average (planted)"
 
 
+def notes(study) -> list[str]:
+    """Each trial's optuna-dashboard note ("" for none), read as the dashboard reads it (the test extra has it)."""
+    note = pytest.importorskip("optuna_dashboard._note")
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    return [note.get_note_from_system_attrs(attrs, t._trial_id)["body"] for t in study.trials]
+
+
 @pytest.fixture
 def loaded(monkeypatch):
     """Every trial's interference monitor reports a busy host."""
@@ -38,8 +45,9 @@ def loaded(monkeypatch):
 
 def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path, loaded, capsys, monkeypatch):
     """A flagged trial's run is named "[under load] ...", tagged parallax.flagged with the reason and has metric
-    flagged=1; Optuna holds flagged=1.0 and foreign_cores as numbers; its re-measure is named and tagged with the
-    trial it repeats; the counter reads "2/1+1 re-measure", never "2/1"; every run carries the pipeline run."""
+    flagged=1; Optuna holds flagged=1.0 and foreign_cores as numbers, and its optuna-dashboard page a note that
+    says so; its re-measure is named and tagged with the trial it repeats; the counter reads "2/1+1 re-measure",
+    never "2/1"; every run carries the pipeline run."""
     monkeypatch.setenv("PARALLAX_PIPELINE_RUN", "exp-test")
     cfg = make_cfg(*ONE_POINT)
     run_sweep(cfg, "single", tmp_path / "single.jsonl")
@@ -62,6 +70,9 @@ def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path,
         assert t.user_attrs["flagged"] == 1.0 and t.user_attrs["foreign_cores"] == 1.9
     err = capsys.readouterr().err
     assert "trial 2/2 (1 planned + 1 re-measure)" in err and "trial 2/1 " not in err
+    for note in notes(study):
+        assert note.startswith("**Measured under load**: 1.90 cores busy in other processes while the trial ran; ")
+        assert "`[under load]`" in note and REASON in note
 
 
 def test_a_host_that_stays_busy_gets_no_remeasure(make_cfg, tmp_path, loaded, capsys, monkeypatch):
@@ -84,7 +95,8 @@ def test_a_host_that_stays_busy_gets_no_remeasure(make_cfg, tmp_path, loaded, ca
 
 
 def test_an_unflagged_trial_has_flagged_zero(make_cfg, tmp_path):
-    """On a quiet host (the tests' threshold) a trial's run has metric flagged=0, no flag tag and no suffix."""
+    """On a quiet host (the tests' threshold) a trial's run has metric flagged=0, no flag tag and no suffix, and its
+    Optuna trial no note."""
     cfg = make_cfg(*ONE_POINT)
     run_sweep(cfg, "single", tmp_path / "single.jsonl")
     tr = tracking.Tracker(cfg)
@@ -92,6 +104,7 @@ def test_an_unflagged_trial_has_flagged_zero(make_cfg, tmp_path):
     (run,) = tr.find_runs(f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert run.info.run_name == "single k=1 B=64 lr=0.1" and run.data.metrics["flagged"] == 0
     assert "parallax.flagged" not in run.data.tags
+    assert notes(optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))) == [""]
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import pytest
 from optuna.trial import TrialState
 
 from pipeline.host.devices import probe
+from pipeline.records.table import point_of
 from pipeline.sweep import stage as sweep
 from pipeline.sweep import trial_exec
 from pipeline.sweep.queue import claim
@@ -26,15 +27,7 @@ class FakeTracker:
 def claimed_order(study):
     out = []
     while (t := claim(study)) is not None:
-        out.append(
-            (
-                dict(
-                    study._storage.get_trial(t._trial_id).params
-                    or study._storage.get_trial_system_attrs(t._trial_id)["fixed_params"]
-                ),
-                t.user_attrs["repeat"],
-            )
-        )
+        out.append((point_of(study._storage.get_trial(t._trial_id)), t.user_attrs["repeat"]))
     return out
 
 

@@ -13,6 +13,7 @@ import time
 import optuna
 import pytest
 
+from pipeline.records.table import point_of
 from pipeline.sweep import queue as claims
 from pipeline.sweep import stage as sweep
 from pipeline.sweep.stage import open_storage, run_sweep, study_name
@@ -26,8 +27,7 @@ SPACE = [
 
 def keys(study) -> list[str]:
     return sorted(
-        json.dumps([t.system_attrs.get("fixed_params") or t.params, t.user_attrs.get("repeat")], sort_keys=True)
-        for t in study.get_trials(deepcopy=False)
+        json.dumps([point_of(t), t.user_attrs.get("repeat")], sort_keys=True) for t in study.get_trials(deepcopy=False)
     )
 
 
