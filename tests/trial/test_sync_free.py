@@ -183,3 +183,38 @@ def _breakdown(strategy, every):
     from pipeline.measure import breakdown
 
     return breakdown.Breakdown(strategy, torch.nn.Linear(1, 1), every)
+
+
+class PendingEvent:
+    """torch.cuda.Event's stand-in: query() answers from a shared script (False: the copy is still in flight)."""
+
+    script: list = []
+    made = 0
+
+    def __init__(self):
+        PendingEvent.made += 1
+
+    def record(self):
+        pass
+
+    def query(self):
+        return PendingEvent.script.pop(0)
+
+
+def test_the_gpu_finite_watch_reads_its_copy_only_once_the_copy_is_done(monkeypatch):
+    """FiniteWatch's GPU branch, its logic on CPU tensors (the copy is synchronous here; only a GPU shows the copy
+    runs beside the step): one asynchronous copy in flight at a time, its host memory read only once its event says
+    done, a pending event never waited for (no synchronize), and a NaN seen two looks after the step that made it."""
+    monkeypatch.setattr(torch.cuda, "Event", PendingEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("the watch waited for the device"))
+    PendingEvent.script, PendingEvent.made = [False, True, True], 0
+    w = loop.FiniteWatch(torch.device("cpu"), lr=0.1)
+    w.cuda, w.host = True, w.state.clone()  # the GPU branch: a separate host copy, refreshed by copy_
+    w.view = w.host.numpy()
+    w.add(torch.tensor(1.0), 0)  # no copy yet: the first is started
+    w.add(torch.tensor(float("nan")), 1)  # the copy in flight (query False): not read, no second copy
+    assert PendingEvent.made == 1 and w.view[0] == -1
+    w.add(torch.tensor(1.0), 2)  # the first copy done: it predates the NaN; a new copy is started
+    assert PendingEvent.made == 2
+    with pytest.raises(loop.DivergenceError, match="at step 1"):
+        w.add(torch.tensor(1.0), 3)  # the second copy done: it holds step 1's NaN
