@@ -188,7 +188,10 @@ def plot_memory(mem, path, source=""):
         _empty(axes[0], "memory")
     for ax, (model, k) in zip(axes, panels):
         m = mem[(mem["model"] == model) & (mem["k"] == k)]
-        m = m[m["batch_size"] == _common_batch(m)].drop_duplicates("strategy")
+        m = m[m["batch_size"] == _common_batch(m)]
+        # one bar group per configuration: a setting that varies (AdamW beside SGD) names its groups, never hidden
+        vary = [c for c in EXTRAS if c in m and c not in ("host", "data_source") and m[c].nunique() > 1]
+        m = m.drop_duplicates(["strategy", *vary])
         n = max(len(p) for p in m["peaks"])
         w = 0.8 / n
         for d in range(n):
@@ -197,7 +200,8 @@ def plot_memory(mem, path, source=""):
             ax.bar([h[0] for h in have], [h[1] for h in have], w, color=f"C{d}", label=f"device {d}")
             for xi in sorted(set(x) - {h[0] for h in have}):  # not measured (scratch: one process): never 0 MiB
                 ax.text(xi, 0, "not measured", ha="center", va="bottom", fontsize=7, rotation=90, color="dimgrey")
-        ax.set_xticks(np.arange(len(m)), m["strategy"], rotation=30, fontsize=8)
+        ticks = [" ".join([r["strategy"], *(str(r[c]) for c in vary)]) for r in m.to_dict("records")]
+        ax.set_xticks(np.arange(len(m)), ticks, rotation=30, ha="right" if vary else "center", fontsize=8)
         ax.set(title=f"{model}, k={k:g}, B={m['batch_size'].iloc[0]:g}", ylabel="peak memory (MiB)")
         ax.legend(fontsize=7)
     _save(fig, path, source)

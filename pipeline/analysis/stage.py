@@ -89,6 +89,17 @@ def _measured(t):
     return t.assign(measured=t["under_load"].eq(True).map({True: "under load", False: "quiet"}))
 
 
+def _point_labels(t, x) -> list[str]:
+    """Each row's configuration as one label, the varying columns `x` included ("ddp lenet k=2 B=256
+    optimizer=adamw"): the memory plot's bars, one per device of each label, so two configurations that differ only
+    in a varying column (AdamW beside SGD) are two bars, never one bar stacked from both."""
+    shown = [c for c in x if c not in ("host", "data_source")]
+    return [
+        " ".join([f"{r['strategy']} {r['model']} k={r['k']:g} B={r['batch_size']:g}", *(f"{c}={r[c]}" for c in shown)])
+        for r in t.to_dict("records")
+    ]
+
+
 def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
     """The tidy CSVs of DVC plots; columns that vary (host, data source, knobs) after strategy and model; the speeds'
     `measured` label last."""
@@ -123,13 +134,14 @@ def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
     )
     devs = memory_devices(mem)  # the GPU-only figures (resident, reserved peak, NVML) where any device has them
     _csv(
-        devs,
+        devs.assign(point=_point_labels(devs, x)),
         out / "memory.csv",
         [
             "strategy",
             "model",
             "k",
             "batch_size",
+            "point",
             "device",
             "peak_mem_bytes",
             "peak_mem_mib",

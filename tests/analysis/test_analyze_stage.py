@@ -116,6 +116,7 @@ def test_tidy_csvs(run):
         "data_source",
         "k",
         "batch_size",
+        "point",
         "device",
         "peak_mem_bytes",
         "peak_mem_mib",
@@ -306,3 +307,46 @@ def test_resolved_transport_does_not_split_the_scaling_groups(tmp_path):
     report = (tmp_path / "out" / "report.md").read_text()
     assert "ddp k=1: DDP's own all-reduce (Gloo/NCCL); ddp k=2: shared memory" in report
     assert not (tmp_path / "out" / "knob_comm_hook.png").exists()  # one setting: not a varied knob
+
+
+def test_the_memory_plot_keeps_two_optimizers_at_one_point_apart(tmp_path):
+    """ddp at k=2 B=256 with SGD and with AdamW: memory.csv labels each configuration on its own (`point`, what the
+    DVC memory plot draws one bar per device of), so the plot never stacks the two into a peak nobody measured."""
+    from pipeline.analysis.stage import analyze
+
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    rows = [
+        row("ddp", k=k, B=128 * k, optimizer=opt, peaks=[mib * 2**20] * k)
+        for k in (1, 2)
+        for opt, mib in (("sgd", 20.8), ("adamw", 21.8))
+    ]
+    write(rows, sweeps / "ddp.jsonl")
+    analyze(sweeps, tmp_path / "out")
+    mem = pd.read_csv(tmp_path / "out" / "memory.csv")
+    k2 = mem[mem["k"] == 2]
+    assert sorted(set(k2["point"])) == ["ddp lenet k=2 B=256 optimizer=adamw", "ddp lenet k=2 B=256 optimizer=sgd"]
+    assert not k2.duplicated(["point", "device"]).any()
+    assert sorted(k2.groupby("point")["peak_mem_mib"].max().round(1)) == [20.8, 21.8]
+
+
+def test_the_memory_figure_shows_each_optimizer_as_its_own_bars(tmp_path, monkeypatch):
+    """memory.png at k=2: ddp with SGD and with AdamW are two labelled bar groups, not the first row of the two."""
+    from pipeline.analysis import plots, tables
+
+    shown = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path, *a, **kw: shown.update(fig=fig))
+    rows = [
+        row("ddp", k=2, B=256, optimizer=opt, peaks=[mib * 2**20] * 2) for opt, mib in (("sgd", 20.8), ("adamw", 21.8))
+    ]
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    write(rows, sweeps / "ddp.jsonl")
+    from pipeline.analysis.rows import load_sweeps
+
+    df, _ = load_sweeps(sweeps, expected=("ddp",))
+    plots.plot_memory(tables.memory_table(df), tmp_path / "memory.png")
+    (ax,) = shown["fig"].axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["ddp sgd", "ddp adamw"]
+    heights = sorted(round(p.get_height(), 1) for p in ax.patches)
+    assert heights == [20.8, 20.8, 21.8, 21.8]
