@@ -214,7 +214,7 @@ def test_the_gpu_finite_watch_reads_its_copy_only_once_the_copy_is_done(monkeypa
     w.add(torch.tensor(1.0), 0)  # no copy yet: the first is started
     w.add(torch.tensor(float("nan")), 1)  # the copy in flight (query False): not read, no second copy
     assert PendingEvent.made == 1 and w.view[0] == -1
-    w.add(torch.tensor(1.0), 2)  # the first copy done: it predates the NaN; a new copy is started
+    w.add(torch.tensor(1.0), 2)  # the first copy done: it holds step 0, before the NaN; a new copy is started
     assert PendingEvent.made == 2
     with pytest.raises(loop.DivergenceError, match="at step 1"):
         w.add(torch.tensor(1.0), 3)  # the second copy done: it holds step 1's NaN
