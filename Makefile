@@ -58,7 +58,7 @@ pipeline-offline: setup  ## the same on the explicit synthetic stand-in (no netw
 	  dvc exp run -S data.source=synthetic && \
 	  echo "params.yaml is as it was: data.source=synthetic lives in the experiment above (dvc exp show); results/ hold its run, labelled synthetic. The answer is above; make ui opens every run."
 
-test: setup              ## the whole suite (CPU; 10 to 25 minutes on 2 cores: benchmarks/RESULTS.md, "How long the two commands take")
+test: setup              ## the whole suite (CPU; 10 to 40 minutes on 2 cores: benchmarks/RESULTS.md, "How long the two commands take")
 	$(BIN)/python -m pytest
 
 test-fast: setup

@@ -244,8 +244,8 @@ def _count(model: str, b: int, autocast: bool) -> tuple[int, list[int]]:
 
     from pipeline.models import MODELS
 
-    # autocast does not act on meta tensors; on fake CPU tensors it does, as on the host's CPU (counted both ways,
-    # ResNet-18 at b=16: 68,481,080 fake against 68,485,432 real bytes; 2 s against 19 s on an AVX2-only host)
+    # autocast does not act on meta tensors; on fake CPU tensors it does, as on the host's CPU, with no compute
+    # (the two counts side by side, and what each costs: benchmarks/RESULTS.md, "The memory model")
     torch.manual_seed(0)
     with FakeTensorMode() if autocast else torch.device("meta"):
         m = MODELS[model]()

@@ -110,10 +110,13 @@ def test_a_stage_keeps_its_wall_time_only_when_it_succeeds(project, monkeypatch,
     (project / "experiments").mkdir()
     (project / "experiments" / "tiny.yaml").write_text("description: small\n")
     path = _times(project, download=5)
+    ticks = iter([100.0, 107.5])  # the stage's clock: its start, its end
+    begin = stage_progress.begin
+    monkeypatch.setattr(stage_progress, "begin", lambda command: begin(command, clock=lambda: next(ticks)))
     assert commands.main(["profiles"]) == 0
     kept = json.loads(path.read_text())
     assert set(kept[socket.gethostname()]) == {"download", "profiles"} and kept["another-host"] == {"analyze": 9999}
-    assert 0 <= kept[socket.gethostname()]["profiles"] < 60
+    assert kept[socket.gethostname()]["profiles"] == 7.5  # the stage's own start to end, as its clock read them
     assert [p.name for p in path.parent.iterdir()] == ["stage_times.json"]  # the temporary file renamed over it
 
 
