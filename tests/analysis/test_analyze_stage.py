@@ -350,3 +350,14 @@ def test_the_memory_figure_shows_each_optimizer_as_its_own_bars(tmp_path, monkey
     assert [t.get_text() for t in ax.get_xticklabels()] == ["ddp sgd", "ddp adamw"]
     heights = sorted(round(p.get_height(), 1) for p in ax.patches)
     assert heights == [20.8, 20.8, 21.8, 21.8]
+
+
+def test_the_dvc_line_plots_draw_each_optimizer_as_its_own_line():
+    """efficiency and throughput: a line per strategy, model, batch and (where the CSV has it, because it varies)
+    optimizer, so AdamW's k=2 point and SGD's are two lines, not one line folded back at k=2."""
+    from tests.conftest import REPO
+
+    for name in ("efficiency_by_strategy", "throughput_by_strategy"):
+        spec = json.loads((REPO / ".dvc" / "plots" / f"{name}.json").read_text())
+        (series,) = [t["calculate"] for t in spec["transform"] if t.get("as") == "series"]
+        assert "datum.optimizer" in series and "datum.strategy" in series, name
