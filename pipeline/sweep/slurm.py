@@ -227,7 +227,7 @@ def _tail(path: Path, n: int = 300) -> str:
 
 
 class Runner:
-    """Runs one trial as a SLURM job and waits for it, saying when it is queued, running and done."""
+    """Runs one trial as a SLURM job and waits for it, saying when it is submitted, queued, running and done."""
 
     def __init__(self, scfg):
         self.scfg = scfg
@@ -277,6 +277,9 @@ class Runner:
                 file=sys.stderr,
                 flush=True,
             )
+
+        # always said: a job the scheduler starts before the first poll is never seen queued
+        say(f"submitted to partition {self.scfg.partition}")
 
         ended = False
         try:
