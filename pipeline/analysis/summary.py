@@ -175,9 +175,11 @@ def _finite(v) -> bool:
 
 
 # significant digits per metrics.json group: enough to tell two experiments apart, short enough for a narrow column
-# (short names: `dvc exp show` sizes a column by its name, and a narrow terminal then shows only "…"); accuracy to
-# 4 decimals of a 0.xxxx value, as the report prints it
-DIGITS = {"img_s": 4, "eff": 3, "strong_eff": 3, "peak_mib": 4, "acc": 4, "under_load": 3}
+# (short names: `dvc exp show` sizes a column by its name, and a narrow terminal then shows only "…"; the throughput
+# keeps the trial record's name, THROUGHPUT, as MLflow and the report do); accuracy to 4 decimals of a 0.xxxx value,
+# as the report prints it
+THROUGHPUT = "throughput_img_s"  # the record's field, the sweep table's column, the report's and MLflow's name
+DIGITS = {THROUGHPUT: 4, "eff": 3, "strong_eff": 3, "peak_mib": 4, "acc": 4, "under_load": 3}
 KEYS = ("strategy", "model", "k")  # what a metrics.json figure is per (the model only when the sweeps hold several)
 
 
@@ -219,11 +221,12 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     `dvc exp show` shows them: first the counts that explain an empty cell (`n_trials`, `n_complete`, `n_measured`:
     on a quiet host, `n_flagged`: measured under interference), then per strategy and k the figures of ONE point,
     the fastest at that k (`fastest`: the configuration the report's answer runs there), so that each value is the
-    report's: `img_s.S.kK` (its img/s), `eff.S.kK` (its weak-scaling efficiency, k >= 2), `strong_eff.S.kK`,
-    `peak_mib.S.kK` (its largest per-device peak, MiB), `acc.S.kK` (its test accuracy, best lr), `<name>.S.kK` for
+    report's: `throughput_img_s.S.kK` (its images/s, under the trial record's name), `eff.S.kK` (its weak-scaling
+    efficiency, k >= 2), `strong_eff.S.kK`, `peak_mib.S.kK` (its largest per-device peak, MiB), `acc.S.kK` (its
+    test accuracy, best lr), `<name>.S.kK` for
     each field the trial record declares with the POINT view; then per strategy `acc.S`, a different quantity: the
     best test accuracy of any of the strategy's points (the report's "against the best"). Rounded to DIGITS
-    significant digits. The model joins the key (`img_s.ddp.resnet18.k2`) only when the sweeps hold more than one.
+    significant digits. The model joins the key (`eff.ddp.resnet18.k2`) only when the sweeps hold more than one.
     Undefined values are left out, never 0; memory imbalance and per-strategy counts are in summary.json and
     report.md. Measured under load (tables.timed: every trial behind the point flagged by interference.py): the
     figures keep their keys and `under_load.S.kK` labels them with the cores other processes kept busy at that point
@@ -235,7 +238,7 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     }
     top = fastest(pts)
     on = [*POINT_KEYS, *(c for c in top.columns if c in EXTRAS)]
-    _per_k(out, top, "throughput_img_s", "img_s", models)
+    _per_k(out, top, THROUGHPUT, THROUGHPUT, models)
     for kind, name in (("weak", "eff"), ("strong", "strong_eff")):
         e = eff[(eff["kind"] == kind) & (eff["k"] >= 2)] if len(eff) else eff
         _per_k(out, _at_point(e, top, on), "efficiency", name, models)

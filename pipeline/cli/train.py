@@ -6,7 +6,6 @@ values: the trial's Config is built and validated once, here, and passed on as i
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 from pipeline import paths
@@ -20,12 +19,16 @@ def _train_cfg(args):
     return configmod.load(args.params, args.overrides, flags={"train": flags})
 
 
-def _print_epoch(record) -> None:
-    print(
-        f"epoch {record['epoch']}/{record['epochs']}: loss {record['train_loss']:.4f}, "
-        f"test acc {record['test_acc']:.4f}, {record['epoch_s']:.2f} s",
-        file=sys.stderr,
-    )
+class EpochLines:
+    """The trial's console listener (pipeline/trial/lifecycle.py): a line per epoch."""
+
+    def epoch(self, trial, record) -> bool:
+        print(
+            f"epoch {record['epoch']}/{record['epochs']}: loss {record['train_loss']:.4f}, "
+            f"test acc {record['test_acc']:.4f}, {record['epoch_s']:.2f} s",
+            file=sys.stderr,
+        )
+        return False
 
 
 def run(args) -> int:
@@ -38,7 +41,8 @@ def run(args) -> int:
     from pipeline.host.devices import probe
     from pipeline.measure import meter
     from pipeline.preflight import output_dir
-    from pipeline.trial.launch import check_batch_fits, check_feasible, run_trial
+    from pipeline.trial.launch import check_batch_fits, check_feasible
+    from pipeline.trial.lifecycle import Trial
 
     host = probe()
     check_feasible(cfg, host)  # before any work, before touching the stores
@@ -47,29 +51,20 @@ def run(args) -> int:
     ds = data.load(paths.repo_root() / cfg.data.dir, cfg.data.source, cfg.data.train_limit, 1, verify=True)
     check_batch_fits(cfg, len(ds.train_y))
     output_dir(args.out, "--out")
-    run = on_epoch = None
+    listeners, run = [], None
     if not args.no_track:
         from pipeline.records.trial import planned
         from pipeline.tracking import client as tracking
+        from pipeline.tracking.run_listener import MlflowListener
         from pipeline.tracking.trial_run import TrialRun
         from pipeline.trial.launch import host_fields
 
         t = cfg.train
-        plan = planned(cfg, host, host_fields(host, t.devices))
         run = TrialRun(tracking.Tracker(cfg), cfg, stage="train")
-
-        def on_epoch(record):
-            run.log_epoch(record)
-            _print_epoch(record)
-            return False
-
-    with run or contextlib.nullcontext():  # ended FINISHED, KILLED (Ctrl-C) or FAILED: never left RUNNING
-        if run:
-            run.start(f"{t.strategy} k={t.devices} B={t.batch_size} lr={t.lr}", plan)
-        with run.system_metrics() if run else contextlib.nullcontext():
-            metrics = run_trial(cfg, args.out, on_epoch=on_epoch, progress=not args.quiet)
-        if run:
-            run.complete(metrics, args.out, meter.untimed(metrics))
+        plan = planned(cfg, host, host_fields(host, t.devices))
+        listeners = [MlflowListener(run, f"{t.strategy} k={t.devices} B={t.batch_size} lr={t.lr}", plan), EpochLines()]
+    # its run ended FINISHED, KILLED (Ctrl-C) or FAILED: never left RUNNING
+    metrics = Trial(cfg, args.out, listeners, progress=not args.quiet).run()
     syn = "  [SYNTHETIC DATA]" if metrics["synthetic"] else ""
     print(
         f"{metrics['strategy']} k={metrics['devices']} {metrics['model']}: "

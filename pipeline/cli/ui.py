@@ -56,8 +56,7 @@ def run(args) -> int:
     if not args.no_view:
         from pipeline.tracking import ui_view
 
-        tracker = tracking.Tracker(cfg)
-        route = ui_view.publish_view(tracker.client, tracker.experiment_id)
+        route = ui_view.publish_for(tracking.Tracker(cfg))
     server = start(cmd, env)  # argument vector, no shell
     try:
         if not listening(args.port, server):

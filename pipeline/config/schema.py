@@ -199,6 +199,9 @@ class TrackingConfig:
     # off by default, since the sampling thread runs in the process whose throughput is measured
     system_metrics: bool = False
     system_metrics_interval_s: float = field(default=2.0, metadata=bounds(0.1, TIMEOUT_MAX_S))
+    # more stores for every trial, in the sweep and in `train`: "package.module:Class" import paths, each class built
+    # with the trial's Config and told the trial's life (pipeline/trial/lifecycle.py; docs/usage.md)
+    listeners: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -112,13 +112,15 @@ class TrialRecord:
     parallel_devices: bool | None = _f(TAG, TABLE)
     steps: int | None = _f()
     stopped: bool | None = _f()
-    throughput_img_s: float | None = _f(METRIC, OPTUNA, TABLE, metric="img_s/throughput")
+    # the trial's images/s over its timed steady-state steps: one name in every view (MLflow, Optuna, the sweep table,
+    # metrics.json, the report); the slowest rank's: all ranks meet at every all-reduce, so the trial runs at its pace
+    throughput_img_s: float | None = _f(METRIC, OPTUNA, TABLE, rank="min")
     throughput_windows: list[float] | None = _f(TABLE)  # steady-state img/s per window, element-wise slowest rank
     timed_steps: int | None = _f()
     epoch_s: list[float] | None = _f(TABLE, table="epoch_s_list")
     test_acc: list[float] | None = _f(TABLE, table="test_acc_list")
     train_loss: list[float] | None = _f()
-    epoch_throughput_img_s: list[float] | None = _f()
+    epoch_throughput_img_s: list[float] | None = _f()  # each epoch's images/s (the epoch records' own name)
     time_to_acc_s: float | None = _f(METRIC, TABLE, metric="perf/time_to_acc_s")
     startup_s: float | None = _f(METRIC, TABLE, metric="perf/startup_s")  # the warm-up steps' seconds (meter.py)
     eval: str | None = _f()
@@ -183,6 +185,22 @@ class TrialRecord:
         """A record from its metrics.json (keys it does not know are dropped, missing ones are None)."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in (m or {}).items() if k in names})
+
+
+# what every rank reports for summarize: its lists, per device (memory) or per window (throughput), joined over the
+# ranks by summarize, and the fields declared with rank= (RANK_AGGREGATES); trial/loop.py gathers these keys
+RANK_LISTS = (
+    "peak_mem_bytes",
+    "mem_resident_bytes",
+    "mem_reserved_peak_bytes",
+    "mem_nvml_used_bytes",
+    "throughput_windows",
+)
+
+
+def rank_keys() -> list[str]:
+    """The keys each rank's part of a trial carries to the main rank (beside its rank, node, host and devices)."""
+    return [*RANK_LISTS, *(f.name for f in dataclasses.fields(TrialRecord) if f.metadata["rank"])]
 
 
 # ---------------------------------------------------------------- building it
@@ -261,15 +279,13 @@ def summarize(
     main = results[0]
     ranks = main.get("ranks") or results  # every rank of every node, gathered by the trial itself
     peaks = [p for r in ranks for p in (r["peak_mem_bytes"] or [])]
-    throughputs = [r["throughput_img_s"] for r in ranks if r["throughput_img_s"]]
     windows = [r["throughput_windows"] for r in (*ranks, *results) if r.get("throughput_windows")]
     return dataclasses.replace(
         planned(cfg, host, host_fields),
         parallel_devices=host.kind == "cuda" or strategy.parallel_on_cpu,
         steps=main["steps"],
         stopped=main["stopped"],
-        # slowest rank: all ranks meet at every all-reduce, so the trial runs at its pace (window by window too)
-        throughput_img_s=min(throughputs) if throughputs else None,
+        # slowest rank, window by window (throughput_img_s: RANK_AGGREGATES, below)
         throughput_windows=[min(w) for w in zip(*windows)] if windows else [],
         timed_steps=main["timed_steps"],
         epoch_s=main["epoch_s"],

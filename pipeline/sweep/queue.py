@@ -226,11 +226,9 @@ def end_stale_mlflow_runs(study, tracker) -> None:
     """End the MLflow run of every trial that was failed as stale (its worker died): never left RUNNING."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
         run_id = t.user_attrs.get("mlflow_run_id")
-        if run_id and not t.user_attrs.get("reason"):
-            run = tracker.client.get_run(run_id)
-            if run.info.status == "RUNNING":
-                tracker.set_tags(run_id, {"failure": "worker died (heartbeat stale); trial enqueued again"})
-                tracker.end_run(run_id, "KILLED")
+        if run_id and not t.user_attrs.get("reason") and tracker.is_running(run_id):
+            tracker.set_tags(run_id, {"failure": "worker died (heartbeat stale); trial enqueued again"})
+            tracker.end_run(run_id, "KILLED")
 
 
 # ----------------------------------------------------------------------------- the store

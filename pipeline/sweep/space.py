@@ -106,6 +106,7 @@ NEUTRAL = {
     "sweep.remeasure_interfered": "how often a flagged trial is enqueued again; each copy is a trial of its own",
     "tracking.uri": "the MLflow store runs are logged to",
     "tracking.experiment": "the MLflow experiment runs are logged under",
+    "tracking.listeners": "more stores told of each trial, in the sweep's process, never in the measured ones",
     "analyze": "read by the analysis stage only, after the trials",
     "overlap": "read by the overlap stage only",
     "slurm.account": "the account a job is charged to",

@@ -13,7 +13,6 @@ finished trials. results/sweeps/<strategy>.jsonl is rewritten from the study aft
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import warnings
@@ -22,7 +21,7 @@ from pathlib import Path
 import optuna
 
 from pipeline import paths
-from pipeline.errors import Stopped, interruption, redact
+from pipeline.errors import Stopped, interruption
 from pipeline.host.devices import probe
 from pipeline.measure.quiet import QuietGate
 from pipeline.preflight import check_store
@@ -31,7 +30,7 @@ from pipeline.sweep import queue as claims
 from pipeline.sweep import slurm, study_parent, study_setup, study_view
 from pipeline.sweep.progress import counter, progress
 from pipeline.sweep.queue import open_storage, storage_url
-from pipeline.sweep.space import PointConfigs, changed_settings, choices, points, space_hash, study_name
+from pipeline.sweep.space import PointConfigs, choices, points, space_hash, study_name
 from pipeline.sweep.trial_exec import best_effort, fault_text, fmt_point, run_one
 from pipeline.tracking import client as tracking
 from pipeline.trial.launch import Infeasible, check_batch_fits, check_feasible
@@ -94,6 +93,29 @@ def check_memory_fits(tcfg, host) -> None:
         )
 
 
+def _check_point(cfg, host, tcfg) -> None:
+    """Raise Infeasible where this host cannot run the point whose Config is `tcfg`: more devices than it has (than
+    one node has, under SLURM), or a predicted peak above its devices' memory (check_memory_fits)."""
+    check_feasible(slurm.sized(cfg, tcfg), slurm.cluster_host(cfg, host))  # SLURM: one node's devices
+    check_memory_fits(tcfg, host)
+
+
+def _feasibility(cfg, strategy: str, host, configs, n_train: int | None = None) -> tuple[list, list]:
+    """The points of the space this host runs, and the others, each with the reason (_check_point; with `n_train`,
+    also a batch larger than the training data's share of a device, check_batch_fits)."""
+    feasible, skipped = [], []
+    for p in progress(points(cfg, strategy), f"[sweep {strategy}] checking which points run here"):
+        tcfg = configs(p)
+        try:
+            _check_point(cfg, host, tcfg)
+            if n_train is not None:
+                check_batch_fits(tcfg, n_train)
+            feasible.append(p)
+        except Infeasible as e:
+            skipped.append((p, str(e)))
+    return feasible, skipped
+
+
 def prepare_study(
     cfg, strategy: str, host, tracker, storage=None, n_train: int | None = None, configs=None
 ) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
@@ -103,19 +125,31 @@ def prepare_study(
     storage = storage or open_storage(cfg)
     name = study_name(cfg, strategy)
     configs = configs or PointConfigs(cfg, strategy)
-    feasible, skipped = [], []
-    for p in progress(points(cfg, strategy), f"[sweep {strategy}] checking which points run here"):
-        tcfg = configs(p)
-        try:
-            check_feasible(slurm.sized(cfg, tcfg), slurm.cluster_host(cfg, host))  # SLURM: one node's devices
-            check_memory_fits(tcfg, host)
-            if n_train is not None:
-                check_batch_fits(tcfg, n_train)
-            feasible.append(p)
-        except Infeasible as e:
-            skipped.append((p, str(e)))
+    feasible, skipped = _feasibility(cfg, strategy, host, configs, n_train)
     budget = cfg.sweep.n_trials or len(feasible)
     queue = enqueue_order(feasible[:budget], cfg.sweep.repeats)
+    study, setting_up = _open_study(cfg, strategy, name, storage, queue)
+    if not setting_up:
+        return study, feasible, skipped
+    if study_parent.PARENT not in study.user_attrs:
+        study_parent.start(study, cfg, strategy, host, tracker, len(feasible))
+    study_view.name_study(study, strategy, cfg.profile, space_hash(cfg, strategy), choices(cfg, strategy))
+    resumed = len(study.get_trials(deepcopy=False))
+    grew = study_setup.DONE in study.user_attrs
+    added = study_setup.complete(study, queue, f"[sweep {strategy}] enqueueing trials")  # marks it complete last
+    if resumed and not grew:
+        print(
+            f"[sweep {strategy}] study {name}: its set-up had been interrupted after {resumed} trial(s) were "
+            f"enqueued; the {added} missing trial(s) are enqueued now",
+            file=sys.stderr,
+            flush=True,
+        )
+    return study, feasible, skipped
+
+
+def _open_study(cfg, strategy: str, name: str, storage, queue) -> tuple[optuna.Study, bool]:
+    """The study `name`, created, or loaded once no other worker sets it up (study_setup.ready), and whether this
+    worker sets it up (study_setup.begin): False for a study set up in full whose queue holds all of `queue`."""
     try:
         study = optuna.create_study(
             study_name=name, storage=storage, direction="maximize", sampler=_sampler(cfg), load_if_exists=False
@@ -129,7 +163,7 @@ def prepare_study(
         if study_setup.DONE in study.user_attrs:
             grown = study_setup.missing(study, queue)
             if not grown:
-                return study, feasible, skipped
+                return study, False
             print(
                 f"[sweep {strategy}] study {name}: its queue grew from {study.user_attrs[study_setup.DONE]} to "
                 f"{len(queue)} trial(s) (sweep.n_trials {cfg.sweep.n_trials or 'the whole grid'}); the "
@@ -138,48 +172,7 @@ def prepare_study(
                 flush=True,
             )
         study_setup.begin(study, queue)  # its creator was interrupted, or its budget grew: this worker completes it
-    if "mlflow_parent_run_id" not in study.user_attrs:
-        group = tracking.pipeline_run()  # the run name tells two pipeline runs' "study ddp" rows apart
-        parent = tracker.start_run(
-            f"study {strategy} · {group}",  # the strategy first: a narrow name column keeps it
-            {
-                tracking.PIPELINE_RUN_TAG: group,
-                "strategy": strategy,
-                "study": name,
-                "profile": cfg.profile,
-                "data_source": cfg.data.source,
-                "synthetic": str(cfg.data.source == "synthetic").lower(),
-                "device_kind": host.kind,
-                "host": host.hostname,
-                "git_sha": tracking.git_sha(),
-                "dvc_stage": f"sweep@{strategy}",
-                "role": "study",
-            },
-            owned=False,
-        )  # every worker of the study shares it; study_parent ends it
-        tracker.log_params(
-            parent,
-            {
-                "space": json.dumps(choices(cfg, strategy))[:6000],
-                "settings": json.dumps(changed_settings(cfg, strategy), sort_keys=True, default=str)[:6000],
-                "points": len(feasible),
-                "epochs": cfg.train.epochs,
-                "storage": redact(storage_url(cfg)),
-            },
-        )
-        study.set_user_attr("mlflow_parent_run_id", parent)
-    study_view.name_study(study, strategy, cfg.profile, space_hash(cfg, strategy), choices(cfg, strategy))
-    resumed = len(study.get_trials(deepcopy=False))
-    grew = study_setup.DONE in study.user_attrs
-    added = study_setup.complete(study, queue, f"[sweep {strategy}] enqueueing trials")  # marks it complete last
-    if resumed and not grew:
-        print(
-            f"[sweep {strategy}] study {name}: its set-up had been interrupted after {resumed} trial(s) were "
-            f"enqueued; the {added} missing trial(s) are enqueued now",
-            file=sys.stderr,
-            flush=True,
-        )
-    return study, feasible, skipped
+    return study, True
 
 
 def _others_running(study) -> bool:
@@ -214,85 +207,18 @@ def _unselected(cfg, strategy: str, out_csv: Path) -> Path:
 
 
 def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = None) -> Path:
+    """Run the study of `strategy` on this worker (see the module's docstring) and write its table to `out_csv`."""
     host = probe()
     if strategy not in cfg.sweep.strategies:  # DVC runs every sweep@ stage; params.yaml picks which run trials
         return _unselected(cfg, strategy, out_csv)
-    # bad input stops here, before anything is written to the stores
-    from pipeline.trial.ranks import load_data
-
-    data = load_data(cfg, verify=True)  # present, unchanged, right source
-    n_train = len(data.train_y)
-    del data
-    for url, key in ((storage_url(cfg), "sweep.storage"), (tracking.tracking_uri(cfg), "tracking.uri")):
-        check_store(url, key)  # both, before either store is created or opened
-    with claims.creating_stores(storage_url(cfg), tracking.tracking_uri(cfg)):
-        storage = open_storage(cfg)  # a bad URL fails now
-        tracker = tracking.Tracker(cfg)
-        configs = PointConfigs(cfg, strategy)  # each point's Config built once, for its checks and its trials
-        try:
-            study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, storage, n_train, configs)
-        except BaseException as e:  # Ctrl-C in the set-up: a parent run it opened is not left RUNNING
-            if (signalled := interruption(e)) is None:
-                raise
-            best_effort(
-                lambda: _end_setup(optuna.load_study(study_name=study_name(cfg, strategy), storage=storage), tracker)
-            )
-            raise signalled from None
+    n_train = _check_input(cfg)  # bad input stops here, before anything is written to the stores
+    tracker, configs, study, feasible, skipped = _set_up(cfg, strategy, host, n_train)
     trials_dir = paths.repo_root() / "runs" / "trials"
-
-    def runnable(point: dict) -> bool:
-        try:
-            check_feasible(slurm.sized(cfg, configs(point)), slurm.cluster_host(cfg, host))
-            check_memory_fits(configs(point), host)
-            return True
-        except Infeasible:
-            return False
-
-    def run(trial, done: int, eta: float | None) -> None:
-        remeasures = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("remeasure"))
-        label = f"[sweep {strategy}] trial {counter(done, total, remeasures)}"
-        print(
-            f"{label} (#{trial.number}) {fmt_point(claims.fixed_point(trial))}"
-            + (f", sweep ETA {eta:.0f} s" if eta else ""),
-            file=sys.stderr,
-            flush=True,
-        )
-        if gate is not None:
-            waited = gate.wait()
-            if waited.text:
-                print(f"{label} {waited.text}", file=sys.stderr, flush=True)
-                trial.set_user_attr("quiet_wait", waited.text)
-            if gate.stays_busy:  # a flagged result is kept as it is: a re-measure would meet the same load
-                trial.set_user_attr("host_stays_busy", gate.vain)
-        outcome = run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir, configs)
-        print(f"{label} -> {outcome}", file=sys.stderr, flush=True)
-        write_table(study, strategy, skipped, out_csv, host)
-
     # from here every stop (Ctrl-C, SIGTERM, a fault) ends in `finally`: nothing this worker holds is left RUNNING
     interrupted, fault, why = True, None, "interrupted"
     try:
-        parent_id = study.user_attrs.get("mlflow_parent_run_id")
-        if parent_id and tracker.client.get_run(parent_id).info.status != "RUNNING":
-            tracker.client.update_run(parent_id, status="RUNNING")
-        total = study.user_attrs.get("enqueued", len(feasible))
-        print(
-            f"[sweep {strategy}] study {study.study_name}: {total} trial(s) to run, {len(skipped)} point(s) "
-            f"skipped on this host ({host.kind} x{host.n})",
-            file=sys.stderr,
-            flush=True,
-        )
-        for p, reason in skipped:
-            print(f"  skipped {fmt_point(p)}: {reason}", file=sys.stderr)
-        gate = _quiet_gate(cfg, strategy) if feasible else None  # nothing this host can run: nothing to wait for
-        claims.serve(
-            study,
-            tracker,
-            runnable,
-            run,
-            total,
-            max_new_trials,
-            where=f" ({host.kind} x{host.n})",
-            say=lambda msg: print(f"[sweep {strategy}] {msg}", file=sys.stderr, flush=True),
+        parent_id = _serve(
+            cfg, strategy, host, tracker, configs, study, feasible, skipped, out_csv, trials_dir, max_new_trials
         )
         interrupted = False
     except KeyboardInterrupt as e:
@@ -324,6 +250,100 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
     return out_csv
 
 
+def _check_input(cfg) -> int:
+    """The training data (present, unchanged, the right source) and both stores' URLs, checked before either store
+    is created or opened; returns the number of training samples."""
+    from pipeline.trial.ranks import load_data
+
+    data = load_data(cfg, verify=True)  # present, unchanged, right source
+    n_train = len(data.train_y)
+    del data
+    for url, key in ((storage_url(cfg), "sweep.storage"), (tracking.tracking_uri(cfg), "tracking.uri")):
+        check_store(url, key)  # both, before either store is created or opened
+    return n_train
+
+
+def _set_up(cfg, strategy: str, host, n_train: int):
+    """The tracker, the points' Configs (space.PointConfigs) and the prepared study (prepare_study: the study, its
+    feasible and its skipped points), both stores created under claims.creating_stores."""
+    with claims.creating_stores(storage_url(cfg), tracking.tracking_uri(cfg)):
+        storage = open_storage(cfg)  # a bad URL fails now
+        tracker = tracking.Tracker(cfg)
+        configs = PointConfigs(cfg, strategy)  # each point's Config built once, for its checks and its trials
+        try:
+            study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, storage, n_train, configs)
+        except BaseException as e:  # Ctrl-C in the set-up: a parent run it opened is not left RUNNING
+            if (signalled := interruption(e)) is None:
+                raise
+            best_effort(
+                lambda: _end_setup(optuna.load_study(study_name=study_name(cfg, strategy), storage=storage), tracker)
+            )
+            raise signalled from None
+    return tracker, configs, study, feasible, skipped
+
+
+def _announce(study, strategy: str, host, total: int, skipped) -> None:
+    """How many trials the study holds, and each point this host skips with the reason."""
+    print(
+        f"[sweep {strategy}] study {study.study_name}: {total} trial(s) to run, {len(skipped)} point(s) "
+        f"skipped on this host ({host.kind} x{host.n})",
+        file=sys.stderr,
+        flush=True,
+    )
+    for p, reason in skipped:
+        print(f"  skipped {fmt_point(p)}: {reason}", file=sys.stderr)
+
+
+def _serve(cfg, strategy, host, tracker, configs, study, feasible, skipped, out_csv, trials_dir, max_new_trials):
+    """Claim and run the study's trials on this worker until none is left that it can run (claims.serve), the table
+    written after each; returns the parent run's id. A parent run that a stopped worker ended is RUNNING again first."""
+    parent_id = study.user_attrs.get(study_parent.PARENT)
+    if parent_id:
+        tracker.reopen(parent_id)
+    total = study.user_attrs.get("enqueued", len(feasible))
+    _announce(study, strategy, host, total, skipped)
+    gate = _quiet_gate(cfg, strategy) if feasible else None  # nothing this host can run: nothing to wait for
+
+    def runnable(point: dict) -> bool:
+        try:
+            _check_point(cfg, host, configs(point))
+            return True
+        except Infeasible:
+            return False
+
+    def run(trial, done: int, eta: float | None) -> None:
+        remeasures = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("remeasure"))
+        label = f"[sweep {strategy}] trial {counter(done, total, remeasures)}"
+        print(
+            f"{label} (#{trial.number}) {fmt_point(claims.fixed_point(trial))}"
+            + (f", sweep ETA {eta:.0f} s" if eta else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+        if gate is not None:
+            waited = gate.wait()
+            if waited.text:
+                print(f"{label} {waited.text}", file=sys.stderr, flush=True)
+                trial.set_user_attr("quiet_wait", waited.text)
+            if gate.stays_busy:  # a flagged result is kept as it is: a re-measure would meet the same load
+                trial.set_user_attr("host_stays_busy", gate.vain)
+        outcome = run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir, configs)
+        print(f"{label} -> {outcome}", file=sys.stderr, flush=True)
+        write_table(study, strategy, skipped, out_csv, host)
+
+    claims.serve(
+        study,
+        tracker,
+        runnable,
+        run,
+        total,
+        max_new_trials,
+        where=f" ({host.kind} x{host.n})",
+        say=lambda msg: print(f"[sweep {strategy}] {msg}", file=sys.stderr, flush=True),
+    )
+    return parent_id
+
+
 def _end_setup(study, tracker) -> None:
     """A set-up this worker was running, interrupted: its parent run ended KILLED. A worker that only waited for
     another's set-up (study_setup.ready) leaves the run to that one."""
@@ -333,7 +353,7 @@ def _end_setup(study, tracker) -> None:
 
 def _end_parent(study, tracker, status: str, reason: str = "") -> None:
     """End the study's parent run with `status`, unless another live worker runs trials under it (best effort)."""
-    parent_id = study.user_attrs.get("mlflow_parent_run_id")
+    parent_id = study.user_attrs.get(study_parent.PARENT)
     if parent_id:
         best_effort(
             lambda: (

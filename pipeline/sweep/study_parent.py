@@ -1,17 +1,59 @@
-"""A study's MLflow parent run at the sweep's end: the sweep table and Optuna's plots as its artifacts, the study's
-numbers as its metrics (or, when nothing could run on this host, why), then FINISHED; stopped meanwhile (Ctrl-C,
-SIGTERM), KILLED, and a rerun finishes it. Nothing is done while trials are still waiting or running: the worker
-that ends the study last finishes its parent run.
+"""A study's MLflow parent run: opened by the worker that sets the study up, with where and how the study runs; at
+the sweep's end the sweep table and Optuna's plots as its artifacts, the study's numbers as its metrics (or, when
+nothing could run on this host, why), then FINISHED; stopped meanwhile (Ctrl-C, SIGTERM), KILLED, and a rerun
+finishes it. Nothing is done at the end while trials are still waiting or running: the worker that ends the study
+last finishes its parent run.
 """
 
 from __future__ import annotations
 
+import json
 import warnings
 
 from optuna.trial import TrialState
 
-from pipeline.errors import interruption
+from pipeline.errors import interruption, redact
 from pipeline.sweep import study_view
+from pipeline.sweep.queue import storage_url
+from pipeline.sweep.space import changed_settings, choices
+from pipeline.tracking import client as tracking
+
+PARENT = "mlflow_parent_run_id"  # the study's user attribute holding its parent run's id
+
+
+def start(study, cfg, strategy: str, host, tracker, n_points: int) -> str:
+    """Open the study's parent run, shared by every worker of the study (finish() ends it), and record its id in the
+    study (PARENT); returns the id. Its tags say where and how the study runs, its params its space and settings."""
+    group = tracking.pipeline_run()  # the run name tells two pipeline runs' "study ddp" rows apart
+    parent = tracker.start_run(
+        f"study {strategy} · {group}",  # the strategy first: a narrow name column keeps it
+        {
+            tracking.PIPELINE_RUN_TAG: group,
+            "strategy": strategy,
+            "study": study.study_name,
+            "profile": cfg.profile,
+            "data_source": cfg.data.source,
+            "synthetic": str(cfg.data.source == "synthetic").lower(),
+            "device_kind": host.kind,
+            "host": host.hostname,
+            "git_sha": tracking.git_sha(),
+            "dvc_stage": f"sweep@{strategy}",
+            "role": "study",
+        },
+        owned=False,
+    )
+    tracker.log_params(
+        parent,
+        {
+            "space": json.dumps(choices(cfg, strategy))[:6000],
+            "settings": json.dumps(changed_settings(cfg, strategy), sort_keys=True, default=str)[:6000],
+            "points": n_points,
+            "epochs": cfg.train.epochs,
+            "storage": redact(storage_url(cfg)),
+        },
+    )
+    study.set_user_attr(PARENT, parent)
+    return parent
 
 
 def finish(study, tracker, parent_id, out_csv, skipped=()) -> None:
@@ -76,6 +118,6 @@ def summarise(study, tracker, parent_id, skipped) -> None:
                 "mlflow.note.content": f"Not run on this host: every point of the space was skipped. {why}",
             },
         )
-        name = tracker.client.get_run(parent_id).info.run_name
+        name = tracker.run_name(parent_id)
         if not name.endswith("(unavailable)"):
-            tracker.client.update_run(parent_id, name=f"{name} (unavailable)")
+            tracker.rename(parent_id, f"{name} (unavailable)")

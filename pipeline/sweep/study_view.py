@@ -7,7 +7,6 @@ a collapsed study row compares with the others) or why it ran nothing.
 
 from __future__ import annotations
 
-import statistics
 import warnings
 
 import optuna
@@ -89,15 +88,16 @@ def _measured(study) -> list:
 
 
 def study_metrics(study, n_skipped: int) -> dict:
-    """The study parent run's metrics at the sweep's end: trial counts, best and median img/s, best accuracy, worst
-    memory imbalance. The analyze stage then writes the report's own numbers over them and adds the efficiencies
-    (tracking.analysis_run.log_study_rows): one source for the study row and the report."""
+    """The study parent run's metrics at the sweep's end: trial counts, best accuracy, worst memory imbalance. Its
+    throughput (`throughput_img_s`, the trials' column) and efficiencies come from the analyze stage alone
+    (tracking.analysis_run.log_study_rows, metric_names.study_row_metrics), which also writes the report's accuracy
+    and imbalance over these: one source, one rule (flagged trials left out where quiet ones exist) for the study row
+    and the report."""
     counts = {
         f"study/n_{name}": sum(t.state == st for t in study.get_trials(deepcopy=False))
         for name, st in (("complete", TrialState.COMPLETE), ("failed", TrialState.FAIL), ("pruned", TrialState.PRUNED))
     }
     measured = _measured(study)
-    thr = [m["throughput_img_s"] for _, m in measured]
     accs = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
     imb = [m["mem_imbalance"] for p, m in measured if p.get("devices", 1) >= 2 and m.get("mem_imbalance") is not None]
     flagged = sum(t.user_attrs.get("flagged") == 1.0 for t in study.get_trials(deepcopy=False))
@@ -106,10 +106,7 @@ def study_metrics(study, n_skipped: int) -> dict:
         "study/n_skipped": n_skipped,
         "study/n_flagged": flagged,
         "flagged": flagged,  # the trials' 0/1 column: on the collapsed study row, how many of its trials are flagged
-        "study/best_img_s": max(thr) if thr else None,
-        "study/median_img_s": statistics.median(thr) if thr else None,
         # the trials' own columns, filled on the collapsed study row: the study's best trial in each
-        "img_s/throughput": max(thr) if thr else None,
         "acc/final_test": max(accs) if accs else None,
         "mem/imbalance": max(imb) if imb else None,
     }  # the worst of the study's k >= 2 trials

@@ -206,6 +206,23 @@ class Tracker:
         except Exception:
             return None
 
+    def is_running(self, run_id: str) -> bool:
+        """Whether the store holds the run as RUNNING now; a store that cannot be read raises (status() says None)."""
+        return self.client.get_run(run_id).info.status == RUNNING
+
+    def reopen(self, run_id: str) -> None:
+        """Mark the run RUNNING unless it is: a study's parent run that a stopped worker ended, joined again by a
+        rerun. A store that cannot be read or written raises."""
+        if not self.is_running(run_id):
+            self.client.update_run(run_id, status=RUNNING)
+
+    def run_name(self, run_id: str) -> str:
+        """The run's name as the runs table shows it."""
+        return self.client.get_run(run_id).info.run_name
+
+    def rename(self, run_id: str, name: str) -> None:
+        self.client.update_run(run_id, name=name)
+
     def local_artifacts(self, run_id: str | None = None) -> Path | None:
         """The local folder of a run's artifacts (or of the experiment's), or None for a remote artifact store."""
         from urllib.parse import unquote, urlsplit

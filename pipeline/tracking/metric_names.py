@@ -1,7 +1,9 @@
 """The names and rounding of a trial's MLflow metrics: what its page, the runs table and the compare table show.
 
-MLflow's compare table and chart sections sort metric keys alphabetically, so the names a reader compares first
-sort first: accuracy (acc/), throughput (img_s/) and the loss curve (loss/), then memory (mem/) and timings (perf/).
+MLflow's compare table and chart sections sort metric keys alphabetically: accuracy (acc/) and the loss curve
+(loss/), then memory (mem/) and timings (perf/), then the throughputs, which keep the record's own names
+(`throughput_img_s`, the same in the sweep table, Optuna, metrics.json and the report; `epoch_throughput_img_s`, the
+epoch's). The runs table's columns are chosen, not sorted (ui_view.COLUMNS).
 The step-time breakdown is one table artifact per trial (BREAKDOWN_FILE) plus two summary metrics, not one
 single-point series per part. Values are rounded to ROUND_DIGITS significant digits: the timings behind them
 vary by more than that between repeats. Pure: a record (or an epoch's dict) in, a dict of metrics out.
@@ -17,13 +19,13 @@ BREAKDOWN_FILE = "breakdown.json"  # MLflow's log_table artifact: one row per pa
 # learning curves: one point per epoch (step = epoch)
 LOSS = "loss/train"
 ACC = "acc/test"
-EPOCH_IMG_S = "img_s/epoch"
 EPOCH_S = "perf/epoch_s"
+EPOCH_THROUGHPUT = "epoch_throughput_img_s"  # the epoch record's key (trial/loop.py) and the record's per-epoch list
 # once per trial, at the last epoch's step: the record's METRIC view (records/trial.py) declares each name, and the
-# study rows (study_row_metrics, sweep.study_view) fill the same columns; these two are the record's own keys
+# study rows (study_row_metrics) fill the same columns; these are the record's own keys
 # (tests/tracking/test_metric_names.py holds them equal), named here because tracking does not import records
 FINAL_ACC = "acc/final_test"
-THROUGHPUT = "img_s/throughput"
+THROUGHPUT = "throughput_img_s"
 STEP_S = "perf/step_s"
 COMM_SHARE = "perf/comm_exposed_share"
 
@@ -51,7 +53,7 @@ def epoch_metrics(record: dict) -> dict:
             LOSS: record.get("train_loss"),
             ACC: record.get("test_acc"),
             EPOCH_S: record.get("epoch_s"),
-            EPOCH_IMG_S: record.get("throughput_img_s"),
+            EPOCH_THROUGHPUT: record.get(EPOCH_THROUGHPUT),
         }
     )
 
@@ -108,14 +110,14 @@ def study_row_metrics(strategy: str, summary: dict, flat: dict) -> dict:
     """A study parent run's metrics from the analyze stage's outputs, the numbers the report shows: from
     metrics.json (`flat`, already rounded) each k's weak efficiency as eff/kK (eff/<model>/kK with several models)
     and largest peak as mem/peak_mib (the largest k's); from summary.json the study's headline numbers, rounded
-    here as every metric is."""
+    here as every metric is. The study row's throughput comes from here alone (the sweep leaves it out): the
+    report's rule, one source for the row and the report."""
     s = (summary.get("strategies") or {}).get(strategy) or {}
     at = s.get("weak_efficiency_at") or {}
     out = {
         "study/weak_efficiency_max_k": s.get("weak_efficiency"),
         "study/max_k": at.get("k"),
-        "study/best_img_s": s.get("best_throughput_img_s"),
-        THROUGHPUT: s.get("best_throughput_img_s"),
+        THROUGHPUT: s.get("best_throughput_img_s"),  # the study's fastest point: its trials' column, on its row
         FINAL_ACC: s.get("best_test_acc"),
         "mem/imbalance": s.get("worst_mem_imbalance"),
     }

@@ -47,7 +47,7 @@ class TrialRun:
         self.tracker.set_tags(self.run_id, tags)
 
     def rename(self, name: str) -> None:
-        self.tracker.client.update_run(self.run_id, name=name)
+        self.tracker.rename(self.run_id, name)
 
     def log_epoch(self, record: dict) -> bool:
         """An epoch record's metrics at step epoch; False: the trial goes on (run_trial's on_epoch contract)."""

@@ -20,6 +20,7 @@ import sys
 from urllib.parse import urlencode
 
 from pipeline.tracking.client import PIPELINE_RUN_TAG  # which pipeline run (DVC experiment) a run is of
+from pipeline.tracking.metric_names import THROUGHPUT
 
 SHARE_TAG_PREFIX = "mlflow.sharedViewState."  # MLflow's EXPERIMENT_PAGE_VIEW_STATE_SHARE_TAG_PREFIX
 VIEW_KEY = "parallax"
@@ -30,7 +31,7 @@ COLUMNS = (
     "params.`devices`",
     "params.`batch_size`",
     "params.`lr`",
-    "metrics.`img_s/throughput`",
+    f"metrics.`{THROUGHPUT}`",
     "metrics.`study/weak_efficiency_max_k`",
     "metrics.`mem/peak_mib`",
     "metrics.`acc/final_test`",
@@ -126,3 +127,9 @@ def publish_view(client, experiment_id: str) -> str | None:
         )
         return None
     return path(experiment_id)
+
+
+def publish_for(tracker) -> str | None:
+    """publish_view() of a Tracker's experiment: the view's UI route, or None (with a warning) if the store refused
+    it. Takes the Tracker, never its client, so that no caller outside pipeline/tracking/ reaches into MLflow."""
+    return publish_view(tracker.client, tracker.experiment_id)

@@ -17,6 +17,7 @@ from pipeline.data import store as datamod
 from pipeline.measure import breakdown
 from pipeline.measure.meter import Meter
 from pipeline.models import apply_channels_last, build_model
+from pipeline.records.trial import rank_keys
 
 
 class DivergenceError(RuntimeError):
@@ -184,7 +185,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
             "epoch_s": epoch_s,
             "test_acc": history["test_acc"][-1],
             "train_loss": history["train_loss"][-1],
-            "throughput_img_s": throughput,
+            "epoch_throughput_img_s": throughput,  # this epoch's; the trial's is throughput_img_s (the record's)
         }
         stop = on_epoch(record) if (on_epoch is not None and strategy.is_main()) else False
         if strategy.broadcast_flag(bool(stop)):
@@ -206,11 +207,8 @@ def _results(strategy, measured: dict, history: dict, steps: int, stopped: bool,
             "rank": rank,
             "node": os.environ.get("GROUP_RANK", "0"),
             "host": socket.gethostname(),
-            "peak_mem_bytes": measured["peak_mem_bytes"],
-            **{k: measured[k] for k in ("mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes")},
             "device_names": devices,
-            "throughput_img_s": measured["throughput_img_s"],
-            "throughput_windows": measured["throughput_windows"],
+            **{k: measured[k] for k in rank_keys()},  # what the record takes from every rank (records/trial.py)
         }
     )
     return {

@@ -51,7 +51,7 @@ def test_every_trial_flagged_still_gives_a_labelled_reading():
     assert p["throughput_img_s"] == 1600.0 and p["under_load"] and p["load_cores"] == pytest.approx(1.7)
     e = one(eff, strategy="ddp", kind="weak", k=2)
     assert e["efficiency"] == pytest.approx(0.8) and e["under_load"] and e["load_cores"] == pytest.approx(1.7)
-    assert metrics["img_s.single.k1"] == 1000.0 and metrics["eff.ddp.k2"] == pytest.approx(0.8)
+    assert metrics["throughput_img_s.single.k1"] == 1000.0 and metrics["eff.ddp.k2"] == pytest.approx(0.8)
     assert metrics["under_load.ddp.k2"] == pytest.approx(1.7) and metrics["under_load"] == 3
     assert metrics["n_flagged"] == 3 and status["ddp"]["n_interfered"] == 2
     assert summ["strategies"]["ddp"]["weak_efficiency_under_load_cores"] == pytest.approx(1.7)
@@ -206,7 +206,7 @@ def test_metrics_json_figures_at_a_k_are_those_of_one_point_the_answer_runs():
         ]
     )
     pts, eff, mem, status, summ, metrics, _ = everything(df)
-    assert metrics["img_s.ddp.k2"] == 1800.0 and metrics["peak_mib.ddp.k2"] == 100.0
+    assert metrics["throughput_img_s.ddp.k2"] == 1800.0 and metrics["peak_mib.ddp.k2"] == 100.0
     assert metrics["acc.ddp.k2"] == 0.8 and metrics["acc.ddp"] == 0.81
     assert metrics["under_load.ddp.k2"] == pytest.approx(0.36) and metrics["under_load"] == 1
     assert metrics["eff.ddp.k2"] == pytest.approx(0.9)  # B=256 is b=128 per device: k=1's b

@@ -120,7 +120,7 @@ def test_queued_and_temp_experiments_record_their_own_params_and_results(tmp_pat
     for name, epochs in expected.items():
         assert name in shown and shown[name][0] == epochs, (name, shown)
         metrics = shown[name][1]
-        assert metrics and metrics["n_complete"] == 1 and metrics["img_s.single.k1"] > 0, (name, shown)
+        assert metrics and metrics["n_complete"] == 1 and metrics["throughput_img_s.single.k1"] > 0, (name, shown)
     assert len({json.dumps(shown[n][1], sort_keys=True) for n in expected}) == len(expected), shown
     assert _results(repo) == before
 

@@ -82,7 +82,7 @@ def test_dvc_repro_runs_every_stage(clone):
     files = next(iter(shown.values()))["data"]
     metrics = files["results/analysis/metrics.json"]
     assert "error" not in metrics, metrics
-    assert metrics["data"]["n_complete"] > 0 and metrics["data"]["img_s.single.k1"] > 0
+    assert metrics["data"]["n_complete"] > 0 and metrics["data"]["throughput_img_s.single.k1"] > 0
     # a busy host's figures are labelled, never dropped; a quiet host's carry no label
     assert "under_load" in metrics["data"]
     if metrics["data"]["under_load"]:
@@ -117,7 +117,7 @@ def test_every_figure_the_answer_shows_has_one_value_in_report_metrics_mlflow_an
     s, k = train["strategy"], train["devices"]
     metrics = json.loads((out / "metrics.json").read_text())
     speed = float(re.search(r"([\d,]+) (?:\([^)]*\) )?images/s", answer).group(1).replace(",", ""))
-    assert metrics[f"img_s.{s}.k{k}"] == pytest.approx(speed, rel=1e-3, abs=1), (answer, metrics)
+    assert metrics[f"throughput_img_s.{s}.k{k}"] == pytest.approx(speed, rel=1e-3, abs=1), (answer, metrics)
     acc = re.search(r"test accuracy (\d\.\d{4})", answer)
     assert acc, answer  # the answer always states it: a format change must not silence the check
     assert metrics[f"acc.{s}.k{k}"] == pytest.approx(float(acc.group(1)), abs=1e-4), (answer, metrics)
@@ -131,7 +131,7 @@ def test_every_figure_the_answer_shows_has_one_value_in_report_metrics_mlflow_an
         f"study = r[(r['tags.role'] == 'study') & (r['tags.strategy'] == '{s}')].iloc[0];"
         "ana = r[r['tags.mlflow.runName'] == 'analysis'].iloc[0];"
         f"st = [x for x in optuna.get_all_study_summaries('sqlite:///mlruns/optuna.db') if '-{s}-' in x.study_name][0];"
-        "print(json.dumps({'row': study['metrics.img_s/throughput'],"
+        "print(json.dumps({'row': study['metrics.throughput_img_s'],"
         f" 'analysis': ana['metrics.strategy/{s}/best_throughput_img_s'],"
         " 'objective': st.user_attrs.get('objective', '')}))"
     )

@@ -36,19 +36,20 @@ def _record(**kw):
 
 
 def test_headline_names_sort_before_memory_and_timings():
-    """MLflow sorts metric keys by name: accuracy, throughput and the loss curve come before mem/ and perf/, and
-    no breakdown/ series is left to sort ahead of them."""
+    """MLflow sorts metric keys by name: accuracy and the loss curve come before mem/ and perf/, no breakdown/ series
+    is left to sort ahead of them, and the throughputs keep the record's own names (the trial's and the epoch's)."""
     m = names.trial_metrics(_record())
     keys = list(m)
     assert keys == sorted(keys)
-    assert keys[:2] == [names.FINAL_ACC, names.THROUGHPUT]
-    assert max(keys.index(names.FINAL_ACC), keys.index(names.THROUGHPUT)) < min(
+    assert keys[0] == names.FINAL_ACC and keys.index(names.FINAL_ACC) < min(
         i for i, k in enumerate(keys) if k.startswith(("mem/", "perf/"))
     )
+    assert names.THROUGHPUT == "throughput_img_s" and m[names.THROUGHPUT] == 1235
     assert not any(k.startswith("breakdown/") for k in m)
-    curve = names.epoch_metrics({"train_loss": 2.0, "test_acc": 0.5, "epoch_s": 1.0, "throughput_img_s": 10.0})
-    assert set(curve) == {names.LOSS, names.ACC, names.EPOCH_S, names.EPOCH_IMG_S}
-    assert all(k < "mem/" for k in (names.LOSS, names.ACC, names.EPOCH_IMG_S))  # the learning curves lead too
+    curve = names.epoch_metrics({"train_loss": 2.0, "test_acc": 0.5, "epoch_s": 1.0, "epoch_throughput_img_s": 10.0})
+    assert set(curve) == {names.LOSS, names.ACC, names.EPOCH_S, names.EPOCH_THROUGHPUT}
+    assert curve[names.EPOCH_THROUGHPUT] == 10.0 and names.EPOCH_THROUGHPUT != names.THROUGHPUT
+    assert all(k < "mem/" for k in (names.LOSS, names.ACC))  # the learning curves lead too
 
 
 def test_breakdown_is_two_metrics_and_one_table():
@@ -115,3 +116,9 @@ def test_mlflow_shows_each_metric_under_the_name_the_record_declares():
     assert list(names.trial_metrics(r)) == sorted(k for k in declared)
     assert {names.THROUGHPUT, names.FINAL_ACC, names.STEP_S, names.COMM_SHARE} <= set(declared)
     assert declared[names.THROUGHPUT] == r.throughput_img_s and declared[names.FINAL_ACC] == r.test_acc[-1]
+
+
+def test_the_study_row_shows_its_throughput_under_the_trials_name_only():
+    """The study row's throughput is the analysis' best point, in the trials' own column: no second name for it."""
+    summary = {"strategies": {"ddp": {"best_throughput_img_s": 900.56}}}
+    assert names.study_row_metrics("ddp", summary, {}) == {names.THROUGHPUT: 900.6}

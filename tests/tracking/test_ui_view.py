@@ -25,7 +25,7 @@ def _store(tmp_path):
         run = client.create_run(exp, run_name=f"trial k={k}", tags={"mlflow.parentRunId": parent.info.run_id})
         client.log_param(run.info.run_id, "devices", k)
         client.log_param(run.info.run_id, "batch_size", 128)
-        client.log_metric(run.info.run_id, "img_s/throughput", 2500.0 * k)
+        client.log_metric(run.info.run_id, "throughput_img_s", 2500.0 * k)
     return client, exp, parent.info.run_id
 
 
@@ -37,7 +37,7 @@ def test_publish_writes_mlflows_share_tag_with_the_columns_the_store_has(tmp_pat
     assert state["selectedColumns"] == [
         "params.`devices`",
         "params.`batch_size`",
-        "metrics.`img_s/throughput`",
+        "metrics.`throughput_img_s`",
         "attributes.`Dataset`",
     ]
     assert state["runsExpanded"] == {}  # MLflow does not share expanded rows: the studies show their summaries
@@ -112,7 +112,7 @@ def test_the_view_shows_the_latest_pipeline_run_with_columns_in_reading_order(tm
         )
         for k, v in {"strategy": "ddp", "devices": 2, "batch_size": 64, "lr": 0.1}.items():
             client.log_param(run.info.run_id, k, v)
-        for k, v in {"flagged": 1.0, "acc/final_test": 0.5, "mem/peak_mib": 12.0, "img_s/throughput": 10.0}.items():
+        for k, v in {"flagged": 1.0, "acc/final_test": 0.5, "mem/peak_mib": 12.0, "throughput_img_s": 10.0}.items():
             client.log_metric(run.info.run_id, k, v)
     state = ui_view.publish(client, exp)
     assert state["searchFilter"] == "tags.`parallax.pipeline_run` = 'exp-new'"
@@ -121,7 +121,7 @@ def test_the_view_shows_the_latest_pipeline_run_with_columns_in_reading_order(tm
         "params.`devices`",
         "params.`batch_size`",
         "params.`lr`",
-        "metrics.`img_s/throughput`",
+        "metrics.`throughput_img_s`",
         "metrics.`study/weak_efficiency_max_k`",
         "metrics.`mem/peak_mib`",
         "metrics.`acc/final_test`",

@@ -1,0 +1,194 @@
+"""A trial's life, announced to listeners: the one way a configuration is run, by `python -m pipeline train` and by
+each sweep trial alike. Each store that keeps something of a trial (MLflow, Optuna, the console, a user's own) is a
+listener: a small object with a method per moment it cares about, in its own wing.
+
+    record = Trial(cfg, out_dir, [MlflowListener(...), StudyListener(...), SweepConsole(...)]).run()
+
+The moments, in order (a listener defines only those it needs; each gets the Trial first, whose fields say what is
+known: cfg, out_dir, label, bounded, run_id, record, untimed, flagged):
+
+    claimed()           before anything else (the sweep's heartbeat starts)
+    started()           the trial is about to run (MLflow opens its run)
+    noted(attrs)        a runner learnt something to keep (a SLURM job id and node count; MLflow's run id)
+    epoch(record)       an epoch ended; a listener returning True stops the trial at this epoch's end (pruning)
+    ran()               the training ended, by any way (the heartbeat stops)
+    flagged(reason)     the trial ran under interference (measure/interference.py)
+    finished(record)    the trial's record (record["stopped"]: stopped early, e.g. pruned)
+    failed(error)       the trial failed by itself (a TrialFailed): the Trial then raises it
+    cancelled(why)      a listener cancelled the trial (Trial.cancel: another worker took it over); nothing is kept
+    stopped(error, why, interrupted)   a fault or Ctrl-C: the trial runs again; the Trial then raises the error
+    closed()            always last
+
+A failure of kind in `host_faults` (the host's or the cluster's, not the trial's: a trial folder that refuses
+writes, SLURM's controller gone) is a fault, announced as stopped. A listener that raises in finished (a store
+refusing to record a success) turns the end into stopped: no failure passes for a success.
+
+Users add a store with `tracking.listeners` (import paths "package.module:Class", each built with the trial's
+Config): every trial, in the sweep and in `train`, announces its life to it too (docs/usage.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from pipeline.errors import TrialFailed, interruption, root_cause
+from pipeline.records import files
+
+
+def user_listeners(cfg) -> list:
+    """The listeners tracking.listeners names, each built with the trial's Config."""
+    built = []
+    for path in cfg.tracking.listeners:
+        module, _, name = path.partition(":")
+        try:
+            built.append(getattr(importlib.import_module(module), name)(cfg))
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ValueError(
+                f"tracking.listeners: cannot load {path!r} ({type(e).__name__}: {e}); each entry is "
+                f"'package.module:Class', importable here, a class taking the trial's Config"
+            ) from None
+    return built
+
+
+def run_locally(tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="", note=None):
+    """The runner of a trial on this host (launch.run_trial); SLURM's runner has the same signature."""
+    from pipeline.trial.launch import run_trial
+
+    return run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=progress, timeout_s=timeout_s)
+
+
+class Trial:
+    """One configuration `cfg`, run once into `out_dir` by `runner`, its life announced to `listeners` (then to
+    those tracking.listeners names). `bounded`: why its steps are capped, "" when not (records.labels.bound)."""
+
+    def __init__(
+        self,
+        cfg,
+        out_dir,
+        listeners,
+        *,
+        runner=run_locally,
+        label: str = "",
+        progress: bool = True,
+        timeout_s: float | None = None,
+        host_faults=(),
+        bounded: str = "",
+    ):
+        self.cfg, self.out_dir, self.label, self.bounded = cfg, Path(out_dir), label, bounded
+        self.listeners = [*listeners, *user_listeners(cfg)]
+        self.runner, self.progress, self.timeout_s, self.host_faults = runner, progress, timeout_s, set(host_faults)
+        self.run_id: str | None = None  # its MLflow run, once one is open
+        self.record = None
+        self.untimed = ""  # why the record has no throughput (measure.meter.untimed), "" when it has one
+        self.flagged = ""  # why it counts as measured under interference, "" when it does not
+        self.cancelled = ""  # why a listener cancelled it
+
+    def announce(self, moment: str, *args) -> list:
+        return [getattr(one, moment)(self, *args) for one in self.listeners if hasattr(one, moment)]
+
+    def note(self, attrs: dict) -> None:
+        self.announce("noted", attrs)
+
+    def cancel(self, why: str) -> None:
+        self.cancelled = self.cancelled or why
+
+    def _epoch(self, record: dict) -> bool:
+        return any(self.announce("epoch", record)) or bool(self.cancelled)
+
+    def run(self):
+        """The trial's record; None when cancelled. Raises its TrialFailed after `failed`, or the fault or
+        interruption after `stopped`."""
+        try:
+            self.announce("claimed")
+            self.announce("started")
+            try:
+                if not self.cancelled:
+                    record = self._train()
+            except TrialFailed as e:
+                failure = e if e.kind in self.host_faults else on_a_full_disk(e, self.out_dir)
+                if failure.kind in self.host_faults:
+                    raise failure from None
+                if not self.cancelled:
+                    self.announce("failed", failure)
+                    raise failure from None
+            if self.cancelled:
+                self.announce("cancelled", self.cancelled)
+                return None
+            self._finish(record)
+            return record
+        except TrialFailed as e:
+            if e.kind not in self.host_faults:
+                raise  # failed, and announced as such
+            self._stop(e)
+            raise
+        except BaseException as e:
+            self._stop(e)
+            signalled = interruption(e)
+            if signalled is None or isinstance(e, KeyboardInterrupt):
+                raise  # as it is: its chain names the root cause (errors.root_cause)
+            raise signalled from None  # a signal torch's launcher caught, as the Interrupted it is
+        finally:
+            self.announce("closed")
+
+    def _train(self):
+        try:
+            return self.runner(
+                self.cfg,
+                self.out_dir,
+                on_epoch=self._epoch,
+                progress=self.progress,
+                timeout_s=self.timeout_s,
+                label=self.label,
+                note=self.note,
+            )
+        finally:
+            self.announce("ran")
+
+    def _finish(self, record) -> None:
+        from pipeline.measure import meter
+
+        self.record = record
+        self.untimed = "" if record["stopped"] else meter.untimed(record)
+        interference = record.get("interference") or {}
+        if interference.get("interfered"):
+            self.flagged = interference.get("interference_reason") or "measured under load"
+            self.announce("flagged", self.flagged)
+        self.announce("finished", record)
+
+    def _stop(self, e: BaseException) -> None:
+        """Every listener hears of a fault or an interruption, each once, whatever the others do."""
+        signalled = interruption(e)  # Ctrl-C, or a signal torch's launcher caught as SignalException
+        interrupted = signalled is not None
+        e = e if isinstance(e, KeyboardInterrupt) else signalled or e
+        host = isinstance(e, TrialFailed) and e.kind in self.host_faults
+        why = (
+            f"interrupted ({e or type(e).__name__})"
+            if interrupted
+            else f"{e.kind}: {e}"
+            if host
+            else f"error: {root_cause(e)}"
+        )
+        for one in self.listeners:
+            if hasattr(one, "stopped"):
+                try:
+                    one.stopped(self, e, why, interrupted)
+                except Exception:  # a store that is failing: the fault is being reported already
+                    pass
+
+
+def on_a_full_disk(failed: TrialFailed, out_dir: Path) -> TrialFailed:
+    """A trial failed some other way whose folder now refuses a write: the host's failure after all (in a multi-process
+    trial the launcher may report a peer of the rank whose write failed, as worker_died), so its point is kept."""
+    from pipeline.trial.ranks import UNWRITABLE
+
+    if failed.kind == UNWRITABLE:
+        return failed
+    refused = files.refuses_writes(out_dir)
+    if refused is None:
+        return failed
+    return TrialFailed(
+        f"the host could not write the trial directory {out_dir} ({refused}); the trial itself ended "
+        f"{failed.kind}: {failed}",
+        UNWRITABLE,
+    )
