@@ -99,7 +99,11 @@ def _coerce(key: str, typ, value, meta: dict):
             _err(key, f"expected an integer, got {value!r} ({type(value).__name__}).")
     elif typ is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _err(key, f"expected a number, got {value!r} ({type(value).__name__}).")
+            hint = ""
+            if isinstance(value, str) and _YAML_EXPONENT.fullmatch(value.strip()):  # PyYAML reads YAML 1.1: 1e6 is text
+                x = float(value)
+                hint = f" YAML reads an exponent as a number only with a dot and a sign: write {x:.1e} or {x!r}."
+            _err(key, f"expected a number, got {value!r} ({type(value).__name__}).{hint}")
         value = float(value)
         if not math.isfinite(value):
             _err(key, f"expected a finite number, got {value!r}.")
@@ -284,6 +288,7 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
+_YAML_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 

@@ -1,9 +1,9 @@
 """The names and rounding of a trial's MLflow metrics: what its page, the runs table and the compare table show.
 
-MLflow's compare table and chart sections sort metric keys alphabetically: accuracy (acc/) and the loss curve
-(loss/), then memory (mem/) and timings (perf/), then the throughputs, which keep the record's own names
-(`throughput_img_s`, the same in the sweep table, Optuna, metrics.json and the report; `epoch_throughput_img_s`, the
-epoch's). The runs table's columns are chosen, not sorted (ui_view.COLUMNS).
+A measurement keeps its name on MLflow: the learning curves are the epoch record's own keys (CURVES), the trial's
+numbers the names its record declares (records/trial.py; `throughput_img_s`, the same in the sweep table, Optuna,
+metrics.json and the report). MLflow's compare table and chart sections sort keys alphabetically; the runs table's
+columns are chosen, not sorted (ui_view.COLUMNS).
 The step-time breakdown is one table artifact per trial (BREAKDOWN_FILE) plus two summary metrics, not one
 single-point series per part. Values are rounded to ROUND_DIGITS significant digits: the timings behind them
 vary by more than that between repeats. Pure: a record (or an epoch's dict) in, a dict of metrics out.
@@ -16,11 +16,10 @@ import math
 ROUND_DIGITS = 4
 BREAKDOWN_FILE = "breakdown.json"  # MLflow's log_table artifact: one row per part of a sampled step
 
-# learning curves: one point per epoch (step = epoch)
-LOSS = "loss/train"
-ACC = "acc/test"
-EPOCH_S = "perf/epoch_s"
-EPOCH_THROUGHPUT = "epoch_throughput_img_s"  # the epoch record's key (trial/loop.py) and the record's per-epoch list
+# learning curves: one point per epoch (step = epoch), under the epoch record's keys (trial/loop.py), which are the
+# record's per-epoch lists too
+EPOCH_THROUGHPUT = "epoch_throughput_img_s"
+CURVES = ("train_loss", "test_acc", "epoch_s", EPOCH_THROUGHPUT)
 # once per trial, at the last epoch's step: the record's METRIC view (records/trial.py) declares each name, and the
 # study rows (study_row_metrics) fill the same columns; these are the record's own keys
 # (tests/tracking/test_metric_names.py holds them equal), named here because tracking does not import records
@@ -47,15 +46,8 @@ def _clean(metrics: dict) -> dict:
 
 
 def epoch_metrics(record: dict) -> dict:
-    """One epoch's learning-curve points (train.py's per-epoch callback record)."""
-    return _clean(
-        {
-            LOSS: record.get("train_loss"),
-            ACC: record.get("test_acc"),
-            EPOCH_S: record.get("epoch_s"),
-            EPOCH_THROUGHPUT: record.get(EPOCH_THROUGHPUT),
-        }
-    )
+    """One epoch's learning-curve points (the loop's per-epoch record), under its own keys."""
+    return _clean({k: record.get(k) for k in CURVES})
 
 
 def trial_metrics(record) -> dict:

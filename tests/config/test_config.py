@@ -181,3 +181,14 @@ def test_every_profile_gives_a_new_catalog_row_a_space():
         assert cfg.space("new_row") == cfg.sweep.spaces["default"], name
         assert max(s.devices[-1] for s in cfg.space("new_row")) >= 2, name  # it scales, as the others do
     assert set(load().sweep.strategies) == set(c.STRATEGY_NAMES)
+
+
+@pytest.mark.parametrize("written, fix", [("1e6", "1.0e+06 or 1000000.0"), ("25e-4", "2.5e-03 or 0.0025")])
+def test_a_yaml_exponent_read_as_text_is_refused_with_the_spelling_that_works(tmp_path, written, fix):
+    """PyYAML reads YAML 1.1, where 1e6 (no dot, no sign) is a string: the refusal says how to write the number."""
+    (tmp_path / "params.yaml").write_text(f"profile: ''\ntrain: {{interference_threshold: {written}}}\n")
+    with pytest.raises(c.ConfigError, match=f"got '{written}' \\(str\\).*write {fix.replace('+', '[+]')}"):
+        c.load(tmp_path / "params.yaml", [], root=tmp_path)
+    fixed = fix.split(" or ")[0]
+    (tmp_path / "params.yaml").write_text(f"profile: ''\ntrain: {{interference_threshold: {fixed}}}\n")
+    assert c.load(tmp_path / "params.yaml", [], root=tmp_path).train.interference_threshold == float(written)

@@ -63,7 +63,7 @@ def test_tiny_study_end_to_end(tiny, tmp_path):
     assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]
     done = next(c for c in children if c.info.status == "FINISHED")
     assert done.data.tags["synthetic"] == "true" and done.data.tags["dvc_stage"] == "sweep@single"
-    assert "acc/test" in done.data.metrics and "mem/peak_mib/dev0" in done.data.metrics
+    assert "test_acc" in done.data.metrics and "mem/peak_mib/dev0" in done.data.metrics
     assert done.data.tags["host.cpu_isa"] == ok["host_cpu_isa"] and done.data.params["lr"] == "0.1"
     complete = next(t for t in study.trials if t.state.name == "COMPLETE")
     assert complete.user_attrs["throughput_img_s"] == ok["throughput_img_s"]

@@ -45,7 +45,7 @@ def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
     (parent,) = tr.find_runs("tags.role = 'study'")
     (trial,) = tr.find_runs(f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     rid = trial.info.run_id
-    for key in ("loss/train", "acc/test", "perf/epoch_s"):  # learning curves: one point per epoch
+    for key in ("train_loss", "test_acc", "epoch_s"):  # learning curves: one point per epoch
         assert [h.step for h in tr.client.get_metric_history(rid, key)] == [1, 2], key
     # the trial's final numbers sit at the last epoch, not at step 0 before the curves
     assert [h.step for h in tr.client.get_metric_history(rid, "throughput_img_s")] == [2]
