@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pipeline fit --count-ahead  # the memory model's counts, once: a later `fit` loads no torch
 	touch $(STAMP)
 
 lock:                    ## re-resolve pyproject.toml's ranges in a fresh venv and write constraints.txt
@@ -91,7 +92,7 @@ plots: setup             ## DVC's plots of every experiment as one offline HTML 
 	  "vega-lite, vega-embed inlined): $(BIN)/python -m pip install vl-convert-python. Without it," \
 	  "'dvc plots show' writes a page that loads them from a CDN and is blank offline;" \
 	  "the figures in results/analysis/*.png need nothing."; exit 1; }
-	$(BIN)/python -m pipeline.analysis.dvc_template $(PLOTS_DIR)/offline-template.html
+	$(BIN)/python -m pipeline.analysis.plots.dvc_template $(PLOTS_DIR)/offline-template.html
 	$(BIN)/dvc plots show --html-template $(PLOTS_DIR)/offline-template.html -o $(PLOTS_DIR)
 	@echo "open $(PLOTS_DIR)/index.html (no network needed); compare experiments: dvc plots diff EXP1 EXP2" \
 	  "--html-template $(PLOTS_DIR)/offline-template.html -o $(PLOTS_DIR)"

@@ -16,14 +16,16 @@ Each output is written whole or not at all (records/files.py: a temporary file r
 symlink placed there rather than writing through it); a write refused (a full disk) stops the stage with one
 paragraph naming the folder and its free space, every output left whole, the new ones before it, the old ones after.
 
-The wing, arrows one way (tests/architecture/test_imports.py keeps it so):
-    rows.py      reading the sweep tables into one typed frame
-    tables.py    point, scaling, memory, accuracy tables (pure pandas, on rows)
-    summary.py   summary.json's dict; knob_effects.py  the knobs' table   (on tables)
-    plots.py     the figures;        report.py  report.md (with report_*.py, sharding.py, causes.py, confidence.py)
-    answer.py    report.md's first screen and best.yaml: strategy, k, why, cost, how sure, command
-    projection.py  the scaling model's checks and projections, all modelled (on tables, scaling/model.py)
-    stage.py     this entry: the only module that decides which files are written (on all of them)
+The wing, arrows one way (tests/architecture/test_imports.py keeps it so): tables/ reads neither report/ nor plots/;
+report/ and plots/ read tables/ and not each other; this module reads all three.
+    tables/rows.py     reading the sweep tables into one typed frame
+    tables/points.py   point, scaling, memory, accuracy tables (pure pandas, on rows.py; stats.py's intervals)
+    tables/summary.py  summary.json's dict and metrics.json; tables/knob_effects.py  the knobs' table
+    tables/step_parts.py  the step-time breakdown; tables/projection.py  the scaling model, all modelled
+    plots/figures.py   the figures (plots/dvc_template.py: the offline page for `dvc plots show`)
+    report/document.py  report.md (with report/host.py, why.py, sharding.py, memory_fit.py, causes.py, confidence.py)
+    report/answer.py   report.md's first screen and best.yaml: strategy, k, why, cost, how sure, command
+    stage.py           this entry: the only module that decides which files are written (on all of them)
 """
 
 from __future__ import annotations
@@ -32,17 +34,11 @@ import contextlib
 import json
 from pathlib import Path
 
-from pipeline.analysis import answer, plots, projection, report, report_why
-from pipeline.analysis.knob_effects import knob_table
-from pipeline.analysis.rows import EXPECTED, load_sweeps, read_sweeps  # noqa: F401
-from pipeline.analysis.rows import normalize as _normalize  # noqa: F401
-from pipeline.analysis.step_parts import breakdown_losses, breakdown_table
-from pipeline.analysis.summary import flat_metrics, strategy_status, summarize
-
-# Names tests/analysis/test_analyze.py reaches through this module.
-from pipeline.analysis.summary import jsonable as _jsonable  # noqa: F401
-from pipeline.analysis.summary import strategy_metrics as _strategy_metrics  # noqa: F401
-from pipeline.analysis.tables import (
+from pipeline.analysis.plots import figures
+from pipeline.analysis.report import answer, document, why
+from pipeline.analysis.tables import projection
+from pipeline.analysis.tables.knob_effects import knob_table
+from pipeline.analysis.tables.points import (
     accuracy_table,
     memory_devices,
     memory_table,
@@ -50,7 +46,15 @@ from pipeline.analysis.tables import (
     scaling_table,
     shown_extras,
 )
-from pipeline.analysis.tables import shown_extras as _shown  # noqa: F401
+from pipeline.analysis.tables.points import shown_extras as _shown  # noqa: F401
+from pipeline.analysis.tables.rows import EXPECTED, load_sweeps, read_sweeps  # noqa: F401
+from pipeline.analysis.tables.rows import normalize as _normalize  # noqa: F401
+from pipeline.analysis.tables.step_parts import breakdown_losses, breakdown_table
+from pipeline.analysis.tables.summary import flat_metrics, strategy_status, summarize
+
+# Names tests/analysis/test_analyze.py reaches through this module.
+from pipeline.analysis.tables.summary import jsonable as _jsonable  # noqa: F401
+from pipeline.analysis.tables.summary import strategy_metrics as _strategy_metrics  # noqa: F401
 from pipeline.errors import Stopped
 from pipeline.records import files
 
@@ -85,7 +89,7 @@ def _writing(out: Path):
 
 def _measured(t):
     """`t` with the `measured` column DVC's plots show (a ring and legend entry, a tooltip line): "under load" for a
-    point from trials all flagged as measured under interference (tables.py's under_load), else "quiet"."""
+    point from trials all flagged as measured under interference (tables/points.py's under_load), else "quiet"."""
     return t.assign(measured=t["under_load"].eq(True).map({True: "under load", False: "quiet"}))
 
 
@@ -153,13 +157,13 @@ def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
 
 
 def _write_figures(out: Path, status, pts, eff, mem, knobs, source: str) -> None:
-    colors = plots.style(status)
-    plots.plot_efficiency(eff, out / "efficiency.png", colors, source)
-    plots.plot_throughput(pts, out / "throughput.png", colors, source, eff)
-    plots.plot_memory(mem, out / "memory.png", source)
-    plots.plot_accuracy(pts, out / "accuracy.png", colors, source)
+    colors = figures.style(status)
+    figures.plot_efficiency(eff, out / "efficiency.png", colors, source)
+    figures.plot_throughput(pts, out / "throughput.png", colors, source, eff)
+    figures.plot_memory(mem, out / "memory.png", source)
+    figures.plot_accuracy(pts, out / "accuracy.png", colors, source)
     for knob in knobs["knob"].unique():
-        plots.plot_knob(knobs, knob, out / f"knob_{knob}.png", source)
+        figures.plot_knob(knobs, knob, out / f"knob_{knob}.png", source)
 
 
 def read_collectives(path: Path) -> tuple[dict | None, list[str]]:
@@ -182,9 +186,9 @@ def _why(out: Path, df, eff, collectives, source: str) -> list[str]:
     model, model_notes = projection.model_table(df, eff, collectives)
     _to_csv(bd, out / "breakdown.csv")
     _to_csv(model, out / "model.csv")
-    plots.plot_breakdown(bd, out / "breakdown.png", source)
-    plots.plot_model(eff, model, out / "model.png", source)
-    return report_why.why_section(bd, losses, model, model_notes)
+    figures.plot_breakdown(bd, out / "breakdown.png", source)
+    figures.plot_model(eff, model, out / "model.png", source)
+    return why.why_section(bd, losses, model, model_notes)
 
 
 def analyze(
@@ -201,16 +205,18 @@ def analyze(
     status = strategy_status(df, tables, sweeps_dir, expected)
     summary = summarize(df, status, pts, eff, mem, target_acc)
     knobs = knob_table(pts, eff)
-    overlap = report.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md")
+    overlap = document.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md")
     best = answer.build(df, status, pts, eff, mem)
     with _writing(out):  # from here on only writes: a failing one is said as such
         out.mkdir(parents=True, exist_ok=True)
         _write_csvs(out, pts, eff, mem, acc, shown_extras(df))
         _write_figures(out, status, pts, eff, mem, knobs, summary.get("data_source") or "")
         _to_csv(knobs, out / "knobs.csv")
-        extra = _why(out, df, eff, collectives, summary.get("data_source") or "") + report.knob_section(knobs) + overlap
+        extra = (
+            _why(out, df, eff, collectives, summary.get("data_source") or "") + document.knob_section(knobs) + overlap
+        )
         files.write_text(out / "best.yaml", answer.best_yaml(best))
-        report.write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra, best)
+        document.write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra, best)
         files.write_text(out / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
         metrics = flat_metrics(summary, pts, eff, mem)  # the DVC metric: flat numbers (sentences stay in report.md)
         files.write_text(out / "metrics.json", json.dumps(metrics, indent=1, allow_nan=False) + "\n")

@@ -192,8 +192,22 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_fit(args) -> int:
+    import time
+
     from pipeline.scaling import memory
 
+    if args.count_ahead:
+        t0 = time.monotonic()
+        models = memory.count_ahead()
+        print(f"counted {', '.join(models)} for fit in {time.monotonic() - t0:.1f} s (runs/memory_model.json)")
+        return 0
+    if not memory.is_counted(args.model):
+        print(
+            f"[fit] counting {args.model}'s activations on this host, once (fake tensors: no training, no GPU; "
+            "seconds, kept in runs/memory_model.json; `make setup` counts ahead)",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         device = memory.parse_size(args.device_memory)
         ks = tuple(int(k) for k in args.devices.split(","))

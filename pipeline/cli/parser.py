@@ -251,6 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="A,B",
         help="comma-separated strategies (default: all)",
     )
+    p.add_argument(
+        "--count-ahead",
+        action="store_true",
+        help="only count every model's activations on this host, once (seconds; kept in runs/memory_model.json), so "
+        "that a later fit answers without loading torch; `make setup` runs it (default: answer, counting the model "
+        "first only where no counts are kept)",
+    )
 
     sub.add_parser(
         "profiles",

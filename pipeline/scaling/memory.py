@@ -49,10 +49,12 @@ device 0); zero1's post-step broadcasts over Gloo copy what they send (not model
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pipeline import catalog
 
@@ -131,7 +133,7 @@ def known_models() -> tuple[str, ...]:
 def layout(model: str, cache=None) -> Layout:
     """The parameters and units of `model`, built on the `meta` device (no memory, no initialisation); kept in the
     cache file beside the counts, so a later `fit` loads no torch."""
-    key = f"layout|{model}|torch {_torch_version()}"
+    key = f"layout|{model}|torch {_torch_version()}|code {_code_digest()}"
     stored = _read_cache(cache).get(key)
     if stored:
         return Layout(
@@ -152,6 +154,36 @@ def _torch_version() -> str:
     from importlib.metadata import version
 
     return version("torch")
+
+
+@functools.cache
+def _code_digest() -> str:
+    """The models and this module, hashed: a count kept from other code is counted again, never read."""
+    h = hashlib.sha1()
+    for f in (Path(__file__), Path(__file__).parents[1] / "models.py"):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:10]
+
+
+def is_counted(model: str, cache=None) -> bool:
+    """Whether `fit` finds `model`'s layout and counts (fp32 and autocast, at the anchors) in the cache: then it
+    loads no torch."""
+    stored = _read_cache(cache)
+    layout_key = f"layout|{model}|torch {_torch_version()}|code {_code_digest()}"
+    return layout_key in stored and all(
+        {str(b) for b in anchors} <= set(stored.get(_cache_key(model, amp), {}))
+        for amp, anchors in ((False, COUNT_ANCHORS), (True, AUTOCAST_ANCHORS))
+    )
+
+
+def count_ahead(cache=None) -> tuple[str, ...]:
+    """Every model's layout and counts at the anchors `fit` reads, into the cache (`make setup` runs it, through
+    `python -m pipeline fit --count-ahead`), so the first `fit` answers from it."""
+    for model in known_models():
+        layout(model, cache)
+        counted(model, COUNT_ANCHORS, False, cache)
+        counted(model, AUTOCAST_ANCHORS, True, cache)
+    return known_models()
 
 
 def _build_layout(model: str) -> Layout:
@@ -206,7 +238,7 @@ def counted(model: str, batches, autocast: bool = False, cache=None) -> Counted:
 
 
 def _cache_key(model: str, autocast: bool) -> str:
-    return f"{model}|{'autocast' if autocast else 'fp32'}|torch {_torch_version()}"
+    return f"{model}|{'autocast' if autocast else 'fp32'}|torch {_torch_version()}|code {_code_digest()}"
 
 
 def _cache_file(cache):

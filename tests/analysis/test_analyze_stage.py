@@ -332,20 +332,21 @@ def test_the_memory_plot_keeps_two_optimizers_at_one_point_apart(tmp_path):
 
 def test_the_memory_figure_shows_each_optimizer_as_its_own_bars(tmp_path, monkeypatch):
     """memory.png at k=2: ddp with SGD and with AdamW are two labelled bar groups, not the first row of the two."""
-    from pipeline.analysis import plots, tables
+    from pipeline.analysis.plots import figures
+    from pipeline.analysis.tables import points
 
     shown = {}
-    monkeypatch.setattr(plots, "_save", lambda fig, path, *a, **kw: shown.update(fig=fig))
+    monkeypatch.setattr(figures, "_save", lambda fig, path, *a, **kw: shown.update(fig=fig))
     rows = [
         row("ddp", k=2, B=256, optimizer=opt, peaks=[mib * 2**20] * 2) for opt, mib in (("sgd", 20.8), ("adamw", 21.8))
     ]
     sweeps = tmp_path / "sweeps"
     sweeps.mkdir()
     write(rows, sweeps / "ddp.jsonl")
-    from pipeline.analysis.rows import load_sweeps
+    from pipeline.analysis.tables.rows import load_sweeps
 
     df, _ = load_sweeps(sweeps, expected=("ddp",))
-    plots.plot_memory(tables.memory_table(df), tmp_path / "memory.png")
+    figures.plot_memory(points.memory_table(df), tmp_path / "memory.png")
     (ax,) = shown["fig"].axes
     assert [t.get_text() for t in ax.get_xticklabels()] == ["ddp sgd", "ddp adamw"]
     heights = sorted(round(p.get_height(), 1) for p in ax.patches)

@@ -1,4 +1,4 @@
-"""The report's first screen (analysis/answer.py): a clear winner named with its k and a command the project's own
+"""The report's first screen (report/answer.py): a clear winner named with its k and a command the project's own
 parser and config loader take; a tie said as a tie; no answer said with its cause; a k=1 compute difference from
 autocast named in the why. On constructed frames with window lists (three trials of twelve windows per point)."""
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.analysis import answer, report, tables
-from pipeline.analysis.rows import normalize
-from pipeline.analysis.summary import strategy_status
+from pipeline.analysis.report import answer, document
+from pipeline.analysis.tables.points import memory_table, point_table, scaling_table
+from pipeline.analysis.tables.rows import normalize
+from pipeline.analysis.tables.summary import strategy_status
 from pipeline.cli.parser import build_parser
 from pipeline.config import loader
 from tests.analysis.test_analyze import frame, row
@@ -32,7 +33,7 @@ def build(*points, **kw):
         rows, wins = rows + r, wins + w
     df = with_windows(rows, wins)
     status = {s: {"status": "measured", "reason": ""} for s in set(df["strategy"])}
-    return answer.build(df, status, tables.point_table(df), tables.scaling_table(df), tables.memory_table(df)), df
+    return answer.build(df, status, point_table(df), scaling_table(df), memory_table(df)), df
 
 
 def text(ans) -> str:
@@ -114,7 +115,7 @@ def test_autocast_compute_at_k1_is_the_why():
 def test_even_memory_is_no_finding_and_equal_accuracy_is_a_tie():
     """Equal per-device peaks: "no imbalance beyond noise", never a worst strategy; equal accuracies: a tie."""
     df = frame([row("ddp", k=1), row("ddp", k=2, B=256), row("fsdp", k=1), row("fsdp", k=2, B=256)])
-    out = " ".join(report._reading(tables.point_table(df), tables.scaling_table(df), tables.memory_table(df), {}, df))
+    out = " ".join(document._reading(point_table(df), scaling_table(df), memory_table(df), {}, df))
     assert "no imbalance beyond noise" in out and "Worst memory imbalance" not in out
     assert "Best final test accuracy: **tie: ddp, fsdp** within 0.005" in out
 
@@ -142,7 +143,7 @@ def test_a_point_without_a_weak_reference_says_its_strong_scaling_never_not_meas
         wins += w
     df = with_windows(rows, wins)
     status = {"ddp": {"status": "measured", "reason": ""}}
-    ans = answer.build(df, status, tables.point_table(df), tables.scaling_table(df), tables.memory_table(df))
+    ans = answer.build(df, status, point_table(df), scaling_table(df), memory_table(df))
     t = text(ans)
     assert "**Use ddp at k=2**" in t, t
     assert "strong-scaling efficiency of 0.9" in t and "weak scaling is not measured" in t, t
@@ -178,7 +179,7 @@ def test_every_comparison_states_both_sides_conditions():
         rows, wins = rows + r, wins + w
     df = with_windows(rows, wins)
     status = {s: {"status": "measured", "reason": ""} for s in set(df["strategy"])}
-    ans = answer.build(df, status, tables.point_table(df), tables.scaling_table(df), tables.memory_table(df))
+    ans = answer.build(df, status, point_table(df), scaling_table(df), memory_table(df))
     why = [s for s in ans.lines if s.startswith("- **Why:**")][0]
     sure = [s for s in ans.lines if s.startswith("- **How sure:**")][0]
     assert "ddp_amp measured under load (1.25 cores busy elsewhere), single measured quietly" in why

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 
-from pipeline.analysis import report, tables
+from pipeline.analysis.report import document
+from pipeline.analysis.tables.points import memory_table, point_table, scaling_table
 from tests.analysis.test_intervals import repeats, with_windows
 
 
@@ -18,7 +19,7 @@ def reading(*points):
             w = [[x * f for x in g] for g, f in zip(w, spread[0])]
         rows, wins = rows + r, wins + w
     df = with_windows(rows, wins)
-    return report._reading(tables.point_table(df), tables.scaling_table(df), tables.memory_table(df), {}, df)
+    return document._reading(point_table(df), scaling_table(df), memory_table(df), {}, df)
 
 
 def line(lines, start):
@@ -78,7 +79,7 @@ def test_a_single_measurement_says_its_interval_is_unknown():
             row("fsdp", k=2, B=256, thr=1600.0),
         ]
     )
-    out = report._reading(tables.point_table(df), tables.scaling_table(df), tables.memory_table(df), {}, df)
+    out = document._reading(point_table(df), scaling_table(df), memory_table(df), {}, df)
     assert "no interval to say by how much" in line(out, "Implausible")  # unknown: still not a finding
     best = line(out, "Best weak-scaling efficiency")
     assert "0.80 (no interval)" in best and "interval unknown" in best

@@ -2,7 +2,7 @@
 the GPU interconnect read from `nvidia-smi topo -m`."""
 
 from pipeline.analysis import stage as A
-from pipeline.analysis.report_host import host_capabilities_section, slow_rows
+from pipeline.analysis.report.host import host_capabilities_section, slow_rows
 from pipeline.host import capabilities, topology
 
 from .test_analyze import frame, row, write

@@ -6,16 +6,16 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from pipeline.analysis import plots
+from pipeline.analysis.plots import figures
 from pipeline.analysis.stage import analyze
 
 from .test_analyze import row, write
 
 
 def test_source_note_names_synthetic_data_loudly():
-    assert "SYNTHETIC" in plots.source_note("synthetic") and "not Fashion-MNIST" in plots.source_note("synthetic")
-    assert plots.source_note("fashion-mnist") == "data: fashion-mnist"
-    assert plots.source_note("") == ""
+    assert "SYNTHETIC" in figures.source_note("synthetic") and "not Fashion-MNIST" in figures.source_note("synthetic")
+    assert figures.source_note("fashion-mnist") == "data: fashion-mnist"
+    assert figures.source_note("") == ""
 
 
 def _texts(monkeypatch):
@@ -62,8 +62,8 @@ def test_every_figure_is_labelled_and_lines_are_distinguishable(tmp_path, monkey
 def test_a_panel_with_only_k1_points_says_why_it_is_empty(tmp_path):
     """One global batch at k=1 and k=2 (the tiny profile's sweep): the weak-scaling panel has no line and says what
     is missing instead of showing an empty frame."""
-    from pipeline.analysis.rows import load_sweeps
-    from pipeline.analysis.tables import scaling_table
+    from pipeline.analysis.tables.points import scaling_table
+    from pipeline.analysis.tables.rows import load_sweeps
 
     write([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=128, thr=1500.0)], tmp_path / "ddp.jsonl")
     df, _ = load_sweeps(tmp_path, expected=("ddp",))
@@ -76,7 +76,7 @@ def test_a_panel_with_only_k1_points_says_why_it_is_empty(tmp_path):
 
     Figure.savefig = grab
     try:
-        plots.plot_efficiency(scaling_table(df), tmp_path / "e.png", plots.style(["ddp"]))
+        figures.plot_efficiency(scaling_table(df), tmp_path / "e.png", figures.style(["ddp"]))
     finally:
         Figure.savefig = real
     assert any("no weak-scaling efficiency" in t and "per-device batch" in t for t in texts), texts

@@ -7,7 +7,7 @@ import builtins
 
 import pytest
 
-from pipeline.analysis import dvc_template as plots_offline
+from pipeline.analysis.plots import dvc_template as plots_offline
 
 
 def test_template_inlines_the_bundle_and_keeps_dvc_out_of_the_cdn():

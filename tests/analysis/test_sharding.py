@@ -4,9 +4,9 @@ alike (same model, k, batch, memory figure), from hand-made sweep tables with kn
 import pytest
 
 from pipeline import catalog
-from pipeline.analysis import sharding
 from pipeline.analysis import stage as A
-from pipeline.analysis.report import md_table
+from pipeline.analysis.report import sharding
+from pipeline.analysis.report.markdown import md_table
 
 from .test_analyze import frame, row
 

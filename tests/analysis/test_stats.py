@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.analysis import stats
+from pipeline.analysis.tables import stats
 
 
 def draw(rng, mean, sd, repeats, windows):

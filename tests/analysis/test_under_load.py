@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from pipeline.analysis import report, summary, tables
+from pipeline.analysis.report import document
+from pipeline.analysis.tables import points, summary
 from tests.analysis.test_analyze import frame, one, row
 from tests.conftest import REPO
 
@@ -28,7 +29,7 @@ def busy(strategy="ddp", k=1, thr=1000.0, cores=1.6, **kw):
 
 
 def everything(df):
-    pts, eff, mem = tables.point_table(df), tables.scaling_table(df), tables.memory_table(df)
+    pts, eff, mem = points.point_table(df), points.scaling_table(df), points.memory_table(df)
     status = summary.strategy_status(df, {}, "x", sorted(set(df["strategy"])))
     summ = summary.summarize(df, status, pts, eff, mem, None)
     return (
@@ -38,7 +39,7 @@ def everything(df):
         status,
         summ,
         summary.flat_metrics(summ, pts, eff, mem),
-        report._reading(pts, eff, mem, status, df),
+        document._reading(pts, eff, mem, status, df),
     )
 
 
@@ -140,7 +141,7 @@ def test_the_report_tables_label_points_measured_under_load(tmp_path):
     df = frame([busy("ddp", 1, 1000.0, 1.5), busy("ddp", 2, 1600.0, 1.7)])
     pts, eff, mem, status, *_ = everything(df)
     path = tmp_path / "report.md"
-    report.write_report(path, df, [], status, pts, eff, mem, tables.accuracy_table(df))
+    document.write_report(path, df, [], status, pts, eff, mem, points.accuracy_table(df))
     text = path.read_text()
     assert "| under_load |" in text and "1.70 cores" in text and "1.50 cores" in text
     assert "were all flagged keeps them, labelled under load" in text
@@ -149,17 +150,17 @@ def test_the_report_tables_label_points_measured_under_load(tmp_path):
 def test_the_speed_figures_carry_the_under_load_line(tmp_path):
     """efficiency.png and throughput.png say how many of their figures were measured under load; none on a quiet
     host."""
-    from pipeline.analysis import plots
+    from pipeline.analysis.plots import figures
 
     df = frame([busy("single", 1, 1000.0, 1.5), busy("ddp", 1, 1000.0, 1.5), row("ddp", k=2, B=256, thr=1800.0)])
     pts, eff, *_ = everything(df)
-    assert plots.load_note(pts).startswith("measured under load: 2 of the 3 plotted figures")
-    assert plots.load_note(eff[eff["efficiency"].notna()]).startswith("measured under load:")
+    assert figures.load_note(pts).startswith("measured under load: 2 of the 3 plotted figures")
+    assert figures.load_note(eff[eff["efficiency"].notna()]).startswith("measured under load:")
     quiet = frame([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=256, thr=1800.0)])
-    assert plots.load_note(tables.point_table(quiet)) == ""
-    colors = plots.style(sorted(set(df["strategy"])))
-    plots.plot_efficiency(eff, tmp_path / "efficiency.png", colors, "synthetic")
-    plots.plot_throughput(pts, tmp_path / "throughput.png", colors, "synthetic", eff)
+    assert figures.load_note(points.point_table(quiet)) == ""
+    colors = figures.style(sorted(set(df["strategy"])))
+    figures.plot_efficiency(eff, tmp_path / "efficiency.png", colors, "synthetic")
+    figures.plot_throughput(pts, tmp_path / "throughput.png", colors, "synthetic", eff)
     assert (tmp_path / "efficiency.png").stat().st_size > 0 and (tmp_path / "throughput.png").stat().st_size > 0
 
 
@@ -210,7 +211,7 @@ def test_metrics_json_figures_at_a_k_are_those_of_one_point_the_answer_runs():
     assert metrics["acc.ddp.k2"] == 0.8 and metrics["acc.ddp"] == 0.81
     assert metrics["under_load.ddp.k2"] == pytest.approx(0.36) and metrics["under_load"] == 1
     assert metrics["eff.ddp.k2"] == pytest.approx(0.9)  # B=256 is b=128 per device: k=1's b
-    from pipeline.analysis import answer
+    from pipeline.analysis.report import answer
 
     ans = answer.build(df, status, pts, eff, mem)
     t = "\n".join(ans.lines)

@@ -90,13 +90,13 @@ COLLECTIVES = {
 def _frame(rows=ROWS):
     import pandas as pd
 
-    from pipeline.analysis.rows import normalize
+    from pipeline.analysis.tables.rows import normalize
 
     return normalize(pd.DataFrame(rows), "x")
 
 
 def test_breakdown_table_medians_and_shares_sum_to_one():
-    from pipeline.analysis.step_parts import BD_ALL, breakdown_table
+    from pipeline.analysis.tables.step_parts import BD_ALL, breakdown_table
 
     bd = breakdown_table(_frame())
     ddp2 = bd[(bd["strategy"] == "ddp") & (bd["k"] == 2)].iloc[0]
@@ -111,9 +111,9 @@ def test_breakdown_table_medians_and_shares_sum_to_one():
 
 
 def test_the_sentence_names_the_largest_loss_first():
-    from pipeline.analysis.report_why import loss_sentence
-    from pipeline.analysis.step_parts import BD_ALL, breakdown_losses, breakdown_table
-    from pipeline.analysis.tables import scaling_table
+    from pipeline.analysis.report.why import loss_sentence
+    from pipeline.analysis.tables.points import scaling_table
+    from pipeline.analysis.tables.step_parts import BD_ALL, breakdown_losses, breakdown_table
 
     df = _frame()
     losses = breakdown_losses(breakdown_table(df), scaling_table(df))

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from pipeline import catalog, strategies
-from pipeline.analysis import rows as trial_rows
+from pipeline.analysis.tables import rows as trial_rows
 from pipeline.config import loader as configmod
 from pipeline.config import schema
 from pipeline.records import table as sweep_table

@@ -111,9 +111,9 @@ def test_closure_follows_imports_inside_functions():
     assert {
         "pipeline.analysis.stage",
         "pipeline.tracking.client",
-        "pipeline.analysis.report",
-        "pipeline.analysis.plots",
-        "pipeline.analysis.tables",
+        "pipeline.analysis.report.document",
+        "pipeline.analysis.plots.figures",
+        "pipeline.analysis.tables.points",
         "pipeline.config.loader",
         "pipeline.errors",
         "pipeline.__main__",

@@ -116,6 +116,72 @@ def test_torch_free_folders_load_no_torch(module):
     assert run.returncode == 0, f"importing {module} loads torch" + run.stderr[-2000:]
 
 
+# Inside the analysis wing, by what each part makes: tables/ the numbers (rows, tables, intervals, summary.json),
+# report/ report.md and its sections, plots/ the figures; stage.py, the analyze stage, drives all three. The arrows
+# point one way: report/ and plots/ read tables/, tables/ reads neither, and report/ and plots/ skip each other.
+ANALYSIS = "pipeline.analysis"
+ANALYSIS_PARTS = {
+    "tables": set(),
+    "report": {"tables"},
+    "plots": {"tables"},
+    "stage": {"tables", "report", "plots"},
+    "": {"stage"},  # pipeline/analysis/__init__.py: the wing's face, `analyze`
+}
+
+
+def analysis_part(module: str) -> str:
+    """pipeline.analysis.tables.points -> tables; pipeline.analysis.stage -> stage; pipeline.analysis -> ''."""
+    return module.removeprefix(ANALYSIS).lstrip(".").partition(".")[0]
+
+
+def analysis_breaches(g: dict[str, set[str]]) -> list[str]:
+    """`module -> imported` for every import inside the analysis wing that its part may not make (lazy ones too)."""
+    out = []
+    for module, deps in sorted(g.items()):
+        if module != ANALYSIS and not module.startswith(ANALYSIS + "."):
+            continue
+        part = analysis_part(module)
+        if part not in ANALYSIS_PARTS:
+            out.append(f"{module} is in no part of ANALYSIS_PARTS")
+            continue
+        for dep in sorted(d for d in deps if d.startswith(ANALYSIS + ".")):
+            if analysis_part(dep) not in ANALYSIS_PARTS[part] | {part}:
+                out.append(f"{module} -> {dep}")
+    return out
+
+
+def test_analysis_tables_imports_neither_report_nor_plots():
+    """analysis/tables imports neither report nor plots: the numbers stand without the words and the figures."""
+    g = ig.graph()
+    tables = {m: deps for m, deps in g.items() if analysis_part(m) == "tables" and m.startswith(ANALYSIS + ".")}
+    assert f"{ANALYSIS}.tables.points" in tables, "pipeline/analysis/tables/ holds no points.py"
+    found = sorted(f"{m} -> {d}" for m, deps in tables.items() for d in deps if analysis_part(d) in ("report", "plots"))
+    assert not found, f"analysis/tables imports report or plots: {found}"
+
+
+def test_analysis_parts_point_one_way():
+    """report/ and plots/ read tables/ and not each other; only stage.py reads all three."""
+    breaches = analysis_breaches(ig.graph())
+    assert not breaches, f"the analysis wing's arrows (ANALYSIS_PARTS) are broken: {breaches}"
+
+
+def test_an_analysis_breach_is_found(tmp_path):
+    """The check itself: a lazy import of report/ inside tables/, and a module beside stage.py, are both found."""
+    pkg = tmp_path / "pipeline" / "analysis"
+    for part in ("tables", "report"):
+        (pkg / part).mkdir(parents=True)
+        (pkg / part / "__init__.py").write_text("")
+    for init in (tmp_path / "pipeline" / "__init__.py", pkg / "__init__.py"):
+        init.write_text("")
+    (pkg / "report" / "words.py").write_text("from pipeline.analysis.tables import numbers\n")
+    (pkg / "tables" / "numbers.py").write_text("def f():\n    from pipeline.analysis.report import words\n")
+    (pkg / "loose.py").write_text("")
+    assert analysis_breaches(ig.graph(tmp_path)) == [
+        "pipeline.analysis.loose is in no part of ANALYSIS_PARTS",
+        "pipeline.analysis.tables.numbers -> pipeline.analysis.report.words",
+    ]
+
+
 def test_catalog_imports_nothing_heavy():
     """pipeline/catalog.py is read by config validation and the analysis wing: no torch, optuna, mlflow, pandas,
     and nothing from pipeline/ (so it sits below every module that reads it)."""

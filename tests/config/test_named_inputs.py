@@ -12,7 +12,7 @@ import pytest
 
 from pipeline import __main__ as cli
 from pipeline import preflight
-from pipeline.analysis import rows as trial_rows
+from pipeline.analysis.tables import rows as trial_rows
 from pipeline.config import loader as config
 from pipeline.config.loader import ConfigError
 from pipeline.errors import Infeasible, PathError

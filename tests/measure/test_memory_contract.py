@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.analysis import tables
+from pipeline.analysis.tables import points
 from pipeline.host.devices import Host
 from pipeline.measure import memory as metrics
 from pipeline.measure import meter as metermod
@@ -188,8 +188,8 @@ def test_without_nvml_the_nvml_figure_is_none(monkeypatch):
 def test_cpu_keeps_memtracker_and_says_so():
     """Each basis a memory meter reports is one the tables and the report can name."""
     assert metrics.CpuStepPeaks.method == "memtracker" and metrics.CpuStepPeaks.basis == "memtracker_step"
-    assert "MemTracker" in tables.MEM_BASIS[metrics.CpuStepPeaks.basis]
-    assert "above what was resident" in tables.MEM_BASIS[metrics.CudaPeaks.basis]
+    assert "MemTracker" in points.MEM_BASIS[metrics.CpuStepPeaks.basis]
+    assert "above what was resident" in points.MEM_BASIS[metrics.CudaPeaks.basis]
 
 
 def _rank(rank, peaks, resident=None, reserved=None, nvml=None, method="cuda_allocator"):
@@ -260,7 +260,7 @@ def _row(**kw):
 def test_memory_table_carries_the_new_figures_and_loads_old_rows():
     """New rows carry resident, reserved and NVML per device and the basis; a row of an older table (no such
     columns) still makes a memory row, its basis read from its method."""
-    from pipeline.analysis.rows import normalize
+    from pipeline.analysis.tables.rows import normalize
 
     new = _row(
         mem_resident_bytes=[50, 50],
@@ -269,7 +269,7 @@ def test_memory_table_carries_the_new_figures_and_loads_old_rows():
         mem_basis="step_above_resident",
     )
     old = _row(strategy="ddp", mem_method="memtracker")
-    m = tables.memory_table(normalize(pd.DataFrame([new, old]), "x")).set_index("strategy")
+    m = points.memory_table(normalize(pd.DataFrame([new, old]), "x")).set_index("strategy")
     assert m.loc["dp", "resident"] == [50, 50] and m.loc["dp", "nvml_used"] == [4000, 2000]
     assert m.loc["dp", "reserved_peaks"] == [1000, 900] and m.loc["dp", "dev0_excess_bytes"] == 200
     assert m.loc["dp", "mem_basis"] == "step_above_resident"
@@ -280,8 +280,8 @@ def test_memory_table_carries_the_new_figures_and_loads_old_rows():
 def test_report_memory_section_names_the_basis_and_shows_gpu_figures():
     """The report says what imbalance and device-0 excess are computed from, and shows the GPU figures where a row
     has them (a CPU-only report keeps its columns)."""
-    from pipeline.analysis import report
-    from pipeline.analysis.rows import normalize
+    from pipeline.analysis.report import document
+    from pipeline.analysis.tables.rows import normalize
 
     gpu = _row(
         mem_resident_bytes=[50 * 2**20, 50 * 2**20],
@@ -294,14 +294,14 @@ def test_report_memory_section_names_the_basis_and_shows_gpu_figures():
     for rows, shown in (([gpu], True), ([_row(mem_method="memtracker", throughput_img_s=100.0)], False)):
         df = normalize(pd.DataFrame(rows), "x")
         pts, eff, mem, acc = (
-            tables.point_table(df),
-            tables.scaling_table(df),
-            tables.memory_table(df),
-            tables.accuracy_table(df),
+            points.point_table(df),
+            points.scaling_table(df),
+            points.memory_table(df),
+            points.accuracy_table(df),
         )
-        text = "".join(report._tables(df, pts, eff, mem, acc))
-        reading = " ".join(report._reading(pts, eff, mem, {}, df))
-        basis = tables.MEM_BASIS["step_above_resident" if shown else "memtracker_step"]
+        text = "".join(document._tables(df, pts, eff, mem, acc))
+        reading = " ".join(document._reading(pts, eff, mem, {}, df))
+        basis = points.MEM_BASIS["step_above_resident" if shown else "memtracker_step"]
         assert basis in reading and "mem_basis" in text
         assert ("resident_mib" in text and "50.0 / 50.0" in text) is shown
         assert "nvml_used_mib" not in text  # no row measured it

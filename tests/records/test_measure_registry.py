@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from pipeline.analysis import summary as S
-from pipeline.analysis import tables
+from pipeline.analysis.tables import points
+from pipeline.analysis.tables import summary as S
 from pipeline.records import trial as R
 from tests.records.test_record import _rank
 
@@ -52,7 +52,7 @@ def test_an_unknown_rank_aggregate_is_refused():
 def test_a_point_measurement_reaches_the_point_table_and_metrics_json(monkeypatch):
     """Every column point_columns() names gets its median per point in point_table and its largest per strategy
     and k in metrics.json; a table without that column (an older one) gets neither."""
-    monkeypatch.setattr(tables, "point_columns", lambda: ["probe_s"])
+    monkeypatch.setattr(points, "point_columns", lambda: ["probe_s"])
     monkeypatch.setattr(S, "point_columns", lambda: ["probe_s"])
     base = {
         "state": "complete",
@@ -72,11 +72,11 @@ def test_a_point_measurement_reaches_the_point_table_and_metrics_json(monkeypatc
         {**base, "k": 1, "probe_s": 0.5, "per_device_batch": 64}
     ]
     df = pd.DataFrame(rows)
-    for c in tables.EXTRAS:
+    for c in points.EXTRAS:
         df[c] = ""
-    pts = tables.point_table(df)
+    pts = points.point_table(df)
     assert sorted(pts["probe_s"]) == [0.5, 2.0]
     empty = pd.DataFrame(columns=["strategy", "model", "k", "kind", "efficiency", "peak_max", "mem_imbalance"])
     out = S.flat_metrics({}, pts, empty, empty)
     assert out["probe_s.ddp.k2"] == 2.0 and out["probe_s.ddp.k1"] == 0.5
-    assert "probe_s" not in tables.point_table(df.drop(columns="probe_s"))
+    assert "probe_s" not in points.point_table(df.drop(columns="probe_s"))

@@ -3,11 +3,13 @@ report's "Memory: measured beside modelled" section."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from pipeline import catalog
-from pipeline.analysis import memory_fit
-from pipeline.analysis.report import md_table
+from pipeline.analysis.report import memory_fit
+from pipeline.analysis.report.markdown import md_table
 from pipeline.host.devices import probe
 from pipeline.scaling import memory
 from pipeline.trial.launch import run_trial
@@ -155,3 +157,30 @@ def test_the_autocast_count_on_fake_tensors_is_the_cpus():
     fake, units = memory._count("lenet", 16, autocast=True)
     assert fake > 0 and len(units) == len(list(memory.fsdp_units(m)))
     assert abs(fake - real) <= 1e-3 * real, (fake, real)
+
+
+@pytest.mark.slow
+def test_counted_ahead_a_fit_loads_no_torch(tmp_path, monkeypatch):
+    """`fit --count-ahead` (what `make setup` runs) counts every model once; a `fit` after it, in a new process,
+    answers for ResNet-18 from the counts without importing torch. Changed model code is counted again."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "runs" / "memory_model.json"
+    monkeypatch.setattr(memory, "_cache_file", lambda c: cache)
+    memory.layout.cache_clear()
+    memory._COUNTED.clear()
+    assert memory.count_ahead() == ("lenet", "resnet18") and memory.is_counted("resnet18")
+    fit = (
+        "import sys; from pipeline.cli.commands import main; "
+        "code = main(['fit', '--model', 'resnet18', '--batch-size', '4096', '--device-memory', '24GiB']); "
+        "print('torch loaded' if 'torch' in sys.modules else 'no torch', code)"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", fit], env={**os.environ, "DVC_ROOT": str(tmp_path)}, capture_output=True, text=True
+    )
+    assert p.stdout.splitlines()[-1] == "no torch 0", p.stdout + p.stderr
+    assert "counting" not in p.stderr and "fsdp" in p.stdout
+    memory._code_digest.cache_clear()
+    monkeypatch.setattr(memory, "_code_digest", lambda: "other code")
+    assert not memory.is_counted("resnet18")  # counts of other code are never read

@@ -222,7 +222,7 @@ def test_the_fp16_check_starts_from_a_scale_that_applies_its_step(make_cfg, tmp_
 def test_the_reports_host_table_shows_tf32_on_gpu_hosts_only():
     """G6: the report's host table carries the trials' TF32 switches for a GPU host, and — for a CPU host, where
     they change nothing. Pure function of a hand-made sweep table."""
-    from pipeline.analysis.report_host import host_capabilities_section
+    from pipeline.analysis.report.host import host_capabilities_section
 
     from ..analysis.test_analyze import frame, row
 

@@ -15,7 +15,7 @@ import math
 import pandas as pd
 
 from pipeline import catalog
-from pipeline.analysis.tables import measured
+from pipeline.analysis.tables.points import measured
 from pipeline.records.labels import is_bounded
 
 # the sweep table's per-trial host columns (records/table.py, from the trial record), in the section's order

@@ -1,14 +1,14 @@
 """The Reading's honesty lines: what load the figures were measured under, and why a figure the Reading cannot give
 is missing, named from the trial rows (never a generic "undefined").
 
-Pure: tables in, sentences out; report.py places them.
+Pure: tables in, sentences out; document.py places them.
 """
 
 from __future__ import annotations
 
 import math
 
-from pipeline.analysis.tables import measured
+from pipeline.analysis.tables.points import measured
 
 
 def _n(count: int, what: str) -> str:

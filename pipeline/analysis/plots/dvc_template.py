@@ -6,11 +6,11 @@ with those CDN tags; this template has no `{scripts}` and inlines the three libr
 package vl-convert-python (`vl_convert.javascript_bundle()`, which assigns vegaEmbed, vegaLite and vega to the
 window, as the CDN scripts do). Nothing here is fetched at run time.
 
-    python -m pipeline.analysis.dvc_template results/dvc_plots/offline.html     # or: make plots
+    python -m pipeline.analysis.plots.dvc_template results/dvc_plots/offline.html     # or: make plots
     dvc plots show --html-template results/dvc_plots/offline.html -o results/dvc_plots
 
 The page opens with the workspace's data source (results/analysis/summary.json's `data_source`, or the summary
-named as second argument) in the words of the PNG figures (plots.source_note), so a synthetic run's plots say so.
+named as second argument) in the words of the PNG figures (figures.source_note), so a synthetic run's plots say so.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ PAGE = """<!DOCTYPE html>
 
 def source_line(source: str) -> str:
     """The page's data-source paragraph ("" where the source is unknown)."""
-    from pipeline.analysis.plots import source_note
+    from pipeline.analysis.plots.figures import source_note
 
     note = source_note(source)
     if not note:
@@ -94,7 +94,7 @@ def write(path: Path, summary: Path = SUMMARY) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) not in (2, 3):
-        sys.exit(f"usage: python -m pipeline.analysis.dvc_template OUT.html [SUMMARY.json]  (needs: {INSTALL})")
+        sys.exit(f"usage: python -m pipeline.analysis.plots.dvc_template OUT.html [SUMMARY.json]  (needs: {INSTALL})")
     try:
         print(f"wrote {write(Path(sys.argv[1]), *map(Path, sys.argv[2:]))}")
     except ImportError as e:

@@ -1,9 +1,9 @@
-"""How sure each claim of the report's reading is: figures quoted with their 95 % interval (stats.py, through
-tables.scaling_table), a "best" named only when its interval clears the runner-up's ("indistinguishable within the
+"""How sure each claim of the report's reading is: figures quoted with their 95 % interval (tables/stats.py, through
+points.scaling_table), a "best" named only when its interval clears the runner-up's ("indistinguishable within the
 95% interval" otherwise), efficiency above 1 called implausible only beyond its interval, and a short note per claim
 of what is behind it (windows, repeats, interval width, interfered trials left out).
 
-Pure: table rows in, sentences out. report.py places them.
+Pure: table rows in, sentences out. document.py places them.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from pipeline.analysis import stats
-from pipeline.analysis.tables import EXTRAS, POINT
+from pipeline.analysis.tables import stats
+from pipeline.analysis.tables.points import EXTRAS, POINT
 
 LEVEL = f"{stats.LEVEL:.0%} interval"
 UNKNOWN = "no interval"
@@ -57,7 +57,7 @@ def how_sure(r, value: str = "efficiency") -> str:
 
 
 def under_load_text(r) -> str:
-    """The label of a figure whose trials were all flagged as measured under interference (tables.timed)."""
+    """The label of a figure whose trials were all flagged as measured under interference (points.timed)."""
     load = r.get("load_cores")
     busy = "" if _nan(load) else f", other processes keeping {load:.2f} cores busy (median)"
     base, at_k = (None if _nan(r.get(c)) else bool(r.get(c)) for c in ("base_under_load", "k_under_load"))

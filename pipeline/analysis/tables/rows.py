@@ -1,6 +1,6 @@
 """The sweep tables read for analysis: results/sweeps/*.jsonl (one row per trial, written by records/table.py, typed
 by the trial record's schema) into one frame, with notes on missing, empty or unreadable tables. The floor of the
-analysis wing: tables.py derives every table from this frame.
+analysis wing: points.py derives every table from this frame.
 """
 
 from __future__ import annotations

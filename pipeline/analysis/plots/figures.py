@@ -1,4 +1,4 @@
-"""Figures of the analysis stage (matplotlib's object API, Agg, no global pyplot state), drawn from tables.py's
+"""Figures of the analysis stage (matplotlib's object API, Agg, no global pyplot state), drawn from tables/points.py's
 tables: efficiency, throughput, memory per device, accuracy, one per varied knob (knob_effects.py), the step-time
 breakdown, and measured vs modelled efficiency (the modelled table of projection.py: dashed, hollow, "modelled")."""
 
@@ -11,7 +11,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from pipeline import catalog
-from pipeline.analysis.tables import EXTRAS, MIB, POINT, group_by, is_serial
+from pipeline.analysis.tables.points import EXTRAS, MIB, POINT, group_by, is_serial
 from pipeline.records import files
 from pipeline.records.derived import BD_PARTS
 
@@ -42,7 +42,7 @@ def _empty(ax, what):
 
 
 def load_note(t) -> str:
-    """The line a figure of speeds carries when some of what it plots was measured under load (tables.py's
+    """The line a figure of speeds carries when some of what it plots was measured under load (tables/points.py's
     `under_load`: every trial behind the figure flagged as measured under interference), so a copied figure keeps it."""
     if t is None or "under_load" not in t or not len(t):
         return ""

@@ -7,8 +7,8 @@ import math
 
 import pandas as pd
 
-from pipeline.analysis.rows import EXTRAS
-from pipeline.analysis.tables import group_by, measured, sort_points
+from pipeline.analysis.tables.points import group_by, measured, sort_points
+from pipeline.analysis.tables.rows import EXTRAS
 from pipeline.records.derived import BD_PARTS
 
 BD_ALL = (*BD_PARTS, "residual")

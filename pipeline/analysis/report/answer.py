@@ -1,9 +1,9 @@
 """The report's first screen: which strategy to use on this host and at which k, why, what it costs, how sure, and a
 command to run it (with best.yaml's `train:` section); or, when the tables hold no answer, exactly why not.
 
-Pure: the analysis tables (tables.py) and the strategies' status (summary.py) in, sentences and a mapping out. The
-pick is confidence.py's: the fastest point per strategy, a best named only when its 95 % interval clears the
-runner-up's, a tie said as a tie. stage.py writes best.yaml; report.py puts the lines first.
+Pure: the analysis tables (tables/points.py) and the strategies' status (tables/summary.py) in, sentences and a
+mapping out. The pick is confidence.py's: the fastest point per strategy, a best named only when its 95 % interval
+clears the runner-up's, a tie said as a tie. stage.py writes best.yaml; document.py puts the lines first.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import pandas as pd
 import yaml
 
 from pipeline import catalog
-from pipeline.analysis import confidence, stats
-from pipeline.analysis.report_why import part_words
-from pipeline.analysis.step_parts import breakdown_table
-from pipeline.analysis.tables import EXTRAS, MEM_BASIS, MIB, best_row, measured
+from pipeline.analysis.report import confidence
+from pipeline.analysis.report.why import part_words
+from pipeline.analysis.tables import stats
+from pipeline.analysis.tables.points import EXTRAS, MEM_BASIS, MIB, best_row, measured
+from pipeline.analysis.tables.step_parts import breakdown_table
 
 BEST_YAML = "results/analysis/best.yaml"
 RUN_DIR = "runs/best"
@@ -135,7 +136,7 @@ def _scaling(top, eff) -> str | None:
 
 
 def _ends(r) -> str:
-    """Both ends of an efficiency row (tables._intervals: k_under_load, base_under_load), when either was loaded."""
+    """Both ends of an efficiency row (points._intervals: k_under_load, base_under_load), when either was loaded."""
     if not r.get("under_load"):
         return ""
     k = "under load" if r.get("k_under_load") else "quietly"
@@ -284,7 +285,7 @@ def build(df, status, pts, eff, mem) -> Answer:
         where = f"B={top['batch_size']:g}, lr={top['best_lr']:g}"
         if top.get("optimizer", "sgd") not in ("", "sgd"):  # d2l's plain SGD, the default, goes unsaid
             where += f", {top['optimizer']}"
-        if top.get("under_load"):  # every trial behind this figure was flagged (tables.timed): say so at once
+        if top.get("under_load"):  # every trial behind this figure was flagged (points.timed): say so at once
             cores = top.get("load_cores")
             busy = f", {cores:.2f} cores busy elsewhere" if isinstance(cores, float) and cores == cores else ""
             where += f"; *measured under load*{busy}"

@@ -1,6 +1,6 @@
 """report.md of the analysis stage: tables, findings in plain language generated from the numbers.
 
-Built on tables.py's tables (and knob_effects.py's knob table); writes one file, report.md.
+Built on tables/points.py's tables (and tables/knob_effects.py's knob table); writes one file, report.md.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.analysis import answer, causes, confidence, memory_fit, sharding
-from pipeline.analysis.markdown import md_table
-from pipeline.analysis.report_host import host_capabilities_section, nodes_line
-from pipeline.analysis.tables import (
+from pipeline.analysis.report import answer, causes, confidence, memory_fit, sharding
+from pipeline.analysis.report.host import host_capabilities_section, nodes_line
+from pipeline.analysis.report.markdown import md_table
+from pipeline.analysis.tables.points import (
     MEM_BASIS,
     MEM_LISTS,
     MIB,

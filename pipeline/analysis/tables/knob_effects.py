@@ -3,7 +3,8 @@
 For each knob (bucket_cap_mb, grad_as_bucket_view, accum_steps, comm_hook) that took more than one value among a
 strategy's complete trials, every point (strategy, model, k, B, other knobs fixed) is listed per knob value with its
 throughput, weak-scaling efficiency and best test accuracy side by side: a faster but worse setting is visible.
-Pure pandas on tables.py's point and scaling tables; plots.plot_knob and report.knob_section draw and write it.
+Pure pandas on points.py's point and scaling tables; plots/figures.py's plot_knob and report/document.py's
+knob_section draw and write it.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 from pipeline import catalog
-from pipeline.analysis.markdown import md_table
-from pipeline.analysis.step_parts import BD_ALL
+from pipeline.analysis.report.markdown import md_table
+from pipeline.analysis.tables.step_parts import BD_ALL
 from pipeline.records.derived import BD_PARTS
 
 # What each part is, in plain words (comm_exposed: what the strategy issues; see pipeline/scaling/collectives.py)

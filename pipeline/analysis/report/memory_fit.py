@@ -11,7 +11,7 @@ import math
 import pandas as pd
 
 from pipeline import catalog
-from pipeline.analysis.tables import MIB
+from pipeline.analysis.tables.points import MIB
 
 COLUMNS = [
     "strategy",

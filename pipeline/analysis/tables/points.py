@@ -3,8 +3,8 @@
 From the trial rows (rows.py: results/sweeps/*.jsonl read into one typed frame) it derives per-point
 throughput, weak/strong scaling efficiency, per-device memory and accuracy.
 Only complete, non-oversubscribed trials enter the numbers. Undefined stays NaN, never 0.
-Everything above this module (step_parts, summary, knobs, plots, report, analyze) imports from here, never the other
-way.
+Everything above this module (step_parts.py, summary.py, knob_effects.py, projection.py beside it; report/, plots/
+and stage.py above tables/) imports from here, never the other way.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipeline.analysis import stats
-from pipeline.analysis.rows import EXPECTED, EXTRAS
+from pipeline.analysis.tables import stats
+from pipeline.analysis.tables.rows import EXPECTED, EXTRAS
 from pipeline.records.trial import point_columns
 
 POINT = ("strategy", "model", "k", "batch_size", "per_device_batch")

@@ -2,7 +2,7 @@
 the DVC metric: the same results as one flat mapping of numbers (`dvc metrics show`, `dvc exp show` columns).
 
 Pure: tables in, plain JSON types out (NaN and inf become null in summary.json, absent in metrics.json). Built on
-tables.py only.
+points.py and rows.py only.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.analysis.rows import EXTRAS
-from pipeline.analysis.tables import MIB, all_parallel, best_row, is_unavailable, joined, measured
-from pipeline.analysis.tables import POINT as POINT_KEYS
+from pipeline.analysis.tables.points import MIB, all_parallel, best_row, is_unavailable, joined, measured
+from pipeline.analysis.tables.points import POINT as POINT_KEYS
+from pipeline.analysis.tables.rows import EXTRAS
 from pipeline.records.trial import point_columns
 
 
@@ -104,9 +104,9 @@ def strategy_metrics(s, pts, eff, mem):
         "worst_mem_imbalance": None if imb is None else imb["mem_imbalance"],
         "worst_mem_imbalance_at": _at(imb, ("model", "k", "batch_size")),
         "max_dev0_excess_bytes": None if exc is None else exc["dev0_excess_bytes"],
-        # what those two are computed from (tables.MEM_BASIS): on GPUs the step's peak above resident
+        # what those two are computed from (points.MEM_BASIS): on GPUs the step's peak above resident
         "mem_basis": None if imb is None else imb["mem_basis"] or None,
-        # measured under load (tables.timed): every trial behind the figure was flagged by interference.py; the
+        # measured under load (points.timed): every trial behind the figure was flagged by interference.py; the
         # figure is kept, labelled with the cores other processes kept busy meanwhile (numbers, so the analysis
         # run's MLflow metrics carry the label: strategy/<s>/weak_efficiency_under_load_cores)
         "best_throughput_under_load_cores": _load(thr),

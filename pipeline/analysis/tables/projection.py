@@ -7,7 +7,7 @@ fitted only on the k=1 trial's compute per image (1 / its throughput) and an int
     measure them): no host measurement, no error printed, and the notes say so;
   - projected to k = 4 and 8 on the host's collectives (extrapolated) when measured, and on the nominal
     interconnect profiles (experiments/interconnects/nominal.yaml) always.
-Pure: tables and a parsed JSON dict in, a table and notes out (on tables.py and scaling/model.py).
+Pure: tables and a parsed JSON dict in, a table and notes out (on points.py and scaling/model.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 import pandas as pd
 
 from pipeline import catalog
-from pipeline.analysis.tables import EXTRAS, group_by, is_serial
+from pipeline.analysis.tables.points import EXTRAS, group_by, is_serial
 from pipeline.scaling import model as sm
 
 PROJECT_KS = (4, 8)

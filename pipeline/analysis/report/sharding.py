@@ -10,7 +10,7 @@ import math
 import pandas as pd
 
 from pipeline import catalog
-from pipeline.analysis.tables import MEM_BASIS, MIB
+from pipeline.analysis.tables.points import MEM_BASIS, MIB
 
 COLUMNS = [
     "strategy",
