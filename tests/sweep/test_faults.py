@@ -37,7 +37,10 @@ sweep:
 def repo(make_cfg, tmp_path, synthetic_root, monkeypatch):
     def make(n=512, epochs=1, lrs="[0.1, 0.2]"):
         (tmp_path / "experiments" / "f.yaml").write_text(PROFILE.format(n=n, epochs=epochs, lrs=lrs))
-        (tmp_path / "params.yaml").write_text(f"profile: f\ndata: {{source: synthetic, dir: {synthetic_root}}}\n")
+        (tmp_path / "params.yaml").write_text(  # no wait for, and no flag of, a host the suite's own load keeps busy
+            f"profile: f\ndata: {{source: synthetic, dir: {synthetic_root}}}\n"
+            "train: {interference_threshold: 1.0e+6}\nsweep: {quiet_wait_s: 0}\n"
+        )
         make_cfg(profile="f")  # DVC_ROOT, the profile
         return configmod.load(None, [], root=tmp_path)  # as `main(["sweep", ...])` reads it: the same study name
 

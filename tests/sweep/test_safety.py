@@ -69,10 +69,13 @@ class Ended:
         return 3
 
 
+# "listening" is written before listen(): the UI's probe can only connect after it, so the link must follow it in
+# the output; printed after listen(), a loaded host could deschedule the stand-in between the two and let the probe
+# (and the link) in first. A UI that prints its link without waiting still prints it a second before this line.
 LISTENS_LATE = """import socket, sys, time
 time.sleep(1.0)
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); print("listening", flush=True); time.sleep(1.0)
+s.bind(("127.0.0.1", int(sys.argv[1]))); print("listening", flush=True); s.listen(); time.sleep(1.0)
 """
 
 

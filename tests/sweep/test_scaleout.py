@@ -56,7 +56,10 @@ def machine(tmp_path: Path, name: str, data_dir: Path) -> Path:
     root = tmp_path / name
     (root / "experiments").mkdir(parents=True)
     (root / "experiments" / "scale.yaml").write_text(PROFILE)
-    (root / "params.yaml").write_text(f"profile: scale\ndata: {{source: synthetic, dir: {data_dir}}}\n")
+    (root / "params.yaml").write_text(  # no wait for, and no flag of, a host the suite (or the other worker) loads
+        f"profile: scale\ndata: {{source: synthetic, dir: {data_dir}}}\n"
+        "train: {interference_threshold: 1.0e+6}\nsweep: {quiet_wait_s: 0}\n"
+    )
     return root
 
 

@@ -121,12 +121,11 @@ def test_torch_tasks_on_two_nodes_rendezvous_over_tcp(slurm):
 def test_teardown_leaves_nothing_behind(slurm):
     """A second cluster beside the module's (its own subnet, ports, namespaces) starts, and once closed leaves no
     process, namespace, link or folder."""
-    t0 = time.monotonic()
     with cluster() as c:
-        started = time.monotonic() - t0
         pids = dict(c.daemons)
         assert c.run(["srun", "-N2", "hostname"], check=True).stdout.split()
-    assert started < 30, c.timings
+    # how long the start took is a figure, not a bound: cluster() fails a start whose nodes are not idle within
+    # START_TIMEOUT_S (a loaded CI host takes longer than a quiet one)
     deadline = time.monotonic() + 10
     while True:
         alive = {n: pid for n, pid in pids.items() if _alive(pid)}
