@@ -80,3 +80,26 @@ def test_a_panel_with_only_k1_points_says_why_it_is_empty(tmp_path):
     finally:
         Figure.savefig = real
     assert any("no weak-scaling efficiency" in t and "per-device batch" in t for t in texts), texts
+
+
+def test_lines_that_differ_in_a_setting_say_it_in_their_legend(tmp_path, monkeypatch):
+    """AdamW and SGD lines of one strategy at one batch are two lines with two legends (optimizer=...), never one
+    label twice; a setting that does not vary is left out of the label."""
+    rows = [
+        row("ddp", k=k, B=128 * k, thr=900.0 * k * f, optimizer=opt)
+        for k in (1, 2)
+        for opt, f in (("sgd", 1.0), ("adamw", 0.8))
+    ]
+    write(rows, tmp_path / "ddp.jsonl")
+    labels = []
+    real = Figure.savefig
+
+    def grab(fig, path, *a, **kw):
+        if Path(path).name.startswith("efficiency"):
+            labels.extend(ln.get_label() for ax in fig.axes[:1] for ln in ax.get_lines() if ln.get_label() != "ideal")
+        return real(fig, path, *a, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", grab)
+    analyze(tmp_path, tmp_path / "out", expected=("ddp",))
+    drawn = [label for label in labels if not label.startswith("_")]
+    assert sorted(drawn) == ["ddp b=128 optimizer=adamw", "ddp b=128 optimizer=sgd"], labels

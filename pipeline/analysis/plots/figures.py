@@ -69,8 +69,17 @@ def _save(fig, path, source="", load=""):
         fig.savefig(tmp, dpi=100, bbox_inches="tight")
 
 
-def _label(r, models, part):
-    return f"{r['strategy']}{' ' + r['model'] if len(models) > 1 else ''} {part}"
+def _label(r, models, part, varying=()):
+    """A line's legend: its strategy, its model where several are drawn, `part`, and each of `varying` (the settings
+    that differ between the strategy's lines, e.g. optimizer=adamw), so no two lines share a label."""
+    extra = "".join(f" {c}={r[c]}" for c in varying)
+    return f"{r['strategy']}{' ' + r['model'] if len(models) > 1 else ''} {part}{extra}"
+
+
+def _varying(frame, strategy) -> tuple[str, ...]:
+    """The EXTRAS columns whose value differs between `strategy`'s rows of `frame`."""
+    rows = frame[frame["strategy"] == strategy]
+    return tuple(c for c in EXTRAS if c in rows and rows[c].nunique(dropna=False) > 1)
 
 
 def _bars(ax, x, lo, hi, color):
@@ -107,7 +116,8 @@ def plot_efficiency(eff, path, colors, source=""):
                 marker=MARKERS[i % len(MARKERS)],
                 color=colors[r["strategy"]],
                 ls=":" if is_serial(r) else LINESTYLES[i % len(LINESTYLES)],
-                label=_label(r, models, f"{sym}={r[ref]:g}") + (" (serial)" if is_serial(r) else ""),
+                label=_label(r, models, f"{sym}={r[ref]:g}", _varying(e, r["strategy"]))
+                + (" (serial)" if is_serial(r) else ""),
             )
             _bars(ax, g["k"], g["efficiency_lo"], g["efficiency_hi"], colors[r["strategy"]])
         if not seen:  # only lone k=1 points: no line to draw, and an empty frame reads as "zero"
