@@ -34,6 +34,7 @@ from pipeline.sweep.space import PointConfigs, choices, points, space_hash, stud
 from pipeline.sweep.trial_exec import best_effort, fault_text, fmt_point, run_one
 from pipeline.tracking import client as tracking
 from pipeline.trial.launch import Infeasible, check_batch_fits, check_feasible
+from pipeline.trial.lifecycle import user_listeners
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -260,6 +261,7 @@ def _check_input(cfg) -> int:
     del data
     for url, key in ((storage_url(cfg), "sweep.storage"), (tracking.tracking_uri(cfg), "tracking.uri")):
         check_store(url, key)  # both, before either store is created or opened
+    user_listeners(cfg)  # tracking.listeners: each one loads and builds, or the sweep stops here, naming it
     return n_train
 
 

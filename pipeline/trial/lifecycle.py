@@ -32,19 +32,21 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from pipeline.config.loader import ConfigError
 from pipeline.errors import TrialFailed, interruption, root_cause
 from pipeline.records import files
 
 
 def user_listeners(cfg) -> list:
-    """The listeners tracking.listeners names, each built with the trial's Config."""
+    """The listeners tracking.listeners names, each built with the trial's Config; one that cannot be loaded or built
+    is a ConfigError naming it (the sweep checks them before it opens a store)."""
     built = []
     for path in cfg.tracking.listeners:
         module, _, name = path.partition(":")
         try:
             built.append(getattr(importlib.import_module(module), name)(cfg))
-        except (ImportError, AttributeError, ValueError) as e:
-            raise ValueError(
+        except (ImportError, AttributeError, ValueError, TypeError) as e:
+            raise ConfigError(
                 f"tracking.listeners: cannot load {path!r} ({type(e).__name__}: {e}); each entry is "
                 f"'package.module:Class', importable here, a class taking the trial's Config"
             ) from None

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import optuna
+import pytest
 
 from pipeline.sweep.stage import open_storage, run_sweep, study_name
 
@@ -52,3 +53,14 @@ def test_a_csv_listener_gets_a_row_per_sweep_trial(make_cfg, tmp_path, monkeypat
     for r in rows:  # the same trial as Optuna's and MLflow's, with the record's own throughput
         t = by_run[r["mlflow_run_id"]]
         assert float(r["lr"]) == t.params["lr"] and float(r["img_s"]) > 0
+
+
+def test_a_listener_that_cannot_be_loaded_stops_the_sweep_before_any_store(make_cfg, tmp_path):
+    """A typo in tracking.listeners is a configuration error named before the sweep creates its stores or claims a
+    trial: no Optuna or MLflow database exists after it."""
+    from pipeline.config.loader import ConfigError
+
+    cfg = make_cfg("sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}", "tracking.listeners=[nope:Csv]")
+    with pytest.raises(ConfigError, match="tracking.listeners: cannot load 'nope:Csv'"):
+        run_sweep(cfg, "single", tmp_path / "single.jsonl")
+    assert not list(tmp_path.rglob("*.db")) and not (tmp_path / "single.jsonl").exists()

@@ -152,5 +152,5 @@ def test_a_listener_that_cannot_be_loaded_is_named(tmp_path):
     cfg = configmod.load(
         None, ["profile=", "data.source=synthetic", "tracking.listeners=[no_such_module:Store]"], root=tmp_path
     )
-    with pytest.raises(ValueError, match="tracking.listeners: cannot load 'no_such_module:Store'"):
+    with pytest.raises(configmod.ConfigError, match="tracking.listeners: cannot load 'no_such_module:Store'"):
         Trial(cfg, tmp_path, [], runner=runner())
