@@ -31,10 +31,15 @@ def cmd_train(args) -> int:
 
 def cmd_sweep(args) -> int:
     from pipeline.preflight import output_file
-    from pipeline.sweep.stage import run_sweep
+    from pipeline.sweep import unselected
 
     cfg = configmod.load(args.params, args.overrides)
     out = output_file(args.out or paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.jsonl", "--out")
+    if not unselected.selected(cfg, args.strategy):  # its table, without loading torch, Optuna and MLflow
+        unselected.write_table(cfg, args.strategy, out)
+        return 0
+    from pipeline.sweep.stage import run_sweep
+
     run_sweep(cfg, args.strategy, out, max_new_trials=args.n_trials)
     return 0
 

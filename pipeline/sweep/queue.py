@@ -239,6 +239,23 @@ def storage_url(cfg) -> str:
     return store_url(cfg.sweep.storage, "sweep.storage", "optuna.db")
 
 
+def one_writer_at_a_time(storage: optuna.storages.RDBStorage) -> optuna.storages.RDBStorage:
+    """Every transaction on a SQLite storage begins IMMEDIATE: it takes the database's write lock before its first
+    read, and another worker's transaction waits for it (the connection's 60 s busy timeout). Python's sqlite3 driver
+    begins a transaction only at the first write, so Optuna's check-then-set in set_trial_state_values (read WAITING,
+    write RUNNING) read outside any transaction: two workers could both read WAITING and both claim one trial (seen on
+    a loaded host: one trial run by two workers, the second told "taken over" when the first recorded it). A server
+    (PostgreSQL) locks the row itself (SELECT ... FOR UPDATE) and needs none of this. The storage is opened with the
+    driver's own transaction handling off (isolation_level None), as SQLAlchemy's SQLite documentation describes."""
+    from sqlalchemy import event
+
+    @event.listens_for(storage.engine, "begin")
+    def _begin_immediate(conn) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return storage
+
+
 def open_storage(cfg) -> optuna.storages.RDBStorage:
     url = storage_url(cfg)
     check_store(url, "sweep.storage")  # unreachable, corrupt or unwritable: fails now, in seconds
@@ -256,16 +273,21 @@ def open_storage(cfg) -> optuna.storages.RDBStorage:
             file=sys.stderr,
             flush=True,
         )
-    args = {"timeout": 60} if url.startswith("sqlite") else {"connect_timeout": STORE_TIMEOUT_S} if server else None
+    sqlite = url.startswith("sqlite")
+    # SQLite: the driver begins no transaction itself (isolation_level None); one_writer_at_a_time begins them all
+    args = (
+        {"timeout": 60, "isolation_level": None} if sqlite else {"connect_timeout": STORE_TIMEOUT_S} if server else None
+    )
     for attempt in range(5):
         try:
-            return optuna.storages.RDBStorage(
+            storage = optuna.storages.RDBStorage(
                 url,
                 engine_kwargs={"connect_args": args} if args else None,
                 heartbeat_interval=HEARTBEAT_S,
                 grace_period=GRACE_S,
                 **stale,
             )
+            return one_writer_at_a_time(storage) if sqlite else storage
         except Exception as e:  # bad URL, server down, missing driver
             if server and store_fault(e) == "no_answer":
                 raise StoreError(

@@ -25,9 +25,9 @@ from pipeline.errors import Stopped, interruption
 from pipeline.host.devices import probe
 from pipeline.measure.quiet import QuietGate
 from pipeline.preflight import check_store
-from pipeline.records.table import trial_row, write_rows, write_table
+from pipeline.records.table import write_table
 from pipeline.sweep import queue as claims
-from pipeline.sweep import slurm, study_parent, study_setup, study_view
+from pipeline.sweep import slurm, study_parent, study_setup, study_view, unselected
 from pipeline.sweep.progress import counter, progress
 from pipeline.sweep.queue import open_storage, storage_url
 from pipeline.sweep.space import PointConfigs, choices, points, space_hash, study_name
@@ -198,20 +198,11 @@ def _quiet_gate(cfg, strategy: str) -> QuietGate | None:
     return gate
 
 
-def _unselected(cfg, strategy: str, out_csv: Path) -> Path:
-    """The table of a strategy params.yaml does not select: every point, with the reason, and no trial run."""
-    why = f"not selected: `{strategy}` is not in sweep.strategies ({', '.join(cfg.sweep.strategies)})"
-    stand_in = type("Unselected", (), {"study_name": study_name(cfg, strategy)})
-    write_rows([trial_row(stand_in, strategy, point=p, reason=why) for p in points(cfg, strategy)], out_csv)
-    print(f"[sweep {strategy}] {why}: no trial run", file=sys.stderr, flush=True)
-    return out_csv
-
-
 def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = None) -> Path:
     """Run the study of `strategy` on this worker (see the module's docstring) and write its table to `out_csv`."""
+    if not unselected.selected(cfg, strategy):  # DVC runs every sweep@ stage; params.yaml picks which run trials
+        return unselected.write_table(cfg, strategy, out_csv)
     host = probe()
-    if strategy not in cfg.sweep.strategies:  # DVC runs every sweep@ stage; params.yaml picks which run trials
-        return _unselected(cfg, strategy, out_csv)
     n_train = _check_input(cfg)  # bad input stops here, before anything is written to the stores
     tracker, configs, study, feasible, skipped = _set_up(cfg, strategy, host, n_train)
     trials_dir = paths.repo_root() / "runs" / "trials"

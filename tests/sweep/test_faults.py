@@ -278,3 +278,33 @@ def test_a_cpu_out_of_memory_while_the_caller_prepares_a_trial_fails_it_with_kin
     with pytest.raises(TrialFailed) as e:
         run_trial(cfg, tmp_path / "o", progress=False, timeout_s=60)
     assert e.value.kind == "oom" and "can't allocate memory" in str(e.value), (e.value.kind, str(e.value))
+
+
+def test_two_workers_claiming_at_once_never_take_the_same_trial(make_cfg):
+    """Seen on a loaded host: two workers both read a trial WAITING and both claimed it (SQLite's driver began the
+    transaction only at the write). Here worker B claims while worker A is between its read and its write: B waits
+    for A's transaction, then takes the other trial."""
+    from sqlalchemy import event
+
+    cfg = make_cfg()
+    a, b = open_storage(cfg), open_storage(cfg)  # two workers: two engines on one SQLite file
+    study_a = optuna.create_study(storage=a, study_name="race")
+    study_a.enqueue_trial({"x": 1})
+    study_a.enqueue_trial({"x": 2})
+    study_b = optuna.load_study(study_name="race", storage=b)
+    got_b, racer = [], []
+
+    def b_claims_now(conn, cursor, statement, *args):
+        if statement.startswith("UPDATE trials SET state") and not racer:  # A read WAITING, writes RUNNING next
+            racer.append(threading.Thread(target=lambda: got_b.append(claims.claim(study_b))))
+            racer[0].start()
+            racer[0].join(timeout=2)  # B's whole claim, unless it waits for A's transaction
+
+    event.listen(a.engine, "before_cursor_execute", b_claims_now)
+    got_a = claims.claim(study_a)
+    event.remove(a.engine, "before_cursor_execute", b_claims_now)
+    racer[0].join(timeout=60)
+    assert got_a is not None and len(got_b) == 1 and got_b[0] is not None
+    assert {got_a.number, got_b[0].number} == {0, 1}
+    owners = [t.system_attrs[claims.WORKER_ATTR] for t in study_a.get_trials(states=(TrialState.RUNNING,))]
+    assert len(owners) == 2
