@@ -50,8 +50,8 @@ def main():
     train_s, trial_s, trials, lines = 0.0, 0.0, 0, []
     for f in sorted((tmp / "results" / "sweeps").glob("*.jsonl")):
         rows = [r for r in map(json.loads, open(f)) if r["state"] in ("complete", "pruned")]
-        steps = sum(sum(r["epoch_s_list"] or []) for r in rows)
-        walls = sum(r["duration_s"] for r in rows)
+        steps = sum(sum(r["epoch_s"] or []) for r in rows)
+        walls = sum(r["wall_s"] for r in rows)
         train_s, trial_s, trials = train_s + steps, trial_s + walls, trials + len(rows)
         if rows:
             lines.append(

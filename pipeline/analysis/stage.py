@@ -153,7 +153,9 @@ def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
         ],
         x + (["mem_method"] if mem["mem_method"].nunique() > 1 else []),
     )
-    _csv(acc, out / "accuracy.csv", ["strategy", "model", "k", "batch_size", "lr", "test_acc", "time_to_acc_s"], x)
+    _csv(
+        acc, out / "accuracy.csv", ["strategy", "model", "k", "batch_size", "lr", "final_test_acc", "time_to_acc_s"], x
+    )
 
 
 def _write_figures(out: Path, status, pts, eff, mem, knobs, source: str) -> None:

@@ -17,13 +17,12 @@ BD_PARTS = ("data", "forward", "backward_compute", "comm_exposed", "optimizer", 
 
 @dataclass(frozen=True)
 class Derived:
-    """A value computed from the record's fields; `expand`: a dict whose keys are appended to the view's key."""
+    """A value computed from the record's fields; `expand`: a dict whose keys are appended to its name."""
 
     name: str
     kind: str
     fn: object
     views: tuple
-    keys: dict
     expand: bool
 
 
@@ -68,55 +67,27 @@ def _bd_cell(key: str):
     return lambda r: (_bd(r).get("parts_s") or {}).get(key[:-2]) if key[:-2] in BD_PARTS else _bd(r).get(key)
 
 
-def _d(name, kind, fn, *views, expand=False, **keys):
-    return Derived(name, kind, fn, views, {v: keys.get(v, name) for v in views}, expand)
+def _d(name, kind, fn, *views, expand=False):
+    """A derived value, the views it appears in, under its own name in every one (an `expand` dict: the name plus
+    each of its keys, peak_mem_mib_dev0); no view renames it."""
+    return Derived(name, kind, fn, views, expand)
 
 
 DERIVED = (
-    _d(
-        "final_test_acc",
-        "float",
-        lambda r: (r.test_acc or [None])[-1],
-        TABLE,
-        METRIC,
-        OPTUNA,
-        table="test_acc",
-        metric="acc/final_test",
-        optuna="test_acc",
-    ),
-    _d("final_train_loss", "float", lambda r: (r.train_loss or [None])[-1], TABLE, table="train_loss"),
-    _d("mean_epoch_s", "float", lambda r: _mean(r.epoch_s), TABLE, OPTUNA, table="epoch_s", optuna="epoch_s"),
+    _d("final_test_acc", "float", lambda r: (r.test_acc or [None])[-1], TABLE, METRIC, OPTUNA),
+    _d("final_train_loss", "float", lambda r: (r.train_loss or [None])[-1], TABLE),
+    _d("mean_epoch_s", "float", lambda r: _mean(r.epoch_s), TABLE, OPTUNA),
     _d("peak_mem_max", "float", lambda r: max(_peaks(r), default=None), TABLE),
     _d("peak_mem_mean", "float", lambda r: _mean(_peaks(r)), TABLE),
-    _d(
-        "peak_mem_mib_max",
-        "float",
-        lambda r: max(_peaks(r)) / MIB if _peaks(r) else None,
-        OPTUNA,
-        METRIC,
-        metric="mem/peak_mib",
-    ),
-    _d(
-        "peak_mem_mib",
-        "dict",
-        lambda r: _mib_per_device(r.peak_mem_bytes),
-        METRIC,
-        expand=True,
-        metric="mem/peak_mib/dev",
-    ),
+    # the largest device's peak in MiB; peak_mem_mib_devN: each device's
+    _d("peak_mem_mib", "float", lambda r: max(_peaks(r)) / MIB if _peaks(r) else None, OPTUNA, METRIC),
+    _d("peak_mem_mib_dev", "dict", lambda r: _mib_per_device(r.peak_mem_bytes), METRIC, expand=True),
     *(
-        _d(
-            name,
-            "dict",
-            lambda r, name=name: _mib_per_device(getattr(r, name)),
-            METRIC,
-            expand=True,
-            metric=f"mem/{key}_mib/dev",
-        )
-        for name, key in (
-            ("mem_resident_bytes", "resident"),
-            ("mem_reserved_peak_bytes", "reserved_peak"),
-            ("mem_nvml_used_bytes", "nvml_used"),
+        _d(name, "dict", lambda r, field=field: _mib_per_device(getattr(r, field)), METRIC, expand=True)
+        for name, field in (
+            ("mem_resident_mib_dev", "mem_resident_bytes"),
+            ("mem_reserved_peak_mib_dev", "mem_reserved_peak_bytes"),
+            ("mem_nvml_used_mib_dev", "mem_nvml_used_bytes"),
         )
     ),
     _d(
@@ -124,17 +95,10 @@ DERIVED = (
         "float",
         lambda r: r.mem_device0_excess / MIB if r.mem_device0_excess is not None else None,
         METRIC,
-        metric="mem/device0_excess_mib",
     ),
     # of the breakdown, two numbers are metrics; its parts are one table per trial (TrialRecord.breakdown_parts)
-    _d("sampled_step_s", "float", lambda r: _bd(r).get("step_s"), METRIC, metric="perf/step_s"),
-    _d(
-        "comm_exposed_share",
-        "float",
-        lambda r: breakdown_metrics(_bd(r)).get("comm_exposed_share"),
-        METRIC,
-        metric="perf/comm_exposed_share",
-    ),
+    _d("sampled_step_s", "float", lambda r: _bd(r).get("step_s"), METRIC),
+    _d("comm_exposed_share", "float", lambda r: breakdown_metrics(_bd(r)).get("comm_exposed_share"), METRIC),
     *(
         _d(f"bd_{key}", "float", _bd_cell(key), TABLE)
         for key in ("step_s", *(f"{p}_s" for p in BD_PARTS), "residual_s", "samples")

@@ -1,13 +1,14 @@
 """One trial's record: every per-trial measurement declared once, with its kind (its type) and its views.
 
 `summarize` builds a TrialRecord once per trial from every rank's result; the rest are views of it: metrics.json and
-the Optuna attribute `metrics` (every field); PARAM, METRIC (slash keys, memory in MiB), TAG: MLflow; OPTUNA: numeric
-Optuna user attributes (optuna-dashboard plots them); TABLE: a column of results/sweeps/<strategy>.jsonl, which
-sweep_table.typed reads back for analysis. A view's key is the field's name unless the declaration names another
-(metric="perf/wall_s"). Values computed from fields (final accuracy, peaks in MiB, the breakdown's parts) are
-declared in DERIVED. Adding a measurement: one line in TrialRecord (rank= fills it from the ranks' results;
-POINT carries it into the analysis and metrics.json), plus the code that measures it;
-tests/records/test_record.py checks that every field reaches every view it declares. Torch-free: analysis imports it.
+the Optuna attribute `metrics` (every field); PARAM, METRIC, TAG: MLflow; OPTUNA: numeric Optuna user attributes
+(optuna-dashboard plots them); TABLE: a column of results/sweeps/<strategy>.jsonl, which records/table.typed reads
+back for analysis. Every view's key is the field's own name (`wall_s` is `wall_s` on MLflow, in the table and in
+metrics.json): no declaration names another. Values computed from fields (final accuracy, peaks in MiB, the
+breakdown's parts) are declared in DERIVED, each under its own name too (final_test_acc, peak_mem_mib). Adding a
+measurement: one line in TrialRecord (rank= fills it from the ranks' results; POINT carries it into the analysis and
+metrics.json), plus the code that measures it; tests/records/test_record.py checks that every field reaches every
+view it declares, under its own name. Torch-free: analysis imports it.
 """
 
 from __future__ import annotations
@@ -33,16 +34,17 @@ from pipeline.records.derived import (  # noqa: F401 (BD_COLUMNS, BD_PARTS, JSON
     sampled_breakdown,
 )
 
-# Table columns that describe the Optuna trial (or the skipped point), not the run: filled by sweep_table.trial_row
+# Table columns that describe the Optuna trial (or the skipped point), not the run: filled by records/table.trial_row
 ROW_COLUMNS = {"study": "str", "trial": "int", "state": "str", "reason": "str", "mlflow_run_id": "str"}
 
 
-def _f(*views: str, rank: str | None = None, **keys: str):
-    """A field, the views it appears in and their keys; `rank`: how summarize fills it from the ranks' results by
-    its own name (RANK_AGGREGATES), so a measurement a rank returns needs no line of its own there."""
+def _f(*views: str, rank: str | None = None):
+    """A field and the views it appears in, under its own name in every one (no view renames it); `rank`: how
+    summarize fills it from the ranks' results by its own name (RANK_AGGREGATES), so a measurement a rank returns
+    needs no line of its own there."""
     if rank is not None and rank not in RANK_AGGREGATES:
         raise ValueError(f"rank={rank!r}: one of {sorted(RANK_AGGREGATES)}")
-    return field(default=None, metadata={"views": frozenset(views), "keys": keys, "rank": rank})
+    return field(default=None, metadata={"views": frozenset(views), "rank": rank})
 
 
 def _numbers(ranks, key) -> list:
@@ -94,19 +96,19 @@ class TrialRecord:
     host_devices: int | None = _f(TABLE)
     torch: str | None = _f()
     cuda: str | None = _f()
-    host_cpu_isa: str | None = _f(TAG, TABLE, tag="host.cpu_isa")
-    host_torch_cpu_capability: str | None = _f(TAG, tag="host.torch_cpu_capability")
-    host_bf16: str | None = _f(TAG, TABLE, tag="host.bf16")
-    host_fp16: str | None = _f(TAG, TABLE, tag="host.fp16")
-    host_cpu_bf16: str | None = _f(TAG, tag="host.cpu_bf16")
-    host_cpu_fp16: str | None = _f(TAG, tag="host.cpu_fp16")
-    host_gpu_name: str | None = _f(TAG, TABLE, tag="host.gpu_name")
-    host_gpu_cc: str | None = _f(TAG, TABLE, tag="host.gpu_compute_capability")
-    host_nccl: str | None = _f(TAG, TABLE, tag="host.nccl")
-    host_torch: str | None = _f(TAG, tag="host.torch")
-    host_cuda: str | None = _f(TAG, tag="host.cuda")
-    host_interconnect: str | None = _f(TAG, TABLE, tag="host.interconnect")
-    host_tf32: str | None = _f(TAG, TABLE, tag="host.tf32")  # the launching process's TF32 switches (read once)
+    host_cpu_isa: str | None = _f(TAG, TABLE)
+    host_torch_cpu_capability: str | None = _f(TAG)
+    host_bf16: str | None = _f(TAG, TABLE)
+    host_fp16: str | None = _f(TAG, TABLE)
+    host_cpu_bf16: str | None = _f(TAG)
+    host_cpu_fp16: str | None = _f(TAG)
+    host_gpu_name: str | None = _f(TAG, TABLE)
+    host_gpu_cc: str | None = _f(TAG, TABLE)
+    host_nccl: str | None = _f(TAG, TABLE)
+    host_torch: str | None = _f(TAG)
+    host_cuda: str | None = _f(TAG)
+    host_interconnect: str | None = _f(TAG, TABLE)
+    host_tf32: str | None = _f(TAG, TABLE)  # the launching process's TF32 switches (read once)
     tf32: str | None = _f(TAG)  # the TF32 switches the main rank trained under (train.fp32_precision=ieee pins them)
     # what it measured
     parallel_devices: bool | None = _f(TAG, TABLE)
@@ -117,15 +119,15 @@ class TrialRecord:
     throughput_img_s: float | None = _f(METRIC, OPTUNA, TABLE, rank="min")
     throughput_windows: list[float] | None = _f(TABLE)  # steady-state img/s per window, element-wise slowest rank
     timed_steps: int | None = _f()
-    epoch_s: list[float] | None = _f(TABLE, table="epoch_s_list")
-    test_acc: list[float] | None = _f(TABLE, table="test_acc_list")
-    train_loss: list[float] | None = _f()
+    epoch_s: list[float] | None = _f(TABLE)
+    test_acc: list[float] | None = _f(TABLE)
+    train_loss: list[float] | None = _f(TABLE)
     epoch_throughput_img_s: list[float] | None = _f()  # each epoch's images/s (the epoch records' own name)
-    time_to_acc_s: float | None = _f(METRIC, TABLE, metric="perf/time_to_acc_s")
-    startup_s: float | None = _f(METRIC, TABLE, metric="perf/startup_s")  # the warm-up steps' seconds (meter.py)
+    time_to_acc_s: float | None = _f(METRIC, TABLE)
+    startup_s: float | None = _f(METRIC, TABLE)  # the warm-up steps' seconds (meter.py)
     eval: str | None = _f()
-    peak_mem_bytes: list[float] | None = _f(TAG, TABLE, tag="mem_peak_bytes")  # per device, of kind mem_basis
-    mem_imbalance: float | None = _f(METRIC, OPTUNA, TABLE, metric="mem/imbalance")
+    peak_mem_bytes: list[float] | None = _f(TAG, TABLE)  # per device, of kind mem_basis
+    mem_imbalance: float | None = _f(METRIC, OPTUNA, TABLE)
     mem_device0_excess: float | None = _f()
     mem_method: str | None = _f(TAG, TABLE)
     mem_basis: str | None = _f(TAG, TABLE)  # what peak_mem_bytes (so imbalance, dev-0 excess) holds
@@ -139,7 +141,7 @@ class TrialRecord:
     backend: str | None = _f()  # process group of a multi-process trial: nccl or gloo; None otherwise
     breakdown: dict | None = _f()  # where a sampled steady-state step goes (breakdown.py), main rank's view
     interference: dict | None = _f()  # what else used the host meanwhile (interference.py)
-    wall_s: float | None = _f(METRIC, TABLE, metric="perf/wall_s", table="duration_s")
+    wall_s: float | None = _f(METRIC, TABLE)  # wall-clock seconds, from launching its ranks to its results
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -167,11 +169,11 @@ class TrialRecord:
         out = {}
         for f in dataclasses.fields(self):
             if view in f.metadata["views"]:
-                out[f.metadata["keys"].get(view, f.name)] = getattr(self, f.name)
+                out[f.name] = getattr(self, f.name)
         for d in DERIVED:
             if view in d.views:
                 value = d.fn(self)
-                out.update({d.keys[view] + k: v for k, v in value.items()} if d.expand else {d.keys[view]: value})
+                out.update({d.name + k: v for k, v in value.items()} if d.expand else {d.name: value})
         return out
 
     def __getitem__(self, key: str):  # record["throughput_img_s"]: metrics.json's key, for callers that read by name
@@ -358,8 +360,8 @@ def table_kinds() -> dict:
     out = dict(ROW_COLUMNS)
     for f in dataclasses.fields(TrialRecord):
         if TABLE in f.metadata["views"]:
-            out[f.metadata["keys"].get(TABLE, f.name)] = _kind(str(f.type))
-    out.update({d.keys[TABLE]: d.kind for d in DERIVED if TABLE in d.views})
+            out[f.name] = _kind(str(f.type))
+    out.update({d.name: d.kind for d in DERIVED if TABLE in d.views})
     return out
 
 
@@ -368,11 +370,7 @@ COLUMNS = list(table_kinds())
 
 def point_columns(record=TrialRecord) -> list[str]:
     """The sweep-table columns of the fields declared with the POINT view: analysed per point and in metrics.json."""
-    return [
-        f.metadata["keys"].get(TABLE, f.name)
-        for f in dataclasses.fields(record)
-        if POINT in f.metadata["views"] and TABLE in f.metadata["views"]
-    ]
+    return [f.name for f in dataclasses.fields(record) if POINT in f.metadata["views"] and TABLE in f.metadata["views"]]
 
 
 def _finite(v) -> bool:

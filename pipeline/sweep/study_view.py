@@ -17,12 +17,12 @@ from pipeline.sweep.space import constants
 from pipeline.tracking.metric_names import rounded
 
 # What the sweep optimises: study.tell(trial, final test accuracy), direction maximize (sweep.trial_exec.run_one)
-OBJECTIVE = "test_acc"
+OBJECTIVE = "final_test_acc"  # the trial record's name for it (records/derived.py), as in MLflow and the table
 # the study's user attribute `objective`, read in optuna-dashboard beside its "Best Trial"
 OBJECTIVE_TEXT = (
-    "test_acc: one trial's final test accuracy, maximised. Optuna's Best Trial is therefore the most accurate single "
-    "trial; the report's answer (results/analysis/report.md) is the fastest configuration measured, so the two "
-    "differ by design. Each trial's img/s is its user attribute throughput_img_s."
+    "final_test_acc: one trial's final test accuracy, maximised. Optuna's Best Trial is therefore the most accurate "
+    "single trial; the report's answer (results/analysis/report.md) is the fastest configuration measured, so the "
+    "two differ by design. Each trial's img/s is its user attribute throughput_img_s."
 )
 
 
@@ -88,11 +88,11 @@ def _measured(study) -> list:
 
 
 def study_metrics(study, n_skipped: int) -> dict:
-    """The study parent run's metrics at the sweep's end: trial counts, best accuracy, worst memory imbalance. Its
-    throughput (`throughput_img_s`, the trials' column) and efficiencies come from the analyze stage alone
-    (tracking.analysis_run.log_study_rows, metric_names.study_row_metrics), which also writes the report's accuracy
-    and imbalance over these: one source, one rule (flagged trials left out where quiet ones exist) for the study row
-    and the report."""
+    """The study parent run's metrics at the sweep's end: trial counts, best accuracy, worst memory imbalance, the
+    last two under summary.json's names (best_test_acc, worst_mem_imbalance). Its throughput (best_throughput_img_s)
+    and efficiencies come from the analyze stage alone (tracking.analysis_run.log_study_rows,
+    metric_names.study_row_metrics), which also writes the report's accuracy and imbalance over these: one source,
+    one rule (flagged trials left out where quiet ones exist) for the study row and the report."""
     counts = {
         f"study/n_{name}": sum(t.state == st for t in study.get_trials(deepcopy=False))
         for name, st in (("complete", TrialState.COMPLETE), ("failed", TrialState.FAIL), ("pruned", TrialState.PRUNED))
@@ -106,10 +106,10 @@ def study_metrics(study, n_skipped: int) -> dict:
         "study/n_skipped": n_skipped,
         "study/n_flagged": flagged,
         "flagged": flagged,  # the trials' 0/1 column: on the collapsed study row, how many of its trials are flagged
-        # the trials' own columns, filled on the collapsed study row: the study's best trial in each
-        "acc/final_test": max(accs) if accs else None,
-        "mem/imbalance": max(imb) if imb else None,
-    }  # the worst of the study's k >= 2 trials
+        # the study's best trial's accuracy and the worst memory imbalance of its k >= 2 trials
+        "best_test_acc": max(accs) if accs else None,
+        "worst_mem_imbalance": max(imb) if imb else None,
+    }
     return {k: v if v is None else rounded(v) for k, v in out.items()}
 
 

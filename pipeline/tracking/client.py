@@ -301,7 +301,7 @@ def system_metrics(cfg, run_id: str | None):
     """With tracking.system_metrics on, MLflow's system metrics (system/cpu_utilization_percentage,
     system/system_memory_usage_megabytes, disk, network and, where pynvml finds NVIDIA GPUs, system/gpu_N_*) are
     sampled every tracking.system_metrics_interval_s into run `run_id` while the block runs. They describe the whole
-    host (every process), beside the trial's own per-device allocator peaks (mem/peak_mib/devN), never instead."""
+    host (every process), beside the trial's own per-device allocator peaks (peak_mem_mib_devN), never instead."""
     if not (cfg.tracking.system_metrics and run_id):
         yield None
         return

@@ -1,9 +1,10 @@
 """The names and rounding of a trial's MLflow metrics: what its page, the runs table and the compare table show.
 
 A measurement keeps its name on MLflow: the learning curves are the epoch record's own keys (CURVES), the trial's
-numbers the names its record declares (records/trial.py; `throughput_img_s`, the same in the sweep table, Optuna,
-metrics.json and the report). MLflow's compare table and chart sections sort keys alphabetically; the runs table's
-columns are chosen, not sorted (ui_view.COLUMNS).
+numbers its record's own field and derived names (records/trial.py; `throughput_img_s`, the same in the sweep table,
+Optuna, metrics.json and the report), a study's numbers the names summary.json and metrics.json give them. MLflow's
+compare table and chart sections sort keys alphabetically; the runs table's columns are chosen, not sorted
+(ui_view.COLUMNS).
 The step-time breakdown is one table artifact per trial (BREAKDOWN_FILE) plus two summary metrics, not one
 single-point series per part. Values are rounded to ROUND_DIGITS significant digits: the timings behind them
 vary by more than that between repeats. Pure: a record (or an epoch's dict) in, a dict of metrics out.
@@ -12,6 +13,7 @@ vary by more than that between repeats. Pure: a record (or an epoch's dict) in, 
 from __future__ import annotations
 
 import math
+import re
 
 ROUND_DIGITS = 4
 BREAKDOWN_FILE = "breakdown.json"  # MLflow's log_table artifact: one row per part of a sampled step
@@ -20,13 +22,14 @@ BREAKDOWN_FILE = "breakdown.json"  # MLflow's log_table artifact: one row per pa
 # record's per-epoch lists too
 EPOCH_THROUGHPUT = "epoch_throughput_img_s"
 CURVES = ("train_loss", "test_acc", "epoch_s", EPOCH_THROUGHPUT)
-# once per trial, at the last epoch's step: the record's METRIC view (records/trial.py) declares each name, and the
-# study rows (study_row_metrics) fill the same columns; these are the record's own keys
-# (tests/tracking/test_metric_names.py holds them equal), named here because tracking does not import records
-FINAL_ACC = "acc/final_test"
+# once per trial, at the last epoch's step: the record's METRIC view (records/trial.py), each under the record's own
+# name; named here because tracking does not import records (tests/tracking/test_metric_names.py holds them equal)
+FINAL_ACC = "final_test_acc"
 THROUGHPUT = "throughput_img_s"
-STEP_S = "perf/step_s"
-COMM_SHARE = "perf/comm_exposed_share"
+STEP_S = "sampled_step_s"
+COMM_SHARE = "comm_exposed_share"
+PEAK_MIB = "peak_mem_mib"
+MEM_IMBALANCE = "mem_imbalance"
 
 
 def rounded(v: float, digits: int = ROUND_DIGITS) -> float:
@@ -87,6 +90,8 @@ ANALYSIS_HEADLINE = (
     "best_throughput_under_load_cores",
 )
 ANALYSIS_COUNTS = ("n_trials", "n_complete", "n_measured", "n_flagged")
+# a study (parent) run's numbers from summary.json, under its names: the strategy's headline and the largest k
+STUDY_HEADLINE = ("best_throughput_img_s", "weak_efficiency", "largest_k", "best_test_acc", "worst_mem_imbalance")
 
 
 def analysis_metrics(summary: dict) -> dict:
@@ -99,23 +104,16 @@ def analysis_metrics(summary: dict) -> dict:
 
 
 def study_row_metrics(strategy: str, summary: dict, flat: dict) -> dict:
-    """A study parent run's metrics from the analyze stage's outputs, the numbers the report shows: from
-    metrics.json (`flat`, already rounded) each k's weak efficiency as eff/kK (eff/<model>/kK with several models)
-    and largest peak as mem/peak_mib (the largest k's); from summary.json the study's headline numbers, rounded
-    here as every metric is. The study row's throughput comes from here alone (the sweep leaves it out): the
-    report's rule, one source for the row and the report."""
+    """A study parent run's metrics from the analyze stage's outputs, the numbers the report shows, each under the
+    name its file gives it: from summary.json the strategy's STUDY_HEADLINE numbers (best_throughput_img_s,
+    weak_efficiency at the largest k where it is defined, largest_k measured, best_test_acc, worst_mem_imbalance),
+    rounded here as every metric is; from metrics.json (`flat`, already rounded) every per-k figure of the strategy
+    (eff.<strategy>.kK, throughput_img_s.<strategy>.kK, ...). The study's throughput comes from here alone (the sweep
+    leaves it out): the report's rule, one source for the row and the report."""
     s = (summary.get("strategies") or {}).get(strategy) or {}
-    at = s.get("weak_efficiency_at") or {}
-    out = {
-        "study/weak_efficiency_max_k": s.get("weak_efficiency"),
-        "study/max_k": at.get("k"),
-        THROUGHPUT: s.get("best_throughput_img_s"),  # the study's fastest point: its trials' column, on its row
-        FINAL_ACC: s.get("best_test_acc"),
-        "mem/imbalance": s.get("worst_mem_imbalance"),
-    }
-    out = _clean(out)
+    out = _clean({k: s.get(k) for k in STUDY_HEADLINE})
     for key, v in flat.items():
         name, _, rest = key.partition(f".{strategy}.")
-        if name == "eff" and rest and _metric(v):
-            out[f"eff/{rest.replace('.', '/')}"] = v
+        if name and re.fullmatch(r"k\d+", rest.split(".")[-1]) and _metric(v):
+            out[key] = v
     return out

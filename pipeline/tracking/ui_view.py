@@ -20,23 +20,29 @@ import sys
 from urllib.parse import urlencode
 
 from pipeline.tracking.client import PIPELINE_RUN_TAG  # which pipeline run (DVC experiment) a run is of
-from pipeline.tracking.metric_names import THROUGHPUT
+from pipeline.tracking.metric_names import FINAL_ACC, MEM_IMBALANCE, PEAK_MIB, THROUGHPUT
 
 SHARE_TAG_PREFIX = "mlflow.sharedViewState."  # MLflow's EXPERIMENT_PAGE_VIEW_STATE_SHARE_TAG_PREFIX
 VIEW_KEY = "parallax"
 # the runs table's columns, in the order a reader compares them, where the store has them: strategy, k, batch, lr,
-# img/s, efficiency, peak MiB, accuracy, flagged (metric_names rounds every value)
+# then each number beside its study row's counterpart, every one under its own name (metric_names rounds every
+# value): a trial's img/s and its study's best, the study's weak efficiency and largest k, peak MiB, a trial's final
+# accuracy and its study's best, flagged, a trial's memory imbalance and its study's worst
 COLUMNS = (
     "params.`strategy`",
     "params.`devices`",
     "params.`batch_size`",
     "params.`lr`",
     f"metrics.`{THROUGHPUT}`",
-    "metrics.`study/weak_efficiency_max_k`",
-    "metrics.`mem/peak_mib`",
-    "metrics.`acc/final_test`",
+    "metrics.`best_throughput_img_s`",
+    "metrics.`weak_efficiency`",
+    "metrics.`largest_k`",
+    f"metrics.`{PEAK_MIB}`",
+    f"metrics.`{FINAL_ACC}`",
+    "metrics.`best_test_acc`",
     "metrics.`flagged`",
-    "metrics.`mem/imbalance`",
+    f"metrics.`{MEM_IMBALANCE}`",
+    "metrics.`worst_mem_imbalance`",
     "attributes.`Dataset`",
 )
 # MLflow 3's search facets for "all active runs, newest first" (useExperimentPageSearchFacets' defaults)

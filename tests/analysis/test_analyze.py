@@ -31,16 +31,16 @@ def row(strategy="ddp", k=1, B=128, lr=0.1, thr=1000.0, acc=0.8, state="complete
         "parallel_devices": True,
         "oversubscribed": False,
         "throughput_img_s": thr if state == "complete" else None,
-        "epoch_s": 1.0,
-        "epoch_s_list": [1.0, 1.0],
-        "test_acc": acc if state == "complete" else None,
-        "test_acc_list": [acc - 0.1, acc],
+        "mean_epoch_s": 1.0,
+        "epoch_s": [1.0, 1.0],
+        "final_test_acc": acc if state == "complete" else None,
+        "test_acc": [acc - 0.1, acc],
         "time_to_acc_s": None,
         "target_acc": 0.85,
-        "train_loss": 0.5,
+        "final_train_loss": 0.5,
         "peak_mem_bytes": peaks,
         "mem_method": "cuda_max_allocated",
-        "duration_s": 3.0,
+        "wall_s": 3.0,
         "mlflow_run_id": "x",
         "bucket_cap_mb": None,
         "grad_as_bucket_view": None,
@@ -100,7 +100,7 @@ def test_throughput_is_median_over_lrs_and_accuracy_from_best_lr():
     )
     p = one(A.point_table(df), k=1)
     assert p["throughput_img_s"] == pytest.approx(1000)  # median(900, 1000, 1300); failed ignored
-    assert p["test_acc"] == pytest.approx(0.90) and p["best_lr"] == pytest.approx(0.1)
+    assert p["final_test_acc"] == pytest.approx(0.90) and p["best_lr"] == pytest.approx(0.1)
     assert p["n_trials"] == 3
 
 
@@ -182,15 +182,15 @@ def test_failed_and_oversubscribed_rows_are_excluded():
 def test_accuracy_table_and_time_to_target():
     df = frame(
         [
-            row(k=1, lr=0.1, acc=0.9, epoch_s_list=[2.0, 3.0], test_acc_list=[0.86, 0.9], time_to_acc_s=2.0),
-            row(k=1, lr=0.5, acc=0.7, epoch_s_list=[2.0, 3.0], test_acc_list=[0.5, 0.7]),
+            row(k=1, lr=0.1, acc=0.9, epoch_s=[2.0, 3.0], test_acc=[0.86, 0.9], time_to_acc_s=2.0),
+            row(k=1, lr=0.5, acc=0.7, epoch_s=[2.0, 3.0], test_acc=[0.5, 0.7]),
         ]
     )
     a = A.accuracy_table(df)
     assert one(a, lr=0.1)["time_to_acc_s"] == 2.0 and math.isnan(one(a, lr=0.5)["time_to_acc_s"])
     a = A.accuracy_table(df, target_acc=0.88)  # recomputed from the per-epoch lists
     assert one(a, lr=0.1)["time_to_acc_s"] == 5.0 and math.isnan(one(a, lr=0.5)["time_to_acc_s"])
-    assert one(a, lr=0.5)["test_acc"] == pytest.approx(0.7)
+    assert one(a, lr=0.5)["final_test_acc"] == pytest.approx(0.7)
 
 
 def test_tolerant_reading(tmp_path):

@@ -131,7 +131,7 @@ def test_tidy_csvs(run):
         "k",
         "batch_size",
         "lr",
-        "test_acc",
+        "final_test_acc",
         "time_to_acc_s",
     ]
     assert not set(acc["k"]) & {8} and len(acc[acc["strategy"] == "ddp"]) == 5
@@ -182,7 +182,7 @@ def test_partial_and_odd_data_never_crash(tmp_path):
     d.mkdir()
     # k=1 only, no memory, a complete row without numbers
     write(
-        [row("single", k=1, peaks=[]), row("single", k=1, B=256, thr=None, test_acc=None, test_acc_list=None)],
+        [row("single", k=1, peaks=[]), row("single", k=1, B=256, thr=None, final_test_acc=None, test_acc=None)],
         d / "single.jsonl",
     )
     write(
@@ -241,7 +241,7 @@ def test_knob_effects_get_a_table_and_a_plot_per_varied_knob(tmp_path):
                 "lr": 0.1,
                 "state": "complete",
                 "throughput_img_s": tput,
-                "test_acc": acc,
+                "final_test_acc": acc,
                 "data_source": "synthetic",
                 "device_kind": "cpu",
                 "host": "h",
@@ -260,7 +260,7 @@ def test_knob_effects_get_a_table_and_a_plot_per_varied_knob(tmp_path):
     table = pd.read_csv(tmp_path / "out" / "knobs.csv")
     assert set(table["knob"]) == {"comm_hook"}
     fp16 = table[(table["value"] == "fp16") & (table["k"] == 2)].iloc[0]
-    assert fp16["weak_efficiency"] == pytest.approx(1980 / (2 * 1000)) and fp16["test_acc"] == pytest.approx(0.7)
+    assert fp16["weak_efficiency"] == pytest.approx(1980 / (2 * 1000)) and fp16["final_test_acc"] == pytest.approx(0.7)
     assert (tmp_path / "out" / "knob_comm_hook.png").exists()
     assert "### comm_hook" in (tmp_path / "out" / "report.md").read_text()
 
@@ -283,7 +283,7 @@ def test_resolved_transport_does_not_split_the_scaling_groups(tmp_path):
             "lr": 0.1,
             "state": "complete",
             "throughput_img_s": tput,
-            "test_acc": 0.8,
+            "final_test_acc": 0.8,
             "data_source": "synthetic",
             "device_kind": "cpu",
             "host": "h",

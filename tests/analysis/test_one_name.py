@@ -1,9 +1,12 @@
 """One trial's throughput has one name, `throughput_img_s`, and one value from its record to the MLflow metrics logged
-for it, the analysis' metrics.json and the report; the epoch's figure has a name of its own; no table renames either.
-A one-trial study, built from a record without training: record -> Optuna attribute -> sweep table -> analyze."""
+for it, the analysis' metrics.json and the report; the epoch's figure has a name of its own; no table renames either;
+the final accuracy and the per-epoch lists keep theirs the same way, and the study row carries summary.json's and
+metrics.json's names. A one-trial study, built from a record without training: record -> Optuna attribute -> sweep
+table -> analyze."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 from types import SimpleNamespace
@@ -89,9 +92,29 @@ def test_a_trials_throughput_has_one_name_and_one_value_in_mlflow_metrics_json_a
     report = (out / "report.md").read_text()
     (cell,) = _report_cells(report, "Throughput per point", NAME)  # the column's header is the name
     assert float(cell.replace(",", "")) == SPEED
-    # the study row's throughput: the analysis' figure, under the same name
+    # the study row's throughput: the analysis' figures under summary.json's and metrics.json's names, never the
+    # trials' column (a study's best is another quantity than a trial's)
     summary = json.loads((out / "summary.json").read_text())
-    assert metric_names.study_row_metrics("single", summary, flat)[NAME] == SPEED
+    row = metric_names.study_row_metrics("single", summary, flat)
+    assert row["best_throughput_img_s"] == row[f"{NAME}.single.k1"] == SPEED and NAME not in row
+
+
+def test_the_final_accuracy_and_the_per_epoch_lists_keep_their_names(study):
+    """final_test_acc is the last test_acc in every view and in the analysis; test_acc, epoch_s and train_loss are
+    the per-epoch lists in the record, the sweep table and MLflow's curves; wall_s is wall_s everywhere."""
+    record, out = study
+    final = record.test_acc[-1]
+    row = record.table_row()
+    assert record.metrics()["final_test_acc"] == record.optuna_attrs()["final_test_acc"] == final
+    assert row["final_test_acc"] == final and row["test_acc"] == record.test_acc and row["epoch_s"] == record.epoch_s
+    assert row["wall_s"] == record.metrics()["wall_s"] == record.wall_s
+    assert row["mean_epoch_s"] == record.optuna_attrs()["mean_epoch_s"] == 1.0
+    assert set(metric_names.CURVES) >= {"test_acc", "epoch_s", "train_loss"}
+    with open(out / "accuracy.csv") as f:
+        (acc,) = list(csv.DictReader(f))
+    assert float(acc["final_test_acc"]) == final and "test_acc" not in acc
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["strategies"]["single"]["best_test_acc"] == final
 
 
 def test_the_epochs_figure_has_a_name_of_its_own():
@@ -106,5 +129,5 @@ def test_no_view_renames_the_throughput_and_every_rank_reports_it():
     """The record declares no other key for it in any view, and the ranks' parts the loop gathers carry it by
     its own name (the record takes the slowest rank's)."""
     (f,) = [f for f in dataclasses.fields(TrialRecord) if f.name == NAME]
-    assert METRIC in f.metadata["views"] and not f.metadata["keys"] and f.metadata["rank"] == "min"
+    assert METRIC in f.metadata["views"] and "keys" not in f.metadata and f.metadata["rank"] == "min"
     assert NAME in rank_keys()

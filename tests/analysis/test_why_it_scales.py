@@ -37,11 +37,11 @@ def test_sweep_row_and_mlflow_carry_the_breakdown():
     m = TrialRecord(breakdown=bd).breakdown_parts()
     assert m["comm_exposed_s"] == 0.01 and m["residual_share"] == pytest.approx(0.1)
     assert sum(m[f"{p}_share"] for p in (*PARTS, "residual")) == pytest.approx(1.0)
-    assert TrialRecord(breakdown=bd).metrics()["perf/step_s"] == 0.1
+    assert TrialRecord(breakdown=bd).metrics()["sampled_step_s"] == 0.1
     # a trial without sampled steps: empty cells, no metric
     t.user_attrs = {"metrics": {}}
     assert all(trial_row(SimpleNamespace(study_name="s"), "ddp", t=t)[c] is None for c in BD_COLUMNS)
-    assert TrialRecord().breakdown_parts() == {} and "perf/step_s" not in TrialRecord().metrics()
+    assert TrialRecord().breakdown_parts() == {} and "sampled_step_s" not in TrialRecord().metrics()
 
 
 # ----------------------------------------------------------------------------- the analysis

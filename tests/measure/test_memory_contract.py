@@ -235,8 +235,8 @@ def test_record_joins_ranks_and_names_the_basis(make_cfg):
     assert r.mem_imbalance == pytest.approx(1.5) and r.mem_device0_excess == 200
     assert r.mem_basis == "step_above_resident" and r.table_row()["mem_basis"] == r.mem_basis
     m = r.metrics()
-    assert m["mem/resident_mib/dev1"] == pytest.approx(50 / 2**20)
-    assert m["mem/nvml_used_mib/dev0"] == pytest.approx(4000 / 2**20)
+    assert m["mem_resident_mib_dev1"] == pytest.approx(50 / 2**20)
+    assert m["mem_nvml_used_mib_dev0"] == pytest.approx(4000 / 2**20)
 
 
 def _row(**kw):
@@ -288,8 +288,8 @@ def test_report_memory_section_names_the_basis_and_shows_gpu_figures():
         mem_reserved_peak_bytes=[2**30, 2**30],
         mem_basis="step_above_resident",
         throughput_img_s=100.0,
-        test_acc_list=[0.5],
-        test_acc=0.5,
+        test_acc=[0.5],
+        final_test_acc=0.5,
     )
     for rows, shown in (([gpu], True), ([_row(mem_method="memtracker", throughput_img_s=100.0)], False)):
         df = normalize(pd.DataFrame(rows), "x")

@@ -63,7 +63,7 @@ def test_a_point_measurement_reaches_the_point_table_and_metrics_json(monkeypatc
         "batch_size": 64,
         "per_device_batch": 32,
         "lr": 0.1,
-        "test_acc": 0.5,
+        "final_test_acc": 0.5,
         "time_to_acc_s": 1.0,
         "throughput_img_s": 100.0,
         "parallel_devices": True,

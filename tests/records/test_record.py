@@ -1,6 +1,7 @@
 """The trial record owns its schema: every field reaches every view it declares (metrics.json, MLflow params, metrics
 and tags, Optuna's numeric attributes, the sweep table and the table read back), so a new field cannot be
-half-wired; and summarize builds it from the ranks' results."""
+half-wired; every view uses the field's (or derived value's) own name, never another; and summarize builds it from
+the ranks' results."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from pipeline.records import derived as D
 from pipeline.records import table as T
 from pipeline.records import trial as R
 
@@ -44,13 +46,13 @@ def _views(r: R.TrialRecord) -> dict:
 
 
 def _declared():
-    """(name, view, key, expands) for every field and derived value, as declared."""
+    """(name, view, key, expands) for every field and derived value, as declared: its key is its name."""
     for f in dataclasses.fields(R.TrialRecord):
         for v in f.metadata["views"]:
-            yield f.name, v, f.metadata["keys"].get(v, f.name), False
+            yield f.name, v, f.name, False
     for d in R.DERIVED:
         for v in d.views:
-            yield d.name, v, d.keys[v], d.expand
+            yield d.name, v, d.name, d.expand
 
 
 def test_every_field_is_in_every_view_it_declares(tmp_path):
@@ -77,6 +79,43 @@ def test_every_field_is_in_every_view_it_declares(tmp_path):
     # metrics.json carries every field, and reads back as the same record
     assert set(r.to_json()) == {f.name for f in dataclasses.fields(R.TrialRecord)}
     assert R.TrialRecord.from_dict(json.loads(json.dumps(r.to_json()))) == r
+
+
+def _own_name(key: str, r: R.TrialRecord) -> bool:
+    """`key` is a field's name, a derived value's, or an expanding derived value's name plus one of its dict's keys."""
+    fields = {f.name for f in dataclasses.fields(R.TrialRecord)}
+    derived = {d.name: d for d in R.DERIVED}
+    if key in fields or (key in derived and not derived[key].expand):
+        return True
+    return any(d.expand and key.startswith(d.name) and key[len(d.name) :] in d.fn(r) for d in R.DERIVED)
+
+
+def test_every_view_uses_the_measurements_own_name():
+    """No view renames a measurement: every key of every view of a fully filled record is a field's name or a
+    derived value's (peak_mem_mib_dev0: peak_mem_mib_dev's device 0), so MLflow, Optuna and the sweep table agree."""
+    r = _full()
+    views = _views(r)
+    assert all(views.values()), {v: len(got) for v, got in views.items()}
+    for view, got in views.items():
+        wrong = sorted(k for k in got if not _own_name(k, r))
+        assert not wrong, f"the {view} view renames: {wrong}"
+    # the sweep table's columns: the record's names and the Optuna trial's (ROW_COLUMNS), nothing else
+    assert not [c for c in R.COLUMNS if c not in R.ROW_COLUMNS and not _own_name(c, r)]
+    assert len({d.name for d in R.DERIVED} | {f.name for f in dataclasses.fields(R.TrialRecord)}) == len(
+        R.DERIVED
+    ) + len(dataclasses.fields(R.TrialRecord)), "a derived value shares a field's name"
+
+
+def test_no_declaration_names_another_key():
+    """`_f` and `_d` take no per-view key (metric="perf/wall_s", table="duration_s"): a declaration that tries
+    one is refused, and none carries one."""
+    for view in (R.PARAM, R.METRIC, R.TAG, R.OPTUNA, R.TABLE, R.POINT):
+        with pytest.raises(TypeError):
+            R._f(R.METRIC, **{view: "other_name"})
+        with pytest.raises(TypeError):
+            D._d("x", "float", lambda r: None, R.METRIC, **{view: "other_name"})
+    assert all(set(f.metadata) == {"views", "rank"} for f in dataclasses.fields(R.TrialRecord))
+    assert {f.name for f in dataclasses.fields(D.Derived)} == {"name", "kind", "fn", "views", "expand"}
 
 
 def test_table_kinds_survive_the_file(tmp_path):
@@ -139,7 +178,7 @@ def test_summarize_takes_the_slowest_rank_window_by_window(make_cfg):
     assert R.summarize(cfg, host, ddp, [_rank(90.0), _rank(85.0, rank=1)], 2.0).throughput_windows == []
 
 
-def test_capability_fields_keep_the_host_tag_names():
+def test_capability_fields_keep_their_names_as_tags():
     caps = {
         "bf16": "native",
         "fp16": "emulated",
@@ -151,7 +190,7 @@ def test_capability_fields_keep_the_host_tag_names():
     }
     r = R.TrialRecord(**R.capability_fields(caps))
     tags, row = r.tags(), r.table_row()
-    assert tags["host.cpu_isa"] == row["host_cpu_isa"] == "avx2,avx512f"
-    assert tags["host.gpu_compute_capability"] == row["host_gpu_cc"] == "9.0"
-    assert tags["host.gpu_name"] == "H100" and tags["host.bf16"] == "native" and row["host_nccl"] == "2.21.5"
-    assert "host.interconnect" not in tags and row["host_interconnect"] is None
+    assert tags["host_cpu_isa"] == row["host_cpu_isa"] == "avx2,avx512f"
+    assert tags["host_gpu_cc"] == row["host_gpu_cc"] == "9.0"
+    assert tags["host_gpu_name"] == "H100" and tags["host_bf16"] == "native" and row["host_nccl"] == "2.21.5"
+    assert "host_interconnect" not in tags and row["host_interconnect"] is None

@@ -196,7 +196,7 @@ def test_two_workers_share_one_study_through_postgres_and_mlflow_server(
     assert dead.info.status == "KILLED" and "heartbeat" in dead.data.tags.get("failure", ""), dead.data.tags
     for t in complete:
         r = children[run_of[t.number]]
-        assert r.info.status == "FINISHED" and r.data.metrics["acc/final_test"] == pytest.approx(t.value, rel=1e-3)
+        assert r.info.status == "FINISHED" and r.data.metrics["final_test_acc"] == pytest.approx(t.value, rel=1e-3)
         artifacts = [a.path for a in client.list_artifacts(r.info.run_id)]  # the step breakdown where one was sampled
         assert "metrics.json" in artifacts and set(artifacts) <= {"metrics.json", "breakdown.json"}, artifacts
     # artifacts went through the server into its --artifacts-destination folder

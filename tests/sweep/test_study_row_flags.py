@@ -17,3 +17,4 @@ def test_the_study_row_carries_its_flagged_count():
         study.tell(t, 0.5)
     m = study_view.study_metrics(study, n_skipped=0)
     assert m["flagged"] == 2 and m["study/n_flagged"] == 2 and m["study/n_complete"] == 3
+    assert m["best_test_acc"] == 0.5 and "final_test_acc" not in m  # summary.json's name, not the trials' column

@@ -63,8 +63,8 @@ def test_tiny_study_end_to_end(tiny, tmp_path):
     assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]
     done = next(c for c in children if c.info.status == "FINISHED")
     assert done.data.tags["synthetic"] == "true" and done.data.tags["dvc_stage"] == "sweep@single"
-    assert "test_acc" in done.data.metrics and "mem/peak_mib/dev0" in done.data.metrics
-    assert done.data.tags["host.cpu_isa"] == ok["host_cpu_isa"] and done.data.params["lr"] == "0.1"
+    assert "final_test_acc" in done.data.metrics and "peak_mem_mib_dev0" in done.data.metrics
+    assert done.data.tags["host_cpu_isa"] == ok["host_cpu_isa"] and done.data.params["lr"] == "0.1"
     complete = next(t for t in study.trials if t.state.name == "COMPLETE")
     assert complete.user_attrs["throughput_img_s"] == ok["throughput_img_s"]
     assert done.info.run_name.startswith("single k=1 B=64 lr=0.1")
@@ -146,7 +146,7 @@ def test_pruning_reaches_a_multiprocess_trial_through_rank_0(tiny, tmp_path, mon
     run_sweep(cfg, "ddp", out)
     rows = [r for r in read(out) if r["state"] != "skipped"]
     assert [r["state"] for r in rows] == ["pruned"] and "after epoch 1" in rows[0]["reason"]
-    assert len(rows[0]["test_acc_list"]) == 1  # both ranks stopped after the first epoch
+    assert len(rows[0]["test_acc"]) == 1  # both ranks stopped after the first epoch
     assert [step for _, step in reported] == [1]
     study = optuna.load_study(study_name=study_name(cfg, "ddp"), storage=open_storage(cfg))
     assert [t.state for t in study.trials] == [TrialState.PRUNED]
@@ -178,3 +178,26 @@ def test_a_table_written_while_another_worker_starts_a_trial_has_its_whole_point
     assert set(running.params) == {"model", "devices"}  # the moment the race happened at
     row = trial_row(study, "ddp", t=running)
     assert (row["batch_size"], row["per_device_batch"], row["lr"], row["state"]) == (128, 64, 0.1, "running")
+
+
+def test_an_unselected_stage_loads_neither_torch_optuna_nor_mlflow(tmp_path):
+    """DVC runs every sweep@ stage: one that params.yaml does not select writes its table in the time its
+    configuration takes to load, not the seconds torch, Optuna and MLflow take to import."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "scratch.jsonl"
+    code = (
+        "import json, sys; from pipeline.cli.commands import main;"
+        f"rc = main(['sweep', '--strategy', 'scratch', '--out', {str(out)!r},"
+        " '--set', 'profile=', '--set', 'sweep.strategies=[single]']);"
+        "print(json.dumps([rc, [m for m in ('torch', 'optuna', 'mlflow') if m in sys.modules]]))"
+    )
+    env = {**os.environ, "DVC_ROOT": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.splitlines()[-1]) == [0, []]
+    rows = read(out)
+    assert rows and all(r["state"] == "skipped" and r["reason"].startswith("not selected") for r in rows)
+    assert "not selected" in p.stderr and not (tmp_path / "mlruns").exists()

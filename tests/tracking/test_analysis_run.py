@@ -83,7 +83,7 @@ def _trial(make_cfg, tmp_path, synthetic_root, *sets):
 def test_system_metrics_are_off_by_default(make_cfg, tmp_path, synthetic_root):
     run = _trial(make_cfg, tmp_path, synthetic_root)
     assert not any(k.startswith("system/") for k in run.data.metrics)
-    assert "mem/peak_mib/dev0" in run.data.metrics
+    assert "peak_mem_mib_dev0" in run.data.metrics
 
 
 def test_system_metrics_when_asked(make_cfg, tmp_path, synthetic_root):
@@ -93,4 +93,4 @@ def test_system_metrics_when_asked(make_cfg, tmp_path, synthetic_root):
     )
     m = run.data.metrics
     assert "system/cpu_utilization_percentage" in m and "system/system_memory_usage_megabytes" in m
-    assert "mem/peak_mib/dev0" in m  # beside the allocator's per-device peaks, never instead
+    assert "peak_mem_mib_dev0" in m  # beside the allocator's per-device peaks, never instead

@@ -1,5 +1,6 @@
-"""What a trial's and the analysis run's MLflow metrics are: headline names sort first, the breakdown is one table,
-numbers are rounded, and the analysis run carries headline numbers rather than one metric per summary field."""
+"""What a trial's, a study's and the analysis run's MLflow metrics are: each under the name its source gives it, the
+breakdown is one table, numbers are rounded, and the analysis run carries headline numbers rather than one metric per
+summary field."""
 
 from __future__ import annotations
 
@@ -35,17 +36,14 @@ def _record(**kw):
     )
 
 
-def test_headline_names_sort_before_memory_and_timings():
-    """MLflow sorts metric keys by name: accuracy and the loss curve come before mem/ and perf/, no breakdown/ series
-    is left to sort ahead of them, and the throughputs keep the record's own names (the trial's and the epoch's)."""
+def test_metrics_keep_the_records_names_in_name_order():
+    """MLflow sorts metric keys by name; the keys are the record's own names (no mem/ or perf/ prefix, no
+    breakdown/ series), and the throughputs keep theirs (the trial's and the epoch's)."""
     m = names.trial_metrics(_record())
     keys = list(m)
     assert keys == sorted(keys)
-    assert keys[0] == names.FINAL_ACC and keys.index(names.FINAL_ACC) < min(
-        i for i, k in enumerate(keys) if k.startswith(("mem/", "perf/"))
-    )
+    assert not any("/" in k for k in keys), keys
     assert names.THROUGHPUT == "throughput_img_s" and m[names.THROUGHPUT] == 1235
-    assert not any(k.startswith("breakdown/") for k in m)
     curve = names.epoch_metrics({"train_loss": 2.0, "test_acc": 0.5, "epoch_s": 1.0, "epoch_throughput_img_s": 10.0})
     assert curve == {"epoch_s": 1.0, "epoch_throughput_img_s": 10.0, "test_acc": 0.5, "train_loss": 2.0}  # own names
     assert names.EPOCH_THROUGHPUT != names.THROUGHPUT
@@ -67,8 +65,8 @@ def test_breakdown_is_two_metrics_and_one_table():
 def test_numbers_are_rounded_to_four_significant_digits():
     """1234.5678 img/s shows as 1235, an imbalance of 1.0123456 as 1.012; zero and integers stay as they are."""
     m = names.trial_metrics(_record())
-    assert m[names.THROUGHPUT] == 1235 and m["mem/imbalance"] == 1.012 and m["perf/wall_s"] == 3.333
-    assert m[names.FINAL_ACC] == 0.8765 and m["mem/peak_mib/dev0"] == 11.77
+    assert m[names.THROUGHPUT] == 1235 and m[names.MEM_IMBALANCE] == 1.012 and m["wall_s"] == 3.333
+    assert m[names.FINAL_ACC] == 0.8765 and m["peak_mem_mib_dev0"] == m[names.PEAK_MIB] == 11.77
     assert names.rounded(0.0) == 0.0 and names.rounded(0.000123456) == 0.0001235 and names.rounded(64) == 64
 
 
@@ -109,15 +107,52 @@ def test_analysis_run_carries_counts_and_headline_numbers_only():
 
 def test_mlflow_shows_each_metric_under_the_name_the_record_declares():
     """No rename between the record and MLflow: a trial's metrics are its record's METRIC view, key for key, and
-    the study rows' shared columns (THROUGHPUT, FINAL_ACC, STEP_S) are the record's own keys."""
+    the names tracking keeps (FINAL_ACC, THROUGHPUT, STEP_S, COMM_SHARE, PEAK_MIB, MEM_IMBALANCE) are the record's."""
     r = _record()
     declared = r.metrics()
     assert list(names.trial_metrics(r)) == sorted(k for k in declared)
-    assert {names.THROUGHPUT, names.FINAL_ACC, names.STEP_S, names.COMM_SHARE} <= set(declared)
+    kept = {names.THROUGHPUT, names.FINAL_ACC, names.STEP_S, names.COMM_SHARE, names.PEAK_MIB, names.MEM_IMBALANCE}
+    assert kept <= set(declared)
     assert declared[names.THROUGHPUT] == r.throughput_img_s and declared[names.FINAL_ACC] == r.test_acc[-1]
 
 
-def test_the_study_row_shows_its_throughput_under_the_trials_name_only():
-    """The study row's throughput is the analysis' best point, in the trials' own column: no second name for it."""
-    summary = {"strategies": {"ddp": {"best_throughput_img_s": 900.56}}}
-    assert names.study_row_metrics("ddp", summary, {}) == {names.THROUGHPUT: 900.6}
+def test_the_study_row_carries_the_summarys_and_metrics_json_names_unchanged():
+    """A study row's numbers keep the names summary.json and metrics.json give them: no trial column is filled with
+    another quantity (the study's best throughput is best_throughput_img_s, not throughput_img_s), no key renamed."""
+    summary = {
+        "strategies": {
+            "ddp": {
+                "best_throughput_img_s": 900.56,
+                "weak_efficiency": 0.812345,
+                "weak_efficiency_at": {"k": 4},
+                "largest_k": 4,
+                "best_test_acc": 0.87654,
+                "worst_mem_imbalance": 1.0123,
+                "status": "measured",
+            }
+        }
+    }
+    flat = {
+        "n_trials": 6,
+        "eff.ddp.k2": 0.9,
+        "eff.ddp.k4": 0.8,
+        "throughput_img_s.ddp.k4": 3000,
+        "peak_mib.ddp.resnet18.k2": 12.5,
+        "acc.ddp": 0.88,
+        "eff.ddp_amp.k2": 0.7,
+        "under_load": 0,
+    }
+    assert names.study_row_metrics("ddp", summary, flat) == {
+        "best_throughput_img_s": 900.6,
+        "weak_efficiency": 0.8123,
+        "largest_k": 4,
+        "best_test_acc": 0.8765,
+        "worst_mem_imbalance": 1.012,
+        "eff.ddp.k2": 0.9,
+        "eff.ddp.k4": 0.8,
+        "throughput_img_s.ddp.k4": 3000,
+        "peak_mib.ddp.resnet18.k2": 12.5,
+    }
+    assert names.study_row_metrics("ddp", {"strategies": {"ddp": {"best_throughput_img_s": 900.56}}}, {}) == {
+        "best_throughput_img_s": 900.6
+    }

@@ -20,7 +20,7 @@ def _store(tmp_path):
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.create_experiment("parallax", artifact_location=(tmp_path / "artifacts").as_uri())
     parent = client.create_run(exp, run_name="study ddp")
-    client.log_metric(parent.info.run_id, "study/best_img_s", 5000.0)
+    client.log_metric(parent.info.run_id, "best_throughput_img_s", 5000.0)
     for k in (1, 2):
         run = client.create_run(exp, run_name=f"trial k={k}", tags={"mlflow.parentRunId": parent.info.run_id})
         client.log_param(run.info.run_id, "devices", k)
@@ -38,6 +38,7 @@ def test_publish_writes_mlflows_share_tag_with_the_columns_the_store_has(tmp_pat
         "params.`devices`",
         "params.`batch_size`",
         "metrics.`throughput_img_s`",
+        "metrics.`best_throughput_img_s`",
         "attributes.`Dataset`",
     ]
     assert state["runsExpanded"] == {}  # MLflow does not share expanded rows: the studies show their summaries
@@ -49,9 +50,9 @@ def test_publishing_again_follows_new_runs(tmp_path):
     client, exp, _ = _store(tmp_path)
     ui_view.publish(client, exp)
     run = client.create_run(exp, run_name="trial")
-    client.log_metric(run.info.run_id, "acc/final_test", 0.8)
+    client.log_metric(run.info.run_id, "final_test_acc", 0.8)
     state = ui_view.publish(client, exp)
-    assert "metrics.`acc/final_test`" in state["selectedColumns"]
+    assert "metrics.`final_test_acc`" in state["selectedColumns"]
     assert json.loads(client.get_experiment(exp).tags["mlflow.sharedViewState.parallax"]) == state
 
 
@@ -95,15 +96,24 @@ def test_the_installed_mlflow_ui_reads_this_tag_link_and_state():
 
 def test_the_view_shows_the_latest_pipeline_run_with_columns_in_reading_order(tmp_path):
     """Runs of two pipeline runs (DVC experiments): the view filters to the newer one's runs by the
-    parallax.pipeline_run tag, and orders the columns strategy, k, batch, lr, img/s, efficiency, peak MiB,
-    accuracy, flagged."""
+    parallax.pipeline_run tag, and orders the columns strategy, k, batch, lr, then each trial number beside its
+    study's counterpart: img/s and the best, efficiency and largest k, peak MiB, accuracy and the best, flagged,
+    imbalance and the worst; every column under its source's own name."""
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.create_experiment("parallax", artifact_location=(tmp_path / "artifacts").as_uri())
     for n, group in enumerate(("exp-old", "exp-new")):
         parent = client.create_run(
             exp, run_name=f"{group} · study ddp", start_time=1000 * (n + 1), tags={"parallax.pipeline_run": group}
         )
-        client.log_metric(parent.info.run_id, "study/weak_efficiency_max_k", 0.9)
+        study_row = {
+            "best_throughput_img_s": 20.0,
+            "weak_efficiency": 0.9,
+            "largest_k": 2,
+            "best_test_acc": 0.5,
+            "worst_mem_imbalance": 1.1,
+        }
+        for k, v in study_row.items():
+            client.log_metric(parent.info.run_id, k, v)
         run = client.create_run(
             exp,
             run_name="ddp k=2",
@@ -112,21 +122,35 @@ def test_the_view_shows_the_latest_pipeline_run_with_columns_in_reading_order(tm
         )
         for k, v in {"strategy": "ddp", "devices": 2, "batch_size": 64, "lr": 0.1}.items():
             client.log_param(run.info.run_id, k, v)
-        for k, v in {"flagged": 1.0, "acc/final_test": 0.5, "mem/peak_mib": 12.0, "throughput_img_s": 10.0}.items():
+        trial_row = {
+            "flagged": 1.0,
+            "final_test_acc": 0.5,
+            "peak_mem_mib": 12.0,
+            "throughput_img_s": 10.0,
+            "mem_imbalance": 1.1,
+        }
+        for k, v in trial_row.items():
             client.log_metric(run.info.run_id, k, v)
     state = ui_view.publish(client, exp)
     assert state["searchFilter"] == "tags.`parallax.pipeline_run` = 'exp-new'"
-    assert state["selectedColumns"][:9] == [
+    assert state["selectedColumns"] == [
         "params.`strategy`",
         "params.`devices`",
         "params.`batch_size`",
         "params.`lr`",
         "metrics.`throughput_img_s`",
-        "metrics.`study/weak_efficiency_max_k`",
-        "metrics.`mem/peak_mib`",
-        "metrics.`acc/final_test`",
+        "metrics.`best_throughput_img_s`",
+        "metrics.`weak_efficiency`",
+        "metrics.`largest_k`",
+        "metrics.`peak_mem_mib`",
+        "metrics.`final_test_acc`",
+        "metrics.`best_test_acc`",
         "metrics.`flagged`",
+        "metrics.`mem_imbalance`",
+        "metrics.`worst_mem_imbalance`",
+        "attributes.`Dataset`",
     ]
+    assert state["selectedColumns"][:-1] == list(ui_view.COLUMNS[:-1])  # every column, in COLUMNS' order
     shown = client.search_runs([exp], filter_string=state["searchFilter"])
     assert {r.info.run_name for r in shown} == {"exp-new · study ddp", "ddp k=2"} and len(shown) == 2
 

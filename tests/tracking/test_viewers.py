@@ -50,29 +50,31 @@ def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
     # the trial's final numbers sit at the last epoch, not at step 0 before the curves
     assert [h.step for h in tr.client.get_metric_history(rid, "throughput_img_s")] == [2]
     m = trial.data.metrics
-    assert 0 < m["mem/peak_mib/dev0"] < 2**20 and not any(k.startswith("mem/peak_bytes") for k in m)
+    assert 0 < m["peak_mem_mib_dev0"] < 2**20 and m["peak_mem_mib"] == m["peak_mem_mib_dev0"]
+    assert "final_test_acc" in m and "wall_s" in m and not any("/" in k for k in m)  # the record's own names
     # the tag keeps the bytes; the metric is rounded to 4 significant digits (metric_names.ROUND_DIGITS)
-    assert json.loads(trial.data.tags["mem_peak_bytes"])[0] == pytest.approx(m["mem/peak_mib/dev0"] * 2**20, rel=1e-3)
+    assert json.loads(trial.data.tags["peak_mem_bytes"])[0] == pytest.approx(m["peak_mem_mib_dev0"] * 2**20, rel=1e-3)
 
     (ds,) = tr.client.get_run(rid).inputs.dataset_inputs
     assert ds.dataset.name == "synthetic" and ds.dataset.digest == tracking.data_digest(synthetic_root)
     assert ds.dataset.digest and {t.key: t.value for t in ds.tags}["mlflow.data.context"] == "train"
     tags = trial.data.tags
-    assert tags["host.bf16"] in ("native", "emulated") and tags["host.cpu_isa"] and tags["host.torch"]
+    assert tags["host_bf16"] in ("native", "emulated") and tags["host_cpu_isa"] and tags["host_torch"]
 
     p = parent.data.metrics
     assert p["study/n_complete"] == 1 and p["study/n_failed"] == 0 and p["study/n_skipped"] == 1
-    assert "throughput_img_s" not in p and "study/best_img_s" not in p  # the analyze stage writes it
-    assert "study/weak_efficiency_max_k" not in p  # no k >= 2 point measured: undefined, not 0
+    assert "best_throughput_img_s" not in p and "throughput_img_s" not in p  # the analyze stage writes it
+    assert "weak_efficiency" not in p  # no k >= 2 point measured: undefined, not 0
+    assert p["best_test_acc"] == pytest.approx(trial.data.metrics["final_test_acc"], rel=1e-3)
     assert "parallax.unavailable" not in parent.data.tags
 
     study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
-    assert study.metric_names == ["test_acc"] and study.direction == optuna.study.StudyDirection.MAXIMIZE
+    assert study.metric_names == ["final_test_acc"] and study.direction == optuna.study.StudyDirection.MAXIMIZE
     assert study.user_attrs["space_hash"] == space_hash(cfg, "single") and study.user_attrs["strategy"] == "single"
     (t,) = study.trials
-    for k in ("throughput_img_s", "test_acc", "peak_mem_mib_max", "mem_imbalance", "epoch_s"):
+    for k in ("throughput_img_s", "final_test_acc", "peak_mem_mib", "mem_imbalance", "mean_epoch_s"):
         assert isinstance(t.user_attrs[k], float), k
-    assert t.user_attrs["test_acc"] == t.value and "metrics" in t.user_attrs
+    assert t.user_attrs["final_test_acc"] == t.value and "metrics" in t.user_attrs
 
     # the analysis run carries summary.json's numbers as metrics
     from pipeline.cli import main
@@ -89,9 +91,10 @@ def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
         summary["strategies"]["single"]["best_throughput_img_s"], rel=1e-3
     )
     parent_metrics = tr.client.get_run(parent.info.run_id).data.metrics  # the study row: the report's figure
-    assert parent_metrics["throughput_img_s"] == pytest.approx(
+    assert parent_metrics["best_throughput_img_s"] == pytest.approx(  # under summary.json's name
         summary["strategies"]["single"]["best_throughput_img_s"], rel=1e-3
     )
+    assert "throughput_img_s" not in parent_metrics  # the trials' column holds trials' numbers only
 
 
 def test_unavailable_study_says_why(views, tmp_path):
@@ -193,6 +196,6 @@ def test_optuna_dashboard_reads_the_study_back(tmp_path):
     finally:
         server.terminate()
         server.wait(10)
-    assert detail["objective_names"] == ["test_acc"]  # optuna-dashboard serves study.metric_names under this key
+    assert detail["objective_names"] == ["final_test_acc"]  # optuna-dashboard serves study.metric_names under this key
     attrs = {a["key"]: a["value"] for a in detail["trials"][0]["user_attrs"]}
-    assert float(attrs["throughput_img_s"]) == 1234.5 and float(attrs["peak_mem_mib_max"]) == 2.0
+    assert float(attrs["throughput_img_s"]) == 1234.5 and float(attrs["peak_mem_mib"]) == 2.0

@@ -69,7 +69,7 @@ def test_train_writes_contract_and_tracks_run(make_cfg, tmp_path, synthetic_root
     history = tr.client.get_metric_history(run.info.run_id, "test_acc")
     assert [h.step for h in history] == [1] and abs(history[0].value - m["test_acc"][0]) < 1e-9
     assert [h.step for h in tr.client.get_metric_history(run.info.run_id, "train_loss")] == [1]
-    assert run.data.metrics["mem/peak_mib/dev0"] > 0 and run.data.tags["host.bf16"] in ("native", "emulated")
+    assert run.data.metrics["peak_mem_mib_dev0"] > 0 and run.data.tags["host_bf16"] in ("native", "emulated")
     (ds,) = tr.client.get_run(run.info.run_id).inputs.dataset_inputs
     assert ds.dataset.name == "synthetic" and ds.dataset.digest == tracking.data_digest(synthetic_root)
     artifacts = [a.path for a in tr.client.list_artifacts(run.info.run_id)]

@@ -218,13 +218,13 @@ def plot_memory(mem, path, source=""):
 
 
 def plot_accuracy(pts, path, colors, source=""):
-    fig, panels = _model_panels(pts[pts["test_acc"].notna()], "accuracy")
+    fig, panels = _model_panels(pts[pts["final_test_acc"].notna()], "accuracy")
     for ax, model, g in panels:
-        best = g.groupby(["strategy", "k", "batch_size"], sort=False)["test_acc"].max().reset_index()
+        best = g.groupby(["strategy", "k", "batch_size"], sort=False)["final_test_acc"].max().reset_index()
         for (s, k), b in group_by(best, ("strategy", "k")):
             ax.plot(
                 b["batch_size"],
-                b["test_acc"],
+                b["final_test_acc"],
                 marker="o",
                 color=colors[s],
                 ls=["-", "--", ":", "-."][int(math.log2(k)) % 4 if k >= 1 else 0],
@@ -244,9 +244,9 @@ def plot_knob(table, knob, path, source=""):
     fig = Figure(figsize=(7, 3.6))
     ax, ax2 = fig.subplots(1, 2)
     for (strategy, k), g in t.groupby(["strategy", "k"]):
-        g = g.groupby(g["value"].astype(str)).agg({"throughput_img_s": "median", "test_acc": "max"})
+        g = g.groupby(g["value"].astype(str)).agg({"throughput_img_s": "median", "final_test_acc": "max"})
         ax.plot(g.index, g["throughput_img_s"], marker="o", label=f"{strategy} k={k}")
-        ax2.plot(g.index, g["test_acc"], marker="s", label=f"{strategy} k={k}")
+        ax2.plot(g.index, g["final_test_acc"], marker="s", label=f"{strategy} k={k}")
     ax.set(title=f"throughput by {knob}", xlabel=knob, ylabel="images/s")
     ax2.set(title=f"best test accuracy by {knob}", xlabel=knob, ylabel="test accuracy")
     ax.legend(fontsize=7)

@@ -171,16 +171,16 @@ def _cost(top, p_all, mem, synthetic: bool) -> str:
         )
     else:
         memo = "peak memory not measured"
-    best = best_row(p_all[p_all["model"] == top["model"]], "test_acc")
-    acc = top["test_acc"]
+    best = best_row(p_all[p_all["model"] == top["model"]], "final_test_acc")
+    acc = top["final_test_acc"]
     if pd.isna(acc) or best is None:
         accs = "test accuracy not measured"
-    elif best["test_acc"] - acc <= ACC_TIE:
+    elif best["final_test_acc"] - acc <= ACC_TIE:
         accs = f"test accuracy {acc:.4f}, the best measured within {ACC_TIE}"
     else:
         accs = (
-            f"test accuracy {acc:.4f} against the best {best['test_acc']:.4f} ({best['strategy']}, "
-            f"k={best['k']:g}, B={best['batch_size']:g}): {acc - best['test_acc']:+.4f}"
+            f"test accuracy {acc:.4f} against the best {best['final_test_acc']:.4f} ({best['strategy']}, "
+            f"k={best['k']:g}, B={best['batch_size']:g}): {acc - best['final_test_acc']:+.4f}"
         )
     caveat = "; synthetic data: the accuracy says nothing about Fashion-MNIST" if synthetic else ""
     return f"{memo}; {accs} (one seed: its spread is not measured){caveat}"

@@ -101,12 +101,12 @@ def _reading(pts, eff, mem, status, df) -> list[str]:
                     + ", ".join(sorted(set(m["mem_method"]) - {""}))
                     + "): compare across those with care."
                 )
-        r = best_row(p, "test_acc")
+        r = best_row(p, "final_test_acc")
         if r is not None:
-            who = _ties(p, "test_acc", r["test_acc"] - answer.ACC_TIE)
+            who = _ties(p, "final_test_acc", r["final_test_acc"] - answer.ACC_TIE)
             within = f" within {answer.ACC_TIE}" if who.startswith("tie") else ""
             out.append(
-                f"Best final test accuracy{tag}: **{who}**{within}, {r['test_acc']:.4f} (k={r['k']:g}, "
+                f"Best final test accuracy{tag}: **{who}**{within}, {r['final_test_acc']:.4f} (k={r['k']:g}, "
                 f"B={r['batch_size']:g}, lr={r['best_lr']:g}); "
                 f"how sure: best of {r['n_lrs']:g} lr(s) over {r['n_trials']:g} trial(s) of one seed, whose "
                 "seed-to-seed spread is not measured."
@@ -188,7 +188,7 @@ def _tables(df, pts, eff, mem, acc):
                 "n_trials",
                 "n_lrs",
                 "best_lr",
-                "test_acc",
+                "final_test_acc",
             ],
         ),
         "\n## Scaling efficiency\n\n",
@@ -275,7 +275,7 @@ def _tables(df, pts, eff, mem, acc):
                 "k",
                 "batch_size",
                 "lr",
-                "test_acc",
+                "final_test_acc",
                 "time_to_acc_s",
                 "target_acc",
             ],
@@ -342,7 +342,17 @@ def knob_section(table) -> list[str]:
         out += [
             f"\n### {knob}\n\n",
             md_table(
-                t, ["value", "strategy", "model", "k", "batch_size", "throughput_img_s", "weak_efficiency", "test_acc"]
+                t,
+                [
+                    "value",
+                    "strategy",
+                    "model",
+                    "k",
+                    "batch_size",
+                    "throughput_img_s",
+                    "weak_efficiency",
+                    "final_test_acc",
+                ],
             ),
             f"\n![{knob}](knob_{knob}.png)\n",
         ]

@@ -20,7 +20,17 @@ def varied(pts: pd.DataFrame) -> list[str]:
 
 def knob_table(pts: pd.DataFrame, eff: pd.DataFrame) -> pd.DataFrame:
     weak = eff[eff["kind"] == "weak"] if len(eff) else eff
-    cols = ["knob", "value", "strategy", "model", "k", "batch_size", "throughput_img_s", "weak_efficiency", "test_acc"]
+    cols = [
+        "knob",
+        "value",
+        "strategy",
+        "model",
+        "k",
+        "batch_size",
+        "throughput_img_s",
+        "weak_efficiency",
+        "final_test_acc",
+    ]
     rows = []
     for knob in varied(pts):
         for r in pts.to_dict("records"):
@@ -40,7 +50,7 @@ def knob_table(pts: pd.DataFrame, eff: pd.DataFrame) -> pd.DataFrame:
                     "batch_size": r["batch_size"],
                     "throughput_img_s": r["throughput_img_s"],
                     "weak_efficiency": match["efficiency"].iloc[0] if len(match) else float("nan"),
-                    "test_acc": r["test_acc"],
+                    "final_test_acc": r["final_test_acc"],
                 }
             )
     return pd.DataFrame(rows, columns=cols)

@@ -83,7 +83,7 @@ def point_table(df) -> pd.DataFrame:
         "n_trials",
         "n_lrs",
         "best_lr",
-        "test_acc",
+        "final_test_acc",
         "time_to_acc_s",
         "parallel_devices",
         "n_interfered",
@@ -93,9 +93,9 @@ def point_table(df) -> pd.DataFrame:
     ]
     rows = []
     for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
-        acc = g[g["test_acc"].notna()]
-        best = acc.sort_values(["test_acc", "time_to_acc_s"], ascending=[False, True]).head(1)
-        at_best = {c: best[c].iloc[0] if len(best) else math.nan for c in ("lr", "test_acc", "time_to_acc_s")}
+        acc = g[g["final_test_acc"].notna()]
+        best = acc.sort_values(["final_test_acc", "time_to_acc_s"], ascending=[False, True]).head(1)
+        at_best = {c: best[c].iloc[0] if len(best) else math.nan for c in ("lr", "final_test_acc", "time_to_acc_s")}
         used, loaded = timed(g)
         rows.append(
             {
@@ -107,7 +107,7 @@ def point_table(df) -> pd.DataFrame:
                 "n_trials": len(g),
                 "n_lrs": g["lr"].nunique(),
                 "best_lr": at_best["lr"],
-                "test_acc": at_best["test_acc"],
+                "final_test_acc": at_best["final_test_acc"],
                 "time_to_acc_s": at_best["time_to_acc_s"],
                 "parallel_devices": all_parallel(g["parallel_devices"]),
                 "nodes": nodes(g),
@@ -304,7 +304,7 @@ def memory_devices(mem) -> pd.DataFrame:
 
 
 def _time_to_acc(r, target):
-    accs, secs = r["test_acc_list"], r["epoch_s_list"]
+    accs, secs = r["test_acc"], r["epoch_s"]
     if accs and len(secs) >= len(accs):
         for a, t in zip(accs, np.cumsum(secs)):
             if a >= target:
@@ -324,7 +324,7 @@ def accuracy_table(df, target_acc: float | None = None) -> pd.DataFrame:
     rows = [
         {
             **dict(zip(keys, key)),
-            "test_acc": g["test_acc"].median(),
+            "final_test_acc": g["final_test_acc"].median(),
             # a repeat that never reached the target makes the point "not reached"
             "time_to_acc_s": g["time_to_acc_s"].median(skipna=False),
             "target_acc": g["target_acc"].max(),
@@ -332,7 +332,7 @@ def accuracy_table(df, target_acc: float | None = None) -> pd.DataFrame:
         }
         for key, g in group_by(m, keys)
     ]
-    cols = [*keys, "test_acc", "time_to_acc_s", "target_acc", "n_trials"]
+    cols = [*keys, "final_test_acc", "time_to_acc_s", "target_acc", "n_trials"]
     return sort_points(pd.DataFrame(rows, columns=cols), ("lr",))
 
 

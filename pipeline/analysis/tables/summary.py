@@ -85,7 +85,7 @@ def _load(r):
 
 def strategy_metrics(s, pts, eff, mem):
     p, e, m = (t[t["strategy"] == s] for t in (pts, eff, mem))
-    thr, acc = best_row(p, "throughput_img_s"), best_row(p, "test_acc")
+    thr, acc = best_row(p, "throughput_img_s"), best_row(p, "final_test_acc")
     weak, strong = _at_largest_k(e, "weak"), _at_largest_k(e, "strong")
     m2 = m[m["k"] >= 2]
     imb, exc = best_row(m2, "mem_imbalance"), best_row(m2, "dev0_excess_bytes")
@@ -112,7 +112,7 @@ def strategy_metrics(s, pts, eff, mem):
         "best_throughput_under_load_cores": _load(thr),
         "weak_efficiency_under_load_cores": _load(weak),
         "strong_efficiency_under_load_cores": _load(strong),
-        "best_test_acc": None if acc is None else acc["test_acc"],
+        "best_test_acc": None if acc is None else acc["final_test_acc"],
         "best_test_acc_at": _at(acc, ("model", "k", "batch_size", "best_lr")),
     }
 
@@ -245,7 +245,7 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     if len(mem):
         at = _at_point(mem, top, on)
         _per_k(out, at.assign(peak_mib=at["peak_max"] / MIB), "peak_mib", "peak_mib", models)
-    _per_k(out, top, "test_acc", "acc", models)
+    _per_k(out, top, "final_test_acc", "acc", models)
     strategies = summary.get("strategies") or {}
     out.update(
         {
