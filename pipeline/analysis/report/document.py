@@ -13,6 +13,7 @@ import pandas as pd
 from pipeline.analysis.report import answer, causes, confidence, memory_fit, sharding
 from pipeline.analysis.report.host import host_capabilities_section, nodes_line
 from pipeline.analysis.report.markdown import md_table
+from pipeline.analysis.tables import knob_effects
 from pipeline.analysis.tables.points import (
     MEM_BASIS,
     MEM_LISTS,
@@ -341,19 +342,7 @@ def knob_section(table) -> list[str]:
         t = table[table["knob"] == knob].sort_values(["strategy", "k", "batch_size", "value"])
         out += [
             f"\n### {knob}\n\n",
-            md_table(
-                t,
-                [
-                    "value",
-                    "strategy",
-                    "model",
-                    "k",
-                    "batch_size",
-                    "throughput_img_s",
-                    "weak_efficiency",
-                    "final_test_acc",
-                ],
-            ),
+            md_table(t, knob_effects.COLUMNS),
             f"\n![{knob}](knob_{knob}.png)\n",
         ]
     return out

@@ -13,6 +13,9 @@ import pandas as pd
 
 from pipeline.catalog import KNOBS
 
+# a knob table's columns after `knob`, as the report shows them
+COLUMNS = ["value", "strategy", "model", "k", "batch_size", "throughput_img_s", "weak_efficiency", "final_test_acc"]
+
 
 def varied(pts: pd.DataFrame) -> list[str]:
     return [k for k in KNOBS if k in pts and pts[k].dropna().astype(str).nunique() > 1]
@@ -20,17 +23,6 @@ def varied(pts: pd.DataFrame) -> list[str]:
 
 def knob_table(pts: pd.DataFrame, eff: pd.DataFrame) -> pd.DataFrame:
     weak = eff[eff["kind"] == "weak"] if len(eff) else eff
-    cols = [
-        "knob",
-        "value",
-        "strategy",
-        "model",
-        "k",
-        "batch_size",
-        "throughput_img_s",
-        "weak_efficiency",
-        "final_test_acc",
-    ]
     rows = []
     for knob in varied(pts):
         for r in pts.to_dict("records"):
@@ -53,4 +45,4 @@ def knob_table(pts: pd.DataFrame, eff: pd.DataFrame) -> pd.DataFrame:
                     "final_test_acc": r["final_test_acc"],
                 }
             )
-    return pd.DataFrame(rows, columns=cols)
+    return pd.DataFrame(rows, columns=["knob", *COLUMNS])
