@@ -174,6 +174,9 @@ def test_a_sane_environment_value_is_read():
     [("PARALLAX_GRACE_S", ""), ("PARALLAX_STORE_TIMEOUT_S", "abc"), ("PARALLAX_PREFLIGHT_TIMEOUT_S", "-1")],
 )
 def test_the_command_refuses_it_in_one_line(tmp_path, name, value):
+    """A sweep that runs trials (its configuration loads, its strategy selected) refuses the variable in one line."""
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "cpu.yaml").write_text((REPO / "experiments" / "cpu.yaml").read_text())
     env = {**os.environ, "PYTHONPATH": str(REPO), "DVC_ROOT": str(tmp_path), name: value}
     p = subprocess.run(
         [sys.executable, "-m", "pipeline", "sweep", "--strategy", "single"],

@@ -147,7 +147,18 @@ def test_every_executor_records_its_own_params_and_results(tmp_path):
     for p in (3, 4):
         _sh([str(DVC), "exp", "run", "--queue", "-S", f"p={p}"], repo, env)
     try:
-        _sh([str(DVC), "queue", "start", "-j", "2"], repo, env)
+        # its output to a file, not a pipe: the queue's workers, detached, inherit the command's streams, and a
+        # pipe would stay open (the command "unfinished") until they exit; the loop below waits for them
+        with open(tmp_path / "queue-start.log", "w") as log:
+            subprocess.run(
+                [str(DVC), "queue", "start", "-j", "2"],
+                cwd=repo,
+                env=env,
+                stdout=log,
+                stderr=log,
+                timeout=180,
+                check=True,
+            )
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             status = _sh([str(DVC), "queue", "status"], repo, env)

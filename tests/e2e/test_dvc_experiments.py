@@ -102,7 +102,17 @@ def test_queued_and_temp_experiments_record_their_own_params_and_results(tmp_pat
     for name, sets in QUEUED.items():
         _sh(["dvc", "exp", "run", "--queue", "-n", name, *(a for kv in sets for a in ("-S", kv))], repo)
     try:
-        _sh(["dvc", "queue", "start", "-j", "1"], repo)
+        # its output to a file, not a pipe, which the queue's detached workers would hold open until they exit
+        with open(tmp_path / "queue-start.log", "w") as log:
+            subprocess.run(
+                ["dvc", "queue", "start", "-j", "1"],
+                cwd=repo,
+                env=_env(),
+                stdout=log,
+                stderr=log,
+                timeout=400,
+                check=True,
+            )
         _sh(["dvc", "exp", "run", "--temp", "-n", f"t{TEMP}", "-S", f"train.epochs={TEMP}"], repo)
         deadline = time.monotonic() + 400
         while (status := _sh(["dvc", "queue", "status"], repo).stdout) and time.monotonic() < deadline:
