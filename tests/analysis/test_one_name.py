@@ -2,21 +2,26 @@
 for it, the analysis' metrics.json and the report; the epoch's figure has a name of its own; no table renames either;
 the final accuracy and the per-epoch lists keep theirs the same way, and the study row carries summary.json's and
 metrics.json's names. A one-trial study, built from a record without training: record -> Optuna attribute -> sweep
-table -> analyze."""
+table -> analyze. Every metrics.json key starts with the name of the measurement it holds, never a short alias."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
 import json
+import re
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
 from pipeline.analysis import stage as A
+from pipeline.analysis.tables import points
+from pipeline.analysis.tables import summary as S
 from pipeline.records import table as T
 from pipeline.records.trial import METRIC, TrialRecord, rank_keys
 from pipeline.tracking import metric_names
+from tests.analysis.test_analyze import frame, row
 
 NAME = "throughput_img_s"
 SPEED = 1234.0  # 4 significant digits: MLflow's and metrics.json's rounding leave it as it is
@@ -131,3 +136,72 @@ def test_no_view_renames_the_throughput_and_every_rank_reports_it():
     (f,) = [f for f in dataclasses.fields(TrialRecord) if f.name == NAME]
     assert METRIC in f.metadata["views"] and "keys" not in f.metadata and f.metadata["rank"] == "min"
     assert NAME in rank_keys()
+
+
+def invented_keys(flat: dict, tables: dict, summary: dict) -> list[str]:
+    """The keys of a metrics.json (`flat`) whose name is not the name of the measurement they hold. A key is a count
+    (a summary.json count or the points table's `under_load`, summed), `<name>.<strategy>` with <name> summary.json's
+    name for a strategy's figure and its value, or `<name>.<strategy>[.<model>].kK` with <name> either a column of a
+    table it was computed from (`tables`: name -> frame), holding that column's value at that strategy, model and k,
+    or summary.json's name for that figure (its value where summary.json's `<name>_at` is that point)."""
+    strategies = summary.get("strategies") or {}
+    per_strategy = {n for st in strategies.values() for n in st}
+    columns = {c for t in tables.values() for c in t.columns}
+    bad = []
+    for key, v in flat.items():
+        name, *rest = key.split(".")
+        if not rest:
+            ok = isinstance(v, int) and (name in summary or name in columns)
+        elif len(rest) == 1:
+            st = strategies.get(rest[0]) or {}
+            ok = name in st and v == pytest.approx(st[name], rel=5e-3)
+        elif re.fullmatch(r"k\d+", rest[-1]) and len(rest) in (2, 3):
+            s, k = rest[0], int(rest[-1][1:])
+            at = [
+                t.loc[(t["strategy"] == s) & (t["k"] == k) & (t["model"] == rest[1] if len(rest) == 3 else True), name]
+                for t in tables.values()
+                if name in t
+            ]
+            held = [float(x) for col in at for x in pd.to_numeric(col, errors="coerce").dropna()]
+            if at:
+                ok = any(v == pytest.approx(x, rel=5e-3) for x in held)
+            else:  # summary.json's name: where summary.json gives that figure (<name>_at), the same value
+                st, where = strategies.get(s) or {}, (strategies.get(s) or {}).get(f"{name}_at") or {}
+                same = where.get("k") == k and (len(rest) == 2 or where.get("model") == rest[1])
+                ok = name in per_strategy and (not same or v == pytest.approx(st[name], rel=5e-3))
+        else:
+            ok = False
+        if not ok:
+            bad.append(key)
+    return bad
+
+
+def _flat_of_a_small_study():
+    """metrics.json of two strategies, two models and a point measured only under load, with its tables."""
+    busy = {"interfered": True, "foreign_cores": 1.7, "interference_reason": "other processes kept 1.70 cores busy"}
+    df = frame(
+        [
+            row("single", k=1, B=128, thr=1000.0, acc=0.79),
+            row("ddp", k=1, B=128, thr=1000.0, acc=0.8),  # k=2's weak reference (b=128)
+            row("ddp", k=1, B=256, thr=1100.0, acc=0.8),  # k=2's strong reference (B=256)
+            row("ddp", k=2, B=256, thr=1600.0, acc=0.81, **busy),  # measured under load only
+            row("ddp", k=1, B=128, thr=300.0, acc=0.7, model="resnet18", peaks=[300 * 2**20]),
+        ]
+    )
+    pts, eff, mem = points.point_table(df), points.scaling_table(df), points.memory_table(df)
+    status = S.strategy_status(df, {}, "x", ["single", "ddp"])
+    summ = S.summarize(df, status, pts, eff, mem, None)
+    tables = {"points": pts, "efficiency": eff, "memory": mem, "memory per device": points.memory_devices(mem)}
+    return S.flat_metrics(summ, pts, eff, mem), tables, summ
+
+
+def test_every_metrics_json_key_is_the_name_of_the_measurement_it_holds():
+    """No key of metrics.json invents a name: each starts with the column of the table its figure is read from (at
+    that strategy, model and k) or summary.json's name for it, so `eff`, `acc`, `peak_mib` or `under_load` holding
+    the cores busy elsewhere cannot come back."""
+    flat, tables, summ = _flat_of_a_small_study()
+    assert {"weak_efficiency.ddp.lenet.k2", "strong_efficiency.ddp.lenet.k2", "load_cores.ddp.lenet.k2"} <= set(flat)
+    assert {"peak_mem_mib.ddp.resnet18.k1", "final_test_acc.single.lenet.k1", "best_test_acc.ddp"} <= set(flat)
+    assert invented_keys(flat, tables, summ) == []
+    old = {"eff.ddp.lenet.k2": 0.8, "peak_mib.ddp.lenet.k1": 100.0, "acc.ddp": 0.82, "under_load.ddp.lenet.k2": 1.7}
+    assert invented_keys({**flat, **old}, tables, summ) == list(old)

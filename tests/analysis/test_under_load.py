@@ -45,15 +45,15 @@ def everything(df):
 
 def test_every_trial_flagged_still_gives_a_labelled_reading():
     """With every trial flagged, throughput and efficiency come from the flagged trials, each labelled with the load
-    it ran under; metrics.json keeps the keys tests and `dvc exp show` read, plus the under_load labels."""
+    it ran under; metrics.json keeps the keys tests and `dvc exp show` read, plus the load_cores labels."""
     df = frame([busy("single", 1, 1000.0, 1.5), busy("ddp", 1, 1000.0, 1.5), busy("ddp", 2, 1600.0, 1.7)])
     pts, eff, _, status, summ, metrics, reading = everything(df)
     p = one(pts, strategy="ddp", k=2)
     assert p["throughput_img_s"] == 1600.0 and p["under_load"] and p["load_cores"] == pytest.approx(1.7)
     e = one(eff, strategy="ddp", kind="weak", k=2)
     assert e["efficiency"] == pytest.approx(0.8) and e["under_load"] and e["load_cores"] == pytest.approx(1.7)
-    assert metrics["throughput_img_s.single.k1"] == 1000.0 and metrics["eff.ddp.k2"] == pytest.approx(0.8)
-    assert metrics["under_load.ddp.k2"] == pytest.approx(1.7) and metrics["under_load"] == 3
+    assert metrics["throughput_img_s.single.k1"] == 1000.0 and metrics["weak_efficiency.ddp.k2"] == pytest.approx(0.8)
+    assert metrics["load_cores.ddp.k2"] == pytest.approx(1.7) and metrics["under_load"] == 3
     assert metrics["n_flagged"] == 3 and status["ddp"]["n_interfered"] == 2
     assert summ["strategies"]["ddp"]["weak_efficiency_under_load_cores"] == pytest.approx(1.7)
     from pipeline.tracking.client import summary_metrics  # the analysis run's MLflow metrics carry the label
@@ -75,7 +75,7 @@ def test_a_point_with_quiet_trials_leaves_its_flagged_ones_out_unlabelled():
     p = one(pts, strategy="ddp", k=1)
     assert p["throughput_img_s"] == 1000.0 and not p["under_load"] and math.isnan(p["load_cores"])
     assert not one(eff, strategy="ddp", kind="weak", k=2)["under_load"]
-    assert metrics["under_load"] == 0 and not any(k.startswith("under_load.") for k in metrics)
+    assert metrics["under_load"] == 0 and not any(k.startswith("load_cores.") for k in metrics)
     assert "1 of the 3 complete trials was measured under interference" in reading[0] and "left out" in reading[0]
 
 
@@ -197,7 +197,7 @@ def test_the_dvc_plots_csvs_label_the_point_measured_under_load(tmp_path):
 def test_metrics_json_figures_at_a_k_are_those_of_one_point_the_answer_runs():
     """At ddp k=2 the fastest point (B=256, flagged, 0.36 cores) and a slower quiet one (B=512, bigger memory, better
     accuracy): every `.ddp.k2` figure of metrics.json is the B=256 point's, as in the report's answer (its load, its
-    peak memory, its accuracy), never mixed with the other point's; `acc.ddp` is labelled the best of any point."""
+    peak memory, its accuracy), never mixed with the other point's; `best_test_acc.ddp` is the best of any point."""
     mib = 2**20
     df = frame(
         [
@@ -207,10 +207,10 @@ def test_metrics_json_figures_at_a_k_are_those_of_one_point_the_answer_runs():
         ]
     )
     pts, eff, mem, status, summ, metrics, _ = everything(df)
-    assert metrics["throughput_img_s.ddp.k2"] == 1800.0 and metrics["peak_mib.ddp.k2"] == 100.0
-    assert metrics["acc.ddp.k2"] == 0.8 and metrics["acc.ddp"] == 0.81
-    assert metrics["under_load.ddp.k2"] == pytest.approx(0.36) and metrics["under_load"] == 1
-    assert metrics["eff.ddp.k2"] == pytest.approx(0.9)  # B=256 is b=128 per device: k=1's b
+    assert metrics["throughput_img_s.ddp.k2"] == 1800.0 and metrics["peak_mem_mib.ddp.k2"] == 100.0
+    assert metrics["final_test_acc.ddp.k2"] == 0.8 and metrics["best_test_acc.ddp"] == 0.81
+    assert metrics["load_cores.ddp.k2"] == pytest.approx(0.36) and metrics["under_load"] == 1
+    assert metrics["weak_efficiency.ddp.k2"] == pytest.approx(0.9)  # B=256 is b=128 per device: k=1's b
     from pipeline.analysis.report import answer
 
     ans = answer.build(df, status, pts, eff, mem)

@@ -121,11 +121,11 @@ def test_every_figure_the_answer_shows_has_one_value_in_report_metrics_mlflow_an
     assert metrics[f"throughput_img_s.{s}.k{k}"] == pytest.approx(speed, rel=1e-3, abs=1), (answer, metrics)
     acc = re.search(r"test accuracy (\d\.\d{4})", answer)
     assert acc, answer  # the answer always states it: a format change must not silence the check
-    assert metrics[f"acc.{s}.k{k}"] == pytest.approx(float(acc.group(1)), abs=1e-4), (answer, metrics)
+    assert metrics[f"final_test_acc.{s}.k{k}"] == pytest.approx(float(acc.group(1)), abs=1e-4), (answer, metrics)
     peaks = re.search(r"peak memory ([\d.,/ ]+) MiB per device", answer)
     assert peaks, answer  # CPU trials measure it (MemTracker)
     top = max(float(v.replace(",", "")) for v in peaks.group(1).split("/"))
-    assert metrics[f"peak_mib.{s}.k{k}"] == pytest.approx(top, abs=0.06), (answer, metrics)
+    assert metrics[f"peak_mem_mib.{s}.k{k}"] == pytest.approx(top, abs=0.06), (answer, metrics)
     code = (
         "import json, mlflow, optuna; mlflow.set_tracking_uri('sqlite:///mlruns/mlflow.db');"
         "r = mlflow.search_runs(search_all_experiments=True);"

@@ -110,7 +110,7 @@ def test_an_unflagged_trial_has_flagged_zero(make_cfg, tmp_path):
 @pytest.mark.slow
 def test_the_study_row_shows_the_reports_efficiency_at_every_k(make_cfg, tmp_path):
     """A small ddp sweep (k=1 and k=2 at the same per-device batch), then analyze: every efficiency metrics.json
-    holds (eff.ddp.kK) is on the MLflow study row under that same key, the same number, and the row's
+    holds (weak_efficiency.ddp.kK) is on the MLflow study row under that same key, the same number, and the row's
     weak_efficiency is summary.json's, under its name, rounded as every metric is."""
     from pipeline.cli import main
 
@@ -130,7 +130,7 @@ def test_the_study_row_shows_the_reports_efficiency_at_every_k(make_cfg, tmp_pat
     assert main(["analyze", "--sweeps", str(sweeps), "--out", str(tmp_path / "analysis")]) == 0
     flat = json.loads((tmp_path / "analysis" / "metrics.json").read_text())
     summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
-    effs = {k: v for k, v in flat.items() if k.startswith("eff.ddp.")}
+    effs = {k: v for k, v in flat.items() if k.startswith("weak_efficiency.ddp.")}
     assert effs, flat  # a weak efficiency was measured
     (parent,) = tracking.Tracker(cfg).find_runs("tags.role = 'study'")
     row = parent.data.metrics

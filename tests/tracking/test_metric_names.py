@@ -134,13 +134,14 @@ def test_the_study_row_carries_the_summarys_and_metrics_json_names_unchanged():
     }
     flat = {
         "n_trials": 6,
-        "eff.ddp.k2": 0.9,
-        "eff.ddp.k4": 0.8,
+        "weak_efficiency.ddp.k2": 0.9,
+        "weak_efficiency.ddp.k4": 0.8,
         "throughput_img_s.ddp.k4": 3000,
-        "peak_mib.ddp.resnet18.k2": 12.5,
-        "acc.ddp": 0.88,
-        "eff.ddp_amp.k2": 0.7,
-        "under_load": 0,
+        "peak_mem_mib.ddp.resnet18.k2": 12.5,
+        "load_cores.ddp.k2": 1.7,
+        "best_test_acc.ddp": 0.88,
+        "weak_efficiency.ddp_amp.k2": 0.7,
+        "under_load": 1,
     }
     assert names.study_row_metrics("ddp", summary, flat) == {
         "best_throughput_img_s": 900.6,
@@ -148,10 +149,11 @@ def test_the_study_row_carries_the_summarys_and_metrics_json_names_unchanged():
         "largest_k": 4,
         "best_test_acc": 0.8765,
         "worst_mem_imbalance": 1.012,
-        "eff.ddp.k2": 0.9,
-        "eff.ddp.k4": 0.8,
+        "weak_efficiency.ddp.k2": 0.9,
+        "weak_efficiency.ddp.k4": 0.8,
         "throughput_img_s.ddp.k4": 3000,
-        "peak_mib.ddp.resnet18.k2": 12.5,
+        "peak_mem_mib.ddp.resnet18.k2": 12.5,
+        "load_cores.ddp.k2": 1.7,
     }
     assert names.study_row_metrics("ddp", {"strategies": {"ddp": {"best_throughput_img_s": 900.56}}}, {}) == {
         "best_throughput_img_s": 900.6

@@ -43,7 +43,7 @@ def load_line(df, pts) -> str | None:
     return head + (
         f" {_n(loaded, 'point')} had only flagged trials: their throughput and efficiency come from "
         "those trials and are labelled *measured under load* (here, in the tables, summary.json, and "
-        "metrics.json's `under_load.*` keys): what this host gave while busy, not the strategy's speed "
+        "metrics.json's `load_cores.*` keys): what this host gave while busy, not the strategy's speed "
         "on a quiet one. For that, rerun the sweep when the host is quiet (before each trial it waits up "
         "to `sweep.quiet_wait_s` for a quiet moment)."
     )

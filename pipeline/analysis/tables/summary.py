@@ -174,12 +174,20 @@ def _finite(v) -> bool:
     )
 
 
-# significant digits per metrics.json group: enough to tell two experiments apart, short enough for a narrow column
-# (short names: `dvc exp show` sizes a column by its name, and a narrow terminal then shows only "…"; the throughput
-# keeps the trial record's name, THROUGHPUT, as MLflow and the report do); accuracy to 4 decimals of a 0.xxxx value,
-# as the report prints it
+# significant digits per metrics.json group, keyed by the measurement's name (every key starts with it: a figure is
+# named as the column or the summary.json entry it holds, never renamed): enough to tell two experiments apart;
+# accuracy to 4 decimals of a 0.xxxx value, as the report prints it
 THROUGHPUT = "throughput_img_s"  # the record's field, the sweep table's column, the report's and MLflow's name
-DIGITS = {THROUGHPUT: 4, "eff": 3, "strong_eff": 3, "peak_mib": 4, "acc": 4, "under_load": 3}
+PEAK_MIB = "peak_mem_mib"  # the record's name for the largest device's peak in MiB (the memory table's peak_max / MIB)
+DIGITS = {
+    THROUGHPUT: 4,
+    "weak_efficiency": 3,
+    "strong_efficiency": 3,
+    PEAK_MIB: 4,
+    "final_test_acc": 4,
+    "best_test_acc": 4,
+    "load_cores": 3,
+}
 KEYS = ("strategy", "model", "k")  # what a metrics.json figure is per (the model only when the sweeps hold several)
 
 
@@ -206,14 +214,15 @@ def _at_point(table, points, on) -> pd.DataFrame:
     return table.merge(points[on].drop_duplicates(), on=on, how="inner")
 
 
-def _per_k(out: dict, table, col: str, name: str, models: bool) -> None:
-    """out[name.strategy[.model].kK] = `col` of the table's row for that strategy, model and k (one per key)."""
+def _per_k(out: dict, table, col: str, models: bool) -> None:
+    """out[col.strategy[.model].kK] = `col` of the table's row for that strategy, model and k (one per key): the
+    key is the column's own name (a figure under another name is a column of that name in the view handed here)."""
     if table.empty or col not in table:
         return
     for (s, m, k), g in table.groupby(list(KEYS), sort=True):
         vals = [float(v) for v in g[col] if _finite(v)]
         if vals:
-            out[_key(name, s, m if models else None, f"k{int(k)}")] = _rounded(vals[0], DIGITS.get(name, 4))
+            out[_key(col, s, m if models else None, f"k{int(k)}")] = _rounded(vals[0], DIGITS.get(col, 4))
 
 
 def flat_metrics(summary: dict, pts, eff, mem) -> dict:
@@ -221,43 +230,46 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     `dvc exp show` shows them: first the counts that explain an empty cell (`n_trials`, `n_complete`, `n_measured`:
     on a quiet host, `n_flagged`: measured under interference), then per strategy and k the figures of ONE point,
     the fastest at that k (`fastest`: the configuration the report's answer runs there), so that each value is the
-    report's: `throughput_img_s.S.kK` (its images/s, under the trial record's name), `eff.S.kK` (its weak-scaling
-    efficiency, k >= 2), `strong_eff.S.kK`, `peak_mib.S.kK` (its largest per-device peak, MiB), `acc.S.kK` (its
-    test accuracy, best lr), `<name>.S.kK` for
-    each field the trial record declares with the POINT view; then per strategy `acc.S`, a different quantity: the
-    best test accuracy of any of the strategy's points (the report's "against the best"). Rounded to DIGITS
-    significant digits. The model joins the key (`eff.ddp.resnet18.k2`) only when the sweeps hold more than one.
-    Undefined values are left out, never 0; memory imbalance and per-strategy counts are in summary.json and
-    report.md. Measured under load (tables.timed: every trial behind the point flagged by interference.py): the
-    figures keep their keys and `under_load.S.kK` labels them with the cores other processes kept busy at that point
-    (an efficiency whose k=1 end alone was loaded is labelled in report.md and efficiency.csv); `under_load` counts
-    the labelled strategy-k pairs (0 on a quiet host)."""
+    report's. Every key starts with the name of the measurement it holds (the column of the table it is read from,
+    or summary.json's name for it): `throughput_img_s.S.kK` (its images/s), `weak_efficiency.S.kK` (its
+    weak-scaling efficiency, k >= 2), `strong_efficiency.S.kK`, `peak_mem_mib.S.kK` (its largest per-device peak,
+    MiB, as the trial record names it), `final_test_acc.S.kK` (its test accuracy, best lr), `<name>.S.kK` for each
+    field the trial record declares with the POINT view; then per strategy `best_test_acc.S`, a different quantity:
+    the best test accuracy of any of the strategy's points (the report's "against the best"). Rounded to DIGITS
+    significant digits. The model joins the key (`weak_efficiency.ddp.resnet18.k2`) only when the sweeps hold more
+    than one. Undefined values are left out, never 0; memory imbalance and per-strategy counts are in summary.json
+    and report.md. Measured under load (tables.timed: every trial behind the point flagged by interference.py): the
+    figures keep their keys and `load_cores.S.kK` labels them with the cores other processes kept busy at that
+    point (an efficiency whose k=1 end alone was loaded is labelled in report.md and efficiency.csv); `under_load`
+    counts the labelled strategy-k pairs (0 on a quiet host)."""
     models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
     out: dict = {
         k: summary[k] for k in ("n_trials", "n_complete", "n_measured", "n_flagged") if _finite(summary.get(k))
     }
     top = fastest(pts)
     on = [*POINT_KEYS, *(c for c in top.columns if c in EXTRAS)]
-    _per_k(out, top, THROUGHPUT, THROUGHPUT, models)
-    for kind, name in (("weak", "eff"), ("strong", "strong_eff")):
+    _per_k(out, top, THROUGHPUT, models)
+    for kind in ("weak", "strong"):  # summary.json's weak_efficiency and strong_efficiency, per point
         e = eff[(eff["kind"] == kind) & (eff["k"] >= 2)] if len(eff) else eff
-        _per_k(out, _at_point(e, top, on), "efficiency", name, models)
+        at = _at_point(e, top, on)
+        if "efficiency" in at:  # the efficiency table's column, computed under summary.json's name for this kind
+            _per_k(out, at.assign(**{f"{kind}_efficiency": at["efficiency"]}), f"{kind}_efficiency", models)
     if len(mem):
         at = _at_point(mem, top, on)
-        _per_k(out, at.assign(peak_mib=at["peak_max"] / MIB), "peak_mib", "peak_mib", models)
-    _per_k(out, top, "final_test_acc", "acc", models)
+        _per_k(out, at.assign(**{PEAK_MIB: at["peak_max"] / MIB}), PEAK_MIB, models)
+    _per_k(out, top, "final_test_acc", models)
     strategies = summary.get("strategies") or {}
     out.update(
         {
-            _key("acc", s): _rounded(st["best_test_acc"], DIGITS["acc"])
+            _key("best_test_acc", s): _rounded(st["best_test_acc"], DIGITS["best_test_acc"])
             for s, st in strategies.items()
             if _finite(st.get("best_test_acc"))
         }
     )
     for col in point_columns():  # the record's POINT fields, at the same point
         if col in top:
-            _per_k(out, top, col, col, models)
+            _per_k(out, top, col, models)
     loaded = top[top["under_load"].astype(bool)] if len(top) and "under_load" in top else top.iloc[0:0]
-    _per_k(out, loaded, "load_cores", "under_load", models)  # the label: cores busy elsewhere (absent: unmeasured)
+    _per_k(out, loaded, "load_cores", models)  # the label: cores busy elsewhere (absent: unmeasured)
     out["under_load"] = len(loaded)
     return jsonable(out)
