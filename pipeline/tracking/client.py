@@ -343,7 +343,8 @@ def _is_integrity_error(e: BaseException | None) -> bool:
     """A unique-key violation anywhere in the exception's chain (SQLAlchemy's IntegrityError, however it is wrapped)."""
     seen = set()
     while e is not None and id(e) not in seen:
-        if type(e).__name__ == "IntegrityError" or "UNIQUE constraint failed" in str(e):
+        text = str(e)  # SQLite's words, or PostgreSQL's as an MLflow server passes them on (a RestException)
+        if type(e).__name__ == "IntegrityError" or "UNIQUE constraint failed" in text or "UniqueViolation" in text:
             return True
         seen.add(id(e))
         e = e.__cause__ or e.__context__
