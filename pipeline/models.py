@@ -85,6 +85,17 @@ def build_model(name: str, seed: int, init: str = "default") -> nn.Module:
     return model
 
 
+def blocks(model: nn.Module):
+    """(name, block) for each of the model's blocks, in definition order: each direct child that owns parameters (a
+    layer of LeNet), and a multi-block Sequential stage's blocks (ResNet-18's residual blocks). strategies/fsdp.py
+    shards each as one unit; the scaling and memory models price the same units (pipeline/scaling/memory.py)."""
+    for name, child in model.named_children():
+        if isinstance(child, nn.Sequential) and len(list(child.children())) > 1:
+            yield from ((f"{name}.{n}", b) for n, b in child.named_children() if any(True for _ in b.parameters()))
+        elif any(True for _ in child.parameters()):
+            yield name, child
+
+
 def one_channel_stays_contiguous(device_type: str) -> bool:
     """Whether `apply_channels_last` leaves weights with one input channel (the first conv: [20,1,3,3] LeNet, [64,1,3,3]
     ResNet-18) contiguous on this kind of device. Such a weight is the same bytes in either layout, but its strides

@@ -86,13 +86,17 @@ TERMS = (
 
 @dataclass(frozen=True)
 class Layout:
-    """The model's parameter tensors (numel, dim-0 rows, in parameters() order), its FSDP units (indices), buffers."""
+    """The model's parameter tensors in parameters() order (numel, dim-0 rows, names, shapes), its FSDP units (indices
+    into them, and names), buffers. scaling/model.py's model_layout is a view of it."""
 
     model: str
     numel: tuple[int, ...]
     rows: tuple[int, ...]
     units: tuple[tuple[int, ...], ...]
     buffer_bytes: int
+    names: tuple[str, ...] = ()
+    shapes: tuple[tuple[int, ...], ...] = ()
+    unit_names: tuple[str, ...] = ()
 
     @property
     def params(self) -> int:
@@ -142,12 +146,16 @@ def layout(model: str, cache=None) -> Layout:
             tuple(stored["rows"]),
             tuple(tuple(u) for u in stored["units"]),
             stored["buffer_bytes"],
+            tuple(stored["names"]),
+            tuple(tuple(s) for s in stored["shapes"]),
+            tuple(stored["unit_names"]),
         )
     lay = _build_layout(model)
-    _write_cache(
-        cache, key, {"numel": lay.numel, "rows": lay.rows, "units": lay.units, "buffer_bytes": lay.buffer_bytes}
-    )
+    _write_cache(cache, key, {f: getattr(lay, f) for f in LAYOUT_FIELDS})
     return lay
+
+
+LAYOUT_FIELDS = ("numel", "rows", "units", "buffer_bytes", "names", "shapes", "unit_names")  # what the cache keeps
 
 
 def _torch_version() -> str:
@@ -189,31 +197,24 @@ def count_ahead(cache=None) -> tuple[str, ...]:
 def _build_layout(model: str) -> Layout:
     import torch
 
-    from pipeline.models import MODELS
+    from pipeline.models import MODELS, blocks
 
     with torch.device("meta"):
         m = MODELS[model]()
     index = {id(p): i for i, p in enumerate(m.parameters())}
-    units = tuple(tuple(index[id(p)] for p in unit.parameters()) for unit in fsdp_units(m))
-    params = list(m.parameters())
+    named = list(blocks(m))
+    units = tuple(tuple(index[id(p)] for p in unit.parameters()) for _, unit in named)
+    params = list(m.named_parameters())
     return Layout(
         model,
-        tuple(p.numel() for p in params),
-        tuple(p.shape[0] for p in params),
+        tuple(p.numel() for _, p in params),
+        tuple(p.shape[0] for _, p in params),
         units,
         sum(b.numel() * b.element_size() for b in m.buffers()),
+        tuple(n for n, _ in params),
+        tuple(tuple(p.shape) for _, p in params),
+        tuple(n for n, _ in named),
     )
-
-
-def fsdp_units(model):
-    """The blocks fsdp.py shards, by the same rule (each direct child with parameters; a Sequential stage's blocks)."""
-    from torch import nn
-
-    for child in model.children():
-        if isinstance(child, nn.Sequential) and len(list(child.children())) > 1:
-            yield from (b for b in child.children() if any(True for _ in b.parameters()))
-        elif any(True for _ in child.parameters()):
-            yield child
 
 
 _COUNTED: dict[tuple[str, bool], Counted] = {}
@@ -274,7 +275,7 @@ def _count(model: str, b: int, autocast: bool) -> tuple[int, list[int]]:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from pipeline.models import MODELS
+    from pipeline.models import MODELS, blocks
 
     # autocast does not act on meta tensors; on fake CPU tensors it does, as on the host's CPU, with no compute
     # (the two counts side by side, and what each costs: benchmarks/RESULTS.md, "The memory model")
@@ -286,7 +287,7 @@ def _count(model: str, b: int, autocast: bool) -> tuple[int, list[int]]:
                 p.data = p.data.contiguous(memory_format=torch.channels_last)
         x = torch.randn(b, 1, 28, 28).contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, 10, (b,))
-        units = list(fsdp_units(m))
+        units = [unit for _, unit in blocks(m)]
         w = sum(p.numel() * p.element_size() for p in m.parameters())
         tracker = MemTracker()
         tracker.track_external(m)

@@ -94,34 +94,18 @@ ASSUMPTIONS = (
 
 
 def model_layout(model: str = "lenet") -> dict:
-    """Parameter tensors of `model` in definition order, and its FSDP units (the blocks fsdp.py shards)."""
-    from torch import nn
+    """Parameter tensors of `model` in definition order, and its FSDP units (the blocks fsdp.py shards): a view of
+    scaling/memory.py's layout, read from its cache file where `make setup` counted it (then no torch is loaded)."""
+    from pipeline.scaling.memory import layout
 
-    from pipeline.models import MODELS
-
-    m = MODELS[model]()
-    params = [
-        {"name": n, "shape": list(p.shape), "bytes": p.numel() * p.element_size()} for n, p in m.named_parameters()
+    lay = layout(model)
+    w = 4  # float32 parameters (under autocast too: the master weights)
+    params = [{"name": n, "shape": list(s), "bytes": c * w} for n, s, c in zip(lay.names, lay.shapes, lay.numel)]
+    units = [
+        {"name": name, "shapes": [list(lay.shapes[i]) for i in idx], "bytes": sum(lay.numel[i] for i in idx) * w}
+        for name, idx in zip(lay.unit_names, lay.units)
     ]
-    units = []
-    for name, unit in _fsdp_units(m, nn):
-        units.append(
-            {
-                "name": name,
-                "shapes": [list(p.shape) for p in unit.parameters()],
-                "bytes": sum(p.numel() * p.element_size() for p in unit.parameters()),
-            }
-        )
     return {"model": model, "params": params, "param_bytes": sum(p["bytes"] for p in params), "fsdp_units": units}
-
-
-def _fsdp_units(model, nn):
-    # the same rule as strategies/fsdp.py's blocks (kept in step by tests/scaling/test_scaling_model.py)
-    for name, child in model.named_children():
-        if isinstance(child, nn.Sequential) and len(list(child.children())) > 1:
-            yield from ((f"{name}.{n}", b) for n, b in child.named_children() if any(True for _ in b.parameters()))
-        elif any(True for _ in child.parameters()):
-            yield name, child
 
 
 def ddp_buckets(param_bytes: list[int], bucket_cap_mb: float) -> list[int]:

@@ -17,21 +17,13 @@ import torch.distributed as dist
 from torch import nn
 
 from pipeline.measure.comm_probes import ProfiledComm
+from pipeline.models import blocks
 
 from .distributed import DistributedStrategy
 
 # FSDP2's record_function labels of its collectives (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
 # all-gather (copy-in + collective), its copy-out, the reduce-scatter (copy-in, collective, division) and its wait
 COMM_SPANS = ("FSDP::all_gather", "FSDP::post_backward_reduce", "FSDP::post_backward_rs_wait")
-
-
-def _blocks(model: nn.Module):
-    """The units to shard: each direct child that owns parameters (a layer of LeNet, a stage block of ResNet)."""
-    for child in model.children():
-        if isinstance(child, nn.Sequential) and len(list(child.children())) > 1:
-            yield from (b for b in child.children() if any(True for _ in b.parameters()))
-        elif any(True for _ in child.parameters()):
-            yield child
 
 
 def full_state_from_cpu_shards(model: nn.Module) -> dict:
@@ -100,7 +92,7 @@ class FSDPStrategy(DistributedStrategy):
     def wrap(self, model, criterion):
         from torch.distributed.fsdp import fully_shard
 
-        for block in list(_blocks(model)):
+        for _, block in list(blocks(model)):  # each block its own unit, then the root
             fully_shard(block)
         fully_shard(model)
         return model, criterion

@@ -28,7 +28,7 @@ FLOORS = {
     "data": {"scratch", "errors"},
     "host": set(),
     "measure": {"host"},
-    "strategies": {"host", "measure", "catalog"},
+    "strategies": {"host", "measure", "catalog", "models"},
     "trial": {"scratch", "config", "records", "data", "host", "measure", "strategies", "errors", "paths", "models"},
     "tracking": {"scratch", "errors", "paths", "preflight"},
     "scaling": {"catalog", "host", "strategies", "trial", "models", "paths"},

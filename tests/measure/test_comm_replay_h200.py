@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.measure import comm_probes
-from pipeline.models import build_lenet
+from pipeline.models import blocks, build_lenet
 from pipeline.strategies import fsdp
 from tests.measure.test_comm_attribution import CUDA0, FIXTURES
 
@@ -114,13 +114,13 @@ def test_one_nccl_rank_runs_no_kernel_so_no_communication_is_exposed(dump):
 
 def test_fsdps_spans_are_found_under_torch_2_11s_names(dump):
     """COMM_SPANS against the real names: one post-backward reduce per sharded unit, named by the unit's module
-    (the blocks `fsdp._blocks` shards in LeNet); no all-gather span, as FSDP2 skips it at world size 1. Taken as
+    (the blocks `models.blocks` names in LeNet); no all-gather span, as FSDP2 skips it at world size 1. Taken as
     host spans (the Gloo path) they give backward the plain sum of the reduce spans (disjoint, one thread) and
     forward nothing."""
     events = dump["events"]
     model = build_lenet()
-    blocks = {id(m) for m in fsdp._blocks(model)}
-    sharded = {name for name, m in model.named_children() if id(m) in blocks}
+    units = {id(m) for _, m in blocks(model)}
+    sharded = {name for name, m in model.named_children() if id(m) in units}
     assert sharded == {"0", "3", "7", "9"}
     assert {unit(e["name"]) for e in host(events, "FSDP::pre_forward")} == sharded
     spans = [e for e in host(events) if e["name"].startswith(fsdp.COMM_SPANS)]

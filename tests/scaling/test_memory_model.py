@@ -3,6 +3,7 @@ report's "Memory: measured beside modelled" section."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -140,7 +141,7 @@ def test_the_autocast_count_on_fake_tensors_is_the_cpus():
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from pipeline.models import MODELS
+    from pipeline.models import MODELS, blocks
 
     torch.manual_seed(0)
     m = MODELS["lenet"]().to(memory_format=torch.channels_last)
@@ -155,14 +156,15 @@ def test_the_autocast_count_on_fake_tensors_is_the_cpus():
     real = sum(v.get("Total", 0) for v in tracker.get_tracker_snapshot("peak").values())
     real -= sum(p.numel() * p.element_size() for p in m.parameters())
     fake, units = memory._count("lenet", 16, autocast=True)
-    assert fake > 0 and len(units) == len(list(memory.fsdp_units(m)))
+    assert fake > 0 and len(units) == len(list(blocks(m)))
     assert abs(fake - real) <= 1e-3 * real, (fake, real)
 
 
 @pytest.mark.slow
 def test_counted_ahead_a_fit_loads_no_torch(tmp_path, monkeypatch):
     """`fit --count-ahead` (what `make setup` runs) counts every model once; a `fit` after it, in a new process,
-    answers for ResNet-18 from the counts without importing torch. Changed model code is counted again."""
+    answers for ResNet-18 from the counts without importing torch, and so does the scaling model's layout (the
+    analysis stage's projection), equal to the one read from the model itself. Changed model code is counted again."""
     import subprocess
     import sys
 
@@ -174,12 +176,22 @@ def test_counted_ahead_a_fit_loads_no_torch(tmp_path, monkeypatch):
     fit = (
         "import sys; from pipeline.cli.commands import main; "
         "code = main(['fit', '--model', 'resnet18', '--batch-size', '4096', '--device-memory', '24GiB']); "
+        "from pipeline.scaling.model import model_layout; import json; "
+        "print(json.dumps(model_layout('resnet18'))); "
         "print('torch loaded' if 'torch' in sys.modules else 'no torch', code)"
     )
     p = subprocess.run(
         [sys.executable, "-c", fit], env={**os.environ, "DVC_ROOT": str(tmp_path)}, capture_output=True, text=True
     )
     assert p.stdout.splitlines()[-1] == "no torch 0", p.stdout + p.stderr
+    from pipeline.models import MODELS, blocks
+
+    m = MODELS["resnet18"]()
+    want_params = [{"name": n, "shape": list(t.shape), "bytes": t.numel() * 4} for n, t in m.named_parameters()]
+    want_units = [(n, [list(t.shape) for t in b.parameters()]) for n, b in blocks(m)]
+    got = json.loads(p.stdout.splitlines()[-2])
+    assert got["params"] == want_params and got["param_bytes"] == 11_175_818 * 4
+    assert [(u["name"], u["shapes"]) for u in got["fsdp_units"]] == want_units
     assert "counting" not in p.stderr and "fsdp" in p.stdout
     memory._code_digest.cache_clear()
     monkeypatch.setattr(memory, "_code_digest", lambda: "other code")

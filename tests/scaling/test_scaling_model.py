@@ -8,9 +8,8 @@ import math
 import pytest
 
 from pipeline import catalog
-from pipeline.models import MODELS
+from pipeline.models import MODELS, blocks
 from pipeline.scaling import model as sm
-from pipeline.strategies import fsdp as fsdp_strategy
 
 LENET_BYTES = 129_068 * 4
 STRATEGIES = tuple(n for n in catalog.NAMES if catalog.communicates(n))
@@ -65,9 +64,11 @@ def test_resnet18_is_several_buckets():
 @pytest.mark.parametrize("model", list(MODELS))
 def test_fsdp_units_are_the_blocks_fsdp_shards(model):
     m = MODELS[model]()
-    blocks = list(fsdp_strategy._blocks(m))
+    named = list(blocks(m))  # what fsdp.py shards (tests/strategies/test_fsdp_planning.py)
     units = sm.model_layout(model)["fsdp_units"]
-    assert [u["bytes"] for u in units] == [sum(p.numel() * 4 for p in b.parameters()) for b in blocks]
+    assert [u["name"] for u in units] == [name for name, _ in named]
+    assert [u["bytes"] for u in units] == [sum(p.numel() * 4 for p in b.parameters()) for _, b in named]
+    assert [u["shapes"] for u in units] == [[list(p.shape) for p in b.parameters()] for _, b in named]
 
 
 def test_fsdp_pads_dim0_to_a_multiple_of_k():

@@ -22,8 +22,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from pipeline.config.loader import Config
 from pipeline.host.devices import Host
-from pipeline.models import build_model
-from pipeline.strategies.fsdp import FSDPStrategy, _blocks
+from pipeline.models import blocks, build_model
+from pipeline.strategies.fsdp import FSDPStrategy
 
 WORLD = 8
 GPUS = Host(kind="cuda", n=WORLD, name="stand-in GPU", hostname="test", torch=torch.__version__, cuda="12")
@@ -50,7 +50,7 @@ def _shard_rows(n: int, rank: int) -> int:
 @pytest.mark.parametrize("fake_world", [0, WORLD - 1], indirect=True)
 @pytest.mark.parametrize("model_name", ["lenet", "resnet18"])
 def test_fsdp_shards_each_block_then_the_root(fake_world, model_name):
-    """wrap() makes each of _blocks' units and the root an FSDP module and nothing else; every parameter becomes a
+    """wrap() makes each of models.blocks and the root an FSDP module and nothing else; every parameter becomes a
     dim-0 shard of the full parameter on a 1-D mesh of the 8 ranks, this rank holding its torch.chunk share
     (the last ranks hold fewer rows, or none: LeNet's 20-channel conv on rank 7); the state_dict keeps the plain
     model's keys, so checkpoints and the equivalence check see the same names."""
@@ -58,7 +58,7 @@ def test_fsdp_shards_each_block_then_the_root(fake_world, model_name):
     with torch.device("meta"):
         plain, model = build_model(model_name, 0), build_model(model_name, 0)
     names = {id(m): n for n, m in plain.named_modules()}
-    want_units = {names[id(b)] for b in _blocks(plain)} | {""}
+    want_units = {names[id(b)] for _, b in blocks(plain)} | {""}
     strategy = FSDPStrategy(dataclasses.replace(Config().train, devices=WORLD), GPUS)
     wrapped, _ = strategy.wrap(model, torch.nn.CrossEntropyLoss())
 
