@@ -128,9 +128,11 @@ def _bracket(xs, b):
 
 
 def known_models() -> tuple[str, ...]:
-    from pipeline.models import MODELS
+    """The models' names, without loading torch (the configuration's list, kept equal to pipeline/models.py's by
+    tests/data/test_models.py)."""
+    from pipeline.config.schema import MODELS
 
-    return tuple(MODELS)
+    return MODELS
 
 
 @functools.cache

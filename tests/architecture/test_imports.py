@@ -31,7 +31,7 @@ FLOORS = {
     "strategies": {"host", "measure", "catalog", "models"},
     "trial": {"scratch", "config", "records", "data", "host", "measure", "strategies", "errors", "paths", "models"},
     "tracking": {"scratch", "errors", "paths", "preflight"},
-    "scaling": {"catalog", "host", "strategies", "trial", "models", "paths"},
+    "scaling": {"catalog", "config", "host", "strategies", "trial", "models", "paths"},
     "sweep": {
         "config",
         "records",

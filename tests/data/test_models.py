@@ -31,3 +31,11 @@ def test_d2l_init_draws_small_normal_weights():
     w = m[7].weight  # fc 800 -> 128
     assert abs(w.std().item() - 0.01) < 0.001
     assert build_model("lenet", 0)[7].weight.std().item() > 0.015  # PyTorch's default is wider
+
+
+def test_the_configuration_names_every_model_and_no_other():
+    """config/schema.py's MODELS (train.model's choices, the CLI's, and the memory model's known models: torch-free)
+    is pipeline/models.py's MODELS, in its order."""
+    from pipeline.config.schema import MODELS as NAMES
+
+    assert NAMES == tuple(MODELS)
