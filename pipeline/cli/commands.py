@@ -87,15 +87,20 @@ def cmd_collectives(args) -> int:
 
     from pipeline.host.devices import probe
     from pipeline.preflight import output_file
-    from pipeline.scaling.collectives import measure
+    from pipeline.scaling.collectives import fit_bytes, measure
 
-    configmod.load(args.params, args.overrides)  # validated like every stage, though nothing in it is used yet
+    settings = configmod.load(args.params, args.overrides).collectives
     output_file(args.out, "--out")  # a file (collectives.json), checked before the benchmark's seconds
     host = probe()
     if host.n < 2:
         result = {"measured": False, "reason": f"this host offers one {host.kind} device: no collective to time"}
     else:
-        result = measure()
+        result = measure(
+            reps=settings.reps,
+            warmup=settings.warmup,
+            gap_s=settings.gap_s,
+            fit_bytes=fit_bytes(settings.fit_sizes),
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2))

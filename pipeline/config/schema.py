@@ -50,6 +50,9 @@ TRIALS_WHY = (
 )
 OVERLAP_ITEMS_WHY = "each item and each product of a chain holds a size x size matrix: more exhausts the host's memory"
 OVERLAP_RUNS_WHY = "each is one more timed run of every arm of the benchmark: more runs for days"
+COLLECTIVES_RUNS_WHY = "each is one more timed run of every collective at every size and mode: more runs for days"
+COLLECTIVES_GAP_WHY = "each after_compute repeat computes this long first, for every collective and size"
+COLLECTIVES_SIZES_WHY = "the largest fitted message is 4 KiB x 4^(n-1) per buffer: 10 is 1 GiB; more exhausts memory"
 
 
 def choice(*values):
@@ -219,6 +222,18 @@ class OverlapConfig:
 
 
 @dataclass(frozen=True)
+class CollectivesConfig:
+    """The collectives stage (scaling/collectives.py): `reps` timed repeats of each collective, size and mode after
+    `warmup` untimed ones; `gap_s` seconds of compute before each after_compute repeat; the alpha-beta fit over
+    `fit_sizes` message sizes (4 KiB x 4^i), beside the sizes the trials issue."""
+
+    reps: int = field(default=10, metadata=bounds(1, 1000, why=COLLECTIVES_RUNS_WHY))
+    warmup: int = field(default=3, metadata=bounds(0, 1000, why=COLLECTIVES_RUNS_WHY))
+    gap_s: float = field(default=0.01, metadata=bounds(0, 10, why=COLLECTIVES_GAP_WHY))
+    fit_sizes: int = field(default=6, metadata=bounds(2, 10, why=COLLECTIVES_SIZES_WHY))
+
+
+@dataclass(frozen=True)
 class SlurmConfig:
     """The SLURM cluster a sweep submits its trials to (slurm.py); partition "" = off: trials run on this host."""
 
@@ -247,6 +262,7 @@ class Config:
     tracking: TrackingConfig = TrackingConfig()
     analyze: AnalyzeConfig = AnalyzeConfig()
     overlap: OverlapConfig = OverlapConfig()
+    collectives: CollectivesConfig = CollectivesConfig()
     slurm: SlurmConfig = SlurmConfig()
 
     def space(self, strategy: str) -> tuple[SpaceConfig, ...]:

@@ -39,10 +39,19 @@ import torch
 import torch.distributed as dist
 
 from pipeline import catalog
+from pipeline.config.schema import CollectivesConfig
 from pipeline.scaling import model as sm
 
 MODES = ("back_to_back", "after_compute")
-FIT_BYTES = tuple(4096 * 4**i for i in range(6))  # 4 KiB .. 4 MiB
+
+
+def fit_bytes(n: int) -> tuple[int, ...]:
+    """The message sizes the alpha-beta fit spans besides the trials' own: 4 KiB x 4^i, i < n."""
+    return tuple(4096 * 4**i for i in range(n))
+
+
+DEFAULTS = CollectivesConfig()  # params.yaml's `collectives` section, unset
+FIT_BYTES = fit_bytes(DEFAULTS.fit_sizes)  # 4 KiB .. 4 MiB
 DIST = ("allreduce", "allreduce_shm", "allgather", "reduce_scatter")
 LOCAL = ("scratch_allreduce", "dp_copy", "dp_scatter")
 # the strategies whose step issues each measured collective, from their catalog rows (a broadcast is priced with the
@@ -269,9 +278,9 @@ def measure(
     ks: list[int] | None = None,
     model: str = "lenet",
     bucket_cap_mb: float = 25.0,
-    reps: int = 10,
-    warmup: int = 3,
-    gap_s: float = 0.01,
+    reps: int = DEFAULTS.reps,
+    warmup: int = DEFAULTS.warmup,
+    gap_s: float = DEFAULTS.gap_s,
     modes: tuple[str, ...] = MODES,
     fit_bytes=FIT_BYTES,
     timeout_s: float = 120.0,

@@ -52,9 +52,21 @@ def test_lenet_trial_sizes():
 
 @pytest.mark.slow
 @pytest.mark.skipif(probe().n < 2, reason="needs two devices (cores or GPUs)")
-def test_measure_k2_returns_the_documented_keys():
-    r = collectives.measure(ks=[2], reps=2, warmup=1, gap_s=0.002, fit_bytes=(4096, 262144))
-    json.dumps(r)  # JSON-able
+def test_the_stage_measures_k2_with_its_settings_and_writes_the_documented_keys(tmp_path):
+    """`python -m pipeline collectives` with params' `collectives` settings (here: --set): each point timed `reps`
+    times after `warmup`, the fit's sizes `fit_sizes` powers of 4 from 4 KiB beside the trials' own; the keys
+    the scaling model reads."""
+    from pipeline.cli.commands import main
+
+    out = tmp_path / "collectives.json"
+    sets = ["collectives.reps=3", "collectives.warmup=1", "collectives.gap_s=0.002", "collectives.fit_sizes=2"]
+    assert main(["collectives", "--out", str(out), *(a for s in sets for a in ("--set", s))]) == 0
+    r = json.loads(out.read_text())
+    assert r["settings"]["reps"] == 3 and r["settings"]["warmup"] == 1 and r["settings"]["gap_s"] == 0.002
+    assert r["settings"]["fit_bytes"] == [4096, 16384]
+    points = [p for c in r["collectives"].values() for m in c["by_k"].get("2", {}).values() for p in m["points"]]
+    assert points and all(p["n"] == 3 for p in points)
+    assert {4096, 16384} <= {p["bytes"] for p in points} and any(p["in_trial"] for p in points)
     assert r["measured"] is True and r["ks"] == [2] and r["backend"] in ("gloo", "nccl")
     assert {"host", "model", "param_bytes", "settings", "collectives", "wall_s", "measured_at"} <= set(r)
     assert set(r["collectives"]) == set(collectives.ISSUED_BY)
