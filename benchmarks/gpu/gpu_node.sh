@@ -14,6 +14,8 @@
 #                                   OUT_DIR/first-run/first-run.md: one row per review finding G1-G22)
 #   FIRST_RUN=skip                  doctor and the benchmark only
 #   QUICK=1                         a two-minute smoke run (a few strategies, a small epoch) instead of the full check
+#   DOCTOR_ARGS="..." BENCH_ARGS="..."  doctor's and the benchmark's own arguments instead of QUICK's or the full
+#                                   check's, e.g. DOCTOR_ARGS="--strategies single,ddp --steps 3"
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="$(mkdir -p "${1:-parallax-gpu-results}" && cd "${1:-parallax-gpu-results}" && pwd)"
@@ -41,6 +43,8 @@ else
   doctor_args=()
   bench_args=()
 fi
+if [ -n "${DOCTOR_ARGS+set}" ]; then read -r -a doctor_args <<< "$DOCTOR_ARGS"; fi
+if [ -n "${BENCH_ARGS+set}" ]; then read -r -a bench_args <<< "$BENCH_ARGS"; fi
 status=0
 if [ "${FIRST_RUN:-}" != skip ]; then
   if "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then

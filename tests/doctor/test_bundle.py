@@ -29,6 +29,15 @@ def test_only_what_the_node_lacks_is_carried():
     ]
 
 
+# the smoke run's doctor and benchmark without ddp_amp, whose bf16 a CPU without bf16 instructions emulates (7x an fp32
+# step): these tests prove the install contract; every strategy's own checks are tests/doctor/test_doctor.py's
+SMOKE = {
+    "QUICK": "1",
+    "DOCTOR_ARGS": "--strategies single,dp,ddp --steps 3",
+    "BENCH_ARGS": "--models lenet --images 2048 --rounds 1 --rungs single,ddp",
+}
+
+
 def _node(tmp: Path) -> Path:
     """A venv standing for the GPU node: this environment's packages visible, as a node's system site would be."""
     subprocess.run([sys.executable, "-m", "venv", str(tmp / "venv")], check=True, timeout=120)
@@ -62,7 +71,7 @@ def test_bundle_installs_offline_keeps_torch_and_runs_the_checks(tmp_path):
     site = tmp_path / "parallax-site"
     env = {
         **os.environ,
-        "QUICK": "1",
+        **SMOKE,
         "PARALLAX_SITE": str(site),
         "PYTHON": str(venv / "bin" / "python"),
         "PIP_NO_INDEX": "1",
@@ -92,7 +101,8 @@ def test_bundle_installs_offline_keeps_torch_and_runs_the_checks(tmp_path):
     assert not list(venv.glob("lib/python*/site-packages/pipeline"))  # the node's environment untouched
     doc = json.loads((tmp_path / "out" / "doctor" / "doctor.json").read_text())
     assert doc["counts"]["failed"] == 0 and doc["counts"]["passed"] >= 2
-    assert (tmp_path / "out" / "gpu_epoch.json").exists()
+    assert {r["strategy"] for r in doc["rows"]} == {"single", "dp", "ddp"}  # DOCTOR_ARGS reached doctor
+    assert json.loads((tmp_path / "out" / "gpu_epoch.json").read_text())["rungs"] == ["single", "ddp"]
 
 
 # the GPU node as documented: its own PyTorch, pandas, matplotlib and pytest (and what those pull in), nothing else
@@ -164,7 +174,7 @@ def test_the_default_bundle_runs_on_the_documented_bare_node(tmp_path):
         assert gone.returncode != 0, f"{module} is importable on the simulated bare node"
     env = {
         **os.environ,
-        "QUICK": "1",
+        **SMOKE,
         "PARALLAX_SITE": str(tmp_path / "parallax-site"),
         "PYTHON": py,
         "PIP_NO_INDEX": "1",
