@@ -186,12 +186,16 @@ _STACKS = None  # the open file a stopped rank writes its Python stacks to
 
 
 def _stacks_on_stop(path: Path) -> None:
-    """On the launcher's SIGTERM (a trial over its budget, an interrupt), write every thread's Python stack to
-    `path`, then end as SIGTERM does. faulthandler writes from the C signal handler, so it also answers while the
-    main thread is blocked in C (a collective that never returns)."""
+    """On the launcher's SIGTERM (a trial over its budget, an interrupt, a lost node), write every thread's Python
+    stack to `path`, then end as SIGTERM does: its default action, passed on by faulthandler's chain. A forked rank
+    would otherwise pass it on to the agent's Python handler it inherits, which raises SignalException wherever the
+    main thread is (inside a weakref callback Python prints it as "Exception ignored" and the rank goes on); a
+    spawned or forkserver rank has the default already. faulthandler writes from the C signal handler, so it also
+    answers while the main thread is blocked in C (a collective that never returns)."""
     global _STACKS
     with _writing(path):
         _STACKS = open(path, "w")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     faulthandler.register(signal.SIGTERM, file=_STACKS, all_threads=True, chain=True)
 
 

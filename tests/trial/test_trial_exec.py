@@ -164,3 +164,33 @@ def test_ranks_share_a_gpu_only_in_an_oversubscribed_trial(make_cfg, visible, de
     assert DDPStrategy(cfg.train, _host("cpu", visible)).shares_gpu is False
     if visible == 1:  # a bound rank's device is its own GPU, cuda:0 in its numbering, whatever its local rank
         assert device_for(_host("cuda", 1), 3) == torch.device("cuda", 0)
+
+
+def test_a_forked_rank_ends_on_sigterm_with_its_stacks_even_under_the_agents_handler(tmp_path):
+    """A rank forked by the elastic agent inherits the agent's Python SIGTERM handler, which raises SignalException
+    wherever the main thread is: inside a weakref callback Python prints "Exception ignored ... Traceback" and the
+    rank goes on. The rank's stop (ranks._stacks_on_stop) writes its stacks, then ends as SIGTERM does: killed by
+    the signal, with nothing printed."""
+    import signal
+    import subprocess
+    import sys
+
+    code = f"""
+import os, signal, time
+from pathlib import Path
+
+def agent_handler(signum, frame):  # as torch's _terminate_process_handler: raise wherever the main thread is
+    raise RuntimeError("the agent's handler ran in the rank")
+
+signal.signal(signal.SIGTERM, agent_handler)
+from pipeline.trial import ranks
+
+ranks._stacks_on_stop(Path({str(tmp_path / "stacks-rank0.txt")!r}))
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(5)
+print("still running after SIGTERM")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == -signal.SIGTERM, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr and "agent's handler" not in p.stderr and not p.stdout, p.stderr
+    assert "most recent call first" in (tmp_path / "stacks-rank0.txt").read_text()
