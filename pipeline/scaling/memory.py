@@ -94,9 +94,9 @@ class Layout:
     rows: tuple[int, ...]
     units: tuple[tuple[int, ...], ...]
     buffer_bytes: int
-    names: tuple[str, ...] = ()
-    shapes: tuple[tuple[int, ...], ...] = ()
-    unit_names: tuple[str, ...] = ()
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    unit_names: tuple[str, ...]
 
     @property
     def params(self) -> int:
