@@ -79,7 +79,7 @@ def full_state_fn(backend: str):
 
 class FSDPStrategy(DistributedStrategy):
     name = "fsdp"
-    channels_last_params = False  # fully_shard needs contiguous parameters; inputs may still be NHWC
+    channels_last_params = False  # fully_shard needs contiguous parameters: channels_last at use (models.py)
     # distributed checkpointing is a heavy import: loaded when an FSDP trial starts, not by every process that
     # lists the strategies
     HEAVY_MODULES = (

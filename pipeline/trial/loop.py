@@ -16,7 +16,7 @@ from torch import nn
 from pipeline.data import store as datamod
 from pipeline.measure import breakdown
 from pipeline.measure.meter import Meter
-from pipeline.models import apply_channels_last, build_model
+from pipeline.models import apply_channels_last, build_model, channels_last_at_use
 from pipeline.records.trial import rank_keys
 
 
@@ -103,8 +103,9 @@ def build(t, strategy):
     execution modes (catalog.MODES: compile, cuDNN's autotuner; autocast is the strategy's step)."""
     torch.backends.cudnn.benchmark = t.cudnn_benchmark
     model = build_model(t.model, t.seed, t.init).to(strategy.device)
-    if t.channels_last and strategy.channels_last_params:
-        model = apply_channels_last(model, strategy.device.type)
+    if t.channels_last:  # a strategy whose parameters must stay contiguous (fsdp) gets the layout at each call
+        layout = apply_channels_last if strategy.channels_last_params else channels_last_at_use
+        model = layout(model, strategy.device.type)
     model, criterion = strategy.wrap(model, nn.CrossEntropyLoss())
     if t.compile:
         model = torch.compile(model)

@@ -8,7 +8,11 @@ shows there, and a contiguous one-channel weight would slow its convolution: CPU
 cuDNN's backward returns a one-input-channel weight's gradient with contiguous strides ([9,9,3,1] for a [64,1,3,3]
 weight, whatever the weight's). The DDP check below applies the CUDA rule to CPU tensors and reproduces cuDNN with a
 gradient hook on those weights (it runs before the gradient is accumulated and reaches DDP's reducer); what cuDNN
-itself returns needs a GPU. pytest tests/strategies/test_channels_last.py -q"""
+itself returns needs a GPU.
+
+FSDP2 shards only contiguous parameters: under train.channels_last its convolutions take their weights in channels_last
+at each call instead (models.channels_last_at_use, CPU only), with the same result and gradients, and autograd keeps
+the parameter itself for the backward, not the copy. pytest tests/strategies/test_channels_last.py -q"""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import torch
 
 from pipeline.config.loader import Config
 from pipeline.host.devices import Host
-from pipeline.models import apply_channels_last, build_model, is_channels_last_param
+from pipeline.models import apply_channels_last, build_model, channels_last_at_use, is_channels_last_param
 from pipeline.strategies import STRATEGIES
 from tests.strategies import world
 
@@ -101,3 +105,124 @@ def test_ddp_with_channels_last_warns_nothing_about_grad_strides(model_name):
     res = world.launch(_worker, model_name)
     for rank, messages in res.items():
         assert not [m for m in messages if STRIDE_WARNING in m], (rank, messages)
+
+
+# (in, out, kernel, stride, padding, bias): LeNet's two convolutions, ResNet-18's first, a strided 3x3, a 1x1 shortcut
+CONVS = [
+    (1, 20, 3, 1, 0, True),
+    (20, 50, 5, 1, 0, True),
+    (1, 64, 3, 1, 1, True),
+    (8, 16, 3, 2, 1, True),
+    (8, 16, 1, 2, 0, False),
+]
+
+
+def _two_convs(spec):
+    """The same convolution twice: one left as it is, one converted with channels_last_at_use."""
+    cin, cout, k, stride, pad, bias = spec
+    plain = torch.nn.Conv2d(cin, cout, k, stride=stride, padding=pad, bias=bias)
+    at_use = torch.nn.Conv2d(cin, cout, k, stride=stride, padding=pad, bias=bias)
+    at_use.load_state_dict(plain.state_dict())
+    channels_last_at_use(at_use, "cpu")
+    return plain, at_use
+
+
+@pytest.mark.parametrize("spec", CONVS)
+def test_a_convolution_with_its_weight_channels_last_at_use_computes_the_same_and_keeps_its_layout(spec):
+    """Output and the input's, weight's and bias's gradients equal the plain convolution's (fp32 rounding: the kernels
+    differ); the parameter and its gradient stay contiguous, the layout FSDP2 shards."""
+    plain, at_use = _two_convs(spec)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, spec[0], 12, 12, generator=g).contiguous(memory_format=torch.channels_last)
+    xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    outs = [m(v) for m, v in zip((plain, at_use), xs)]
+    up = torch.randn(outs[0].shape, generator=g)
+    for o in outs:
+        (o * up).sum().backward()
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, rtol=1e-5, atol=1e-5)
+    for n, p in plain.named_parameters():
+        q = at_use.get_parameter(n)
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+        assert q.is_contiguous() and q.grad.is_contiguous(), n
+    assert at_use.forward != plain.forward
+
+
+def test_the_kernel_gets_a_channels_last_weight_and_autograd_keeps_the_parameter_not_the_copy(monkeypatch):
+    """What F.conv2d receives is channels_last (for a one-channel weight too: its strides, not only its bytes); what
+    autograd saves for the backward is the parameter's own storage, so FSDP freeing it after the forward frees every
+    copy of the weight until the backward gathers it again."""
+    from torch.nn import functional
+
+    _, conv = _two_convs(CONVS[0])
+    conv2d, seen = functional.conv2d, []
+
+    def recording(x, w, *a):
+        seen.append(w.stride())
+        return conv2d(x, w, *a)
+
+    monkeypatch.setattr(functional, "conv2d", recording)
+    saved = []
+    x = torch.randn(2, 1, 28, 28).contiguous(memory_format=torch.channels_last)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = conv(x)
+    assert seen == [(9, 1, 3, 1)] and conv.weight.stride() == (9, 9, 3, 1)
+    weights = [t for t in saved if t.shape == conv.weight.shape]
+    assert weights and all(t.data_ptr() == conv.weight.data_ptr() for t in weights)
+    out.sum().backward()
+    assert conv.weight.grad is not None and conv.weight.grad.is_contiguous()
+
+
+def test_on_cuda_the_convolutions_keep_their_own_forward():
+    """cuDNN picks its kernels from the input's layout alone (models.channels_last_at_use)."""
+    model = build_model("lenet", 0)
+    before = [m.forward for m in model.modules()]
+    assert channels_last_at_use(model, "cuda") is model
+    assert [m.forward for m in model.modules()] == before
+
+
+def _fsdp_worker(channels_last: bool) -> dict:
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from torch.nn import functional
+
+    from pipeline.trial.loop import build
+
+    t = dataclasses.replace(Config().train, strategy="fsdp", devices=2, model="lenet", channels_last=channels_last)
+    strategy = STRATEGIES["fsdp"](t, CPU)
+    strategy.setup(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    try:
+        conv2d, seen = functional.conv2d, []
+
+        def recording(x, w, *a):
+            seen.append(w.is_contiguous(memory_format=torch.channels_last) and w.stride()[1] == 1)
+            return conv2d(x, w, *a)
+
+        functional.conv2d = recording
+        model, criterion, optimizer = build(t, strategy)
+        g = torch.Generator().manual_seed(strategy.rank)
+        x = torch.randn(4, 1, 28, 28, generator=g)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        loss = strategy.train_step(model, criterion, optimizer, x, torch.randint(0, 10, (4,), generator=g))
+        shards = {n: p.to_local() if isinstance(p, DTensor) else p for n, p in model.named_parameters()}
+        return {
+            "seen": seen,
+            "contiguous": all(v.is_contiguous() for v in shards.values()),
+            "finite": bool(torch.isfinite(loss).all()),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_fsdps_trial_model_on_cpu_shards_contiguous_parameters_and_its_convolutions_take_the_setting(channels_last):
+    """The trial's own build (loop.build) under FSDP2, 2 Gloo ranks: the shards stay contiguous, and each convolution
+    of the step gets a channels_last weight exactly when train.channels_last is on."""
+    res = world.launch(_fsdp_worker, channels_last)
+    for rank, r in res.items():
+        assert r["contiguous"] and r["finite"], (rank, r)
+        assert len(r["seen"]) == 2 and all(v == channels_last for v in r["seen"]), (rank, r)
