@@ -145,7 +145,7 @@ def test_a_convolution_with_its_weight_channels_last_at_use_computes_the_same_an
         q = at_use.get_parameter(n)
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
         assert q.is_contiguous() and q.grad.is_contiguous(), n
-    assert at_use.forward != plain.forward
+    assert "forward" in vars(at_use) and "forward" not in vars(plain)  # the instance's own forward, the class's kept
 
 
 def test_the_kernel_gets_a_channels_last_weight_and_autograd_keeps_the_parameter_not_the_copy(monkeypatch):
