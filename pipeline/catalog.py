@@ -71,6 +71,9 @@ class StrategySpec:
     autocast: bool = False  # runs its forward under autocast with train.amp_dtype
     comm: str = "none"  # the collective pattern of one step (COMM_PATTERNS), as the scaling model counts it
     shards: tuple[str, ...] = ()  # the state split across ranks (a subset of SHARDABLE, in its order); () replicates
+    # raised when a change to the strategy's own code changes what its trials measure (its step's speed or result):
+    # part of a study's identity (sweep/space.py), so a store's trials from before are not filed beside the new ones
+    revision: int = 1
 
 
 STRATEGIES: tuple[StrategySpec, ...] = (
@@ -133,6 +136,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         multiprocess=True,
         comm="shard_units",
         shards=SHARDABLE,
+        revision=2,  # 2: on CPU its convolutions take channels_last weights at use (models.channels_last_at_use)
     ),
 )
 SPECS: dict[str, StrategySpec] = {s.name: s for s in STRATEGIES}

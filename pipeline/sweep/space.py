@@ -132,12 +132,13 @@ def neutral(setting: str) -> bool:
 
 
 def identity(cfg, strategy: str) -> dict:
-    """What a study's trials depend on: the strategy, its points, and every setting not NEUTRAL (a train setting a
-    point sets is the point's)."""
+    """What a study's trials depend on: the strategy (and its catalog revision), its points, and every setting not
+    NEUTRAL (a train setting a point sets is the point's)."""
     pts = points(cfg, strategy)
     per_point = {f"train.{k}" for p in pts for k in p}
     key = {k: v for k, v in _settings(cfg).items() if not neutral(k) and k not in per_point}
-    return {"strategy": strategy, "points": pts, "settings": key}
+    revision = catalog.SPECS[strategy].revision  # the first revision adds nothing: earlier studies keep their names
+    return {"strategy": strategy, "points": pts, "settings": key, **({"revision": revision} if revision > 1 else {})}
 
 
 def changed_settings(cfg, strategy: str) -> dict:

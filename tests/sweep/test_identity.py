@@ -99,6 +99,22 @@ def test_the_strategy_s_own_space_changes_the_study_and_another_s_does_not():
     assert space.space_hash(other, STRATEGY) == space.space_hash(cfg, STRATEGY)
 
 
+def test_a_strategys_catalog_revision_changes_its_study_and_no_other(monkeypatch):
+    """A change to a strategy's code that changes what its trials measure raises its catalog revision: its study is
+    a new one (an old store's trials are not filed beside the new), every other strategy's stays as it was, and the
+    first revision adds nothing to the identity (studies made before revisions existed keep their names)."""
+    from pipeline import catalog
+
+    cfg = schema.Config()
+    before = {n: space.space_hash(cfg, n) for n in catalog.NAMES}
+    assert "revision" not in space.identity(cfg, "ddp") and space.identity(cfg, "fsdp")["revision"] == 2
+    bumped = dataclasses.replace(catalog.SPECS["ddp"], revision=2)
+    monkeypatch.setitem(catalog.SPECS, "ddp", bumped)
+    after = {n: space.space_hash(cfg, n) for n in catalog.NAMES}
+    assert after["ddp"] != before["ddp"]
+    assert {n: h for n, h in after.items() if n != "ddp"} == {n: h for n, h in before.items() if n != "ddp"}
+
+
 def test_params_yaml_lists_every_train_and_sweep_key_so_dvc_exp_run_can_set_it():
     """DVC refuses `-S train.init=d2l` unless params.yaml has the key: every train key and every scalar sweep key is
     listed (null: the profile's value), so each setting that changes a study can be set the plain way."""
