@@ -87,3 +87,20 @@ def parser(doc: str, data: bool = True) -> argparse.ArgumentParser:
     if data:
         data_args(p)
     return p
+
+
+def variants_in_fresh_processes(doc: str, child):
+    """The start of a benchmark that runs each variant in a fresh process of itself (`--child VARIANT`): --rounds and
+    the data flags parsed; in a child, `child(data, source, variant)` runs and None is returned; in the parent the
+    data is made ready, the host line printed, and (args, source) returned."""
+    p = parser(doc)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    source = resolve_source(args)
+    if args.child is not None:
+        child(args.data, source, args.child)
+        return None
+    ensure_data(args.data, source)
+    print(host_line(), f"| data: {source}", flush=True)
+    return args, source

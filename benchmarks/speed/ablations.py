@@ -10,14 +10,13 @@ LeNet, `single`, B=256, one core per training, steady-state images/s (of the slo
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import base_cfg, ensure_data, host_line, med, parser, resolve_source, spread, trial
+from benchmarks.common import base_cfg, med, spread, trial, variants_in_fresh_processes
 
 # name: (train.channels_last, PARALLAX_MALLOC_TUNING, in-place ReLUs, trainings at once)
 VARIANTS = {
@@ -65,15 +64,10 @@ def child(data: Path, source: str, channels_last: str) -> None:
 
 
 def main():
-    p = parser(__doc__)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    source = resolve_source(args)
-    if args.child is not None:
-        return child(args.data, source, args.child)
-    ensure_data(args.data, source)
-    print(host_line(), f"| data: {source}")
+    started = variants_in_fresh_processes(__doc__, child)
+    if started is None:
+        return
+    args, source = started
     res = {name: [] for name in VARIANTS}
     cores = sorted(os.sched_getaffinity(0))
     for _ in range(args.rounds):

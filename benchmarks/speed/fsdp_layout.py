@@ -11,14 +11,13 @@ LeNet, B=128 per device, steady-state images/s.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import base_cfg, ensure_data, host_line, med, parser, resolve_source, spread, trial
+from benchmarks.common import base_cfg, med, spread, trial, variants_in_fresh_processes
 
 # name: (strategy, devices, global batch, convolutions take channels_last weights at use)
 VARIANTS = {
@@ -52,15 +51,10 @@ def child(data: Path, source: str, variant: str) -> None:
 
 
 def main():
-    p = parser(__doc__)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    source = resolve_source(args)
-    if args.child is not None:
-        return child(args.data, source, args.child)
-    ensure_data(args.data, source)
-    print(host_line(), f"| data: {source}", flush=True)
+    started = variants_in_fresh_processes(__doc__, child)
+    if started is None:
+        return
+    args, source = started
     res = {name: [] for name in VARIANTS}
     for r in range(args.rounds):
         for name in VARIANTS:
