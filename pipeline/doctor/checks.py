@@ -65,7 +65,8 @@ class Row:
     peak_mem_mib: list[float] = field(default_factory=list)  # per device, as mem_basis says (GPU: above resident)
     mem_method: str = ""
     mem_basis: str = ""
-    resident_mib: list[float] = field(default_factory=list)  # GPU: data, model, optimizer resident before step 1
+    resident_mib: list[float] = field(default_factory=list)  # GPU: data, model, optimizer, workspaces before step 1
+    workspace_mib: list[float] = field(default_factory=list)  # GPU: of the resident, the libraries' workspaces
     reserved_peak_mib: list[float] = field(default_factory=list)  # GPU: the caching allocator's reserved peak
     nvml_used_mib: list[float] = field(default_factory=list)  # GPU: NVML's used memory (every process, contexts)
     amp_scale: float | None = None  # fp16: GradScaler's final scale
@@ -158,9 +159,9 @@ def run_case(
         row.peak_mem_mib = [round(p / MIB, 2) for p in m["peak_mem_bytes"] or []]
         row.mem_method, row.backend = m["mem_method"], m.get("backend") or ""
         row.mem_basis = m.get("mem_basis") or ""
-        row.resident_mib, row.reserved_peak_mib, row.nvml_used_mib = (
+        row.resident_mib, row.workspace_mib, row.reserved_peak_mib, row.nvml_used_mib = (
             [round(p / MIB, 2) for p in m.get(key) or []]
-            for key in ("mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes")
+            for key in ("mem_resident_bytes", "mem_workspace_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes")
         )
         row.amp_scale, row.amp_skipped_steps = m.get("amp_scale"), m.get("amp_skipped_steps")
         row.amp_dtype, row.comm_hook_used = m.get("amp_dtype") or "", m.get("comm_hook_used") or ""
@@ -318,9 +319,9 @@ def markdown(report: dict) -> str:
         + (f"{report['counts']['skipped']} skipped, " if report["counts"].get("skipped") else "")
         + f"{report['counts']['unavailable']} unavailable",
         "",
-        "| strategy | status | precision | img/s | ms/step | peak MiB per device | memory from | backend "
-        "| check or reason |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| strategy | status | precision | img/s | ms/step | peak MiB per device | workspace MiB | memory from "
+        "| backend | check or reason |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         tput = f"{r['img_s']:,.0f}" if r["img_s"] else "-"
@@ -333,7 +334,8 @@ def markdown(report: dict) -> str:
             step += f" ({r['timed_steps']} steps: emulated dtype)"
         lines.append(
             f"| {_label(r)} | {r['status']} | {precision(r, h)} | {tput} | {step} | "
-            f"{', '.join(f'{p:.1f}' for p in r['peak_mem_mib']) or '-'} | {r['mem_method'] or '-'} | "
+            f"{', '.join(f'{p:.1f}' for p in r['peak_mem_mib']) or '-'} | "
+            f"{', '.join(f'{p:.1f}' for p in r.get('workspace_mib') or []) or '-'} | {r['mem_method'] or '-'} | "
             f"{r['backend'] or '-'} | {_said(r).replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"

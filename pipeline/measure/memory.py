@@ -2,19 +2,30 @@
 
 What "memory per device" means here, on GPUs (CUDA caching allocator, read per device, no sync needed):
 
-- **resident**: `memory_allocated(d)` when the measured window opens, at the first step before its batch, after the
-  model, the optimizer and the data (and the epoch's batch order) have been placed. It is what Parallax put there,
-  not what the strategy costs: every rank holds the whole uint8 training and test sets (about 53 MiB for
+- **workspace** (`mem_workspace_bytes`): what the CUDA libraries keep allocated once used, apart from any strategy:
+  one cuBLAS workspace per handle and stream (32 MiB each on Hopper by PyTorch's default; the forward's thread and
+  autograd's device thread use different handles) and what cuDNN keeps. Before the window first opens, the meter
+  runs the libraries once on each device (`warm_libraries`: a matrix product and a convolution, forward and
+  backward, on the step's stream) and records what that left allocated. It is a fixed cost per device and process,
+  the same for every strategy; it is in `resident`, never in the step's peak. Threads a strategy starts of its own
+  (DataParallel's replicas) use handles of their own: their workspaces are that strategy's cost, and stay in its
+  step figure.
+- **resident**: `memory_allocated(d)` when the measured window first opens, before step 0 and after the libraries'
+  warm-up, the model, the optimizer and the data (and the epoch's batch order) have been placed. It is what Parallax
+  put there, not what the strategy costs: every rank holds the whole uint8 training and test sets (about 53 MiB for
   Fashion-MNIST), and for LeNet they dwarf the model.
-- **step peak above resident** (`peak_mem_bytes`, basis `step_above_resident`): the allocator's peak during training
-  (`max_memory_allocated`, its peak reset when the window opens) less the resident bytes. `reset_peak_memory_stats`
-  sets the peak to the current allocation (2.11 `torch/cuda/memory.py:360`), so without the subtraction everything
-  resident would sit inside every peak. What remains is what the strategy itself costs per device: gradients,
-  activations, temporaries, DataParallel's replicas and gathered outputs, DDP's buckets in flight, FSDP's
-  all-gathered parameters. **Imbalance and device-0 excess use this figure**: it is the one a strategy changes.
-  The window holds the training steps only: the peaks are read before each evaluation and reset at the next step, so
-  evaluation's batches (on device 0 only for dp, dp_criterion and scratch), the next epoch's batch order and the
-  final state_dict (an all-gather under FSDP) do not count.
+- **step peak above resident** (`peak_mem_bytes`, basis `steady_step_above_resident`): the allocator's peak over the
+  steady-state steps (`max_memory_allocated`, its peak reset at the first step after the warm-up and after each
+  evaluation) less the resident bytes. The warm-up steps are outside it: cuDNN's autotuner (`train.cudnn_benchmark`)
+  tries its algorithms with workspaces of their own in the first step, and a compiled step compiles there.
+  `reset_peak_memory_stats` sets the peak to the current allocation (2.11 `torch/cuda/memory.py:360`), so without
+  the subtraction everything resident would sit inside every peak. What remains is what the strategy itself costs
+  per device: gradients, optimizer state, activations, temporaries, DataParallel's replicas and gathered outputs,
+  DDP's buckets in flight, FSDP's all-gathered parameters. **Imbalance and device-0 excess use this figure**: it is
+  the one a strategy changes. The window holds the training steps only: the peaks are read before each evaluation and
+  reset at the next step, so evaluation's batches (on device 0 only for dp, dp_criterion and scratch), the next
+  epoch's batch order and the final state_dict (an all-gather under FSDP) do not count. A run with no steady-state
+  step (no more steps than the warm-up) reports its warm-up steps' peak instead: the only one it has.
 - **reserved peak**: `max_memory_reserved`, what the caching allocator held from the driver at its peak, resident
   included (what an out-of-memory error is about).
 - **NVML used**: the device's used memory as NVML sees it, read before each evaluation (largest kept): every
@@ -82,38 +93,53 @@ def _opt_state(snap: dict) -> int:
 
 
 class CudaPeaks:
-    """Per-device memory on GPUs over the measured window (module docstring); no step is probed. The window opens at
-    the first step (`open`, before its data: the model, optimizer and data are on their devices by then), closes
-    before each evaluation (`close`) and reopens at the next step."""
+    """Per-device memory on GPUs over the measured window (module docstring); no step is probed. Before step 0 the
+    libraries are warmed up and what is resident is read (`open`); the steady window opens at the first step after
+    the warm-up (`open(steady=True)`), closes before each evaluation (`close`) and reopens at the next step."""
 
-    method, basis = "cuda_allocator", "step_above_resident"  # tables.MEM_BASIS says what each basis means
+    method, basis = "cuda_allocator", "steady_step_above_resident"  # tables.MEM_BASIS says what each basis means
 
     def __init__(self, strategy):
         self.devices = list(strategy.devices)
         self.resident: list[int] | None = None  # read when the window first opens
+        self.workspace: list[int] | None = None  # what the libraries' warm-up left allocated, per device
         self.step = [0] * len(self.devices)
+        self.warmup = [0] * len(self.devices)  # the warm-up steps' peak above resident (no steady step: the figure)
         self.reserved = [0] * len(self.devices)
         self.nvml: list[int] | None = None
-        self.is_open = False
+        self.is_open, self.steady = False, False
 
     def probe(self, step: int, model, optimizer):
         return contextlib.nullcontext()
 
-    def open(self) -> None:
-        """Before a step: the peaks restart from what is allocated now; the first time, that is the resident."""
-        if self.is_open:
-            return
-        reset_cuda_peaks(self.devices)
+    def open(self, steady: bool = True) -> None:
+        """Before a step (`steady`: a step after the warm-up): the first time, the libraries are warmed up and the
+        resident read; at the first steady step the warm-up's peaks are set aside; the peaks restart from what is
+        allocated now."""
         if self.resident is None:
+            before = [int(torch.cuda.memory_allocated(d)) for d in self.devices]
+            warm_libraries(self.devices)
             self.resident = [int(torch.cuda.memory_allocated(d)) for d in self.devices]
-        self.is_open = True
+            self.workspace = [max(0, r - b) for r, b in zip(self.resident, before)]
+        elif self.is_open and not (steady and not self.steady):
+            return
+        if self.is_open:  # the warm-up's stretch ends: its peaks are not the step's
+            self.warmup = self._above_resident(self.warmup)
+        reset_cuda_peaks(self.devices)
+        self.is_open, self.steady = True, steady
+
+    def _above_resident(self, so_far: list[int]) -> list[int]:
+        return [max(s, p - r) for s, p, r in zip(so_far, cuda_peaks(self.devices), self.resident)]
 
     def close(self) -> None:
         """Before an evaluation, and at the end: fold this stretch's peaks into the figures."""
         if not self.is_open:
             return
         self.is_open = False
-        self.step = [max(s, p - r) for s, p, r in zip(self.step, cuda_peaks(self.devices), self.resident)]
+        if self.steady:
+            self.step = self._above_resident(self.step)
+        else:
+            self.warmup = self._above_resident(self.warmup)
         self.reserved = [max(s, int(torch.cuda.max_memory_reserved(d))) for s, d in zip(self.reserved, self.devices)]
         used = nvml_used_bytes(self.devices)
         if used is not None:
@@ -121,11 +147,12 @@ class CudaPeaks:
 
     def peaks(self) -> list[int]:
         self.close()
-        return list(self.step)
+        return list(self.step if self.steady else self.warmup)
 
     def figures(self) -> dict:
         self.close()
         return {
+            "mem_workspace_bytes": self.workspace,
             "mem_resident_bytes": self.resident,
             "mem_reserved_peak_bytes": list(self.reserved),
             "mem_nvml_used_bytes": self.nvml,
@@ -147,7 +174,7 @@ class CpuStepPeaks:
         self.tracker = self.strategy.memory_tracker(model, optimizer)
         return self.tracker
 
-    def open(self) -> None:
+    def open(self, steady: bool = True) -> None:
         """No window: the probe step is the whole measurement."""
 
     def close(self) -> None:
@@ -157,12 +184,33 @@ class CpuStepPeaks:
         return self.tracker.peaks() if self.tracker else None
 
     def figures(self) -> dict:
-        return {"mem_resident_bytes": None, "mem_reserved_peak_bytes": None, "mem_nvml_used_bytes": None}
+        return {
+            "mem_workspace_bytes": None,
+            "mem_resident_bytes": None,
+            "mem_reserved_peak_bytes": None,
+            "mem_nvml_used_bytes": None,
+        }
 
 
 def memory_meter(strategy) -> CudaPeaks | CpuStepPeaks:
     """How this process's devices report memory: the CUDA allocator's window, or a probe step on CPU."""
     return CudaPeaks(strategy) if strategy.device.type == "cuda" else CpuStepPeaks(strategy)
+
+
+def warm_libraries(devices) -> None:
+    """Use cuBLAS and cuDNN once on each device, forward and backward, on its current stream (the step's), so that
+    what they keep allocated once used (workspaces per handle and stream) is resident before the window opens, not
+    in step 0's peak. The tensors are freed; what stays allocated is the libraries'."""
+    for d in devices:
+        if d.type != "cuda":
+            continue
+        with torch.cuda.device(d), torch.enable_grad():
+            x = torch.randn(64, 64, device=d, requires_grad=True)
+            w = torch.randn(4, 1, 3, 3, device=d, requires_grad=True)
+            img = torch.randn(8, 1, 12, 12, device=d, requires_grad=True)
+            ((x @ x).sum() + torch.nn.functional.conv2d(img, w).sum()).backward()
+            del x, w, img
+        torch.cuda.synchronize(d)
 
 
 def cuda_peaks(devices) -> list[int]:

@@ -86,6 +86,7 @@ DERIVED = (
         _d(name, "dict", lambda r, field=field: _mib_per_device(getattr(r, field)), METRIC, expand=True)
         for name, field in (
             ("mem_resident_mib_dev", "mem_resident_bytes"),
+            ("mem_workspace_mib_dev", "mem_workspace_bytes"),
             ("mem_reserved_peak_mib_dev", "mem_reserved_peak_bytes"),
             ("mem_nvml_used_mib_dev", "mem_nvml_used_bytes"),
         )

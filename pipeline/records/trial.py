@@ -131,7 +131,8 @@ class TrialRecord:
     mem_device0_excess: float | None = _f()
     mem_method: str | None = _f(TAG, TABLE)
     mem_basis: str | None = _f(TAG, TABLE)  # what peak_mem_bytes (so imbalance, dev-0 excess) holds
-    mem_resident_bytes: list[float] | None = _f(TABLE)  # CUDA: allocated as the window opened (model, optimizer, data)
+    mem_resident_bytes: list[float] | None = _f(TABLE)  # CUDA: allocated before step 0 (model, optimizer, data, libs)
+    mem_workspace_bytes: list[float] | None = _f(TABLE)  # CUDA: of the resident, the libraries' (cuBLAS, cuDNN)
     mem_reserved_peak_bytes: list[float] | None = _f(TABLE)  # CUDA: the caching allocator's reserved peak
     mem_nvml_used_bytes: list[float] | None = _f(TABLE)  # CUDA with NVML: the device's used memory, every process's
     mem_devices: list[str] | None = _f(TAG)
@@ -194,6 +195,7 @@ class TrialRecord:
 RANK_LISTS = (
     "peak_mem_bytes",
     "mem_resident_bytes",
+    "mem_workspace_bytes",
     "mem_reserved_peak_bytes",
     "mem_nvml_used_bytes",
     "throughput_windows",
@@ -305,6 +307,7 @@ def summarize(
         mem_method=main["mem_method"],
         mem_basis=main.get("mem_basis"),
         mem_resident_bytes=_per_device(ranks, "mem_resident_bytes"),
+        mem_workspace_bytes=_per_device(ranks, "mem_workspace_bytes"),
         mem_reserved_peak_bytes=_per_device(ranks, "mem_reserved_peak_bytes"),
         mem_nvml_used_bytes=_per_device(ranks, "mem_nvml_used_bytes"),
         mem_devices=[

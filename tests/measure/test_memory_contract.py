@@ -26,16 +26,19 @@ RESIDENT = {0: 100, 1: 10}  # bytes held when the window opens (model, optimizer
 STEP_PEAK = {0: (400, 450), 1: (250, 200)}  # the allocator's peak during epoch 1, epoch 2 (resident included)
 EVAL_PEAK = 9_999  # what an evaluation would add to every peak
 RESERVED = 1_000  # the fake allocator reserves this much beyond its allocated peak
+WORKSPACE = 3_000  # what the libraries keep allocated after their first use (cuBLAS's workspaces), per device
+AUTOTUNE = 7_000  # the autotuner's trial workspaces in step 0 (cuDNN benchmark): freed, but a peak
 NVML_USED = [5_000, 3_000]
 
 
 class FakeAllocator:
     """peak = current at a reset; a step or an evaluation raises the peak; every call is logged in order."""
 
-    def __init__(self, log):
-        self.log, self.epoch = log, 0
+    def __init__(self, log, workspace=0, autotune=0):
+        self.log, self.epoch, self.steps = log, 0, 0
         self.current = dict(RESIDENT)
         self.peak = dict(RESIDENT)
+        self.workspace, self.autotune, self.used = workspace, autotune, False
 
     def install(self, monkeypatch):
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.reset)
@@ -43,6 +46,15 @@ class FakeAllocator:
         monkeypatch.setattr(torch.cuda, "max_memory_allocated", self.max_allocated)
         monkeypatch.setattr(torch.cuda, "max_memory_reserved", self.max_reserved)
         monkeypatch.setattr(metrics, "nvml_used_bytes", self.nvml, raising=False)
+        monkeypatch.setattr(metrics, "warm_libraries", lambda devices: self.first_use(), raising=False)
+
+    def first_use(self):
+        """A library's first call on each device: its workspace is allocated and kept."""
+        if not self.used:
+            self.used = True
+            for i in (0, 1):
+                self.current[i] += self.workspace
+                self.peak[i] = max(self.peak[i], self.current[i])
 
     def reset(self, d):
         self.log.append(("reset", d.index))
@@ -64,8 +76,11 @@ class FakeAllocator:
         return list(NVML_USED)
 
     def step(self):
+        self.first_use()
         for i in (0, 1):
-            self.peak[i] = max(self.peak[i], STEP_PEAK[i][min(self.epoch, 1)])
+            extra = self.autotune if self.steps == 0 else 0  # the autotuner's trials, in the first step only
+            self.peak[i] = max(self.peak[i], self.current[i] + STEP_PEAK[i][min(self.epoch, 1)] - RESIDENT[i] + extra)
+        self.steps += 1
 
     def evaluate(self):
         for i in (0, 1):
@@ -79,9 +94,9 @@ def _logged(t, log):
     return t
 
 
-def _run(make_cfg, monkeypatch, epochs=2):
+def _run(make_cfg, monkeypatch, epochs=2, **allocator):
     log = []
-    alloc = FakeAllocator(log)
+    alloc = FakeAllocator(log, **allocator)
     alloc.install(monkeypatch)
 
     class FakeCuda(Strategy):
@@ -141,7 +156,8 @@ def test_cuda_window_opens_after_placement_and_closes_before_each_evaluation(mak
     places = [i for i, e in enumerate(log) if e == ("place",)]
     first_reset = _first(log, "reset")
     assert len(places) == 4 and max(places) < first_reset, "peaks reset before the data was placed"
-    assert {log[i] for i in range(first_reset, _first(log, "step"))} >= {
+    assert max(places) < _first(log, "allocated"), "resident read before the data was placed"
+    assert {log[i] for i in range(max(places), _first(log, "step"))} >= {
         ("reset", 0),
         ("reset", 1),
         ("allocated", 0),
@@ -166,7 +182,25 @@ def test_cuda_figures_per_device_from_the_fake_allocator(make_cfg, monkeypatch):
     assert out["mem_resident_bytes"] == [100, 10]
     assert out["mem_reserved_peak_bytes"] == [450 + RESERVED, 250 + RESERVED]
     assert out["mem_nvml_used_bytes"] == NVML_USED
-    assert out["mem_method"] == "cuda_allocator" and out["mem_basis"] == "step_above_resident"
+    assert out["mem_method"] == "cuda_allocator" and out["mem_basis"] == "steady_step_above_resident"
+
+
+def test_the_libraries_workspaces_and_the_autotuners_trials_are_not_the_steps_memory(make_cfg, monkeypatch):
+    """A library that allocates a workspace on first use and keeps it (cuBLAS), and an autotuner whose trials raise
+    step 0's peak (cuDNN benchmark): the step's figure is the strategy's alone, the same as without them; the
+    workspace is its own figure, inside the resident."""
+    out, _ = _run(make_cfg, monkeypatch, workspace=WORKSPACE, autotune=AUTOTUNE)
+    assert out["peak_mem_bytes"] == [450 - 100, 250 - 10]
+    assert out["mem_workspace_bytes"] == [WORKSPACE, WORKSPACE]
+    assert out["mem_resident_bytes"] == [100 + WORKSPACE, 10 + WORKSPACE]
+
+
+def test_a_run_with_no_steady_step_reports_its_warm_up_peak(make_cfg, monkeypatch):
+    """Fewer steps than the warm-up: the only peak there is (the warm-up's) is the figure, not zero."""
+    monkeypatch.setattr(trainmod, "steps_per_epoch", lambda n, b: 1)
+    out, _ = _run(make_cfg, monkeypatch, epochs=1, workspace=WORKSPACE)
+    assert out["timed_steps"] == 0
+    assert out["peak_mem_bytes"] == [400 - 100, 250 - 10]
 
 
 def test_without_nvml_the_nvml_figure_is_none(monkeypatch):

@@ -138,12 +138,14 @@ def test_memory_window_opens_at_each_tick_and_closes_at_evaluation(monkeypatch):
     and the GPU-only figures are None."""
     calls = []
     m = metermod.Meter(FakeStrategy(), 10, 1, 0.5)
-    assert m.memory.figures() == dict.fromkeys(("mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes"))
-    monkeypatch.setattr(m.memory, "open", lambda: calls.append("open"))
+    assert m.memory.figures() == dict.fromkeys(
+        ("mem_workspace_bytes", "mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes")
+    )
+    monkeypatch.setattr(m.memory, "open", lambda steady: calls.append(("open", steady)))
     monkeypatch.setattr(m.memory, "close", lambda: calls.append("close"))
     m.start_epoch(0)
     m.tick(0)
     with m.evaluation():
         calls.append("evaluate")
     m.tick(1)
-    assert calls == ["open", "close", "evaluate", "open"]
+    assert calls == [("open", False), "close", "evaluate", ("open", True)], "step 0 is warm-up, step 1 steady"

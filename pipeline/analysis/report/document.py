@@ -233,11 +233,14 @@ def _tables(df, pts, eff, mem, acc):
     s += [
         "\n## Memory per device\n\n",
         "Per device in MiB, device 0 first. per_device_mib holds the figure mem_basis names; imbalance = max/mean "
-        "and device-0 excess = peak[0] − mean(peak[1:]) (k ≥ 2) are computed from it. step_above_resident (GPUs): "
-        f"{MEM_BASIS['step_above_resident']}, what the strategy itself costs, data and evaluation left out. "
+        "and device-0 excess = peak[0] − mean(peak[1:]) (k ≥ 2) are computed from it. steady_step_above_resident "
+        f"(GPUs): {MEM_BASIS['steady_step_above_resident']}, what the strategy itself costs, data and evaluation "
+        "left out. "
         f"memtracker_step (CPU): {MEM_BASIS['memtracker_step']}."
         + (
-            " resident: allocated before the first step (model, optimizer, the whole data set on every device); "
+            " resident: allocated before the first step (model, optimizer, the whole data set on every device, the "
+            "libraries' workspaces); workspace: of the resident, what cuBLAS and cuDNN keep once used, the same for "
+            "every strategy (a fixed cost per device and process, not the strategy's); "
             "reserved_peaks: the caching allocator's reserved peak; nvml_used: the device's used memory as NVML "
             "sees it (every process and CUDA context on it, so extra contexts on device 0 show here); '—': not "
             "measured."

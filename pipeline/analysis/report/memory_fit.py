@@ -24,7 +24,7 @@ COLUMNS = [
     "modelled_mib",
     "error_pct",
 ]
-BASES = {"memtracker_step": "cpu", "step_above_resident": "gpu"}  # the figures the model predicts, by mem_basis
+BASES = {"memtracker_step": "cpu", "steady_step_above_resident": "gpu"}  # the figures the model predicts, by mem_basis
 # the rows whose device 0 holds more than the others (nn.DataParallel's designs, CUDA only)
 DEVICE0 = tuple(s.name for s in catalog.STRATEGIES if s.comm in ("dp_gather_logits", "dp_gather_losses"))
 

@@ -23,12 +23,16 @@ MIB = 2.0**20
 # What a row's peak_mem_bytes holds (its mem_basis, set by pipeline/measure/memory.py's meters), hence what imbalance
 # and device-0 excess are computed from. Rows of older tables carry no basis: theirs follows from their method.
 MEM_BASIS = {
-    "step_above_resident": "the step's peak above what was resident before the first step (CUDA allocator)",
+    "steady_step_above_resident": "the steady-state steps' peak above what was resident before the first step, the "
+    "libraries' workspaces and the warm-up's autotuning left out (CUDA allocator)",
+    "step_above_resident": "the step's peak above what was resident before the first step, the libraries' workspaces "
+    "included (CUDA allocator; older rows)",
     "memtracker_step": "one probe step's tensor memory, parameters included (PyTorch's MemTracker, CPU)",
     "peak_with_resident": "the allocator's peak over the whole run, data and evaluation included (older rows)",
 }
 MEM_LISTS = {
     "resident": "mem_resident_bytes",
+    "workspace": "mem_workspace_bytes",
     "reserved_peaks": "mem_reserved_peak_bytes",
     "nvml_used": "mem_nvml_used_bytes",
 }  # memory_table column: the sweep table's per-device column
@@ -278,7 +282,12 @@ def memory_devices(mem) -> pd.DataFrame:
     """memory_table exploded to one row per device (tidy, for memory.csv); resident_bytes, reserved_peak_bytes and
     nvml_used_bytes NaN where not measured."""
     lists = ("peaks", *MEM_LISTS)
-    extra = {"resident": "resident_bytes", "reserved_peaks": "reserved_peak_bytes", "nvml_used": "nvml_used_bytes"}
+    extra = {
+        "resident": "resident_bytes",
+        "workspace": "workspace_bytes",
+        "reserved_peaks": "reserved_peak_bytes",
+        "nvml_used": "nvml_used_bytes",
+    }
     rows = [
         {
             **{c: r[c] for c in mem.columns if c not in lists},
