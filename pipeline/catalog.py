@@ -19,7 +19,7 @@ from dataclasses import dataclass
 # cuDNN's autotuner, autocast on the one-device reference so AMP's gain is told apart from DDP's cost). Every mode is
 # off by default: the reference row of every comparison runs eager, fp32, unautotuned.
 COMM_KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
-MODES = ("compile", "cudnn_benchmark", "autocast")
+MODES = ("compile", "compile_mode", "cuda_graphs", "cudnn_benchmark", "autocast")
 KNOBS = (*COMM_KNOBS, *MODES)
 
 # Why a row leaves out a mode another row takes (the error names it; docs/strategies.md lists it): what a design
@@ -35,6 +35,18 @@ _NO_COMPILE_SCRATCH = (
 _NO_COMPILE_FSDP = (
     "PyTorch's FSDP2 memory tracker (FSDPMemTracker, the per-device memory figure on CPU) fails inside a compiled "
     "FSDP module's hooks (torch 2.14): a compiled fsdp trial would lose its memory figure, half of what is compared"
+)
+_NO_GRAPHS_THREADS = (
+    "its step starts threads and replicates the module on the host in every forward: nothing a CUDA graph can replay"
+)
+_NO_GRAPHS_SCRATCH = "its step runs each replica by hand and copies gradients between devices from the host"
+_NO_GRAPHS_ZERO = (
+    "ZeroRedundancyOptimizer's step decides on the host which rank broadcasts each parameter, outside the captured "
+    "autograd graph; its capture is not checked"
+)
+_NO_GRAPHS_FSDP = (
+    "FSDP2's hooks all-gather and free parameters from the host, with stream and event logic of their own, around "
+    "every unit"
 )
 _NO_AUTOCAST = (
     "autocast is the one-device reference's mode, ddp_amp's counterpart; every other row runs fp32 (ddp_amp: always "
@@ -82,7 +94,12 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         "scratch",
         "d2l's data parallelism from scratch: replicas in one process, hand-written all-reduce",
         knobs=("cudnn_benchmark",),
-        why_not=(("compile", _NO_COMPILE_SCRATCH), ("autocast", _NO_AUTOCAST)),
+        why_not=(
+            ("compile", _NO_COMPILE_SCRATCH),
+            ("compile_mode", _NO_COMPILE_SCRATCH),
+            ("cuda_graphs", _NO_GRAPHS_SCRATCH),
+            ("autocast", _NO_AUTOCAST),
+        ),
         parallel_on_cpu=False,
         comm="copy_allreduce",
     ),
@@ -90,7 +107,12 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         "dp",
         "torch.nn.DataParallel: one process, outputs gathered on one device",
         knobs=("cudnn_benchmark",),
-        why_not=(("compile", _NO_COMPILE_DP), ("autocast", _NO_AUTOCAST)),
+        why_not=(
+            ("compile", _NO_COMPILE_DP),
+            ("compile_mode", _NO_COMPILE_DP),
+            ("cuda_graphs", _NO_GRAPHS_THREADS),
+            ("autocast", _NO_AUTOCAST),
+        ),
         cuda_only=True,
         comm="dp_gather_logits",
     ),
@@ -98,14 +120,19 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         "dp_criterion",
         "DataParallelModel + DataParallelCriterion: the loss computed on each device",
         knobs=("cudnn_benchmark",),
-        why_not=(("compile", _NO_COMPILE_DP), ("autocast", _NO_AUTOCAST)),
+        why_not=(
+            ("compile", _NO_COMPILE_DP),
+            ("compile_mode", _NO_COMPILE_DP),
+            ("cuda_graphs", _NO_GRAPHS_THREADS),
+            ("autocast", _NO_AUTOCAST),
+        ),
         cuda_only=True,
         comm="dp_gather_losses",
     ),
     StrategySpec(
         "ddp",
         "DistributedDataParallel: one process per device, bucketed all-reduce",
-        knobs=(*COMM_KNOBS, "compile", "cudnn_benchmark"),
+        knobs=(*COMM_KNOBS, "compile", "compile_mode", "cuda_graphs", "cudnn_benchmark"),
         why_not=(("autocast", _NO_AUTOCAST),),
         multiprocess=True,
         comm="bucket_allreduce",
@@ -113,7 +140,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
     StrategySpec(
         "ddp_amp",
         "DDP + torch.amp autocast (bf16, or fp16 with a GradScaler), the successor of Apex",
-        knobs=(*COMM_KNOBS, "compile", "cudnn_benchmark"),
+        knobs=(*COMM_KNOBS, "compile", "compile_mode", "cuda_graphs", "cudnn_benchmark"),
         why_not=(("autocast", _NO_AUTOCAST),),
         multiprocess=True,
         autocast=True,
@@ -122,8 +149,8 @@ STRATEGIES: tuple[StrategySpec, ...] = (
     StrategySpec(
         "zero1",
         "ZeRO-1: DDP with the optimizer state sharded across ranks (ZeroRedundancyOptimizer)",
-        knobs=(*COMM_KNOBS, "compile", "cudnn_benchmark"),
-        why_not=(("autocast", _NO_AUTOCAST),),
+        knobs=(*COMM_KNOBS, "compile", "compile_mode", "cudnn_benchmark"),
+        why_not=(("cuda_graphs", _NO_GRAPHS_ZERO), ("autocast", _NO_AUTOCAST)),
         multiprocess=True,
         comm="bucket_allreduce",
         shards=("optimizer",),
@@ -132,7 +159,12 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         "fsdp",
         "FSDP2 fully_shard: parameters, gradients and optimizer state sharded across ranks",
         knobs=("cudnn_benchmark",),
-        why_not=(("compile", _NO_COMPILE_FSDP), ("autocast", _NO_AUTOCAST)),
+        why_not=(
+            ("compile", _NO_COMPILE_FSDP),
+            ("compile_mode", _NO_COMPILE_FSDP),
+            ("cuda_graphs", _NO_GRAPHS_FSDP),
+            ("autocast", _NO_AUTOCAST),
+        ),
         multiprocess=True,
         comm="shard_units",
         shards=SHARDABLE,

@@ -20,6 +20,9 @@ STRATEGY_NAMES = catalog.NAMES
 SOURCES = ("fashion-mnist", "synthetic")
 COMM_HOOKS = ("none", "shm", "fp16", "bf16", "powersgd")
 OPTIMIZERS = ("sgd", "sgd_momentum", "adamw")
+# torch.compile's modes (train.compile_mode, with train.compile=true): reduce-overhead adds CUDA graphs to the
+# compiled step (on GPUs; a CPU runs it as default); max-autotune-no-cudagraphs tries more kernels, no graphs
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 # a profile is a file name under experiments/, never a path: nothing outside experiments/ is read as one
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 SEED_MAX = 2**32 - 1  # Optuna's samplers seed NumPy, which takes 32 bits; torch would take 64
@@ -118,6 +121,10 @@ class TrainConfig:
     channels_last: bool = True  # NHWC activations: faster convolutions on CPU (oneDNN) and GPU (tensor cores)
     # execution modes (catalog.MODES; a row lists the ones it takes): same arithmetic, different execution
     compile: bool = False  # torch.compile the (wrapped) model
+    compile_mode: str = field(default="default", metadata=choice(*COMPILE_MODES))  # with compile=true
+    # the whole step (forward, backward, all-reduce, optimizer) captured once as a CUDA graph and replayed: no host
+    # launch per kernel (trial/graphs.py; single, ddp, ddp_amp in bf16, on GPUs)
+    cuda_graphs: bool = False
     cudnn_benchmark: bool = False  # cuDNN's autotuner picks each convolution's algorithm (GPUs; CPU: no effect)
     autocast: bool = False  # `single` under torch.amp autocast with train.amp_dtype, as ddp_amp runs
     # step-time breakdown (breakdown.py): every N-th steady-state step is timed by phase, outside the throughput
@@ -162,6 +169,8 @@ class SpaceConfig:
     accum_steps: tuple[int, ...] = (1,)
     comm_hook: tuple[str, ...] = ("none",)
     compile: tuple[bool, ...] = (False,)
+    compile_mode: tuple[str, ...] = ("default",)
+    cuda_graphs: tuple[bool, ...] = (False,)
     cudnn_benchmark: tuple[bool, ...] = (False,)
     autocast: tuple[bool, ...] = (False,)
 

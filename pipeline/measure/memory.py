@@ -128,6 +128,11 @@ class CudaPeaks:
         reset_cuda_peaks(self.devices)
         self.is_open, self.steady = True, steady
 
+    def include_peaks(self, allocated: list[int]) -> None:
+        """Peaks (max allocated, per device) of a step the window cannot see: a CUDA graph's capture, which
+        allocates what an eager step does, while its replays allocate nothing (trial/graphs.py)."""
+        self.step = [max(s, p - r) for s, p, r in zip(self.step, allocated, self.resident)]
+
     def _above_resident(self, so_far: list[int]) -> list[int]:
         return [max(s, p - r) for s, p, r in zip(so_far, cuda_peaks(self.devices), self.resident)]
 
@@ -176,6 +181,9 @@ class CpuStepPeaks:
 
     def open(self, steady: bool = True) -> None:
         """No window: the probe step is the whole measurement."""
+
+    def include_peaks(self, allocated: list[int]) -> None:
+        """No CUDA graph runs on a CPU host."""
 
     def close(self) -> None:
         pass

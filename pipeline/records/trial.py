@@ -86,6 +86,8 @@ class TrialRecord:
     amp_dtype: str | None = _f(PARAM)  # the setting before the trial, what the strategy resolved after (ddp_amp)
     # the execution modes (catalog.MODES): same arithmetic, different execution
     compile: bool | None = _f(PARAM, TABLE)
+    compile_mode: str | None = _f(PARAM, TABLE)
+    cuda_graphs: bool | None = _f(PARAM, TABLE)
     cudnn_benchmark: bool | None = _f(PARAM, TABLE)
     autocast: bool | None = _f(PARAM, TABLE)
     # where it ran (capabilities.host_capabilities: the facts that change a number)
@@ -237,6 +239,8 @@ def planned(cfg, host, host_fields: dict | None = None) -> TrialRecord:
         comm_hook=t.comm_hook,
         amp_dtype=t.amp_dtype,
         compile=t.compile,
+        compile_mode=t.compile_mode,
+        cuda_graphs=t.cuda_graphs,
         cudnn_benchmark=t.cudnn_benchmark,
         autocast=t.autocast,
         oversubscribed=t.devices > host.n * t.nnodes,

@@ -90,6 +90,8 @@ class Strategy:
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         cls, settings = OPTIMIZERS[self.cfg.optimizer]
+        if self.cfg.cuda_graphs and cls is torch.optim.AdamW:  # its step count on the device: capturable
+            settings = {**settings, "capturable": True}
         return cls(model.parameters(), lr=self.cfg.lr, **settings)
 
     # --- the step: base.train_step is the only step; strategies override the hooks it calls -----------------

@@ -56,6 +56,7 @@ class DDPStrategy(DistributedStrategy):
             device_ids=ids,
             bucket_cap_mb=self.cfg.bucket_cap_mb,
             gradient_as_bucket_view=self.cfg.grad_as_bucket_view,
+            static_graph=self.cfg.cuda_graphs,  # its buckets final before the capture (trial/graphs.py)
         )
         self.comm_hook = self.cfg.comm_hook  # reported as comm_hook_used
         if self.comm_hook == "shm":

@@ -26,7 +26,7 @@ from pipeline.measure.interference import Monitor
 from pipeline.records import files
 from pipeline.records.trial import TrialRecord, capability_fields, summarize
 from pipeline.strategies import STRATEGIES
-from pipeline.trial import start
+from pipeline.trial import graphs, start
 from pipeline.trial.loop import DivergenceError
 from pipeline.trial.rank_watch import is_out_of_memory
 from pipeline.trial.ranks import UNWRITABLE, run_ranks
@@ -52,6 +52,8 @@ def check_feasible(cfg, host: Host) -> None:
             f"from scaling and memory analysis.)"
         )
     if why := configmod.knob_refusal(t):
+        raise Infeasible(why)
+    if why := mode_refusal(t, host, oversubscribed=t.devices > n):
         raise Infeasible(why)
     if t.devices % t.nnodes:
         raise Infeasible(
@@ -83,6 +85,43 @@ def check_feasible(cfg, host: Host) -> None:
         cls(t, host).check_devices()
     except ValueError as e:
         raise Infeasible(str(e)) from None
+
+
+def mode_refusal(t, host: Host, oversubscribed: bool) -> str:
+    """Why the execution modes set in train config `t` cannot run together or on `host`, or "": a mode that would
+    silently not apply is refused, never recorded as run."""
+    if t.compile_mode != "default" and not t.compile:
+        return (
+            f"train.compile_mode={t.compile_mode} is torch.compile's mode and applies with train.compile=true; "
+            "set train.compile=true, or leave compile_mode at default."
+        )
+    if not t.cuda_graphs:
+        return ""
+    if host.kind != "cuda":
+        return (
+            "train.cuda_graphs captures the step as a CUDA graph and needs a GPU; this host is a CPU (on a CPU, "
+            "train.compile is the mode that removes per-operator overhead)."
+        )
+    why = ""
+    if oversubscribed:
+        why = "ranks sharing a GPU talk over Gloo, whose collectives run on the host and cannot be captured"
+    elif t.compile:
+        why = "train.compile is on: use compile_mode=reduce-overhead for torch.compile's own CUDA graphs instead"
+    elif t.breakdown_every:
+        why = "a sampled step times each phase apart, which a replayed graph cannot; set train.breakdown_every=0"
+    elif t.accum_steps > 1:
+        why = "a graph replays one whole optimizer step; with train.accum_steps > 1 the steps differ"
+    elif t.comm_hook != "none":
+        why = f"the comm hook {t.comm_hook!r} is not checked under capture; use comm_hook=none"
+    elif STRATEGIES[t.strategy].autocast_dtype(t, host.kind) == "fp16":
+        why = "fp16 needs GradScaler, whose step reads the host when it skips; use train.amp_dtype=bf16"
+    elif t.warmup_steps < graphs.capture_step(t.strategy) + 1:
+        why = (
+            f"the graph is captured after {graphs.capture_step(t.strategy)} eager warm-up steps (DDP's reducer "
+            f"settles in its first 11), inside the warm-up; set train.warmup_steps >= "
+            f"{graphs.capture_step(t.strategy) + 1}"
+        )
+    return f"train.cuda_graphs cannot run here: {why}." if why else ""
 
 
 def _check_rendezvous(t) -> None:

@@ -6,6 +6,7 @@ main process only; the stop decision is then agreed by every rank.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -18,6 +19,7 @@ from pipeline.measure import breakdown
 from pipeline.measure.meter import Meter
 from pipeline.models import apply_channels_last, build_model, channels_last_at_use
 from pipeline.records.trial import rank_keys
+from pipeline.trial.graphs import GraphedStep, capture_step
 
 
 class DivergenceError(RuntimeError):
@@ -108,8 +110,27 @@ def build(t, strategy):
         model = layout(model, strategy.device.type)
     model, criterion = strategy.wrap(model, nn.CrossEntropyLoss())
     if t.compile:
-        model = torch.compile(model)
+        model = torch.compile(model, mode=t.compile_mode)
     return model, criterion, strategy.build_optimizer(model)
+
+
+class EagerStep:
+    """The step as the strategy runs it (every mode but train.cuda_graphs)."""
+
+    on_capture = None  # no graph is captured
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    @staticmethod
+    def side():
+        return contextlib.nullcontext()
+
+    def joined(self) -> None:
+        pass
+
+    def __call__(self, step: int, model, criterion, optimizer, x, y, clock) -> torch.Tensor:
+        return self.strategy.train_step(model, criterion, optimizer, x, y, clock)
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
@@ -126,7 +147,10 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
     trial's timeline, given the times the model is built and training ends, and the seconds in steps and evaluation."""
     t, device = cfg.train, strategy.device
     marks = {} if marks is None else marks
-    model, criterion, optimizer = build(t, strategy)
+    run_step = GraphedStep(strategy, capture_step(t.strategy)) if t.cuda_graphs else EagerStep(strategy)
+    with run_step.side():  # graphs: the model and DDP's hooks on the stream that captures (trial/graphs.py)
+        model, criterion, optimizer = build(t, strategy)
+    run_step.joined()
     # --- data: uint8 tensors resident on the input device, normalised there per batch. Every rank holds the whole
     # set (its batches index into it); the memory meter counts it as resident, not as the step's (measure/memory.py)
     train_x, train_y, test_x, test_y = (v.to(device) for v in (data.train_x, data.train_y, data.test_x, data.test_y))
@@ -140,6 +164,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
         t.target_acc,
         breakdown.Breakdown(strategy, model, every) if every else breakdown.Off(),
     )
+    run_step.on_capture = meter.memory.include_peaks  # a replay allocates nothing: the capture's peak is the step's
     history = {"test_acc": [], "train_loss": []}
     watch = FiniteWatch(device, t.lr)
     step, stopped = 0, False
@@ -158,7 +183,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
                     if t.channels_last:
                         x = x.contiguous(memory_format=torch.channels_last)
                 with meter.probe(step, model, optimizer):
-                    loss = strategy.train_step(model, criterion, optimizer, x, y, clock)
+                    loss = run_step(step, model, criterion, optimizer, x, y, clock)
             loss_sum += loss.detach().to(device)  # dp with train.output_device=j returns it on cuda:j
             step, n_steps = step + 1, n_steps + 1
             if step % t.check_every == 0:

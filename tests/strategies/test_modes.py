@@ -27,8 +27,24 @@ HOST_LIMITS = {
     "cudnn_benchmark": {
         "cpu": "cuDNN's autotuner needs CUDA: on a CPU host the setting changes nothing, so its step is the eager one"
     },
+    "cuda_graphs": {"cpu": "CUDA graphs need a GPU (launch.mode_refusal refuses them on a CPU host)"},
 }
-CASES = [(s.name, mode) for s in catalog.STRATEGIES for mode in catalog.MODES if mode in s.knobs]
+# the settings that turn a mode on (a mode of a mode needs its parent on)
+MODE_ON = {
+    "compile_mode": ("train.compile=true", "train.compile_mode=reduce-overhead"),
+    "cuda_graphs": ("train.cuda_graphs=true", "train.breakdown_every=0", "train.warmup_steps=12"),
+}
+# compile's modes compile the same module: one row shows the arithmetic holds (each compile costs a minute of CPU)
+CASES = [
+    (s.name, mode)
+    for s in catalog.STRATEGIES
+    for mode in catalog.MODES
+    if mode in s.knobs and (mode != "compile_mode" or s.name == catalog.REFERENCE)
+]
+
+
+def on(mode: str) -> tuple[str, ...]:
+    return MODE_ON.get(mode, (f"train.{mode}=true",))
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +66,9 @@ def test_every_mode_keeps_the_step_of_single_device_sgd(
     k = 1 if catalog.spec(strategy).one_device_only or not TWO else 2
     cfg = make_cfg()
     ref, _ = equivalence.one_step(cfg, tmp_path / "ref", "single", 1)
-    got, metrics = equivalence.one_step(cfg, tmp_path / mode, strategy, k, extra=(f"train.{mode}=true",))
-    assert metrics["steps"] == 1 and metrics["devices"] == k and metrics[mode] is True
+    got, metrics = equivalence.one_step(cfg, tmp_path / mode, strategy, k, extra=on(mode))
+    assert metrics["steps"] == 1 and metrics["devices"] == k
+    assert metrics[mode] == {"compile_mode": "reduce-overhead"}.get(mode, True), "the mode is recorded as it ran"
     low = mode == "autocast" or catalog.spec(strategy).autocast
     if low:
         assert metrics["amp_dtype"] in ("bfloat16", "float16")
@@ -68,7 +85,8 @@ REFUSED = [(s.name, mode) for s in catalog.STRATEGIES for mode in catalog.MODES 
 def test_a_mode_a_row_leaves_out_is_refused_with_the_reason(make_cfg, strategy, mode):
     """Never a silent no-op: the trial is refused before it runs, naming the rows that take the mode and, where the
     row gives it, why the design cannot."""
-    cfg = make_cfg(f"train.strategy={strategy}", f"train.{mode}=true")
+    alone = ("train.compile_mode=reduce-overhead",) if mode == "compile_mode" else on(mode)  # the knob by itself
+    cfg = make_cfg(f"train.strategy={strategy}", *alone)
     host = probe()
     if STRATEGIES[strategy].unavailable_reason(host):
         host = dataclasses.replace(host, kind="cuda", n=2)  # a GPU host, as far as the check goes
@@ -91,5 +109,74 @@ def test_every_left_out_mode_has_the_designs_reason():
 
 
 def test_modes_are_off_by_default():
-    """The reference row of every comparison runs eager, fp32, unautotuned."""
-    assert not any(getattr(TrainConfig(), m) for m in catalog.MODES)
+    """The reference row of every comparison runs eager, fp32, unautotuned, uncaptured (compile's mode applies only
+    with compile on)."""
+    t = TrainConfig()
+    assert not any(getattr(t, m) for m in catalog.MODES if m != "compile_mode")
+    assert t.compile_mode == "default" and not t.compile
+
+
+@pytest.mark.parametrize(
+    "sets,why",
+    [
+        (("train.compile_mode=reduce-overhead",), "applies with train.compile=true"),
+        (("train.cuda_graphs=true", "train.breakdown_every=0", "train.warmup_steps=12"), "needs a GPU"),
+    ],
+)
+def test_a_mode_that_could_not_apply_is_refused(make_cfg, sets, why):
+    """compile's mode without compile, and CUDA graphs on a CPU host: refused with the reason, never recorded as if
+    they ran."""
+    cfg = make_cfg("train.strategy=single", *sets)
+    with pytest.raises(Infeasible, match=why):
+        check_feasible(cfg, dataclasses.replace(probe(), kind="cpu"))
+
+
+GPU_HOST = dict(kind="cuda", n=2)
+
+
+@pytest.mark.parametrize(
+    "strategy,sets,why",
+    [
+        ("single", ("train.compile=true",), "compile_mode=reduce-overhead"),
+        ("single", ("train.breakdown_every=10",), "breakdown_every=0"),
+        ("ddp", ("train.accum_steps=2",), "accum_steps"),
+        ("ddp", ("train.comm_hook=fp16",), "comm hook"),
+        ("ddp_amp", ("train.amp_dtype=fp16",), "GradScaler"),
+        ("ddp", ("train.warmup_steps=5",), "warmup_steps >= 12"),
+        ("single", ("train.warmup_steps=2",), "warmup_steps >= 3"),
+    ],
+)
+def test_cuda_graphs_refuse_what_a_graph_cannot_replay(make_cfg, strategy, sets, why):
+    """On a GPU host (as far as the check goes), each setting a captured step cannot honour is refused by name."""
+    base = {"train.breakdown_every": "0", "train.warmup_steps": "12"}
+    base.update(dict(s.split("=", 1) for s in sets))
+    cfg = make_cfg(f"train.strategy={strategy}", "train.cuda_graphs=true", *(f"{k}={v}" for k, v in base.items()))
+    with pytest.raises(Infeasible, match=why):
+        check_feasible(cfg, dataclasses.replace(probe(), **GPU_HOST))
+
+
+def test_cuda_graphs_on_ranks_sharing_a_gpu_are_refused(make_cfg):
+    """Oversubscribed ranks talk over Gloo, which a graph cannot capture."""
+    cfg = make_cfg(
+        "train.strategy=ddp",
+        "train.devices=2",
+        "train.oversubscribe=true",
+        "train.cuda_graphs=true",
+        "train.breakdown_every=0",
+        "train.warmup_steps=12",
+    )
+    with pytest.raises(Infeasible, match="Gloo"):
+        check_feasible(cfg, dataclasses.replace(probe(), kind="cuda", n=1))
+
+
+def test_cuda_graphs_that_can_run_pass_the_check(make_cfg):
+    """The settings the ladder uses for its graph rungs are feasible on a GPU host."""
+    for strategy, extra in (("single", ()), ("ddp", ()), ("ddp_amp", ("train.amp_dtype=bf16",))):
+        cfg = make_cfg(
+            f"train.strategy={strategy}",
+            "train.cuda_graphs=true",
+            "train.breakdown_every=0",
+            "train.warmup_steps=12",
+            *extra,
+        )
+        check_feasible(cfg, dataclasses.replace(probe(), kind="cuda", n=2))

@@ -1,0 +1,91 @@
+"""train.cuda_graphs: the whole training step (forward, backward, DDP's all-reduce, the optimizer's update) captured
+once as a CUDA graph and replayed at every later step, so the host launches one graph per step instead of every
+kernel: what bounds small models such as LeNet on a fast GPU is the host's per-launch cost, not the GPU.
+
+Written here, not taken from a library: `torch.cuda.make_graphed_callables` graphs the forward and backward of a
+module but not the optimizer step or DDP's reducer, and torch.compile's reduce-overhead mode (train.compile_mode)
+graphs only what it compiles. The recipe is PyTorch's "whole-network capture" (torch.cuda.graphs docs):
+
+- warm-up on a side stream, the model (DDP's constructor included) built on that stream too, so the autograd
+  nodes DDP keeps and the cuBLAS workspaces belong to the stream that captures;
+- `capture_step(strategy)` eager steps first: 2 for `single`, 11 for DDP's rows, whose reducer synchronises its
+  runtime statistics on iterations 1-10 and rebuilds its buckets after the first (DDP runs with static_graph);
+- static input and target buffers: each step copies its batch into them, then replays;
+- gradients set to None once, before capture: the captured backward writes them into the graph's own memory, and
+  every replay overwrites them;
+- the optimizer's step inside the graph (SGD's foreach update as it is; AdamW with capturable=True, so its step
+  count stays on the device: strategies/base.py);
+- nothing in the step reads the host (FiniteWatch's copy of the loss happens after the replay, outside the graph).
+
+What cannot be captured is refused by launch.mode_refusal, with the reason: the catalog rows without the knob (dp,
+dp_criterion, scratch, zero1, fsdp), Gloo (ranks sharing a GPU), fp16 (GradScaler), compile, the breakdown's sampled
+steps, gradient accumulation and comm hooks.
+
+Memory: a replay allocates nothing (its tensors live in the graph's private pool), so the step's peak is read around
+the capture, which allocates what an eager step does, and given to the memory meter (`on_capture`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.strategies import STRATEGIES
+
+# DDP's reducer collects runtime statistics on iterations 1-10 and synchronises for them (doctor/checks.py says
+# where in torch); the capture comes after them
+DDP_SETTLE_STEPS = 11
+SINGLE_WARMUP_STEPS = 2
+
+
+def capture_step(strategy: str) -> int:
+    """The (0-based) step at which `strategy`'s graph is captured: after its eager warm-up steps."""
+    return DDP_SETTLE_STEPS if STRATEGIES[strategy].multiprocess else SINGLE_WARMUP_STEPS
+
+
+class GraphedStep:
+    """`strategy.train_step` in eager steps on a side stream until `at`, then captured once and replayed."""
+
+    def __init__(self, strategy, at: int, on_capture=None):
+        self.strategy, self.at, self.on_capture = strategy, at, on_capture
+        self.stream = torch.cuda.Stream(strategy.device)
+        self.graph = None
+        self.x = self.y = self.loss = None
+
+    def side(self):
+        """The context the model is built in (its parameters, DDP's buckets and hooks on the capture's stream)."""
+        return torch.cuda.stream(self.stream)
+
+    def joined(self) -> None:
+        """The current stream waits for the side stream's work (after building, after each eager step)."""
+        torch.cuda.current_stream(self.strategy.device).wait_stream(self.stream)
+
+    def __call__(self, step: int, model, criterion, optimizer, x, y, clock=None) -> torch.Tensor:
+        if self.graph is not None:
+            self.x.copy_(x)
+            self.y.copy_(y)
+            self.graph.replay()
+            return self.loss
+        self.stream.wait_stream(torch.cuda.current_stream(self.strategy.device))
+        if step < self.at:
+            with torch.cuda.stream(self.stream):
+                loss = self.strategy.train_step(model, criterion, optimizer, x, y)
+            self.joined()
+            loss.record_stream(torch.cuda.current_stream(self.strategy.device))
+            return loss
+        return self._capture(model, criterion, optimizer, x, y)
+
+    def _capture(self, model, criterion, optimizer, x, y) -> torch.Tensor:
+        devices = self.strategy.devices
+        with torch.cuda.stream(self.stream):
+            self.x, self.y = x.clone(), y.clone()  # clone keeps the layout (channels_last)
+        torch.cuda.synchronize(self.strategy.device)
+        optimizer.zero_grad(set_to_none=True)
+        for d in devices:
+            torch.cuda.reset_peak_memory_stats(d)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, stream=self.stream):
+            self.loss = self.strategy.train_step(model, criterion, optimizer, self.x, self.y)
+        if self.on_capture is not None:
+            self.on_capture([int(torch.cuda.max_memory_allocated(d)) for d in devices])
+        self.graph.replay()  # capturing runs nothing: this is the step's own update
+        return self.loss
