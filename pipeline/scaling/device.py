@@ -42,15 +42,15 @@ DEFAULT_SOURCE = "an H100 probe, 2026-11-27"
 
 @dataclass(frozen=True)
 class Figure:
-    """A figure in bytes and where it comes from; `measured` is False for an assumed or modelled one."""
+    """A figure in bytes, what kind it is (measured, assumed, given) and where it comes from."""
 
     bytes: int
     source: str
-    measured: bool = False
+    kind: str = "assumed"
 
     @property
-    def kind(self) -> str:
-        return "measured" if self.measured else "assumed"
+    def measured(self) -> bool:
+        return self.kind == "measured"
 
     @property
     def label(self) -> str:
@@ -91,13 +91,15 @@ def fixed_cost(device: str | None, store=None) -> FixedCost:
     kept = _read(store).get(device or "") or {}
     when = f"doctor on {device}, {kept.get('date', '?')}, torch {kept.get('torch', '?')}"
     if kept.get("context_mib") is not None:
-        context = Figure(int(kept["context_mib"] * MIB), f"{when}: {kept.get('source', 'NVML used - reserved')}", True)
+        context = Figure(
+            int(kept["context_mib"] * MIB), f"{when}: {kept.get('source', 'NVML used - reserved')}", "measured"
+        )
     else:
         context = Figure(
             int(DEFAULT_CONTEXT_MIB * MIB), f"default, {DEFAULT_SOURCE}: NVML used 828 - reserved 68 MiB, rounded up"
         )
     if kept.get("workspace_mib") is not None:
-        workspaces = Figure(int(kept["workspace_mib"] * MIB), f"{when}: what warming cuBLAS and cuDNN left", True)
+        workspaces = Figure(int(kept["workspace_mib"] * MIB), f"{when}: what warming cuBLAS and cuDNN left", "measured")
     else:
         workspaces = Figure(int(DEFAULT_WORKSPACE_MIB * MIB), "default: 2 cuBLAS workspaces x 32 MiB")
     return FixedCost(device or "", context, workspaces)
@@ -106,9 +108,9 @@ def fixed_cost(device: str | None, store=None) -> FixedCost:
 def capacity(given: int | None, device: tuple[str, int] | None) -> Figure:
     """The memory of one device: `given` (--device-memory), else the CUDA device's total, else the assumed part's."""
     if given is not None:
-        return Figure(given, "given: --device-memory", True)
+        return Figure(given, "--device-memory", "given")
     if device is not None:
-        return Figure(device[1], f"torch.cuda.mem_get_info() total of {device[0]}", True)
+        return Figure(device[1], f"torch.cuda.mem_get_info() total of {device[0]}", "measured")
     return Figure(DEFAULT_CAPACITY_MIB * MIB, "default: an 80 GB part as NVIDIA counts it: 81,559 MiB")
 
 
