@@ -238,8 +238,8 @@ def cmd_fit(args) -> int:
     )
     print(_wrapped(f"device memory {cap.bytes / gib:.1f} GiB: {cap.label}", ""))
     print(
-        f"fixed cost {fixed.bytes / mib:.0f} MiB per device ({fixed.device or 'no CUDA device named'}): context "
-        f"{fixed.context.kind}, workspaces {fixed.workspaces.kind}"
+        f"fixed cost {fixed.bytes / mib:.0f} MiB per device ({fixed.device or 'no CUDA device here or named'}): "
+        f"context {fixed.context.kind}, workspaces {fixed.workspaces.kind}"
     )
     print(f"{'strategy':<13}{'k':>3}  {'needed GiB':>10}  {'fits':>4}  {'largest batch that fits':>24}")
     for r in rows:

@@ -20,7 +20,7 @@ The defaults (assumed where no measurement is kept for the device): a probe on a
 initialisation, 828 MiB after LeNet and ResNet-18 training steps with 68 MiB reserved by the allocator, so context and
 loaded kernels about 760 MiB (rounded up to 800); one cuBLAS workspace 32 MiB per handle and stream, and LeNet's first
 step peaked 33.5 MiB above its steady steps (ResNet-18 at B=256: 46 MiB), so 2 x 32 MiB. On an NVIDIA H200
-(2026-11-26) NVML's used memory was 1,490 MiB beside 108 MiB reserved: the context differs by device and driver,
+(2026-11-26) NVML's used memory reads 1,490 MiB beside 108 MiB reserved: the context differs by device and driver,
 which is why doctor measures it where it runs.
 
 Reading the store loads no torch; only `cuda_device` does, and only where an NVIDIA driver is visible.

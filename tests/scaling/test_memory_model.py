@@ -62,6 +62,7 @@ def test_fit_answers_for_resnet18_without_building_it(tmp_path, capsys, monkeypa
 
     monkeypatch.setattr(memory, "_cache_file", lambda cache: tmp_path / "counts.json")
     memory.layout.cache_clear()
+    memory._COUNTED.clear()  # counts another test kept in this process would not reach the file
     fp32 = [s for s in catalog.NAMES if not catalog.spec(s).autocast]  # autocast counts on the CPU: slow here
     args = ["fit", "--model", "resnet18", "--batch-size", "512", "--device-memory", "80GiB"]
     assert main([*args, "--strategies", ",".join(fp32)]) == 0  # the first answer counts
