@@ -6,7 +6,9 @@ strategy this host runs, the model's figure beside each, the error per point, it
 
 Each trial is `train.max_steps=1` (the CPU figure is the probe step: MemTracker, optimizer state included;
 docs/metrics.md), with the project's defaults otherwise (DDP's gradients as bucket views). The figure compared is
-each point's largest per-device peak; error = (modelled - measured) / measured. Memory does not depend on the load
+each point's largest per-device peak, against the model's figure of the same kind: the basis the record's
+`mem_basis` names (CPU: the probe step, parameters included; GPU: the step's peak above resident, parameters left
+out); error = (modelled - measured) / measured. Memory does not depend on the load
 beside it, so the script needs no quiet host; it times nothing.
 """
 
@@ -67,7 +69,7 @@ def main():
                         optimizer=args.optimizer,
                     )
                     measured = max(m["peak_mem_bytes"])
-                    modelled = memory.predict(s, args.model, k, b, args.optimizer, basis="cpu").peak
+                    modelled = modelled_peak(m, s, args.model, k, b, args.optimizer)
                     err = memory.error_pct(measured, modelled)
                     errors.append(abs(err))
                     print(f"| {s} | {k} | {b} | {measured / MIB:.3f} | {modelled / MIB:.3f} | {err:+.2f} |", flush=True)
@@ -76,6 +78,15 @@ def main():
         f"max {max(errors):.2f}% (modelled against measured)",
         flush=True,
     )
+
+
+def modelled_peak(record: dict, strategy: str, model: str, k: int, batch: int, optimizer: str) -> int:
+    """The model's peak of the kind the record measured (memory.basis_of_record); ranks sharing a GPU run Gloo."""
+    basis = memory.basis_of_record(record)
+    if basis is None:
+        raise ValueError(f"the memory model predicts no figure of kind {record.get('mem_basis')!r}")
+    backend = record.get("backend") or None
+    return memory.predict(strategy, model, k, batch, optimizer, basis=basis, backend=backend).peak
 
 
 if __name__ == "__main__":

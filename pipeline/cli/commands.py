@@ -198,13 +198,17 @@ def cmd_doctor(args) -> int:
         dump_events=args.dump_events,
     )
     print(f"wrote {args.out / 'doctor.md'} and {args.out / 'doctor.json'}")
+    from pipeline.scaling import device
+
+    if kept := device.keep_from_doctor(report):  # on CUDA: the device's fixed cost, read by `fit`
+        print(f"kept {kept}'s fixed cost (context, workspaces) in {device.store_file()}")
     return 1 if report["counts"]["failed"] else 0
 
 
 def cmd_fit(args) -> int:
     import time
 
-    from pipeline.scaling import memory
+    from pipeline.scaling import device, memory
 
     if args.count_ahead:
         t0 = time.monotonic()
@@ -219,24 +223,49 @@ def cmd_fit(args) -> int:
             flush=True,
         )
     try:
-        device = memory.parse_size(args.device_memory)
         ks = tuple(int(k) for k in args.devices.split(","))
     except ValueError as e:
-        raise configmod.ConfigError(f"--device-memory / --devices: {e}") from None
+        raise configmod.ConfigError(f"--devices: {e}") from None
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    rows = memory.fit_table(args.model, args.batch_size, device, args.optimizer, ks, strategies)
-    gib = memory.GIB
+    here = device.cuda_device() if args.device_memory is None or args.device_name is None else None
+    cap = device.capacity(args.device_memory, here)
+    fixed = device.fixed_cost(args.device_name or (here[0] if here else None))
+    rows = memory.fit_table(args.model, args.batch_size, cap.bytes, args.optimizer, ks, strategies, fixed=fixed.bytes)
+    gib, mib = memory.GIB, memory.MIB
     print(
-        f"{args.model}, global batch {args.batch_size}, {args.optimizer}, on {device / gib:.1f} GiB per device "
-        "(modelled: the step's peak above resident + the resident parameters, buffers and data set)"
+        f"{args.model}, global batch {args.batch_size}, {args.optimizer}: what one GPU needs (tensors modelled; "
+        "the rest as sourced)"
     )
-    print(f"{'strategy':<13}{'k':>3}  {'modelled peak GiB':>18}  {'fits':>4}  {'largest batch that fits':>24}")
+    print(_wrapped(f"device memory {cap.bytes / gib:.1f} GiB: {cap.label}", ""))
+    print(
+        f"fixed cost {fixed.bytes / mib:.0f} MiB per device ({fixed.device or 'no CUDA device here or named'}): "
+        f"context {fixed.context.kind}, workspaces {fixed.workspaces.kind}"
+    )
+    print(f"{'strategy':<13}{'k':>3}  {'needed GiB':>10}  {'fits':>4}  {'largest batch that fits':>24}")
     for r in rows:
         print(
-            f"{r['strategy']:<13}{r['k']:>3}  {r['device_bytes'] / gib:>18.2f}  {'yes' if r['fits'] else 'no':>4}  "
+            f"{r['strategy']:<13}{r['k']:>3}  {r['device_bytes'] / gib:>10.2f}  {'yes' if r['fits'] else 'no':>4}  "
             f"{r['largest_batch'] or 'none':>24}"
         )
+    if len(rows) == 1:
+        p = rows[0]["prediction"]
+        print(f"\n{p.strategy} at k={p.k}, device {p.rank}: each term, its figure and its source")
+        print(f"  {'':<11}{'term':<25}{'MiB':>8}  source")
+        part = None
+        for section, term, value, source in memory.need_terms(p, fixed):
+            head, part = (section if section != part else ""), section
+            print(_wrapped(f"  {head:<11}{term:<25}{value / mib:>8.1f}  {source}", " " * 48))
+        print("  not modelled: NCCL's own buffers at k >= 2 (outside the allocator), a CUDA graph's pool")
+    elif rows:
+        print("(each term with its source: name one strategy and one k)")
     return 0
+
+
+def _wrapped(line: str, indent: str, width: int = 100) -> str:
+    """One printed line, folded at `width` columns, its continuation lines indented."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False))
 
 
 def cmd_profiles(args) -> int:

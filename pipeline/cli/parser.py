@@ -224,19 +224,31 @@ def build_parser() -> argparse.ArgumentParser:
         "fit",
         help="will it fit? the modelled peak memory per device of every strategy and k, before running",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Per strategy and k: the modelled peak memory per device at --batch-size (the step's peak "
-        "above resident plus the resident parameters, buffers and data set, as on a GPU), whether it fits "
-        "--device-memory, and the largest global batch that does. The memory model (pipeline/scaling/memory.py, "
-        "docs/metrics.md) counts the model's activations on the meta device: no GPU, no training, no data.",
-        epilog="example: python -m pipeline fit --model resnet18 --batch-size 512 --device-memory 80GiB",
+        description="Per strategy and k: what one GPU needs at --batch-size, whether it fits --device-memory, and "
+        "the largest global batch that does. The need is the step's peak above resident plus the resident "
+        "parameters, buffers, data set and DDP's buckets (modelled: pipeline/scaling/memory.py, docs/metrics.md; "
+        "the activations counted on the meta device: no GPU, no training, no data), rounded up to what the "
+        "caching allocator reserves (assumed), plus the device's fixed cost: the CUDA context and the libraries' "
+        "workspaces, measured by `doctor` on the device where kept (runs/device_basis.json), else assumed. With "
+        "one strategy and k, each term is printed with its figure and its source.",
+        epilog="example: python -m pipeline fit --model resnet18 --batch-size 256 --strategies ddp --devices 2",
     )
     p.add_argument("--model", choices=configmod.MODELS, default="resnet18", help="the model (default resnet18)")
     p.add_argument("--batch-size", type=int, default=512, metavar="B", help="global batch (default 512)")
     p.add_argument(
         "--device-memory",
-        default="80GiB",
+        type=cli_types.memory_size,
+        default=None,
         metavar="SIZE",
-        help="memory of one device, e.g. 80GiB, 40G, 24GiB (binary units; default 80GiB)",
+        help="memory of one device: 80GiB or 80G (x 2^30), 80GB (x 10^9), 512MiB (default: this host's CUDA "
+        "device's total, torch.cuda.mem_get_info; without one, 79.6 GiB: an 80 GB part as NVIDIA counts it)",
+    )
+    p.add_argument(
+        "--device-name",
+        default=None,
+        metavar="NAME",
+        help="the GPU whose fixed cost doctor kept in runs/device_basis.json, e.g. 'NVIDIA H100 80GB HBM3' "
+        "(default: this host's CUDA device; without one or without a kept figure, the assumed default)",
     )
     p.add_argument(
         "--optimizer",

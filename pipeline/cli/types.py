@@ -48,3 +48,14 @@ def port(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{port} is not a port number (1-65535)")
     return port
+
+
+def memory_size(text: str) -> int:
+    """--device-memory: bytes, units read as they are written (80GB = 80e9 bytes, 80GiB and 80G = 80 x 2^30), so a
+    part's label and the memory torch reports are not taken for one another."""
+    from pipeline.scaling.memory import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e}. Nothing was run.") from None

@@ -4,14 +4,18 @@ optimizer's state per parameter and the activations of one forward and backward,
 
     python -m pipeline fit --model resnet18 --batch-size 512 --device-memory 80GiB    # will it fit?
 
-Every figure returned here is modelled (`MODELLED`); nothing here is a measurement.
+Every tensor figure returned here is modelled (`MODELLED`); nothing here is a measurement. "Will it fit?" on the gpu
+basis adds what no tensor figure holds: the device's fixed cost (CUDA context, loaded kernels, the libraries'
+workspaces: measured by doctor where kept, else assumed; pipeline/scaling/device.py) and the caching allocator's
+rounding (reserved modelled from allocated, `RESERVED_FACTOR`, assumed).
 
 The two figures a record holds (pipeline/measure/memory.py), and so the two bases this model predicts:
     cpu  (memtracker_step)      the CPU probe step under MemTracker: parameters included, the optimizer's state
                                 included (made after the peak, added), the input batch left out (made before it)
     gpu  (step_above_resident)  the CUDA allocator's step peak above what was resident at the first step: the
                                 parameters and buffers are resident and left out, the input batch counts;
-                                `resident` adds them back (with the data set every rank holds) for "will it fit?"
+                                `resident` adds them back (with the data set every rank holds, and DDP's buckets)
+                                for "will it fit?"
 
 Terms per device (bytes; W = 4 bytes per parameter, fp32 master weights under autocast too):
     params       W, or under fsdp each tensor's dim 0 shard padded to a multiple of k
@@ -28,12 +32,20 @@ Terms per device (bytes; W = 4 bytes per parameter, fp32 master weights under au
                  autocast, on fake CPU tensors (FakeTensorMode: CPU's autocast rules, no memory, no compute; autocast
                  does not act on `meta`); it holds the saved
                  tensors, the temporaries at the peak, and the gradients not yet made then
-    gathered     fsdp: the unsharded unit at the peak (FSDP2 all-gathers one unit at a time): its parameters, its
-                 unsharded gradients, at k > 1 the reduce-scatter's input
+    gathered     fsdp: the unsharded unit at the peak: its parameters, its unsharded gradients, at k > 1 the
+                 reduce-scatter's input. On the gpu basis at k >= 2 on NCCL, FSDP2 all-gathers the next unit on its
+                 own stream while the current one computes (forward prefetch; backward prefetches one unit too), so
+                 the parameters of the unit beside it (before it in forward order: backward's prefetch) are
+                 unsharded as well; on Gloo (ranks sharing a GPU) and on CPU the collectives block: one unit
     replicas     scratch on a CPU host: the k replicas live in one process, so (k - 1) x (W + grads + state)
     input        the step's input batch where the figure sees it: scratch's chunks on CPU, every row's on GPUs
     step_temps   the optimizer step's temporaries: torch's AdamW one tensor at a time (CPU) holds two of the
                  largest tensor it updates, its foreach form (CUDA) one of everything it updates
+
+    resident     gpu basis, before the first step and outside the step's figure: the parameters, the buffers, the
+                 data set every rank holds, and for bucket_allreduce rows DDP's buckets (W): the reducer allocates
+                 them in its constructor (LeNet zero1 k=1 on an H200, 2026-11-26: resident single's + W, and its step
+                 peak single's + W as well, so the step's `buckets` term stays: two figures, each counted once)
 
     fixed = params + buffers + buckets + replicas + input
     peak  = max(fixed + activations + grads + gathered + state,  fixed + grads + state + step_temps)
@@ -44,6 +56,9 @@ Assumptions (what a miss points to): activations are the `single` step's at the 
 device; DDP's and FSDP's hooks add nothing else); the step's temporaries are torch's AdamW's; dp and dp_criterion
 are projected only (CUDA only: replicas on devices 1..k-1, gradients, gathered outputs and the whole input batch on
 device 0); zero1's post-step broadcasts over Gloo copy what they send (not modelled: a miss at the optimizer step).
+Not modelled on the gpu basis: NCCL's own buffers at k >= 2 (outside the allocator), a CUDA graph's private pool.
+
+Will it fit (gpu basis, `device_total`): (peak + resident) x RESERVED_FACTOR + the device's fixed cost <= its memory.
 """
 
 from __future__ import annotations
@@ -66,6 +81,11 @@ STATE_BYTES = {"sgd": 0, "sgd_momentum": 4, "adamw": 8}  # optimizer state per p
 STEP_BYTES = {"adamw": 4}  # and per parameter tensor (AdamW's step counter)
 # the optimizer step's temporaries: (x the largest tensor it updates one at a time, x all it updates with foreach)
 STEP_TEMPS = {"sgd": (0, 0), "sgd_momentum": (0, 0), "adamw": (2, 1)}
+# The caching allocator reserves more than is allocated (what an out-of-memory error is about): blocks rounded up to
+# 512 B, allocations under 1 MiB carved from 2 MiB segments, larger ones from 20 MiB segments or rounded up to 2 MiB,
+# and freed blocks that a later size cannot reuse. Assumed: reserved = allocated x 1.10 (one observation: LeNet k=1
+# on an H200, 2026-11-26, reserved peak 108 MiB over 91.5 MiB allocated, 1.18, evaluation's cached blocks included)
+RESERVED_FACTOR = 1.10
 COUNT_ANCHORS = (64, 128)  # per-device batches counted for `fit`; other batches interpolate (or extend) linearly
 # under autocast the count runs on fake CPU tensors (autocast does not act on `meta`), at these small batches,
 # extended linearly: shapes only, so a count costs about a second whatever the host's bf16 support
@@ -344,7 +364,8 @@ class Prediction:
     basis: str
     per_device: tuple[int, ...]
     terms: tuple[dict, ...]
-    resident: int  # gpu basis: what is resident before the first step (parameters, buffers, the data set)
+    resident: int  # gpu basis: what is resident before the first step (parameters, buffers, data set, buckets)
+    resident_terms: dict = field(default_factory=dict)  # gpu basis: `resident`, term by term (bytes)
     modelled: bool = True
 
     @property
@@ -367,25 +388,37 @@ def predict(
     autocast: bool | None = None,
     anchors=None,
     cache=None,
+    backend: str | None = None,
 ) -> Prediction:
     """The modelled peak per device of `strategy` at k devices and global batch `batch_size` (module docstring).
     `anchors`: count the activations at these per-device batches and interpolate (fit's fast path); by default
-    they are counted at this point's own per-device batch."""
+    they are counted at this point's own per-device batch. `backend`: the process group's, on the gpu basis "nccl"
+    (one process per GPU, the default) or "gloo" (ranks sharing a GPU); FSDP2 prefetches a unit on NCCL only."""
     row = catalog.spec(strategy)
     amp = row.autocast if autocast is None else autocast
     lay = layout(model, cache)
     b = max(1, batch_size // k)
     fb, unit_peaks = counted(model, AUTOCAST_ANCHORS if amp else anchors or (b,), amp, cache).at(b)
+    prefetch = basis == "gpu" and k >= 2 and (backend or "nccl").lower() == "nccl"
     terms = [
-        _rank_terms(row, lay, k, r, b, batch_size, optimizer, basis, grad_as_bucket_view, fb, unit_peaks)
+        _rank_terms(row, lay, k, r, b, batch_size, optimizer, basis, grad_as_bucket_view, fb, unit_peaks, prefetch)
         for r in range(1 if (basis == "cpu" and not row.parallel_on_cpu) else k)
     ]
     lazy = basis == "cpu" and not _handwritten(row)  # a hand-written optimizer makes its state up front
     per_device = tuple(int(_total(t, lazy)) for t in terms)
-    resident = lay.buffer_bytes + DATASET_BYTES + int(terms[0]["params_resident"])
-    for t in terms:
-        t.pop("params_resident")
-    return Prediction(strategy, model, k, batch_size, optimizer, basis, per_device, tuple(terms), resident)
+    params_resident = [int(t.pop("params_resident")) for t in terms]
+    top = per_device.index(max(per_device))  # the rank "will it fit?" is about
+    resident_terms = {
+        "params": params_resident[top],
+        "buffers": lay.buffer_bytes,
+        "dataset": DATASET_BYTES,
+        # DDP's reducer allocates its buckets in its constructor: on CUDA they are there before the first step
+        "buckets": 4 * lay.params if basis == "gpu" and row.comm == "bucket_allreduce" else 0,
+    }
+    resident = sum(resident_terms.values())
+    return Prediction(
+        strategy, model, k, batch_size, optimizer, basis, per_device, tuple(terms), resident, resident_terms
+    )
 
 
 def _total(t: dict, lazy_state: bool) -> float:
@@ -412,7 +445,7 @@ def _gathers_on_device0(row) -> bool:
     return row.comm in ("dp_gather_logits", "dp_gather_losses")
 
 
-def _rank_terms(row, lay: Layout, k, rank, b, batch, optimizer, basis, gav, fb, unit_peaks) -> dict:
+def _rank_terms(row, lay: Layout, k, rank, b, batch, optimizer, basis, gav, fb, unit_peaks, prefetch) -> dict:
     w_full = 4 * lay.params
     sharded = set(row.shards)
     fsdp = "params" in sharded
@@ -442,6 +475,9 @@ def _rank_terms(row, lay: Layout, k, rank, b, batch, optimizer, basis, gav, fb, 
         # k > 1 its unsharded gradients too, beside their shards
         near = max(range(len(lay.units)), key=lambda u: unit_peaks[u])
         gathered = (1 if k == 1 else 2) * 4 * sum(lay.numel[i] for i in lay.units[near])
+        if prefetch and len(lay.units) > 1:  # NCCL: the unit beside it is all-gathered while it computes
+            beside = near - 1 if near > 0 else near + 1
+            gathered += 4 * sum(lay.numel[i] for i in lay.units[beside])
     replicas = 0
     inputs = 0
     if basis == "cpu" and not row.parallel_on_cpu:  # every replica in this one process, one after another
@@ -478,27 +514,48 @@ def _rank_terms(row, lay: Layout, k, rank, b, batch, optimizer, basis, gav, fb, 
 # ----------------------------------------------------------------------------- will it fit?
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_POWER = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}
 
 
 def parse_size(text: str) -> int:
-    """'80GiB', '80G', '79.6 GiB', '512MiB', '1024' (bytes) -> bytes (binary units; GB is read as GiB too)."""
+    """A memory size in bytes: '80GiB', '79.6 GiB', '512MiB', '80G' (binary: KiB..TiB, and K..T alone, as `free`
+    and `ls -h` mean them), '80GB' (decimal: KB..TB are powers of 1000, as a part's label means them), '1024'
+    (bytes)."""
     m = _SIZE.match(str(text))
     if not m:
-        raise ValueError(f"not a memory size: {text!r} (e.g. 80GiB, 40G, 512MiB)")
-    unit = (m.group(2) or "B").upper()[0]
-    return int(float(m.group(1)) * {"B": 1, "K": 1 << 10, "M": MIB, "G": GIB, "T": 1 << 40}[unit])
+        raise ValueError(f"not a memory size: {text!r} (e.g. 80GiB, 80GB = 80e9 bytes, 40G, 512MiB)")
+    unit = (m.group(2) or "B").upper()
+    decimal = len(unit) == 2 and unit.endswith("B") and unit != "B"  # KB, MB, GB, TB
+    return int(float(m.group(1)) * (1000 if decimal else 1024) ** _POWER[unit[0]])
 
 
-def device_total(p: Prediction) -> int:
-    """What the device holds at the peak (gpu basis): the step peak above resident plus the resident."""
-    return p.peak + (p.resident if p.basis == "gpu" else 0)
+def reserved(allocated: float) -> int:
+    """The caching allocator's reserved bytes for `allocated` bytes at the peak: assumed (RESERVED_FACTOR)."""
+    return int(allocated * RESERVED_FACTOR)
 
 
-def largest_batch(strategy: str, model: str, k: int, device_bytes: int, optimizer: str, **kw) -> int:
-    """The largest global batch (a multiple of k) whose modelled peak fits `device_bytes`; 0 if none does."""
+def device_total(p: Prediction, fixed: int | None = None) -> int:
+    """What the device needs at the peak. gpu basis: the allocator's reserved (modelled from the step peak above
+    resident plus the resident, x RESERVED_FACTOR) plus the device's fixed cost (`fixed` bytes: context and
+    workspaces, device.fixed_cost; None: the assumed default). cpu basis: the peak."""
+    if p.basis != "gpu":
+        return p.peak
+    if fixed is None:
+        from pipeline.scaling import device
+
+        fixed = device.fixed_cost(None).bytes
+    return reserved(p.peak + p.resident) + fixed
+
+
+def largest_batch(
+    strategy: str, model: str, k: int, device_bytes: int, optimizer: str, fixed: int | None = None, **kw
+) -> int:
+    """The largest global batch (a multiple of k) whose modelled need (device_total) fits `device_bytes`; 0 if none
+    does."""
 
     def fits(batch):
-        return device_total(predict(strategy, model, k, batch, optimizer, anchors=COUNT_ANCHORS, **kw)) <= device_bytes
+        p = predict(strategy, model, k, batch, optimizer, anchors=COUNT_ANCHORS, **kw)
+        return device_total(p, fixed) <= device_bytes
 
     if not fits(k):
         return 0
@@ -520,16 +577,20 @@ def fit_table(
     strategies=None,
     basis: str = "gpu",
     cache=None,
+    fixed: int | None = None,
+    backend: str | None = None,
 ) -> list[dict]:
-    """Per strategy and k: the modelled peak per device at `batch_size`, whether it fits, the largest batch that
-    does. A strategy a k does not apply to (one device only; batch not divisible by k) is left out."""
+    """Per strategy and k: the modelled peak per device at `batch_size` (`prediction`: its terms), what the device
+    needs then (device_total, with `fixed` bytes of fixed cost), whether it fits, the largest batch that does. A
+    strategy a k does not apply to (one device only; batch not divisible by k) is left out."""
     rows = []
     for s in strategies or catalog.NAMES:
         for k in ks:
             if (catalog.spec(s).one_device_only and k != 1) or batch_size % k:
                 continue
-            p = predict(s, model, k, batch_size, optimizer, basis=basis, anchors=COUNT_ANCHORS, cache=cache)
-            total = device_total(p)
+            kw = {"basis": basis, "cache": cache, "backend": backend}
+            p = predict(s, model, k, batch_size, optimizer, anchors=COUNT_ANCHORS, **kw)
+            total = device_total(p, fixed)
             rows.append(
                 {
                     "strategy": s,
@@ -538,7 +599,8 @@ def fit_table(
                     "peak_bytes": p.peak,
                     "device_bytes": total,
                     "fits": total <= device_bytes,
-                    "largest_batch": largest_batch(s, model, k, device_bytes, optimizer, basis=basis, cache=cache),
+                    "largest_batch": largest_batch(s, model, k, device_bytes, optimizer, fixed, **kw),
+                    "prediction": p,
                 }
             )
     return rows
@@ -547,3 +609,80 @@ def fit_table(
 def error_pct(measured: float, modelled: float) -> float:
     """(modelled - measured) / measured, in %: positive where the model over-predicts."""
     return 100.0 * (modelled - measured) / measured if measured else math.nan
+
+
+# what a record's peak_mem_bytes holds (its mem_basis) -> the basis whose figure predicts it; the CUDA allocator's
+# figures (mem_method cuda_allocator) are the gpu basis, MemTracker's the cpu basis
+RECORD_BASES = {"memtracker_step": "cpu", "step_above_resident": "gpu", "steady_step_above_resident": "gpu"}
+
+
+def basis_of_record(record: dict) -> str | None:
+    """The basis whose figure a trial record's `peak_mem_bytes` is (RECORD_BASES); a record without a mem_basis is
+    read from its mem_method as pipeline/analysis/tables/points.py reads it (MemTracker: cpu; an older CUDA record
+    held the peak with the resident in it, which no basis predicts: None)."""
+    if record.get("mem_basis"):
+        return RECORD_BASES.get(record["mem_basis"])
+    return "cpu" if record.get("mem_method") == "memtracker" else None
+
+
+# ----------------------------------------------------------------------------- its terms, with their sources
+
+STEP_TERM_SOURCES = {  # the step's terms on the gpu basis, as `fit` names them, and where each comes from
+    "params": ("parameters (replica)", "broadcast to the replica in each forward"),
+    "activations": ("activations", "counted at B/k on the meta device"),
+    "grads": ("gradients", "4 B/param (0: views of DDP's buckets)"),
+    "buckets": ("buckets (step)", "DDP's buckets in the step, 4 B/param"),
+    "optimizer": ("optimizer state", "{optimizer}'s state, of the parameters it keeps"),
+    "gathered": ("gathered units", "FSDP2's unsharded unit; 2 at k >= 2 on NCCL"),
+    "input": ("input batch", "the batch and its uint8 gather"),
+    "step_temps": ("step temporaries", "the optimizer step's ({optimizer} foreach)"),
+    "replicas": ("replicas", "scratch's k replicas in one process"),
+    "buffers": ("buffers", "BatchNorm's running statistics"),
+}
+RESIDENT_TERM_SOURCES = {
+    "params": ("parameters", "4 B/param (fsdp: its padded shard)"),
+    "buffers": ("buffers", "BatchNorm's running statistics"),
+    "dataset": ("data set", "Fashion-MNIST, uint8, on every rank"),
+    "buckets": ("buckets (resident)", "made in DDP's constructor, 4 B/param"),
+}
+
+
+def need_terms(p: Prediction, fixed) -> list[tuple[str, str, int, str]]:
+    """What device p.rank needs on the gpu basis, term by term: (part, term, bytes, source), `fixed` a
+    device.FixedCost. The parts: the fixed cost (measured or assumed), the resident tensors and the step's peak
+    above them (modelled; the step's terms that are 0 left out), the allocator's rounding (assumed), the total
+    (device_total)."""
+    t = p.terms[p.rank]
+    rows = [
+        ("fixed cost", "CUDA context + kernels", fixed.context.bytes, fixed.context.label),
+        ("fixed cost", "library workspaces", fixed.workspaces.bytes, fixed.workspaces.label),
+    ]
+    rows += [
+        ("resident", RESIDENT_TERM_SOURCES[k][0], int(v), "modelled: " + RESIDENT_TERM_SOURCES[k][1])
+        for k, v in p.resident_terms.items()
+        if v or k != "buckets"
+    ]
+    rows += [
+        ("step", STEP_TERM_SOURCES[k][0], int(t[k]), "modelled: " + STEP_TERM_SOURCES[k][1].format(**vars(p)))
+        for k in ("activations", "grads", "buckets", "optimizer", "step_temps", "gathered", "input", "params")
+        if t[k] or k == "grads"
+    ]
+    rows.append(
+        (
+            "step",
+            "step peak above resident",
+            p.peak,
+            "modelled: max(forward + backward, optimizer step)",
+        )
+    )
+    allocated = p.peak + p.resident
+    rows.append(
+        (
+            "allocator",
+            "reserved over allocated",
+            reserved(allocated) - allocated,
+            f"assumed: {RESERVED_FACTOR - 1:.0%} of what is allocated (rounding)",
+        )
+    )
+    rows.append(("total", "needed per device", device_total(p, fixed.bytes), "reserved + fixed cost"))
+    return rows

@@ -68,11 +68,17 @@ def check_memory_fits(tcfg, host) -> None:
         return
     import torch
 
+    from pipeline.scaling import device as devices
     from pipeline.scaling import memory
 
     t = tcfg.train
     device = min(torch.cuda.get_device_properties(i).total_memory for i in range(min(t.devices, host.n)))
-    knobs = {"grad_as_bucket_view": t.grad_as_bucket_view, "autocast": t.autocast or None}
+    fixed = devices.fixed_cost(torch.cuda.get_device_name(0))  # doctor's measurement where kept, else assumed
+    knobs = {
+        "grad_as_bucket_view": t.grad_as_bucket_view,
+        "autocast": t.autocast or None,
+        "backend": "gloo" if t.devices > host.n else "nccl",  # ranks sharing a GPU run Gloo
+    }
     p = memory.predict(
         t.strategy,
         t.model,
@@ -83,14 +89,18 @@ def check_memory_fits(tcfg, host) -> None:
         anchors=memory.COUNT_ANCHORS,
         **knobs,
     )
-    total = memory.device_total(p)
+    total = memory.device_total(p, fixed.bytes)
     if total > device:
         g = memory.GIB
+        largest = memory.largest_batch(
+            t.strategy, t.model, t.devices, device, t.optimizer, fixed.bytes, basis="gpu", **knobs
+        )
         raise Infeasible(
-            f"predicted peak {total / g:.1f} GiB per device > {device / g:.1f} GiB on {host.name}: modelled (the "
-            f"memory model's step peak above resident + the resident model and data, device {p.rank}); the largest "
-            f"batch it fits at k={t.devices} is "
-            f"{memory.largest_batch(t.strategy, t.model, t.devices, device, t.optimizer, basis='gpu', **knobs)}"
+            f"predicted need {total / g:.1f} GiB per device > {device / g:.1f} GiB on {host.name}: modelled (the "
+            f"memory model's step peak above resident + the resident model, data and buckets, x "
+            f"{memory.RESERVED_FACTOR:.2f} for the allocator, assumed) + the fixed cost (context "
+            f"{fixed.context.kind}, workspaces {fixed.workspaces.kind}), device "
+            f"{p.rank}; the largest batch it fits at k={t.devices} is {largest}"
         )
 
 

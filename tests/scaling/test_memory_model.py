@@ -62,6 +62,7 @@ def test_fit_answers_for_resnet18_without_building_it(tmp_path, capsys, monkeypa
 
     monkeypatch.setattr(memory, "_cache_file", lambda cache: tmp_path / "counts.json")
     memory.layout.cache_clear()
+    memory._COUNTED.clear()  # counts another test kept in this process would not reach the file
     fp32 = [s for s in catalog.NAMES if not catalog.spec(s).autocast]  # autocast counts on the CPU: slow here
     args = ["fit", "--model", "resnet18", "--batch-size", "512", "--device-memory", "80GiB"]
     assert main([*args, "--strategies", ",".join(fp32)]) == 0  # the first answer counts
@@ -71,14 +72,28 @@ def test_fit_answers_for_resnet18_without_building_it(tmp_path, capsys, monkeypa
     monkeypatch.setattr(memory, "_count", lambda *a: pytest.fail("a cached answer counted the model again"))
     assert main([*args, "--strategies", ",".join(fp32)]) == 0
     out = capsys.readouterr().out
-    lines = [line.split() for line in out.splitlines()[2:]]
+    lines = table(out)
     assert {(r[0], int(r[1])) for r in lines} >= {("single", 1), ("ddp", 2), ("fsdp", 8), ("zero1", 4)}
     assert all(r[3] in ("yes", "no") for r in lines)
     assert all(r[3] == "yes" and int(r[4]) >= 512 for r in lines)  # 80 GiB holds ResNet-18 at 512 on 28x28
-    assert main([*args[:-1], "1GiB", "--strategies", "single"]) == 0
-    single = capsys.readouterr().out.splitlines()[2].split()
+    assert main([*args[:-1], "2GiB", "--strategies", "single"]) == 0  # the fixed cost (864 MiB) leaves 1.2 GiB
+    (single,) = table(capsys.readouterr().out)
     assert single[3] == "no" and 0 < int(single[4]) < 512
     print(out)
+
+
+def table(out: str) -> list[list[str]]:
+    """fit's table rows (strategy, k, needed GiB, fits, largest batch), split: the lines after its header, up to the
+    first line that is not a row."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("strategy "))
+    rows = []
+    for line in lines[start + 1 :]:
+        r = line.split()
+        if len(r) != 5 or not r[1].isdigit():
+            break
+        rows.append(r)
+    return rows
 
 
 def test_the_report_shows_measured_beside_modelled_and_projects_dp():

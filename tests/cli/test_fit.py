@@ -1,0 +1,76 @@
+"""`python -m pipeline fit` on the gpu basis: the device's memory (read from the CUDA device, else an 80 GB part's),
+and for one strategy and k each term with its figure and its source, measured or assumed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.cli.commands import main
+from pipeline.scaling import memory
+
+COMMAND = ["fit", "--model", "resnet18", "--batch-size", "256", "--strategies", "ddp", "--devices", "2"]
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch, tmp_path_factory):
+    """runs/ (device_basis.json) under tmp_path; ResNet-18's counts in one file for the module (counted once)."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    counts = tmp_path_factory.getbasetemp() / "fit-counts.json"
+    monkeypatch.setattr(memory, "_cache_file", lambda cache: counts)
+    return tmp_path
+
+
+def no_cuda() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def test_fit_prints_each_term_with_its_figure_and_source(here, capsys):
+    """The command of docs/metrics.md: the fixed cost (context, workspaces: assumed here), the resident parameters,
+    data set and DDP's buckets, the step's activations, gradients, buckets, optimizer state, the allocator's
+    rounding (assumed), the total; each with MiB and its source, no line wider than 100 columns."""
+    assert main(COMMAND) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= 100 for line in out.splitlines()), max(out.splitlines(), key=len)
+    # each term's line: two spaces, its part (11 columns), the term (25), MiB (8), two spaces, the source
+    terms = {line[13:38].strip(): line[38:].split() for line in out.splitlines() if line[:2] == "  " and len(line) > 38}
+    assert "CUDA context + kernels" in terms, out
+    assert terms["CUDA context + kernels"][:2] == ["800.0", "assumed"]
+    assert terms["library workspaces"][:2] == ["64.0", "assumed"]
+    for term in ("parameters", "data set", "buckets (resident)", "activations", "buckets (step)", "optimizer state"):
+        assert terms[term][1].startswith("modelled"), (term, terms[term])
+        assert float(terms[term][0]) > 0, term
+    assert float(terms["buckets (resident)"][0]) == float(terms["parameters"][0])  # 4 B per parameter, k=2: whole
+    assert terms["reserved over allocated"][1] == "assumed:"
+    assert "fixed cost 864 MiB per device" in out and "context assumed, workspaces assumed" in out
+    if no_cuda():
+        assert "device memory 79.6 GiB: assumed (default: an 80 GB part as NVIDIA counts it: 81,559 MiB)" in out
+
+
+def test_fit_reads_the_device_memory_from_cuda_else_an_80gb_part(here, capsys, monkeypatch):
+    """No --device-memory: the CUDA device's total (torch.cuda.mem_get_info), its kept fixed cost by name; without a
+    device, 81,559 MiB (assumed); --device-memory as written (80GB = 80e9 bytes)."""
+    import torch
+
+    monkeypatch.setattr("pipeline.scaling.device._driver_visible", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=0: "NVIDIA A100-SXM4-40GB")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=0: (1 << 30, 40_339 * 2**20))
+    (here / "runs").mkdir()
+    kept = {"context_mib": 500.0, "workspace_mib": None, "source": "NVML", "date": "2026-11-27", "torch": "2.11"}
+    (here / "runs" / "device_basis.json").write_text(json.dumps({"NVIDIA A100-SXM4-40GB": kept}))
+    assert main(COMMAND) == 0
+    out = capsys.readouterr().out
+    assert "device memory 39.4 GiB: measured (torch.cuda.mem_get_info() total of NVIDIA A100-SXM4-40GB)" in out
+    assert "fixed cost 564 MiB per device (NVIDIA A100-SXM4-40GB): context measured, workspaces assumed" in out
+    monkeypatch.setattr("pipeline.scaling.device._driver_visible", lambda: False)
+    assert main([*COMMAND, "--device-memory", "80GB"]) == 0
+    out = capsys.readouterr().out
+    assert "device memory 74.5 GiB: given (--device-memory)" in out  # 80e9 bytes
+    assert main(COMMAND) == 0
+    assert "device memory 79.6 GiB: assumed" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([*COMMAND, "--device-memory", "eighty"])
