@@ -4,7 +4,8 @@ strategy this host runs, the model's figure beside each, the error per point, it
     .venv/bin/python -m benchmarks.memory.model_check [--model lenet] [--optimizer adamw] [--ks 1,2]
         [--batches 128,256] [--data DIR] [--source synthetic]
 
-Each trial is `train.max_steps=1` (the CPU figure is the probe step: MemTracker, optimizer state included;
+Each trial is `train.max_steps=3` (the CPU figure is the probe step: MemTracker, optimizer state included; the GPU
+figure the steps after the one warm-up step;
 docs/metrics.md), with the project's defaults otherwise (DDP's gradients as bucket views). The figure compared is
 each point's largest per-device peak, against the model's figure of the same kind: the basis the record's
 `mem_basis` names (CPU: the probe step, parameters included; GPU: the step's peak above resident, parameters left
@@ -42,7 +43,7 @@ def main():
         source,
         f"data.train_limit={2 * max(batches)}",
         "data.test_limit=64",
-        "train.max_steps=1",
+        "train.max_steps=3",
         "train.warmup_steps=1",
         "train.interference_threshold=1e6",
         "train.oversubscribe=true",

@@ -12,7 +12,8 @@ rounding (reserved modelled from allocated, `RESERVED_FACTOR`, assumed).
 The two figures a record holds (pipeline/measure/memory.py), and so the two bases this model predicts:
     cpu  (memtracker_step)      the CPU probe step under MemTracker: parameters included, the optimizer's state
                                 included (made after the peak, added), the input batch left out (made before it)
-    gpu  (step_above_resident)  the CUDA allocator's step peak above what was resident at the first step: the
+    gpu  (steady_step_above_resident)  the CUDA allocator's peak over the steps after the warm-up above what was
+                                resident before the first step (the libraries' workspaces among it): the
                                 parameters and buffers are resident and left out, the input batch counts;
                                 `resident` adds them back (with the data set every rank holds, and DDP's buckets)
                                 for "will it fit?"
@@ -613,7 +614,8 @@ def error_pct(measured: float, modelled: float) -> float:
 
 # what a record's peak_mem_bytes holds (its mem_basis) -> the basis whose figure predicts it; the CUDA allocator's
 # figures (mem_method cuda_allocator) are the gpu basis, MemTracker's the cpu basis
-RECORD_BASES = {"memtracker_step": "cpu", "step_above_resident": "gpu", "steady_step_above_resident": "gpu"}
+# older CUDA rows (step_above_resident) hold the libraries' workspaces in the step: not what the model predicts
+RECORD_BASES = {"memtracker_step": "cpu", "steady_step_above_resident": "gpu"}
 
 
 def basis_of_record(record: dict) -> str | None:

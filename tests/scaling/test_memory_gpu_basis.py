@@ -103,7 +103,6 @@ def test_the_fixed_cost_is_the_kept_measurement_else_the_assumed_default(tmp_pat
 @pytest.mark.parametrize(
     "record, basis",
     [
-        ({"mem_basis": "step_above_resident", "mem_method": "cuda_allocator"}, "gpu"),
         ({"mem_basis": "steady_step_above_resident", "mem_method": "cuda_allocator"}, "gpu"),
         ({"mem_basis": "memtracker_step", "mem_method": "memtracker"}, "cpu"),
     ],
