@@ -71,6 +71,7 @@ class Row:
     nvml_used_mib: list[float] = field(default_factory=list)  # GPU: NVML's used memory (every process, contexts)
     amp_scale: float | None = None  # fp16: GradScaler's final scale
     amp_skipped_steps: int | None = None  # fp16: optimizer steps GradScaler skipped in the timed run
+    amp_step_syncs: bool | None = None  # fp16: GradScaler read found_inf to the host every step (no fused optimizer)
     backend: str = ""
     amp_dtype: str = ""
     comm_hook_used: str = ""
@@ -163,7 +164,11 @@ def run_case(
             [round(p / MIB, 2) for p in m.get(key) or []]
             for key in ("mem_resident_bytes", "mem_workspace_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes")
         )
-        row.amp_scale, row.amp_skipped_steps = m.get("amp_scale"), m.get("amp_skipped_steps")
+        row.amp_scale, row.amp_skipped_steps, row.amp_step_syncs = (
+            m.get("amp_scale"),
+            m.get("amp_skipped_steps"),
+            m.get("amp_step_syncs"),
+        )
         row.amp_dtype, row.comm_hook_used = m.get("amp_dtype") or "", m.get("comm_hook_used") or ""
         row.status = "passed" if verdict.ok else "skipped" if verdict.skipped else "failed"
         row.reason = (
@@ -329,6 +334,8 @@ def markdown(report: dict) -> str:
             tput += " (shared device: not a speed)"
         elif r.get("flagged") and r["img_s"]:
             tput += " (under load)"
+        if r.get("amp_step_syncs") and r["img_s"]:
+            tput += " (a host sync per step: GradScaler)"
         step = f"{r['step_ms']:.1f}" if r["step_ms"] else "-"
         if r["step_ms"] and r.get("timed_steps") and r["timed_steps"] != report["settings"]["timed_steps"]:
             step += f" ({r['timed_steps']} steps: emulated dtype)"

@@ -141,6 +141,8 @@ class TrialRecord:
     comm_hook_used: str | None = _f(TAG, TABLE)  # what comm_hook=auto became (ddp, ddp_amp); None elsewhere
     amp_scale: float | None = _f()  # fp16 GradScaler's scale after the last step (ddp_amp); None elsewhere
     amp_skipped_steps: int | None = _f()  # optimizer steps GradScaler skipped (inf/NaN gradients); None without one
+    # fp16 GradScaler's step reads found_inf to the host (a sync per step: no fused optimizer); None without one
+    amp_step_syncs: bool | None = _f(TABLE)
     backend: str | None = _f()  # process group of a multi-process trial: nccl or gloo; None otherwise
     breakdown: dict | None = _f()  # where a sampled steady-state step goes (breakdown.py), main rank's view
     interference: dict | None = _f()  # what else used the host meanwhile (interference.py)
@@ -325,6 +327,7 @@ def summarize(
         backend=main.get("backend"),
         amp_scale=main.get("amp_scale"),
         amp_skipped_steps=main.get("amp_skipped_steps"),
+        amp_step_syncs=main.get("amp_step_syncs"),
         tf32=main.get("tf32"),
         breakdown=main.get("breakdown"),
         interference=interference,

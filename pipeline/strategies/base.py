@@ -30,6 +30,11 @@ OPTIMIZERS = {
     "sgd_momentum": (torch.optim.SGD, {"momentum": MOMENTUM}),
     "adamw": (torch.optim.AdamW, {}),
 }
+# The optimizers built fused=True under fp16 loss scaling, so GradScaler hands found_inf to the kernel and the step
+# reads nothing to the host (amp.py). Not sgd_momentum: fused SGD allocates its momentum buffers uninitialised
+# (empty_like) on its first step and its kernel skips that step when found_inf is set, so an overflowing first step,
+# GradScaler's usual start, leaves garbage as the momentum (torch 2.14; the stock optimizer makes no buffer then).
+FUSED_UNDER_SCALING = ("sgd", "adamw")
 
 
 class Strategy:
@@ -92,6 +97,8 @@ class Strategy:
         cls, settings = OPTIMIZERS[self.cfg.optimizer]
         if self.cfg.cuda_graphs and cls is torch.optim.AdamW:  # its step count on the device: capturable
             settings = {**settings, "capturable": True}
+        if self.amp:  # fp16: fused where that steps without a host read (bf16: nothing changes)
+            settings = {**settings, **self.amp.optimizer_settings(self.cfg.optimizer in FUSED_UNDER_SCALING)}
         return cls(model.parameters(), lr=self.cfg.lr, **settings)
 
     # --- the step: base.train_step is the only step; strategies override the hooks it calls -----------------

@@ -3,9 +3,10 @@
 Between the meter's `start_epoch` and `end_epoch` (the epoch's steps, warm-up and throughput windows included) no
 step reads a device value back to the host: no `aten::_local_scalar_dense` (what `.item()`, `float()`, `bool()` and
 `int()` of a tensor dispatch), no `.cpu()`/`.tolist()`, no `torch.cuda.synchronize` and no `strategy.synchronize`.
-They are counted through a TorchDispatchMode (every aten operator, wherever in the step it is called) and mocks,
-for every strategy this host runs in one process at k=1, with the breakdown off. The epoch-end read (outside the
-region) is where they belong. On a GPU such a read stalls the stream and hides the step's real cost behind it.
+They are counted through a TorchDispatchMode (every aten operator, wherever in the step it is called) and mocks, for
+every strategy this host runs in one process at k=1 (and the fp16 rows, whose optimizer is fused so GradScaler's
+found_inf stays on the device), with the breakdown off. The epoch-end read (outside the region) is where they
+belong. On a GPU such a read stalls the stream and hides the step's real cost behind it.
 """
 
 from __future__ import annotations
@@ -17,16 +18,23 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils import _foreach_utils
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline import catalog
 from pipeline.data import store as datamod
 from pipeline.host.devices import probe
 from pipeline.measure import meter as metermod
+from pipeline.models import build_model
 from pipeline.strategies import STRATEGIES
 from pipeline.trial import loop
 
 READS = {"aten::_local_scalar_dense"}
+
+
+def has_fused_kernels(device_type: str) -> bool:
+    """Whether torch.optim's fused kernels run on `device_type` in this torch (the list their device check reads)."""
+    return device_type in _foreach_utils._get_fused_kernels_supported_devices()
 
 
 class Region:
@@ -109,18 +117,23 @@ def one_process(monkeypatch, strategy):
         torch.set_num_threads(threads)
 
 
-ONE_PROCESS = [s.name for s in catalog.STRATEGIES]
+ONE_PROCESS = [(s.name, ()) for s in catalog.STRATEGIES]
+# fp16 with GradScaler, the rows that can run it (ddp_amp's variant, single's autocast mode): bf16 on a CPU otherwise
+FP16 = [("ddp_amp", ("train.amp_dtype=fp16",)), ("single", ("train.autocast=true", "train.amp_dtype=fp16"))]
 
 
-@pytest.mark.parametrize("name", ONE_PROCESS)
-def test_no_host_read_in_any_step_of_the_timed_region(make_cfg, synthetic_root, monkeypatch, name):
+@pytest.mark.parametrize("name,sets", ONE_PROCESS + FP16, ids=lambda v: "+".join(v) if isinstance(v, tuple) else v)
+def test_no_host_read_in_any_step_of_the_timed_region(make_cfg, synthetic_root, monkeypatch, name, sets):
     """24 steps of LeNet (one warm-up, two throughput windows, a finite-loss check on every other step): nothing in
     the region reads the device back; the epoch-end read still finds a diverged loss (test_train.py)."""
     host = probe()
     why = STRATEGIES[name].unavailable_reason(host)
     if why:
         pytest.skip(f"{name} cannot run on this host: {why}")
+    if sets and not has_fused_kernels(host.kind):
+        pytest.skip(f"torch {torch.__version__} has no fused optimizer on {host.kind}: fp16 steps synchronise here")
     cfg = make_cfg(
+        *sets,
         f"train.strategy={name}",
         "train.devices=1",
         "train.batch_size=32",
@@ -139,6 +152,61 @@ def test_no_host_read_in_any_step_of_the_timed_region(make_cfg, synthetic_root, 
         out = loop.train(cfg, strategy, data)
     assert out["steps"] == 24 and out["throughput_img_s"] and len(out["throughput_windows"]) == 2
     assert not region.seen, f"{name}: host reads inside the timed region, by (step, what): {dict(region.seen)}"
+    assert out.get("amp_step_syncs") is (False if sets else None)
+
+
+# (name, dtype, optimizer, the device has fused kernels) -> GradScaler reads found_inf to the host on every step
+STEP_SYNCS = {
+    ("ddp_amp", "fp16", "sgd", True): False,
+    ("ddp_amp", "fp16", "adamw", True): False,
+    ("single", "fp16", "sgd", True): False,
+    ("ddp_amp", "fp16", "sgd_momentum", True): True,  # fused SGD mishandles a skipped first step: stock, synchronising
+    ("ddp_amp", "fp16", "sgd", False): True,  # no fused kernels on the device
+    ("ddp_amp", "bf16", "sgd", True): None,  # no loss scaling: nothing to read, the optimizer as it was
+}
+
+
+@pytest.mark.parametrize("case", STEP_SYNCS, ids=lambda c: "-".join(map(str, c)))
+def test_fp16_steps_read_found_inf_on_the_host_only_where_the_trial_says_so(make_cfg, monkeypatch, case):
+    """Three steps of the strategy's train_step, each skipped by GradScaler (scale 2**60 overflows fp16): the
+    optimizer is fused under fp16 loss scaling where that is safe and the device has the kernels, and then no step
+    reads found_inf back (`.item()`); elsewhere each does, and `amp_step_syncs` says so. The skipped-step count
+    holds either way, read once, after the steps."""
+    name, dtype, optimizer, fused_here = case
+    if fused_here and not has_fused_kernels("cpu"):
+        pytest.skip(f"torch {torch.__version__} has no fused optimizer on CPU")
+    if not fused_here:
+        kept = [d for d in _foreach_utils._get_fused_kernels_supported_devices() if d != "cpu"]
+        monkeypatch.setattr(_foreach_utils, "_get_fused_kernels_supported_devices", lambda: kept)
+    sets = ("train.autocast=true",) if name == "single" else ()
+    cfg = make_cfg(
+        *sets,
+        f"train.strategy={name}",
+        f"train.amp_dtype={dtype}",
+        f"train.optimizer={optimizer}",
+        f"train.amp_init_scale={2.0**60}",
+        "train.lr=0.1",
+    )
+    strategy, steps = STRATEGIES[name](cfg.train, probe()), 3
+    region = Region()
+    with one_process(monkeypatch, strategy):
+        model, criterion = strategy.wrap(build_model("lenet", 0), torch.nn.CrossEntropyLoss())
+        optimizer_ = strategy.build_optimizer(model)
+        before = [p.detach().clone() for p in model.parameters()]
+        x, y = torch.randn(8, 1, 28, 28, generator=torch.Generator().manual_seed(0)), torch.arange(8) % 10
+        with CountReads(region):
+            region.open = True
+            for region.step in range(steps):
+                strategy.train_step(model, criterion, optimizer_, x, y)
+            region.open = False
+        facts = strategy.facts()
+    syncs = STEP_SYNCS[case]
+    assert sum(region.seen.values()) == (steps if syncs else 0), dict(region.seen)
+    assert facts.get("amp_step_syncs") is syncs
+    assert bool(optimizer_.defaults.get("fused")) is (syncs is False)  # fused only on the fp16 path that needs it
+    if dtype == "fp16":
+        assert facts["amp_skipped_steps"] == steps and facts["amp_scale"] == 2.0 ** (60 - steps)
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # every step skipped, fused or not
 
 
 def test_the_count_sees_a_host_read(monkeypatch):
