@@ -4,6 +4,7 @@ run silently on something other than what the user meant."""
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from pipeline.paths import too_long
@@ -50,11 +51,25 @@ def port(text: str) -> int:
     return port
 
 
+_SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_POWER = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}
+
+
+def parse_size(text: str) -> int:
+    """A memory size in bytes: '80GiB', '79.6 GiB', '512MiB', '80G' (binary: KiB..TiB, and K..T alone, as `free`
+    and `ls -h` mean them), '80GB' (decimal: KB..TB are powers of 1000, as a part's label means them), '1024'
+    (bytes)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"not a memory size: {text!r} (e.g. 80GiB, 80GB = 80e9 bytes, 40G, 512MiB)")
+    unit = (m.group(2) or "B").upper()
+    decimal = len(unit) == 2 and unit.endswith("B") and unit != "B"  # KB, MB, GB, TB
+    return int(float(m.group(1)) * (1000 if decimal else 1024) ** _POWER[unit[0]])
+
+
 def memory_size(text: str) -> int:
     """--device-memory: bytes, units read as they are written (80GB = 80e9 bytes, 80GiB and 80G = 80 x 2^30), so a
     part's label and the memory torch reports are not taken for one another."""
-    from pipeline.scaling.memory import parse_size
-
     try:
         return parse_size(text)
     except ValueError as e:

@@ -68,7 +68,6 @@ import functools
 import hashlib
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -513,21 +512,6 @@ def _rank_terms(row, lay: Layout, k, rank, b, batch, optimizer, basis, gav, fb, 
 
 
 # ----------------------------------------------------------------------------- will it fit?
-
-_SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_POWER = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}
-
-
-def parse_size(text: str) -> int:
-    """A memory size in bytes: '80GiB', '79.6 GiB', '512MiB', '80G' (binary: KiB..TiB, and K..T alone, as `free`
-    and `ls -h` mean them), '80GB' (decimal: KB..TB are powers of 1000, as a part's label means them), '1024'
-    (bytes)."""
-    m = _SIZE.match(str(text))
-    if not m:
-        raise ValueError(f"not a memory size: {text!r} (e.g. 80GiB, 80GB = 80e9 bytes, 40G, 512MiB)")
-    unit = (m.group(2) or "B").upper()
-    decimal = len(unit) == 2 and unit.endswith("B") and unit != "B"  # KB, MB, GB, TB
-    return int(float(m.group(1)) * (1000 if decimal else 1024) ** _POWER[unit[0]])
 
 
 def reserved(allocated: float) -> int:

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from pipeline.cli import types as cli_types
 from pipeline.scaling import memory
 
 MIB = 1 << 20
@@ -25,12 +26,12 @@ def gpu(strategy, k=2, batch=256, counts=None, **kw):
 
 def test_a_part_label_and_a_binary_size_are_read_as_written():
     """80GB is 80e9 bytes (a part's label), 80GiB and 80G are 80 x 2^30 (what torch reports): not the same size."""
-    assert memory.parse_size("80GB") == 80 * 10**9
-    assert memory.parse_size("80GiB") == memory.parse_size("80G") == 80 * 2**30
-    assert memory.parse_size("512MB") == 512 * 10**6 and memory.parse_size("512MiB") == 512 * 2**20
-    assert memory.parse_size("79.6 GiB") == int(79.6 * 2**30) and memory.parse_size("1024") == 1024
+    assert cli_types.parse_size("80GB") == 80 * 10**9
+    assert cli_types.parse_size("80GiB") == cli_types.parse_size("80G") == 80 * 2**30
+    assert cli_types.parse_size("512MB") == 512 * 10**6 and cli_types.parse_size("512MiB") == 512 * 2**20
+    assert cli_types.parse_size("79.6 GiB") == int(79.6 * 2**30) and cli_types.parse_size("1024") == 1024
     with pytest.raises(ValueError, match="not a memory size"):
-        memory.parse_size("eighty")
+        cli_types.parse_size("eighty")
 
 
 def test_ddp_buckets_are_resident_on_the_gpu_basis_and_counted_once(counts):
