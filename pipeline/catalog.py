@@ -136,6 +136,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         why_not=(("autocast", _NO_AUTOCAST),),
         multiprocess=True,
         comm="bucket_allreduce",
+        revision=2,  # 2: no buffer broadcast at k=1 (DDP's broadcast_buffers with one rank)
     ),
     StrategySpec(
         "ddp_amp",
@@ -145,6 +146,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         multiprocess=True,
         autocast=True,
         comm="bucket_allreduce",
+        revision=2,  # 2: no buffer broadcast at k=1 (DDP's broadcast_buffers with one rank); fp16 steps fused
     ),
     StrategySpec(
         "zero1",
@@ -154,6 +156,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         multiprocess=True,
         comm="bucket_allreduce",
         shards=("optimizer",),
+        revision=2,  # 2: no buffer broadcast at k=1 (DDP's broadcast_buffers with one rank)
     ),
     StrategySpec(
         "fsdp",

@@ -243,11 +243,20 @@ def nvml_used_bytes(devices) -> list[int] | None:
 
         pynvml.nvmlInit()
         try:
-            return [int(pynvml.nvmlDeviceGetMemoryInfo(_nvml_handle(pynvml, d.index)).used) for d in devices]
+            return [_used(pynvml, _nvml_handle(pynvml, d.index)) for d in devices]
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # an optional figure: MIG, containers and drivers raise many kinds of error
         return None
+
+
+def _used(nvml, handle) -> int:
+    """A device's used memory without the driver's own reserve: NVML's v2 memory info keeps that reserve apart
+    (480 MiB on an idle H100, 2026-11-27), where v1 counts it as used; v1 on drivers without v2."""
+    try:
+        return int(nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2).used)
+    except Exception:  # an older driver or pynvml: no v2
+        return int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
 
 
 def _nvml_handle(nvml, ordinal: int):

@@ -207,7 +207,9 @@ class Strategy:
 
     # --- after training -------------------------------------------------------------------------------
     def eval_model(self, model: nn.Module) -> nn.Module:
-        return model
+        """The module evaluation runs: the eager one under torch.compile (the compiled training graph would compile
+        twice more for eval mode and the last, partial test batch, outside every figure but inside the trial)."""
+        return getattr(model, "_orig_mod", model)
 
     def state_dict(self, model: nn.Module) -> dict:
         """The full, unwrapped state_dict on the main process (collective where parameters are sharded)."""

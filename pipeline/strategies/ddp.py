@@ -57,6 +57,8 @@ class DDPStrategy(DistributedStrategy):
             bucket_cap_mb=self.cfg.bucket_cap_mb,
             gradient_as_bucket_view=self.cfg.grad_as_bucket_view,
             static_graph=self.cfg.cuda_graphs,  # its buckets final before the capture (trial/graphs.py)
+            # BatchNorm's buffers from rank 0 before every forward: with one rank there is no other copy to match
+            broadcast_buffers=self.world_size > 1,
         )
         self.comm_hook = self.cfg.comm_hook  # reported as comm_hook_used
         if self.comm_hook == "shm":
@@ -88,7 +90,7 @@ class DDPStrategy(DistributedStrategy):
         return DDPStats(model)
 
     def eval_model(self, model):
-        return model.module
+        return getattr(model, "_orig_mod", model).module
 
     def state_dict(self, model):
         return super().state_dict(model.module)

@@ -107,12 +107,12 @@ def test_a_strategys_catalog_revision_changes_its_study_and_no_other(monkeypatch
 
     cfg = schema.Config()
     before = {n: space.space_hash(cfg, n) for n in catalog.NAMES}
-    assert "revision" not in space.identity(cfg, "ddp") and space.identity(cfg, "fsdp")["revision"] == 2
-    bumped = dataclasses.replace(catalog.SPECS["ddp"], revision=2)
-    monkeypatch.setitem(catalog.SPECS, "ddp", bumped)
+    assert "revision" not in space.identity(cfg, "single") and space.identity(cfg, "fsdp")["revision"] == 2
+    bumped = dataclasses.replace(catalog.SPECS["single"], revision=2)
+    monkeypatch.setitem(catalog.SPECS, "single", bumped)
     after = {n: space.space_hash(cfg, n) for n in catalog.NAMES}
-    assert after["ddp"] != before["ddp"]
-    assert {n: h for n, h in after.items() if n != "ddp"} == {n: h for n, h in before.items() if n != "ddp"}
+    assert after["single"] != before["single"]
+    assert {n: h for n, h in after.items() if n != "single"} == {n: h for n, h in before.items() if n != "single"}
 
 
 def test_params_yaml_lists_every_train_and_sweep_key_so_dvc_exp_run_can_set_it():
