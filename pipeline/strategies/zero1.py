@@ -6,11 +6,12 @@ the optimizer's state for that shard only, updates it, and broadcasts each updat
 it after the step: one broadcast per parameter tensor (ZeroRedundancyOptimizer's default,
 `parameters_as_bucket_view=False`; what zero1 costs here includes that default). The optimizer is the project's
 (base.Strategy.build_optimizer's class and settings, train.optimizer), wrapped. Plain SGD keeps no state, so there
-it saves no memory: what it costs (the broadcasts) shows, what it saves shows with a stateful optimizer only (sgd_momentum: one buffer per parameter; adamw: two). The partition is by
-tensor, greedy: LeNet's largest weight (its first linear layer) is most of the model, so at k=2 the rank that owns it
-keeps most of the state: the largest per-device peak falls by the other shard's state only, not by half of all of
-it; the savings of all ranks together are the whole state. The state_dict is the model's (DDP's): the loop keeps no
-optimizer state, so nothing is consolidated.
+it saves no memory: what it costs (the broadcasts) shows, what it saves shows with a stateful optimizer only
+(sgd_momentum: one buffer per parameter; adamw: two). The partition is by tensor, greedy: LeNet's largest weight
+(its first linear layer) is most of the model, so at k=2 the rank that owns it keeps most of the state: the largest
+per-device peak falls by the other shard's state only, not by half of all of it; the savings of all ranks together
+are the whole state. The state_dict is the model's (DDP's): the loop keeps no optimizer state, so nothing is
+consolidated.
 """
 
 from __future__ import annotations
