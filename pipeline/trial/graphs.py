@@ -83,7 +83,9 @@ class GraphedStep:
         for d in devices:
             torch.cuda.reset_peak_memory_stats(d)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=self.stream):
+        # thread_local: other threads (NCCL's watchdog polling earlier collectives' events) may call CUDA during the
+        # capture; only this thread's unsafe calls would break it
+        with torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode="thread_local"):
             self.loss = self.strategy.train_step(model, criterion, optimizer, self.x, self.y)
         if self.on_capture is not None:
             self.on_capture([int(torch.cuda.max_memory_allocated(d)) for d in devices])
