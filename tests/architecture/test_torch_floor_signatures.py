@@ -98,7 +98,13 @@ CALLS = (
     ("torch.cuda.stream", 1, (), "overlap.py"),
     ("torch.cuda.current_stream", 1, (), "overlap.py"),
     ("torch.cuda.Stream.wait_stream", 1, (), "overlap.py"),
-    ("torch.Tensor.record_stream", EXISTS, (), "overlap.py"),
+    ("torch.Tensor.record_stream", EXISTS, (), "overlap.py, trial/graphs.py"),
+    # CUDA graphs and compile's modes (train.cuda_graphs, train.compile_mode)
+    ("torch.cuda.CUDAGraph", 0, (), "trial/graphs.py"),
+    ("torch.cuda.CUDAGraph.replay", 0, (), "trial/graphs.py"),
+    ("torch.cuda.graph", 1, ("stream", "capture_error_mode"), "trial/graphs.py: the whole step's capture"),
+    ("torch.compile", 1, ("mode",), "trial/loop.py: train.compile_mode"),
+    ("torch.cuda.mem_get_info", 0, (), "scaling/device.py: the device's memory"),
 )
 
 # (dotted path, where): attributes the code reads or sets
