@@ -19,7 +19,7 @@ and an optimizer whose fused kernel honours a skipped step (base.FUSED_UNDER_SCA
 with momentum). Where either is missing the stock optimizer runs and each step synchronises; the trial says which
 (`amp_step_syncs`: False, True; None without loss scaling). Fused is the same update in one kernel: plain SGD's
 result is bitwise the stock one's (CPU, torch 2.14), AdamW's differs in the last bits of fp32; the doctor's one fp16
-step (SGD) is within its tolerance as before.
+step (SGD) is within its tolerance.
 """
 
 from __future__ import annotations

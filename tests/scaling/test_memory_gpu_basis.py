@@ -37,7 +37,7 @@ def test_a_part_label_and_a_binary_size_are_read_as_written():
 def test_ddp_buckets_are_resident_on_the_gpu_basis_and_counted_once(counts):
     """The reducer makes its buckets in its constructor: resident for ddp and zero1 (4 B per parameter), not for
     single or fsdp; the step's figure above resident keeps its own bucket term (gradients as their views), so it is
-    single's, as before."""
+    single's."""
     w = 4 * memory.layout("resnet18", counts).params
     single, fsdp = gpu("single", 1, counts=counts), gpu("fsdp", counts=counts)
     for s in ("ddp", "zero1"):
