@@ -27,19 +27,16 @@ from pipeline.errors import DataError, Infeasible
 from pipeline.host.capabilities import fp32_label, host_capabilities
 from pipeline.host.devices import Host, probe
 from pipeline.measure.comm_probes import DUMP_ENV
-from pipeline.strategies import STRATEGIES
+from pipeline.strategies import STRATEGIES, ddp
 from pipeline.trial.launch import check_feasible, run_trial
 
 MIB = 2**20
-# DDP's reducer collects runtime stats on iterations 1-10 (torch/csrc/distributed/c10d/reducer.cpp,
-# Reducer::should_collect_runtime_stats: num_iterations_ <= 10), and DDP's forward logs them before
-# prepare_for_forward counts the new iteration, so 0-based steps 1-10 wait on the last step's timer events
-# (reducer_cuda.cpp CudaTimer::measureDifference synchronizes them: a host sync on GPUs). The next such step is
-# the 100th (kDDPRuntimeLoggingSampleRate), past the doctor's timed steps.
-DDP_RUNTIME_STATS_ITERATIONS = 10
+# DDP's reducer synchronises on iterations 1-10 to collect runtime stats (pipeline/strategies/ddp.py says where in
+# torch), and next on the 100th, past the doctor's timed steps
+DDP_RUNTIME_STATS_ITERATIONS = ddp.RUNTIME_STATS_ITERATIONS
 # every row's timed window opens after them (Meter times from step index warmup_steps on): the same steps for all
 # strategies, none of them synchronised by DDP's statistics
-WARMUP_STEPS = DDP_RUNTIME_STATS_ITERATIONS + 1
+WARMUP_STEPS = ddp.SETTLE_STEPS
 
 
 @dataclass(frozen=True)

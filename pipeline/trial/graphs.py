@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.strategies import STRATEGIES
+from pipeline.strategies import STRATEGIES, ddp
 
-# DDP's reducer collects runtime statistics on iterations 1-10 and synchronises for them (doctor/checks.py says
+# DDP's reducer collects runtime statistics on iterations 1-10 and synchronises for them (strategies/ddp.py says
 # where in torch); the capture comes after them
-DDP_SETTLE_STEPS = 11
+DDP_SETTLE_STEPS = ddp.SETTLE_STEPS
 SINGLE_WARMUP_STEPS = 2
 
 
