@@ -38,8 +38,8 @@ import torch
 
 from benchmarks.common import REPO, base_cfg, datamod, ensure_data, host_line, med, parser, probe, resolve_source, trial
 from benchmarks.speed.mfu import flops_per_image, matmul_peak
+from pipeline.config.schema import DDP_SETTLE_STEPS
 from pipeline.host.capabilities import fp32_label, host_capabilities
-from pipeline.strategies.ddp import SETTLE_STEPS
 
 PEERS = (
     REPO.parent / "shared" / "peers" / "d2l_reference.py",
@@ -173,7 +173,7 @@ def targets(rows: dict, kind: str, say) -> dict:
 
 def ladder_cfg(data: Path, source: str, images: int, steps: int):
     """Every rung's configuration: two epochs over `images`, the timed steps after DDP's synchronised ones."""
-    # warm-up: DDP's reducer synchronises on its iterations 1-10 (strategies/ddp.py), so every rung's timed window
+    # warm-up: DDP's reducer synchronises on its iterations 1-10 (config/schema.py), so every rung's timed window
     # opens after them, as doctor's does; at least one step is timed in a short epoch.
     # breakdown_every=0: a sampled step syncs every phase (and may open a profiler session), and epoch_s counts it
     return base_cfg(
@@ -182,7 +182,7 @@ def ladder_cfg(data: Path, source: str, images: int, steps: int):
         f"data.train_limit={images}",
         "data.test_limit=1000",
         "train.epochs=2",
-        f"train.warmup_steps={min(SETTLE_STEPS, steps - 1)}",
+        f"train.warmup_steps={min(DDP_SETTLE_STEPS, steps - 1)}",
         "train.breakdown_every=0",
     )
 

@@ -21,22 +21,21 @@ from pathlib import Path
 
 from pipeline import catalog, paths, scratch
 from pipeline.config import loader as configmod
+from pipeline.config.schema import DDP_SETTLE_STEPS
 from pipeline.data import store as datamod
 from pipeline.doctor import equivalence
 from pipeline.errors import DataError, Infeasible
 from pipeline.host.capabilities import fp32_label, host_capabilities
 from pipeline.host.devices import Host, probe
 from pipeline.measure.comm_probes import DUMP_ENV
-from pipeline.strategies import STRATEGIES, ddp
+from pipeline.strategies import STRATEGIES
 from pipeline.trial.launch import check_feasible, run_trial
 
 MIB = 2**20
-# DDP's reducer synchronises on iterations 1-10 to collect runtime stats (pipeline/strategies/ddp.py says where in
-# torch), and next on the 100th, past the doctor's timed steps
-DDP_RUNTIME_STATS_ITERATIONS = ddp.RUNTIME_STATS_ITERATIONS
-# every row's timed window opens after them (Meter times from step index warmup_steps on): the same steps for all
-# strategies, none of them synchronised by DDP's statistics
-WARMUP_STEPS = ddp.SETTLE_STEPS
+# every row's timed window opens after DDP's synchronised iterations 1-10 (config/schema.py says where in torch; the
+# next is the 100th, past the doctor's timed steps), Meter timing from step index warmup_steps on: the same steps
+# for all strategies, none of them synchronised by DDP's statistics
+WARMUP_STEPS = DDP_SETTLE_STEPS
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,6 @@ from pipeline.measure.comm_probes import DDPStats
 from . import shm_allreduce
 from .distributed import DistributedStrategy
 
-# DDP's reducer collects runtime stats on iterations 1-10 (torch/csrc/distributed/c10d/reducer.cpp,
-# Reducer::should_collect_runtime_stats: num_iterations_ <= 10, then every 100th, kDDPRuntimeLoggingSampleRate), and
-# DDP's forward logs them before prepare_for_forward counts the new iteration, so 0-based steps 1-10 wait on the last
-# step's timer events (reducer_cuda.cpp CudaTimer::measureDifference synchronizes them: a host sync on GPUs).
-RUNTIME_STATS_ITERATIONS = 10
-# the first step none of those synchronises: a timed window (train.warmup_steps) or a graph capture that opens here
-# holds none of them until the 100th step
-SETTLE_STEPS = RUNTIME_STATS_ITERATIONS + 1
-
 COMM_HOOKS = {
     "fp16": lambda: (None, default_hooks.fp16_compress_hook),
     "bf16": lambda: (None, default_hooks.bf16_compress_hook),

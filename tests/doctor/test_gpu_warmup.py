@@ -1,6 +1,6 @@
 """Every GPU timing opens its window after DDP's synchronised iterations: DDP's reducer collects runtime stats (a
 host sync on GPUs) on iterations 1-10, so the GPU profiles, the ladder's rungs and doctor all warm up past them,
-from the one constant in pipeline/strategies/ddp.py."""
+from the one constant in pipeline/config/schema.py."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import pytest
 
 from benchmarks.gpu import gpu_epoch
 from pipeline.config import loader as configmod
+from pipeline.config import schema
 from pipeline.doctor import checks
-from pipeline.strategies import ddp
 from pipeline.trial import graphs
 
 from ..conftest import REPO
 
 
 def test_the_settled_step_is_past_ddps_synchronised_iterations_and_named_once():
-    assert ddp.SETTLE_STEPS == ddp.RUNTIME_STATS_ITERATIONS + 1 == 11
-    assert checks.WARMUP_STEPS == graphs.DDP_SETTLE_STEPS == ddp.SETTLE_STEPS
+    assert schema.DDP_SETTLE_STEPS == schema.DDP_RUNTIME_STATS_ITERATIONS + 1 == 11
+    assert checks.WARMUP_STEPS == graphs.DDP_SETTLE_STEPS == schema.DDP_SETTLE_STEPS
 
 
 @pytest.mark.parametrize("profile", ["gpu", "slurm"], ids=lambda p: f"{p}.yaml")  # "gpu" alone marks a CUDA test
