@@ -38,6 +38,7 @@ import torch
 
 from benchmarks.common import REPO, base_cfg, datamod, ensure_data, host_line, med, parser, probe, resolve_source, trial
 from benchmarks.speed.mfu import flops_per_image, matmul_peak
+from pipeline.config.schema import DDP_SETTLE_STEPS
 from pipeline.host.capabilities import fp32_label, host_capabilities
 
 PEERS = (
@@ -170,6 +171,22 @@ def targets(rows: dict, kind: str, say) -> dict:
     }
 
 
+def ladder_cfg(data: Path, source: str, images: int, steps: int):
+    """Every rung's configuration: two epochs over `images`, the timed steps after DDP's synchronised ones."""
+    # warm-up: DDP's reducer synchronises on its iterations 1-10 (config/schema.py), so every rung's timed window
+    # opens after them, as doctor's does; at least one step is timed in a short epoch.
+    # breakdown_every=0: a sampled step syncs every phase (and may open a profiler session), and epoch_s counts it
+    return base_cfg(
+        data,
+        source,
+        f"data.train_limit={images}",
+        "data.test_limit=1000",
+        "train.epochs=2",
+        f"train.warmup_steps={min(DDP_SETTLE_STEPS, steps - 1)}",
+        "train.breakdown_every=0",
+    )
+
+
 def main():
     p = parser(__doc__)
     p.add_argument("--models", default="resnet18,lenet", help="comma-separated: resnet18, lenet")
@@ -252,16 +269,7 @@ def main():
         + (str(args.peer) if args.peer else f"not run ({peer_note}): no ratios")
     )
 
-    # breakdown_every=0: a sampled step syncs every phase (and may open a profiler session), and epoch_s counts it
-    cfg = base_cfg(
-        args.data,
-        source,
-        f"data.train_limit={images}",
-        "data.test_limit=1000",
-        "train.epochs=2",
-        f"train.warmup_steps={min(5, steps - 1)}",
-        "train.breakdown_every=0",
-    )
+    cfg = ladder_cfg(args.data, source, images, steps)
     runs = {m: {key: [] for key, _ in ROWS} for m in models}
     gemms = []
     for r in range(args.rounds):

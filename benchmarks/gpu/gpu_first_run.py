@@ -18,8 +18,10 @@ with the reason), and last the doctor as shipped, whose k=2 rows share one GPU t
 checks; fsdp's crashed on the first GPU run).
 The steps write under OUT/steps/<name>/ (logs, doctor.json, metrics.json, the G1 replay fixture); the one file is
 OUT/first-run.md: a table with one row per finding (what ran, what it showed, or "not exercised"), one row per step
-(trials, limit, seconds) and, at its end, the same as JSON. Figures are copied from the steps' own JSON, not judged:
-reading them is docs/gpu.md's "the first GPU run".
+(trials, limit, seconds) and, at its end, the same as JSON. It is rewritten after every step, so a run killed by
+an outer limit shorter than --budget-s leaves the steps it finished (the others: "not run", "the check stopped
+before it"). Figures are copied from the steps' own JSON, not judged: reading them is docs/gpu.md's "the first GPU
+run".
 A CPU host is refused (exit 2) unless --allow-cpu: then the same plan runs smaller (doctor on single and ddp, a few
 steps each) with every CUDA-only step skipped and its reason said: a rehearsal of the check, not of the findings.
 """
@@ -466,10 +468,11 @@ def _calibrated(res: Result, limit: float) -> dict:
     return {"trial_s": DEFAULT_TRIAL_S, "from": f"the default {DEFAULT_TRIAL_S:g} s: the calibration {res.status}"}
 
 
-def run_plan(plan, out: Path, budget_s: float, host, runner=run_step, trial_s: float | None = None):
+def run_plan(plan, out: Path, budget_s: float, host, runner=run_step, trial_s: float | None = None, done=None):
     """The steps in order, each under min(its sized limit, what is left of the budget); a step whose trials would
     need more than what is left is not started. The calibration step's seconds become the per-trial cost of the
-    steps after it (trial_s given: that cost, no calibration). Returns the results and that cost with its source."""
+    steps after it (trial_s given: that cost, no calibration). done(results, cost), if given, hears the results so
+    far after each step. Returns the results and that cost with its source."""
     cost = (
         {"trial_s": trial_s, "from": "--trial-s"}
         if trial_s
@@ -503,6 +506,8 @@ def run_plan(plan, out: Path, budget_s: float, host, runner=run_step, trial_s: f
                 cost = _calibrated(res, limit)
         res.trials = n
         results.append(res)
+        if done:
+            done(results, cost)
     return results, cost
 
 
@@ -542,8 +547,15 @@ def rows(plan, results) -> list[dict]:
     return out
 
 
+STOPPED = "the check stopped before it"  # a step a report written mid-run has not reached
+
+
 def write_report(path: Path, plan, results, facts: dict) -> dict:
-    """first-run.md: the per-finding table, the steps, then everything as one JSON block (load() reads it back)."""
+    """first-run.md: the per-finding table, the steps, then everything as one JSON block (load() reads it back).
+    Each step without a result yet is "not run" because the check stopped before it: the report is rewritten
+    after every step, so a run killed by an outer limit leaves the steps it finished."""
+    have = {r.step for r in results}
+    results = list(results) + [Result(s.name, "not run", STOPPED) for s in plan if s.name not in have]
     report = {"facts": facts, "steps": [asdict(r) for r in results], "findings": rows(plan, results)}
     title = "# Parallax: first GPU run" + (", rehearsed on a CPU" if facts.get("rehearsal") else "")
     lines = (
@@ -562,7 +574,9 @@ def write_report(path: Path, plan, results, facts: dict) -> dict:
     ]
     lines += ["", "```json", json.dumps(report, indent=1, default=str), "```", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
+    part = path.with_name(path.name + ".part")  # a kill while writing leaves the last whole report
+    part.write_text("\n".join(lines))
+    os.replace(part, path)
     return report
 
 
@@ -686,9 +700,13 @@ def main(argv=None) -> int:
         facts["rehearsal"] = "on a CPU (--allow-cpu): the CUDA-only steps are skipped; nothing here is a GPU finding"
     out = args.out.resolve()
     plan = build_plan(host.kind)
-    results, cost = run_plan(plan, out, args.budget_s, host, trial_s=args.trial_s)
-    facts["trial_s"], facts["trial_s_from"] = cost["trial_s"], cost["from"]
-    write_report(out / "first-run.md", plan, results, facts)
+
+    def report(results, cost):
+        facts["trial_s"], facts["trial_s_from"] = cost["trial_s"], cost["from"]
+        write_report(out / "first-run.md", plan, results, facts)
+
+    write_report(out / "first-run.md", plan, [], facts)  # killed in the first step, it still says what ran where
+    results, cost = run_plan(plan, out, args.budget_s, host, trial_s=args.trial_s, done=report)
     print(f"wrote {out / 'first-run.md'}: " + ", ".join(f"{r.step} {r.status}" for r in results))
     return 0
 

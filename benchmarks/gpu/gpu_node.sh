@@ -16,6 +16,10 @@
 #   QUICK=1                         a two-minute smoke run (a few strategies, a small epoch) instead of the full check
 #   DOCTOR_ARGS="..." BENCH_ARGS="..."  doctor's and the benchmark's own arguments instead of QUICK's or the full
 #                                   check's, e.g. DOCTOR_ARGS="--strategies single,ddp --steps 3"
+#   FIRST_RUN_ARGS="..."            the first-run check's own arguments; under a limit shorter than its 580 s default
+#                                   (a GPU booked ten minutes at a time, the install included), give it the seconds
+#                                   it may use: FIRST_RUN_ARGS="--budget-s 420". first-run.md is rewritten after
+#                                   each step, so a run stopped early still leaves the steps it finished
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="$(mkdir -p "${1:-parallax-gpu-results}" && cd "${1:-parallax-gpu-results}" && pwd)"
@@ -45,10 +49,13 @@ else
 fi
 if [ -n "${DOCTOR_ARGS+set}" ]; then read -r -a doctor_args <<< "$DOCTOR_ARGS"; fi
 if [ -n "${BENCH_ARGS+set}" ]; then read -r -a bench_args <<< "$BENCH_ARGS"; fi
+first_run_args=()
+if [ -n "${FIRST_RUN_ARGS+set}" ]; then read -r -a first_run_args <<< "$FIRST_RUN_ARGS"; fi
 status=0
 if [ "${FIRST_RUN:-}" != skip ]; then
   if "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
-    PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m benchmarks.gpu.gpu_first_run --out "$OUT/first-run" 2>&1 | tee "$OUT/first-run.log" || status=1
+    PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m benchmarks.gpu.gpu_first_run --out "$OUT/first-run" \
+      "${first_run_args[@]}" 2>&1 | tee "$OUT/first-run.log" || status=1
   else
     echo "first-run check skipped: no CUDA device here (it needs one; --allow-cpu rehearses it on a CPU)" | tee "$OUT/first-run.log"
   fi

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pipeline.cli import types as cli_types
 from pipeline.config import loader as configmod
+from pipeline.config.schema import DDP_SETTLE_STEPS
 
 EPILOG = """configuration: params.yaml selects a profile (experiments/<profile>.yaml); params.yaml entries override
 the profile; --set overrides both, e.g. --set data.source=synthetic --set train.lr=0.1.
@@ -311,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--strategies",
         default=",".join(configmod.STRATEGY_NAMES),
         metavar="A,B",
-        help="comma-separated strategies (default: all seven)",
+        help=f"comma-separated strategies (default: all {len(configmod.STRATEGY_NAMES)}, "
+        f"{', '.join(configmod.STRATEGY_NAMES)})",
     )
     p.add_argument(
         "--model",
@@ -319,7 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="lenet",
         help="model of the timed run (default lenet; the equivalence step always uses lenet)",
     )
-    p.add_argument("--steps", type=int, default=30, help="timed steps after 3 warm-up steps (default 30)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=30,
+        help=f"timed steps after {DDP_SETTLE_STEPS} warm-up steps, past DDP's synchronised ones (default 30)",
+    )
     p.add_argument(
         "--batch-per-device", type=int, default=128, metavar="B", help="per-device batch of the timed run (default 128)"
     )

@@ -25,6 +25,14 @@ OPTIMIZERS = ("sgd", "sgd_momentum", "adamw")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 # a profile is a file name under experiments/, never a path: nothing outside experiments/ is read as one
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+# DDP's reducer collects runtime stats on iterations 1-10 (torch/csrc/distributed/c10d/reducer.cpp,
+# Reducer::should_collect_runtime_stats: num_iterations_ <= 10, then every 100th, kDDPRuntimeLoggingSampleRate), and
+# DDP's forward logs them before prepare_for_forward counts the new iteration, so 0-based steps 1-10 wait on the last
+# step's timer events (reducer_cuda.cpp CudaTimer::measureDifference synchronizes them: a host sync on GPUs).
+DDP_RUNTIME_STATS_ITERATIONS = 10
+# the first step none of those synchronises: a timed window (train.warmup_steps) or a CUDA graph capture that opens
+# here holds none of them until the 100th step (doctor, gpu_epoch, the gpu and slurm profiles, trial/graphs.py)
+DDP_SETTLE_STEPS = DDP_RUNTIME_STATS_ITERATIONS + 1
 SEED_MAX = 2**32 - 1  # Optuna's samplers seed NumPy, which takes 32 bits; torch would take 64
 # one size x size float32 matrix per item and arm is held in pinned host memory: 8192 is 256 MiB a matrix, already
 # 10 GiB for the default 20 items; larger would exhaust a host's memory instead of measuring anything

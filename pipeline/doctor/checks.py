@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pipeline import catalog, paths, scratch
 from pipeline.config import loader as configmod
+from pipeline.config.schema import DDP_SETTLE_STEPS
 from pipeline.data import store as datamod
 from pipeline.doctor import equivalence
 from pipeline.errors import DataError, Infeasible
@@ -31,15 +32,10 @@ from pipeline.strategies import STRATEGIES
 from pipeline.trial.launch import check_feasible, run_trial
 
 MIB = 2**20
-# DDP's reducer collects runtime stats on iterations 1-10 (torch/csrc/distributed/c10d/reducer.cpp,
-# Reducer::should_collect_runtime_stats: num_iterations_ <= 10), and DDP's forward logs them before
-# prepare_for_forward counts the new iteration, so 0-based steps 1-10 wait on the last step's timer events
-# (reducer_cuda.cpp CudaTimer::measureDifference synchronizes them: a host sync on GPUs). The next such step is
-# the 100th (kDDPRuntimeLoggingSampleRate), past the doctor's timed steps.
-DDP_RUNTIME_STATS_ITERATIONS = 10
-# every row's timed window opens after them (Meter times from step index warmup_steps on): the same steps for all
-# strategies, none of them synchronised by DDP's statistics
-WARMUP_STEPS = DDP_RUNTIME_STATS_ITERATIONS + 1
+# every row's timed window opens after DDP's synchronised iterations 1-10 (config/schema.py says where in torch; the
+# next is the 100th, past the doctor's timed steps), Meter timing from step index warmup_steps on: the same steps
+# for all strategies, none of them synchronised by DDP's statistics
+WARMUP_STEPS = DDP_SETTLE_STEPS
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import torch
 
+# DDP's captures come at DDP_SETTLE_STEPS, after the iterations 1-10 its reducer synchronises on (config/schema.py)
+from pipeline.config.schema import DDP_SETTLE_STEPS
 from pipeline.strategies import STRATEGIES
 
-# DDP's reducer collects runtime statistics on iterations 1-10 and synchronises for them (doctor/checks.py says
-# where in torch); the capture comes after them
-DDP_SETTLE_STEPS = 11
 SINGLE_WARMUP_STEPS = 2
 
 

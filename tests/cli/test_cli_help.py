@@ -55,3 +55,16 @@ def test_help_prints(name, capsys):
     assert text.startswith("usage: python -m pipeline " + name)
     for a in _flags(_subparsers(build_parser())[name]):
         assert a.option_strings[-1] in text
+
+
+def test_doctor_help_names_its_real_warm_up_and_every_strategy(capsys, monkeypatch):
+    """The numbers in `doctor --help` are read from the code: the warm-up doctor times after, the catalog's
+    strategies."""
+    from pipeline.doctor import checks
+
+    monkeypatch.setenv("COLUMNS", "400")  # argparse wraps at the terminal's width, and breaks "warm-up" at its hyphen
+    with pytest.raises(SystemExit):
+        main(["doctor", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help: one line of words
+    assert f"timed steps after {checks.WARMUP_STEPS} warm-up steps" in text
+    assert f"all {len(configmod.STRATEGY_NAMES)}, {', '.join(configmod.STRATEGY_NAMES)}" in text

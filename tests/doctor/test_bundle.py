@@ -105,6 +105,45 @@ def test_bundle_installs_offline_keeps_torch_and_runs_the_checks(tmp_path):
     assert json.loads((tmp_path / "out" / "gpu_epoch.json").read_text())["rungs"] == ["single", "ddp"]
 
 
+def _stub_python(tmp: Path) -> tuple[Path, Path]:
+    """A stand-in for the node's Python that records each command run.sh gives it and answers run.sh's own
+    questions: a fixed torch version, and a CUDA device present (exit 0)."""
+    log, stub = tmp / "calls.txt", tmp / "python"
+    stub.write_text(
+        "#!/usr/bin/env bash\n"
+        f"printf '%s\\n' \"$*\" >> '{log}'\n"
+        'case "$*" in *"print(torch.__version__)"*) echo 2.11.0;; esac\n'
+    )
+    stub.chmod(0o755)
+    return stub, log
+
+
+@pytest.mark.parametrize(
+    "given, passed",
+    [(None, ""), ("--budget-s 300 --trial-s 4", " --budget-s 300 --trial-s 4")],
+)
+def test_first_run_args_reach_the_first_run_check(tmp_path, given, passed):
+    """run.sh passes FIRST_RUN_ARGS (a budget under a shorter outer limit) to gpu_first_run as it is, and nothing
+    when it is unset; FIRST_RUN=only stops there."""
+    stub, log = _stub_python(tmp_path)
+    env = {**os.environ, "PYTHON": str(stub), "PARALLAX_SITE": str(tmp_path / "site"), "FIRST_RUN": "only"}
+    env.pop("FIRST_RUN_ARGS", None)
+    if given is not None:
+        env["FIRST_RUN_ARGS"] = given
+    run = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu" / "gpu_node.sh"), str(tmp_path / "out")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    first_run = [c for c in log.read_text().splitlines() if c.startswith("-m benchmarks.gpu.gpu_first_run")]
+    assert first_run == [f"-m benchmarks.gpu.gpu_first_run --out {tmp_path / 'out' / 'first-run'}{passed}"]
+    assert not any(c.startswith("-m pipeline doctor") for c in log.read_text().splitlines())
+
+
 # the GPU node as documented: its own PyTorch, pandas, matplotlib and pytest (and what those pull in), nothing else
 DOCUMENTED_BARE = ("torch", "pandas", "matplotlib", "pytest")
 ABSENT_THERE = ("yaml", "tqdm", "psutil", "torchvision", "pynvml")

@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 import pytest
 
+from pipeline.config.schema import DDP_RUNTIME_STATS_ITERATIONS
 from pipeline.doctor import checks as doctor
 from pipeline.host import capabilities
 from pipeline.host.devices import Host, probe
@@ -233,7 +234,7 @@ def test_timed_steps_start_after_ddps_runtime_stats_iterations(make_cfg, tmp_pat
     row = doctor.run_case(doctor.Case(strategy, 1), make_cfg(), probe(), ref, init, tmp_path, 2, 16, "lenet")
     assert row.status == "passed", row.reason
     # DDP's forward at 0-based step s finds num_iterations_ == s, and collects (syncs) for 1 <= s <= 10
-    assert seen["warmup"] > getattr(doctor, "DDP_RUNTIME_STATS_ITERATIONS", 10)
+    assert seen["warmup"] > DDP_RUNTIME_STATS_ITERATIONS
     assert seen["timeout_s"] == make_cfg().sweep.trial_timeout_s  # G4: a hung row fails, the doctor goes on
 
 

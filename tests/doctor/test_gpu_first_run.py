@@ -184,6 +184,40 @@ def test_the_report_has_one_row_per_finding_with_figures_or_not_exercised(tmp_pa
     assert by["G11"]["showed"].startswith("not exercised: ") and report["facts"] == {"gpus": 1}
 
 
+class _Killed(BaseException):
+    """An outer limit ending the run mid-step (a kill, not an error the run could catch and report)."""
+
+
+def test_the_report_is_on_disk_after_every_step_and_a_killed_run_leaves_the_steps_done(tmp_path, monkeypatch):
+    """first-run.md is rewritten after each step: when step i starts, steps 1..i-1 are in it with their outcome and
+    the rest are "not run" because the check stopped before them; a run killed in its fourth step leaves that."""
+    out, seen = tmp_path / "first-run", []
+
+    def spawn(cmd, step_out, base, env, timeout_s):
+        on_disk = fr.load(out / "first-run.md") if (out / "first-run.md").exists() else None
+        seen.append((step_out.name, on_disk and [(s["step"], s["status"], s["why"]) for s in on_disk["steps"]]))
+        if len(seen) == 4:
+            raise _Killed
+        return 0, "", ""
+
+    monkeypatch.setattr(fr, "_spawn", spawn)
+    with pytest.raises(_Killed):
+        fr.main(["--allow-cpu", "--out", str(out), "--trial-s", "1"])
+    plan = [s.name for s in fr.build_plan("cuda" if torch.cuda.is_available() else "cpu")]
+    ran = [name for name, _ in seen]
+    for i, (name, steps) in enumerate(seen):
+        before = plan[: plan.index(name)]
+        assert steps is not None and [s[0] for s in steps] == plan, f"no whole report when {name} started"
+        done = [(n, st) for n, st, _ in steps if n in before]
+        assert [n for n, st in done if st == "passed"] == ran[:i]  # each step run so far, with its outcome
+        assert all(st in ("passed", "skipped") for _, st in done)
+        assert all((st, why) == ("not run", fr.STOPPED) for n, st, why in steps if n not in before)
+    last = fr.load(out / "first-run.md")  # what the killed run leaves: three steps run, the rest not reached
+    assert [s["step"] for s in last["steps"] if s["status"] == "passed"] == ran[:3]
+    assert {s["why"] for s in last["steps"][plan.index(ran[3]) :]} == {fr.STOPPED}
+    assert "trial_s" in last["facts"]
+
+
 def test_a_hanging_step_is_killed_at_its_timeout_and_a_rejected_option_falls_back(tmp_path):
     """run_step itself, on stand-in commands: a sleep past its timeout (its child too), and an option this build's
     CLI rejects."""
