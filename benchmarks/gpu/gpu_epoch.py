@@ -53,7 +53,7 @@ LR = {"lenet": 0.2, "resnet18": 0.1}  # d2l's: multiple-gpus.md (LeNet), multipl
 BF16 = {"amp_dtype": "bf16"}
 # (key, strategy, train settings, label): each rung adds one execution mode (catalog.MODES) to the one before it
 # a graph rung: the step captured after the strategy's eager warm-up (trial/graphs.py), no sampled step
-GRAPHED = {"cuda_graphs": True, "warmup_steps": 12}
+GRAPHED = {"cuda_graphs": True, "warmup_steps": DDP_SETTLE_STEPS + 1}
 SINGLE_BF16 = {"autocast": True, "cudnn_benchmark": True, **BF16}
 DDP_BF16 = {"cudnn_benchmark": True, **BF16}
 LADDER = (
