@@ -4,6 +4,7 @@ run silently on something other than what the user meant."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from pathlib import Path
 
@@ -137,3 +138,53 @@ def device_memory(text: str) -> int:
             f"16TiB (more than any GPU: a unit typed too high?). Nothing was run."
         )
     return n
+
+
+def count(what: str, lo: int = 1, hi: int | None = None):
+    """argparse type of a benchmark's whole-number flag (rounds, images, a batch, steps): from `lo` (1: 0 rounds or a
+    batch of 0 measures nothing and prints n/a or nan) up to `hi` where more only exhausts memory or time."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number ({what}). Nothing was run.") from None
+        if n < lo or (hi is not None and n > hi):
+            rng = f"from {lo} to {hi:,}" if hi is not None else f"{lo} or more"
+            raise argparse.ArgumentTypeError(f"{n} {what}: give {rng}. Nothing was run.")
+        return n
+
+    parse.__name__ = what  # argparse names the type in its own messages
+    return parse
+
+
+def counts(what: str, lo: int = 1, hi: int | None = None):
+    """argparse type of a comma-separated list of `count`s (device counts, batches)."""
+    one = count(what, lo, hi)
+
+    def parse(text: str) -> list[int]:
+        parts = [t.strip() for t in text.split(",") if t.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"no {what} given (comma-separated, e.g. 1,2). Nothing was run.")
+        return [one(t) for t in parts]
+
+    parse.__name__ = what
+    return parse
+
+
+def positive(what: str, hi: float | None = None):
+    """argparse type of a real-number flag (seconds, a tolerance): finite and above 0 (nan and inf compare false
+    with every bound, so each would pass a plain `<= 0` check and print nan figures)."""
+
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number ({what}). Nothing was run.") from None
+        if not math.isfinite(x) or x <= 0 or (hi is not None and x > hi):
+            rng = f"above 0, at most {hi:g}" if hi is not None else "finite and above 0"
+            raise argparse.ArgumentTypeError(f"{text} {what}: give a number {rng}. Nothing was run.")
+        return x
+
+    parse.__name__ = what
+    return parse
