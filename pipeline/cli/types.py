@@ -111,14 +111,14 @@ def device_counts(text: str) -> tuple[int, ...]:
 
 def strategy_names(text: str) -> list[str]:
     """--strategies: comma-separated names of the catalog's strategies; an unknown one is refused with the valid."""
-    from pipeline import catalog
+    from pipeline.config.schema import STRATEGY_NAMES
 
     names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in names if s not in catalog.NAMES]
+    unknown = [s for s in names if s not in STRATEGY_NAMES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
             f"{'unknown strategy ' + ', '.join(map(repr, unknown)) if unknown else 'no strategy given'}; valid: "
-            f"{', '.join(catalog.NAMES)}. Nothing was run."
+            f"{', '.join(STRATEGY_NAMES)}. Nothing was run."
         )
     return names
 
