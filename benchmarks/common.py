@@ -7,6 +7,7 @@ import datetime
 import statistics
 from pathlib import Path
 
+from pipeline.cli.types import count
 from pipeline.config import loader as configmod
 from pipeline.data import store as datamod
 from pipeline.host.devices import probe
@@ -94,7 +95,7 @@ def variants_in_fresh_processes(doc: str, child):
     the data flags parsed; in a child, `child(data, source, variant)` runs and None is returned; in the parent the
     data is made ready, the host line printed, and (args, source) returned."""
     p = parser(doc)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=count("rounds"), default=3)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     source = resolve_source(args)

@@ -30,6 +30,11 @@ _NAMES = r"[\w.-]*(?:password|passwd|pwd|secret|token|credential|key|auth|sig|se
 _VALUE = r"(?P<secret>(?:[^&\s'\"]|['\"](?![\s),;]|$))*)"  # a quote ends the value only where the URL ends
 _QUERY = re.compile(rf"(?P<head>[?&;#]{_NAMES}=){_VALUE}", re.I)
 _ENCODED = re.compile(rf"(?P<head>{_NAMES}%3D){_VALUE}", re.I)  # options=-c%20password%3DSECRET
+# USER:SECRET@host without its scheme (a forgotten `postgresql://` or `http://`): the whole userinfo goes here too.
+# Without a scheme nothing marks a URL, and prose holds `word:` and e-mail addresses (`name@host`, no secret), so
+# the form is `word:` at a word's start with an `@` later in the same word (no space), and the secret runs to that
+# word's last `@`. A password holding a space is covered only with a scheme.
+_BARE = re.compile(r"(?<![\w.%+~:/@-])[\w.%+~-]+:(?!//)(?=[^\s@]*@)")
 
 
 def _redact_userinfo(text: str, users: bool = True) -> str:
@@ -61,15 +66,26 @@ def _redact_userinfo(text: str, users: bool = True) -> str:
     return "".join(out) + text[pos:]
 
 
+def _redact_bare(text: str) -> str:
+    out, pos = [], 0
+    while m := _BARE.search(text, pos):
+        word = _WORD.match(text, m.end()).end()
+        at = text.rfind("@", m.end(), word)
+        out.append(text[pos : m.start()] + "***")
+        pos = at
+    return "".join(out) + text[pos:]
+
+
 def _redact(text, users: bool = True) -> str:
-    hidden = _redact_userinfo(str(text), users)
+    hidden = _redact_bare(_redact_userinfo(str(text), users))
     return _ENCODED.sub(lambda m: f"{m['head']}***", _QUERY.sub(lambda m: f"{m['head']}***", hidden))
 
 
 def redact(text) -> str:
     """`text` with every credential of every URL in it replaced by ***: the user and password (the whole userinfo,
-    `scheme://***@host`) and the values of secret-like query, fragment and `;` parameters (token, api_key, key,
-    secret, password, auth, sig, ...; also URL-encoded, `password%3D...`).
+    `scheme://***@host`, and `***@host` where `user:password@host` lacks its scheme) and the values of secret-like
+    query, fragment and `;` parameters (token, api_key, key, secret, password, auth, sig, ...; also URL-encoded,
+    `password%3D...`).
 
     The one helper for anything shown or stored: messages, log lines, MLflow params and tags, CSVs, manifests."""
     return _redact(text)

@@ -31,6 +31,10 @@ PREFLIGHT_TIMEOUT_S = env_number(
 )
 _WARNED: set[str] = set()
 _ENV = {"tracking.uri": "MLFLOW_TRACKING_URI", "sweep.storage": "OPTUNA_STORAGE"}  # read by the tools, not by us
+_BARE_FIX = {
+    "tracking.uri": ("http(s)://HOST:PORT for an MLflow server", "MLFLOW_TRACKING_PASSWORD"),
+    "sweep.storage": ("postgresql+psycopg://USER@HOST:PORT/DB", "PGPASSWORD or ~/.pgpass"),
+}
 _PORTS = {"http": 80, "https": 443, "postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
 
 
@@ -88,6 +92,12 @@ def check_store(url: str, key: str) -> None:
             f"prefer PGPASSWORD, ~/.pgpass, MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_PASSWORD (docs/scale-out.md)."
         )
     _unused_env(url, key)
+    if "://" not in url and redact(url) != url:  # user:password@host: a forgotten http:// or postgresql://
+        form, env = _BARE_FIX.get(key, ("SCHEME://HOST:PORT", "the environment"))
+        raise StoreError(
+            f"{key}={redact(url)!r} is a server's address without its scheme: write it as a URL, {form}, with the "
+            f"password in {env} rather than in the URL (docs/scale-out.md). Nothing was run."
+        )
     if (parts := _sqlite(url)) is not None:
         _, path, query = parts
         if _in_memory(path, query):

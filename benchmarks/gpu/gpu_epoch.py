@@ -39,6 +39,7 @@ import torch
 from benchmarks.common import REPO, base_cfg, datamod, ensure_data, host_line, med, parser, probe, resolve_source, trial
 from benchmarks.speed.mfu import flops_per_image, matmul_peak
 from pipeline.config.schema import DDP_SETTLE_STEPS
+from pipeline.cli.types import count
 from pipeline.host.capabilities import fp32_label, host_capabilities
 
 PEERS = (
@@ -190,14 +191,16 @@ def ladder_cfg(data: Path, source: str, images: int, steps: int):
 def main():
     p = parser(__doc__)
     p.add_argument("--models", default="resnet18,lenet", help="comma-separated: resnet18, lenet")
-    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--rounds", type=count("rounds"), default=1)
     p.add_argument(
         "--rungs",
         default=",".join(key for key, *_ in LADDER),
         help=f"comma-separated rungs of the ladder (default: all): {', '.join(key for key, *_ in LADDER)}",
     )
-    p.add_argument("--images", type=int, default=60000, help="training images per epoch (default: all 60,000)")
-    p.add_argument("--batch", type=int, default=256, help="batch size for all three (d2l's: 256)")
+    p.add_argument(
+        "--images", type=count("images"), default=60000, help="training images per epoch (default: all 60,000)"
+    )
+    p.add_argument("--batch", type=count("batch size"), default=256, help="batch size for all three (d2l's: 256)")
     p.add_argument(
         "--peer",
         type=Path,

@@ -614,21 +614,29 @@ def print_plan(plan, host, trial_s: float, source: str, budget_s: float, out: Pa
 
 
 def main(argv=None) -> int:
+    from pipeline.cli.types import count, positive
+    from pipeline.config.schema import DEVICES_MAX
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("first-run"), help="default: ./first-run")
-    p.add_argument("--budget-s", type=float, default=580, help="the whole run's wall-clock budget (default 580)")
+    p.add_argument(
+        "--budget-s",
+        type=positive("seconds of budget"),
+        default=580,
+        help="the whole run's wall-clock budget (default 580)",
+    )
     p.add_argument(
         "--dry-run", action="store_true", help="print the plan, each step's trials and sized limit, and exit (any host)"
     )
     p.add_argument(
         "--gpus",
-        type=int,
+        type=count("GPUs", hi=DEVICES_MAX),
         metavar="N",
         help="with --dry-run: plan for a node with N GPUs (default: this host's; one without CUDA)",
     )
     p.add_argument(
         "--trial-s",
-        type=float,
+        type=positive("seconds per trial"),
         metavar="S",
         help=f"size the limits on S seconds per trial, no calibration (default: the calibration step "
         f"measures it; a dry run assumes {DEFAULT_TRIAL_S:g} s)",
@@ -649,8 +657,6 @@ def main(argv=None) -> int:
     if args.overlap:
         overlap_only(args.overlap, args.overrides)
         return 0
-    if (args.trial_s is not None and args.trial_s <= 0) or (args.gpus is not None and args.gpus < 1):
-        p.error("--trial-s and --gpus must be positive")
     if args.gpus and not args.dry_run:
         p.error("--gpus plans a node for --dry-run; a run uses the GPUs it has")
     import torch

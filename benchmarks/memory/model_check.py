@@ -20,6 +20,8 @@ from pathlib import Path
 
 from benchmarks.common import base_cfg, ensure_data, host_line, parser, probe, resolve_source, trial
 from pipeline import catalog
+from pipeline.cli.types import counts
+from pipeline.config.schema import DEVICES_MAX
 from pipeline.scaling import memory
 from pipeline.strategies import STRATEGIES
 
@@ -30,13 +32,16 @@ def main():
     p = parser(__doc__)
     p.add_argument("--model", default="lenet", choices=["lenet", "resnet18"])
     p.add_argument("--optimizer", default="adamw", choices=["sgd", "sgd_momentum", "adamw"])
-    p.add_argument("--ks", default="1,2", help="comma-separated device counts")
-    p.add_argument("--batches", default="128,256", help="comma-separated global batches")
+    p.add_argument(
+        "--ks", type=counts("device counts", hi=DEVICES_MAX), default=[1, 2], help="comma-separated device counts"
+    )
+    p.add_argument(
+        "--batches", type=counts("global batches"), default=[128, 256], help="comma-separated global batches"
+    )
     args = p.parse_args()
     source = resolve_source(args)
     ensure_data(args.data, source)
-    ks = [int(x) for x in args.ks.split(",")]
-    batches = [int(x) for x in args.batches.split(",")]
+    ks, batches = args.ks, args.batches
     host = probe()
     cfg = base_cfg(
         args.data,

@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import base_cfg, ensure_data, host_line, parser, resolve_source, trial
+from pipeline.cli.types import count
+from pipeline.config.schema import DEVICES_MAX
 
 LR = {"sgd": 0.1, "sgd_momentum": 0.1, "adamw": 0.001}
 MIB = 2**20
@@ -25,8 +27,8 @@ MIB = 2**20
 def main():
     p = parser(__doc__)
     p.add_argument("--optimizers", default="sgd,adamw", help="comma-separated: sgd, sgd_momentum, adamw")
-    p.add_argument("--devices", type=int, default=2)
-    p.add_argument("--batch", type=int, default=256, help="global batch")
+    p.add_argument("--devices", type=count("devices", hi=DEVICES_MAX), default=2)
+    p.add_argument("--batch", type=count("batch size"), default=256, help="global batch")
     p.add_argument("--bucket-copies", action="store_true", help="also ddp with train.grad_as_bucket_view=false")
     args = p.parse_args()
     source = resolve_source(args)

@@ -14,12 +14,18 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import base_cfg, ensure_data, host_line, parser, resolve_source, spread, trial
+from pipeline.cli.types import count
 
 
 def main():
     p = parser(__doc__)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--every", type=int, default=10, help="breakdown sampling interval when on (default 10)")
+    p.add_argument("--rounds", type=count("rounds"), default=3)
+    p.add_argument(
+        "--every",
+        type=count("steps between samples"),
+        default=10,
+        help="breakdown sampling interval when on (default 10)",
+    )
     p.add_argument("cases", nargs="*", default=["single:1", "scratch:2", "ddp:2", "fsdp:2"], help="STRATEGY:K")
     args = p.parse_args()
     source = resolve_source(args)

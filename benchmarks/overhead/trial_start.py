@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import REPO, ensure_data, host_line, med, parser
+from pipeline.cli.types import count
 
 PHASES = ("parent", "start", "imports", "data", "model", "steps", "evaluation", "state", "exit")
 
@@ -119,9 +120,11 @@ def inner(n: int, out: Path, sets: list[str]) -> None:
 def main() -> None:
     p = parser(__doc__, data=False)
     p.add_argument("--methods", default="fork,spawn,forkserver", help="start methods, comma-separated")
-    p.add_argument("--trials", type=int, default=4, help="trials per command (the first is reported apart)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds, each alternating every method and the bare import")
-    p.add_argument("--steps", type=int, default=5, help="training steps per trial")
+    p.add_argument("--trials", type=count("trials"), default=4, help="trials per command (the first is reported apart)")
+    p.add_argument(
+        "--rounds", type=count("rounds"), default=3, help="rounds, each alternating every method and the bare import"
+    )
+    p.add_argument("--steps", type=count("steps"), default=5, help="training steps per trial")
     p.add_argument("--inner", type=int, default=0, help=argparse_hidden())
     p.add_argument("--out", type=Path, default=None, help=argparse_hidden())
     p.add_argument("--set", action="append", default=[], help=argparse_hidden())

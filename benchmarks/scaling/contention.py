@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import base_cfg, ensure_data, host_line, parser, resolve_source, trial
+from pipeline.cli.types import count
 
 
 def one(core: int, data: Path, source: str) -> float:
@@ -49,7 +50,7 @@ def spawn(core: int, args, source):
 
 def main():
     p = parser(__doc__)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=count("rounds"), default=2)
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     source = resolve_source(args)

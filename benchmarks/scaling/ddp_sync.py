@@ -20,6 +20,7 @@ import time
 import uuid
 
 from benchmarks.common import host_line, parser
+from pipeline.cli.types import count
 
 
 def _rank(rounds: int, block: int) -> dict:
@@ -103,8 +104,8 @@ def _rank(rounds: int, block: int) -> dict:
 
 def main():
     p = parser(__doc__, data=False)
-    p.add_argument("--rounds", type=int, default=12)
-    p.add_argument("--block", type=int, default=20, help="steps per timed block")
+    p.add_argument("--rounds", type=count("rounds"), default=12)
+    p.add_argument("--block", type=count("steps per block"), default=20, help="steps per timed block")
     args = p.parse_args()
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 

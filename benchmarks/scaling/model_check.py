@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import base_cfg, ensure_data, host_line, med, parser, probe, resolve_source, trial
+from pipeline.cli.types import count, positive
 from pipeline.scaling import collectives
 from pipeline.scaling import model as sm
 from pipeline.strategies import STRATEGIES
@@ -87,11 +88,11 @@ def _ms(x):
 
 def main():
     p = parser(__doc__)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=60, help="steady-state steps per trial")
-    p.add_argument("--per-device-batch", type=int, default=256)
+    p.add_argument("--rounds", type=count("rounds"), default=3)
+    p.add_argument("--steps", type=count("steps"), default=60, help="steady-state steps per trial")
+    p.add_argument("--per-device-batch", type=count("per-device batch"), default=256)
     p.add_argument("--strategies", nargs="*", default=list(STRATEGY_NAMES))
-    p.add_argument("--tolerance", type=float, default=sm.DEFAULT_TOLERANCE)
+    p.add_argument("--tolerance", type=positive("tolerance"), default=sm.DEFAULT_TOLERANCE)
     p.add_argument("--json", type=Path, default=None, help="write every measured and modelled figure here")
     args = p.parse_args()
     host = probe()

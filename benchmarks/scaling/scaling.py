@@ -15,14 +15,15 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import base_cfg, ensure_data, host_line, med, parser, probe, resolve_source, spread, trial
+from pipeline.cli.types import count
 from pipeline.strategies import STRATEGIES
 
 
 def main():
     p = parser(__doc__)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--per-device-batch", type=int, default=256)
-    p.add_argument("--steps", type=int, default=150, help="steady-state steps per run")
+    p.add_argument("--rounds", type=count("rounds"), default=3)
+    p.add_argument("--per-device-batch", type=count("per-device batch"), default=256)
+    p.add_argument("--steps", type=count("steps"), default=150, help="steady-state steps per run")
     p.add_argument("--model", default="lenet")
     p.add_argument("--strategies", nargs="*", default=None)
     p.add_argument("--no-shm", action="store_true", help="skip the ddp/ddp_amp runs with comm_hook=shm (shared memory)")

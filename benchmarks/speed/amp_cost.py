@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from benchmarks.common import host_line, parser
+from pipeline.cli.types import count
 from pipeline.host.capabilities import cpu_capabilities
 from pipeline.models import build_model
 
@@ -73,9 +74,11 @@ def capped_pair(cap: str, batch: int, steps: int, dtype: str = "bf16") -> tuple[
 
 def main():
     p = parser(__doc__, data=False)
-    p.add_argument("--batch", type=int, nargs="+", default=[64, 128], help="per-process batches (default 64 128)")
-    p.add_argument("--steps", type=int, default=30, help="timed steps per measurement (default 30)")
-    p.add_argument("--rounds", type=int, default=5, help="fp32/bf16 pairs per batch (default 5)")
+    p.add_argument(
+        "--batch", type=count("batch size"), nargs="+", default=[64, 128], help="per-process batches (default 64 128)"
+    )
+    p.add_argument("--steps", type=count("steps"), default=30, help="timed steps per measurement (default 30)")
+    p.add_argument("--rounds", type=count("rounds"), default=5, help="fp32/bf16 pairs per batch (default 5)")
     p.add_argument(
         "--isa-cap",
         nargs="*",

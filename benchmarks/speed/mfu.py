@@ -15,6 +15,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.common import base_cfg, ensure_data, host_line, med, parser, probe, resolve_source, trial
+from pipeline.cli.types import count
 from pipeline.models import build_model
 
 
@@ -48,8 +49,8 @@ def matmul_peak(device, n: int, dtype, reps: int = 20) -> float:
 def main():
     p = parser(__doc__)
     p.add_argument("--model", default=None, help="default: lenet on CPU, resnet18 on GPU")
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--batch", type=count("batch size"), default=256)
+    p.add_argument("--rounds", type=count("rounds"), default=3)
     args = p.parse_args()
     host = probe()
     model = args.model or ("lenet" if host.kind == "cpu" else "resnet18")

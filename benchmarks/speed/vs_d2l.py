@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import REPO, base_cfg, ensure_data, host_line, med, parser, probe, resolve_source, spread, trial
+from pipeline.cli.types import count
 
 PEER = REPO.parent / "shared" / "peers" / "d2l_reference.py"
 
@@ -38,8 +39,10 @@ def d2l(peer: Path, data: Path, model: str, batch: int, batches: int) -> float:
 
 def main():
     p = parser(__doc__)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--batches", type=int, default=60, help="batches per epoch for both (steady-state window)")
+    p.add_argument("--rounds", type=count("rounds"), default=3)
+    p.add_argument(
+        "--batches", type=count("batches"), default=60, help="batches per epoch for both (steady-state window)"
+    )
     p.add_argument("--peer", type=Path, default=PEER, help=f"the seeds' reference script (default {PEER})")
     args = p.parse_args()
     if not args.peer.is_file():

@@ -222,15 +222,18 @@ def cmd_fit(args) -> int:
             file=sys.stderr,
             flush=True,
         )
-    try:
-        ks = tuple(int(k) for k in args.devices.split(","))
-    except ValueError as e:
-        raise configmod.ConfigError(f"--devices: {e}") from None
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    ks, strategies = args.devices, args.strategies
     here = device.cuda_device() if args.device_memory is None or args.device_name is None else None
     cap = device.capacity(args.device_memory, here)
     fixed = device.fixed_cost(args.device_name or (here[0] if here else None))
     rows = memory.fit_table(args.model, args.batch_size, cap.bytes, args.optimizer, ks, strategies, fixed=fixed.bytes)
+    if not rows:  # every k leaves part of the batch over, or names a one-device strategy at k > 1
+        raise configmod.ConfigError(
+            f"fit has no row to show: no k of --devices {','.join(map(str, ks))} divides --batch-size "
+            f"{args.batch_size} (a strategy splits the global batch evenly over its k devices) for a strategy that "
+            f"runs at that k ({', '.join(strategies)}; one-device strategies only at k=1). Give a k that divides the "
+            f"batch. Nothing was run."
+        )
     gib, mib = memory.GIB, memory.MIB
     print(
         f"{args.model}, global batch {args.batch_size}, {args.optimizer}: what one GPU needs (tensors modelled; "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline.cli import types as cli_types
 from pipeline.config import loader as configmod
-from pipeline.config.schema import DDP_SETTLE_STEPS
+from pipeline.config.schema import DDP_SETTLE_STEPS, DEVICES_MAX
 
 EPILOG = """configuration: params.yaml selects a profile (experiments/<profile>.yaml); params.yaml entries override
 the profile; --set overrides both, e.g. --set data.source=synthetic --set train.lr=0.1.
@@ -235,14 +235,21 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: python -m pipeline fit --model resnet18 --batch-size 256 --strategies ddp --devices 2",
     )
     p.add_argument("--model", choices=configmod.MODELS, default="resnet18", help="the model (default resnet18)")
-    p.add_argument("--batch-size", type=int, default=512, metavar="B", help="global batch (default 512)")
+    p.add_argument(
+        "--batch-size",
+        type=cli_types.batch_size,
+        default=512,
+        metavar="B",
+        help="global batch, 1 or more (default 512)",
+    )
     p.add_argument(
         "--device-memory",
-        type=cli_types.memory_size,
+        type=cli_types.device_memory,
         default=None,
         metavar="SIZE",
         help="memory of one device: 80GiB or 80G (x 2^30), 80GB (x 10^9), 512MiB (default: this host's CUDA "
-        "device's total, torch.cuda.mem_get_info; without one, 79.6 GiB: an 80 GB part as NVIDIA counts it)",
+        "device's total, torch.cuda.mem_get_info; without one, 79.6 GiB: an 80 GB part as NVIDIA counts it); from 1MiB "
+        "to 16TiB",
     )
     p.add_argument(
         "--device-name",
@@ -257,10 +264,17 @@ def build_parser() -> argparse.ArgumentParser:
         default="adamw",
         help="train.optimizer: its state per parameter is part of the peak (default adamw)",
     )
-    p.add_argument("--devices", default="1,2,4,8", metavar="K,K", help="the k to show (default 1,2,4,8)")
+    p.add_argument(
+        "--devices",
+        type=cli_types.device_counts,
+        default=(1, 2, 4, 8),
+        metavar="K,K",
+        help=f"the k to show, each from 1 to {DEVICES_MAX} (default 1,2,4,8)",
+    )
     p.add_argument(
         "--strategies",
-        default=",".join(configmod.STRATEGY_NAMES),
+        type=cli_types.strategy_names,
+        default=list(configmod.STRATEGY_NAMES),
         metavar="A,B",
         help="comma-separated strategies (default: all)",
     )

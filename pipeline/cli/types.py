@@ -4,6 +4,7 @@ run silently on something other than what the user meant."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from pathlib import Path
 
@@ -74,3 +75,116 @@ def memory_size(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{e}. Nothing was run.") from None
+
+
+def _whole(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number ({what}). Nothing was run.") from None
+
+
+def batch_size(text: str) -> int:
+    """--batch-size: the global batch, 1 or more (0 or a negative batch would model a step that takes no image)."""
+    n = _whole(text, "the global batch, 1 or more")
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not a batch: give the global batch, 1 or more. Nothing was run.")
+    return n
+
+
+def device_counts(text: str) -> tuple[int, ...]:
+    """--devices: comma-separated device counts k, each from 1 to DEVICES_MAX (with its reason)."""
+    from pipeline.config.schema import DEVICES_MAX, DEVICES_WHY
+
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("no device count given: e.g. --devices 1,2,4,8. Nothing was run.")
+    ks = tuple(_whole(p, "a device count k") for p in parts)
+    for k in ks:
+        if not 1 <= k <= DEVICES_MAX:
+            raise argparse.ArgumentTypeError(
+                f"{k} devices: a count k is from 1 to {DEVICES_MAX} ({DEVICES_WHY}), as train.devices is. "
+                f"Nothing was run."
+            )
+    return ks
+
+
+def strategy_names(text: str) -> list[str]:
+    """--strategies: comma-separated names of the catalog's strategies; an unknown one is refused with the valid."""
+    from pipeline.config.schema import STRATEGY_NAMES
+
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in STRATEGY_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"{'unknown strategy ' + ', '.join(map(repr, unknown)) if unknown else 'no strategy given'}; valid: "
+            f"{', '.join(STRATEGY_NAMES)}. Nothing was run."
+        )
+    return names
+
+
+# the smallest and largest memory of one device that fit models: below 1 MiB not even the CUDA context fits; the
+# largest GPU has a few hundred GiB, and 16 TiB covers any part while catching a unit typed three places too high
+DEVICE_MEMORY_MIN = 1 << 20
+DEVICE_MEMORY_MAX = 16 << 40
+
+
+def device_memory(text: str) -> int:
+    """--device-memory: a memory_size from 1 MiB to 16 TiB."""
+    n = memory_size(text)
+    if not DEVICE_MEMORY_MIN <= n <= DEVICE_MEMORY_MAX:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is {n:,} bytes: one device's memory is from 1MiB (less holds not even the CUDA context) to "
+            f"16TiB (more than any GPU: a unit typed too high?). Nothing was run."
+        )
+    return n
+
+
+def count(what: str, lo: int = 1, hi: int | None = None):
+    """argparse type of a benchmark's whole-number flag (rounds, images, a batch, steps): from `lo` (1: 0 rounds or a
+    batch of 0 measures nothing and prints n/a or nan) up to `hi` where more only exhausts memory or time."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number ({what}). Nothing was run.") from None
+        if n < lo or (hi is not None and n > hi):
+            rng = f"from {lo} to {hi:,}" if hi is not None else f"{lo} or more"
+            raise argparse.ArgumentTypeError(f"{n} {what}: give {rng}. Nothing was run.")
+        return n
+
+    parse.__name__ = what  # argparse names the type in its own messages
+    return parse
+
+
+def counts(what: str, lo: int = 1, hi: int | None = None):
+    """argparse type of a comma-separated list of `count`s (device counts, batches)."""
+    one = count(what, lo, hi)
+
+    def parse(text: str) -> list[int]:
+        parts = [t.strip() for t in text.split(",") if t.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"no {what} given (comma-separated, e.g. 1,2). Nothing was run.")
+        return [one(t) for t in parts]
+
+    parse.__name__ = what
+    return parse
+
+
+def positive(what: str, hi: float | None = None):
+    """argparse type of a real-number flag (seconds, a tolerance): finite and above 0 (nan and inf compare false
+    with every bound, so each would pass a plain `<= 0` check and print nan figures)."""
+
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number ({what}). Nothing was run.") from None
+        if not math.isfinite(x) or x <= 0 or (hi is not None and x > hi):
+            rng = f"above 0, at most {hi:g}" if hi is not None else "finite and above 0"
+            raise argparse.ArgumentTypeError(f"{text} {what}: give a number {rng}. Nothing was run.")
+        return x
+
+    parse.__name__ = what
+    return parse

@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 
 import optuna
+from optuna.trial import TrialState
 
 from pipeline import paths
 from pipeline.errors import Stopped, interruption
@@ -286,13 +287,23 @@ def _set_up(cfg, strategy: str, host, n_train: int):
 
 
 def _announce(study, strategy: str, host, total: int, skipped) -> None:
-    """How many trials the study holds, and each point this host skips with the reason."""
-    print(
-        f"[sweep {strategy}] study {study.study_name}: {total} trial(s) to run, {len(skipped)} point(s) "
-        f"skipped on this host ({host.kind} x{host.n})",
-        file=sys.stderr,
-        flush=True,
-    )
+    """How many of the study's trials are left to run (none: the study is complete, and says so), and each point
+    this host skips with the reason."""
+    done = claims.finished(study)
+    left = max(total - done, 0)
+    where = f"{len(skipped)} point(s) skipped on this host ({host.kind} x{host.n})"
+    if total and not left:
+        failed = len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
+        print(
+            f"[sweep {strategy}] study {study.study_name} is complete: all {total} trial(s) of its points ran to an "
+            f"end ({failed} failed: see the table), nothing to run: its table holds the figures already measured "
+            f"(a higher sweep.repeats measures every point again); {where}",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        already = f" ({done} of {total} ran to an end already)" if done else ""
+        print(f"[sweep {strategy}] study {study.study_name}: {left} trial(s) to run{already}, {where}", file=sys.stderr)
     for p, reason in skipped:
         print(f"  skipped {fmt_point(p)}: {reason}", file=sys.stderr)
 

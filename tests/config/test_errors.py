@@ -140,6 +140,16 @@ CASES = [
         "Cannot reach",
     ),
     (
+        "store address without its scheme",
+        ["sweep", "--strategy", "single", "--set", "sweep.storage=parallax:PW@127.0.0.1:1/optuna"],
+        "sweep.storage='***@127.0.0.1:1/optuna' is a server's address without its scheme",
+    ),
+    ("fit --devices 0", ["fit", "--devices", "0,3"], "argument --devices: 0 devices: a count k is from 1 to 1024"),
+    ("fit --devices too many", ["fit", "--devices", "99999999"], "a count k is from 1 to 1024"),
+    ("fit --strategies unknown", ["fit", "--strategies", "bogus,single"], "unknown strategy 'bogus'; valid:"),
+    ("fit --batch-size 0", ["fit", "--batch-size", "0"], "0 is not a batch"),
+    ("fit --device-memory 0", ["fit", "--device-memory", "0"], "one device's memory is from 1MiB"),
+    (
         "MLflow database corrupt",
         ["train", "--out", "{tmp}/o", "--set", "tracking.uri=sqlite:///{tmp}/corrupt.db"],
         "not a usable SQLite database",

@@ -94,6 +94,24 @@ def test_n_trials_0_sets_the_study_up_and_says_it_runs_nothing_by_design(tiny, t
     assert [t.state for t in study.trials] == [TrialState.WAITING] * 2
 
 
+def test_a_complete_study_says_it_is_complete_and_runs_nothing(tiny, tmp_path, capsys):
+    """A rerun of a study whose every trial ran to an end: "is complete ... nothing to run", never "N to run"."""
+    cfg = tiny()
+    out = tmp_path / "single.jsonl"
+    run_sweep(cfg, "single", out, max_new_trials=1)
+    err = capsys.readouterr().err
+    assert "2 trial(s) to run" in err, err
+    run_sweep(cfg, "single", out)  # the second trial: one left, one ran already
+    err = " ".join(capsys.readouterr().err.split())
+    assert "1 trial(s) to run (1 of 2 ran to an end already)" in err, err
+    run_sweep(cfg, "single", out)
+    err = " ".join(capsys.readouterr().err.split())
+    name = study_name(cfg, "single")
+    assert f"study {name} is complete: all 2 trial(s) of its points ran to an end (1 failed" in err, err
+    assert "nothing to run" in err and "trial(s) to run" not in err and "trial 1/" not in err, err
+    assert sorted(r["state"] for r in read(out)) == ["complete", "failed", "skipped", "skipped"]
+
+
 def test_unavailable_strategy_rows_say_why(tiny, tmp_path, capsys):
     from pipeline.host.devices import probe
 
