@@ -38,8 +38,8 @@ import torch
 
 from benchmarks.common import REPO, base_cfg, datamod, ensure_data, host_line, med, parser, probe, resolve_source, trial
 from benchmarks.speed.mfu import flops_per_image, matmul_peak
-from pipeline.config.schema import DDP_SETTLE_STEPS
 from pipeline.cli.types import count
+from pipeline.config.schema import DDP_SETTLE_STEPS
 from pipeline.host.capabilities import fp32_label, host_capabilities
 
 PEERS = (
