@@ -34,6 +34,7 @@ def cmd_sweep(args) -> int:
     from pipeline.sweep import unselected
 
     cfg = configmod.load(args.params, args.overrides)
+    configmod.check_sweep(cfg)  # every sweep stage, selected or not: a knob a selected strategy cannot take
     out = output_file(args.out or paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.jsonl", "--out")
     if not unselected.selected(cfg, args.strategy):  # its table, without loading torch, Optuna and MLflow
         unselected.write_table(cfg, args.strategy, out)

@@ -175,6 +175,9 @@ class SpaceConfig:
     autocast: tuple[bool, ...] = (False,)
 
 
+SPACE_KEYS = tuple(f.name for f in dataclasses.fields(SpaceConfig))  # a trial's point: one value of each
+
+
 @dataclass(frozen=True)
 class SweepConfig:
     strategies: tuple[str, ...] = STRATEGY_NAMES
