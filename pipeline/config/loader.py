@@ -5,10 +5,11 @@ Unknown keys and invalid values raise ConfigError (one paragraph naming the key 
 before any work starts; a search space may set only the sweep knobs its strategy accepts (pipeline/catalog.py).
 A null, in params.yaml or --set, is no value: the layer below's.
 
-A `train.<key>` the user sets (params.yaml, --set, a command's option) that is a sweep dimension (SpaceConfig's
+A `train.<key>` the user sets (params.yaml, --set, `dvc exp run -S`) that is a sweep dimension (SpaceConfig's
 fields) pins that dimension: every space of the resolved Config holds that one value (`pin`), so a sweep's points
-(sweep/space.py) are what the user set. A profile's own train values do not pin: a profile states its points in its
-spaces. A sweep refuses a pinned knob that a selected strategy's catalog row does not take (`sweep_refusal`).
+(sweep/space.py) are what the user set. A profile's own train values do not pin (a profile states its points in its
+spaces), nor do `train`'s typed options (one run, no sweep). A sweep refuses a knob set in train that a selected
+strategy's catalog row does not take (`sweep_refusal`): the `train` command, one strategy, checks its own.
 A Config is never mutated: `override` returns a new one.
 """
 
@@ -369,9 +370,10 @@ def load(params: str | Path | None = None, overrides=(), root: Path | None = Non
         prof = _read_yaml(profile_path(profile, root))
         prof.pop("description", None)
         layers.append((prof, f"experiments/{profile}.yaml"))
-    users = [(_drop_unset(raw), str(path)), (sets, "--set"), (flags or {}, "the command's options")]
+    users = [(_drop_unset(raw), str(path)), (sets, "--set")]  # what pins the sweep (a command's options do not)
+    layers += [*users, (flags or {}, "the command's options")]
     layered: dict = {}
-    for layer, where in layers + users:  # each layer's sections must be mappings, whatever the later layers hold
+    for layer, where in layers:  # each layer's sections must be mappings, whatever the later layers hold
         _check_shapes(Config, layer, "", where)
         layered = _merge(layered, layer)
     layered["profile"] = profile
@@ -394,8 +396,8 @@ def _sections_unset(sets: dict) -> dict:
 
 
 def pin(cfg: Config, users) -> Config:
-    """cfg with every `train.<key>` that a user layer sets (params.yaml, --set, a command's options: `users`, as
-    (layer, where)) and that is a sweep dimension pinned in every space: each product's list for it is that one value
+    """cfg with every `train.<key>` that a user layer sets (params.yaml, --set: `users`, as (layer, where)) and that
+    is a sweep dimension pinned in every space: each product's list for it is that one value
     (a knob only in the spaces whose strategy takes it, and in `default`, where each strategy keeps its own knobs).
     A user layer that also lists the dimension in a space (`sweep.spaces.S.KEY`) must list that one value there, or
     the two are refused together: neither silently wins."""
@@ -452,11 +454,11 @@ def sweep_refusal(cfg: Config) -> str:
         takers = [s for s in cfg.sweep.strategies if k in catalog.knobs(s)]
         why = catalog.why_not(lacking[0], k)
         if takers:
+            form = f"sweep.spaces.{takers[0]}.{k}"
             instead = (
                 f"To set it for the strategies that take it only, leave `train.{k}` unset and give it to their "
-                f"spaces, e.g. `sweep.spaces.{takers[0]}.{k}: [{_yaml(v)}]` in params.yaml (`--set "
-                f"'sweep.spaces.{takers[0]}.{k}=[{_yaml(v)}]'`); or select only those: `sweep.strategies=["
-                f"{', '.join(takers)}]`."
+                f"spaces, e.g. `{form}: [{_yaml(v)}]` (`--set '{form}=[{_yaml(v)}]'`, `dvc exp run -S "
+                f"'+{form}=[{_yaml(v)}]'`); or select only those: `sweep.strategies=[{', '.join(takers)}]`."
             )
         else:
             every = [n for n in catalog.NAMES if k in catalog.knobs(n)]
@@ -464,7 +466,8 @@ def sweep_refusal(cfg: Config) -> str:
         return (
             f"`train.{k}={_yaml(v)}` is set for every selected strategy's trials, but "
             f"{', '.join(f'`{s}`' for s in lacking)} {'has' if len(lacking) == 1 else 'have'} no `{k}` knob"
-            f"{f' ({lacking[0]}: {why})' if why else ''}: their trials would never run with it. {instead} "
+            f"{f' ({lacking[0]}: {why})' if why else ''}: {'its' if len(lacking) == 1 else 'their'} trials would "
+            f"never run with it. {instead} "
             f"Nothing was run."
         )
     return ""
