@@ -8,8 +8,9 @@ A null, in params.yaml or --set, is no value: the layer below's.
 A `train.<key>` the user sets (params.yaml, --set, `dvc exp run -S`) that is a sweep dimension (SpaceConfig's
 fields) pins that dimension: every space of the resolved Config holds that one value (`pin`), so a sweep's points
 (sweep/space.py) are what the user set. A profile's own train values do not pin (a profile states its points in its
-spaces), nor do `train`'s typed options (one run, no sweep). A sweep refuses a knob set in train that a selected
-strategy's catalog row does not take (`sweep_refusal`): the `train` command, one strategy, checks its own.
+spaces), nor do a command's typed options; `train` and `doctor` run no sweep and load without pins. A sweep
+refuses a knob set in train that a selected strategy's catalog row does not take (`sweep_refusal`); the `train`
+command, one strategy, checks its own (knob_refusal).
 A Config is never mutated: `override` returns a new one.
 """
 
@@ -344,11 +345,18 @@ def parse_set(items) -> dict:
     return out
 
 
-def load(params: str | Path | None = None, overrides=(), root: Path | None = None, flags: dict | None = None) -> Config:
+def load(
+    params: str | Path | None = None,
+    overrides=(),
+    root: Path | None = None,
+    flags: dict | None = None,
+    sweeps: bool = True,
+) -> Config:
     """Read params.yaml (and the profile it names) and apply `--set` overrides, then `flags` (a command's typed
-    options as sections, {"train": {"strategy": "ddp"}}), validated once with the rest. Without `params`, the
-    repository's params.yaml is optional (none: the profile's and built-in values); a `params` file named explicitly
-    (--params) must exist, or a typo would run silently on other values than the user chose."""
+    options as sections, {"train": {"strategy": "ddp"}}), validated once with the rest, with the user's train settings
+    pinned in the spaces (`pin`; `sweeps=False`: a command that runs no sweep, whose spaces nothing reads). Without
+    `params`, the repository's params.yaml is optional (none: the profile's and built-in values); a `params` file
+    named explicitly (--params) must exist, or a typo would run silently on other values than the user chose."""
     root = Path(root) if root else repo_root()
     path = Path(params) if params else root / "params.yaml"
     if params and not path.exists() and path.is_symlink():
@@ -377,7 +385,8 @@ def load(params: str | Path | None = None, overrides=(), root: Path | None = Non
         _check_shapes(Config, layer, "", where)
         layered = _merge(layered, layer)
     layered["profile"] = profile
-    return pin(_build(Config, layered, ""), users)
+    cfg = _build(Config, layered, "")
+    return pin(cfg, users) if sweeps else cfg
 
 
 def _drop_unset(layer: dict) -> dict:

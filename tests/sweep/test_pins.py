@@ -139,3 +139,11 @@ def test_override_pins_as_set_does_and_the_trial_config_keeps_it():
     pts = space.points(cfg, "ddp")
     assert {p["accum_steps"] for p in pts} == {2}
     assert space.trial_config(cfg, "ddp", pts[0]).train.accum_steps == 2
+
+
+def test_a_command_that_runs_no_sweep_is_not_refused_for_a_space_it_never_reads(tmp_path):
+    """`python -m pipeline train --set train.lr=0.2` beside a params.yaml that sweeps lr for ddp: one run, no sweep."""
+    (tmp_path / "params.yaml").write_text("profile: ''\nsweep: {spaces: {ddp: {lr: [0.1, 0.3]}}}\n")
+    with pytest.raises(c.ConfigError, match="the two disagree"):
+        c.load(None, ["train.lr=0.2"], root=tmp_path)
+    assert c.load(None, ["train.lr=0.2"], root=tmp_path, sweeps=False).train.lr == 0.2
