@@ -34,6 +34,7 @@ def cmd_sweep(args) -> int:
     from pipeline.sweep import unselected
 
     cfg = configmod.load(args.params, args.overrides)
+    configmod.check_sweep(cfg)  # every sweep stage, selected or not: a knob a selected strategy cannot take
     out = output_file(args.out or paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.jsonl", "--out")
     if not unselected.selected(cfg, args.strategy):  # its table, without loading torch, Optuna and MLflow
         unselected.write_table(cfg, args.strategy, out)
@@ -183,7 +184,7 @@ def cmd_doctor(args) -> int:
     if args.max_devices < 1 or args.steps < 1 or args.batch_per_device < 1:
         raise configmod.ConfigError("--max-devices, --steps and --batch-per-device must be at least 1.")
     # the doctor checks the host, not a study: no profile's search spaces, only params.yaml and --set
-    base = configmod.load(args.params, ["profile=", "train.timeout_s=120", *args.overrides])
+    base = configmod.load(args.params, ["profile=", "train.timeout_s=120", *args.overrides], sweeps=False)
     if args.dump_events is not None:
         output_dir(args.dump_events, "--dump-events")  # a directory of event files, like --out
     output_dir(args.out, "--out")  # a directory (doctor.json, doctor.md): checked before every check is run

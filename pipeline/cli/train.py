@@ -16,7 +16,7 @@ FLAGS = ("model", "strategy", "devices", "batch_size", "lr", "epochs", "max_step
 
 def _train_cfg(args):
     flags = {k: v for k in FLAGS if (v := getattr(args, k)) is not None}
-    return configmod.load(args.params, args.overrides, flags={"train": flags})
+    return configmod.load(args.params, args.overrides, flags={"train": flags}, sweeps=False)  # one run: no spaces
 
 
 class EpochLines:

@@ -3,6 +3,14 @@
 Layers, later wins: dataclass defaults < experiments/<profile>.yaml < params.yaml < --set a.b=v.
 Unknown keys and invalid values raise ConfigError (one paragraph naming the key and the valid values)
 before any work starts; a search space may set only the sweep knobs its strategy accepts (pipeline/catalog.py).
+A null, in params.yaml or --set, is no value: the layer below's.
+
+A `train.<key>` the user sets (params.yaml, --set, `dvc exp run -S`) that is a sweep dimension (SpaceConfig's
+fields) pins that dimension: every space of the resolved Config holds that one value (`pin`), so a sweep's points
+(sweep/space.py) are what the user set. A profile's own train values do not pin (a profile states its points in its
+spaces), nor do a command's typed options; `train` and `doctor` run no sweep and load without pins. A sweep
+refuses a knob set in train that a selected strategy's catalog row does not take (`sweep_refusal`); the `train`
+command, one strategy, checks its own (knob_refusal).
 A Config is never mutated: `override` returns a new one.
 """
 
@@ -24,6 +32,7 @@ from pipeline.config.schema import (
     PROFILE_NAME,
     SEED_MAX,
     SOURCES,
+    SPACE_KEYS,
     SPACE_META,
     STRATEGY_NAMES,
     TIMEOUT_MAX_S,
@@ -48,6 +57,7 @@ __all__ = [
     "PROFILE_NAME",
     "SEED_MAX",
     "SOURCES",
+    "SPACE_KEYS",
     "STRATEGY_NAMES",
     "TIMEOUT_MAX_S",
     "AnalyzeConfig",
@@ -60,12 +70,14 @@ __all__ = [
     "SweepConfig",
     "TrackingConfig",
     "TrainConfig",
+    "check_sweep",
     "describe_profiles",
     "load",
     "override",
     "parse_set",
     "profile_path",
     "replace_train",
+    "sweep_refusal",
 ]
 
 
@@ -333,11 +345,18 @@ def parse_set(items) -> dict:
     return out
 
 
-def load(params: str | Path | None = None, overrides=(), root: Path | None = None, flags: dict | None = None) -> Config:
+def load(
+    params: str | Path | None = None,
+    overrides=(),
+    root: Path | None = None,
+    flags: dict | None = None,
+    sweeps: bool = True,
+) -> Config:
     """Read params.yaml (and the profile it names) and apply `--set` overrides, then `flags` (a command's typed
-    options as sections, {"train": {"strategy": "ddp"}}), validated once with the rest. Without `params`, the
-    repository's params.yaml is optional (none: the profile's and built-in values); a `params` file named explicitly
-    (--params) must exist, or a typo would run silently on other values than the user chose."""
+    options as sections, {"train": {"strategy": "ddp"}}), validated once with the rest, with the user's train settings
+    pinned in the spaces (`pin`; `sweeps=False`: a command that runs no sweep, whose spaces nothing reads). Without
+    `params`, the repository's params.yaml is optional (none: the profile's and built-in values); a `params` file
+    named explicitly (--params) must exist, or a typo would run silently on other values than the user chose."""
     root = Path(root) if root else repo_root()
     path = Path(params) if params else root / "params.yaml"
     if params and not path.exists() and path.is_symlink():
@@ -352,26 +371,126 @@ def load(params: str | Path | None = None, overrides=(), root: Path | None = Non
             f"to read params.yaml at the repository root. Nothing was run."
         )
     raw = _read_yaml(path) if path.exists() else {}
-    sets = parse_set(overrides)
+    sets = _sections_unset(parse_set(overrides))
     profile = sets.get("profile", raw.get("profile", "cpu"))
     layers = []
     if profile:
         prof = _read_yaml(profile_path(profile, root))
         prof.pop("description", None)
         layers.append((prof, f"experiments/{profile}.yaml"))
-    layers += [(_drop_unset(raw), str(path)), (sets, "--set"), (flags or {}, "the command's options")]
+    users = [(_drop_unset(raw), str(path)), (sets, "--set")]  # what pins the sweep (a command's options do not)
+    layers += [*users, (flags or {}, "the command's options")]
     layered: dict = {}
     for layer, where in layers:  # each layer's sections must be mappings, whatever the later layers hold
         _check_shapes(Config, layer, "", where)
         layered = _merge(layered, layer)
     layered["profile"] = profile
-    return _build(Config, layered, "")
+    cfg = _build(Config, layered, "")
+    return pin(cfg, users) if sweeps else cfg
 
 
 def _drop_unset(layer: dict) -> dict:
     """params.yaml's `key: null` means "unset here: the profile's value" (a placeholder, so that `dvc exp run -S
     train.epochs=3` has a key to override; DVC refuses to add a key params.yaml lacks)."""
     return {k: _drop_unset(v) if isinstance(v, dict) else v for k, v in layer.items() if v is not None}
+
+
+def _sections_unset(sets: dict) -> dict:
+    """--set's nulls inside a section, as params.yaml's: `--set data.train_limit=null` is the key left out (params.yaml
+    documents null). A top-level null keeps its meaning (`--set profile=null`: no profile)."""
+    return {k: _drop_unset(v) if isinstance(v, dict) else v for k, v in sets.items()}
+
+
+# ----------------------------------------------------------------------------- a train setting pins the sweep
+
+
+def pin(cfg: Config, users) -> Config:
+    """cfg with every `train.<key>` that a user layer sets (params.yaml, --set: `users`, as (layer, where)) and that
+    is a sweep dimension pinned in every space: each product's list for it is that one value
+    (a knob only in the spaces whose strategy takes it, and in `default`, where each strategy keeps its own knobs).
+    A user layer that also lists the dimension in a space (`sweep.spaces.S.KEY`) must list that one value there, or
+    the two are refused together: neither silently wins."""
+    pinned = [k for k in SPACE_KEYS if any(k in (layer.get("train") or {}) for layer, _ in users)]
+    if not pinned:
+        return cfg
+    values = {k: getattr(cfg.train, k) for k in pinned}
+    for s, k, where in _space_keys(users):
+        lists = [getattr(p, k) for p in cfg.sweep.spaces.get(s, ())]
+        if k in values and any(vs not in ((), (values[k],)) for vs in lists):
+            swept = ", ".join(sorted({_yaml(v) for vs in lists for v in vs}))
+            raise ConfigError(
+                f"`train.{k}={_yaml(values[k])}` pins the sweep's `{k}` to that one value in every space, and "
+                f"`sweep.spaces.{s}.{k}` ({where}) sweeps [{swept}]: the two disagree. Keep one: leave `train.{k}` "
+                f"unset to sweep the space's values, or remove `sweep.spaces.{s}.{k}` (or make it "
+                f"[{_yaml(values[k])}]). Nothing was run."
+            )
+    spaces = dict(cfg.sweep.spaces)
+    spaces.setdefault("default", (SpaceConfig(),))  # the strategies without a space of their own
+    out = {
+        s: tuple(
+            dataclasses.replace(p, **{k: (v,) for k, v in values.items() if _has_dimension(s, k)}) for p in products
+        )
+        for s, products in spaces.items()
+    }
+    return dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, spaces=out))
+
+
+def _has_dimension(space: str, key: str) -> bool:
+    """Whether the space named `space` (a strategy, or `default`) holds dimension `key` (loader's _build_space)."""
+    return space == "default" or key not in catalog.KNOBS or key in catalog.knobs(space)
+
+
+def _space_keys(users):
+    """(strategy, key, where) for each dimension a user layer lists in a space of sweep.spaces."""
+    for layer, where in users:
+        spaces = (layer.get("sweep") or {}).get("spaces") or {}
+        for s, v in spaces.items() if isinstance(spaces, dict) else ():
+            for part in v if isinstance(v, list) else [v]:
+                yield from ((s, k, where) for k in (part if isinstance(part, dict) else ()))
+
+
+def sweep_refusal(cfg: Config) -> str:
+    """Why cfg cannot be swept: a knob the train section sets away from its default (a pin, or a profile's value)
+    that a selected strategy's catalog row does not take, so that strategy's trials could never receive it. The
+    message names the key, those strategies and the forms that work; "" when every selected strategy takes it."""
+    defaults = TrainConfig()
+    for k in catalog.KNOBS:
+        if (v := getattr(cfg.train, k)) == getattr(defaults, k):
+            continue  # a strategy without the knob runs its default already
+        lacking = [s for s in cfg.sweep.strategies if k not in catalog.knobs(s)]
+        if not lacking:
+            continue
+        takers = [s for s in cfg.sweep.strategies if k in catalog.knobs(s)]
+        why = catalog.why_not(lacking[0], k)
+        if takers:
+            form = f"sweep.spaces.{takers[0]}.{k}"
+            instead = (
+                f"To set it for the strategies that take it only, leave `train.{k}` unset and give it to their "
+                f"spaces, e.g. `{form}: [{_yaml(v)}]` (`--set '{form}=[{_yaml(v)}]'`, `dvc exp run -S "
+                f"'+{form}=[{_yaml(v)}]'`); or select only those: `sweep.strategies=[{', '.join(takers)}]`."
+            )
+        else:
+            every = [n for n in catalog.NAMES if k in catalog.knobs(n)]
+            instead = f"Select a strategy that takes it ({', '.join(every)}) in sweep.strategies, or leave it unset."
+        return (
+            f"`train.{k}={_yaml(v)}` is set for every selected strategy's trials, but "
+            f"{', '.join(f'`{s}`' for s in lacking)} {'has' if len(lacking) == 1 else 'have'} no `{k}` knob"
+            f"{f' ({lacking[0]}: {why})' if why else ''}: {'its' if len(lacking) == 1 else 'their'} trials would "
+            f"never run with it. {instead} "
+            f"Nothing was run."
+        )
+    return ""
+
+
+def check_sweep(cfg: Config) -> None:
+    """Raise ConfigError where cfg cannot be swept (sweep_refusal)."""
+    if why := sweep_refusal(cfg):
+        raise ConfigError(why)
+
+
+def _yaml(v) -> str:
+    """A value as YAML writes it (true, not True)."""
+    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def profile_path(profile, root: Path) -> Path:
@@ -418,8 +537,9 @@ def _check_shapes(cls, layer: dict, prefix: str, where: str) -> None:
 
 
 def override(cfg: Config, items) -> Config:
-    """A new Config with dotted overrides applied (validated like the file)."""
-    return _build(Config, _merge(cfg.to_dict(), parse_set(items)), "")
+    """A new Config with dotted overrides applied (validated like the file; a train setting pins, as --set's)."""
+    sets = _sections_unset(parse_set(items))
+    return pin(_build(Config, _merge(cfg.to_dict(), sets), ""), [(sets, "--set")])
 
 
 def replace_train(cfg: Config, **changes) -> Config:

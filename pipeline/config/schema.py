@@ -170,7 +170,7 @@ class SpaceConfig:
     devices: tuple[int, ...] = (1, 2)
     batch_size: tuple[int, ...] = (256,)
     lr: tuple[float, ...] = (0.2,)
-    # empty = not swept: every point takes train.optimizer (so `-S train.optimizer=adamw` reaches the sweep)
+    # empty = not swept: every point takes train.optimizer (a train value the user sets pins any list: loader.pin)
     optimizer: tuple[str, ...] = ()
     bucket_cap_mb: tuple[float, ...] = (25.0,)
     grad_as_bucket_view: tuple[bool, ...] = (True,)
@@ -181,6 +181,9 @@ class SpaceConfig:
     cuda_graphs: tuple[bool, ...] = (False,)
     cudnn_benchmark: tuple[bool, ...] = (False,)
     autocast: tuple[bool, ...] = (False,)
+
+
+SPACE_KEYS = tuple(f.name for f in dataclasses.fields(SpaceConfig))  # a trial's point: one value of each
 
 
 @dataclass(frozen=True)

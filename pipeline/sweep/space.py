@@ -16,11 +16,14 @@ from pipeline import catalog
 from pipeline.catalog import KNOBS
 from pipeline.config import loader as configmod
 
-SPACE_KEYS = tuple(f.name for f in dataclasses.fields(configmod.SpaceConfig))  # a trial's point: one value of each
+SPACE_KEYS = configmod.SPACE_KEYS  # a trial's point: one value of each
 
 
 def points(cfg, strategy: str) -> list[dict]:
-    """Every point of the strategy's space, in a stable order (knob dimensions only where the catalog lists them)."""
+    """Every point of the strategy's space, in a stable order (knob dimensions only where the catalog lists them):
+    the one place a sweep's points come from. A train setting the user set is already pinned in cfg's spaces
+    (loader.pin); a configuration a sweep cannot honour is refused here too, whoever asks (loader.sweep_refusal)."""
+    configmod.check_sweep(cfg)
     keys = [k for k in SPACE_KEYS if k not in KNOBS or k in catalog.knobs(strategy)]
     seen: dict = {}  # a point's values (scalars, so hashable) -> the point; a dict keeps the first-seen order
     for space in cfg.space(strategy):

@@ -32,6 +32,17 @@ def test_layers_profile_then_params_then_set():
     assert load("data.train_limit=500").data.train_limit == 500
 
 
+def test_a_null_set_is_the_key_left_out_as_params_yaml_documents(tmp_path):
+    """params.yaml documents `train_limit: null  # null = the profile's`; `--set data.train_limit=null` (and DVC's
+    `-S`, which writes the null into params.yaml) means the same: the key left out at that layer."""
+    profile = load().data.train_limit
+    assert load("data.train_limit=null").data.train_limit == profile > 0
+    assert load("data.train_limit=null", "data.test_limit=~", "train.epochs=null").train.epochs == load().train.epochs
+    (tmp_path / "params.yaml").write_text("profile: ''\ndata: {train_limit: 100}\n")
+    assert c.load(None, ["data.train_limit=null"], root=tmp_path).data.train_limit == 100  # the layer below's
+    assert c.override(load(), ["data.train_limit=null"]).data.train_limit == profile
+
+
 def test_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         load().train.lr = 1.0

@@ -58,6 +58,16 @@ CASES = [
     ),
     ("sweep --n-trials negative", ["sweep", "--strategy", "single", "--n-trials", "-1"], "-1 is negative"),
     ("empty search space", ["sweep", "--strategy", "ddp", "--set", "sweep.spaces.ddp.lr=[]"], "empty"),
+    (
+        "a train knob that a selected strategy cannot take, in a sweep",
+        ["sweep", "--strategy", "ddp", "--set", "sweep.strategies=[ddp, single]", "--set", "train.comm_hook=fp16"],
+        "sweep.spaces.ddp.comm_hook",
+    ),
+    (
+        "a train setting and the user's own space that disagree",
+        ["sweep", "--strategy", "ddp", "--set", "train.lr=0.2", "--set", "sweep.spaces.ddp.lr=[0.1, 0.3]"],
+        "the two disagree",
+    ),
     ("malformed --set", ["train", "--out", "{tmp}/o", "--set", "train.lr"], "Malformed --set"),
     (
         "--set of a section as a value, with a flag",

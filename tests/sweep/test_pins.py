@@ -1,0 +1,149 @@
+"""What a user sets is what every trial runs: a `train.<key>` that is a sweep dimension, set in params.yaml, with
+--set (or `dvc exp run -S`), pins that dimension in every trial of the selected strategies, or the sweep is refused
+with a message naming the key; the study is a new one whenever the points change."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipeline import catalog
+from pipeline.cli import main
+from pipeline.config import loader as c
+from pipeline.config import schema
+from pipeline.paths import repo_root
+from pipeline.sweep import space
+
+REPO = repo_root()
+MISSING = "(none: not a dimension of its points)"
+
+
+def load(*sets, params=REPO / "params.yaml", root=REPO):
+    return c.load(params, list(sets), root=root)
+
+
+def _other(key: str):
+    """A valid value of train.<key> other than its default (from the schema: no list written by hand)."""
+    f = next(f for f in dataclasses.fields(schema.TrainConfig) if f.name == key)
+    if "choices" in f.metadata:
+        return next(v for v in f.metadata["choices"] if v != f.default)
+    if isinstance(f.default, bool):
+        return not f.default
+    if isinstance(f.default, int):
+        return f.default + 1
+    return f.default * 2
+
+
+def _yaml(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+# every train key a user may set that is also a sweep dimension: SpaceConfig's fields (the catalog's knobs among them)
+SPACE = [f.name for f in dataclasses.fields(schema.SpaceConfig)]
+DIMENSIONS = [k for k in SPACE if k in {f.name for f in dataclasses.fields(schema.TrainConfig)}]
+# every strategy of the catalog selected (params.yaml's null), and each one alone
+SELECTIONS = [[], *([f"sweep.strategies=[{n}]"] for n in catalog.NAMES)]
+
+
+def test_the_walk_covers_every_dimension_and_knob():
+    assert DIMENSIONS == SPACE and set(catalog.KNOBS) <= set(DIMENSIONS)
+    assert {"model", "devices", "batch_size", "lr", "optimizer"} <= set(DIMENSIONS)
+
+
+@pytest.mark.parametrize("selection", SELECTIONS, ids=["all"] + list(catalog.NAMES))
+@pytest.mark.parametrize("key", DIMENSIONS)
+def test_a_train_setting_reaches_every_trial_of_the_selected_strategies_or_is_refused(key, selection):
+    value = _other(key)
+    base = load(*selection)
+    try:
+        cfg = load(f"train.{key}={_yaml(value)}", *selection)
+        pts = {s: space.points(cfg, s) for s in cfg.sweep.strategies}
+    except c.ConfigError as e:
+        assert f"`train.{key}=" in str(e) and "sweep.s" in str(e), str(e)  # names the key and the form to use
+        return
+    for s, ps in pts.items():
+        got = {p.get(key, MISSING) for p in ps}
+        assert got == {value}, f"{s}: train.{key}={value} set, its trials run {got} (silently replaced)"
+        configs = space.PointConfigs(cfg, s)
+        assert {getattr(configs(p).train, key) for p in ps} == {value}, s
+        assert space.study_name(cfg, s) != space.study_name(base, s), f"{s}: the points changed, the study did not"
+
+
+def test_lr_and_batch_size_set_give_only_those_points_and_a_study_of_their_own():
+    base = load()
+    cfg = load("train.lr=0.2", "train.batch_size=32")
+    for s in cfg.sweep.strategies:
+        pts = space.points(cfg, s)
+        assert {(p["lr"], p["batch_size"]) for p in pts} == {(0.2, 32)}, s
+        assert space.choices(cfg, s)["lr"] == [0.2] and space.choices(cfg, s)["batch_size"] == [32], s
+        assert space.study_name(cfg, s) != space.study_name(base, s), s
+
+
+def test_a_knob_a_selected_strategy_cannot_take_is_refused_naming_it_and_the_space_form():
+    with pytest.raises(c.ConfigError) as e:
+        space.points(load("train.comm_hook=fp16", "sweep.strategies=[ddp, single]"), "ddp")
+    msg = str(e.value)
+    assert "`train.comm_hook=fp16`" in msg and "`single`" in msg and "sweep.spaces.ddp.comm_hook" in msg, msg
+    assert "sweep.strategies=[ddp]" in msg, msg
+    cfg = load("train.comm_hook=fp16", "sweep.strategies=[ddp]")
+    assert {p["comm_hook"] for p in space.points(cfg, "ddp")} == {"fp16"}
+    assert space.points(cfg, "single")  # unselected: its table lists its points, without the knob it lacks
+
+
+def test_the_sweep_command_refuses_it_in_every_stage_before_any_work(tmp_path, monkeypatch, capsys):
+    """DVC runs every sweep@ stage, selected or not: each refuses, exit 2, before a store or the data is opened."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "cpu.yaml").write_text((REPO / "experiments" / "cpu.yaml").read_text())
+    (tmp_path / "params.yaml").write_text("profile: cpu\nsweep: {strategies: [ddp, single]}\ntrain: {comm_hook: shm}\n")
+    monkeypatch.chdir(tmp_path)
+    for strategy in ("ddp", "single", "fsdp"):
+        assert main(["sweep", "--strategy", strategy]) == 2, strategy
+        err = " ".join(capsys.readouterr().err.split())
+        assert "`train.comm_hook=shm`" in err and "`single`" in err and "sweep.spaces.ddp.comm_hook" in err, err
+    assert not (tmp_path / "mlruns").exists() and not (tmp_path / "results").exists()
+
+
+def test_params_yaml_pins_as_set_does_and_a_profile_s_train_values_do_not(tmp_path):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "p.yaml").write_text(
+        "train: {lr: 0.5, batch_size: 64}\nsweep: {spaces: {default: {devices: [1], batch_size: [128], lr: [0.1]}}}\n"
+    )
+    (tmp_path / "params.yaml").write_text("profile: p\ntrain: {lr: 0.2, batch_size: null}\n")
+    cfg = load(params=tmp_path / "params.yaml", root=tmp_path)
+    assert {(p["lr"], p["batch_size"]) for p in space.points(cfg, "ddp")} == {(0.2, 128)}  # the profile's B stays
+    cfg = load("train.batch_size=32", params=tmp_path / "params.yaml", root=tmp_path)
+    assert {(p["lr"], p["batch_size"]) for p in space.points(cfg, "ddp")} == {(0.2, 32)}
+
+
+def test_a_setting_and_a_space_of_the_user_that_disagree_are_refused_naming_both():
+    with pytest.raises(c.ConfigError) as e:
+        load("train.lr=0.2", "sweep.spaces.ddp.lr=[0.1, 0.3]")
+    msg = str(e.value)
+    assert "`train.lr=0.2`" in msg and "`sweep.spaces.ddp.lr`" in msg and "--set" in msg, msg
+    cfg = load("train.lr=0.2", "sweep.spaces.ddp.lr=[0.2]")  # the same one value: nothing to choose between
+    assert {p["lr"] for p in space.points(cfg, "ddp")} == {0.2}
+    cfg = load("train.lr=0.2", "sweep.spaces.ddp={devices: [1, 2], batch_size: [64]}")  # the space leaves lr out
+    assert {(p["lr"], p["batch_size"]) for p in space.points(cfg, "ddp")} == {(0.2, 64)}
+
+
+def test_a_setting_left_at_null_pins_nothing():
+    cfg = load("train.lr=null", "train.comm_hook=null")
+    assert cfg.sweep.spaces == load().sweep.spaces
+    assert space.study_name(cfg, "ddp") == space.study_name(load(), "ddp")
+
+
+def test_override_pins_as_set_does_and_the_trial_config_keeps_it():
+    cfg = c.override(load("sweep.strategies=[ddp]"), ["train.accum_steps=2"])
+    pts = space.points(cfg, "ddp")
+    assert {p["accum_steps"] for p in pts} == {2}
+    assert space.trial_config(cfg, "ddp", pts[0]).train.accum_steps == 2
+
+
+def test_a_command_that_runs_no_sweep_is_not_refused_for_a_space_it_never_reads(tmp_path):
+    """`python -m pipeline train --set train.lr=0.2` beside a params.yaml that sweeps lr for ddp: one run, no sweep."""
+    (tmp_path / "params.yaml").write_text("profile: ''\nsweep: {spaces: {ddp: {lr: [0.1, 0.3]}}}\n")
+    with pytest.raises(c.ConfigError, match="the two disagree"):
+        c.load(None, ["train.lr=0.2"], root=tmp_path)
+    assert c.load(None, ["train.lr=0.2"], root=tmp_path, sweeps=False).train.lr == 0.2
