@@ -25,6 +25,13 @@ OPTIMIZERS = ("sgd", "sgd_momentum", "adamw")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 # a profile is a file name under experiments/, never a path: nothing outside experiments/ is read as one
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+# a tracking.listeners entry names a class, "package.module:Class", its name capitalised as a class's is: the form
+# alone refuses a function (`builtins:print`, `code:interact`, `os:system`) before anything is imported
+LISTENER_ENTRY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Z][A-Za-z0-9_]*")
+LISTENER_FORM = (
+    "a listener class 'package.module:Class' (a dotted module path, a colon, a class name beginning with a capital "
+    "letter; a function such as builtins:print is no listener, and nothing is imported to find out)"
+)
 SEED_MAX = 2**32 - 1  # Optuna's samplers seed NumPy, which takes 32 bits; torch would take 64
 # one size x size float32 matrix per item and arm is held in pinned host memory: 8192 is 256 MiB a matrix, already
 # 10 GiB for the default 20 items; larger would exhaust a host's memory instead of measuring anything
@@ -212,8 +219,9 @@ class TrackingConfig:
     system_metrics: bool = False
     system_metrics_interval_s: float = field(default=2.0, metadata=bounds(0.1, TIMEOUT_MAX_S))
     # more stores for every trial, in the sweep and in `train`: "package.module:Class" import paths, each class built
-    # with the trial's Config and told the trial's life (pipeline/trial/lifecycle.py; docs/usage.md)
-    listeners: tuple[str, ...] = ()
+    # with the trial's Config and told the trial's life (pipeline/trial/lifecycle.py; docs/usage.md). Each is a class
+    # of an installed package or of this project, never of the standard library (lifecycle.listener_classes)
+    listeners: tuple[str, ...] = field(default=(), metadata={"pattern": LISTENER_ENTRY, "form": LISTENER_FORM})
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,6 @@ def test_a_listener_that_cannot_be_loaded_stops_the_sweep_before_any_store(make_
     from pipeline.config.loader import ConfigError
 
     cfg = make_cfg("sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}", "tracking.listeners=[nope:Csv]")
-    with pytest.raises(ConfigError, match="tracking.listeners: cannot load 'nope:Csv'"):
+    with pytest.raises(ConfigError, match="tracking.listeners: 'nope:Csv' cannot be loaded"):
         run_sweep(cfg, "single", tmp_path / "single.jsonl")
     assert not list(tmp_path.rglob("*.db")) and not (tmp_path / "single.jsonl").exists()
