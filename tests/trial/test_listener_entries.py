@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from pipeline.config import loader as configmod
-from pipeline.trial.lifecycle import listener_classes, user_listeners
+from pipeline.trial.lifecycle import user_listeners
 
 LOUD = "tests.trial.loud_listener"  # writes $PARALLAX_LOUD_FILE when imported
 
@@ -71,17 +71,17 @@ def test_a_wrong_entry_is_refused_before_its_module_runs(cfg, loud, tmp_path, mo
     standard library's `this` (it prints the Zen of Python on import) is refused by name; a module outside the
     project and every installed package is refused by where it lies, without running it."""
     with pytest.raises(configmod.ConfigError, match=rf"'{LOUD}:store' is not a listener class"):
-        listener_classes(with_listeners(cfg, f"{LOUD}:store"))
+        user_listeners(with_listeners(cfg, f"{LOUD}:store"))
     assert not loud.exists() and LOUD not in sys.modules
     with pytest.raises(configmod.ConfigError, match="'this:Zen' names the standard library's module 'this'"):
-        listener_classes(with_listeners(cfg, "this:Zen"))
+        user_listeners(with_listeners(cfg, "this:Zen"))
     assert "this" not in sys.modules
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (outside / "stray_store.py").write_text(f"open({str(tmp_path / 'stray-imported')!r}, 'w')\nclass Store: pass\n")
     monkeypatch.syspath_prepend(str(outside))
     with pytest.raises(configmod.ConfigError, match="neither an installed package nor part of this project"):
-        listener_classes(with_listeners(cfg, "stray_store:Store"))
+        user_listeners(with_listeners(cfg, "stray_store:Store"))
     assert not (tmp_path / "stray-imported").exists() and "stray_store" not in sys.modules
 
 
