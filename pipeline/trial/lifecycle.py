@@ -138,11 +138,13 @@ def _foreign(top: str) -> str:
     def under(place, roots):
         return any(place.is_relative_to(r) for r in roots)
 
-    for place in places:
-        if under(place, [PROJECT, *installed]) or top in importlib.metadata.packages_distributions():
+    for place in places:  # site-packages lie under the standard library's folder outside a virtualenv: first
+        if under(place, installed):
             continue
         if under(place, stdlib):
             return f"names the standard library's module {top!r} ({place})"
+        if under(place, [PROJECT]) or top in importlib.metadata.packages_distributions():  # or installed editable
+            continue
         return f"is a module at {place}, neither an installed package nor part of this project"
     return ""
 
