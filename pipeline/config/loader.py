@@ -143,7 +143,7 @@ def _coerce(key: str, typ, value, meta: dict):
     if meta.get("path") and (why := too_long(value)):
         _err(key, f"the path {_short(value)!r} {why}. Choose a shorter path.")
     if "pattern" in meta and value and not meta["pattern"].fullmatch(value):
-        _err(key, f"{value!r} is not a name of the form {meta['pattern'].pattern}.")
+        _err(key, f"{value!r} is not {meta.get('form') or 'a name of the form ' + meta['pattern'].pattern}.")
     if "choices" in meta and value not in meta["choices"]:
         _err(key, f"{value!r} is not one of: {', '.join(map(str, meta['choices']))}.")
     lo, hi = meta.get("lo"), meta.get("hi")

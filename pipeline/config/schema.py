@@ -33,6 +33,13 @@ DDP_RUNTIME_STATS_ITERATIONS = 10
 # the first step none of those synchronises: a timed window (train.warmup_steps) or a CUDA graph capture that opens
 # here holds none of them until the 100th step (doctor, gpu_epoch, the gpu and slurm profiles, trial/graphs.py)
 DDP_SETTLE_STEPS = DDP_RUNTIME_STATS_ITERATIONS + 1
+# a tracking.listeners entry names a class, "package.module:Class", its name capitalised as a class's is: the form
+# alone refuses a function (`builtins:print`, `code:interact`, `os:system`) before anything is imported
+LISTENER_ENTRY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Z][A-Za-z0-9_]*")
+LISTENER_FORM = (
+    "a listener class 'package.module:Class' (a dotted module path, a colon, a class name beginning with a capital "
+    "letter; a function such as builtins:print is no listener, and nothing is imported to find out)"
+)
 SEED_MAX = 2**32 - 1  # Optuna's samplers seed NumPy, which takes 32 bits; torch would take 64
 # one size x size float32 matrix per item and arm is held in pinned host memory: 8192 is 256 MiB a matrix, already
 # 10 GiB for the default 20 items; larger would exhaust a host's memory instead of measuring anything
@@ -223,8 +230,9 @@ class TrackingConfig:
     system_metrics: bool = False
     system_metrics_interval_s: float = field(default=2.0, metadata=bounds(0.1, TIMEOUT_MAX_S))
     # more stores for every trial, in the sweep and in `train`: "package.module:Class" import paths, each class built
-    # with the trial's Config and told the trial's life (pipeline/trial/lifecycle.py; docs/usage.md)
-    listeners: tuple[str, ...] = ()
+    # with the trial's Config and told the trial's life (pipeline/trial/lifecycle.py; docs/usage.md). Each is a class
+    # of an installed package or of this project, never of the standard library (lifecycle.listener_classes)
+    listeners: tuple[str, ...] = field(default=(), metadata={"pattern": LISTENER_ENTRY, "form": LISTENER_FORM})
 
 
 @dataclass(frozen=True)

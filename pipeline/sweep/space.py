@@ -15,6 +15,7 @@ import json
 from pipeline import catalog
 from pipeline.catalog import KNOBS
 from pipeline.config import loader as configmod
+from pipeline.trial.lifecycle import stopping_listeners
 
 SPACE_KEYS = configmod.SPACE_KEYS  # a trial's point: one value of each
 
@@ -109,7 +110,8 @@ NEUTRAL = {
     "sweep.remeasure_interfered": "how often a flagged trial is enqueued again; each copy is a trial of its own",
     "tracking.uri": "the MLflow store runs are logged to",
     "tracking.experiment": "the MLflow experiment runs are logged under",
-    "tracking.listeners": "more stores told of each trial, in the sweep's process, never in the measured ones",
+    "tracking.listeners": "stores told of each trial in the sweep's process; one that can stop a trial is in the "
+    "identity by name (identity: stopping_listeners)",
     "analyze": "read by the analysis stage only, after the trials",
     "overlap": "read by the overlap stage only",
     "slurm.account": "the account a job is charged to",
@@ -135,20 +137,30 @@ def neutral(setting: str) -> bool:
 
 
 def identity(cfg, strategy: str) -> dict:
-    """What a study's trials depend on: the strategy (and its catalog revision), its points, and every setting not
-    NEUTRAL (a train setting a point sets is the point's)."""
+    """What a study's trials depend on: the strategy (and its catalog revision), its points, every setting not
+    NEUTRAL (a train setting a point sets is the point's), and the listeners that can stop a trial (a point one of
+    them stopped is measured by the study without it, never filed as its result)."""
     pts = points(cfg, strategy)
     per_point = {f"train.{k}" for p in pts for k in p}
     key = {k: v for k, v in _settings(cfg).items() if not neutral(k) and k not in per_point}
-    revision = catalog.SPECS[strategy].revision  # the first revision adds nothing: earlier studies keep their names
-    return {"strategy": strategy, "points": pts, "settings": key, **({"revision": revision} if revision > 1 else {})}
+    # neither adds anything when absent or at its first value: earlier studies keep their names
+    revision = catalog.SPECS[strategy].revision
+    stoppers = stopping_listeners(cfg)
+    return {
+        "strategy": strategy,
+        "points": pts,
+        "settings": key,
+        **({"revision": revision} if revision > 1 else {}),
+        **({"stopping_listeners": stoppers} if stoppers else {}),
+    }
 
 
 def changed_settings(cfg, strategy: str) -> dict:
-    """The identity's settings whose values differ from the schema's defaults: what sets this study apart, shown on
-    its MLflow parent run."""
-    default = identity(type(cfg)(), strategy)["settings"]
-    return {k: v for k, v in identity(cfg, strategy)["settings"].items() if default.get(k) != v}
+    """The identity's settings whose values differ from the schema's defaults, and the listeners that can stop a
+    trial: what sets this study apart, shown on its MLflow parent run."""
+    default, own = identity(type(cfg)(), strategy)["settings"], identity(cfg, strategy)
+    changed = {k: v for k, v in own["settings"].items() if default.get(k) != v}
+    return {**changed, **({"tracking.listeners": own["stopping_listeners"]} if "stopping_listeners" in own else {})}
 
 
 def space_hash(cfg, strategy: str) -> str:

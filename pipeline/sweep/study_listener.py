@@ -2,6 +2,8 @@
 runs (a worker taking it over cancels it here), pruning at each epoch, and its end told once: COMPLETE with its
 final test accuracy, PRUNED, or FAIL with the reason; a SLURM job the cluster ended is enqueued again, a trial
 measured under interference re-measured, and one stopped by a fault or Ctrl-C failed and enqueued again.
+One outcome per trial: once the store holds the trial's end (`ended`), a later fault (a store of the user's that
+raises in `finished`, say) is reported and the end stands: never failed after it completed, nor enqueued again.
 `outcome` is what the sweep prints after the trial; `told` and `again` what the store took of a stop.
 """
 
@@ -27,6 +29,7 @@ class StudyListener:
         self.beat = claims.heartbeat(trial)
         self.beating = False
         self.outcome = ""
+        self.ended = ""  # the end the store holds, once told (COMPLETE, PRUNED, FAIL ...): it stands
         self.told = self.again = False
 
     # ------------------------------------------------------------------ while it runs
@@ -75,17 +78,18 @@ class StudyListener:
             if record["stopped"]:
                 self.trial.set_user_attr("reason", f"pruned after epoch {len(record['test_acc'])}")
                 self.study.tell(self.trial, state=TrialState.PRUNED)
-                self.outcome = "pruned"
+                self.ended, self.outcome = "PRUNED", "pruned"
                 return
             if t.untimed:  # complete, its accuracy valid; the table's reason and the run's tag say why img/s is missing
                 reason = "; ".join(filter(None, (self.trial.user_attrs.get("reason"), t.untimed)))
                 self.trial.set_user_attr("reason", reason)
             self.study.tell(self.trial, record["test_acc"][-1])
+            self.ended = "COMPLETE"
             self.outcome = f"{meter.speed_text(record)}, acc {record['test_acc'][-1]:.3f}" + remeasure(
                 self.cfg, self.study, self.trial, self.p, record
             )
         except optuna.exceptions.UpdateFinishedTrialError:
-            self.outcome = f"{TAKEN_OVER}; nothing recorded here"
+            self.ended, self.outcome = TAKEN_OVER, f"{TAKEN_OVER}; nothing recorded here"
 
     def failed(self, t, error) -> None:
         reason = f"{error.kind}: {error}"
@@ -93,19 +97,23 @@ class StudyListener:
             self.trial.set_user_attr("reason", reason)
             if getattr(error, "requeue", False):  # SLURM cancelled or preempted its job (slurm.Requeued)
                 self.outcome = requeue(self.study, self.trial, self.p, reason)
+                self.ended = "FAIL, its point enqueued again"
                 return
             self.trial.set_user_attr("failure_kind", error.kind)
             self.study.tell(self.trial, state=TrialState.FAIL)
-            self.outcome = f"failed ({reason})"
+            self.ended, self.outcome = "FAIL", f"failed ({reason})"
         except optuna.exceptions.UpdateFinishedTrialError:
-            self.outcome = f"{TAKEN_OVER}; nothing recorded here"
+            self.ended, self.outcome = TAKEN_OVER, f"{TAKEN_OVER}; nothing recorded here"
 
     def cancelled(self, t, why: str) -> None:
-        self.outcome = f"{why}; nothing recorded here"
+        self.ended, self.outcome = why, f"{why}; nothing recorded here"
 
     def stopped(self, t, error, why: str, interrupted: bool) -> None:
-        """Failed with the reason and its point enqueued again, each step tried once (read back in told, again)."""
+        """Failed with the reason and its point enqueued again, each step tried once (read back in told, again);
+        a trial whose end the store holds already keeps it (`ended`): one outcome per trial."""
         self._stop_beating()
+        if self.ended:
+            return
         with contextlib.suppress(Exception):
             self.trial.set_user_attr("reason", f"{why}; enqueued again")
         with contextlib.suppress(Exception):

@@ -112,7 +112,7 @@ def stopped_text(e: Exception, number: int, p: dict, out_dir: Path, tracker, run
     )
     return (
         f"The sweep stopped in trial #{number} ({fmt_point(p)}){cause}. "
-        f"{_recorded(tracker, run_id, in_study.told, in_study.again)} {fix} and rerun the sweep: finished trials "
+        f"{_recorded(tracker, run_id, in_study)} {fix} and rerun the sweep: finished trials "
         f"are kept."
     )
 
@@ -122,9 +122,15 @@ def fault_text(e: BaseException) -> str:
     return f"{FAULT_TEXT[fault]} ({root_cause(e)})" if fault else root_cause(e)
 
 
-def _recorded(tracker, run_id, told: bool, again: bool) -> str:
-    """What the stores hold of a trial stopped by a fault, as read back, never as intended."""
-    if told and again:
+def _recorded(tracker, run_id, in_study) -> str:
+    """What the stores hold of a trial stopped by a fault, as the stores acknowledged it, never as intended."""
+    told, again = in_study.told, in_study.again
+    if in_study.ended:  # the fault came after the store held the trial's end (a store of the user's, say)
+        optuna_part = (
+            f"The Optuna store held the trial's end before the fault ({in_study.ended}): that end stands, and the "
+            f"trial is not enqueued again"
+        )
+    elif told and again:
         optuna_part = "The trial was recorded as failed with this reason and enqueued again"
     elif told:
         optuna_part = "The trial was recorded as failed, but enqueueing it again failed"

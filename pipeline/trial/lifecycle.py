@@ -21,36 +21,132 @@ known: cfg, out_dir, label, bounded, run_id, record, untimed, flagged):
 
 A failure of kind in `host_faults` (the host's or the cluster's, not the trial's: a trial folder that refuses
 writes, SLURM's controller gone) is a fault, announced as stopped. A listener that raises in finished (a store
-refusing to record a success) turns the end into stopped: no failure passes for a success.
+refusing to record a success) turns the end into stopped: no failure passes for a success. Listeners record; the
+owner of the trial's queue decides (the sweep's study listener): a trial whose end it already holds keeps that end
+when a later listener raises, so each trial has one outcome.
 
 Users add a store with `tracking.listeners` (import paths "package.module:Class", each built with the trial's
-Config): every trial, in the sweep and in `train`, announces its life to it too (docs/usage.md).
+Config): every trial, in the sweep and in `train`, announces its life to it too (docs/usage.md). A parameter names a
+class, never code to run: an entry is checked for its form and its origin (an installed package or this project,
+never the standard library) before anything is imported, then must be a class with at least one moment
+(listener_classes). One with an `epoch` method can stop a trial (STOPS), so it is part of a sweep study's identity.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import site
+import sys
+import sysconfig
 from pathlib import Path
 
 from pipeline.config.loader import ConfigError
+from pipeline.config.schema import LISTENER_ENTRY, LISTENER_FORM
 from pipeline.errors import TrialFailed, interruption, root_cause
 from pipeline.records import files
+
+MOMENTS = (
+    "claimed",
+    "started",
+    "noted",
+    "epoch",
+    "ran",
+    "flagged",
+    "finished",
+    "failed",
+    "cancelled",
+    "stopped",
+    "closed",
+)
+STOPS = "epoch"  # the moment whose answer stops a trial: a listener that has it can stop trials (pruning does)
+PROJECT = Path(__file__).resolve().parents[2]  # the checkout this package is loaded from
 
 
 def user_listeners(cfg) -> list:
     """The listeners tracking.listeners names, each built with the trial's Config; one that cannot be loaded or built
     is a ConfigError naming it (the sweep checks them before it opens a store)."""
     built = []
-    for path in cfg.tracking.listeners:
-        module, _, name = path.partition(":")
+    for path, cls in listener_classes(cfg):
         try:
-            built.append(getattr(importlib.import_module(module), name)(cfg))
-        except (ImportError, AttributeError, ValueError, TypeError) as e:
-            raise ConfigError(
-                f"tracking.listeners: cannot load {path!r} ({type(e).__name__}: {e}); each entry is "
-                f"'package.module:Class', importable here, a class taking the trial's Config"
-            ) from None
+            built.append(cls(cfg))
+        except Exception as e:  # the store's own set-up (a connection, a file): named, never "unexpected"
+            raise _refused(path, f"cannot be built with the trial's Config ({type(e).__name__}: {e})") from None
     return built
+
+
+def stopping_listeners(cfg) -> list[str]:
+    """The tracking.listeners entries that can stop a trial (they have an `epoch` method): part of a study's
+    identity, since a point one of them stopped is measured only by a study without it."""
+    return [path for path, cls in listener_classes(cfg) if callable(getattr(cls, STOPS, None))]
+
+
+def listener_classes(cfg) -> list[tuple[str, type]]:
+    """Each tracking.listeners entry with its class. Its form and its module's origin are checked before anything
+    is imported (a module's top-level code runs on import): a class name, from an installed package or this project,
+    never the standard library; after the import, a class with at least one moment. Else a ConfigError naming it."""
+    out = []
+    for path in cfg.tracking.listeners:
+        if not isinstance(path, str) or not LISTENER_ENTRY.fullmatch(path):
+            raise _refused(path, f"is not {LISTENER_FORM}")
+        module, _, name = path.partition(":")
+        if why := _foreign(module.partition(".")[0]):
+            raise _refused(path, f"{why}; nothing was imported")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except Exception as e:  # ImportError, AttributeError, or whatever its top-level code raised
+            raise _refused(path, f"cannot be loaded ({type(e).__name__}: {e})") from None
+        if not inspect.isclass(cls):
+            raise _refused(path, f"is a {type(cls).__name__}, not a class")
+        if _stdlib(cls.__module__.partition(".")[0]):
+            raise _refused(path, f"is the standard library's class {cls.__module__}.{cls.__qualname__}")
+        if not any(callable(getattr(cls, m, None)) for m in MOMENTS):
+            raise _refused(path, f"has none of a listener's moments ({', '.join(MOMENTS)})")
+        out.append((path, cls))
+    return out
+
+
+def _refused(path, why: str) -> ConfigError:
+    return ConfigError(
+        f"tracking.listeners: {path!r} {why}. Each entry is 'package.module:Class', a class of an installed package "
+        f"or of this project ({PROJECT}) with a method per moment it hears, taking the trial's Config (docs/usage.md)"
+    )
+
+
+def _stdlib(top: str) -> bool:
+    return top in sys.stdlib_module_names or top == "__main__"
+
+
+def _foreign(top: str) -> str:
+    """Why the top-level module `top` is no place for a listener, read without importing it; "" when it is one."""
+    if _stdlib(top):
+        return f"names the standard library's module {top!r}"
+    try:
+        spec = importlib.util.find_spec(top)  # a top-level name: finds its file, runs nothing
+    except (ImportError, ValueError) as e:
+        return f"cannot be loaded ({type(e).__name__}: {e})"
+    if spec is None:
+        return f"cannot be loaded (no module named {top!r})"
+    if spec.origin in ("built-in", "frozen"):
+        return f"names the interpreter's {spec.origin} module {top!r}"
+    places = [Path(p).resolve() for p in (spec.submodule_search_locations or [spec.origin]) if p]
+    installed = [Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]]
+    stdlib = [Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib")]
+
+    def under(place, roots):
+        return any(place.is_relative_to(r) for r in roots)
+
+    for place in places:  # site-packages lie under the standard library's folder outside a virtualenv: first
+        if under(place, installed):
+            continue
+        if under(place, stdlib):
+            return f"names the standard library's module {top!r} ({place})"
+        if under(place, [PROJECT]) or top in importlib.metadata.packages_distributions():  # or installed editable
+            continue
+        return f"is a module at {place}, neither an installed package nor part of this project"
+    return ""
 
 
 def run_locally(tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="", note=None):

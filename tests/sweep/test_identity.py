@@ -137,3 +137,40 @@ def test_the_study_s_changed_settings_name_what_sets_it_apart():
     changed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init="d2l", channels_last=False))
     assert space.changed_settings(cfg, STRATEGY) == {}
     assert space.changed_settings(changed, STRATEGY) == {"train.init": "d2l", "train.channels_last": False}
+
+
+class StopAtFirstEpoch:
+    """A user's listener that stops every trial at its first epoch's end (as a pruner does)."""
+
+    def __init__(self, cfg):
+        pass
+
+    def epoch(self, trial, record):
+        return True
+
+
+class RecordsEnds:
+    """A user's listener that only records each trial's end."""
+
+    def __init__(self, cfg):
+        pass
+
+    def finished(self, trial, record):
+        pass
+
+
+def _listening(cfg, *entries):
+    return dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, listeners=entries))
+
+
+def test_a_listener_that_can_stop_trials_is_part_of_the_study_and_a_recording_one_is_not():
+    """A point a stopping listener cut short is the study's with it, so the study without it still measures that
+    point; a store that only records changes no trial, so it shares the study (and its finished trials)."""
+    cfg = schema.Config()
+    stopper, recorder = f"{__name__}:StopAtFirstEpoch", f"{__name__}:RecordsEnds"
+    assert space.study_name(_listening(cfg, stopper), STRATEGY) != space.study_name(cfg, STRATEGY)
+    assert space.study_name(_listening(cfg, recorder), STRATEGY) == space.study_name(cfg, STRATEGY)
+    assert space.study_name(_listening(cfg, recorder, stopper), STRATEGY) == space.study_name(
+        _listening(cfg, stopper), STRATEGY
+    )
+    assert space.changed_settings(_listening(cfg, recorder, stopper), STRATEGY) == {"tracking.listeners": [stopper]}

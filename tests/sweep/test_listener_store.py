@@ -1,5 +1,7 @@
 """A new store is one listener class and a setting: this file's CsvListener, named in tracking.listeners, gets a
-row per trial of a real sweep with no sweep code changed, beside MLflow and Optuna."""
+row per trial of a real sweep with no sweep code changed, beside MLflow and Optuna. A listener that stops trials
+makes a study of its own (the point it stopped is measured without it); one that raises in `finished` leaves its
+trial's one outcome as measured: one COMPLETE trial, one MLflow run, one table row, and a message that says so."""
 
 from __future__ import annotations
 
@@ -9,8 +11,11 @@ from pathlib import Path
 
 import optuna
 import pytest
+from optuna.trial import TrialState
 
+from pipeline.errors import Stopped
 from pipeline.sweep.stage import open_storage, run_sweep, study_name
+from pipeline.tracking import client as tracking
 
 
 class CsvListener:
@@ -61,6 +66,70 @@ def test_a_listener_that_cannot_be_loaded_stops_the_sweep_before_any_store(make_
     from pipeline.config.loader import ConfigError
 
     cfg = make_cfg("sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}", "tracking.listeners=[nope:Csv]")
-    with pytest.raises(ConfigError, match="tracking.listeners: cannot load 'nope:Csv'"):
+    with pytest.raises(ConfigError, match="tracking.listeners: 'nope:Csv' cannot be loaded"):
         run_sweep(cfg, "single", tmp_path / "single.jsonl")
     assert not list(tmp_path.rglob("*.db")) and not (tmp_path / "single.jsonl").exists()
+
+
+class StopAtFirstEpoch:
+    """Stops every trial at its first epoch's end."""
+
+    def __init__(self, cfg):
+        pass
+
+    def epoch(self, trial, record) -> bool:
+        return True
+
+
+class StoreDown:
+    """A store that refuses every trial's end."""
+
+    def __init__(self, cfg):
+        pass
+
+    def finished(self, trial, record) -> None:
+        raise RuntimeError("my store is down")
+
+
+ONE_POINT = ("sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}", "data.train_limit=256")
+
+
+def _rows(out: Path) -> list:
+    import json
+
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def _trial_runs(cfg) -> list:
+    return [r for r in tracking.Tracker(cfg).find_runs("tags.strategy = 'single'") if "trial" in r.data.tags]
+
+
+def test_a_point_a_stopping_listener_cut_short_is_measured_once_it_is_gone(make_cfg, tmp_path):
+    limits = (*ONE_POINT, "data.test_limit=64", "train.epochs=2")
+    stopping = make_cfg(*limits, f"tracking.listeners=[{__name__}:StopAtFirstEpoch]")
+    run_sweep(stopping, "single", tmp_path / "stopped.jsonl")
+    (cut,) = _rows(tmp_path / "stopped.jsonl")
+    assert cut["state"] == "pruned", cut
+    plain = make_cfg(*limits)
+    assert study_name(plain, "single") != study_name(stopping, "single")
+    run_sweep(plain, "single", tmp_path / "single.jsonl")
+    (measured,) = _rows(tmp_path / "single.jsonl")
+    assert measured["state"] == "complete" and len(measured["test_acc"]) == 2, measured
+
+
+def test_a_listener_raising_in_finished_leaves_one_outcome_and_says_it(make_cfg, tmp_path):
+    limits = (*ONE_POINT, "data.test_limit=64", "train.epochs=1")
+    cfg = make_cfg(*limits, f"tracking.listeners=[{__name__}:StoreDown]")
+    with pytest.raises(Stopped) as stopped:
+        run_sweep(cfg, "single", tmp_path / "single.jsonl")
+    said = " ".join(str(stopped.value).split())
+    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE], said  # not enqueued again
+    assert "my store is down" in said and "(COMPLETE): that end stands" in said, said
+    assert "RUNNING" not in said and "its MLflow run ended FINISHED" in said, said
+    run_sweep(make_cfg(*limits), "single", tmp_path / "single.jsonl")  # the rerun, the store mended: nothing to run
+    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE]
+    (row,) = _rows(tmp_path / "single.jsonl")
+    (run,) = _trial_runs(cfg)
+    assert row["state"] == "complete" and run.info.status == "FINISHED"
