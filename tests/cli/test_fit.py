@@ -8,18 +8,8 @@ import json
 import pytest
 
 from pipeline.cli.commands import main
-from pipeline.scaling import memory
 
 COMMAND = ["fit", "--model", "resnet18", "--batch-size", "256", "--strategies", "ddp", "--devices", "2"]
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch, tmp_path_factory):
-    """runs/ (device_basis.json) under tmp_path; ResNet-18's counts in one file for the module (counted once)."""
-    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    counts = tmp_path_factory.getbasetemp() / "fit-counts.json"
-    monkeypatch.setattr(memory, "_cache_file", lambda cache: counts)
-    return tmp_path
 
 
 def no_cuda() -> bool:
@@ -28,7 +18,7 @@ def no_cuda() -> bool:
     return not torch.cuda.is_available()
 
 
-def test_fit_prints_each_term_with_its_figure_and_source(here, capsys):
+def test_fit_prints_each_term_with_its_figure_and_source(fit_root, capsys):
     """The command of docs/metrics.md: the fixed cost (context, workspaces: assumed here), the resident parameters,
     data set and DDP's buckets, the step's activations, gradients, buckets, optimizer state, the allocator's
     rounding (assumed), the total; each with MiB and its source, no line wider than 100 columns."""
@@ -50,7 +40,7 @@ def test_fit_prints_each_term_with_its_figure_and_source(here, capsys):
         assert "device memory 79.6 GiB: assumed (default: an 80 GB part as NVIDIA counts it: 81,559 MiB)" in out
 
 
-def test_fit_reads_the_device_memory_from_cuda_else_an_80gb_part(here, capsys, monkeypatch):
+def test_fit_reads_the_device_memory_from_cuda_else_an_80gb_part(fit_root, capsys, monkeypatch):
     """No --device-memory: the CUDA device's total (torch.cuda.mem_get_info), its kept fixed cost by name; without a
     device, 81,559 MiB (assumed); --device-memory as written (80GB = 80e9 bytes)."""
     import torch
@@ -59,9 +49,9 @@ def test_fit_reads_the_device_memory_from_cuda_else_an_80gb_part(here, capsys, m
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=0: "NVIDIA A100-SXM4-40GB")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=0: (1 << 30, 40_339 * 2**20))
-    (here / "runs").mkdir()
+    (fit_root / "runs").mkdir()
     kept = {"context_mib": 500.0, "workspace_mib": None, "source": "NVML", "date": "2026-11-27", "torch": "2.11"}
-    (here / "runs" / "device_basis.json").write_text(json.dumps({"NVIDIA A100-SXM4-40GB": kept}))
+    (fit_root / "runs" / "device_basis.json").write_text(json.dumps({"NVIDIA A100-SXM4-40GB": kept}))
     assert main(COMMAND) == 0
     out = capsys.readouterr().out
     assert "device memory 39.4 GiB: measured (torch.cuda.mem_get_info() total of NVIDIA A100-SXM4-40GB)" in out

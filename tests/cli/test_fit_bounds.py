@@ -7,17 +7,8 @@ import pytest
 
 from pipeline.cli.commands import main
 from pipeline.config.schema import DEVICES_MAX
-from pipeline.scaling import memory
 
 BASE = ["fit", "--model", "lenet", "--batch-size", "128", "--device-memory", "8GiB"]
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    counts = tmp_path_factory.getbasetemp() / "fit-bounds-counts.json"
-    monkeypatch.setattr(memory, "_cache_file", lambda cache: counts)
-    return tmp_path
 
 
 def run(argv) -> int:
@@ -47,13 +38,13 @@ def run(argv) -> int:
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
-def test_fit_refuses_a_bad_input_by_its_flag(flags, named, says, here, capsys):
+def test_fit_refuses_a_bad_input_by_its_flag(flags, named, says, fit_root, capsys):
     assert run([*BASE, *flags]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert named in err and says in err and "Nothing was run" in err, err
     assert "Traceback" not in err and "unexpected" not in err, err
 
 
-def test_fit_takes_the_largest_device_count(here, capsys):
+def test_fit_takes_the_largest_device_count(fit_root, capsys):
     assert run([*BASE, "--batch-size", "1024", "--strategies", "ddp", "--devices", str(DEVICES_MAX)]) == 0
     assert f"ddp          {DEVICES_MAX}" in capsys.readouterr().out
