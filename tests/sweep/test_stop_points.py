@@ -56,6 +56,22 @@ def _interrupting(fn):
     return hooked
 
 
+def _interrupting_after_a_claim(monkeypatch):
+    """queue.finished, with Ctrl-C landing at its first call after a trial is claimed (the sweep also counts the
+    finished trials before it claims any, to say how many are left)."""
+    real_claim, real_finished = claims.claim, claims.finished
+    claimed = []
+
+    def claim(*a, **k):
+        trial = real_claim(*a, **k)
+        claimed.append(trial)
+        return trial
+
+    fire = _interrupting(real_finished)
+    monkeypatch.setattr(claims, "claim", claim)
+    return lambda study: fire(study) if claimed else real_finished(study)
+
+
 def _nothing_running(s, runs) -> None:
     """No trial and no MLflow run RUNNING; each interrupted trial failed as such, with its point waiting again."""
     assert not s.get_trials(states=(TrialState.RUNNING,))
@@ -132,7 +148,7 @@ def test_ctrl_c_between_claim_and_start_leaves_nothing_running(make_cfg, tmp_pat
             "set_trial_system_attr",
             lambda self, tid, key, value: (owner if key == claims.WORKER_ATTR else set_attr)(self, tid, key, value),
         ),
-        "between claim and run": (claims, "finished", _interrupting(claims.finished)),
+        "between claim and run": (claims, "finished", _interrupting_after_a_claim(monkeypatch)),
         "the trial's label": (stage, "counter", _interrupting(stage.counter)),
         "the quiet wait": (stage.QuietGate, "wait", _interrupting(lambda self: None)),
         "the trial's set-up": (trial_exec, "TrialRun", _interrupting(trial_exec.TrialRun)),
