@@ -14,8 +14,7 @@ from pathlib import Path
 
 from pipeline import paths
 from pipeline.data import files as datafiles
-
-FACTS = ("code_digest", "data_digest", "torch_version")  # the names on the study, its parent run and its table
+from pipeline.records.trial import PROVENANCE as FACTS  # the names on the study, its runs and its table
 
 # What a trial computes and measures, under pipeline/: the models, the strategies, the loop and its CUDA graphs, the
 # measurements, and the batches and their normalisation (data/store.py). The rest (launching ranks, the stores, the
@@ -60,6 +59,7 @@ def data_content(cfg) -> dict | None:
 
 
 def facts(cfg) -> dict:
-    """FACTS of a sweep of `cfg`: its data's digest is None where data.dir holds no prepared data."""
+    """FACTS of a sweep of `cfg` (the data's digest "none" where data.dir holds no prepared data yet)."""
     data = data_content(cfg)
-    return {"code_digest": code_digest(), "data_digest": data and data["digest"], "torch_version": torch_version()}
+    found = {"code_digest": code_digest(), "data_digest": data["digest"] if data else "none"}
+    return {k: {**found, "torch_version": torch_version()}[k] for k in FACTS}
