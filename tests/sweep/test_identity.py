@@ -279,6 +279,11 @@ def test_the_code_data_and_torch_are_recorded_on_the_study_its_parent_run_and_it
     assert {k: study.user_attrs[k] for k in want} == want
     row = trial_row(study, STRATEGY, point={"devices": 1, "batch_size": 8}, reason="skipped")
     assert {k: row[k] for k in want} == want
+    import pandas as pd
+
+    from pipeline.analysis.tables.summary import provenance as in_summary  # summary.json's per-strategy entries
+
+    assert in_summary(pd.DataFrame([row]), STRATEGY) == want
 
     class Tracker:
         tags: dict = {}
