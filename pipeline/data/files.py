@@ -6,6 +6,8 @@ only when it fetches)."""
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import os
 import stat
 from pathlib import Path
@@ -17,6 +19,27 @@ RERUN = "`python -m pipeline download` (or `dvc repro download`)"
 
 def raw_dir(root) -> Path:
     return Path(root) / "FashionMNIST" / "raw"
+
+
+def content(root) -> dict | None:
+    """What the prepared data in `root` holds, read from its manifest.json alone (the download stage writes it, and
+    `load(verify=True)` refuses files that differ from it): `digest`, of the four files' md5s and sizes, and the
+    number of `train` and `test` samples (a labels file is an 8-byte header, then one byte a sample). None where no
+    readable manifest is. Torch-free and cheap: a study's identity reads it."""
+    try:
+        with open_regular(Path(root) / "manifest.json") as f:
+            files = json.loads(f.read().decode("utf-8"))["files"]
+        sums = {n: [str(files[n]["md5"]), int(files[n]["bytes"])] for n in FILES}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    digest = hashlib.sha1(json.dumps(sums, sort_keys=True).encode()).hexdigest()[:10]
+    return {"digest": digest, "train": sums[FILES[1]][1] - 8, "test": sums[FILES[3]][1] - 8}
+
+
+def whole(limit: int, n: int | None) -> int:
+    """A sample limit as loading applies it (the first `limit` of `n` samples): 0 where it keeps them all (0, or n or
+    more), so that limits that load the same samples read the same."""
+    return 0 if n is not None and limit >= n else limit
 
 
 def open_regular(path):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline import scratch
 from pipeline.catalog import KNOBS
-from pipeline.records.trial import COLUMNS, TrialRecord, table_kinds
+from pipeline.records.trial import COLUMNS, PROVENANCE, TrialRecord, table_kinds
 
 # what a trial's (or skipped point's) params say
 POINT_KEYS = ("model", "devices", "batch_size", "lr", "optimizer", *KNOBS)
@@ -38,7 +38,8 @@ def point_of(t) -> dict:
 
 
 def trial_row(study, strategy, t=None, point=None, reason="", state="skipped") -> dict:
-    """One row: an Optuna trial (t, its record in user attribute `metrics`) or a point not run (point, reason)."""
+    """One row: an Optuna trial (t, its record in user attribute `metrics`) or a point not run (point, reason), with
+    the study's PROVENANCE (its user attributes)."""
     m = (t.user_attrs.get("metrics") if t else None) or {}
     p = point_of(t) if t else dict(point)
     row = dict.fromkeys(COLUMNS)
@@ -56,6 +57,8 @@ def trial_row(study, strategy, t=None, point=None, reason="", state="skipped") -
         or ("worker_died: its sweep process stopped (heartbeat stale); the point was enqueued again" if failed else ""),
         mlflow_run_id=t.user_attrs.get("mlflow_run_id") if t else None,
     )
+    facts = getattr(study, "user_attrs", None) or {}  # the code, data and torch the study's trials ran on
+    row.update({k: facts.get(k) for k in PROVENANCE})
     return row
 
 

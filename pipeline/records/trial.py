@@ -34,8 +34,18 @@ from pipeline.records.derived import (  # noqa: F401 (BD_COLUMNS, BD_PARTS, JSON
     sampled_breakdown,
 )
 
+# What a study's figures were computed with beyond its settings (sweep/provenance.py), one name each on the study,
+# its MLflow runs and its table's rows: the trial's code, the prepared data's content, the torch release
+PROVENANCE = ("code_digest", "data_digest", "torch_version")
 # Table columns that describe the Optuna trial (or the skipped point), not the run: filled by records/table.trial_row
-ROW_COLUMNS = {"study": "str", "trial": "int", "state": "str", "reason": "str", "mlflow_run_id": "str"}
+ROW_COLUMNS = {
+    "study": "str",
+    "trial": "int",
+    "state": "str",
+    "reason": "str",
+    "mlflow_run_id": "str",
+    **dict.fromkeys(PROVENANCE, "str"),
+}
 
 
 def _f(*views: str, rank: str | None = None):

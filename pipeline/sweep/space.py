@@ -1,7 +1,8 @@
 """A strategy's search space as the sweep runs it: its points (the product of each SpaceConfig's lists, with the
 knob dimensions the strategy's catalog row accepts), Optuna's categorical choices (only the dimensions that vary are
 Optuna parameters), a point's trial configuration, and the study name that identifies the space and everything else
-that changes a trial's result (identity: every setting but the NEUTRAL ones, named with their reasons).
+that changes a trial's result (identity: every setting but the NEUTRAL ones, named with their reasons, and the code,
+data and torch the trials run on).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import json
 from pipeline import catalog
 from pipeline.catalog import KNOBS
 from pipeline.config import loader as configmod
+from pipeline.data.files import whole
+from pipeline.sweep import provenance
 from pipeline.trial.lifecycle import stopping_listeners
 
 SPACE_KEYS = configmod.SPACE_KEYS  # a trial's point: one value of each
@@ -138,11 +141,17 @@ def neutral(setting: str) -> bool:
 
 def identity(cfg, strategy: str) -> dict:
     """What a study's trials depend on: the strategy (and its catalog revision), its points, every setting not
-    NEUTRAL (a train setting a point sets is the point's), and the listeners that can stop a trial (a point one of
-    them stopped is measured by the study without it, never filed as its result)."""
+    NEUTRAL (a train setting a point sets is the point's), the listeners that can stop a trial (a point one of
+    them stopped is measured by the study without it, never filed as its result), and what ran beside the settings
+    (provenance): the trial's code, the torch release and the data's content in place of the folder's spelling."""
     pts = points(cfg, strategy)
     per_point = {f"train.{k}" for p in pts for k in p}
     key = {k: v for k, v in _settings(cfg).items() if not neutral(k) and k not in per_point}
+    data = provenance.data_content(cfg)
+    # the data's content stands for its folder; a folder with no prepared data yet is named by its resolved path
+    del key["data.dir"]
+    for limit, n in (("data.train_limit", "train"), ("data.test_limit", "test")):
+        key[limit] = whole(key[limit], data and data[n])  # 0 and the set's size load the same samples
     # neither adds anything when absent or at its first value: earlier studies keep their names
     revision = catalog.SPECS[strategy].revision
     stoppers = stopping_listeners(cfg)
@@ -150,6 +159,9 @@ def identity(cfg, strategy: str) -> dict:
         "strategy": strategy,
         "points": pts,
         "settings": key,
+        "code_digest": provenance.code_digest(),
+        "torch_version": provenance.torch_version(),
+        "data": data["digest"] if data else str(provenance.data_root(cfg)),
         **({"revision": revision} if revision > 1 else {}),
         **({"stopping_listeners": stoppers} if stoppers else {}),
     }

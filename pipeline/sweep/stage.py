@@ -27,8 +27,8 @@ from pipeline.host.devices import probe
 from pipeline.measure.quiet import QuietGate
 from pipeline.preflight import check_store
 from pipeline.records.table import write_table
+from pipeline.sweep import provenance, slurm, study_parent, study_setup, study_view, unselected
 from pipeline.sweep import queue as claims
-from pipeline.sweep import slurm, study_parent, study_setup, study_view, unselected
 from pipeline.sweep.progress import counter, progress
 from pipeline.sweep.queue import open_storage, storage_url
 from pipeline.sweep.space import PointConfigs, choices, points, space_hash, study_name
@@ -145,7 +145,9 @@ def prepare_study(
         return study, feasible, skipped
     if study_parent.PARENT not in study.user_attrs:
         study_parent.start(study, cfg, strategy, host, tracker, len(feasible))
-    study_view.name_study(study, strategy, cfg.profile, space_hash(cfg, strategy), choices(cfg, strategy))
+    study_view.name_study(
+        study, strategy, cfg.profile, space_hash(cfg, strategy), choices(cfg, strategy), provenance.facts(cfg)
+    )
     resumed = len(study.get_trials(deepcopy=False))
     grew = study_setup.DONE in study.user_attrs
     added = study_setup.complete(study, queue, f"[sweep {strategy}] enqueueing trials")  # marks it complete last

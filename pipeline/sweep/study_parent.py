@@ -13,7 +13,7 @@ import warnings
 from optuna.trial import TrialState
 
 from pipeline.errors import interruption, redact
-from pipeline.sweep import study_view
+from pipeline.sweep import provenance, study_view
 from pipeline.sweep.queue import storage_url
 from pipeline.sweep.space import changed_settings, choices
 from pipeline.tracking import client as tracking
@@ -39,6 +39,7 @@ def start(study, cfg, strategy: str, host, tracker, n_points: int) -> str:
             "git_sha": tracking.git_sha(),
             "dvc_stage": f"sweep@{strategy}",
             "role": "study",
+            **provenance.facts(cfg),  # the code, data and torch its figures come from
         },
         owned=False,
     )

@@ -26,11 +26,14 @@ OBJECTIVE_TEXT = (
 )
 
 
-def name_study(study, strategy: str, profile: str, space_hash: str, space: dict | None = None) -> None:
+def name_study(
+    study, strategy: str, profile: str, space_hash: str, space: dict | None = None, facts: dict | None = None
+) -> None:
     """Name the objective and keep what the study name encodes as user attributes (readable in the dashboard). The
     space's (choices') constant dimensions are not Optuna parameters (space.suggest), so no trial lists them: the
     study's attribute `constants` names each with its value, once (the sweep passes its space; without one the
-    attribute is left as it is)."""
+    attribute is left as it is). `facts`: the code, data and torch its trials run on (provenance.facts), one
+    attribute each, which every row of its table repeats."""
     if study.metric_names != [OBJECTIVE]:
         with warnings.catch_warnings():  # "experimental" since Optuna 3.2, still in 5.0
             warnings.simplefilter("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -38,6 +41,7 @@ def name_study(study, strategy: str, profile: str, space_hash: str, space: dict 
     attrs = {"strategy": strategy, "profile": profile, "space_hash": space_hash, "objective": OBJECTIVE_TEXT}
     if space is not None:
         attrs["constants"] = ", ".join(f"{k}={v}" for k, v in constants(space).items()) or "none: every one varies"
+    attrs.update(facts or {})
     for k, v in attrs.items():
         if study.user_attrs.get(k) != v:
             study.set_user_attr(k, v)

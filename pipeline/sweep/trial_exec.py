@@ -17,7 +17,7 @@ from pipeline.host.capabilities import host_capabilities
 from pipeline.records import labels as emulated
 from pipeline.records.files import free_text
 from pipeline.records.table import KNOBS
-from pipeline.records.trial import planned
+from pipeline.records.trial import PROVENANCE, planned
 from pipeline.strategies import STRATEGIES
 from pipeline.sweep import queue as claims
 from pipeline.sweep import slurm, study_setup
@@ -66,6 +66,7 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     tcfg, bounded = emulated.bound(configs(p), dtype, host_caps(host), cfg.sweep.emulated_max_steps)  # "": not
     name, repeats = run_name(strategy, p, trial)
     tags = {"trial": trial.number, "study": study.study_name, "optuna_trial_id": claims.trial_id(trial), **repeats}
+    tags.update({k: study.user_attrs.get(k) for k in PROVENANCE})  # the code, data and torch the figures come from
     plan = planned(slurm.sized(cfg, tcfg), host, host_fields(host, tcfg.train.devices))
     run = TrialRun(tracker, tcfg, stage=f"sweep@{strategy}")
     mlflow = MlflowListener(run, name, plan, tags, parent_id, stopped_note="trial enqueued again")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from pipeline.records.table import trial_row, write_rows
+from pipeline.sweep import provenance
 from pipeline.sweep.space import points, study_name
 
 
@@ -21,7 +22,7 @@ def selected(cfg, strategy: str) -> bool:
 def write_table(cfg, strategy: str, out_csv: Path) -> Path:
     """The table of an unselected strategy: every point, with the reason, and no trial run."""
     why = f"not selected: `{strategy}` is not in sweep.strategies ({', '.join(cfg.sweep.strategies)})"
-    stand_in = type("Unselected", (), {"study_name": study_name(cfg, strategy)})
+    stand_in = type("Unselected", (), {"study_name": study_name(cfg, strategy), "user_attrs": provenance.facts(cfg)})
     write_rows([trial_row(stand_in, strategy, point=p, reason=why) for p in points(cfg, strategy)], out_csv)
     print(f"[sweep {strategy}] {why}: no trial run", file=sys.stderr, flush=True)
     return out_csv

@@ -34,6 +34,7 @@ FLOORS = {
     "scaling": {"catalog", "config", "host", "strategies", "trial", "models", "paths"},
     "sweep": {
         "config",
+        "data",
         "records",
         "host",
         "measure",

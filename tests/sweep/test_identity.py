@@ -174,3 +174,127 @@ def test_a_listener_that_can_stop_trials_is_part_of_the_study_and_a_recording_on
         _listening(cfg, stopper), STRATEGY
     )
     assert space.changed_settings(_listening(cfg, recorder, stopper), STRATEGY) == {"tracking.listeners": [stopper]}
+
+
+# ---------------------------------------------------------------- what ran: the code, the data, torch
+
+
+def _prepared(root, labels: bytes = b"l" * 16, n_train: int = 60000, n_test: int = 10000):
+    """A data folder's manifest.json as the download stage writes it (the identity reads the manifest, not the
+    files: load(verify=True) refuses files that differ from it before any study is opened)."""
+    import hashlib
+    import json
+
+    sizes = {
+        "train-images-idx3-ubyte": 16 + 784 * n_train,
+        "train-labels-idx1-ubyte": 8 + n_train,
+        "t10k-images-idx3-ubyte": 16 + 784 * n_test,
+        "t10k-labels-idx1-ubyte": 8 + n_test,
+    }
+    files = {n: {"md5": hashlib.md5(n.encode() + labels).hexdigest(), "bytes": b} for n, b in sizes.items()}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "manifest.json").write_text(json.dumps({"source": "fashion-mnist", "files": files, "mirror": ""}))
+    return root
+
+
+def _data(cfg, **kw):
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **kw))
+
+
+def test_a_changed_model_source_starts_a_new_study(tmp_path, monkeypatch):
+    """LeNet widened in pipeline/models.py: the trials compute another model, so the rerun measures again instead of
+    finding the old study complete."""
+    import shutil
+
+    from pipeline.sweep import provenance
+
+    cfg = schema.Config()
+    before = space.study_name(cfg, STRATEGY)
+    copy = tmp_path / "pipeline"
+    shutil.copytree(provenance.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert provenance.sources_digest(copy) == provenance.code_digest()  # the copy digests as the package does
+    models = copy / "models.py"
+    wider = models.read_text().replace("nn.Linear(50 * 4 * 4, 128)", "nn.Linear(50 * 4 * 4, 512)")
+    assert wider != models.read_text()
+    models.write_text(wider)
+    monkeypatch.setattr(provenance, "code_digest", lambda: provenance.sources_digest(copy))
+    assert space.study_name(cfg, STRATEGY) != before
+
+
+def test_another_torch_starts_a_new_study(monkeypatch):
+    from pipeline.sweep import provenance
+
+    cfg = schema.Config()
+    before = space.study_name(cfg, STRATEGY)
+    monkeypatch.setattr(provenance, "torch_version", lambda: "9.9.9")
+    assert space.study_name(cfg, STRATEGY) != before
+
+
+def test_changed_data_content_starts_a_new_study(tmp_path):
+    """Every label changed and the manifest's checksums recomputed (a re-download from another mirror) under the same
+    data.dir: another study."""
+    cfg = _data(schema.Config(), dir=str(tmp_path / "fm"))
+    _prepared(tmp_path / "fm")
+    before = space.study_name(cfg, STRATEGY)
+    _prepared(tmp_path / "fm", labels=b"relabelled")
+    assert space.study_name(cfg, STRATEGY) != before
+
+
+def test_one_data_folder_however_spelled_is_one_study(tmp_path, monkeypatch):
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # the project data.dir is relative to
+    _prepared(tmp_path / "data" / "x")
+    spellings = ["data/x", "./data/x", "data/x/", str(tmp_path / "data" / "x")]
+    names = {space.study_name(_data(schema.Config(), dir=d), STRATEGY) for d in spellings}
+    assert len(names) == 1, names
+    # and a folder with no prepared data yet is named by its resolved path, however spelled
+    names = {space.study_name(_data(schema.Config(), dir=d.replace("x", "y")), STRATEGY) for d in spellings}
+    assert len(names) == 1, names
+
+
+def test_limits_that_load_the_same_samples_are_one_study(tmp_path):
+    cfg = _data(schema.Config(), dir=str(_prepared(tmp_path / "fm")))
+    whole = {space.study_name(_data(cfg, train_limit=n), STRATEGY) for n in (0, 60000, 70000)}
+    assert len(whole) == 1, whole
+    assert space.study_name(_data(cfg, train_limit=59999), STRATEGY) not in whole
+    tests = {space.study_name(_data(cfg, test_limit=n), STRATEGY) for n in (0, 10000)}
+    assert len(tests) == 1, tests
+
+
+def test_the_code_data_and_torch_are_recorded_on_the_study_its_parent_run_and_its_rows(tmp_path):
+    """One name each (code_digest, data_digest, torch_version) on the study's attributes, its MLflow parent run's
+    tags, and every row of its sweep table (which `dvc exp show` and the report read)."""
+    import optuna
+
+    from pipeline.records.table import trial_row
+    from pipeline.sweep import provenance, study_parent, study_view
+
+    cfg = _data(schema.Config(), dir=str(_prepared(tmp_path / "fm")))
+    want = {
+        "code_digest": provenance.code_digest(),
+        "data_digest": space.provenance.data_content(cfg)["digest"],
+        "torch_version": provenance.torch_version(),
+    }
+    study = optuna.create_study(study_name=space.study_name(cfg, STRATEGY))
+    study_view.name_study(study, STRATEGY, cfg.profile, space.space_hash(cfg, STRATEGY), facts=provenance.facts(cfg))
+    assert {k: study.user_attrs[k] for k in want} == want
+    row = trial_row(study, STRATEGY, point={"devices": 1, "batch_size": 8}, reason="skipped")
+    assert {k: row[k] for k in want} == want
+    import pandas as pd
+
+    from pipeline.analysis.tables.summary import provenance as in_summary  # summary.json's per-strategy entries
+
+    assert in_summary(pd.DataFrame([row]), STRATEGY) == want
+
+    class Tracker:
+        tags: dict = {}
+
+        def start_run(self, name, tags, owned=True):
+            Tracker.tags = tags
+            return "parent"
+
+        def log_params(self, run_id, params):
+            pass
+
+    host = type("Host", (), {"kind": "cpu", "hostname": "h"})
+    study_parent.start(study, cfg, STRATEGY, host, Tracker(), 1)
+    assert {k: Tracker.tags[k] for k in want} == want

@@ -16,7 +16,7 @@ import pandas as pd
 from pipeline.analysis.tables.points import MIB, all_parallel, best_row, is_unavailable, joined, measured
 from pipeline.analysis.tables.points import POINT as POINT_KEYS
 from pipeline.analysis.tables.rows import EXTRAS
-from pipeline.records.trial import point_columns
+from pipeline.records.trial import PROVENANCE, point_columns
 
 
 def strategy_status(df, files, sweeps_dir, expected):
@@ -143,7 +143,7 @@ def trial_counts(df) -> dict:
 
 
 def summarize(df, status, pts, eff, mem, target_acc):
-    strategies = {s: {**st, **strategy_metrics(s, pts, eff, mem)} for s, st in status.items()}
+    strategies = {s: {**st, **provenance(df, s), **strategy_metrics(s, pts, eff, mem)} for s, st in status.items()}
     targets = sorted(set(df["target_acc"].dropna()))
     return jsonable(
         {
@@ -160,6 +160,13 @@ def summarize(df, status, pts, eff, mem, target_acc):
             "strategies": strategies,
         }
     )
+
+
+def provenance(df, strategy: str) -> dict:
+    """The code, data and torch a strategy's rows were measured with (records.trial.PROVENANCE), each value that
+    occurs; None for a table written before they were recorded."""
+    rows = df[df["strategy"] == strategy] if "strategy" in df else df.iloc[:0]
+    return {k: joined(rows[k].dropna().astype(str)) if k in rows else None for k in PROVENANCE}
 
 
 def _key(*parts) -> str:
