@@ -195,7 +195,11 @@ class Trial:
         records and notes (an error is passed as it is)."""
         if i < self.owners:
             return (self, *args)
-        return (TrialView(self), *(copy.deepcopy(a) if isinstance(a, (dict, list)) else a for a in args))
+        entry = type(self.listeners[i])
+        return (
+            TrialView(self, f"{entry.__module__}:{entry.__qualname__}"),
+            *(copy.deepcopy(a) if isinstance(a, (dict, list)) else a for a in args),
+        )
 
     def note(self, attrs: dict) -> None:
         self.announce("noted", attrs)
@@ -293,17 +297,18 @@ class TrialView:
 
     FIELDS = ("cfg", "out_dir", "label", "bounded", "run_id", "record", "untimed", "flagged")
 
-    def __init__(self, trial: Trial):
+    def __init__(self, trial: Trial, entry: str):
         for name in self.FIELDS:
             object.__setattr__(self, name, copy.deepcopy(getattr(trial, name)))
+        object.__setattr__(self, "_entry", entry)
 
     def __setattr__(self, name, value):
-        raise AttributeError(f"a tracking.listeners entry cannot set the trial's {name}: it hears a copy")
+        raise AttributeError(f"tracking.listeners: {self._entry!r} cannot set the trial's {name}: it hears a copy")
 
     def cancel(self, why: str) -> None:
         raise ConfigError(
-            f"a tracking.listeners entry cancelled a trial ({why!r}): a user's listener records what it hears and "
-            "cannot cancel a trial; to stop one early, return True from its `epoch` (docs/usage.md)"
+            f"tracking.listeners: {self._entry!r} cancelled a trial ({why!r}): a user's listener records what it "
+            "hears and cannot cancel a trial; to stop one early, return True from its `epoch` (docs/usage.md)"
         )
 
 

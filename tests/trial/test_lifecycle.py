@@ -183,7 +183,9 @@ def test_a_users_listener_cannot_cancel_a_trial(tmp_path):
     )
     log = Log()
     trial = Trial(cfg, tmp_path, [log], runner=runner())
-    with pytest.raises(configmod.ConfigError, match="cannot cancel a trial"):
+    with pytest.raises(
+        configmod.ConfigError, match=rf"'{__name__}:Cancels' cancelled a trial .* cannot cancel a trial"
+    ):
         trial.run()
     assert "cancelled" not in log.moments() and log.moments()[-2:] == ["stopped", "closed"]
 
