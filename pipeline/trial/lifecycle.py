@@ -30,10 +30,12 @@ Config): every trial, in the sweep and in `train`, announces its life to it too 
 class, never code to run: an entry is checked for its form and its origin (an installed package or this project,
 never the standard library) before anything is imported, then must be a class with at least one moment
 (listener_classes). One with an `epoch` method can stop a trial (STOPS), so it is part of a sweep study's identity.
+A user's listener hears a TrialView, a copy it cannot change or cancel: it records, the sweep's queue decides.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.metadata
 import importlib.util
@@ -175,6 +177,7 @@ class Trial:
     ):
         self.cfg, self.out_dir, self.label, self.bounded = cfg, Path(out_dir), label, bounded
         self.listeners = [*listeners, *user_listeners(cfg)]
+        self.owners = len(listeners)  # the first ones are the sweep's own; the rest hear a TrialView
         self.runner, self.progress, self.timeout_s, self.host_faults = runner, progress, timeout_s, set(host_faults)
         self.run_id: str | None = None  # its MLflow run, once one is open
         self.record = None
@@ -183,7 +186,20 @@ class Trial:
         self.cancelled = ""  # why a listener cancelled it
 
     def announce(self, moment: str, *args) -> list:
-        return [getattr(one, moment)(self, *args) for one in self.listeners if hasattr(one, moment)]
+        return [
+            getattr(one, moment)(*self._heard(i, args)) for i, one in enumerate(self.listeners) if hasattr(one, moment)
+        ]
+
+    def _heard(self, i: int, args: tuple) -> tuple:
+        """What listener i hears: the trial itself for the sweep's own; for a user's, a TrialView and copies of the
+        records and notes (an error is passed as it is)."""
+        if i < self.owners:
+            return (self, *args)
+        entry = type(self.listeners[i])
+        return (
+            TrialView(self, f"{entry.__module__}:{entry.__qualname__}"),
+            *(copy.deepcopy(a) if isinstance(a, (dict, list)) else a for a in args),
+        )
 
     def note(self, attrs: dict) -> None:
         self.announce("noted", attrs)
@@ -267,12 +283,33 @@ class Trial:
             if host
             else f"error: {root_cause(e)}"
         )
-        for one in self.listeners:
+        for i, one in enumerate(self.listeners):
             if hasattr(one, "stopped"):
                 try:
-                    one.stopped(self, e, why, interrupted)
+                    one.stopped(*self._heard(i, ()), e, why, interrupted)
                 except Exception:  # a store that is failing: the fault is being reported already
                     pass
+
+
+class TrialView:
+    """A trial as a user's listener (tracking.listeners) hears it: the fields a moment knows, copied, read-only.
+    It has no cancel: a user's store records; only the sweep's queue decides a trial's outcome."""
+
+    FIELDS = ("cfg", "out_dir", "label", "bounded", "run_id", "record", "untimed", "flagged")
+
+    def __init__(self, trial: Trial, entry: str):
+        for name in self.FIELDS:
+            object.__setattr__(self, name, copy.deepcopy(getattr(trial, name)))
+        object.__setattr__(self, "_entry", entry)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"tracking.listeners: {self._entry!r} cannot set the trial's {name}: it hears a copy")
+
+    def cancel(self, why: str) -> None:
+        raise ConfigError(
+            f"tracking.listeners: {self._entry!r} cancelled a trial ({why!r}): a user's listener records what it "
+            "hears and cannot cancel a trial; to stop one early, return True from its `epoch` (docs/usage.md)"
+        )
 
 
 def on_a_full_disk(failed: TrialFailed, out_dir: Path) -> TrialFailed:

@@ -27,10 +27,19 @@ PARAMS = {
     "strategies: null": "strategies: [single]",
 }
 WORKSPACE, TEMP = 1, 4  # train.epochs of the workspace's run (the tiny profile's) and of the --temp experiment
-# the queued experiments: one with more epochs, one whose settings change a result outside the sweep's points (d2l's
-# init, channels_last off) and must run its own trials, not report the workspace's under its name
-QUEUED = {"q2": ["train.epochs=2"], "qinit": ["train.init=d2l", "train.channels_last=false"]}
-QUEUED_EPOCHS = {"q2": 2, "qinit": None}  # None: params.yaml's null (the profile's 1)
+# the queued experiments of docs/usage.md's workflow, one worker: one changes a knob (the DDP gradient hook, on ddp,
+# which takes it), one a sweep axis (the learning rate), one the model's code (LeNet's hidden layer, an uncommitted
+# edit that `dvc exp run --queue` takes with it). Each must run a study of its own, never report the workspace's
+# figures under its name.
+QUEUED = {
+    "qhook": ["sweep.strategies=[ddp]", "train.devices=1", "train.comm_hook=fp16"],
+    "qlr": ["train.lr=0.05"],
+    "qmodel": [],
+}
+MODEL_EDIT = {
+    "nn.Linear(50 * 4 * 4, 128),": "nn.Linear(50 * 4 * 4, 64),",
+    "nn.Linear(128, num_classes)": "nn.Linear(64, 10)",
+}
 
 
 def _env() -> dict:
@@ -59,31 +68,32 @@ def _results(repo: Path) -> dict[str, str]:
 
 
 def _shown(node, out: dict) -> dict:
-    """{experiment name or "workspace": (train.epochs, metrics.json's values)} from `dvc exp show --json`."""
+    """{experiment name or "workspace": (params.yaml's train section, metrics.json's values)} from `dvc exp show
+    --json`."""
     if isinstance(node, list):
         for v in node:
             _shown(v, out)
     elif isinstance(node, dict):
         data = node.get("data")
         if isinstance(data, dict) and "params" in data:
-            epochs = data["params"]["params.yaml"]["data"]["train"]["epochs"]
+            train = data["params"]["params.yaml"]["data"]["train"]
             metrics = (data.get("metrics") or {}).get("results/analysis/metrics.json", {}).get("data")
-            out[node.get("name") or node.get("rev")] = (epochs, metrics)
+            out[node.get("name") or node.get("rev")] = (train, metrics)
         for v in node.values():
             _shown(v, out)
     return out
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # four tiny pipelines, two of them at once: 10 minutes is too short on a busy 2-core host
+@pytest.mark.timeout(2400)  # five tiny pipelines, two of them at once: 10 minutes is too short on a busy 2-core host
 @pytest.mark.skipif(not (BIN / "dvc").exists() or not shutil.which("git"), reason="needs dvc beside the interpreter")
 def test_queued_and_temp_experiments_record_their_own_params_and_results(tmp_path):
-    """A fresh copy of the project runs its pipeline in the workspace (epochs 1), then two queued experiments
-    (epochs 2 and 3, one worker) and a `--temp` one (epochs 4) beside them. Each shows its own train.epochs and its
-    own metrics in `dvc exp show` (metrics.json read from the cache, not `-`, four different readings: the queued
-    experiment that changes only train.init and channels_last runs a study of its own); each one's
-    trials ran with its epochs (MLflow params, one study each, in the parent's stores); the workspace's results/,
-    dvc.lock and params.yaml are byte for byte what its own run left."""
+    """docs/usage.md's workflow on a fresh copy of the project: its pipeline in the workspace (epochs 1), then three
+    queued experiments (one worker: the DDP gradient hook, the learning rate, LeNet's code) and a `--temp` one
+    (epochs 4) beside them. Each shows its own settings and its own metrics in `dvc exp show` (metrics.json read
+    from the cache, not `-`, five different readings); each one's trials ran with its settings (MLflow params and
+    tags: the hook, the rate, the code digest; one study each, in the parent's stores); the workspace's results/,
+    dvc.lock, params.yaml and the model's code are byte for byte what its own run left."""
     repo = tmp_path / "proj"
     copy_tracked(repo)
     (repo / "experiments" / "tiny.yaml").write_text(TINY)
@@ -98,8 +108,17 @@ def test_queued_and_temp_experiments_record_their_own_params_and_results(tmp_pat
     _sh(["dvc", "exp", "run", "-n", "ws"], repo)
     before = _results(repo)
     assert "results/sweeps/single.jsonl" in before and "results/analysis/report.md" in before
+    models = repo / "pipeline" / "models.py"
+    code = models.read_text()
     for name, sets in QUEUED.items():
+        if name == "qmodel":  # an uncommitted edit: the queued experiment takes the workspace as it is
+            edited = code
+            for old, new in MODEL_EDIT.items():
+                assert old in edited, old
+                edited = edited.replace(old, new)
+            models.write_text(edited)
         _sh(["dvc", "exp", "run", "--queue", "-n", name, *(a for kv in sets for a in ("-S", kv))], repo)
+        models.write_text(code)
     try:
         # its output to a file, not a pipe, which the queue's detached workers would hold open until they exit
         with open(tmp_path / "queue-start.log", "w") as log:
@@ -113,7 +132,7 @@ def test_queued_and_temp_experiments_record_their_own_params_and_results(tmp_pat
                 check=True,
             )
         _sh(["dvc", "exp", "run", "--temp", "-n", f"t{TEMP}", "-S", f"train.epochs={TEMP}"], repo)
-        deadline = time.monotonic() + 400
+        deadline = time.monotonic() + 1200
         while (status := _sh(["dvc", "queue", "status"], repo).stdout) and time.monotonic() < deadline:
             if not any(w in status for w in ("Queued", "Running")):
                 break
@@ -125,19 +144,38 @@ def test_queued_and_temp_experiments_record_their_own_params_and_results(tmp_pat
         _sh(["dvc", "queue", "stop", "--kill"], repo, timeout=60, check=False)
 
     shown = _shown(json.loads(_sh(["dvc", "exp", "show", "--json"], repo).stdout), {})
-    expected = {"ws": None, **QUEUED_EPOCHS, f"t{TEMP}": TEMP}
-    for name, epochs in expected.items():
-        assert name in shown and shown[name][0] == epochs, (name, shown)
-        metrics = shown[name][1]
-        assert metrics and metrics["n_complete"] == 1 and metrics["throughput_img_s.single.k1"] > 0, (name, shown)
-    assert len({json.dumps(shown[n][1], sort_keys=True) for n in expected}) == len(expected), shown
-    assert _results(repo) == before
+    settings = {  # what `dvc exp show` lists beside each experiment's figures (params.yaml's null: the profile's)
+        "ws": {"epochs": None, "lr": None, "comm_hook": None},
+        "qhook": {"comm_hook": "fp16", "devices": 1},
+        "qlr": {"lr": 0.05, "comm_hook": None},
+        "qmodel": {"lr": None, "comm_hook": None},
+        f"t{TEMP}": {"epochs": TEMP},
+    }
+    for name, want in settings.items():
+        assert name in shown, (name, sorted(shown))
+        train, metrics = shown[name]
+        assert {k: train[k] for k in want} == want, (name, train)
+        strategy = "ddp" if name == "qhook" else "single"
+        assert metrics and metrics["n_complete"] == 1 and metrics[f"throughput_img_s.{strategy}.k1"] > 0, (name, shown)
+    assert len({json.dumps(shown[n][1], sort_keys=True) for n in settings}) == len(settings), shown
+    assert _results(repo) == before and models.read_text() == code
 
-    code = (
+    # the trials in the parent's MLflow store: each experiment's ran with its own settings and code, in its own study
+    query = (
         "import json, mlflow; mlflow.set_tracking_uri('sqlite:///mlruns/mlflow.db');"
-        "r = mlflow.search_runs(search_all_experiments=True, filter_string=\"params.strategy = 'single'\");"
-        "print(json.dumps([[e, s, st] for e, s, st in zip(r['params.epochs'], r['tags.study'], r['status'])]))"
+        "r = mlflow.search_runs(search_all_experiments=True, filter_string=\"tags.study != ''\");"
+        "r = r[r['params.strategy'].isin(['single', 'ddp'])];"
+        "cols = ['params.strategy', 'params.epochs', 'params.lr', 'params.comm_hook', 'tags.code_digest', "
+        "'tags.study', 'status'];"
+        "print(json.dumps(r[cols].astype(str).values.tolist()))"
     )
-    trials = json.loads(_sh([sys.executable, "-c", code], repo).stdout)
-    assert sorted(int(e) for e, _, _ in trials) == sorted([WORKSPACE, 2, WORKSPACE, TEMP]), trials
-    assert len({s for _, s, _ in trials}) == 4 and {st for _, _, st in trials} == {"FINISHED"}, trials
+    trials = json.loads(_sh([sys.executable, "-c", query], repo).stdout)
+    assert len(trials) == 5 and {t[-1] for t in trials} == {"FINISHED"}, trials
+    assert len({t[-2] for t in trials}) == 5, trials  # five studies
+    hooked = [t for t in trials if t[0] == "ddp"]
+    assert len(hooked) == 1 and hooked[0][3] == "fp16", trials
+    single = [t for t in trials if t[0] == "single"]
+    assert sorted(float(t[2]) for t in single) == sorted([0.05, 0.2, 0.2, 0.2]), trials  # the tiny profile's 0.2
+    assert sorted(int(t[1]) for t in single) == sorted([WORKSPACE, WORKSPACE, WORKSPACE, TEMP]), trials
+    digests = [t[4] for t in single]
+    assert all(digests) and len(set(digests)) == 2, trials  # qmodel's code alone differs

@@ -158,3 +158,42 @@ def test_a_listener_that_cannot_be_loaded_is_named(tmp_path):
     )
     with pytest.raises(configmod.ConfigError, match="tracking.listeners: 'no_such_module:Store' cannot be loaded"):
         Trial(cfg, tmp_path, [], runner=runner())
+
+
+class Cancels(Log):
+    """A user's store that tries to cancel the trial it hears: only the owner of the trial's queue may."""
+
+    def epoch(self, trial, rec):
+        trial.cancel("mine")
+
+
+class Rewrites(Log):
+    """A user's store that writes into the record and the trial it hears."""
+
+    def finished(self, trial, rec):
+        rec["throughput_img_s"] = 1e9
+        trial.record["steps"] = 0
+
+
+def test_a_users_listener_cannot_cancel_a_trial(tmp_path):
+    """A user's listener hears the trial, read-only: its cancel is refused loudly (the trial stops, its point runs
+    again), never a point dropped without a trace."""
+    cfg = configmod.load(
+        None, ["profile=", "data.source=synthetic", f"tracking.listeners=[{__name__}:Cancels]"], root=tmp_path
+    )
+    log = Log()
+    trial = Trial(cfg, tmp_path, [log], runner=runner())
+    with pytest.raises(
+        configmod.ConfigError, match=rf"'{__name__}:Cancels' cancelled a trial .* cannot cancel a trial"
+    ):
+        trial.run()
+    assert "cancelled" not in log.moments() and log.moments()[-2:] == ["stopped", "closed"]
+
+
+def test_a_users_listener_cannot_change_the_record(tmp_path):
+    cfg = configmod.load(
+        None, ["profile=", "data.source=synthetic", f"tracking.listeners=[{__name__}:Rewrites]"], root=tmp_path
+    )
+    trial = Trial(cfg, tmp_path, [], runner=runner())
+    got = trial.run()
+    assert got["throughput_img_s"] == 1000.0 and got["steps"] == 10 and trial.record == got
