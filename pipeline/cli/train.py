@@ -55,7 +55,9 @@ def _busy(record) -> float | None:
 
 
 def _cores(c: float | None) -> str:
-    return "measured quietly" if c is None else "measured under load" if c != c else f"measured beside {c:.1f} busy cores"
+    if c is None:
+        return "measured quietly"
+    return "measured under load" if c != c else f"measured beside {c:.1f} busy cores"  # nan: load not measured
 
 
 def verdict(record, answer_img_s: float | None, answer_load_cores: float | None) -> str:
