@@ -79,8 +79,14 @@ def answer_screen(report: str, out) -> str:
     body = "\n".join(shown).strip() or "(report.md has no answer section)"
     return (
         f"\n{body}\n\nNext: head -n 40 {out}/report.md (the answer and its command) · make ui (every run in MLflow) · "
-        f".venv/bin/dvc exp show (experiments side by side)"
+        f".venv/bin/python -m pipeline compare (weak-scaling efficiencies, experiments side by side)"
     )
+
+
+def cmd_compare(args) -> int:
+    from pipeline.cli import compare
+
+    return compare.run(args)
 
 
 def cmd_collectives(args) -> int:

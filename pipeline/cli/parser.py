@@ -6,6 +6,7 @@
     python -m pipeline overlap                        # DVC stage `overlap`
     python -m pipeline collectives                    # DVC stage `collectives`
     python -m pipeline analyze                        # DVC stage `analyze`
+    python -m pipeline compare                        # experiments side by side, one row per figure
     python -m pipeline ui                             # MLflow UI on http://127.0.0.1:5000
     python -m pipeline doctor                         # does every strategy run and agree here? (no MLflow needed)
 
@@ -114,6 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(p)
     _train_flags(p)
+    p.add_argument(
+        "--answer-img-s",
+        type=float,
+        metavar="N",
+        help="the images/s of the report's answer this run reproduces (its printed command sets it): the last line "
+        "says how this run's figure compares with it (default: none, no comparison)",
+    )
+    p.add_argument(
+        "--answer-load-cores",
+        type=float,
+        metavar="C",
+        help="the cores other processes kept busy while the answer's figure was measured (default: none, measured "
+        "quietly)",
+    )
 
     p = sub.add_parser(
         "sweep",
@@ -165,6 +180,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=cli_types.path,
         default=Path("results/analysis"),
         help="output directory (default: results/analysis)",
+    )
+
+    p = sub.add_parser(
+        "compare",
+        help="experiments side by side: one row per figure of metrics.json, one column per experiment",
+        description="Print `dvc exp show`'s figures turned round: one row per figure (by default the weak-scaling "
+        "efficiencies, weak_efficiency.STRATEGY.kK), one column per experiment (the workspace, its baseline, each "
+        "`dvc exp run`), in blocks that fit 120 columns.",
+    )
+    p.add_argument(
+        "--keep",
+        metavar="REGEX",
+        help="the figures to show: metrics.json keys that match this Python regex, e.g. 'efficiency|load_cores' or "
+        "'.' for every one (default: '^weak_efficiency\\.')",
     )
 
     p = sub.add_parser(

@@ -1,12 +1,16 @@
 """`python -m pipeline train`: one training trial from the command line, logged as one MLflow run.
 
 The flags (--model, --strategy, ...) are the last layer on top of params.yaml, the profile and --set, as typed
-values: the trial's Config is built and validated once, here, and passed on as it is.
+values: the trial's Config is built and validated once, here, and passed on as it is. A run never replaces an
+earlier one's result: an --out that holds one is kept, and the run writes the next free OUT-2, OUT-3, ... (`fresh_out`).
+The report's printed command passes its answer's figure (--answer-img-s, --answer-load-cores): the run's last line
+says how its own figure compares, and whether either was measured under load (`verdict`).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from pipeline import paths
 from pipeline.config import loader as configmod
@@ -31,6 +35,52 @@ class EpochLines:
         return False
 
 
+def fresh_out(out: Path) -> Path:
+    """The folder this run writes: `out` unless it holds an earlier run's metrics.json, else the first of OUT-2,
+    OUT-3, ... that holds none (the earlier result is kept)."""
+    n, path = 1, out
+    while (path / "metrics.json").exists():
+        n += 1
+        path = out.with_name(f"{out.name}-{n}")
+    return path
+
+
+def _busy(record) -> float | None:
+    """The cores other processes kept busy while the run was measured, when it was flagged; None when quiet."""
+    seen = record.get("interference") or {}
+    if not seen.get("interfered"):
+        return None
+    cores = seen.get("foreign_cores")
+    return float(cores) if isinstance(cores, (int, float)) else float("nan")
+
+
+def _cores(c: float | None) -> str:
+    if c is None:
+        return "measured quietly"
+    return "measured under load" if c != c else f"measured beside {c:.1f} busy cores"  # nan: load not measured
+
+
+def verdict(record, answer_img_s: float | None, answer_load_cores: float | None) -> str:
+    """This run's images/s, labelled: under load when it was flagged, and against the answer's figure it reproduces
+    when given ("1,540 img/s vs the answer's 1,513 (+1.8%)"; under load on either side: not comparable, each side's
+    condition said, and what to do)."""
+    from pipeline.measure import meter
+
+    thr, mine = record.get("throughput_img_s"), _busy(record)
+    if thr is None:
+        return meter.speed_text(record)
+    own = f"{thr:,.0f} img/s"
+    if answer_img_s is None:
+        return own if mine is None else f"{own}, {_cores(mine)} (not this host's quiet speed)"
+    theirs = f"the answer's {answer_img_s:,.0f}"
+    if mine is None and answer_load_cores is None:
+        return f"{own} vs {theirs} ({(thr / answer_img_s - 1) * 100:+.1f}%), both measured quietly"
+    return (
+        f"{own}, {_cores(mine)}: not comparable with {theirs} ({_cores(answer_load_cores)}); rerun on a quiet host "
+        "to compare"
+    )
+
+
 def run(args) -> int:
     """`python -m pipeline train`: one trial, its MLflow run (unless --no-track), metrics.json and the final state."""
     from pipeline.trial import start
@@ -50,7 +100,10 @@ def run(args) -> int:
 
     ds = data.load(paths.repo_root() / cfg.data.dir, cfg.data.source, cfg.data.train_limit, 1, verify=True)
     check_batch_fits(cfg, len(ds.train_y))
-    output_dir(args.out, "--out")
+    out = fresh_out(args.out)
+    if out != args.out:
+        print(f"{args.out} holds an earlier result, kept: this run writes {out}", file=sys.stderr)
+    output_dir(out, "--out")
     listeners, run = [], None
     if not args.no_track:
         from pipeline.records.trial import planned
@@ -64,15 +117,15 @@ def run(args) -> int:
         plan = planned(cfg, host, host_fields(host, t.devices))
         listeners = [MlflowListener(run, f"{t.strategy} k={t.devices} B={t.batch_size} lr={t.lr}", plan), EpochLines()]
     # its run ended FINISHED, KILLED (Ctrl-C) or FAILED: never left RUNNING
-    metrics = Trial(cfg, args.out, listeners, progress=not args.quiet).run()
+    metrics = Trial(cfg, out, listeners, progress=not args.quiet).run()
     syn = "  [SYNTHETIC DATA]" if metrics["synthetic"] else ""
+    speed = verdict(metrics, args.answer_img_s, args.answer_load_cores)
     print(
         f"{metrics['strategy']} k={metrics['devices']} {metrics['model']}: "
-        f"{meter.speed_text(metrics)}, test acc {metrics['test_acc'][-1]:.4f}, "
+        f"{meter.speed_text(metrics)}{'' if _busy(metrics) is None else ' [under load]'}, "
+        f"test acc {metrics['test_acc'][-1]:.4f}, "
         f"peak mem/device {[round(p / 2**20, 1) for p in metrics['peak_mem_bytes']]} MiB{syn}"
     )
-    print(
-        f"wrote {args.out / 'metrics.json'} and {args.out / 'final_state.pt'}"
-        + (f"; MLflow run {run.run_id}" if run else "")
-    )
+    print(f"wrote {out / 'metrics.json'} and {out / 'final_state.pt'}" + (f"; MLflow run {run.run_id}" if run else ""))
+    print(f"result: {speed}")
     return 0

@@ -55,6 +55,10 @@ def test_a_clear_winner_names_strategy_and_k_and_its_command_and_yaml_run(tmp_pa
     assert (args.strategy, args.devices, args.batch_size, args.lr, args.epochs) == ("ddp", 2, 256, 0.1, 2)
     cfg = loader.load(overrides=args.overrides, root=REPO)
     assert cfg.train.bucket_cap_mb == 50.0 and str(args.out) == answer.RUN_DIR
+    # the answer's figure (the point's mean, as the answer shows it) rides with the command: the run's last line
+    # compares its own with it
+    assert abs(args.answer_img_s - 1800) < 20 and f"{args.answer_img_s:,.0f} [" in t
+    assert args.answer_load_cores is None
     path = tmp_path / "best.yaml"
     path.write_text(answer.best_yaml(ans))
     train = loader.load(params=path, root=REPO).train

@@ -155,3 +155,44 @@ def test_every_figure_the_answer_shows_has_one_value_in_report_metrics_mlflow_an
     best = json.loads((out / "summary.json").read_text())["strategies"][s]["best_throughput_img_s"]
     assert seen["row"] == pytest.approx(best, rel=1e-3) and seen["analysis"] == pytest.approx(best, rel=1e-3), seen
     assert "final_test_acc" in seen["objective"] and "differ by design" in seen["objective"], seen
+
+
+def _commands(block: str) -> list[str]:
+    """The shell commands of a README code block or a `Next:` line, each without its comment."""
+    return [c.split("  #")[0].strip() for c in block.splitlines() if c.strip() and not c.startswith("#")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the pipeline's run when this test runs alone, on a busy 2-core host
+def test_every_command_the_readme_and_the_last_stage_print_shows_its_figures(clone):
+    """The README's "What you get" commands (read from README.md) and the end-of-run `Next:` commands, run in a
+    finished pipeline at 120 columns: `head -n 40` shows the answer; `compare` every weak-scaling efficiency of
+    metrics.json with its value; no line is wider than 120 columns. `make ui` is a server (tests/tracking)."""
+    import re
+
+    from pipeline.analysis.tables.summary import WEAK_EFFICIENCY
+    from pipeline.cli.commands import answer_screen
+
+    if not (clone / "results" / "analysis" / "report.md").exists():
+        run(["dvc", "repro"], clone)
+    out = clone / "results" / "analysis"
+    metrics = json.loads((out / "metrics.json").read_text())
+    efficiencies = {k: v for k, v in metrics.items() if k.startswith(f"{WEAK_EFFICIENCY}.")}
+    assert efficiencies, metrics  # the tiny profile measures k=2
+    readme = (REPO / "README.md").read_text().split("## What you get", 1)[1].split("```bash\n", 1)[1]
+    given = _commands(readme.split("```", 1)[0])
+    nxt = answer_screen((out / "report.md").read_text(), "results/analysis").rsplit("Next: ", 1)[1]
+    printed = [c.split(" (")[0].strip() for c in nxt.split(" · ")]
+    assert len(given) == 3 and len(printed) == 3, (given, printed)
+    for cmd in [*given, *printed]:
+        if cmd.startswith("make ui"):
+            continue
+        shown = run(["bash", "-c", "COLUMNS=120 " + cmd.replace(".venv/bin/", f"{BIN}/")], clone).stdout
+        wide = [line for line in shown.splitlines() if len(line) > 120]
+        assert not wide, (cmd, wide)
+        if cmd.startswith("head -n 40"):
+            assert "## Answer" in shown and re.search(r"\*\*(Use|Tie)", shown), (cmd, shown)
+        else:
+            assert "pipeline compare" in cmd, cmd  # the other command each list gives
+            for key, value in efficiencies.items():
+                assert re.search(rf"^{re.escape(key)} +{value:g}\b", shown, re.M), (cmd, key, value, shown)

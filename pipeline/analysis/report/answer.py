@@ -78,6 +78,15 @@ def _load(r, under="under_load", cores="load_cores") -> str:
     return "under load" + (f" ({n:.2f} cores busy elsewhere)" if isinstance(n, float) and n == n else "")
 
 
+def _busy_cores(r) -> float | None:
+    """The cores other processes kept busy while a point was measured; None when it was measured quietly (or nan
+    when under load by an unmeasured amount)."""
+    if not r.get("under_load"):
+        return None
+    n = r.get("load_cores")
+    return float(n) if isinstance(n, (int, float)) else float("nan")
+
+
 def _sides(*named) -> str:
     """The conditions of both sides of a comparison, said once either side was measured under load ("" when all
     were quiet): "; <a> measured under load (1.10 cores busy elsewhere), <b> quietly"."""
@@ -242,10 +251,11 @@ def interpreter() -> str:
     return ".venv/bin/python" if sys.prefix != sys.base_prefix and Path(sys.prefix).name == ".venv" else "python"
 
 
-def command(train: dict, data_source: str = "") -> str:
+def command(train: dict, data_source: str = "", figure: tuple | None = None) -> str:
     """The `python -m pipeline train` line of a train section: its flags, then `--set` for the knobs and for the
     data source the sweep measured on when it is not params.yaml's default (synthetic: the command then runs
-    offline too)."""
+    offline too), then the answer's figure it reproduces, `figure` = (images/s, cores busy elsewhere or None when
+    measured quietly): the run's last line compares its own with it."""
     flags = {
         "model": "--model",
         "strategy": "--strategy",
@@ -258,6 +268,9 @@ def command(train: dict, data_source: str = "") -> str:
     args += [f"--set {shlex.quote(f'train.{k}={_text(v)}')}" for k, v in train.items() if k not in flags]
     if data_source == "synthetic":
         args.append("--set data.source=synthetic")
+    if figure is not None:
+        img_s, cores = figure
+        args.append(f"--answer-img-s {img_s:.0f}" + ("" if cores is None else f" --answer-load-cores {cores:.2f}"))
     return f"{interpreter()} -m pipeline train " + " ".join(args) + f" --out {RUN_DIR}"
 
 
@@ -271,6 +284,7 @@ def build(df, status, pts, eff, mem) -> Answer:
     bd, synthetic = breakdown_table(df), bool((df["data_source"] == "synthetic").any())
     lines: list[str] = ["## Answer", ""]
     first: dict = {}
+    figure = None
     for model in sorted(p["model"].unique()):
         pm = p[p["model"] == model]
         rows = (
@@ -302,7 +316,8 @@ def build(df, status, pts, eff, mem) -> Answer:
             )
         why = [s for s in (_k1_difference(top, p, df), _scaling(top, eff)) if s] + [_step(top, bd)]
         train = _train(top, df)
-        first = first or train
+        if not first:
+            first, figure = train, (float(top["throughput_img_s"]), _busy_cores(top))
         lines += [
             "",
             f"- **Why:** {'; '.join(why)}.",
@@ -310,12 +325,14 @@ def build(df, status, pts, eff, mem) -> Answer:
             f"- **How sure:** {_sure(top, verdict, tied, rest, pm)}.",
             "",
         ]
-    cmd = command(first, "synthetic" if synthetic else "")
+    cmd = command(first, "synthetic" if synthetic else "", figure)
     lines += [
         "Run it (or take the `train:` section of " + BEST_YAML + " into your params.yaml):",
         "",
         "```",
-        cmd.replace(" --set", " \\\n    --set").replace(" --out", " \\\n    --out"),
+        cmd.replace(" --set", " \\\n    --set")
+        .replace(" --answer-img-s", " \\\n    --answer-img-s")
+        .replace(" --out", " \\\n    --out"),
         "```",
     ]
     return Answer(tuple(lines), train=first, command=cmd)

@@ -1,0 +1,90 @@
+"""`python -m pipeline compare`: experiments side by side, one row per figure and one column per experiment, from
+DVC's own experiment table (`dvc.api.exp_show`, the rows `dvc exp show` prints).
+
+Hand-written because DVC's table has the transpose: one column per figure, each as wide as its key
+(`weak_efficiency.ddp_amp.k2`, 26 characters), so a 120-column terminal holds three before the rest turn into `…`,
+and `dvc metrics show` is one row as wide as every key together. Here a figure is a row, so any number of
+strategies and k fit; the columns (experiments) wrap into blocks that each fit the width.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pipeline.config.loader import ConfigError
+
+WIDTH = 120  # columns a block of experiments fits in
+META = ("Experiment", "rev", "typ", "Created", "parent", "State", "Executor")  # exp_show's columns that are no figure
+
+
+def default_keep() -> str:
+    """The figures shown by default: the weak-scaling efficiencies (metrics.json's keys for them)."""
+    from pipeline.analysis.tables.summary import WEAK_EFFICIENCY
+
+    return rf"^{re.escape(WEAK_EFFICIENCY)}\."
+
+
+def _label(row: dict) -> str:
+    return str(row.get("Experiment") or row.get("rev") or "?")
+
+
+def _text(v) -> str:
+    if v is None or v == "" or v == "!":
+        return "-"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def table(rows: list[dict], keep: str, width: int = WIDTH) -> list[str]:
+    """The lines: a block per group of experiments that fits `width`, each a header then one line per figure whose
+    key matches `keep` (re.search); experiments without any such figure are named once at the end."""
+    pattern = re.compile(keep)
+    keys = list(dict.fromkeys(k for r in rows for k in r if k not in META and pattern.search(k)))
+    shown = [r for r in rows if any(_text(r.get(k)) != "-" for k in keys)]
+    if not keys or not shown:
+        return []
+    first = max(len("figure"), *map(len, keys)) + 2
+    cols = [(r, max(len(_label(r)), *(len(_text(r.get(k))) for k in keys)) + 2) for r in shown]
+    blocks, block, used = [], [], first
+    for col in cols:
+        if block and used + col[1] > width:
+            blocks.append(block)
+            block, used = [], first
+        block.append(col)
+        used += col[1]
+    blocks.append(block)
+    lines: list[str] = []
+    for b in blocks:
+        lines.append(("" if not lines else "\n") + "figure".ljust(first) + "".join(_label(r).rjust(w) for r, w in b))
+        lines += [k.ljust(first) + "".join(_text(r.get(k)).rjust(w) for r, w in b) for k in keys]
+    if hidden := [_label(r) for r in rows if r not in shown]:
+        lines.append(f"(no such figure in {', '.join(hidden)}: a baseline has none until its dvc.lock is committed)")
+    return lines
+
+
+def run(args) -> int:
+    from pipeline import paths
+
+    keep = args.keep or default_keep()
+    try:
+        re.compile(keep)
+    except re.error as e:
+        raise ConfigError(f"--keep {keep!r} is not a regular expression ({e}). Give a Python regex.") from None
+    root = paths.repo_root()
+    import dvc.api
+    from dvc.exceptions import DvcException
+
+    try:
+        rows = dvc.api.exp_show(repo=str(root))
+    except DvcException as e:
+        raise ConfigError(
+            f"dvc exp show found no experiments in {root} ({e}). Run it in the Parallax checkout, after "
+            "`make pipeline` or `make pipeline-offline`."
+        ) from None
+    lines = table(rows, keep)
+    if not lines:
+        raise ConfigError(
+            f"No experiment in {root} has a figure matching --keep {keep!r}: run the pipeline first (`make pipeline` "
+            "or `make pipeline-offline`), or give a pattern of metrics.json's keys (docs/usage.md)."
+        )
+    print("\n".join(lines))
+    return 0

@@ -1,0 +1,45 @@
+"""`python -m pipeline compare`: DVC's experiment rows turned round, one row per figure, so that every strategy's
+weak-scaling efficiency fits 120 columns (DVC's own table gives each a column as wide as its key)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pipeline.analysis.tables.summary import WEAK_EFFICIENCY
+from pipeline.cli import compare
+from pipeline.cli.parser import build_parser
+
+STRATEGIES = ("scratch", "ddp", "ddp_amp", "zero1", "fsdp", "dp", "dp_criterion")
+
+
+def _row(name, rev, value):
+    figures = {f"{WEAK_EFFICIENCY}.{s}.k{k}": value for s in STRATEGIES for k in (2, 4, 8)}
+    return {"Experiment": name, "rev": rev, "typ": "exp", "Created": "11:15 PM", **figures, "n_flagged": 53.0}
+
+
+def test_every_efficiency_of_every_experiment_fits_120_columns():
+    rows = [{"Experiment": None, "rev": "main", "typ": "baseline", f"{WEAK_EFFICIENCY}.ddp.k2": "!"}]
+    rows += [_row(f"exp-number-{i}", f"{i:07x}", 0.5 + i / 100) for i in range(12)]
+    lines = compare.table(rows, compare.default_keep())
+    text = "\n".join(lines)
+    assert max(map(len, lines)) <= compare.WIDTH, max(lines, key=len)
+    for s in STRATEGIES:
+        for k in (2, 4, 8):
+            assert text.count(f"{WEAK_EFFICIENCY}.{s}.k{k} ") >= 2  # a row per figure, in each block of columns
+    for i in range(12):
+        assert f"exp-number-{i}" in text and f"{0.5 + i / 100:g}" in text
+    assert "n_flagged" not in text  # only the figures asked for
+    assert "(no such figure in main:" in lines[-1]  # a baseline without results is named, not a column of `-`
+
+
+def test_a_pattern_picks_other_figures_and_a_bad_one_is_refused():
+    rows = [_row("one", "abc1234", 0.9)]
+    assert compare.table(rows, "^n_flagged$") == ["figure       one", "n_flagged     53"]
+    assert compare.table(rows, "^nothing$") == []
+    args = build_parser().parse_args(["compare", "--keep", "(["])
+    from pipeline.config.loader import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape("--keep '([' is not a regular expression")):
+        compare.run(args)

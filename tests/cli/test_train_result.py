@@ -1,0 +1,94 @@
+"""The report's printed command (`train ... --answer-img-s N --out runs/best`) labels its own result: measured under
+load or quietly, and against the answer's figure it reproduces; a second run keeps the first's folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.cli.train import fresh_out, verdict
+
+
+def _record(thr, cores=None):
+    seen = {"interfered": cores is not None, "foreign_cores": cores}
+    return {"throughput_img_s": thr, "interference": seen}
+
+
+def test_a_quiet_run_is_compared_with_the_answer():
+    assert verdict(_record(1513.0), 1540.0, None) == (
+        "1,513 img/s vs the answer's 1,540 (-1.8%), both measured quietly"
+    )
+
+
+def test_a_run_under_load_says_so_and_is_not_compared():
+    said = verdict(_record(1513.0, 1.31), 4183.0, None)
+    assert said.startswith("1,513 img/s, measured beside 1.3 busy cores: not comparable with the answer's 4,183 ")
+    assert "(measured quietly)" in said and "rerun on a quiet host" in said
+    # the answer's own figure under load: not comparable either, whatever this run's conditions
+    assert "not comparable with the answer's 4,183 (measured beside 1.5 busy cores)" in verdict(
+        _record(1513.0), 4183.0, 1.48
+    )
+    assert verdict(_record(1513.0, 0.9), None, None) == (
+        "1,513 img/s, measured beside 0.9 busy cores (not this host's quiet speed)"
+    )
+
+
+def test_an_earlier_result_is_kept(tmp_path):
+    out = tmp_path / "best"
+    assert fresh_out(out) == out
+    out.mkdir()
+    assert fresh_out(out) == out  # an empty folder holds no result
+    (out / "metrics.json").write_text("{}")
+    assert fresh_out(out) == tmp_path / "best-2"
+    (tmp_path / "best-2").mkdir()
+    (tmp_path / "best-2" / "metrics.json").write_text("{}")
+    assert fresh_out(out) == tmp_path / "best-3"
+
+
+@pytest.fixture
+def fake_trial(monkeypatch):
+    """Trial.run writes and returns a record measured beside 1.31 busy cores, without training."""
+    from pipeline.trial import lifecycle
+
+    def run(self):
+        rec = {
+            **_record(1513.0, 1.31),
+            "strategy": "scratch",
+            "devices": 1,
+            "model": "lenet",
+            "test_acc": [0.789],
+            "peak_mem_bytes": [22200904],
+            "synthetic": True,
+        }
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "metrics.json").write_text(json.dumps(rec))
+        return rec
+
+    monkeypatch.setattr(lifecycle.Trial, "run", run)
+
+
+def test_the_printed_command_twice_labels_its_result_and_keeps_the_first(
+    make_cfg, tmp_path, synthetic_root, monkeypatch, capsys, fake_trial
+):
+    make_cfg()
+    (tmp_path / "params.yaml").write_text(
+        f"profile: ''\ndata: {{source: synthetic, dir: {synthetic_root}, train_limit: 1024, test_limit: 256}}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--no-track", "--quiet", "--answer-img-s", "4183", "--out", str(tmp_path / "runs" / "best")]
+    assert main(argv) == 0
+    first = capsys.readouterr()
+    assert "[under load]" in first.out.splitlines()[0]
+    assert first.out.splitlines()[-1] == (
+        "result: 1,513 img/s, measured beside 1.3 busy cores: not comparable with the answer's 4,183 (measured "
+        "quietly); rerun on a quiet host to compare"
+    )
+    (tmp_path / "runs" / "best" / "metrics.json").write_text('{"kept": true}')
+    assert main(argv) == 0
+    second = capsys.readouterr()
+    assert json.loads((tmp_path / "runs" / "best" / "metrics.json").read_text()) == {"kept": True}
+    assert (tmp_path / "runs" / "best-2" / "metrics.json").exists()
+    assert f"{tmp_path / 'runs' / 'best'} holds an earlier result, kept: this run writes " in second.err
+    assert f"wrote {tmp_path / 'runs' / 'best-2' / 'metrics.json'}" in second.out
