@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 
@@ -114,6 +115,7 @@ def writing(out, inputs: dict, owns=()):
             if not beside:
                 raise _NoExchange
             _carry(real, new, {*written, MARKER}, owns)
+            os.chmod(new, stat.S_IMODE(os.stat(real).st_mode))  # the folder's mode, not mkdtemp's 0700
             _exchange(new, real)  # `new` now holds the earlier generation, removed below
         except _NoExchange:
             _replace_each(new, real, written, owns)

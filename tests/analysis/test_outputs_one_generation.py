@@ -83,6 +83,7 @@ def test_an_error_mid_write_leaves_the_earlier_generation_whole(tmp_path, monkey
     if exchange == "one by one":
         monkeypatch.setattr(generation, "_exchange", lambda a, b: (_ for _ in ()).throw(generation._NoExchange()))
     out, before, second = _first(tmp_path)
+    out.chmod(0o751)
     (out / "notes.txt").write_text("mine")
     (out / "knob_old.png").write_bytes(b"an earlier generation's figure")
 
@@ -102,6 +103,7 @@ def test_an_error_mid_write_leaves_the_earlier_generation_whole(tmp_path, monkey
     assert generation.check(out) == []
     now = _files(out)
     assert now["notes.txt"] == b"mine" and "knob_old.png" not in now
+    assert out.stat().st_mode & 0o777 == 0o751
     new = json.loads((out / generation.MARKER).read_text())
     assert set(new["files"]) == set(now) - {generation.MARKER, "notes.txt"}
     assert new["files"]["metrics.json"] != mark["files"]["metrics.json"]
