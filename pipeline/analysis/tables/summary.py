@@ -233,7 +233,7 @@ def _per_k(out: dict, table, col: str, models: bool) -> None:
 
 
 def flat_metrics(summary: dict, pts, eff, mem) -> dict:
-    """metrics.json: only numbers, flat dotted keys, stable across experiments of one profile, in the order
+    """metrics.json: numbers and, last, the strings of what they come from; flat dotted keys, stable across experiments of one profile, in the order
     `dvc exp show` shows them: first the counts that explain an empty cell (`n_trials`, `n_complete`, `n_measured`:
     on a quiet host, `n_flagged`: measured under interference), then per strategy and k the figures of ONE point,
     the fastest at that k (`fastest`: the configuration the report's answer runs there), so that each value is the
@@ -248,7 +248,10 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     and report.md. Measured under load (tables.timed: every trial behind the point flagged by interference.py): the
     figures keep their keys and `load_cores.S.kK` labels them with the cores other processes kept busy at that
     point (an efficiency whose k=1 end alone was loaded is labelled in report.md and efficiency.csv); `under_load`
-    counts the labelled strategy-k pairs (0 on a quiet host)."""
+    counts the labelled strategy-k pairs (0 on a quiet host). Last, per strategy, `code_digest.S`, `data_digest.S`
+    and `torch_version.S` (records.trial.PROVENANCE, as summary.json's `provenance` joins them: comma-separated where
+    its rows mix several), strings that `dvc exp show` shows as columns and `dvc metrics diff` lists without a
+    difference; absent for a table that predates them."""
     models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
     out: dict = {
         k: summary[k] for k in ("n_trials", "n_complete", "n_measured", "n_flagged") if _finite(summary.get(k))
@@ -279,4 +282,6 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     loaded = top[top["under_load"].astype(bool)] if len(top) and "under_load" in top else top.iloc[0:0]
     _per_k(out, loaded, "load_cores", models)  # the label: cores busy elsewhere (absent: unmeasured)
     out["under_load"] = len(loaded)
+    for name in PROVENANCE:  # what the figures come from, as strings `dvc exp show` shows in their own columns
+        out.update({_key(name, s): st[name] for s, st in strategies.items() if isinstance(st.get(name), str)})
     return jsonable(out)
