@@ -12,11 +12,12 @@ results/collectives.json, when present (pipeline/collectives.measure() written a
 for the model; the stage never measures them itself (it launches no processes). Only complete, non-oversubscribed
 trials enter the numbers; everything else is listed with its reason.
 Undefined stays NaN (CSV: row absent; JSON: null), never 0.
-The outputs are one generation (records/generation.py): all are written into a new folder beside the output
-folder, generation.json last (the time, the inputs' sha256, each file's sha256), and the two folders are exchanged in
-one rename (where the file system cannot, the files are replaced one by one, generation.json last), so a kill at any moment leaves the earlier analysis whole or the new one whole, never a mix; a file there
-that analyze does not write (a user's notes) is kept. A write refused (a full disk) stops the stage with one paragraph
-naming the folder and its free space, the earlier analysis left whole.
+The outputs are one generation (records/files.py `replacing_folder`): all are written into a new folder beside the
+output folder, generation.json last (the time, the inputs' sha256, each file's sha256), and the two folders are
+exchanged in one rename (where the file system cannot, the files are replaced one by one, generation.json last), so a
+kill at any moment leaves the earlier analysis whole or the new one whole, never a mix; a file there that analyze does
+not write (a user's notes) is kept. A write refused (a full disk) stops the stage with one paragraph naming the folder
+and its free space, the earlier analysis left whole.
 
 The wing, arrows one way (tests/architecture/test_imports.py keeps it so): tables/ reads neither report/ nor plots/;
 report/ and plots/ read tables/ and not each other; this module reads all three.
@@ -58,7 +59,7 @@ from pipeline.analysis.tables.summary import flat_metrics, strategy_status, summ
 from pipeline.analysis.tables.summary import jsonable as _jsonable  # noqa: F401
 from pipeline.analysis.tables.summary import strategy_metrics as _strategy_metrics  # noqa: F401
 from pipeline.errors import Stopped
-from pipeline.records import files, generation
+from pipeline.records import files
 from pipeline.records.table import SUFFIX
 
 
@@ -216,8 +217,8 @@ def analyze(
     overlap_md = Path(sweeps_dir).parent / "overlap" / "overlap.md"
     overlap = document.overlap_section(overlap_md)
     best = answer.build(df, status, pts, eff, mem)
-    inputs = generation.input_digests([*tables_read, collectives_path, overlap_md])
-    with _writing(out), generation.writing(out, inputs, owns=("knob_*.png",)) as new:  # from here on only writes
+    inputs = files.input_digests([*tables_read, collectives_path, overlap_md])
+    with _writing(out), files.replacing_folder(out, inputs, owns=("knob_*.png",)) as new:  # from here on only writes
         _write_csvs(new, pts, eff, mem, acc, shown_extras(df))
         _write_figures(new, status, pts, eff, mem, knobs, summary.get("data_source") or "")
         _to_csv(knobs, new / "knobs.csv")

@@ -20,7 +20,7 @@ import pytest
 
 from pipeline.analysis.plots import figures
 from pipeline.analysis.stage import analyze
-from pipeline.records import generation
+from pipeline.records import files
 
 from .test_analyze import row, write
 
@@ -39,9 +39,9 @@ def _files(out: Path) -> dict[str, bytes]:
 
 def _one_generation(out: Path) -> dict:
     """`out`'s marker, after checking that it lists exactly the folder's files, each as written."""
-    assert generation.check(out) == []
-    mark = json.loads((out / generation.MARKER).read_text())
-    assert set(mark["files"]) == set(_files(out)) - {generation.MARKER}
+    assert files.check_generation(out) == []
+    mark = json.loads((out / files.MARKER).read_text())
+    assert set(mark["files"]) == set(_files(out)) - {files.MARKER}
     return mark
 
 
@@ -66,12 +66,12 @@ def test_a_kill_mid_write_leaves_the_earlier_generation_whole(tmp_path):
     assert p.returncode == -9
     assert _files(out) == before
     mark = _one_generation(out)
-    assert [d.name for d in tmp_path.iterdir() if generation.STAGING in d.name]  # the killed writer's folder
+    assert [d.name for d in tmp_path.iterdir() if files.STAGING in d.name]  # the killed writer's folder
     analyze(second, out)
     new = _one_generation(out)
     assert new["files"]["metrics.json"] != mark["files"]["metrics.json"]
-    assert new["inputs"] == {str(second / "ddp.jsonl"): generation.sha256(second / "ddp.jsonl")}
-    assert not [d.name for d in tmp_path.iterdir() if generation.STAGING in d.name]
+    assert new["inputs"] == {str(second / "ddp.jsonl"): files.sha256(second / "ddp.jsonl")}
+    assert not [d.name for d in tmp_path.iterdir() if files.STAGING in d.name]
 
 
 @pytest.mark.parametrize("exchange", ["atomic", "one by one"])
@@ -81,7 +81,7 @@ def test_an_error_mid_write_leaves_the_earlier_generation_whole(tmp_path, monkey
     a complete second run then leaves its own generation, the first one's files it no longer writes removed and a
     file analyze does not write (a user's notes) kept."""
     if exchange == "one by one":
-        monkeypatch.setattr(generation, "_exchange", lambda a, b: (_ for _ in ()).throw(generation._NoExchange()))
+        monkeypatch.setattr(files, "_exchange", lambda a, b: (_ for _ in ()).throw(files._NoExchange()))
     out, before, second = _first(tmp_path)
     out.chmod(0o751)
     (out / "notes.txt").write_text("mine")
@@ -95,15 +95,15 @@ def test_an_error_mid_write_leaves_the_earlier_generation_whole(tmp_path, monkey
         with pytest.raises(RuntimeError, match="a writer fails"):
             analyze(second, out)
     assert _files(out) == {**before, "notes.txt": b"mine", "knob_old.png": b"an earlier generation's figure"}
-    assert generation.check(out) == []
-    mark = json.loads((out / generation.MARKER).read_text())
-    assert mark["files"] == {n: generation.sha256(out / n) for n in before if n != generation.MARKER}
-    assert not [d.name for d in tmp_path.iterdir() if generation.STAGING in d.name]
+    assert files.check_generation(out) == []
+    mark = json.loads((out / files.MARKER).read_text())
+    assert mark["files"] == {n: files.sha256(out / n) for n in before if n != files.MARKER}
+    assert not [d.name for d in tmp_path.iterdir() if files.STAGING in d.name]
     analyze(second, out)
-    assert generation.check(out) == []
+    assert files.check_generation(out) == []
     now = _files(out)
     assert now["notes.txt"] == b"mine" and "knob_old.png" not in now
     assert out.stat().st_mode & 0o777 == 0o751
-    new = json.loads((out / generation.MARKER).read_text())
-    assert set(new["files"]) == set(now) - {generation.MARKER, "notes.txt"}
+    new = json.loads((out / files.MARKER).read_text())
+    assert set(new["files"]) == set(now) - {files.MARKER, "notes.txt"}
     assert new["files"]["metrics.json"] != mark["files"]["metrics.json"]
