@@ -12,9 +12,12 @@ results/collectives.json, when present (pipeline/collectives.measure() written a
 for the model; the stage never measures them itself (it launches no processes). Only complete, non-oversubscribed
 trials enter the numbers; everything else is listed with its reason.
 Undefined stays NaN (CSV: row absent; JSON: null), never 0.
-Each output is written whole or not at all (records/files.py: a temporary file renamed over it, which also replaces a
-symlink placed there rather than writing through it); a write refused (a full disk) stops the stage with one
-paragraph naming the folder and its free space, every output left whole, the new ones before it, the old ones after.
+The outputs are one generation (records/files.py `replacing_folder`): all are written into a new folder beside the
+output folder, generation.json last (the time, the inputs' sha256, each file's sha256), and the two folders are
+exchanged in one rename (where the file system cannot, the files are replaced one by one, generation.json last), so a
+kill at any moment leaves the earlier analysis whole or the new one whole, never a mix; a file there that analyze does
+not write (a user's notes) is kept. A write refused (a full disk) stops the stage with one paragraph naming the folder
+and its free space, the earlier analysis left whole.
 
 The wing, arrows one way (tests/architecture/test_imports.py keeps it so): tables/ reads neither report/ nor plots/;
 report/ and plots/ read tables/ and not each other; this module reads all three.
@@ -57,6 +60,7 @@ from pipeline.analysis.tables.summary import jsonable as _jsonable  # noqa: F401
 from pipeline.analysis.tables.summary import strategy_metrics as _strategy_metrics  # noqa: F401
 from pipeline.errors import Stopped
 from pipeline.records import files
+from pipeline.records.table import SUFFIX
 
 
 def _csv(df, path, cols, shown):
@@ -81,9 +85,10 @@ def _writing(out: Path):
         what = f"{Path(e.filename).name}: " if e.filename else ""
         raise Stopped(
             f"analyze could not write its outputs in {out} ({what}{e.strerror or e}); {files.free_text(out)} there. "
-            f"Each output is replaced whole or not at all: those written before this one are new, this one and the "
-            f"rest keep their previous contents. Free space there (or write the analysis elsewhere with --out) and "
-            f"rerun analyze."
+            f"{out} keeps the earlier analysis whole, every file as its generation.json lists it (a folder that "
+            f"cannot be replaced whole, such as a mount point, has its files replaced one by one and holds no "
+            f"generation.json until a run completes). Free space there (or write the analysis elsewhere with --out) "
+            f"and rerun analyze."
         ) from None
 
 
@@ -198,8 +203,10 @@ def analyze(
 ) -> dict:
     """Read every sweep table, write all outputs into out_dir and return the summary dict. collectives_json: this
     host's measured collectives (default: collectives.json beside the sweeps directory, used only if present)."""
+    tables_read = sorted(Path(sweeps_dir).glob(f"*{SUFFIX}"))  # the inputs generation.json names, by their sha256
     df, notes, tables = read_sweeps(sweeps_dir, expected)
-    collectives, more = read_collectives(Path(collectives_json or Path(sweeps_dir).parent / "collectives.json"))
+    collectives_path = Path(collectives_json or Path(sweeps_dir).parent / "collectives.json")
+    collectives, more = read_collectives(collectives_path)
     notes += more
     out = Path(out_dir)
     pts, eff, mem = point_table(df), scaling_table(df), memory_table(df)
@@ -207,19 +214,20 @@ def analyze(
     status = strategy_status(df, tables, sweeps_dir, expected)
     summary = summarize(df, status, pts, eff, mem, target_acc)
     knobs = knob_table(pts, eff)
-    overlap = document.overlap_section(Path(sweeps_dir).parent / "overlap" / "overlap.md")
+    overlap_md = Path(sweeps_dir).parent / "overlap" / "overlap.md"
+    overlap = document.overlap_section(overlap_md)
     best = answer.build(df, status, pts, eff, mem)
-    with _writing(out):  # from here on only writes: a failing one is said as such
-        out.mkdir(parents=True, exist_ok=True)
-        _write_csvs(out, pts, eff, mem, acc, shown_extras(df))
-        _write_figures(out, status, pts, eff, mem, knobs, summary.get("data_source") or "")
-        _to_csv(knobs, out / "knobs.csv")
+    inputs = files.input_digests([*tables_read, collectives_path, overlap_md])
+    with _writing(out), files.replacing_folder(out, inputs, owns=("knob_*.png",)) as new:  # from here on only writes
+        _write_csvs(new, pts, eff, mem, acc, shown_extras(df))
+        _write_figures(new, status, pts, eff, mem, knobs, summary.get("data_source") or "")
+        _to_csv(knobs, new / "knobs.csv")
         extra = (
-            _why(out, df, eff, collectives, summary.get("data_source") or "") + document.knob_section(knobs) + overlap
+            _why(new, df, eff, collectives, summary.get("data_source") or "") + document.knob_section(knobs) + overlap
         )
-        files.write_text(out / "best.yaml", answer.best_yaml(best))
-        document.write_report(out / "report.md", df, notes, status, pts, eff, mem, acc, extra, best)
-        files.write_text(out / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
-        metrics = flat_metrics(summary, pts, eff, mem)  # the DVC metric: flat numbers (sentences stay in report.md)
-        files.write_text(out / "metrics.json", json.dumps(metrics, indent=1, allow_nan=False) + "\n")
+        files.write_text(new / "best.yaml", answer.best_yaml(best))
+        document.write_report(new / "report.md", df, notes, status, pts, eff, mem, acc, extra, best)
+        files.write_text(new / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
+        metrics = flat_metrics(summary, pts, eff, mem)  # the DVC metric (sentences stay in report.md)
+        files.write_text(new / "metrics.json", json.dumps(metrics, indent=1, allow_nan=False) + "\n")
     return summary

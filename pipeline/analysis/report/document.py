@@ -25,7 +25,9 @@ from pipeline.analysis.tables.points import (
     joined,
     shown_extras,
 )
+from pipeline.analysis.tables.summary import provenance
 from pipeline.records import files
+from pipeline.records.trial import PROVENANCE
 
 
 def _mib(v):
@@ -361,6 +363,46 @@ def overlap_section(overlap_md: Path) -> list[str]:
     return ["\n" + overlap_md.read_text()]
 
 
+def _mixed(df) -> dict[str, list[str]]:
+    """Per strategy, the PROVENANCE names whose rows hold more than one value."""
+    out: dict[str, list[str]] = {}
+    for s, g in group_by(df, ("strategy",)):
+        names = [k for k in PROVENANCE if k in g and g[k].dropna().astype(str).nunique() > 1]
+        if names:
+            out[s[0] if isinstance(s, tuple) else s] = names
+    return out
+
+
+def mixed_warning(df) -> list[str]:
+    """The warning on top of report.md where a strategy's figures pool rows of different code, data or torch."""
+    mixed = _mixed(df)
+    if not mixed:
+        return []
+    which = "; ".join(f"{s}: {', '.join(f'{k} {provenance(df, s)[k]}' for k in names)}" for s, names in mixed.items())
+    return [
+        "> **⚠️ WARNING: FIGURES FROM DIFFERENT CODE OR DATA MIXED.** A strategy's rows hold several values of what "
+        f"they were measured with ({which}): its figures pool trials of different code, data or torch. Read them as "
+        "such, or sweep it again into a table of its own (`python -m pipeline sweep --strategy S --out NEW.jsonl`).\n\n"
+    ]
+
+
+def measured_with_section(df, status) -> list[str]:
+    """Per strategy, the code, data and torch its rows were measured with (summary.json's and metrics.json's
+    code_digest, data_digest, torch_version)."""
+    t = pd.DataFrame([{"strategy": s, **provenance(df, s)} for s in status])
+    t = t[t[list(PROVENANCE)].notna().any(axis=1)] if len(t) else t
+    if t.empty:
+        return ["\n## Measured with\n\nThe sweep tables record no code_digest, data_digest or torch_version.\n"]
+    mixed = _mixed(df)
+    t = t.assign(mixed=[", ".join(mixed.get(s, [])) or "no" for s in t["strategy"]])
+    return [
+        "\n## Measured with\n\nThe trial's code (`code_digest`), the prepared data's content (`data_digest`) and "
+        "the torch release (`torch_version`) each strategy's rows were measured with; several values, "
+        "comma-separated, mark figures that pool them.\n\n",
+        md_table(t, ["strategy", *PROVENANCE, "mixed"]),
+    ]
+
+
 def write_report(path, df, notes, status, pts, eff, mem, acc, extra=(), first=None):
     """report.md: the answer first (answer.py's lines, `first`, or built here), then the host, reading and tables."""
     s = ["# Parallax analysis report\n\n"]
@@ -371,6 +413,7 @@ def write_report(path, df, notes, status, pts, eff, mem, acc, extra=(), first=No
             "deterministic synthetic Fashion-MNIST-shaped data, not Fashion-MNIST: their "
             "accuracies say nothing about the real task.\n\n"
         )
+    s += mixed_warning(df)
     s += ["\n".join((first or answer.build(df, status, pts, eff, mem)).lines) + "\n\n"]
     s += [f"{len(df)} trial rows, {int((df['state'] == 'complete').sum())} complete.\n\n"]
     s += _host_section(df) + host_capabilities_section(df)
@@ -385,6 +428,7 @@ def write_report(path, df, notes, status, pts, eff, mem, acc, extra=(), first=No
             st, ["strategy", "status", "n_complete", "n_failed", "n_pruned", "n_skipped", "n_oversubscribed", "reason"]
         ),
     ]
+    s += measured_with_section(df, status)
     s += _tables(df, pts, eff, mem, acc)
     s += ["\n## Figures\n\n"] + [f"![{n}]({n}.png)\n\n" for n in ("efficiency", "throughput", "memory", "accuracy")]
     s += list(extra)

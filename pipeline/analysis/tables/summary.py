@@ -234,22 +234,25 @@ def _per_k(out: dict, table, col: str, models: bool) -> None:
 
 
 def flat_metrics(summary: dict, pts, eff, mem) -> dict:
-    """metrics.json: only numbers, flat dotted keys, stable across experiments of one profile, in the order
-    `dvc exp show` shows them: first the counts that explain an empty cell (`n_trials`, `n_complete`, `n_measured`:
-    on a quiet host, `n_flagged`: measured under interference), then per strategy and k the figures of ONE point,
-    the fastest at that k (`fastest`: the configuration the report's answer runs there), so that each value is the
-    report's. Every key starts with the name of the measurement it holds (the column of the table it is read from,
-    or summary.json's name for it): `throughput_img_s.S.kK` (its images/s), `weak_efficiency.S.kK` (its
-    weak-scaling efficiency, k >= 2), `strong_efficiency.S.kK`, `peak_mem_mib.S.kK` (its largest per-device peak,
-    MiB, as the trial record names it), `final_test_acc.S.kK` (its test accuracy, best lr), `<name>.S.kK` for each
-    field the trial record declares with the POINT view; then per strategy `best_test_acc.S`, a different quantity:
-    the best test accuracy of any of the strategy's points (the report's "against the best"). Rounded to DIGITS
-    significant digits. The model joins the key (`weak_efficiency.ddp.resnet18.k2`) only when the sweeps hold more
-    than one. Undefined values are left out, never 0; memory imbalance and per-strategy counts are in summary.json
-    and report.md. Measured under load (tables.timed: every trial behind the point flagged by interference.py): the
-    figures keep their keys and `load_cores.S.kK` labels them with the cores other processes kept busy at that
-    point (an efficiency whose k=1 end alone was loaded is labelled in report.md and efficiency.csv); `under_load`
-    counts the labelled strategy-k pairs (0 on a quiet host)."""
+    """metrics.json: numbers and, last, the strings of what they come from; flat dotted keys, stable across experiments
+    of one profile, in the order `dvc exp show` shows them: first the counts that explain an empty cell (`n_trials`,
+    `n_complete`, `n_measured`: on a quiet host, `n_flagged`: measured under interference), then per strategy and k the
+    figures of ONE point, the fastest at that k (`fastest`: the configuration the report's answer runs there), so that
+    each value is the report's. Every key starts with the name of the measurement it holds (the column of the table it
+    is read from, or summary.json's name for it): `throughput_img_s.S.kK` (its images/s), `weak_efficiency.S.kK` (its
+    weak-scaling efficiency, k >= 2), `strong_efficiency.S.kK`, `peak_mem_mib.S.kK` (its largest per-device peak, MiB,
+    as the trial record names it), `final_test_acc.S.kK` (its test accuracy, best lr), `<name>.S.kK` for each field the
+    trial record declares with the POINT view; then per strategy `best_test_acc.S`, a different quantity: the best test
+    accuracy of any of the strategy's points (the report's "against the best"). Rounded to DIGITS significant digits.
+    The model joins the key (`weak_efficiency.ddp.resnet18.k2`) only when the sweeps hold more than one. Undefined
+    values are left out, never 0; memory imbalance and per-strategy counts are in summary.json and report.md. Measured
+    under load (tables.timed: every trial behind the point flagged by interference.py): the figures keep their keys and
+    `load_cores.S.kK` labels them with the cores other processes kept busy at that point (an efficiency whose k=1 end
+    alone was loaded is labelled in report.md and efficiency.csv); `under_load` counts the labelled strategy-k pairs (0
+    on a quiet host). Last, per strategy, `code_digest.S`, `data_digest.S` and `torch_version.S`
+    (records.trial.PROVENANCE, as summary.json's `provenance` joins them: comma-separated where its rows mix several),
+    strings that `dvc exp show` shows as columns and `dvc metrics diff` lists without a difference; absent for a table
+    without them."""
     models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
     out: dict = {
         k: summary[k] for k in ("n_trials", "n_complete", "n_measured", "n_flagged") if _finite(summary.get(k))
@@ -280,4 +283,6 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     loaded = top[top["under_load"].astype(bool)] if len(top) and "under_load" in top else top.iloc[0:0]
     _per_k(out, loaded, "load_cores", models)  # the label: cores busy elsewhere (absent: unmeasured)
     out["under_load"] = len(loaded)
+    for name in PROVENANCE:  # what the figures come from, as strings `dvc exp show` shows in their own columns
+        out.update({_key(name, s): st[name] for s, st in strategies.items() if isinstance(st.get(name), str)})
     return jsonable(out)
