@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import sqlite3
 from pathlib import Path
 
 from pipeline.errors import StoreError, root_cause, store_fault
 from pipeline.preflight import writable_dir
-from pipeline.records.files import free_text
 
 
 class _NoStoreTracebacks(logging.Filter):
@@ -76,8 +76,12 @@ def half_made(uri: str, error: BaseException) -> str | None:
         else f"It holds {runs} run(s): move it aside, keeping the copy, and rerun, which makes a new store (or "
         f"restore it from a backup)."
     )
+    try:
+        free = f"; {shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free there"
+    except OSError:
+        free = ""
     return (
-        f"The MLflow store {path} (tracking.uri) is half-made: its creation stopped part-way (e.g. on a full disk; "
-        f"{free_text(path.parent)} there), so MLflow can neither finish nor open it ({root_cause(error)}). {keep} "
+        f"The MLflow store {path} (tracking.uri) is half-made: its creation stopped part-way (e.g. on a full disk"
+        f"{free}), so MLflow can neither finish nor open it ({root_cause(error)}). {keep} "
         f"Nothing was run."
     )

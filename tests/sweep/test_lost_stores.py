@@ -116,7 +116,7 @@ def _connection_lost():
             "UPDATE trials SET ...", {}, Exception("server closed the connection unexpectedly")
         )
     except sqlalchemy.exc.OperationalError as e:
-        try:  # as Optuna reports it (storages/_rdb/storage.py, _create_scoped_session)
+        try:  # as Optuna's RDB storage reports it (its _create_scoped_session)
             raise optuna.exceptions.StorageInternalError(
                 "An exception is raised during the commit. This typically happens due to invalid data in the "
                 "commit, e.g. exceeding max length. "
