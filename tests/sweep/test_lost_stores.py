@@ -17,7 +17,6 @@ import sys
 import threading
 
 import optuna
-import pytest
 import sqlalchemy.exc
 from optuna.storages._rdb import storage as rdb
 
