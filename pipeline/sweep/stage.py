@@ -32,7 +32,7 @@ from pipeline.sweep import queue as claims
 from pipeline.sweep.progress import counter, progress
 from pipeline.sweep.queue import open_storage, storage_url
 from pipeline.sweep.space import PointConfigs, choices, points, space_hash, study_name
-from pipeline.sweep.trial_exec import best_effort, fault_text, fmt_point, run_one
+from pipeline.sweep.trial_exec import best_effort, fault_text, fmt_point, resumes, run_one
 from pipeline.tracking import client as tracking
 from pipeline.trial.launch import Infeasible, check_batch_fits, check_feasible
 from pipeline.trial.lifecycle import user_listeners
@@ -221,9 +221,10 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
     trials_dir = paths.repo_root() / "runs" / "trials"
     # from here every stop (Ctrl-C, SIGTERM, a fault) ends in `finally`: nothing this worker holds is left RUNNING
     interrupted, fault, why = True, None, "interrupted"
+    tally: dict = {"done": None, "parent": None}  # what a stop names when the Optuna store can no longer say it
     try:
         parent_id = _serve(
-            cfg, strategy, host, tracker, configs, study, feasible, skipped, out_csv, trials_dir, max_new_trials
+            cfg, strategy, host, tracker, configs, study, feasible, skipped, out_csv, trials_dir, max_new_trials, tally
         )
         interrupted = False
     except KeyboardInterrupt as e:
@@ -238,8 +239,8 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             e
             if isinstance(e, Stopped)
             else Stopped(
-                f"The sweep stopped on {fault_text(e)}. Fix the cause (free disk space, a writable and reachable "
-                f"store) and rerun the sweep: finished trials are kept."
+                f"The sweep stopped on {fault_text(e, cfg)}. Fix the cause (free disk space, a writable and "
+                f"reachable store) and rerun the sweep: {resumes(tally['done'])}."
             )
         )
         raise fault from None
@@ -251,7 +252,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         if not interrupted:
             study_parent.finish(study, tracker, parent_id, out_csv, skipped)
         else:  # ended unless another worker is on it; the rerun marks it RUNNING again
-            _end_parent(study, tracker, "FAILED" if fault else "KILLED", str(fault or ""))
+            _end_parent(study, tracker, "FAILED" if fault else "KILLED", str(fault or ""), tally["parent"])
     return out_csv
 
 
@@ -310,10 +311,11 @@ def _announce(study, strategy: str, host, total: int, skipped) -> None:
         print(f"  skipped {fmt_point(p)}: {reason}", file=sys.stderr)
 
 
-def _serve(cfg, strategy, host, tracker, configs, study, feasible, skipped, out_csv, trials_dir, max_new_trials):
+def _serve(cfg, strategy, host, tracker, configs, study, feasible, skipped, out_csv, trials_dir, max_new_trials, tally):
     """Claim and run the study's trials on this worker until none is left that it can run (claims.serve), the table
-    written after each; returns the parent run's id. A parent run that a stopped worker ended is RUNNING again first."""
-    parent_id = study.user_attrs.get(study_parent.PARENT)
+    written after each; returns the parent run's id. A parent run that a stopped worker ended is RUNNING again first.
+    `tally` keeps the parent run's id and how many of the study's trials ran to an end, as last read."""
+    parent_id = tally["parent"] = study.user_attrs.get(study_parent.PARENT)
     if parent_id:
         tracker.reopen(parent_id)
     total = study.user_attrs.get("enqueued", len(feasible))
@@ -343,7 +345,9 @@ def _serve(cfg, strategy, host, tracker, configs, study, feasible, skipped, out_
                 trial.set_user_attr("quiet_wait", waited.text)
             if gate.stays_busy:  # a flagged result is kept as it is: a re-measure would meet the same load
                 trial.set_user_attr("host_stays_busy", gate.vain)
-        outcome = run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir, configs)
+        tally["done"] = done
+        outcome = run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir, configs, done)
+        tally["done"] = done + ("nothing recorded here" not in outcome)  # failed by itself or not, it ran to an end
         print(f"{label} -> {outcome}", file=sys.stderr, flush=True)
         write_table(study, strategy, skipped, out_csv, host)
 
@@ -367,14 +371,14 @@ def _end_setup(study, tracker) -> None:
         _end_parent(study, tracker, "KILLED")
 
 
-def _end_parent(study, tracker, status: str, reason: str = "") -> None:
-    """End the study's parent run with `status`, unless another live worker runs trials under it (best effort)."""
-    parent_id = study.user_attrs.get(study_parent.PARENT)
-    if parent_id:
-        best_effort(
-            lambda: (
-                tracker.close_run(parent_id, status, reason)
-                if tracker.status(parent_id) == "RUNNING" and not _others_running(study)
-                else None
-            )
-        )
+def _end_parent(study, tracker, status: str, reason: str = "", parent_id: str | None = None) -> None:
+    """End the study's parent run with `status`, unless another live worker runs trials under it (best effort: a
+    store that fails is being reported). `parent_id`: the run's id as read before, where the Optuna store that holds
+    it may be gone by now."""
+
+    def end() -> None:
+        run_id = parent_id or study.user_attrs.get(study_parent.PARENT)
+        if run_id and tracker.status(run_id) == "RUNNING" and not _others_running(study):
+            tracker.close_run(run_id, status, reason)
+
+    best_effort(end)

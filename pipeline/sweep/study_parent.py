@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 from optuna.trial import TrialState
 
-from pipeline.errors import interruption, redact
+from pipeline.errors import FAULT_TEXT, StoreError, interruption, redact, root_cause, store_fault
+from pipeline.records.files import free_text
 from pipeline.sweep import provenance, study_view
-from pipeline.sweep.queue import storage_url
+from pipeline.sweep.queue import finished, storage_url
 from pipeline.sweep.space import changed_settings, choices
 from pipeline.tracking import client as tracking
 
@@ -72,10 +74,47 @@ def finish(study, tracker, parent_id, out_csv, skipped=()) -> None:
         if (signalled := interruption(e)) is not None:  # Ctrl-C or SIGTERM meanwhile: the rerun logs it all again
             status = None
             tracker.close_run(parent_id, "KILLED", f"{signalled} while the study's results were logged")
-        raise
+            raise
+        if not isinstance(e, Exception):
+            raise
+        plots = status is not None  # the table and the study's numbers are in: only the plots are missing
+        status = None
+        raise StoreError(unlogged(study, tracker, parent_id, e, plots)) from None
     finally:
         if status:
             tracker.end_run(parent_id, status)
+
+
+def unlogged(study, tracker, parent_id: str, e: Exception, plots: bool) -> str:
+    """A fault while the study's results were logged to its parent run, after its trials ran: what ran and is
+    recorded, what was not logged, where (the artifact folder and its free space, on a full disk), and that a rerun
+    logs it. The parent run is ended FAILED with the reason, unless the store refuses that too."""
+    fault = store_fault(e)
+    cause = f"{FAULT_TEXT[fault]} ({root_cause(e)})" if fault else root_cause(e)
+    if fault == "disk_full":
+        folder = tracker.local_artifacts() or (Path(e.filename).parent if getattr(e, "filename", None) else None)
+        cause = (
+            f"its MLflow artifact folder {folder} is full ({free_text(folder)} there; {root_cause(e)})"
+            if folder
+            else cause
+        )
+    try:
+        ran = f"{finished(study)} trial(s) of study {study.study_name} ran and are recorded"
+    except Exception:  # the Optuna store is gone too: it says so when the rerun opens it
+        ran = f"The trials of study {study.study_name} that ran are recorded"
+    what = "plots" if plots else "summary artifacts (its table, numbers and plots)"
+    tracker.close_run(parent_id, "FAILED", f"the study's {what} were not logged: {cause}")
+    state = tracker.status(parent_id)
+    ended = (
+        "The parent run ended FAILED with this reason"
+        if state == "FAILED"
+        else f"The parent run could not be ended FAILED (the store shows {state or 'nothing it can read'})"
+    )
+    return (
+        f"{ran}; the study's {what} were not logged to its MLflow parent run {parent_id}: {cause}. {ended}. Free "
+        f"space there (or fix the store) and rerun the sweep: it runs no trial again, logs them and ends the parent "
+        f"run FINISHED."
+    )
 
 
 def plot(study, tracker, parent_id, out_csv) -> None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import loader as configmod
-from pipeline.errors import FAULT_TEXT, Stopped, root_cause, store_fault
+from pipeline.errors import FAULT_TEXT, Stopped, redact, root_cause, store_fault
 from pipeline.host.capabilities import host_capabilities
 from pipeline.records import labels as emulated
 from pipeline.records.files import free_text
@@ -24,6 +24,8 @@ from pipeline.sweep import slurm, study_setup
 from pipeline.sweep.console import SweepConsole
 from pipeline.sweep.space import suggest
 from pipeline.sweep.study_listener import StudyListener
+from pipeline.tracking import server_wait
+from pipeline.tracking.client import tracking_uri
 from pipeline.tracking.run_listener import MlflowListener
 from pipeline.tracking.trial_run import TrialRun
 from pipeline.trial.launch import UNWRITABLE, TrialFailed, host_fields
@@ -56,11 +58,13 @@ def host_caps(host) -> dict:
     return host_capabilities(host)
 
 
-def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir: Path, configs) -> str:
+def run_one(
+    cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir: Path, configs, done: int | None = None
+) -> str:
     """Run one claimed trial (trial.lifecycle.Trial) with the sweep's listeners: its MLflow run under the study's
     parent, its Optuna trial, its console lines. `configs` (space.PointConfigs) gives the point's Config, built once;
     the trial runs it as it is. Returns what the sweep prints after it; a fault raises Stopped, saying what the
-    stores hold."""
+    stores hold (and, with `done`, how many of the study's trials ran to an end before it)."""
     p = suggest(trial, cfg, strategy)  # the whole point; only the dimensions that vary are Optuna parameters
     dtype = STRATEGIES[strategy].autocast_dtype(cfg.train, host.kind)
     tcfg, bounded = emulated.bound(configs(p), dtype, host_caps(host), cfg.sweep.emulated_max_steps)  # "": not
@@ -87,9 +91,9 @@ def run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials
     except TrialFailed as e:
         if e.kind not in HOST_FAULTS:
             return in_study.outcome  # failed by itself: recorded so
-        raise Stopped(stopped_text(e, trial.number, p, one.out_dir, tracker, run.run_id, in_study)) from None
+        raise Stopped(stopped_text(e, trial.number, p, one.out_dir, tracker, run.run_id, in_study, cfg, done)) from None
     except Exception as e:  # a fault (disk full, store gone); Ctrl-C and signals go on up as they are
-        raise Stopped(stopped_text(e, trial.number, p, one.out_dir, tracker, run.run_id, in_study)) from None
+        raise Stopped(stopped_text(e, trial.number, p, one.out_dir, tracker, run.run_id, in_study, cfg, done)) from None
     return in_study.outcome
 
 
@@ -103,24 +107,53 @@ def run_name(strategy: str, p: dict, trial) -> tuple[str, dict]:
     return f"{name} re-measure of #{of}", {"parallax.remeasure_of": of}
 
 
-def stopped_text(e: Exception, number: int, p: dict, out_dir: Path, tracker, run_id, in_study) -> str:
+def stopped_text(
+    e: Exception, number: int, p: dict, out_dir: Path, tracker, run_id, in_study, cfg=None, done: int | None = None
+) -> str:
     """Why the sweep stopped in trial #number, what the stores hold of it (read back), and what to do."""
     host = isinstance(e, TrialFailed) and e.kind in HOST_FAULTS
     cause, fix = (
         (f": {e} ({free_text(out_dir)} there)" if e.kind == UNWRITABLE else f": {e}", HOST_FAULTS[e.kind])
         if host
-        else (f" on {fault_text(e)}", "Fix the cause (free disk space, a writable and reachable store)")
+        else (f" on {fault_text(e, cfg)}", "Fix the cause (free disk space, a writable and reachable store)")
     )
     return (
         f"The sweep stopped in trial #{number} ({fmt_point(p)}){cause}. "
-        f"{_recorded(tracker, run_id, in_study)} {fix} and rerun the sweep: finished trials "
-        f"are kept."
+        f"{_recorded(tracker, run_id, in_study)} {fix} and rerun the sweep: {resumes(done)}."
     )
 
 
-def fault_text(e: BaseException) -> str:
-    fault = store_fault(e)
-    return f"{FAULT_TEXT[fault]} ({root_cause(e)})" if fault else root_cause(e)
+def resumes(done: int | None) -> str:
+    """What a rerun does after a stop, with how many of the study's trials ran to an end (None: not known)."""
+    if done is None:
+        return "finished trials are kept"
+    return f"it resumes the study, keeping the {done} trial(s) that ran to an end before the stop"
+
+
+def fault_text(e: BaseException, cfg=None) -> str:
+    """The fault, in words: which store it came from (with `cfg`: named by its redacted address and key), what it
+    is (errors.FAULT_TEXT) and the driver's or the system's own words."""
+    fault, store = store_fault(e), store_of(e, cfg) if cfg is not None else ""
+    why = server_wait.reason(e) if store.startswith("the MLflow server") else root_cause(e)
+    what = f"{FAULT_TEXT[fault]} ({why})" if fault else why
+    return f"{store}: {what}" if store else what
+
+
+def store_of(e: BaseException | None, cfg) -> str:
+    """The store whose library raised `e` (or an exception in its chain), named: the Optuna store (sweep.storage) or
+    the MLflow store or server (tracking.uri); "" for any other error."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        top = type(e).__module__.split(".")[0]
+        if top == "optuna":
+            return f"the Optuna store {redact(claims.storage_url(cfg))} (sweep.storage)"
+        if top in ("mlflow", "requests", "urllib3"):
+            uri = tracking_uri(cfg)
+            kind = "server" if uri.lower().startswith(("http://", "https://")) else "store"
+            return f"the MLflow {kind} {redact(uri)} (tracking.uri)"
+        e = e.__cause__ or e.__context__
+    return ""
 
 
 def _recorded(tracker, run_id, in_study) -> str:
@@ -148,7 +181,8 @@ def _recorded(tracker, run_id, in_study) -> str:
         if status in ("FAILED", "KILLED", "FINISHED")
         else f"its MLflow run {run_id} could not be ended (the store refused the write) and still shows RUNNING"
         if status == "RUNNING"
-        else f"the state of its MLflow run {run_id} could not be read back"
+        else f"the state of its MLflow run {run_id} could not be read back (a rerun that finishes the study ends it "
+        f"KILLED if it still shows RUNNING)"
     )
     return f"{optuna_part}; {mlflow_part}."
 

@@ -21,8 +21,8 @@ from pipeline import scratch
 from pipeline.errors import StoreError, redact
 from pipeline.paths import repo_root, store_root
 from pipeline.preflight import check_store, store_url
-from pipeline.tracking import metric_names
-from pipeline.tracking.store_checks import check_artifacts, first_contact
+from pipeline.tracking import metric_names, server_wait
+from pipeline.tracking.store_checks import check_artifacts, half_made
 
 RUNNING = "RUNNING"
 # MLflow 3's UI reads this experiment tag to choose its view: without it an experiment opens on the GenAI "Traces"
@@ -77,13 +77,16 @@ class Tracker:
         mlflow.set_tracking_uri(uri)
         self.uri = uri
         name = experiment_name(cfg)
+        server_wait.bound(uri)  # every request bounded, each retry said (an MLflow server's)
         try:
-            with first_contact():
+            with server_wait.first_contact():
                 self.client = MlflowClient(tracking_uri=uri)
                 exp = self._get_or_create(name, cfg)
         except StoreError:
             raise
         except Exception as e:  # a server that answers but is not MLflow, a schema MLflow cannot migrate, ...
+            if cut_short := half_made(uri, e):
+                raise StoreError(cut_short) from None
             raise StoreError(
                 f"Cannot use the MLflow tracking store {redact(uri)} (tracking.uri): {type(e).__name__}: "
                 f"{redact((str(e).strip().splitlines() or [''])[0][:300])}. Check that it is an MLflow tracking "

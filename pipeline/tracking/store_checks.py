@@ -1,4 +1,4 @@
-"""The MLflow store's first contact, checked: a quick first request, a writable artifact folder, and no store
+"""The MLflow store, checked: a writable artifact folder, a half-made SQLite store named as such, and no store
 tracebacks in the log (Parallax reports a store fault itself, in one message).
 """
 
@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
+import shutil
+import sqlite3
 from pathlib import Path
 
-from pipeline.errors import StoreError
+from pipeline.errors import StoreError, root_cause, store_fault
 from pipeline.preflight import writable_dir
 
 
@@ -22,21 +23,6 @@ class _NoStoreTracebacks(logging.Filter):
 
 
 logging.getLogger("mlflow.store.db.utils").addFilter(_NoStoreTracebacks())
-
-
-@contextlib.contextmanager
-def first_contact():
-    """MLflow's HTTP client retries 7 times over about two minutes, and waits 120 s per request: right for a long
-    sweep against a busy server, wrong for the first request, which should say at once that nobody answers."""
-    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
-    saved = {k: os.environ.get(k) for k in quick}
-    os.environ.update({k: v for k, v in quick.items() if saved[k] is None})  # the user's settings win
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
 
 
 def check_artifacts(location: str, name: str) -> None:
@@ -58,3 +44,44 @@ def check_artifacts(location: str, name: str) -> None:
             f"place), or point tracking.uri elsewhere. Nothing was run."
         ) from None
     writable_dir(path, f"the MLflow artifacts of experiment {name!r}")
+
+
+def half_made(uri: str, error: BaseException) -> str | None:
+    """The message for a SQLite store whose creation (or schema upgrade) stopped part-way, as on a disk that filled
+    while MLflow made its tables: some tables are there, its schema version is not, and every later open fails
+    ("table spans already exists"). None for any other store or error. It names the store, says whether it holds runs
+    (only an empty one is worth deleting) and what to do."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    texts, seen, e = [], set(), error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        texts.append(str(e).lower())
+        e = e.__cause__ or e.__context__
+    text = " ".join(texts)
+    if "already exists" not in text and "disk i/o error" not in text and store_fault(error) != "disk_full":
+        return None
+    path = Path(uri[len("sqlite:///") :].split("?", 1)[0])
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            runs = db.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+    except sqlite3.Error:
+        return None
+    if not tables:
+        return None
+    keep = (
+        f"Nothing in it is a finished run: move it aside or delete it (rm {path}) and rerun, which makes it anew."
+        if not runs
+        else f"It holds {runs} run(s): move it aside, keeping the copy, and rerun, which makes a new store (or "
+        f"restore it from a backup)."
+    )
+    try:
+        free = f"; {shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free there"
+    except OSError:
+        free = ""
+    return (
+        f"The MLflow store {path} (tracking.uri) is half-made: its creation stopped part-way (e.g. on a full disk"
+        f"{free}), so MLflow can neither finish nor open it ({root_cause(error)}). {keep} "
+        f"Nothing was run."
+    )
