@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 
 EXTRAS  := pipeline,download,test,slurm,dev
 
-.PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline test test-fast typecheck lint ui dashboard plots \
+.PHONY: setup lock check-floor gpu-bundle doctor pipeline pipeline-offline stage-offline test test-fast typecheck lint ui dashboard plots \
         screenshots clean-results
 
 setup: $(STAMP)
@@ -50,14 +50,26 @@ doctor: setup            ## does every strategy run and agree with single-device
 pipeline: setup          ## download Fashion-MNIST, sweep every strategy, analyse
 	dvc repro
 
-# `dvc exp run -S` writes its value into params.yaml; the recipe puts the file back as it was (also on Ctrl-C or a
+# `dvc exp run -S` writes its value into params.yaml; OFFLINE puts the file back as it was (also on Ctrl-C or a
 # failure), so the README's next command, and a later `make pipeline`, see the project's own settings. The synthetic
 # setting lives in the experiment (`dvc exp show`); results/ and dvc.lock hold its run.
-pipeline-offline: setup  ## the same on the explicit synthetic stand-in (no network needed); params.yaml is kept as it was
-	@keep=$$(mktemp) && cp params.yaml "$$keep" && trap 'cp "$$keep" params.yaml; rm -f "$$keep"' EXIT && \
+OFFLINE = keep=$$(mktemp) && cp params.yaml "$$keep" && trap 'cp "$$keep" params.yaml; rm -f "$$keep"' EXIT && \
 	  trap 'exit 130' INT TERM && \
-	  dvc exp run -S data.source=synthetic && \
-	  echo "params.yaml is as it was: data.source=synthetic lives in the experiment above (dvc exp show); results/ hold its run, labelled synthetic. The answer is above; make ui opens every run."
+	  dvc exp run -S data.source=synthetic
+KEPT    = params.yaml is as it was: data.source=synthetic lives in the experiment above (dvc exp show); results/ hold its run, labelled synthetic.
+
+pipeline-offline: setup  ## the same on the explicit synthetic stand-in (no network needed); params.yaml is kept as it was
+	@$(OFFLINE) && \
+	  echo "$(KEPT) The answer is above; make ui opens every run."
+
+# One stage on the synthetic stand-in, as `make pipeline-offline` ran it: `dvc repro -s STAGE` alone takes params.yaml's
+# data.source (fashion-mnist), so it reruns the stage on the real data. DVC reruns the stage only if something it reads
+# changed (its code, params or inputs); nothing else runs.
+stage-offline: setup     ## rerun one stage offline: make stage-offline STAGE='sweep@ddp' (or analyze, overlap, collectives, ...)
+	@test -n "$(STAGE)" || { echo "Name the stage: make stage-offline STAGE='sweep@ddp' (dvc.yaml's stages:" \
+	  "download, sweep@STRATEGY, overlap, collectives, analyze; all of them: make pipeline-offline)." >&2; exit 2; }
+	@$(OFFLINE) -s '$(STAGE)' && \
+	  echo "$(KEPT)"
 
 test: setup              ## the whole suite (CPU; 10 to 40 minutes on 2 cores: benchmarks/RESULTS.md, "How long the two commands take")
 	$(BIN)/python -m pytest

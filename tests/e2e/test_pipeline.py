@@ -51,9 +51,10 @@ def small_measurements(params: str) -> str:
     return params
 
 
-def run(cmd, cwd, **kw):
+def run(cmd, cwd, unset=(), **kw):
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    env.pop("DVC_ROOT", None)
+    for key in ("DVC_ROOT", *unset):
+        env.pop(key, None)
     p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900, **kw)
     assert p.returncode == 0, f"{cmd} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p
@@ -196,3 +197,28 @@ def test_every_command_the_readme_and_the_last_stage_print_shows_its_figures(clo
             assert "pipeline compare" in cmd, cmd  # the other command each list gives
             for key, value in efficiencies.items():
                 assert re.search(rf"^{re.escape(key)} +{value:g}\b", shown, re.M), (cmd, key, value, shown)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the pipeline's run when this test runs alone, doctor's cases, on a busy 2-core host
+def test_what_hand_run_commands_leave_behind_changes_no_stage(clone):
+    """A finished pipeline, then what running things by hand in a normal terminal leaves in the checkout: bytecode in
+    every package folder (Python writes it unless PYTHONDONTWRITEBYTECODE is set), the test and lint tools' caches,
+    the memory model's counts (`fit`) and doctor's report. None of it is a change of what a stage reads: `dvc status`
+    stays up to date, so the next `dvc repro` (`make pipeline-offline`) reruns no stage (.dvcignore)."""
+    if not (clone / "results" / "analysis" / "report.md").exists():
+        run(["dvc", "repro"], clone)
+    assert "up to date" in run(["dvc", "status"], clone).stdout.lower()
+    by_hand = dict(cwd=clone, unset=("PYTHONDONTWRITEBYTECODE",))
+    run([sys.executable, "-m", "compileall", "-q", "pipeline", "tests", "tools"], **by_hand)
+    run([sys.executable, "-m", "pipeline", "fit", "--model", "lenet", "--batch-size", "128"], **by_hand)
+    run([sys.executable, "-m", "pipeline", "doctor", "--max-devices", "1", "--strategies", "single"], **by_hand)
+    for folder in ("pipeline/sweep", "pipeline/strategies", "pipeline/analysis/report"):
+        for cache in (".pytest_cache", ".mypy_cache", ".ruff_cache"):
+            (clone / folder / cache).mkdir(exist_ok=True)
+            (clone / folder / cache / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    # the writes happened where the stages' code deps are (whole folders in dvc.yaml), and the caches exist
+    assert list((clone / "pipeline" / "sweep" / "__pycache__").glob("*.pyc"))
+    assert (clone / "runs" / "memory_model.json").is_file() and (clone / "results" / "doctor" / "doctor.json").is_file()
+    status = run(["dvc", "status"], clone).stdout
+    assert "up to date" in status.lower(), status
