@@ -14,7 +14,9 @@ takes whatever trial is next, where a worker must skip the points this host cann
 CUDA-only strategy on a CPU host) and leave them waiting for a larger worker.
 
 A worker claims a WAITING trial (one storage transaction: only one worker wins it), records who it is (host, pid,
-process start time) and beats every HEARTBEAT_S. A trial whose heartbeat is older than GRACE_S is failed as stale
+process start time) and beats every HEARTBEAT_S from the claim to the release (`claimed`): through the wait for a
+quiet host, the trial's set-up, its run and its end told, so no wait of this worker's makes its trial look dead. A
+trial whose heartbeat is older than GRACE_S is failed as stale
 and a copy enqueued (Optuna's retry callback), unless its worker runs on this host and is alive: a busy host
 (load average above its cores, SQLite writers queuing on the lock) delays heartbeats, and a late heartbeat of a
 live worker must not lose its trial. Workers on other hosts are judged by their heartbeat alone. A worker whose
@@ -195,7 +197,8 @@ def fail_stale_trials(study: optuna.Study) -> list[int]:
 
 
 class Heartbeat:
-    """Beats for a claimed trial while it runs; `lost` is set once the trial is no longer RUNNING (taken over)."""
+    """Beats for a claimed trial while this worker holds it (`claimed`); `lost` is set once the trial is no longer
+    RUNNING (taken over, or its end told)."""
 
     def __init__(self, storage, trial_id):
         self.storage, self.trial_id, self.stop = storage, trial_id, threading.Event()
@@ -220,6 +223,29 @@ class Heartbeat:
     def __exit__(self, *exc):
         self.stop.set()
         self.thread.join()
+
+
+# the heartbeat of each trial this worker holds, by trial id: from its claim to its release (claimed)
+_held: dict[int, Heartbeat] = {}
+
+
+@contextlib.contextmanager
+def claimed(study: optuna.Study, runnable=lambda point: True):
+    """Claim a waiting trial this host can run (claim) and hold it: yields the trial with its heartbeat beating from
+    the claim on, and stops the beat at the release, when the block ends (the trial's end told, or a stop on its
+    way to stage.run_sweep, which fails the trial and enqueues its point again). Yields None when no trial is left
+    to claim. The one owner of a trial's heartbeat: whatever the worker does with the trial in the block (the wait
+    for a quiet host included), another worker sees a fresh heartbeat."""
+    trial = claim(study, runnable)
+    if trial is None:
+        yield None
+        return
+    with Heartbeat(study._storage, trial._trial_id) as beat:
+        _held[trial._trial_id] = beat
+        try:
+            yield trial
+        finally:
+            del _held[trial._trial_id]
 
 
 def end_stale_mlflow_runs(study, tracker) -> None:
@@ -316,8 +342,8 @@ def open_storage(cfg) -> optuna.storages.RDBStorage:
 
 
 def heartbeat(trial: optuna.Trial) -> Heartbeat:
-    """The heartbeat of a claimed trial (a context manager: beats while the trial runs)."""
-    return Heartbeat(trial.study._storage, trial._trial_id)
+    """The heartbeat of a trial this worker holds (claimed): beating since the claim; `lost` says it was taken over."""
+    return _held[trial._trial_id]
 
 
 def trial_id(trial: optuna.Trial) -> int:
@@ -372,7 +398,8 @@ def serve(
     """Claim and run waiting trials until none is left that this worker can run (or `max_new_trials` ran); returns
     how many ran here. Each turn first repairs stale trials (and their MLflow runs). `runnable(point)`: can this host
     run the point; `run(trial, done, eta_s)`: runs one claimed trial and records it (done = trials finished before
-    it, eta_s = the time the `total` trials still need at this worker's pace, or None)."""
+    it, eta_s = the time the `total` trials still need at this worker's pace, or None), inside `claimed`: the trial's
+    heartbeat beats for all of it."""
     if max_new_trials == 0:
         say(
             "--n-trials 0: the study is set up and no trial is run here, by design (the set-up step before the "
@@ -383,20 +410,20 @@ def serve(
     while max_new_trials is None or ran < max_new_trials:
         fail_stale_trials(study)
         end_stale_mlflow_runs(study, tracker)
-        trial = claim(study, runnable)
-        if trial is None:
-            if not running(study):
-                left = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-                if left:
-                    say(
-                        f"{len(left)} waiting trial(s) need more devices than this host offers{where}: left to a "
-                        f"larger worker"
-                    )
-                break
-            time.sleep(1.0)  # another worker (or a dead one, until its heartbeat goes stale) holds a trial
-            continue
-        done = finished(study)
-        eta = (time.monotonic() - started) / ran * max(total - done, 0) if ran else None
-        run(trial, done, eta)
+        with claimed(study, runnable) as trial:  # beats from here to the block's end
+            if trial is None:
+                if not running(study):
+                    left = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                    if left:
+                        say(
+                            f"{len(left)} waiting trial(s) need more devices than this host offers{where}: left to a "
+                            f"larger worker"
+                        )
+                    break
+                time.sleep(1.0)  # another worker (or a dead one, until its heartbeat goes stale) holds a trial
+                continue
+            done = finished(study)
+            eta = (time.monotonic() - started) / ran * max(total - done, 0) if ran else None
+            run(trial, done, eta)
         ran += 1
     return ran

@@ -1,7 +1,8 @@
-"""A sweep trial's Optuna trial as a listener of its life (pipeline/trial/lifecycle.py): its heartbeat while it
-runs (a worker taking it over cancels it here), pruning at each epoch, and its end told once: COMPLETE with its
-final test accuracy, PRUNED, or FAIL with the reason; a SLURM job the cluster ended is enqueued again, a trial
-measured under interference re-measured, and one stopped by a fault or Ctrl-C failed and enqueued again.
+"""A sweep trial's Optuna trial as a listener of its life (pipeline/trial/lifecycle.py): a take-over its heartbeat
+noticed cancels the trial here (queue.claimed holds the heartbeat, from the claim to the release), pruning at each
+epoch, and its end told once: COMPLETE with its final test accuracy, PRUNED, or FAIL with the reason; a SLURM job
+the cluster ended is enqueued again, a trial measured under interference re-measured, and one stopped by a fault or
+Ctrl-C failed and enqueued again.
 One outcome per trial: once the store holds the trial's end (`ended`), a later fault (a store of the user's that
 raises in `finished`, say) is reported and the end stands: never failed after it completed, nor enqueued again.
 `outcome` is what the sweep prints after the trial; `told` and `again` what the store took of a stop.
@@ -26,17 +27,12 @@ class StudyListener:
 
     def __init__(self, cfg, study: optuna.Study, trial: optuna.Trial, p: dict):
         self.cfg, self.study, self.trial, self.p = cfg, study, trial, p
-        self.beat = claims.heartbeat(trial)
-        self.beating = False
+        self.beat = claims.heartbeat(trial)  # beating since the claim; its owner, queue.claimed, stops it
         self.outcome = ""
         self.ended = ""  # the end the store holds, once told (COMPLETE, PRUNED, FAIL ...): it stands
         self.told = self.again = False
 
     # ------------------------------------------------------------------ while it runs
-
-    def claimed(self, t) -> None:
-        self.beat.__enter__()
-        self.beating = True
 
     def started(self, t) -> None:
         if t.bounded:
@@ -59,12 +55,8 @@ class StudyListener:
             return True
 
     def ran(self, t) -> None:
-        self._stop_beating()
         if self.beat.lost.is_set():
             t.cancel(TAKEN_OVER)
-
-    def closed(self, t) -> None:
-        self._stop_beating()
 
     # ------------------------------------------------------------------ its end
 
@@ -111,7 +103,6 @@ class StudyListener:
     def stopped(self, t, error, why: str, interrupted: bool) -> None:
         """Failed with the reason and its point enqueued again, each step tried once (read back in told, again);
         a trial whose end the store holds already keeps it (`ended`): one outcome per trial."""
-        self._stop_beating()
         if self.ended:
             return
         with contextlib.suppress(Exception):
@@ -131,11 +122,6 @@ class StudyListener:
                 self.trial.set_user_attr(k, v)
         except optuna.exceptions.UpdateFinishedTrialError:
             t.cancel(TAKEN_OVER)
-
-    def _stop_beating(self) -> None:
-        if self.beating:
-            self.beating = False
-            self.beat.__exit__(None, None, None)
 
 
 def remeasure(cfg, study, trial, p, metrics) -> str:

@@ -1,5 +1,5 @@
 """One claimed sweep trial: a trial.lifecycle.Trial told to three listeners, its MLflow run (tracking.run_listener),
-its Optuna trial (study_listener: heartbeat, pruning, tell, requeue, re-measure) and its console lines (console.py),
+its Optuna trial (study_listener: take-over, pruning, tell, requeue, re-measure) and its console lines (console.py),
 plus those tracking.listeners adds. A trial that failed because the host or the cluster did (its directory could not
 be written, SLURM's controller stopped answering: HOST_FAULTS) is a fault: the sweep stops with a message that says
 what the stores hold, and the point runs again, never failed for good.

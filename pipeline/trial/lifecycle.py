@@ -7,11 +7,11 @@ listener: a small object with a method per moment it cares about, in its own win
 The moments, in order (a listener defines only those it needs; each gets the Trial first, whose fields say what is
 known: cfg, out_dir, label, bounded, run_id, record, untimed, flagged):
 
-    claimed()           before anything else (the sweep's heartbeat starts)
+    claimed()           before anything else
     started()           the trial is about to run (MLflow opens its run)
     noted(attrs)        a runner learnt something to keep (a SLURM job id and node count; MLflow's run id)
     epoch(record)       an epoch ended; a listener returning True stops the trial at this epoch's end (pruning)
-    ran()               the training ended, by any way (the heartbeat stops)
+    ran()               the training ended, by any way
     flagged(reason)     the trial ran under interference (measure/interference.py)
     finished(record)    the trial's record (record["stopped"]: stopped early, e.g. pruned)
     failed(error)       the trial failed by itself (a TrialFailed): the Trial then raises it

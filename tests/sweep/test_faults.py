@@ -183,6 +183,68 @@ def test_a_worker_whose_trial_was_taken_over_stops_it_and_records_nothing(repo, 
     assert not [r for r in _runs(tmp_path) if r.info.status == "RUNNING"]
 
 
+def test_a_trial_waiting_for_a_quiet_host_is_never_taken_over_by_a_worker_on_another_host(
+    repo, tmp_path, monkeypatch, capsys
+):
+    """Worker A (this sweep, seen as running on another host) claims the one trial and waits for a quiet host for
+    over twice the grace period; worker B (a second engine on the same SQLite store) fails stale trials and claims
+    waiting ones all the while. A's heartbeat beats from the claim, so B never fails the trial nor takes it over,
+    and A runs it: one trial, COMPLETE once."""
+    from pipeline.measure.quiet import QuietGate, Waited
+
+    cfg = repo(lrs="[0.1]")
+    grace = 3
+    monkeypatch.setattr(claims, "GRACE_S", grace)
+    monkeypatch.setattr(claims, "HEARTBEAT_S", 0.25)
+    a = {"host": "worker-a.example", "pid": os.getpid(), "start": None}  # B judges A's trials by heartbeat alone
+    monkeypatch.setattr(claims, "me", lambda: dict(a))
+    waiting, done, wait_began = threading.Event(), threading.Event(), []
+
+    def long_quiet_wait(gate):
+        wait_began.append(time.monotonic())
+        waiting.set()
+        time.sleep(2.5 * grace)
+        waiting.clear()
+        return Waited(True, 2.5 * grace, 0.0, f"waited {2.5 * grace:.0f} s for a quiet moment")
+
+    monkeypatch.setattr(QuietGate, "wait", long_quiet_wait)
+    failed_by_b, taken_by_b, judged_late = [], [], []
+
+    def worker_b():  # another host's worker loop on the same store, from A's claim on
+        with claims.creating_stores(claims.storage_url(cfg)):  # as a worker opens it: never two creating its tables
+            storage = open_storage(cfg)
+        while not done.is_set() and not taken_by_b:
+            try:
+                study = optuna.load_study(study_name=study_name(cfg, "single"), storage=storage)
+            except KeyError:  # not created yet
+                time.sleep(0.1)
+                continue
+            if waiting.is_set() or study.get_trials(states=(TrialState.RUNNING,)):
+                t0 = time.monotonic()
+                failed_by_b.extend(claims.fail_stale_trials(study))
+                if (trial := claims.claim(study)) is not None:
+                    taken_by_b.append(trial.number)
+                if waiting.is_set() and t0 - wait_began[-1] > grace + 1:
+                    judged_late.append(round(t0 - wait_began[-1], 1))
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=worker_b)
+    thread.start()
+    try:
+        code = main(["sweep", "--strategy", "single", "--set", "sweep.quiet_wait_s=60"])
+    finally:
+        done.set()
+        thread.join()
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err, err
+    assert failed_by_b == [] and taken_by_b == [], (failed_by_b, taken_by_b)
+    assert judged_late, "worker B never judged the trial once its wait was past the grace period"
+    assert "taken over" not in err, err
+    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE]
+    assert study.trials[0].user_attrs.get("quiet_wait", "").startswith("waited ")
+
+
 def test_a_read_only_store_is_refused_before_anything_opens(repo, tmp_path, monkeypatch, capsys):
     repo()
     db = tmp_path / "ro.db"
