@@ -57,19 +57,24 @@ def _ties(t, col, floor) -> str:
 def _reading(pts, eff, mem, status, df) -> list[str]:
     """Plain-language findings, generated from the tables (one block per model); under load, that first."""
     out = [line for line in (causes.load_line(df, pts),) if line]
+    rerun = answer.rerun_command(df)
     for model in sorted(pts["model"].unique()):
         p, e, m = (t[t["model"] == model] for t in (pts, eff, mem))
         tag = f" ({model})" if pts["model"].nunique() > 1 else ""
-        fastest = confidence.fastest_claim(confidence.with_throughput_intervals(p, e), tag)
+        fastest = confidence.fastest_claim(confidence.with_throughput_intervals(p, e), tag, rerun)
         out += [fastest] if fastest else []
         w_all = e[(e["kind"] == "weak") & e["efficiency"].notna() & (e["k"] >= 2)]
+        # two ends measured under loads that are not comparable (tables/comparable.py): labelled, never ranked
+        apart = confidence.incomparable(w_all, tag, rerun)
+        out += [apart] if apart else []
+        w_like = w_all[w_all["comparable"].astype(bool)] if len(w_all) else w_all
         # above 1: physically implausible beyond its interval (never presented as a finding), else within noise
-        out += [s for s in (confidence.implausible(r, tag) for r in w_all.to_dict("records")) if s]
-        w = confidence.plausible(w_all)
+        out += [s for s in (confidence.implausible(r, tag) for r in w_like.to_dict("records")) if s]
+        w = confidence.plausible(w_like)
         if len(w):
-            out.append(confidence.efficiency_claim(w, tag))
-        else:
-            why = causes.no_efficiency_cause(df[df["model"] == model], p, w_all)
+            out.append(confidence.efficiency_claim(w, tag, rerun))
+        elif len(w_like) or not apart:  # (every efficiency not comparable: the line above says so)
+            why = causes.no_efficiency_cause(df[df["model"] == model], p, w_like)
             out.append(f"Weak-scaling efficiency{tag}: undefined ({why}).")
         # device-0 memory and imbalance only mean something with >= 2 devices reported separately
         m2 = m[(m["k"] >= 2) & (m["peaks"].map(len) >= 2)] if len(m) else m
