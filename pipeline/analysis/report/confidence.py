@@ -145,6 +145,18 @@ def per_strategy(rows, col: str) -> list:
     return sorted(best.values(), key=lambda r: -r[col])
 
 
+def unlike(everything, col: str, q, rerun: str) -> str | None:
+    """Where no two strategies were measured under comparable loads though several were measured: why none is
+    ranked, each strategy's highest figure with how it was measured (None where a ranking stands)."""
+    group = comparable.largest_group(everything)
+    if len({r["strategy"] for r in group}) >= 2 or len({r["strategy"] for r in everything}) < 2:
+        return None
+    named = [(q(r), r) for r in per_strategy(everything, col)]
+    return "none named, as no two strategies were measured under comparable loads: " + comparable.not_comparable(
+        named, rerun
+    )
+
+
 def _ranked_where(group, everything) -> str:
     """Where a ranking on a busy host compares like against like: "" where nothing was left out of it."""
     if len(group) == len(everything):
@@ -164,10 +176,14 @@ def efficiency_claim(w, tag: str, rerun: str = "") -> str | None:
     rows = per_strategy(group, "efficiency")
     verdict, tied, rest = ranking(rows, "efficiency")
     where = f"Best weak-scaling efficiency at the largest k with a k=1 reference (k={K:g}){tag}"
-    where += _ranked_where(group, everything)
 
     def q(r):
         return f"{r['strategy']} {fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}"
+
+    none = unlike(everything, "efficiency", q, rerun)
+    if none:
+        return f"{where}: {none}."
+    where += _ranked_where(group, everything)
 
     left = outside(everything, group, "efficiency", q, rerun)
     then = f" (then {', '.join(map(q, rest))})" if rest else ""
@@ -274,6 +290,9 @@ def fastest_claim(p, tag: str, rerun: str = "") -> str | None:
             f"images/s at k={r['k']:g}, B={r['batch_size']:g}"
         )
 
+    none = unlike(everything, "throughput_img_s", q, rerun)
+    if none:
+        return f"Fastest{tag}: {none}."
     left = outside(everything, group, "throughput_img_s", q, rerun)
     where = _ranked_where(group, everything)
     top = rows[0]
