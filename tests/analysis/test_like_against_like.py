@@ -51,7 +51,7 @@ def analyze(tmp_path, points):
     return summary, out
 
 
-# The issue's host: scratch k=1 the only point measured quietly (and the fastest), every other beside 1.16-1.31
+# A busy shared host: scratch k=1 the only point measured quietly (and the fastest), every other beside 1.16-1.31
 # busy cores, but fsdp's k=1 reference beside 1.48 and its k=2 point beside 0.56.
 MIXED = (
     point("scratch", 1, 4183.0, QUIET, 1),
@@ -78,7 +78,9 @@ def test_a_busy_host_answers_like_against_like_and_labels_an_efficiency_of_unlik
     (left,) = [line for line in answer.splitlines() if line.startswith("- **Not compared:**")]
     assert (
         "faster, but not comparable on this host: scratch at k=1 (4,183 images/s) was measured quietly, ddp_amp "
-        "beside 1.25 busy cores; rerun on a quiet host (`" in left and rerun in left
+        "beside 1.25 busy cores; rerun on a quiet host (`"
+        in left
+        and rerun in left
     )
     (sure,) = [line for line in answer.splitlines() if line.startswith("- **How sure:**")]
     assert "clear of the runner-up's (single " in sure and "scratch" not in sure and "quietly" not in sure
@@ -91,7 +93,8 @@ def test_a_busy_host_answers_like_against_like_and_labels_an_efficiency_of_unlik
         and rerun in apart
     )
     weak = report[report.index("### Weak scaling") : report.index("### Strong scaling")].splitlines()
-    assert [line.startswith("| fsdp") or line.startswith("| scratch") for line in weak if "| no |" in line] == [True] * 2
+    marked = [line.split(" | ")[0] for line in weak if "| no |" in line]
+    assert marked == ["| scratch", "| fsdp"] or marked == ["| fsdp", "| scratch"]
     (best,) = [line for line in report.splitlines() if "Best weak-scaling efficiency" in line]
     assert "**fsdp**" not in best and "**ddp**" in best
     fsdp = summary["strategies"]["fsdp"]
@@ -136,3 +139,23 @@ def test_the_rule(a, b, alike):
 
     ra, rb = ({"under_load": u, "load_cores": c} for u, c in (a, b))
     assert comparable.comparable(ra, rb) is alike and comparable.comparable(rb, ra) is alike
+
+
+def test_a_k1_ratio_across_unlike_loads_is_not_printed(tmp_path):
+    """The answer's k=1 ratio against single divides ddp_amp's k=1 point (beside 1.31 busy cores) by single's
+    (measured quietly): not a number, the two conditions and the command instead."""
+    _, out = analyze(
+        tmp_path,
+        (
+            point("single", 1, 2000.0, QUIET, 1),
+            point("ddp", 1, 1500.0, 1.30, 2),
+            point("ddp", 2, 2500.0, 1.30, 3),
+            point("ddp_amp", 1, 3000.0, 1.31, 4),
+            point("ddp_amp", 2, 3494.0, 1.25, 5),
+        ),
+    )
+    report = (out / "report.md").read_text()
+    (why,) = [line for line in report.splitlines() if line.startswith("- **Why:**")]
+    assert "its speed at k=1 against single's is not comparable on this host: ddp_amp (" in why
+    assert "images/s) was measured beside 1.31 busy cores, single (" in why and ") quietly; rerun on a quiet" in why
+    assert "× single" not in why

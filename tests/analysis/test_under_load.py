@@ -94,7 +94,9 @@ def test_an_efficiency_with_one_end_under_load_is_labelled_not_comparable(loaded
     assert not e["comparable"] and summ["strategies"]["ddp"]["weak_efficiency_comparable"] is False
     assert metrics["weak_efficiency_comparable.ddp.k2"] == 0 and "weak_efficiency.ddp.k2" in metrics
     line = next(line for line in reading if "eak-scaling efficiency" in line)
-    k2_how, k1_how = ("beside 1.60 busy cores", "quietly") if loaded_end == "k=2" else ("quietly", "beside 1.60 busy cores")
+    k2_how, k1_how = (
+        ("beside 1.60 busy cores", "quietly") if loaded_end == "k=2" else ("quietly", "beside 1.60 busy cores")
+    )
     assert line.startswith("Weak-scaling efficiency not comparable on this host, so not ranked: ddp at k=2")
     assert f"its k=2 point was measured {k2_how}, its k=1 reference {k1_how}" in line
     assert "rerun on a quiet host (`" in line and "sweep.repeats=2" in line
@@ -199,8 +201,9 @@ def test_the_dvc_plots_csvs_label_the_point_measured_under_load(tmp_path):
 
 def test_metrics_json_figures_at_a_k_are_those_of_one_point_the_answer_runs():
     """At ddp k=2 the fastest point (B=256, flagged, 0.36 cores) and a slower one (B=512, bigger memory, better
-    accuracy) measured under a comparable load (0.40 cores), the k=1 reference too (0.30): every `.ddp.k2` figure of metrics.json is the B=256 point's, as in the report's answer (its load, its
-    peak memory, its accuracy), never mixed with the other point's; `best_test_acc.ddp` is the best of any point."""
+    accuracy) measured under a comparable load (0.40 cores), the k=1 reference too (0.30): every `.ddp.k2` figure of
+    metrics.json is the B=256 point's, as in the report's answer (its load, its peak memory, its accuracy), never
+    mixed with the other point's; `best_test_acc.ddp` is the best of any point."""
     mib = 2**20
     df = frame(
         [

@@ -102,10 +102,8 @@ def _unlike(best, rerun: str) -> str:
     strategy's fastest point, fastest first."""
     named = [(f"{r['strategy']} ({r['throughput_img_s']:,.0f} images/s at k={r['k']:g})", r) for r in best]
     return (
-        "no two strategies were measured under comparable loads (the rule: docs/metrics.md, \"Like against like\"), "
-        "so none is ranked against another: their fastest points are "
-        + comparable.not_comparable(named, rerun)
-        + "."
+        'no two strategies were measured under comparable loads (the rule: docs/metrics.md, "Like against like"), '
+        "so none is ranked against another: their fastest points are " + comparable.not_comparable(named, rerun) + "."
     )
 
 
@@ -140,7 +138,10 @@ def _k1_difference(top, p, df, rerun: str) -> str | None:
         return None
     if not comparable.comparable(a, b):
         return f"its speed at k=1 against {ref}'s is " + comparable.not_comparable(
-            [(f"{top['strategy']} ({a['throughput_img_s']:,.0f} images/s)", a), (f"{ref} ({b['throughput_img_s']:,.0f})", b)],
+            [
+                (f"{top['strategy']} ({a['throughput_img_s']:,.0f} images/s)", a),
+                (f"{ref} ({b['throughput_img_s']:,.0f})", b),
+            ],
             rerun,
         )
     text = (

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 import pandas as pd
 
 from pipeline.analysis.tables import comparable, stats
@@ -164,11 +163,9 @@ def _ranked_where(group, everything) -> str:
     return f" among the figures measured {comparable.load_range(group)} (like against like: docs/metrics.md)"
 
 
-def efficiency_claim(w, tag: str, rerun: str = "") -> str | None:
-    """The weak-scaling comparison at the largest k with a k=1 reference; w: plausible weak rows (k >= 2) whose
-    two ends are comparable, ranked within the largest group measured under comparable loads (None: no row)."""
-    if w.empty:
-        return None
+def efficiency_claim(w, tag: str, rerun: str = "") -> str:
+    """The weak-scaling comparison at the largest k with a k=1 reference; w: plausible weak rows (k >= 2, at least
+    one) whose two ends are comparable, ranked within the largest group measured under comparable loads."""
     K = w["k"].max()
     everything = w[w["k"] == K].to_dict("records")
     group = comparable.largest_group(everything)
@@ -217,9 +214,7 @@ def base_end(r) -> dict:
 
 def ends_apart(r, rerun: str) -> str:
     """Why an efficiency whose two ends are not comparable is no figure to read: which end was measured how."""
-    return comparable.not_comparable(
-        [(f"its k={r['k']:g} point", k_end(r)), ("its k=1 reference", base_end(r))], rerun
-    )
+    return comparable.not_comparable([(f"its k={r['k']:g} point", k_end(r)), ("its k=1 reference", base_end(r))], rerun)
 
 
 def incomparable(w_all, tag: str, rerun: str = "") -> str | None:
@@ -238,7 +233,7 @@ def incomparable(w_all, tag: str, rerun: str = "") -> str | None:
         f"Weak-scaling efficiency not comparable on this host{tag}, so not ranked: "
         + "; ".join(said)
         + f". The load difference between the two ends moves such a ratio as much as the scaling does (the rule: "
-        f"docs/metrics.md, \"Like against like\"); rerun on a quiet host (`{rerun}`)."
+        f'docs/metrics.md, "Like against like"); rerun on a quiet host (`{rerun}`).'
     )
 
 
@@ -262,9 +257,7 @@ def speed_caveat(top, at) -> str:
         f"b={top['per_device_batch']:g} **{o}** moves {f['throughput_img_s']:,.0f} images/s to {s}'s "
         f"{top['throughput_img_s']:,.0f}"
     )
-    if top["base_throughput_img_s"] < f["base_throughput_img_s"] and comparable.comparable(
-        base_end(top), base_end(f)
-    ):
+    if top["base_throughput_img_s"] < f["base_throughput_img_s"] and comparable.comparable(base_end(top), base_end(f)):
         text += (
             f"; {s}'s k=1 reference is the slower one ({top['base_throughput_img_s']:,.0f} against "
             f"{f['base_throughput_img_s']:,.0f} images/s), and a longer step leaves any communication a smaller "

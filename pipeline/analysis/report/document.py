@@ -202,7 +202,7 @@ def _tables(df, pts, eff, mem, acc):
         "batch b, strong at fixed global batch B. '—' = no k=1 reference (undefined, not 0). efficiency_95: its 95% "
         "bootstrap interval over measurement windows and trials ('—': one measurement, unknown); n_measured: "
         "windows/trials at k, then at k=1; comparable: 'no' where its k point and its k=1 reference were measured "
-        "under loads that are not comparable (docs/metrics.md, \"Like against like\"), so the ratio is the load "
+        'under loads that are not comparable (docs/metrics.md, "Like against like"), so the ratio is the load '
         "difference as much as the scaling, never ranked ('—': comparable).\n",
     ]
     for kind in ("weak", "strong"):

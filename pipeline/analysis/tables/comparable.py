@@ -65,9 +65,9 @@ def largest_group(rows: list, who: str = "strategy") -> list:
     if not rows:
         return []
     quiet = [r for r in rows if not r.get("under_load")]
-    known = sorted((r for r in rows if r.get("under_load") and load(r) is not None), key=load)
+    known = sorted(((v, r) for r in rows if r.get("under_load") and (v := load(r)) is not None), key=lambda x: x[0])
     groups = [quiet] if quiet else []
-    groups += [[r for r in known if 0 <= load(r) - load(low) <= LOAD_TOLERANCE + 1e-9] for low in known]
+    groups += [[r for v, r in known if 0 <= v - low <= LOAD_TOLERANCE + 1e-9] for low, _ in known]
     groups += [[r] for r in rows if r.get("under_load") and load(r) is None]
 
     def rank(g):
@@ -78,10 +78,10 @@ def largest_group(rows: list, who: str = "strategy") -> list:
 
 def load_range(rows: list) -> str:
     """The conditions of a comparable group in words: "quietly", "beside 1.16-1.31 busy cores"."""
-    loads = [load(r) for r in rows]
+    loads = [v for r in rows if (v := load(r)) is not None]
     if not rows or not rows[0].get("under_load"):
         return "quietly"
-    if any(v is None for v in loads):
+    if len(loads) < len(rows):
         return "under load (busy cores not measured)"
     lo, hi = min(loads), max(loads)
     return f"beside {lo:.2f} busy cores" if f"{lo:.2f}" == f"{hi:.2f}" else f"beside {lo:.2f}-{hi:.2f} busy cores"
