@@ -159,3 +159,18 @@ def test_a_k1_ratio_across_unlike_loads_is_not_printed(tmp_path):
     assert "its speed at k=1 against single's is not comparable on this host: ddp_amp (" in why
     assert "images/s) was measured beside 1.31 busy cores, single (" in why and ") quietly; rerun on a quiet" in why
     assert "× single" not in why
+
+
+def test_the_step_loss_sentence_labels_an_efficiency_of_unlike_ends():
+    """ "Why it scales" quotes the measured efficiency beside the step's loss: one whose ends are not comparable says
+    so; a comparable one reads as a plain number."""
+    from pipeline.analysis.report.why import loss_sentence
+    from pipeline.analysis.tables.step_parts import BD_ALL
+
+    r = {"strategy": "fsdp", "k": 2, "per_device_batch": 128, "loss": 0.4, "measured_efficiency": 0.98}
+    r.update({f"loss_{p}": 0.0 for p in BD_ALL})
+    assert loss_sentence({**r, "measured_comparable": False}).endswith(
+        "(measured weak-scaling efficiency from throughput: 0.98, not comparable on this host: its two ends were "
+        "measured under loads that are not comparable (docs/metrics.md))."
+    )
+    assert loss_sentence({**r, "measured_comparable": True}).endswith("from throughput: 0.98).")
