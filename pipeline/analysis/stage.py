@@ -131,6 +131,7 @@ def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
             "throughput_img_s",
             "n_windows",
             "n_repeats",
+            "comparable",  # False: its two ends measured under loads that are not comparable (tables/comparable.py)
             "measured",
         ],
         x,

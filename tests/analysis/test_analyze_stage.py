@@ -91,8 +91,10 @@ def test_tidy_csvs(run):
         "throughput_img_s",
         "n_windows",
         "n_repeats",
+        "comparable",
         "measured",
     ]
+    assert eff["comparable"].all()  # every point measured quietly
     assert eff["efficiency"].notna().all() and (eff["efficiency"] > 0).all()
     assert "scratch" not in set(eff["strategy"])  # undefined efficiency is absent, not 0
     w = eff[(eff["strategy"] == "ddp") & (eff["kind"] == "weak") & (eff["k"] == 2)]

@@ -3,7 +3,11 @@ command to run it (with best.yaml's `train:` section); or, when the tables hold 
 
 Pure: the analysis tables (tables/points.py) and the strategies' status (tables/summary.py) in, sentences and a
 mapping out. The pick is confidence.py's: the fastest point per strategy, a best named only when its 95 % interval
-clears the runner-up's, a tie said as a tie. stage.py writes best.yaml; document.py puts the lines first.
+clears the runner-up's, a tie said as a tie; like against like (tables/comparable.py): on a busy host the ranking
+takes the largest group of points measured under comparable loads and names the faster ones it leaves out, every
+ratio and efficiency it quotes has comparable ends or says it has not, and where no two strategies were measured
+under comparable loads there is no answer, with the reason and the command to rerun. stage.py writes best.yaml;
+document.py puts the lines first.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import yaml
 from pipeline import catalog
 from pipeline.analysis.report import confidence
 from pipeline.analysis.report.why import part_words
-from pipeline.analysis.tables import stats
+from pipeline.analysis.tables import comparable, stats
 from pipeline.analysis.tables.points import EXTRAS, MEM_BASIS, MIB, best_row, measured
 from pipeline.analysis.tables.step_parts import breakdown_table
 
@@ -64,6 +68,12 @@ def why_no_answer(df, status) -> str:
     )
 
 
+def rerun_command(df) -> str:
+    """The command that measures every point again, on the data the sweeps measured on (comparable.rerun)."""
+    synthetic = "data_source" in df and bool((df["data_source"] == "synthetic").any())
+    return comparable.rerun("synthetic" if synthetic else "", interpreter())
+
+
 def _same(t, r, cols):
     for c in cols:
         t = t[t[c] == r[c]] if len(t) else t
@@ -96,8 +106,33 @@ def _sides(*named) -> str:
     return "; " + ", ".join(f"{name} measured {how}" for name, how in said)
 
 
-def _k1_difference(top, p, df) -> str | None:
-    """At k=1 and the same per-device batch: the strategy against the single-device baseline, when it differs."""
+def _unlike(best, rerun: str) -> str:
+    """Why a busy host gives no answer: no two strategies' points were measured under comparable loads. best: each
+    strategy's fastest point, fastest first."""
+    named = [(f"{r['strategy']} ({r['throughput_img_s']:,.0f} images/s at k={r['k']:g})", r) for r in best]
+    return (
+        'no two strategies were measured under comparable loads (the rule: docs/metrics.md, "Like against like"), '
+        "so none is ranked against another: their fastest points are " + comparable.not_comparable(named, rerun) + "."
+    )
+
+
+def _left_out(everything, group, top, rerun: str) -> str:
+    """The points faster than the answer's that the like-for-like ranking leaves out, each strategy's fastest, with
+    why ("" where none is)."""
+    inside = {id(r) for r in group}
+    faster = [r for r in everything if id(r) not in inside and r["throughput_img_s"] > top["throughput_img_s"]]
+    if not faster:
+        return ""
+    named = [
+        (f"{r['strategy']} at k={r['k']:g} ({r['throughput_img_s']:,.0f} images/s)", r)
+        for r in confidence.per_strategy(faster, "throughput_img_s")
+    ]
+    return "faster, but " + comparable.not_comparable([*named, (top["strategy"], top)], rerun)
+
+
+def _k1_difference(top, p, df, rerun: str) -> str | None:
+    """At k=1 and the same per-device batch: the strategy against the single-device baseline, when it differs; when
+    the two were measured under loads that are not comparable, that instead of the ratio."""
     ref = catalog.REFERENCE
     if top["strategy"] == ref:
         return None
@@ -110,6 +145,14 @@ def _k1_difference(top, p, df) -> str | None:
     apart = stats.overlap((a["throughput_lo"], a["throughput_hi"]), (b["throughput_lo"], b["throughput_hi"]))
     if apart is True or (apart is None and abs(ratio - 1) < K1_NOTED):
         return None
+    if not comparable.comparable(a, b):
+        return f"its speed at k=1 against {ref}'s is " + comparable.not_comparable(
+            [
+                (f"{top['strategy']} ({a['throughput_img_s']:,.0f} images/s)", a),
+                (f"{ref} ({b['throughput_img_s']:,.0f})", b),
+            ],
+            rerun,
+        )
     text = (
         f"at k=1 {top['strategy']} already runs {ratio:.2f}× {ref} ({a['throughput_img_s']:,.0f} against "
         f"{b['throughput_img_s']:,.0f} images/s at b={top['per_device_batch']:g}"
@@ -123,12 +166,18 @@ def _k1_difference(top, p, df) -> str | None:
     return text + ", before any scaling"
 
 
-def _scaling(top, eff) -> str | None:
+def _scaling(top, eff, rerun: str) -> str | None:
     if top["k"] < 2:
         return None
     e = _same(eff[eff["kind"] == "weak"], top, ("strategy", "model", "k", "per_device_batch"))
     if len(e) and not pd.isna(e["efficiency"].iloc[0]):
         r = e.iloc[0]
+        if not r.get("comparable", True):
+            return (
+                f"from k=1 to k={top['k']:g} its weak-scaling efficiency "
+                f"({confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}) is "
+                + confidence.ends_apart(r, rerun)
+            )
         return (
             f"from k=1 to k={top['k']:g} it keeps a weak-scaling efficiency of "
             f"{confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}{_ends(r)}"
@@ -138,6 +187,13 @@ def _scaling(top, eff) -> str | None:
     if s.empty or pd.isna(s["efficiency"].iloc[0]):
         return f"{weak_gap}, nor its strong scaling (no k=1 run at B={top['batch_size']:g} either)"
     r = s.iloc[0]
+    if not r.get("comparable", True):
+        return (
+            f"from k=1 at the same global batch B={top['batch_size']:g} its strong-scaling efficiency "
+            f"({confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}) is "
+            + confidence.ends_apart(r, rerun)
+            + f" ({weak_gap})"
+        )
     return (
         f"from k=1 at the same global batch B={top['batch_size']:g} it keeps a strong-scaling efficiency of "
         f"{confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}{_ends(r)} ({weak_gap})"
@@ -282,19 +338,24 @@ def build(df, status, pts, eff, mem) -> Answer:
         cause = why_no_answer(df, status)
         return Answer(("## Answer", "", f"**No answer on this host:** {cause}"), cause=cause)
     bd, synthetic = breakdown_table(df), bool((df["data_source"] == "synthetic").any())
+    rerun = rerun_command(df)
     lines: list[str] = ["## Answer", ""]
     first: dict = {}
     figure = None
+    causes: list[str] = []
     for model in sorted(p["model"].unique()):
         pm = p[p["model"] == model]
-        rows = (
-            pm.loc[pm.groupby("strategy")["throughput_img_s"].idxmax()]
-            .sort_values("throughput_img_s", ascending=False)
-            .to_dict("records")
-        )
+        tag = f" ({model})" if p["model"].nunique() > 1 else ""
+        everything = pm.to_dict("records")
+        group = comparable.largest_group(everything)  # like against like: every point when all are quiet
+        rows = confidence.per_strategy(group, "throughput_img_s")
+        if len(rows) < 2 <= pm["strategy"].nunique():
+            cause = _unlike(confidence.per_strategy(everything, "throughput_img_s"), rerun)
+            causes.append(cause + (f" ({model})" if tag else ""))
+            lines += [f"**No like-for-like answer{tag}:** {cause}", ""]
+            continue
         verdict, tied, rest = confidence.ranking(rows, "throughput")
         top = rows[0]
-        tag = f" ({model})" if p["model"].nunique() > 1 else ""
         speed = confidence.fmt(top["throughput_img_s"], top["throughput_lo"], top["throughput_hi"], 0)
         where = f"B={top['batch_size']:g}, lr={top['best_lr']:g}"
         if top.get("optimizer", "sgd") not in ("", "sgd"):  # d2l's plain SGD, the default, goes unsaid
@@ -310,21 +371,29 @@ def build(df, status, pts, eff, mem) -> Answer:
                 f"higher median: {speed} images/s."
             )
         else:
-            lines.append(
-                f"**Use {top['strategy']} at k={top['k']:g}**{tag} ({where}): {speed} images/s, the "
-                "fastest measured on this host."
+            among = (
+                "the fastest measured on this host"
+                if len(group) == len(everything)
+                else f"the fastest of {len(rows)} strategies measured {comparable.load_range(group)}, like against "
+                "like (docs/metrics.md)"
             )
-        why = [s for s in (_k1_difference(top, p, df), _scaling(top, eff)) if s] + [_step(top, bd)]
+            lines.append(f"**Use {top['strategy']} at k={top['k']:g}**{tag} ({where}): {speed} images/s, {among}.")
+        why = [s for s in (_k1_difference(top, p, df, rerun), _scaling(top, eff, rerun)) if s] + [_step(top, bd)]
         train = _train(top, df)
         if not first:
             first, figure = train, (float(top["throughput_img_s"]), _busy_cores(top))
+        left = _left_out(everything, group, top, rerun)
         lines += [
             "",
             f"- **Why:** {'; '.join(why)}.",
             f"- **Cost:** {_cost(top, pts, mem, synthetic)}.",
-            f"- **How sure:** {_sure(top, verdict, tied, rest, pm)}.",
+            f"- **How sure:** {_sure(top, verdict, tied, rest, pd.DataFrame(group))}.",
+            *([f"- **Not compared:** {left}."] if left else []),
             "",
         ]
+    if not first:
+        cause = " ".join(causes)
+        return Answer(("## Answer", "", f"**No answer on this host:** {cause}"), cause=cause)
     cmd = command(first, "synthetic" if synthetic else "", figure)
     lines += [
         "Run it (or take the `train:` section of " + BEST_YAML + " into your params.yaml):",

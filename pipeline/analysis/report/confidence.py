@@ -1,7 +1,10 @@
 """How sure each claim of the report's reading is: figures quoted with their 95 % interval (tables/stats.py, through
 points.scaling_table), a "best" named only when its interval clears the runner-up's ("indistinguishable within the
 95% interval" otherwise), efficiency above 1 called implausible only beyond its interval, and a short note per claim
-of what is behind it (windows, repeats, interval width, interfered trials left out).
+of what is behind it (windows, repeats, interval width, interfered trials left out). Like against like
+(tables/comparable.py): a ranking takes the largest group of figures measured under comparable loads, names the
+faster ones it leaves out as not comparable, and an efficiency whose two ends are not comparable is labelled, never
+ranked.
 
 Pure: table rows in, sentences out. document.py places them.
 """
@@ -11,8 +14,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 
-from pipeline.analysis.tables import stats
+from pipeline.analysis.tables import comparable, stats
 from pipeline.analysis.tables.points import EXTRAS, POINT
 
 LEVEL = f"{stats.LEVEL:.0%} interval"
@@ -105,29 +109,88 @@ def ranking(rows, value: str) -> tuple[str, list, list]:
     return ("unknown" if any(v is None for v in verdicts) else "best"), tied, rest
 
 
-def efficiency_claim(w, tag: str) -> str:
-    """The weak-scaling comparison at the largest k with a k=1 reference; w: plausible weak rows (k >= 2)."""
+def _ids(rows) -> set:
+    return {id(r) for r in rows}
+
+
+def outside(rows, group, col: str, q, rerun: str) -> str:
+    """The figures of strategies left out of a like-for-like ranking that are above its best (what a reader would
+    ask about): " Not ranked with them: ... not comparable on this host: ..." ("" where none is)."""
+    if not group:
+        return ""
+    top = max(r[col] for r in group)
+    inside = _ids(group)
+    out = [r for r in rows if id(r) not in inside and r[col] > top]
+    best: dict = {}
+    for r in out:
+        if r["strategy"] not in best or r[col] > best[r["strategy"]][col]:
+            best[r["strategy"]] = r
+    if not best:
+        return ""
+    named = [(q(r), r) for r in sorted(best.values(), key=lambda r: -r[col])]
+    return (
+        " Not ranked with them, though higher: "
+        + comparable.not_comparable([*named, ("the ranked figures", comparable.load_range(group))], rerun)
+        + "."
+    )
+
+
+def per_strategy(rows, col: str) -> list:
+    """Each strategy's highest `col` among `rows` (dicts), highest first."""
+    best: dict = {}
+    for r in rows:
+        if r["strategy"] not in best or r[col] > best[r["strategy"]][col]:
+            best[r["strategy"]] = r
+    return sorted(best.values(), key=lambda r: -r[col])
+
+
+def unlike(everything, col: str, q, rerun: str) -> str | None:
+    """Where no two strategies were measured under comparable loads though several were measured: why none is
+    ranked, each strategy's highest figure with how it was measured (None where a ranking stands)."""
+    group = comparable.largest_group(everything)
+    if len({r["strategy"] for r in group}) >= 2 or len({r["strategy"] for r in everything}) < 2:
+        return None
+    named = [(q(r), r) for r in per_strategy(everything, col)]
+    return "none named, as no two strategies were measured under comparable loads: " + comparable.not_comparable(
+        named, rerun
+    )
+
+
+def _ranked_where(group, everything) -> str:
+    """Where a ranking on a busy host compares like against like: "" where nothing was left out of it."""
+    if len(group) == len(everything):
+        return ""
+    return f" among the figures measured {comparable.load_range(group)} (like against like: docs/metrics.md)"
+
+
+def efficiency_claim(w, tag: str, rerun: str = "") -> str:
+    """The weak-scaling comparison at the largest k with a k=1 reference; w: plausible weak rows (k >= 2, at least
+    one) whose two ends are comparable, ranked within the largest group measured under comparable loads."""
     K = w["k"].max()
-    at = w[w["k"] == K]
-    rows = [
-        r
-        for r in at.loc[at.groupby("strategy")["efficiency"].idxmax()]
-        .sort_values("efficiency", ascending=False)
-        .to_dict("records")
-    ]
+    everything = w[w["k"] == K].to_dict("records")
+    group = comparable.largest_group(everything)
+    at = pd.DataFrame(group)
+    rows = per_strategy(group, "efficiency")
     verdict, tied, rest = ranking(rows, "efficiency")
     where = f"Best weak-scaling efficiency at the largest k with a k=1 reference (k={K:g}){tag}"
 
     def q(r):
         return f"{r['strategy']} {fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}"
 
+    none = unlike(everything, "efficiency", q, rerun)
+    if none:
+        return f"{where}: {none}."
+    where += _ranked_where(group, everything)
+
+    left = outside(everything, group, "efficiency", q, rerun)
     then = f" (then {', '.join(map(q, rest))})" if rest else ""
     if verdict == "indistinguishable":
         return (
-            f"Weak-scaling efficiency at the largest k with a k=1 reference (k={K:g}){tag}: "
+            f"Weak-scaling efficiency at the largest k with a k=1 reference (k={K:g}){tag}"
+            f"{_ranked_where(group, everything)}: "
             + " and ".join(f"**{q(r)}**" for r in tied)
             + f" are indistinguishable within the {LEVEL}: no best "
-            f"named{then}. {how_sure(tied[0]).capitalize()}."
+            f"named{then}. {how_sure(tied[0]).capitalize()}.{left}"
         )
     top = rows[0]
     head = f"{where}: **{top['strategy']}** {fmt(top['efficiency'], top['efficiency_lo'], top['efficiency_hi'])}"
@@ -136,17 +199,55 @@ def efficiency_claim(w, tag: str) -> str:
         "best": f", its interval clear of the runner-up's{then}",
         "unknown": f"{then}; not shown to be ahead beyond noise (an interval is unknown)",
     }[verdict]
-    return f"{head}{tail}. {how_sure(top).capitalize()}.{speed_caveat(top, at)}"
+    return f"{head}{tail}. {how_sure(top).capitalize()}.{speed_caveat(top, at)}{left}"
+
+
+def k_end(r) -> dict:
+    """An efficiency row's k point as a figure of its own: its load (for comparable.py)."""
+    return {"under_load": r.get("k_under_load"), "load_cores": r.get("k_load_cores")}
+
+
+def base_end(r) -> dict:
+    """An efficiency row's k=1 reference as a figure of its own: its load (for comparable.py)."""
+    return {"under_load": r.get("base_under_load"), "load_cores": r.get("base_load_cores")}
+
+
+def ends_apart(r, rerun: str) -> str:
+    """Why an efficiency whose two ends are not comparable is no figure to read: which end was measured how."""
+    return comparable.not_comparable([(f"its k={r['k']:g} point", k_end(r)), ("its k=1 reference", base_end(r))], rerun)
+
+
+def incomparable(w_all, tag: str, rerun: str = "") -> str | None:
+    """The Reading's line for the efficiencies whose two ends are not comparable (comparable.py): each named with
+    its value and both ends' loads, none ranked; None where there is none."""
+    bad = w_all[~w_all["comparable"].astype(bool)] if "comparable" in w_all and len(w_all) else w_all.iloc[0:0]
+    if bad.empty:
+        return None
+    said = [
+        f"{r['strategy']} at k={r['k']:g} (b={r['per_device_batch']:g}, "
+        f"{fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}): its k={r['k']:g} point was measured "
+        f"{comparable.condition(k_end(r))}, its k=1 reference {comparable.condition(base_end(r))}"
+        for r in bad.to_dict("records")
+    ]
+    return (
+        f"Weak-scaling efficiency not comparable on this host{tag}, so not ranked: "
+        + "; ".join(said)
+        + f". The load difference between the two ends moves such a ratio as much as the scaling does (the rule: "
+        f'docs/metrics.md, "Like against like"); rerun on a quiet host (`{rerun}`).'
+    )
 
 
 def speed_caveat(top, at) -> str:
     """A best efficiency is not a best speed: efficiency compares a strategy with its own k=1. Where another strategy
-    moves more images/s at the same k and per-device batch, say so with both k=1 references ("" where none does)."""
+    moves more images/s at the same k and per-device batch, measured under a comparable load, say so with both k=1
+    references (the references compared only where comparable too; "" where none does)."""
     same = at["strategy"] != top["strategy"]
     for c in (c for c in ("per_device_batch", "model", *EXTRAS) if c in at):
         same &= at[c].isna() if _nan(top[c]) else at[c] == top[c]
     same = at[same]
     faster = same[same["throughput_img_s"] > top["throughput_img_s"]]
+    if len(faster):
+        faster = faster[np.array([comparable.comparable(k_end(top), k_end(r)) for r in faster.to_dict("records")])]
     if faster.empty:
         return ""
     f = faster.loc[faster["throughput_img_s"].idxmax()]
@@ -156,7 +257,7 @@ def speed_caveat(top, at) -> str:
         f"b={top['per_device_batch']:g} **{o}** moves {f['throughput_img_s']:,.0f} images/s to {s}'s "
         f"{top['throughput_img_s']:,.0f}"
     )
-    if top["base_throughput_img_s"] < f["base_throughput_img_s"]:
+    if top["base_throughput_img_s"] < f["base_throughput_img_s"] and comparable.comparable(base_end(top), base_end(f)):
         text += (
             f"; {s}'s k=1 reference is the slower one ({top['base_throughput_img_s']:,.0f} against "
             f"{f['base_throughput_img_s']:,.0f} images/s), and a longer step leaves any communication a smaller "
@@ -165,16 +266,15 @@ def speed_caveat(top, at) -> str:
     return text + "."
 
 
-def fastest_claim(p, tag: str) -> str | None:
-    """The fastest point per strategy compared; p: point_table rows with_throughput_intervals."""
+def fastest_claim(p, tag: str, rerun: str = "") -> str | None:
+    """The fastest point per strategy compared, within the largest group measured under comparable loads; p:
+    point_table rows with_throughput_intervals."""
     p = p[p["throughput_img_s"].notna()]
     if p.empty:
         return None
-    rows = (
-        p.loc[p.groupby("strategy")["throughput_img_s"].idxmax()]
-        .sort_values("throughput_img_s", ascending=False)
-        .to_dict("records")
-    )
+    everything = p.to_dict("records")
+    group = comparable.largest_group(everything)
+    rows = per_strategy(group, "throughput_img_s")
     verdict, tied, rest = ranking(rows, "throughput")
 
     def q(r):
@@ -183,20 +283,25 @@ def fastest_claim(p, tag: str) -> str | None:
             f"images/s at k={r['k']:g}, B={r['batch_size']:g}"
         )
 
+    none = unlike(everything, "throughput_img_s", q, rerun)
+    if none:
+        return f"Fastest{tag}: {none}."
+    left = outside(everything, group, "throughput_img_s", q, rerun)
+    where = _ranked_where(group, everything)
     top = rows[0]
     if verdict == "indistinguishable":
         return (
-            f"Highest throughput{tag}: "
+            f"Highest throughput{tag}{where}: "
             + " and ".join(map(q, tied))
             + f" are indistinguishable within the {LEVEL}: no fastest named. "
-            f"{how_sure(top, 'throughput').capitalize()}."
+            f"{how_sure(top, 'throughput').capitalize()}.{left}"
         )
     note = {
         "only": "",
         "best": " (its interval clear of the runner-up's)",
         "unknown": " (not shown to be ahead beyond noise: an interval is unknown)",
     }[verdict]
-    return f"Fastest{tag}: {q(top)}{note}. {how_sure(top, 'throughput').capitalize()}."
+    return f"Fastest{tag}{where}: {q(top)}{note}. {how_sure(top, 'throughput').capitalize()}.{left}"
 
 
 def implausible(r, tag: str) -> str | None:

@@ -59,19 +59,24 @@ def _ties(t, col, floor) -> str:
 def _reading(pts, eff, mem, status, df) -> list[str]:
     """Plain-language findings, generated from the tables (one block per model); under load, that first."""
     out = [line for line in (causes.load_line(df, pts),) if line]
+    rerun = answer.rerun_command(df)
     for model in sorted(pts["model"].unique()):
         p, e, m = (t[t["model"] == model] for t in (pts, eff, mem))
         tag = f" ({model})" if pts["model"].nunique() > 1 else ""
-        fastest = confidence.fastest_claim(confidence.with_throughput_intervals(p, e), tag)
+        fastest = confidence.fastest_claim(confidence.with_throughput_intervals(p, e), tag, rerun)
         out += [fastest] if fastest else []
         w_all = e[(e["kind"] == "weak") & e["efficiency"].notna() & (e["k"] >= 2)]
+        # two ends measured under loads that are not comparable (tables/comparable.py): labelled, never ranked
+        apart = confidence.incomparable(w_all, tag, rerun)
+        out += [apart] if apart else []
+        w_like = w_all[w_all["comparable"].astype(bool)] if len(w_all) else w_all
         # above 1: physically implausible beyond its interval (never presented as a finding), else within noise
-        out += [s for s in (confidence.implausible(r, tag) for r in w_all.to_dict("records")) if s]
-        w = confidence.plausible(w_all)
+        out += [s for s in (confidence.implausible(r, tag) for r in w_like.to_dict("records")) if s]
+        w = confidence.plausible(w_like)
         if len(w):
-            out.append(confidence.efficiency_claim(w, tag))
-        else:
-            why = causes.no_efficiency_cause(df[df["model"] == model], p, w_all)
+            out.append(confidence.efficiency_claim(w, tag, rerun))
+        elif len(w_like) or not apart:  # (every efficiency not comparable: the line above says so)
+            why = causes.no_efficiency_cause(df[df["model"] == model], p, w_like)
             out.append(f"Weak-scaling efficiency{tag}: undefined ({why}).")
         # device-0 memory and imbalance only mean something with >= 2 devices reported separately
         m2 = m[(m["k"] >= 2) & (m["peaks"].map(len) >= 2)] if len(m) else m
@@ -198,10 +203,13 @@ def _tables(df, pts, eff, mem, acc):
         "E(k) = T(k)/(k·T(1)) with T(1) measured by the same strategy: weak at fixed per-device "
         "batch b, strong at fixed global batch B. '—' = no k=1 reference (undefined, not 0). efficiency_95: its 95% "
         "bootstrap interval over measurement windows and trials ('—': one measurement, unknown); n_measured: "
-        "windows/trials at k, then at k=1.\n",
+        "windows/trials at k, then at k=1; comparable: 'no' where its k point and its k=1 reference were measured "
+        'under loads that are not comparable (docs/metrics.md, "Like against like"), so the ratio is the load '
+        "difference as much as the scaling, never ranked ('—': comparable).\n",
     ]
     for kind in ("weak", "strong"):
         e = _load_col(confidence.interval_columns(eff[(eff["kind"] == kind) & (eff["k"] >= 2)]))
+        e = e.assign(comparable=[math.nan if c else "no" for c in e["comparable"].astype(bool)]) if len(e) else e
         s += [
             f"\n### {kind.capitalize()} scaling\n\n",
             md_table(
@@ -221,6 +229,7 @@ def _tables(df, pts, eff, mem, acc):
                     "efficiency_95",
                     "n_measured",
                     "under_load",
+                    "comparable",
                     "parallel_devices",
                 ],
             ),

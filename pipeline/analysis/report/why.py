@@ -55,10 +55,16 @@ def loss_sentence(r) -> str:
     text += (": " + ", ".join(worse)) if worse else ": no part grew by half a percent of the step or more"
     text += ("; offset by " + ", ".join(better)) if better else ""
     e = r["measured_efficiency"]
+    apart = (
+        ", not comparable on this host: its two ends were measured under loads that are not comparable "
+        "(docs/metrics.md)"
+        if not r.get("measured_comparable", True)
+        else ""
+    )
     return text + (
         "."
         if isinstance(e, float) and math.isnan(e)
-        else f" (measured weak-scaling efficiency from throughput: {e:.2f})."
+        else f" (measured weak-scaling efficiency from throughput: {e:.2f}{apart})."
     )
 
 

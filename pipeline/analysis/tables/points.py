@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipeline.analysis.tables import stats
+from pipeline.analysis.tables import comparable, stats
 from pipeline.analysis.tables.rows import EXPECTED, EXTRAS
 from pipeline.records.trial import point_columns
 
@@ -160,6 +160,10 @@ def _intervals(r, base, windows) -> dict:
         "load_cores": max(loads) if loads else math.nan,
         "base_under_load": bool(base is not None and base["under_load"]),
         "k_under_load": bool(r["under_load"]),
+        # each end's own load (NaN where quiet), and whether the two may be divided (comparable.py's rule)
+        "base_load_cores": base["load_cores"] if base is not None else math.nan,
+        "k_load_cores": r["load_cores"],
+        "comparable": base is None or comparable.comparable(r, base),
     }
 
 
@@ -167,7 +171,9 @@ def scaling_table(df) -> pd.DataFrame:
     """Weak (fixed b) and strong (fixed B) efficiency T(k)/(k*T(1)) and speedup T(k)/T(1)
     for every measured k; NaN where the same strategy has no k=1 point at that b/B. Each with its 95 % bootstrap
     interval (stats.py; *_lo/*_hi: NaN where a single measurement leaves it unknown), the windows and repeats
-    behind the point (n_windows, n_repeats) and behind its k=1 reference (base_n_*)."""
+    behind the point (n_windows, n_repeats) and behind its k=1 reference (base_n_*), each end's load (k_/base_
+    under_load, *_load_cores) and `comparable`: False where the two ends were measured under loads that
+    comparable.py's rule keeps apart (the efficiency is then labelled, never ranked)."""
     pts = point_table(df)
     pts = pts[pts["throughput_img_s"].notna()]
     windows = _window_groups(df)
@@ -215,6 +221,9 @@ def scaling_table(df) -> pd.DataFrame:
         "load_cores",
         "base_under_load",
         "k_under_load",
+        "base_load_cores",
+        "k_load_cores",
+        "comparable",
     ]
     return sort_points(pd.DataFrame(rows, columns=cols), ("kind",))
 

@@ -138,7 +138,13 @@ def model_table(
 
         last = many.sort_values("k").iloc[-1]
         for r in many.to_dict("records"):
-            if host:
+            if host and not r.get("comparable", True):  # tables/comparable.py: no measured figure to check against
+                notes.append(
+                    f"{s} at k={r['k']:g} (b={b}): the modelled error is not computed: its measured efficiency "
+                    f"divides figures measured under loads that are not comparable on this host (docs/metrics.md, "
+                    '"Like against like")'
+                )
+            elif host:
                 add(r["k"], host, "check", r["efficiency"], is_serial(r), _transport(df, s, r["k"]))
         for k in (k for k in project_ks if k not in set(many["k"])):
             if host:

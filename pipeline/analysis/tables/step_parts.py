@@ -57,7 +57,8 @@ def breakdown_losses(bd, eff) -> pd.DataFrame:
     """Per strategy at each k > 1 with a k=1 breakdown at the same per-device batch (and extras): what the step lost
     against k=1, part by part. loss_<part> = (part(k) - part(1)) / step(k), so the parts' losses sum to the step's
     loss 1 - step(1)/step(k) exactly (a negative loss is a part that got faster); measured_efficiency is the weak
-    scaling efficiency from throughput (unsampled steps) beside it."""
+    scaling efficiency from throughput (unsampled steps) beside it, measured_comparable whether its two ends were
+    measured under comparable loads (tables/comparable.py)."""
     weak = eff[eff["kind"] == "weak"] if len(eff) else eff
     rows = []
     for key, g in group_by(bd, ("strategy", "model", "per_device_batch", *EXTRAS)):
@@ -76,9 +77,20 @@ def breakdown_losses(bd, eff) -> pd.DataFrame:
                 step_k1_s=one["step_s"],
                 loss=1 - one["step_s"] / r["step_s"],
                 measured_efficiency=e["efficiency"].iloc[0] if len(e) else math.nan,
+                # False: that efficiency's two ends were measured under loads that are not comparable (comparable.py)
+                measured_comparable=bool(e["comparable"].iloc[0]) if len(e) and "comparable" in e else True,
             )
             for p in BD_ALL:
                 out[f"loss_{p}"] = (r[f"{p}_s"] - one[f"{p}_s"]) / r["step_s"]
             rows.append(out)
-    cols = [*BD_KEY, *EXTRAS, "step_s", "step_k1_s", "loss", "measured_efficiency", *(f"loss_{p}" for p in BD_ALL)]
+    cols = [
+        *BD_KEY,
+        *EXTRAS,
+        "step_s",
+        "step_k1_s",
+        "loss",
+        "measured_efficiency",
+        "measured_comparable",
+        *(f"loss_{p}" for p in BD_ALL),
+    ]
     return sort_points(pd.DataFrame(rows, columns=cols))

@@ -2,7 +2,7 @@
 the DVC metric: the same results as one flat mapping of numbers (`dvc metrics show`, `dvc exp show` columns).
 
 Pure: tables in, plain JSON types out (NaN and inf become null in summary.json, absent in metrics.json). Built on
-points.py and rows.py only.
+points.py, rows.py and comparable.py only.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pipeline.analysis.tables import comparable
 from pipeline.analysis.tables.points import MIB, all_parallel, best_row, is_unavailable, joined, measured
 from pipeline.analysis.tables.points import POINT as POINT_KEYS
 from pipeline.analysis.tables.rows import EXTRAS
@@ -55,9 +56,19 @@ def _at(r, cols):
 
 
 def _at_largest_k(eff, kind):
-    """Best efficiency of `kind` at the largest k >= 2 where it is defined."""
+    """Best efficiency of `kind` at the largest k >= 2 where it is defined: of those whose two ends are comparable
+    (comparable.py) where there is one, else the best of the rest (labelled `<kind>_efficiency_comparable` False)."""
     e = eff[(eff["kind"] == kind) & eff["efficiency"].notna() & (eff["k"] >= 2)]
-    return best_row(e[e["k"] == e["k"].max()], "efficiency") if len(e) else None
+    if e.empty:
+        return None
+    at = e[e["k"] == e["k"].max()]
+    like = at[at["comparable"].astype(bool)] if "comparable" in at else at
+    return best_row(like if len(like) else at, "efficiency")
+
+
+def _comparable(r):
+    """Whether an efficiency's two ends may be divided (comparable.py's rule); None where there is no efficiency."""
+    return None if r is None else bool(r.get("comparable", True))
 
 
 def _interval(r):
@@ -112,6 +123,10 @@ def strategy_metrics(s, pts, eff, mem):
         "best_throughput_under_load_cores": _load(thr),
         "weak_efficiency_under_load_cores": _load(weak),
         "strong_efficiency_under_load_cores": _load(strong),
+        # False: its k=1 reference and its k point were measured under loads comparable.py keeps apart, so the
+        # ratio is the load difference as much as the strategy's scaling (report.md says which end was which)
+        "weak_efficiency_comparable": _comparable(weak),
+        "strong_efficiency_comparable": _comparable(strong),
         "best_test_acc": None if acc is None else acc["final_test_acc"],
         "best_test_acc_at": _at(acc, ("model", "k", "batch_size", "best_lr")),
     }
@@ -206,11 +221,21 @@ def _rounded(v: float, digits: int) -> float:
 
 def fastest(pts) -> pd.DataFrame:
     """Per strategy, model and k, the point metrics.json's figures are of: the fastest measured (the configuration
-    the report's answer runs at that k, with its best lr), else the first listed."""
+    the report's answer runs at that k, with its best lr), else the first listed. Like against like
+    (comparable.py): the fastest of the largest group of that k's points measured under comparable loads, so a
+    quiet point is never passed over for a loaded one that was timed faster."""
     if pts.empty:
         return pts
     speed = pts["throughput_img_s"] if "throughput_img_s" in pts else pd.Series(math.nan, index=pts.index)
     order = pts.assign(_speed=speed.fillna(-math.inf)).sort_values("_speed", ascending=False, kind="stable")
+    if "under_load" in order:
+        timed = order[order["throughput_img_s"].notna()] if "throughput_img_s" in order else order.iloc[0:0]
+        apart = []
+        for _, g in timed.groupby(list(KEYS), sort=False):
+            rows = g.to_dict("index")
+            like = comparable.largest_group([{**r, "_i": i} for i, r in rows.items()])
+            apart += [i for i in rows if i not in {r["_i"] for r in like}]
+        order = order.drop(index=apart)
     return order.groupby(list(KEYS), sort=True).head(1).drop(columns="_speed")
 
 
@@ -249,10 +274,12 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     under load (tables.timed: every trial behind the point flagged by interference.py): the figures keep their keys and
     `load_cores.S.kK` labels them with the cores other processes kept busy at that point (an efficiency whose k=1 end
     alone was loaded is labelled in report.md and efficiency.csv); `under_load` counts the labelled strategy-k pairs (0
-    on a quiet host). Last, per strategy, `code_digest.S`, `data_digest.S` and `torch_version.S`
-    (records.trial.PROVENANCE, as summary.json's `provenance` joins them: comma-separated where its rows mix several),
-    strings that `dvc exp show` shows as columns and `dvc metrics diff` lists without a difference; absent for a table
-    without them."""
+    on a quiet host). An efficiency whose k=1 reference and k point were measured under loads that are not comparable
+    (comparable.py's rule, docs/metrics.md) keeps its key and gets `weak_efficiency_comparable.S.kK` (or `strong_…`)
+    0 beside it (absent where its ends are comparable, as on a quiet host). Last, per strategy, `code_digest.S`,
+    `data_digest.S` and `torch_version.S` (records.trial.PROVENANCE, as summary.json's `provenance` joins them:
+    comma-separated where its rows mix several), strings that `dvc exp show` shows as columns and `dvc metrics diff`
+    lists without a difference; absent for a table without them."""
     models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
     out: dict = {
         k: summary[k] for k in ("n_trials", "n_complete", "n_measured", "n_flagged") if _finite(summary.get(k))
@@ -283,6 +310,12 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     loaded = top[top["under_load"].astype(bool)] if len(top) and "under_load" in top else top.iloc[0:0]
     _per_k(out, loaded, "load_cores", models)  # the label: cores busy elsewhere (absent: unmeasured)
     out["under_load"] = len(loaded)
+    for kind in ("weak", "strong"):  # the label of an efficiency whose two ends are not comparable: 0
+        e = eff[(eff["kind"] == kind) & (eff["k"] >= 2) & eff["efficiency"].notna()] if len(eff) else eff
+        at = _at_point(e, top, on)
+        if "comparable" in at and len(at):
+            name = f"{kind}_efficiency_comparable"
+            _per_k(out, at[~at["comparable"].astype(bool)].assign(**{name: 0.0}), name, models)
     for name in PROVENANCE:  # what the figures come from, as strings `dvc exp show` shows in their own columns
         out.update({_key(name, s): st[name] for s, st in strategies.items() if isinstance(st.get(name), str)})
     return jsonable(out)
