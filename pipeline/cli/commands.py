@@ -79,7 +79,7 @@ def answer_screen(report: str, out) -> str:
     body = "\n".join(shown).strip() or "(report.md has no answer section)"
     return (
         f"\n{body}\n\nNext: head -n 40 {out}/report.md (the answer and its command) · make ui (every run in MLflow) · "
-        f".venv/bin/python -m pipeline compare (weak-scaling efficiencies, experiments side by side)"
+        f".venv/bin/python -m pipeline compare (scaling efficiencies, experiments side by side)"
     )
 
 

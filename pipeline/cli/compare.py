@@ -18,10 +18,11 @@ META = ("Experiment", "rev", "typ", "Created", "parent", "State", "Executor")  #
 
 
 def default_keep() -> str:
-    """The figures shown by default: the weak-scaling efficiencies (metrics.json's keys for them)."""
-    from pipeline.analysis.tables.summary import WEAK_EFFICIENCY
+    """The figures shown by default: the weak- and strong-scaling efficiencies (metrics.json's keys for them; a
+    profile that sweeps one global batch measures strong scaling only)."""
+    from pipeline.analysis.tables.summary import STRONG_EFFICIENCY, WEAK_EFFICIENCY
 
-    return rf"^{re.escape(WEAK_EFFICIENCY)}\."
+    return rf"^({re.escape(WEAK_EFFICIENCY)}|{re.escape(STRONG_EFFICIENCY)})\."
 
 
 def _label(row: dict) -> str:

@@ -171,15 +171,16 @@ def test_every_command_the_readme_and_the_last_stage_print_shows_its_figures(clo
     metrics.json with its value; no line is wider than 120 columns. `make ui` is a server (tests/tracking)."""
     import re
 
-    from pipeline.analysis.tables.summary import WEAK_EFFICIENCY
+    from pipeline.analysis.tables.summary import STRONG_EFFICIENCY, WEAK_EFFICIENCY
     from pipeline.cli.commands import answer_screen
 
     if not (clone / "results" / "analysis" / "report.md").exists():
         run(["dvc", "repro"], clone)
     out = clone / "results" / "analysis"
     metrics = json.loads((out / "metrics.json").read_text())
-    efficiencies = {k: v for k, v in metrics.items() if k.startswith(f"{WEAK_EFFICIENCY}.")}
-    assert efficiencies, metrics  # the tiny profile measures k=2
+    kinds = (f"{WEAK_EFFICIENCY}.", f"{STRONG_EFFICIENCY}.")
+    efficiencies = {k: v for k, v in metrics.items() if k.startswith(kinds)}
+    assert efficiencies, metrics  # the tiny profile measures k=2 at one global batch: strong scaling
     readme = (REPO / "README.md").read_text().split("## What you get", 1)[1].split("```bash\n", 1)[1]
     given = _commands(readme.split("```", 1)[0])
     nxt = answer_screen((out / "report.md").read_text(), "results/analysis").rsplit("Next: ", 1)[1]
@@ -192,7 +193,9 @@ def test_every_command_the_readme_and_the_last_stage_print_shows_its_figures(clo
         wide = [line for line in shown.splitlines() if len(line) > 120]
         assert not wide, (cmd, wide)
         if cmd.startswith("head -n 40"):
-            assert "## Answer" in shown and re.search(r"\*\*(Use|Tie)", shown), (cmd, shown)
+            # an answer, or on a busy host the answer's plain "no like-for-like answer" and why (docs/metrics.md)
+            answered = r"\*\*(Use|Tie|No like-for-like answer|No answer on this host)"
+            assert "## Answer" in shown and re.search(answered, shown), (cmd, shown)
         else:
             assert "pipeline compare" in cmd, cmd  # the other command each list gives
             for key, value in efficiencies.items():

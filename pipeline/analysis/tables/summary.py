@@ -202,10 +202,11 @@ def _finite(v) -> bool:
 THROUGHPUT = "throughput_img_s"  # the record's field, the sweep table's column, the report's and MLflow's name
 PEAK_MIB = "peak_mem_mib"  # the record's name for the largest device's peak in MiB (the memory table's peak_max / MIB)
 WEAK_EFFICIENCY = "weak_efficiency"  # summary.json's name, and metrics.json's keys `weak_efficiency.S.kK`
+STRONG_EFFICIENCY = "strong_efficiency"  # the same for strong scaling: `strong_efficiency.S.kK`
 DIGITS = {
     THROUGHPUT: 4,
     WEAK_EFFICIENCY: 3,
-    "strong_efficiency": 3,
+    STRONG_EFFICIENCY: 3,
     PEAK_MIB: 4,
     "final_test_acc": 4,
     "best_test_acc": 4,
