@@ -49,9 +49,8 @@ from pipeline.trial.rank_watch import failure_reason, stacks_kept, watch_epochs
 from pipeline.trial.rdzv_watch import RendezvousWatch
 
 UNWRITABLE = "unwritable"  # the failure kind of a trial whose directory the host could not write
-TRACE_DIR = (
-    "trace"  # in the trial directory: each rank's first sampled step as a Chrome trace (measure/chrome_trace.py)
-)
+# in the trial directory: each rank's first sampled step as a Chrome trace (measure/chrome_trace.py)
+TRACE_DIR = "trace"
 
 
 class FolderUnwritable(OSError):
