@@ -379,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="write the profiled strategies' first sampled step's profiler events to DIR (replay "
-        "fixtures for tests/fixtures/; default: not written)",
+        "fixtures for tests/fixtures/, read back by tests/measure; default: not written). To look at a step, "
+        "open the Chrome trace each trial writes, trace/rank<R>.pt.trace.json",
     )
     return ap

@@ -51,7 +51,11 @@ that is out of the throughput window, at the price of a one-sample breakdown; wh
 that one session (no teardown) shows in an A/B run with train.breakdown_every=0. The regime, the session count and
 TEARDOWN_CUPTI are recorded with the breakdown (`probe`, method["sampling"]). With PARALLAX_DUMP_EVENTS set (doctor
 --dump-events DIR), each trial process's first profiled step writes its events there (comm_probes.dump_events), the
-replay fixture format of tests/fixtures/.
+replay fixture format of tests/fixtures/, read back by tests/measure/test_comm_replay*.py.
+
+Each rank's first sampled step is also kept as a Chrome trace (chrome_trace.py; `trace` after `results`): the
+profiler's own trace where the probe ran one, with the breakdown's track (step, phases, exposed communication, idle)
+on the clock that measured them. The rank process writes it to the trial directory (trial/ranks.py).
 
 Cost (benchmarks/overhead/breakdown_cost.py; benchmarks/RESULTS.md, "What the step-time breakdown costs": a 2-core CPU
 host, LeNet, every=10, two rounds): sampling adds 0.1% to single's epoch, 0.6% to ddp's (barriers, DDP's stats) and 3.3%
@@ -64,7 +68,9 @@ visible per trial.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -72,7 +78,7 @@ from pathlib import Path
 import torch
 from torch.profiler import record_function
 
-from pipeline.measure import comm_probes
+from pipeline.measure import chrome_trace, comm_probes
 from pipeline.measure.comm_probes import PHASE
 
 EVERY = 10  # the default of train.breakdown_every
@@ -105,6 +111,7 @@ class PhaseClock:
             (lambda phase: record_function(PHASE + phase)) if labelled else (lambda phase: contextlib.nullcontext())
         )
         self.s: dict[str, float] = defaultdict(float)
+        self.spans: list[tuple[str, float, float]] = []  # (phase, start, end), perf_counter seconds, in order
 
     @contextlib.contextmanager
     def __call__(self, phase: str):
@@ -115,7 +122,9 @@ class PhaseClock:
                 yield
             finally:
                 self.synchronize()
-                self.s[phase] += time.perf_counter() - t
+                end = time.perf_counter()
+                self.s[phase] += end - t
+                self.spans.append((phase, t, end))
 
     def iterate(self, phase: str, items):
         """`items`, each next() timed as `phase` (place_batch may be a generator that moves each chunk lazily)."""
@@ -138,6 +147,7 @@ class Off:
     """No breakdown: no step is sampled, no figures."""
 
     every = 0
+    trace = None  # the first sampled step as a Chrome trace (chrome_trace.py), once `results` ran
 
     def is_sampled(self, n: int) -> bool:
         return False
@@ -154,6 +164,7 @@ class Breakdown(Off):
         self.comm = strategy.comm_probe(model)
         self.samples: list[dict] = []
         self.next_step, self.dumped = None, False
+        self.first: dict | None = None  # the first sampled step's clock readings, for its Chrome trace
 
     def is_sampled(self, n: int) -> bool:
         """n: steady-state step index (0 = the first step after the warm-up). No step once the probe is spent
@@ -183,6 +194,9 @@ class Breakdown(Off):
         self.samples.append(
             {"step": self.next_step, "work_s": t1 - t0, "barrier_s": t2 - t1, "phases": dict(clock.s), "comm": comm}
         )
+        if self.first is None:
+            exposed = self.comm.exposed_spans(clock.spans)
+            self.first = {"step": self.next_step, "t0": t0, "t1": t1, "spans": clock.spans, "exposed": exposed}
         if os.environ.get(comm_probes.DUMP_ENV) and self.comm.events is not None and not self.dumped:
             self._dump(Path(os.environ[comm_probes.DUMP_ENV]), comm)
 
@@ -238,6 +252,8 @@ class Breakdown(Off):
         latency = [min(col) for col in zip(*(r["barrier_s"] for r in everyone))]
         per_rank = [_summary(r, latency) for r in everyone]
         out = per_rank[[r["rank"] for r in everyone].index(rank)]
+        if self.first is not None:
+            self.trace = self._trace(rank, world, max(0.0, self.samples[0]["barrier_s"] - latency[0]))
         added = (
             len(self.samples) * (sampled_wall_s - timed_step_s)
             if timed_step_s is not None and sampled_wall_s is not None
@@ -262,6 +278,32 @@ class Breakdown(Off):
                 for r, s in zip(everyone, per_rank)
             ],
         }
+
+    def _trace(self, rank: int, world: int, idle: float) -> dict:
+        """The first sampled step as a Chrome trace (chrome_trace.step_trace), with its own parts."""
+        parts = {**self._parts(self.samples[0]), "idle": idle}
+        step = self.samples[0]["work_s"] + idle
+        about = {
+            "rank": rank,
+            "world": world,
+            "strategy": self.strategy.name,
+            "step": self.first["step"],
+            "step_s": step,
+            "parts_s": parts,
+            "residual_s": step - sum(parts.values()),
+            "what": "the first sampled step of this rank (pipeline/measure/breakdown.py); the parts are this step's, "
+            "the trial's breakdown is their mean over its sampled steps",
+        }
+        return chrome_trace.step_trace(self.first, idle, about, self._kineto())
+
+    def _kineto(self) -> dict | None:
+        """The probe's first profiler session as torch.profiler exports it, read back; None without one."""
+        fd, name = tempfile.mkstemp(prefix="parallax-trace-", suffix=".json")
+        os.close(fd)
+        try:
+            return json.loads(Path(name).read_text()) if self.comm.chrome_trace(Path(name)) else None
+        finally:
+            os.unlink(name)
 
     def _methods(self, world: int) -> dict[str, str]:
         clock = "synchronised wall clock (strategy.synchronize, then perf_counter) around"

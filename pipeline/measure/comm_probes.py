@@ -2,7 +2,8 @@
 per kind of strategy, chosen by the strategy's `comm_probe`. DDPStats reads DDP's own runtime statistics (ddp,
 ddp_amp); ProfiledComm runs torch.profiler around the step (fsdp, dp, dp_criterion); NoComm has nothing to split off
 (single; scratch, whose reduce_gradients phase is communication in full). `stop()` returns the exposed seconds per
-clock phase.
+clock phase; `exposed_spans` places the last step's exposed communication on the clock's own timeline (the
+Chrome trace of chrome_trace.py).
 
 ProfiledComm's attribution is `attribute`, a pure function over plain event records (`records` makes them from
 torch's FunctionEvents), so it is tested without a profiler and replayed from events a GPU run dumped
@@ -41,6 +42,7 @@ class NoComm:
     labelled = False  # does it read the clock's phase labels from a profiler?
     spent = False  # True once the probe must not run again in this trial (the breakdown then samples no more)
     events = None  # the last session's event records (ProfiledComm), for the dump
+    traced = None  # the first session's torch.profiler.profile (ProfiledComm), exported as a Chrome trace
 
     def __init__(self, method: str, whole: tuple[str, ...] = ()):
         self.method, self.whole = method, whole
@@ -55,6 +57,19 @@ class NoComm:
     def facts(self) -> dict:
         """Which path measured the communication (recorded with the breakdown)."""
         return {"path": "none"}
+
+    def exposed_spans(self, spans) -> list[tuple[float, float]]:
+        """The step just run's exposed communication as intervals of the clock's time (perf_counter seconds), given
+        the clock's phases [(phase, start, end)]: here the phases that are communication in full."""
+        return [(a, b) for phase, a, b in spans if phase in self.whole]
+
+    def chrome_trace(self, path: Path) -> bool:
+        """The first profiler session's events as torch.profiler's own Chrome trace (Kineto's JSON) at `path`; False
+        where the profiler wrote none (no profiler, or torch's CUPTI monitor skipped the export)."""
+        if self.traced is None:
+            return False
+        self.traced.export_chrome_trace(str(path))
+        return Path(path).is_file() and Path(path).stat().st_size > 0
 
 
 class DDPStats(NoComm):
@@ -74,7 +89,7 @@ class DDPStats(NoComm):
             "taken out of the backward phase"
         )
         self.model = model
-        self.last_iteration, self.t_start = None, 0
+        self.last_iteration, self.t_start, self.exposed_s = None, 0, 0.0
 
     def facts(self) -> dict:
         return {"path": "ddp_stats"}
@@ -92,11 +107,20 @@ class DDPStats(NoComm):
         fresh = (
             iteration is not None and iteration != self.last_iteration and (not comm_end or comm_end >= self.t_start)
         )
-        self.last_iteration = iteration
+        self.last_iteration, self.exposed_s = iteration, 0.0
         if not fresh:
             return {}
         exposed = d.get("backward_comm_time", 0) - d.get("backward_compute_comm_overlap_time", 0)
-        return {"backward": max(0, exposed) / 1e9}
+        self.exposed_s = max(0, exposed) / 1e9
+        return {"backward": self.exposed_s}
+
+    def exposed_spans(self, spans) -> list[tuple[float, float]]:
+        """At the end of the last backward phase: the reducer's wait from the last gradient to the last bucket."""
+        ends = [(a, b) for phase, a, b in spans if phase == "backward"]
+        if not ends or self.exposed_s <= 0:
+            return []
+        a, b = ends[-1]
+        return [(max(a, b - self.exposed_s), b)]
 
 
 PATH_WORDS = {
@@ -120,7 +144,7 @@ class ProfiledComm(NoComm):
         self.whole, self.what = (), method
         self.spans, self.device, self.kernels = spans, device, kernels
         self.backend = self.path = self.prof = None
-        self.sessions = 0
+        self.sessions, self.exposed_us = 0, []
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -172,8 +196,28 @@ class ProfiledComm(NoComm):
 
     def stop(self) -> dict[str, float]:
         self.prof.__exit__(None, None, None)
-        self.events, self.prof = records(self.prof.events()), None
-        return attribute(self.events, self.path, self.names)
+        self.events = records(self.prof.events())
+        if self.traced is None:  # kept for its Chrome trace, exported once training ends (breakdown.py)
+            self.traced = self.prof
+        self.prof = None
+        self.exposed_us = exposed(self.events, self.path, self.names)
+        return charge(self.exposed_us, self.events)
+
+    def exposed_spans(self, spans) -> list[tuple[float, float]]:
+        """The exposed intervals charged to a phase, each placed in the clock's phase by its offset from the phase's
+        profiler label (the labels and the clock's phases are one-to-one, in order); none where they disagree."""
+        labels = sorted(_phases(self.events or []), key=lambda p: p[1])
+        if [p[0] for p in labels] != [p[0] for p in spans]:
+            return []
+        out = []
+        for (name, la, lb), (_, a, b) in zip(labels, spans):
+            if name not in CHARGED:
+                continue
+            for x, y in self.exposed_us:
+                lo, hi = max(x, la), min(y, lb)
+                if hi > lo:
+                    out.append((min(b, a + (lo - la) / 1e6), min(b, a + (hi - la) / 1e6)))
+        return out
 
 
 def comm_path(backend: str | None, device_type: str) -> str:
@@ -206,12 +250,21 @@ def records(events) -> list[dict]:
 
 def attribute(events: list[dict], path: str, names) -> dict[str, float]:
     """Seconds of exposed communication charged to each of forward and backward (the module docstring)."""
-    names = tuple(names)
-    phases = [
+    return charge(exposed(events, path, names), events)
+
+
+def _phases(events: list[dict]) -> list[tuple[str, float, float]]:
+    """The clock's phases as the profiler saw them: host-side `parallax::<phase>` ranges (name, start, end)."""
+    return [
         (e["name"][len(PHASE) :], e["start_us"], e["end_us"])
         for e in events
         if e["device_type"] == "cpu" and e["name"].startswith(PHASE)
     ]
+
+
+def exposed(events: list[dict], path: str, names) -> list[tuple[float, float]]:
+    """The intervals (profiler microseconds) of communication that nothing else overlapped, on `path`."""
+    names = tuple(names)
     if path == "kernels":
         kernels = [e for e in events if e["device_type"] != "cpu" and not e["is_user_annotation"]]
         is_comm = [any(n.lower() in e["name"].lower() for n in names) for e in kernels]
@@ -226,11 +279,15 @@ def attribute(events: list[dict], path: str, names) -> dict[str, float]:
         busy = []
     else:
         raise ValueError(f"unknown attribution path {path!r}: 'kernels' or 'spans'")
-    exposed = subtract(union(comm), union(busy))
+    return subtract(union(comm), union(busy))
+
+
+def charge(intervals, events: list[dict]) -> dict[str, float]:
+    """Seconds of the exposed `intervals` inside each phase of CHARGED."""
     out: dict[str, float] = defaultdict(float)
-    for name, a, b in phases:
+    for name, a, b in _phases(events):
         if name in CHARGED:
-            out[name] += overlap(exposed, a, b) / 1e6  # profiler times are microseconds
+            out[name] += overlap(intervals, a, b) / 1e6  # profiler times are microseconds
     return dict(out)
 
 

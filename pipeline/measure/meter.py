@@ -216,11 +216,13 @@ class Meter:
         """This process's figures (the memory window closed at the last evaluation). Collective in a multi-process
         trial (the breakdown gathers every rank's samples): every rank calls it."""
         timed_steps = self.timed_images // self.batch_size
+        breakdown = self.breakdown.results(
+            self.timed_s / timed_steps if timed_steps else None,
+            self.sampled_s / self.sampled_steps if self.sampled_steps else None,
+        )
         return {
-            "breakdown": self.breakdown.results(
-                self.timed_s / timed_steps if timed_steps else None,
-                self.sampled_s / self.sampled_steps if self.sampled_steps else None,
-            ),
+            "breakdown": breakdown,
+            "trace": self.breakdown.trace,  # this rank's first sampled step as a Chrome trace, or None
             "throughput_img_s": self.timed_images / self.timed_s if self.timed_s > 0 else None,
             "throughput_windows": list(self.windows),
             "timed_steps": timed_steps,

@@ -331,12 +331,15 @@ def system_metrics(cfg, run_id: str | None):
 
 def log_completed_run(tracker: Tracker, run_id: str, record, out_dir: Path) -> None:
     """Everything a finished trial leaves in its run: its record's metrics (metric_names.trial_metrics, at the last
-    epoch's step, after the learning curves), its step-time breakdown as one table, its tags (records/trial.py), and the
-    metrics file."""
+    epoch's step, after the learning curves), its step-time breakdown as one table and each rank's sampled step as a
+    Chrome trace (`trace/rank<R>.pt.trace.json`, from the trial directory or, under SLURM, its node folders), its tags
+    (records/trial.py), and the metrics file."""
     tracker.log_metrics(run_id, metric_names.trial_metrics(record), step=len(record.test_acc or []))
     table = metric_names.breakdown_table(record)
     if table:
         tracker.client.log_table(run_id, data=table, artifact_file=metric_names.BREAKDOWN_FILE)
+    for trace in sorted(out_dir.glob(metric_names.TRACES)) + sorted(out_dir.glob(f"node*/{metric_names.TRACES}")):
+        tracker.log_artifact(run_id, trace, metric_names.TRACE_DIR)
     tracker.set_tags(run_id, record.tags())
     if (out_dir / "metrics.json").exists():
         tracker.log_artifact(run_id, out_dir / "metrics.json")

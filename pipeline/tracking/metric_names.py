@@ -17,6 +17,8 @@ import re
 
 ROUND_DIGITS = 4
 BREAKDOWN_FILE = "breakdown.json"  # MLflow's log_table artifact: one row per part of a sampled step
+TRACE_DIR = "trace"  # each rank's first sampled step as a Chrome trace (measure/chrome_trace.py), artifact folder too
+TRACES = f"{TRACE_DIR}/rank*.pt.trace.json"  # in the trial directory (trial/ranks.py writes them)
 
 # learning curves: one point per epoch (step = epoch), under the epoch record's keys (trial/loop.py), which are the
 # record's per-epoch lists too

@@ -196,7 +196,15 @@ def check_batch_fits(cfg, n_train: int) -> None:
 
 _USER_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 # what an earlier trial left in a reused directory: gone before this one starts, so none of it reads as this trial's
-_STALE = ("ack-*", "stacks-rank*.txt", "progress.jsonl", "final_state.pt", "metrics.json", "timeline.json")
+_STALE = (
+    "ack-*",
+    "stacks-rank*.txt",
+    "progress.jsonl",
+    "final_state.pt",
+    "metrics.json",
+    "timeline.json",
+    "trace/rank*.pt.trace.json",
+)
 
 
 @contextlib.contextmanager

@@ -49,6 +49,8 @@ from pipeline.trial.rank_watch import failure_reason, stacks_kept, watch_epochs
 from pipeline.trial.rdzv_watch import RendezvousWatch
 
 UNWRITABLE = "unwritable"  # the failure kind of a trial whose directory the host could not write
+# in the trial directory: each rank's first sampled step as a Chrome trace (measure/chrome_trace.py)
+TRACE_DIR = "trace"
 
 
 class FolderUnwritable(OSError):
@@ -225,6 +227,12 @@ def rank_entry(cfg, out_dir: str, wait_for_ack: bool, progress: bool, env: dict 
         with _writing(path), files.replacing(path, "wb") as f:
             torch.save(result.pop("state_dict"), f)
     result.pop("state_dict", None)
+    trace = result.pop("trace", None)
+    if trace is not None:  # this rank's first sampled step, where the tools that read Chrome traces look
+        path = Path(out_dir) / TRACE_DIR / f"rank{rank}.pt.trace.json"
+        with _writing(path):
+            path.parent.mkdir(exist_ok=True)
+            files.write_text(path, json.dumps(trace))
     result["node"] = os.environ.get("GROUP_RANK", "0")
     result["local_rank"] = int(os.environ.get("LOCAL_RANK", rank))
     marks["returned"] = time.time()

@@ -84,6 +84,8 @@ def test_cpu_memory_is_probed_around_step_zero_only(monkeypatch):
 class EveryThird:
     """A breakdown that samples steady-state steps 2, 5, 8, ... (its own clock: a do-nothing one)."""
 
+    trace = None  # no Chrome trace of a sampled step
+
     def is_sampled(self, n):
         return n >= 0 and n % 3 == 2
 

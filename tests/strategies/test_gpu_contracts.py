@@ -57,6 +57,7 @@ class _Sampled:
     """A breakdown that samples every other steady-state step and measures nothing."""
 
     every = 2
+    trace = None
 
     def is_sampled(self, n):
         return n >= 0 and n % 2 == 1

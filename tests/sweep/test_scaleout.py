@@ -198,7 +198,8 @@ def test_two_workers_share_one_study_through_postgres_and_mlflow_server(
         r = children[run_of[t.number]]
         assert r.info.status == "FINISHED" and r.data.metrics["final_test_acc"] == pytest.approx(t.value, rel=1e-3)
         artifacts = [a.path for a in client.list_artifacts(r.info.run_id)]  # the step breakdown where one was sampled
-        assert "metrics.json" in artifacts and set(artifacts) <= {"metrics.json", "breakdown.json"}, artifacts
+        assert "metrics.json" in artifacts and set(artifacts) <= {"metrics.json", "breakdown.json", "trace"}, artifacts
+        assert ("breakdown.json" in artifacts) == ("trace" in artifacts), artifacts  # its sampled step's Chrome trace
     # artifacts went through the server into its --artifacts-destination folder
     stored = list(Path(mlflow_server["ARTIFACTS"]).rglob("metrics.json"))
     assert len(stored) == BUDGET, stored

@@ -73,7 +73,10 @@ def test_train_writes_contract_and_tracks_run(make_cfg, tmp_path, synthetic_root
     (ds,) = tr.client.get_run(run.info.run_id).inputs.dataset_inputs
     assert ds.dataset.name == "synthetic" and ds.dataset.digest == tracking.data_digest(synthetic_root)
     artifacts = [a.path for a in tr.client.list_artifacts(run.info.run_id)]
-    assert "metrics.json" in artifacts
+    assert {"metrics.json", "breakdown.json", "trace"} <= set(artifacts), artifacts
+    # the sampled step as a Chrome trace, beside the breakdown's table
+    assert [a.path for a in tr.client.list_artifacts(run.info.run_id, "trace")] == ["trace/rank0.pt.trace.json"]
+    assert json.loads((out / "trace" / "rank0.pt.trace.json").read_text())["parallax"]["rank"] == 0
 
 
 def test_max_steps_stops_early(make_cfg, tmp_path):
