@@ -6,9 +6,9 @@ during the window; divided by the window it is the number of cores they kept bus
 time (a VM's vCPUs waiting for their physical cores), and the load average at both ends.
 
 GPU host, through NVML where `pynvml` (nvidia-ml-py) imports: a background thread samples the trial's GPUs every
-SAMPLE_INTERVAL_S while the ranks run (a sample is three NVML calls per GPU; the process table is walked only when NVML
-lists a PID not seen before, so an in-process trial sharing this process's interpreter pays a few NVML calls), keeping the
-union of the foreign processes and clock event reasons it saw and each GPU's lowest SM clock.
+SAMPLE_INTERVAL_S while the ranks run (a sample is three NVML calls per GPU; the process table is walked only when
+NVML lists a PID not seen before, so an in-process trial sharing this process's interpreter pays a few NVML calls),
+keeping the union of the foreign processes and clock event reasons it saw and each GPU's lowest SM clock.
 - Which GPUs: NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, so each CUDA
   ordinal is looked up by the UUID CUDA reports for it ("GPU-", or "MIG-" for a MIG instance), else by its PCI bus id
   (capabilities.cuda_identity). Clocks and reasons of a MIG instance are its GPU's.
@@ -177,7 +177,7 @@ class GpuSampler:
         try:
             import pynvml
         except ImportError:
-            self.error = "pynvml not installed: pip install nvidia-ml-py"
+            self.error = "pynvml not installed: pip install -e '.[gpu]' (nvidia-ml-py)"
             return
         self.nvml = pynvml
         self._reasons_call = (
