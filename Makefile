@@ -96,14 +96,11 @@ DASHBOARD_PORT ?= 8080
 dashboard: setup         ## optuna-dashboard on http://127.0.0.1:8080 over the sweeps' Optuna store (mlruns/optuna.db)
 	$(BIN)/python -m pipeline.cli.dashboard --port $(DASHBOARD_PORT)
 
-# `dvc plots show` alone writes a page whose scripts come from a CDN: blank offline. This one inlines them (from the
-# vl-convert-python package), so it opens anywhere; the PNGs in results/analysis/ need nothing at all.
+# `dvc plots show` alone writes a page whose scripts come from a CDN: blank offline. This one inlines them (vega,
+# vega-lite and vega-embed, vendored in pipeline/analysis/plots/vega/), so it opens anywhere; the PNGs in
+# results/analysis/ need nothing at all.
 PLOTS_DIR ?= results/dvc_plots
 plots: setup             ## DVC's plots of every experiment as one offline HTML page (results/dvc_plots/index.html)
-	@$(BIN)/python -c "import vl_convert" 2>/dev/null || { echo "The offline page needs vl-convert-python (vega," \
-	  "vega-lite, vega-embed inlined): $(BIN)/python -m pip install vl-convert-python. Without it," \
-	  "'dvc plots show' writes a page that loads them from a CDN and is blank offline;" \
-	  "the figures in results/analysis/*.png need nothing."; exit 1; }
 	$(BIN)/python -m pipeline.analysis.plots.dvc_template $(PLOTS_DIR)/offline-template.html
 	$(BIN)/dvc plots show --html-template $(PLOTS_DIR)/offline-template.html -o $(PLOTS_DIR)
 	@echo "open $(PLOTS_DIR)/index.html (no network needed); compare experiments: dvc plots diff EXP1 EXP2" \

@@ -330,30 +330,19 @@ _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "fish", "ksh", "mksh", "busybo
 LIFELINE_S = 1.0  # how often a stage command run by DVC looks for the process that ran it
 
 
-def _proc(pid: int) -> tuple[str, str, int, str] | None:
-    """(command name, state, parent pid, start time) of a process from /proc/<pid>/stat; None where unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-        head, _, tail = text.rpartition(")")
-        fields = tail.split()
-        return head.split("(", 1)[1], fields[0], int(fields[1]), fields[19]
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def runner() -> tuple[int, str, str | None] | None:
     """The process that ran this stage command, as (pid, command name, start time): under DVC (which sets DVC_STAGE
-    for every stage command) the nearest ancestor that is not a shell; None outside DVC. Start time None: no /proc,
-    and only the parent pid is watched."""
+    for every stage command) the nearest ancestor that is not a shell; None outside DVC. Start time None: the system
+    does not show that process, and only the parent pid is watched."""
     if not os.environ.get("DVC_STAGE"):
         return None
+    from pipeline import processes  # psutil: only a stage command run by DVC pays its import
+
     pid = os.getppid()
     for _ in range(8):
-        info = _proc(pid)
-        if info is None:
+        name, ppid, start = processes.name(pid), processes.parent(pid), processes.started(pid)
+        if name is None or ppid is None or start is None:
             return pid, "its parent", None
-        name, _, ppid, start = info
         if name not in _SHELLS or ppid <= 1:
             break
         pid = ppid
@@ -363,8 +352,11 @@ def runner() -> tuple[int, str, str | None] | None:
 def _is_gone(pid: int, start: str | None, parent: int) -> bool:
     if os.getppid() != parent:  # the parent (DVC, or the shell between) died: this process was re-parented
         return True
-    info = _proc(pid) if start is not None else None
-    return start is not None and (info is None or info[1] in ("Z", "X") or info[3] != start)
+    if start is None:
+        return False
+    from pipeline import processes
+
+    return processes.running(pid) is False or not processes.same_start(processes.started(pid), start)
 
 
 @contextlib.contextmanager

@@ -1,40 +1,46 @@
-"""The real download path: torchvision's FashionMNIST fetch (its mirrors and MD5s) into a staging directory.
+"""The real download path: Fashion-MNIST's four archives from torchvision's mirrors, checked against its MD5s, into a
+staging directory, each unpacked beside its archive (the IDX files store.py reads).
 
-Imported only by `prepare(source="fashion-mnist")`: torchvision's import (it pulls in torchvision.models and
-torch._dynamo) would otherwise be paid by every other stage (sweeps, analysis) for nothing.
+torchvision gives the mirrors and the MD5s (`FashionMNIST.mirrors`, `FashionMNIST.resources`, public attributes of
+its dataset class); the fetch is urllib's, each request under DOWNLOAD_TIMEOUT_S, with tqdm's progress bar. Its own
+`download()` opens URLs without a timeout and draws its bar with no way to turn it off, so using it would mean a
+process-wide socket timeout and a patch of a private global. Imported only by `prepare(source="fashion-mnist")`:
+torchvision's import (it pulls in torchvision.models and torch._dynamo) would otherwise be paid by every other stage
+(sweeps, analysis) for nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
+import gzip
+import hashlib
 import http.client
 import shutil
-import socket
 import urllib.parse
 import urllib.request
 import zlib
 from pathlib import Path
 
-import torchvision.datasets.utils as tv_utils
 from torchvision.datasets import FashionMNIST
-from torchvision.datasets.vision import VisionDataset
+from tqdm import tqdm
 
 from pipeline.data.files import DOWNLOAD_TIMEOUT_S, FILES, RERUN, raw_dir
 from pipeline.errors import DataError, redact
 
+MIRRORS = list(FashionMNIST.mirrors)  # base URLs, tried in order
+RESOURCES = list(FashionMNIST.resources)  # (archive name, its MD5)
+CHUNK = 1 << 16
 
-class FashionMNISTDownload(FashionMNIST):
-    """torchvision's FashionMNIST download (mirrors, resources with MD5s, progress bar), without loading."""
 
-    def __init__(self, root, mirrors=None):
-        VisionDataset.__init__(self, root)  # FashionMNIST.__init__ would also load: here we only fetch
-        if mirrors:
-            self.mirrors = list(mirrors)
+def md5(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
 
-    @property
-    def raw_folder(self) -> str:  # torchvision derives it from the class name; keep FashionMNIST/raw
-        return str(raw_dir(self.root))
+
+def intact(path: Path, expected: str) -> bool:
+    return path.is_file() and md5(path) == expected
 
 
 def _mirror_url(mirror: str) -> str:
@@ -62,31 +68,33 @@ def _mirror_url(mirror: str) -> str:
 
 
 def download(raw: Path, root: Path, mirror: str, progress: bool) -> str:
-    """Fetch into `raw` (inside the temporary dir) with FashionMNISTDownload; return the mirror URL used."""
-    mirrors = [_mirror_url(mirror)] if mirror else list(FashionMNISTDownload.mirrors)
-    resources = FashionMNISTDownload.resources
-    for name, md5 in resources:  # a rerun reuses verified archives and fetches only what is missing
-        if tv_utils.check_integrity(raw_dir(root) / name, md5):
+    """Fetch into `raw` (inside the temporary dir); return the mirror URL used."""
+    mirrors = [_mirror_url(mirror)] if mirror else list(MIRRORS)
+    for name, expected in RESOURCES:  # a rerun reuses verified archives and fetches only what is missing
+        if intact(raw_dir(root) / name, expected):
             shutil.copyfile(raw_dir(root) / name, raw / name)
     tried, corrupt = [], []
-    with _socket_timeout(DOWNLOAD_TIMEOUT_S), _progress_bar(progress):
-        for url in mirrors:
-            missing = [n for n, md5 in resources if not tv_utils.check_integrity(raw / n, md5)]
-            try:
-                if url.startswith("file:"):  # torchvision's urlretrieve needs response.length, which file: lacks
-                    _copy_local(url, raw, missing)
-                FashionMNISTDownload(raw.parent.parent, [url]).download()
-                return url
-            except (RuntimeError, OSError, EOFError, zlib.error, http.client.HTTPException) as e:
-                reason = " ".join(str(e).split("got:")[-1].split()) or type(e).__name__
-                tried.append(redact(f"{url}{missing[0] if missing else ''} ({reason})"))
-                for name, md5 in resources:
-                    path = raw / name
-                    if path.exists() and not tv_utils.check_integrity(path, md5):
-                        corrupt.append(
-                            f"{name} from {redact(url)} (MD5 {tv_utils.calculate_md5(path)}, expected {md5})"
-                        )
-                        path.unlink()
+    for url in mirrors:
+        missing = [n for n, expected in RESOURCES if not intact(raw / n, expected)]
+        try:
+            for name in missing:
+                if url.startswith("file:"):
+                    _copy_local(url, raw / name)
+                else:
+                    _fetch(url + name, raw / name, progress)
+            for name, expected in RESOURCES:
+                if not intact(raw / name, expected):
+                    raise RuntimeError(f"{name} is corrupt")
+                _unpack(raw / name)
+            return url
+        except (RuntimeError, OSError, EOFError, zlib.error, http.client.HTTPException) as e:
+            reason = " ".join(str(e).split()) or type(e).__name__
+            tried.append(redact(f"{url}{missing[0] if missing else ''} ({reason})"))
+            for name, expected in RESOURCES:
+                path = raw / name
+                if path.exists() and not intact(path, expected):
+                    corrupt.append(f"{name} from {redact(url)} (MD5 {md5(path)}, expected {expected})")
+                    path.unlink()
     if corrupt:
         raise DataError(
             f"Fashion-MNIST download failed checksum verification: {'; '.join(corrupt)}. The file is "
@@ -96,7 +104,7 @@ def download(raw: Path, root: Path, mirror: str, progress: bool) -> str:
         )
     raise DataError(
         f"Could not download Fashion-MNIST; tried {'; '.join(tried)}. {root} is unchanged. On a machine without internet access, copy the four files "
-        f"({', '.join(n for n, _ in resources)}) into a directory and set the data.mirror option to it "
+        f"({', '.join(n for n, _ in RESOURCES)}) into a directory and set the data.mirror option to it "
         f"(`--set data.mirror=/path/to/dir`, or data.mirror in params.yaml; an http(s) URL works too), or "
         f"opt in to the offline source with `--set data.source=synthetic` (under DVC: `make pipeline-offline`, "
         f"i.e. `dvc exp run -S data.source=synthetic`): deterministic Fashion-MNIST-shaped synthetic "
@@ -104,33 +112,30 @@ def download(raw: Path, root: Path, mirror: str, progress: bool) -> str:
     )
 
 
-def _copy_local(url: str, raw: Path, names: list[str]) -> None:
-    directory = Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path))
-    for name in names:
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"no such file {directory / name}")
-        shutil.copyfile(directory / name, raw / name)
-    for name, md5 in FashionMNISTDownload.resources:
-        if not tv_utils.check_integrity(raw / name, md5):  # else torchvision would retry through urlretrieve
-            raise RuntimeError(f"{name} is corrupt")
-
-
-@contextlib.contextmanager
-def _socket_timeout(seconds: float):
-    previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(seconds)  # torchvision's urlopen passes no timeout of its own
+def _fetch(url: str, path: Path, progress: bool) -> None:
+    """One archive from `url` into `path`, each socket operation bounded by DOWNLOAD_TIMEOUT_S (an offline host
+    fails in seconds); a partial file is removed."""
     try:
-        yield
-    finally:
-        socket.setdefaulttimeout(previous)
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, open(path, "wb") as f:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=path.name, disable=not progress) as bar:
+                for block in iter(lambda: response.read(CHUNK), b""):
+                    f.write(block)
+                    bar.update(len(block))
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
 
 
-@contextlib.contextmanager
-def _progress_bar(enabled: bool):
-    original = tv_utils.tqdm
-    if not enabled:
-        tv_utils.tqdm = functools.partial(original, disable=True)
-    try:
-        yield
-    finally:
-        tv_utils.tqdm = original
+def _unpack(archive: Path) -> None:
+    """The IDX file beside its .gz archive."""
+    with gzip.open(archive, "rb") as src, open(archive.with_suffix(""), "wb") as dst:
+        shutil.copyfileobj(src, dst, CHUNK)
+
+
+def _copy_local(url: str, path: Path) -> None:
+    """One archive from a file: mirror (a local folder) into `path`."""
+    source = Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path)) / path.name
+    if not source.is_file():
+        raise FileNotFoundError(f"no such file {source}")
+    shutil.copyfile(source, path)

@@ -9,9 +9,10 @@ bundle, as from a checkout), the seeds' reference recipe, and run.sh, which inst
 into a folder beside the node's packages and runs the first-run check, `doctor` and the GPU benchmarks. The size is
 printed; over 64 MiB fails.
 
-The documented node has torch, pandas, matplotlib and pytest only (none of which pulls in pyyaml or tqdm), so a
-default bundle carries pyyaml and tqdm: about 4 MiB, since pyyaml's wheels are compiled and one is carried per
-CPython in NODE_PYTHONS (run.sh's pip picks the node's). A richer image (most GPU images have both) ignores them.
+The documented node has torch, pandas, matplotlib and pytest only (none of which pulls in pyyaml, tqdm or psutil),
+so a default bundle carries pyyaml, tqdm and psutil: about 5 MiB, since pyyaml's and psutil's wheels are compiled and
+one is carried per CPython in NODE_PYTHONS (run.sh's pip picks the node's). A richer image (most GPU images have
+them) ignores them.
 """
 
 from __future__ import annotations
@@ -26,8 +27,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 LIMIT = 64 * 2**20
 # the GPU node as documented (PyTorch 2.11.0+cu130 on Python 3.12, pandas, matplotlib, pytest; numpy comes with
-# pandas): no pyyaml, tqdm, psutil, torchvision, nvidia-ml-py, MLflow, Optuna or DVC
-DOCUMENTED_NODE = ["torch==2.11.0", "numpy==2.3.3", "pandas==2.3.3", "matplotlib==3.10.7", "pytest==8.4.2"]
+# pandas, packaging with matplotlib and pytest): no pyyaml, tqdm, psutil, torchvision, nvidia-ml-py, MLflow, Optuna
+# or DVC
+DOCUMENTED_NODE = [
+    "torch==2.11.0",
+    "numpy==2.3.3",
+    "pandas==2.3.3",
+    "matplotlib==3.10.7",
+    "pytest==8.4.2",
+    "packaging==25.0",
+]
 # the CPythons a compiled wheel is carried for: the documented node's 3.12, and its neighbours (a wheel each, <1 MiB)
 NODE_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]

@@ -1,14 +1,14 @@
 """What else used the host while a trial ran: a measured reason to distrust a throughput, recorded with the trial.
 
-CPU host: the host's busy CPU time (/proc/stat) minus the CPU time of this process and the children it reaped
+CPU host: the host's busy CPU time (psutil.cpu_times()) minus the CPU time of this process and the children it reaped
 (os.times(): the trial's ranks, started and waited for inside the window) is CPU time spent by *other* processes
 during the window; divided by the window it is the number of cores they kept busy. Also recorded: hypervisor steal
 time (a VM's vCPUs waiting for their physical cores), and the load average at both ends.
 
 GPU host, through NVML where `pynvml` (nvidia-ml-py) imports: a background thread samples the trial's GPUs every
-SAMPLE_INTERVAL_S while the ranks run (a sample is three NVML calls per GPU; /proc is walked only when NVML lists a
-PID not seen before, so an in-process trial sharing this process's interpreter pays a few NVML calls), keeping the
-union of the foreign processes and clock event reasons it saw and each GPU's lowest SM clock.
+SAMPLE_INTERVAL_S while the ranks run (a sample is three NVML calls per GPU; the process table is walked only when
+NVML lists a PID not seen before, so an in-process trial sharing this process's interpreter pays a few NVML calls),
+keeping the union of the foreign processes and clock event reasons it saw and each GPU's lowest SM clock.
 - Which GPUs: NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, so each CUDA
   ordinal is looked up by the UUID CUDA reports for it ("GPU-", or "MIG-" for a MIG instance), else by its PCI bus id
   (capabilities.cuda_identity). Clocks and reasons of a MIG instance are its GPU's.
@@ -22,9 +22,9 @@ union of the foreign processes and clock event reasons it saw and each GPU's low
 - Any NVML (or torch) error, at start or in any sample, stops the sampling and records `gpu_monitor: unavailable
   (the call: the error)` with no GPU figures: the monitor never fails a trial.
 
-Hand-written because no maintained library gives "CPU time of everything but my process tree over a window" (psutil
-gives per-process times, which would mean walking every process twice; /proc/stat is one read). Linux only; on other
-systems the CPU fields are None and the trial is not flagged.
+The host's CPU times, a helper's CPU times and a process's descendants come from psutil, on Linux and macOS alike.
+The busy time counts user, nice, system, irq and softirq (the last two where the system has them: Linux). Steal is
+Linux's (a VM's); elsewhere steal_s is None.
 """
 
 from __future__ import annotations
@@ -33,24 +33,23 @@ import os
 import threading
 import time
 
+import psutil
+
 DEFAULT_THRESHOLD = 0.25  # cores kept busy by other processes, on average, beyond which a trial is flagged
 SAMPLE_INTERVAL_S = 0.5  # between two NVML samples of the trial's GPUs
 
 
-def _proc_stat() -> tuple[float, float] | None:
-    """(busy, steal) CPU seconds of the whole host since boot; None where /proc/stat is missing."""
+def _proc_stat() -> tuple[float, float | None] | None:
+    """(busy, steal) CPU seconds of the whole host since boot; steal None where the system has none (macOS); None
+    where the host's CPU times cannot be read."""
     try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-    except OSError:
+        t = psutil.cpu_times()
+    except (psutil.Error, OSError):
         return None
-    if not fields or fields[0] != "cpu":
-        return None
-    # user nice system idle iowait irq softirq steal guest guest_nice (guest time is inside user already)
-    v = [int(x) for x in fields[1:]] + [0] * 10
-    hz = os.sysconf("SC_CLK_TCK")
-    busy = v[0] + v[1] + v[2] + v[5] + v[6]
-    return busy / hz, v[7] / hz
+    # guest time is inside user already (Linux)
+    busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+    steal = getattr(t, "steal", None)
+    return busy, steal
 
 
 def _own_cpu(helpers=()) -> float:
@@ -62,13 +61,13 @@ def _own_cpu(helpers=()) -> float:
 
 
 def _process_cpu(pid: int) -> float:
-    """utime + stime + cutime + cstime of a live process, from /proc (0 once it is gone)."""
+    """user + system + children's user + children's system CPU seconds of a live process (0 once it is gone; macOS
+    does not count the children)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # from `state` on: utime is the 12th
-    except (OSError, IndexError):
+        t = psutil.Process(pid).cpu_times()
+    except (psutil.Error, OSError):
         return 0.0
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return t.user + t.system + t.children_user + t.children_system
 
 
 class Monitor:
@@ -124,7 +123,7 @@ class Monitor:
                 own_cpu_s=round(own1 - own0, 3),
                 foreign_cpu_s=round(foreign, 3),
                 foreign_cores=round(foreign / window, 3),
-                steal_s=round(s1[1] - s0[1], 3),
+                steal_s=None if s0[1] is None or s1[1] is None else round(s1[1] - s0[1], 3),
             )
         reasons = []
         if out["foreign_cores"] is not None and out["foreign_cores"] > self.threshold:
@@ -178,7 +177,7 @@ class GpuSampler:
         try:
             import pynvml
         except ImportError:
-            self.error = "pynvml not installed: pip install nvidia-ml-py"
+            self.error = "pynvml not installed: pip install -e '.[gpu]' (nvidia-ml-py)"
             return
         self.nvml = pynvml
         self._reasons_call = (
@@ -280,7 +279,7 @@ class GpuSampler:
                 self._own |= _children(os.getpid())
                 self._not_own |= pids - self._own
             foreign = pids - self._own
-            here = {p for p in foreign if os.path.exists(f"/proc/{p}")}
+            here = {p for p in foreign if psutil.pid_exists(p)}
             self.others |= here
             unattributed += len(foreign - here)
             self.throttle |= {name for bit, name in _THROTTLE_NAMES.items() if reasons & bit}
@@ -290,17 +289,8 @@ class GpuSampler:
 
 
 def _children(pid: int) -> set[int]:
-    """Every descendant of pid, from /proc (the trial's ranks and their helpers)."""
-    parent = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    out, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, pp in parent.items() if pp in frontier} - out
-        out |= frontier
-    return out
+    """Every descendant of pid (the trial's ranks and their helpers)."""
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except (psutil.Error, OSError):
+        return set()

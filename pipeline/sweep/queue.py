@@ -39,6 +39,7 @@ import time
 import optuna
 from optuna.trial import TrialState
 
+from pipeline import processes
 from pipeline.config.loader import TIMEOUT_MAX_S
 from pipeline.errors import StoreError, env_number, redact, root_cause, signals_deferred, store_fault
 from pipeline.paths import store_root
@@ -77,28 +78,27 @@ HEARTBEAT_S = max(1, min(5, GRACE_S // 4))
 WORKER_ATTR = "parallax_worker"
 
 
-def _stat(pid: int) -> list[str]:
-    """The fields of /proc/<pid>/stat after the command name (Linux; [] where unreadable)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
 def start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux), so a reused pid is not taken for the worker."""
-    fields = _stat(pid)
-    return fields[19] if len(fields) > 19 else None
+    """The process's start in clock ticks after boot (processes.started), so a reused pid is not taken for the
+    worker; None where it cannot be read."""
+    return processes.started(pid)
+
+
+_STARTED: dict[int, str | None] = {}  # this process's start, by pid (a forked child reads its own)
 
 
 def me() -> dict:
-    """This worker: its host, pid and process start time (is_alive_here tells whether it still runs)."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "start": start_time(os.getpid())}
+    """This worker: its host, pid and process start time (is_alive_here tells whether it still runs). The start is
+    read once per process, so every claim, release and set-up of this worker carries the same identity."""
+    pid = os.getpid()
+    if pid not in _STARTED:
+        _STARTED[pid] = start_time(pid)
+    return {"host": socket.gethostname(), "pid": pid, "start": _STARTED[pid]}
 
 
 def is_alive_here(worker: dict | None) -> bool:
-    """True if `worker` runs on this host and its process is alive (the same process, not a reused pid)."""
+    """True if `worker` runs on this host and its process is alive (the same process, not a reused pid). A start
+    recorded as None (a host where it was not readable) or not readable now counts as the same process."""
     if not worker or worker.get("host") != socket.gethostname():
         return False
     pid = worker.get("pid")
@@ -108,11 +108,10 @@ def is_alive_here(worker: dict | None) -> bool:
         return True
     except (OSError, TypeError):
         return False
-    fields = _stat(pid)
-    if fields[:1] in (["Z"], ["X"]):  # exited, not yet reaped by its parent
+    if processes.running(pid) is False:  # exited, not yet reaped by its parent
         return False
-    start = fields[19] if len(fields) > 19 else None
-    return start is None or worker.get("start") in (None, start)
+    start = start_time(pid)
+    return start is None or worker.get("start") is None or processes.same_start(worker.get("start"), start)
 
 
 def claim(study: optuna.Study, runnable=lambda point: True) -> optuna.Trial | None:

@@ -313,8 +313,8 @@ def system_metrics(cfg, run_id: str | None):
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
     except ImportError as e:
         print(
-            f"tracking.system_metrics is on but {e.name} is not installed (pip install psutil; pynvml for "
-            f"GPUs): this run has no system metrics",
+            f"tracking.system_metrics is on but {e.name} is not installed (pip install -e '.[pipeline]' in the "
+            f"Parallax checkout; '.[gpu]' adds GPU metrics): this run has no system metrics",
             file=sys.stderr,
         )
         yield None

@@ -1,5 +1,5 @@
 """The offline template of `dvc plots show`: DVC's placeholder for the plots, none for its CDN scripts, the libraries
-inline (vl-convert-python ships them; the test that needs it is skipped, visibly, where it is not installed)."""
+inline from the vendored bundle (pipeline/analysis/plots/vega/), with no package to install."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def test_template_inlines_the_bundle_and_keeps_dvc_out_of_the_cdn():
         plots_offline.template("'{plot_divs}'")
 
 
-def test_without_vl_convert_the_message_says_what_to_install(tmp_path, monkeypatch):
+def test_the_offline_page_needs_no_vl_convert(tmp_path, monkeypatch):
+    """The page inlines the vendored vega, vega-lite and vega-embed: vl-convert-python need not be installed."""
     real = builtins.__import__
 
     def no_vl_convert(name, *args, **kwargs):
@@ -27,15 +28,29 @@ def test_without_vl_convert_the_message_says_what_to_install(tmp_path, monkeypat
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_vl_convert)
-    with pytest.raises(ImportError, match="pip install vl-convert-python"):
+    page = plots_offline.write(tmp_path / "t.html").read_text()
+    assert "{plot_divs}" in page and "cdn.jsdelivr" not in page and "<script src" not in page
+    for name in ("vegaEmbed", "vega", "vegaLite"):
+        assert f"window.{name}=" in page, name
+    assert 'const v24="6.2.0"' in page and 'var x25="5.21.0"' in page  # vega 6.2.0, vega-lite 5.21.0
+
+
+def test_a_changed_bundle_is_refused_by_name(tmp_path, monkeypatch):
+    changed = tmp_path / "vega-bundle.min.js"
+    changed.write_text("window.vegaEmbed = 1;")
+    monkeypatch.setattr(plots_offline, "BUNDLE", changed)
+    with pytest.raises(OSError, match="vega-bundle.min.js is not the vendored vega bundle"):
         plots_offline.write(tmp_path / "t.html")
     assert not (tmp_path / "t.html").exists()
 
 
-def test_offline_template_with_vl_convert(tmp_path):
-    pytest.importorskip("vl_convert", reason="vl-convert-python is not installed (pip install vl-convert-python)")
-    page = plots_offline.write(tmp_path / "t.html").read_text()
-    assert "{plot_divs}" in page and "window.vegaEmbed" in page and "cdn.jsdelivr" not in page
+def test_the_bundle_ships_with_its_licences():
+    from ..conftest import REPO
+
+    licences = (plots_offline.BUNDLE.parent / "LICENSES.md").read_text()
+    assert "BSD 3-Clause" in licences and "University of Washington Interactive Data Lab" in licences
+    text = (REPO / "pyproject.toml").read_text()
+    assert '"vega/*.js", "vega/LICENSES.md"' in text  # package data: installed with the wheel
 
 
 def test_page_names_the_data_source(tmp_path):

@@ -19,10 +19,10 @@ KNOWN_PRIVATE: set = set()
 
 # The wings, lowest floor first: what each folder (or top-level module) of pipeline/ may import from pipeline/, by
 # folder. Arrows only point down this list, so the folders import one another without a cycle (docs: LAYOUT).
-TOP = {"catalog": set(), "paths": set(), "models": set(), "scratch": set()}
+TOP = {"catalog": set(), "paths": set(), "models": set(), "scratch": set(), "processes": set()}
 FLOORS = {
     "config": {"catalog", "paths"},
-    "errors": {"config"},
+    "errors": {"config", "processes"},
     "preflight": {"errors", "paths"},
     "records": {"scratch", "config", "catalog"},
     "data": {"scratch", "errors"},
@@ -33,6 +33,7 @@ FLOORS = {
     "tracking": {"scratch", "errors", "paths", "preflight"},
     "scaling": {"catalog", "config", "host", "strategies", "trial", "models", "paths"},
     "sweep": {
+        "processes",
         "config",
         "data",
         "records",

@@ -22,10 +22,11 @@ def test_only_what_the_node_lacks_is_carried():
     assert node == {"torch": "2.11.0", "numpy": "2.5.2", "pyyaml": "6.0.2"}
     assert bundle.missing(["torch>=2.11", "numpy>=1.24", "pyyaml>=6", "tqdm>=4.66"], node) == ["tqdm>=4.66"]
     assert bundle.missing(["torch>=2.12"], node) == ["torch>=2.12"]  # an older torch than supported is named
-    # the documented node (torch, pandas, matplotlib, pytest) lacks these two: a default bundle carries them
+    # the documented node (torch, pandas, matplotlib, pytest) lacks these three: a default bundle carries them
     assert bundle.missing(bundle.core_requirements(), bundle.node_packages(bundle.DOCUMENTED_NODE)) == [
         "pyyaml>=6",
         "tqdm>=4.66",
+        "psutil>=5.9",
     ]
 
 

@@ -2,9 +2,11 @@
 
 DVC's own page loads vega, vega-lite and vega-embed from a CDN (dvc_render's VegaRenderer.SCRIPTS), so without a
 network it is blank. DVC fills a template's `{plot_divs}` with its plots and, where the template has it, `{scripts}`
-with those CDN tags; this template has no `{scripts}` and inlines the three libraries instead, from the Python
-package vl-convert-python (`vl_convert.javascript_bundle()`, which assigns vegaEmbed, vegaLite and vega to the
-window, as the CDN scripts do). Nothing here is fetched at run time.
+with those CDN tags; this template has no `{scripts}` and inlines the three libraries instead, from vega/ beside this
+file: vega 6.2.0, vega-lite 5.21.0 and vega-embed in one script that assigns vegaEmbed, vegaLite and vega to the
+window, as the CDN scripts do (the bundle vl-convert-python 1.9.0.post1 builds, `javascript_bundle(vl_version=
+"5.21")`; BSD-3-Clause and their dependencies' licences in vega/LICENSES.md). Vendored, not installed: that package
+is an 84 MiB native install whose only use here is these 0.86 MiB of JavaScript. Nothing is fetched at run time.
 
     python -m pipeline.analysis.plots.dvc_template results/dvc_plots/offline.html     # or: make plots
     dvc plots show --html-template results/dvc_plots/offline.html -o results/dvc_plots
@@ -15,6 +17,7 @@ named as second argument) in the words of the PNG figures (figures.source_note),
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import sys
@@ -23,7 +26,8 @@ from pathlib import Path
 from pipeline.records import files
 
 VEGA_LITE = "5.21"  # the major version of DVC's templates ("$schema": .../vega-lite/v5.json)
-INSTALL = "python -m pip install vl-convert-python"
+BUNDLE = Path(__file__).with_name("vega") / "vega-bundle.min.js"
+BUNDLE_SHA256 = "9568278d3a5a7f71ceef77e8bf3d586baecb43ea9589fb950423cc03908fca39"
 SUMMARY = Path("results/analysis/summary.json")
 
 PAGE = """<!DOCTYPE html>
@@ -75,27 +79,30 @@ def template(bundle: str, version: str = VEGA_LITE, source: str = "") -> str:
     return PAGE.format(bundle=bundle, version=version, source=source_line(source))
 
 
+def bundle() -> str:
+    """The vendored vega, vega-lite and vega-embed script; OSError names the file where it is missing or changed."""
+    data = BUNDLE.read_bytes()
+    if hashlib.sha256(data).hexdigest() != BUNDLE_SHA256:
+        raise OSError(
+            f"{BUNDLE} is not the vendored vega bundle (its SHA-256 differs): restore it from the repository "
+            f"(git checkout -- {BUNDLE.name} in its folder) or reinstall Parallax."
+        )
+    return data.decode("utf-8")
+
+
 def write(path: Path, summary: Path = SUMMARY) -> Path:
-    """Write the offline template to `path`; ImportError names the package when vl-convert-python is missing."""
-    try:
-        import vl_convert
-    except ImportError:
-        raise ImportError(
-            f"The offline plots template needs vl-convert-python, which ships vega, vega-lite and "
-            f"vega-embed: {INSTALL}. Without it, `dvc plots show` writes a page that loads them "
-            f"from a CDN (blank offline); the PNG figures in results/analysis/ need nothing."
-        ) from None
+    """Write the offline template to `path`."""
+    script = bundle()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    bundle = vl_convert.javascript_bundle(vl_version=VEGA_LITE)  # type: ignore[call-arg]  # the stub wants a snippet
-    files.write_text(path, template(bundle, source=read_source(summary)))  # whole, never through a symlink
+    files.write_text(path, template(script, source=read_source(summary)))  # whole, never through a symlink
     return path
 
 
 if __name__ == "__main__":
     if len(sys.argv) not in (2, 3):
-        sys.exit(f"usage: python -m pipeline.analysis.plots.dvc_template OUT.html [SUMMARY.json]  (needs: {INSTALL})")
+        sys.exit("usage: python -m pipeline.analysis.plots.dvc_template OUT.html [SUMMARY.json]")
     try:
         print(f"wrote {write(Path(sys.argv[1]), *map(Path, sys.argv[2:]))}")
-    except ImportError as e:
-        sys.exit(str(e))
+    except OSError as e:
+        sys.exit(f"error: {e}")
