@@ -32,13 +32,17 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--params", type=cli_types.path, default=None, help="params file (default: params.yaml at the repository root)"
     )
     p.add_argument(
+        "-S",
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="override a configuration value, e.g. --set train.lr=0.1; repeatable, later wins "
-        "(default: none; layers: built-in < profile < params.yaml < --set)",
+        "(default: none; layers: built-in < profile < params.yaml < --set). Hydra's prefixes, as `dvc exp run "
+        "-S` takes them: +KEY=VALUE adds a key params.yaml leaves unset, ++KEY=VALUE adds or changes one, ~KEY "
+        "removes params.yaml's value (the profile's applies); sweep values go in sweep.spaces, e.g. "
+        "-S 'sweep.spaces.default.lr=[0.1,0.3]'",
     )
 
 
