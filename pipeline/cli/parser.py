@@ -240,7 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="open the MLflow UI on 127.0.0.1 (local only)",
         epilog=EPILOG,
         description="Start `mlflow ui` on 127.0.0.1 over the tracking store: tracking.uri from "
-        "--set or params.yaml (default: mlruns/mlflow.db at the repository root). First "
+        "--set or params.yaml (default: mlruns/mlflow.db at the repository root, which a bare `mlflow ui` does not "
+        "open: it opens ./mlflow.db; MLflow's own command for it is `mlflow ui --backend-store-uri "
+        "sqlite:///mlruns/mlflow.db`). First "
         "it writes the experiment's shared view (MLflow's own 'share view' tag) and "
         "prints its link: the runs table with throughput, efficiency and accuracy "
         "columns, in any browser, on its first load.",
