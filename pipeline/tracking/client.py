@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from pipeline import scratch
-from pipeline.errors import StoreError, redact
+from pipeline.errors import StoreError, env_flag, redact
 from pipeline.paths import repo_root, store_root
 from pipeline.preflight import check_store, store_url
 from pipeline.tracking import metric_names, server_wait
@@ -366,18 +366,9 @@ def system_metrics_on(cfg) -> bool:
     MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING set true, as MLflow users turn them on; either turns them on, and the
     variable set false does not turn off what tracking.system_metrics asks for. A value MLflow does not read as true
     or false is a ConfigError naming the variable (Tracker checks it before a run is made)."""
-    raw = os.environ.get(SYSTEM_METRICS_ENV)
-    if raw is None:
-        return cfg.tracking.system_metrics
-    if raw.lower() not in ("true", "false", "1", "0"):
-        from pipeline.config.loader import ConfigError
-
-        raise ConfigError(
-            f"The environment variable {SYSTEM_METRICS_ENV}={raw!r} is neither true nor false (MLflow reads true, "
-            f"false, 1 or 0): it turns MLflow's system metrics on. Set it to true or false, or unset it and use "
-            f"tracking.system_metrics. Nothing was run."
-        )
-    return cfg.tracking.system_metrics or raw.lower() in ("true", "1")
+    return cfg.tracking.system_metrics or bool(
+        env_flag(SYSTEM_METRICS_ENV, "MLflow's system metrics on (as tracking.system_metrics: true does)")
+    )
 
 
 @contextlib.contextmanager
