@@ -60,7 +60,7 @@ KEPT    = params.yaml is as it was: data.source=synthetic lives in the experimen
 
 pipeline-offline: setup  ## the same on the explicit synthetic stand-in (no network needed); params.yaml is kept as it was
 	@$(OFFLINE) && \
-	  echo "$(KEPT) The answer is above; make ui opens every run."
+	  echo "$(KEPT) The answer is above; make ui opens every run (mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db)."
 
 # One stage on the synthetic stand-in, as `make pipeline-offline` ran it: `dvc repro -s STAGE` alone takes params.yaml's
 # data.source (fashion-mnist), so it reruns the stage on the real data. DVC reruns the stage only if something it reads
@@ -86,7 +86,9 @@ lint: setup              ## what CI and pre-commit check before the tests: ruff 
 	$(BIN)/mypy
 
 UI_PORT ?= 5000
-ui: setup                ## MLflow UI on http://127.0.0.1:$(UI_PORT) (make ui UI_PORT=5001); prints the link that opens the runs table with our columns
+# A bare `mlflow ui` opens MLflow 3's default ./mlflow.db, not the project's store, and no file in the project changes
+# that: `make ui`, or `mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db` from the repository root.
+ui: setup                ## MLflow UI on http://127.0.0.1:$(UI_PORT) over mlruns/mlflow.db (a bare `mlflow ui` opens ./mlflow.db, empty: use this, or mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db); prints the link that opens the runs table with our columns
 	$(BIN)/python -m pipeline ui --port $(UI_PORT)
 
 DASHBOARD_PORT ?= 8080

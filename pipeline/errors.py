@@ -134,6 +134,22 @@ def env_number(
     return value
 
 
+def env_flag(name: str, what: str, environ=os.environ) -> bool | None:
+    """The switch the environment variable `name` holds, read as MLflow reads its own (true/1, false/0, any case);
+    None when it is unset. Any other value is a ConfigError that names the variable."""
+    from pipeline.config.loader import ConfigError
+
+    raw = environ.get(name)
+    if raw is None:
+        return None
+    if raw.lower() not in ("true", "false", "1", "0"):
+        raise ConfigError(
+            f"The environment variable {name}={raw!r} is neither true nor false (MLflow reads true, false, 1 or 0): "
+            f"it turns {what}. Set it to true or false, or unset it (`unset {name}`). Nothing was run."
+        )
+    return raw.lower() in ("true", "1")
+
+
 def root_cause(e: BaseException) -> str:
     """`Type: first line` of the innermost explicit cause: Optuna wraps every driver error into "... e.g. exceeding
     max length", MLflow into MlflowException; the driver's own words (connection refused, locked, disk full) are

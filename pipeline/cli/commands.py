@@ -40,14 +40,20 @@ def cmd_sweep(args) -> int:
         unselected.write_table(cfg, args.strategy, out)
         return 0
     from pipeline.sweep.stage import run_sweep
+    from pipeline.tracking import client as tracking
 
     run_sweep(cfg, args.strategy, out, max_new_trials=args.n_trials)
+    print(
+        f"[sweep {args.strategy}] wrote {out}; its runs in MLflow: make ui, or {tracking.ui_command(cfg)}",
+        file=sys.stderr,
+    )
     return 0
 
 
 def cmd_analyze(args) -> int:
     from pipeline.analysis.stage import analyze
     from pipeline.preflight import input_dir, output_dir
+    from pipeline.tracking import client as tracking
     from pipeline.tracking.analysis_run import log_analysis_run
 
     cfg = configmod.load(args.params, args.overrides)
@@ -61,13 +67,13 @@ def cmd_analyze(args) -> int:
     summary = analyze(args.sweeps, args.out, target_acc=cfg.analyze.target_acc)
     run_id = log_analysis_run(cfg, summary, args.out)
     print(f"wrote {args.out}/report.md (MLflow run {run_id})")
-    print(answer_screen((args.out / "report.md").read_text(), args.out))
+    print(answer_screen((args.out / "report.md").read_text(), args.out, tracking.ui_command(cfg)))
     return 0
 
 
-def answer_screen(report: str, out) -> str:
+def answer_screen(report: str, out, ui: str = "mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db") -> str:
     """What the pipeline's last stage leaves on screen: the report's answer (its section, without the command's
-    block) and where to look next."""
+    block) and where to look next (`ui`: MLflow's own command for the store, tracking.ui_command)."""
     lines = report.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("## Answer")), None)
     shown: list[str] = []
@@ -78,7 +84,8 @@ def answer_screen(report: str, out) -> str:
             shown.append(line)
     body = "\n".join(shown).strip() or "(report.md has no answer section)"
     return (
-        f"\n{body}\n\nNext: head -n 40 {out}/report.md (the answer and its command) · make ui (every run in MLflow) · "
+        f"\n{body}\n\nNext: head -n 40 {out}/report.md (the answer and its command) · "
+        f"make ui (every run in MLflow; {ui}) · "
         f".venv/bin/python -m pipeline compare (scaling efficiencies, experiments side by side)"
     )
 
@@ -136,7 +143,6 @@ def cmd_overlap(args) -> int:
             "stage": "overlap",
             "device_kind": host.kind,
             "host": host.hostname,
-            "git_sha": tracking.git_sha(),
             "dvc_stage": "overlap",
             "under_load": res.get("under_load"),  # the measurements beside busy processes (overlap.md says so)
         },

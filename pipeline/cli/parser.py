@@ -32,13 +32,17 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--params", type=cli_types.path, default=None, help="params file (default: params.yaml at the repository root)"
     )
     p.add_argument(
+        "-S",
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="override a configuration value, e.g. --set train.lr=0.1; repeatable, later wins "
-        "(default: none; layers: built-in < profile < params.yaml < --set)",
+        "(default: none; layers: built-in < profile < params.yaml < --set). Hydra's prefixes, as `dvc exp run "
+        "-S` takes them: +KEY=VALUE adds a key params.yaml leaves unset, ++KEY=VALUE adds or changes one, ~KEY "
+        "removes params.yaml's value (the profile's applies); sweep values go in sweep.spaces, e.g. "
+        "-S 'sweep.spaces.default.lr=[0.1,0.3]'",
     )
 
 
@@ -236,7 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="open the MLflow UI on 127.0.0.1 (local only)",
         epilog=EPILOG,
         description="Start `mlflow ui` on 127.0.0.1 over the tracking store: tracking.uri from "
-        "--set or params.yaml (default: mlruns/mlflow.db at the repository root). First "
+        "--set or params.yaml (default: mlruns/mlflow.db at the repository root, which a bare `mlflow ui` does not "
+        "open: it opens ./mlflow.db; MLflow's own command for it is `mlflow ui --backend-store-uri "
+        "sqlite:///mlruns/mlflow.db`). First "
         "it writes the experiment's shared view (MLflow's own 'share view' tag) and "
         "prints its link: the runs table with throughput, efficiency and accuracy "
         "columns, in any browser, on its first load.",

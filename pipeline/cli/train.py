@@ -126,6 +126,9 @@ def run(args) -> int:
         f"test acc {metrics['test_acc'][-1]:.4f}, "
         f"peak mem/device {[round(p / 2**20, 1) for p in metrics['peak_mem_bytes']]} MiB{syn}"
     )
-    print(f"wrote {out / 'metrics.json'} and {out / 'final_state.pt'}" + (f"; MLflow run {run.run_id}" if run else ""))
+    print(
+        f"wrote {out / 'metrics.json'} and {out / 'final_state.pt'}"
+        + (f"; MLflow run {run.run_id} (make ui, or {tracking.ui_command(cfg)})" if run else "")
+    )
     print(f"result: {speed}")
     return 0

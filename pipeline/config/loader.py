@@ -4,6 +4,10 @@ Layers, later wins: dataclass defaults < experiments/<profile>.yaml < params.yam
 Unknown keys and invalid values raise ConfigError (one paragraph naming the key and the valid values)
 before any work starts; a search space may set only the sweep knobs its strategy accepts (pipeline/catalog.py).
 A null, in params.yaml or --set, is no value: the layer below's.
+--set takes Hydra's override grammar as `dvc exp run -S` does (`+key=` adds, `++key=` adds or changes, `~key` removes
+params.yaml's value: the profile's applies), with YAML values, which take a URL's `?a=1` unquoted where Hydra's parser
+needs quotes; hydra-core (installed with DVC) is no dependency of the core install, and its composition has no
+layer below params.yaml for `~` to fall back to (apply_sets).
 
 A `train.<key>` the user sets (params.yaml, --set, `dvc exp run -S`) that is a sweep dimension (SpaceConfig's
 fields) pins that dimension: every space of the resolved Config holds that one value (`pin`), so a sweep's points
@@ -70,6 +74,7 @@ __all__ = [
     "SweepConfig",
     "TrackingConfig",
     "TrainConfig",
+    "apply_sets",
     "check_sweep",
     "describe_profiles",
     "load",
@@ -308,41 +313,169 @@ _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def parse_set(items) -> dict:
-    """['train.lr=0.1', 'data.source=synthetic'] -> nested dict; values parsed as YAML scalars/lists. A key set as a
-    value and then used as a section is blamed on the option that set the value, the one the user typed."""
+    """['train.lr=0.1', 'data.source=synthetic'] -> the --set layer as a nested dict, read as `apply_sets` reads
+    them over no params file."""
+    return apply_sets({}, items)[1]
+
+
+def apply_sets(file: dict, items, where: str = "params.yaml", user: bool = True) -> tuple[dict, dict]:
+    """The --set options in Hydra's override grammar (what `dvc exp run -S` takes), over `file`, the user's params file
+    as read (`where` names it): returns (`file` less what `~` removes, the --set layer as a nested dict). In order:
+      key=value, ++key=value  set key (any key of the schema, one params.yaml lacks too);
+      +key=value              adds key: refused where the params file or an earlier --set already gives it a value
+                              (a null is none), unless the value is a list or a mapping, as Hydra and `-S` refuse it;
+      ~key, ~key=value        removes the value the params file and the earlier --set options give key (with a value:
+                              only where it is that one), so the layer below applies: the profile's, else the built-in
+                              default; a key they leave unset stays as it is.
+    Values are YAML scalars, lists or mappings (1e-3 a number). A comma list `key=a,b`, Hydra's multirun sweep, is
+    refused with the `sweep.spaces` form (`user`: the options a person typed; the package's own values are taken as
+    they are). A key set as a value and then used as a section is blamed on the option that set the value, the one the
+    user typed."""
+    file = _copy(file)
     out: dict = {}
     by: dict = {}  # dotted key -> the option that last set it as a value
     for item in items or ():
-        key, sep, raw = item.partition("=")
-        if not sep or not key or any(not p.isidentifier() for p in key.split(".")):
-            raise ConfigError(
-                f"Malformed --set option {item!r}: expected KEY=VALUE with a dotted key, "
-                f"for example `--set train.lr=0.1` or `--set data.source=synthetic`."
-            )
-        try:
-            value = safe_yaml.load(raw, f"The --set option {item!r}") if raw != "" else ""
-        except safe_yaml.Refused as e:
-            raise ConfigError(str(e)) from None
-        except yaml.YAMLError:
-            value = raw
-        if isinstance(value, str) and _FLOAT.fullmatch(value):  # YAML 1.1 reads 1e-3 as a string
-            value = float(value)
-        node = out
-        parts = key.split(".")
-        for i, p in enumerate(parts[:-1]):
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                section = ".".join(parts[: i + 1])
+        prefix, key, sep, raw = _split(item)
+        value = _value(item, key, raw, user) if sep else None
+        held, source = _held(file, out, key, where)
+        if prefix == "~":
+            _check_key(key, item)
+            if sep and held != value:
                 raise ConfigError(
-                    f"Malformed --set option {by.get(section, item)!r}: it sets `{section}` to a "
-                    f"value, but this command also sets `{key}` inside it (with another --set), "
-                    f"and `{section}` cannot be both a value and a section. "
-                    f"Keep one of the two; a section's keys are set one by one, e.g. "
-                    f"`--set train.lr=0.1`."
+                    f"Cannot remove `{key}` with --set {item!r}: "
+                    + (
+                        f"{source} gives it {_yaml(held)}, not {_yaml(value)}"
+                        if held is not None
+                        else f"neither {where} nor an earlier --set gives it a value"
+                    )
+                    + f". Write `~{key}` to remove whatever value it has, or give the value it holds."
                 )
-        node[parts[-1]] = value
-        by[key] = item
-    return out
+            _remove(file, key)
+            _remove(out, key)
+            continue
+        if prefix == "+" and held is not None and not isinstance(value, (list, dict)):
+            raise ConfigError(
+                f"Cannot add `{key}` with --set {item!r}: an item is already at `{key}` ({_yaml(held)}, from "
+                f"{source}), and `+` adds only a key that has no value. Write `{item[1:]}` to "
+                f"change it, or `+{item}` to add or change it (Hydra's and `dvc exp run -S`'s grammar)."
+            )
+        _put(out, by, key, value, item)
+    return file, out
+
+
+_PREFIXES = ("++", "+", "~")  # Hydra's override grammar: add or override, add, delete
+
+
+def _split(item: str) -> tuple[str, str, str, str]:
+    """(prefix, key, "=" or "", value text) of one --set option, or a ConfigError naming the forms it takes."""
+    prefix = next((p for p in _PREFIXES if item.startswith(p)), "")
+    key, sep, raw = item[len(prefix) :].partition("=")
+    if (not sep and prefix != "~") or not key or any(not p.isidentifier() for p in key.split(".")):
+        raise ConfigError(
+            f"Malformed --set option {item!r}: expected KEY=VALUE with a dotted key, for example `--set "
+            f"train.lr=0.1` or `--set data.source=synthetic`; Hydra's prefixes as `dvc exp run -S` takes them: "
+            f"`+KEY=VALUE` adds a key params.yaml leaves unset, `++KEY=VALUE` adds or changes one, `~KEY` removes "
+            f"params.yaml's value (the profile's applies)."
+        )
+    return prefix, key, sep, raw
+
+
+def _check_key(key: str, item: str) -> None:
+    """Refuse a dotted key the schema lacks (a typo after `~` would otherwise remove nothing, silently)."""
+    cls = Config
+    for i, p in enumerate(key.split(".")):
+        fields = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+        if p not in fields:
+            where = ".".join(key.split(".")[:i])
+            raise ConfigError(
+                f"Unknown configuration key `{key}` in --set {item!r}. Valid keys "
+                f"{f'in `{where}`' if where else 'at the top level'}: {', '.join(fields) or '(none: a value)'}. "
+                f"Check the spelling."
+            )
+        if p == "spaces":  # strategy -> space, checked when the config is built
+            return
+        cls = typing.get_type_hints(cls)[p]
+
+
+def _value(item: str, key: str, raw: str, user: bool):
+    """The value text of `item` as YAML reads it; an unquoted comma list is Hydra's sweep form, refused for `user`."""
+    try:
+        value = safe_yaml.load(raw, f"The --set option {item!r}") if raw != "" else ""
+    except safe_yaml.Refused as e:
+        raise ConfigError(str(e)) from None
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, str) and _FLOAT.fullmatch(value):  # YAML 1.1 reads 1e-3 as a string
+        value = float(value)
+    if user and isinstance(value, str) and "," in value and raw.lstrip()[:1] not in ("'", '"'):
+        raise ConfigError(_sweep_form(item, key, raw))
+    return value
+
+
+def _sweep_form(item: str, key: str, raw: str) -> str:
+    """Why `key=a,b` is refused, and the forms that say what the user means."""
+    values = f"[{raw}]"
+    *section, name = key.split(".")
+    if section == ["train"] and name in SPACE_KEYS:
+        form = f"sweep.spaces.default.{name}={values}"
+        fix = (
+            f"To sweep it, give the search space its values: `--set '{form}'` (`dvc exp run -S '++{form}'`), "
+            f"leaving `train.{name}` unset (a train value pins every space to that one value); for one value, give one."
+        )
+    elif section[:2] == ["sweep", "spaces"]:
+        fix = f"A space's values are a list: `--set '{key}={values}'`."
+    else:
+        fix = (
+            f"For a list, write `--set '{key}={values}'`; a sweep's axes are set in `sweep.spaces`, e.g. "
+            f"`--set 'sweep.spaces.default.lr=[0.1,0.3]'`."
+        )
+    return (
+        f"The --set option {item!r} is a comma list, Hydra's multirun form (a run per value), which Parallax does not "
+        f"run: a sweep's values are the lists of `sweep.spaces`. {fix} For one text that holds a comma, quote it: "
+        f"`--set \"{key}='{raw}'\"`. Nothing was run."
+    )
+
+
+def _put(out: dict, by: dict, key: str, value, item: str) -> None:
+    node = out
+    parts = key.split(".")
+    for i, p in enumerate(parts[:-1]):
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            section = ".".join(parts[: i + 1])
+            raise ConfigError(
+                f"Malformed --set option {by.get(section, item)!r}: it sets `{section}` to a "
+                f"value, but this command also sets `{key}` inside it (with another --set), "
+                f"and `{section}` cannot be both a value and a section. "
+                f"Keep one of the two; a section's keys are set one by one, e.g. "
+                f"`--set train.lr=0.1`."
+            )
+    node[parts[-1]] = value
+    by[key] = item
+
+
+def _held(file: dict, sets: dict, key: str, where: str) -> tuple:
+    """(value, where it is from) that the --set options so far, else the params file, give dotted `key`; (None, "")
+    for none, or a null."""
+    for layer, source in ((sets, "an earlier --set"), (file, where)):
+        node = layer
+        for p in key.split("."):
+            node = node.get(p) if isinstance(node, dict) else None
+        if node is not None:
+            return node, source
+    return None, ""
+
+
+def _remove(layer: dict, key: str) -> None:
+    *section, name = key.split(".")
+    for p in section:
+        layer = layer.get(p) if isinstance(layer, dict) else None
+    if isinstance(layer, dict):
+        layer.pop(name, None)
+
+
+def _copy(layer: dict) -> dict:
+    return {k: _copy(v) if isinstance(v, dict) else v for k, v in layer.items()}
 
 
 def load(
@@ -370,8 +503,8 @@ def load(
             f"The params file {path} (--params) does not exist. Check the path, or leave --params out "
             f"to read params.yaml at the repository root. Nothing was run."
         )
-    raw = _read_yaml(path) if path.exists() else {}
-    sets = _sections_unset(parse_set(overrides))
+    raw, sets = apply_sets(_read_yaml(path) if path.exists() else {}, overrides, path.name)
+    sets = _sections_unset(sets)
     profile = sets.get("profile", raw.get("profile", "cpu"))
     layers = []
     if profile:
@@ -538,7 +671,7 @@ def _check_shapes(cls, layer: dict, prefix: str, where: str) -> None:
 
 def override(cfg: Config, items) -> Config:
     """A new Config with dotted overrides applied (validated like the file; a train setting pins, as --set's)."""
-    sets = _sections_unset(parse_set(items))
+    sets = _sections_unset(apply_sets({}, items, user=False)[1])
     return pin(_build(Config, _merge(cfg.to_dict(), sets), ""), [(sets, "--set")])
 
 

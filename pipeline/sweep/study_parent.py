@@ -38,7 +38,6 @@ def start(study, cfg, strategy: str, host, tracker, n_points: int) -> str:
             "synthetic": str(cfg.data.source == "synthetic").lower(),
             "device_kind": host.kind,
             "host": host.hostname,
-            "git_sha": tracking.git_sha(),
             "dvc_stage": f"sweep@{strategy}",
             "role": "study",
             **provenance.facts(cfg),  # the code, data and torch its figures come from

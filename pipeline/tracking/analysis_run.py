@@ -97,7 +97,6 @@ def log_analysis_run(cfg, summary: dict, out_dir: Path) -> str:
         "analysis",
         {
             "stage": "analyze",
-            "git_sha": tracking.git_sha(),
             "profile": cfg.profile,
             "data_source": summary.get("data_source", ""),
             tracking.PIPELINE_RUN_TAG: tracking.pipeline_run(),

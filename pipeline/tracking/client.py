@@ -9,16 +9,18 @@ ended with a status.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from pipeline import scratch
-from pipeline.errors import StoreError, redact
+from pipeline.errors import StoreError, env_flag, redact
 from pipeline.paths import repo_root, store_root
 from pipeline.preflight import check_store, store_url
 from pipeline.tracking import metric_names, server_wait
@@ -39,6 +41,24 @@ def tracking_uri(cfg) -> str:
     return store_url(cfg.tracking.uri, "tracking.uri", "mlflow.db")
 
 
+def ui_command(cfg) -> str:
+    """The command that opens this store's runs in MLflow's UI, for every place that names the store. A bare `mlflow
+    ui` opens MLflow 3's default ./mlflow.db (./mlruns only where that holds a file store), and reads no file of the
+    project: only --backend-store-uri, or MLFLOW_BACKEND_STORE_URI in the user's environment, names another store.
+    A SQLite store under the current directory is named from it (`sqlite:///mlruns/mlflow.db`, run from the
+    repository root), one elsewhere by its absolute path; a server is opened in a browser; another database through
+    `make ui`, which hands tracking.uri (a password too) to MLflow by the environment."""
+    uri = tracking_uri(cfg)
+    if uri.startswith(("http://", "https://")):
+        return f"open {redact(uri)} in a browser"
+    if not uri.startswith("sqlite:///"):
+        return "make ui"
+    path = Path(uri[len("sqlite:///") :])
+    if path.is_absolute() and path.is_relative_to(Path.cwd().resolve()):
+        path = path.relative_to(Path.cwd().resolve())
+    return f"mlflow ui --backend-store-uri sqlite:///{path}"
+
+
 def experiment_name(cfg) -> str:
     return cfg.tracking.experiment or f"parallax-{cfg.profile}"
 
@@ -53,6 +73,44 @@ def git_sha() -> str:
         )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def entry_point() -> str:
+    """The command that makes this process's runs, as MLflow's Source column shows it: `python -m pipeline sweep`
+    (the module and its subcommand, never the options: a --set may hold a URL's password); another program's file
+    as MLflow names it (sys.argv[0])."""
+    import pipeline
+
+    main = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    package = Path(pipeline.__file__).resolve().parent
+    if main is None or main.suffix != ".py" or not main.is_relative_to(package):
+        return sys.argv[0] if main is not None else "<console>"
+    parts = main.relative_to(package.parent).with_suffix("").parts
+    module = ".".join(parts[:-1] if parts[-1] == "__main__" else parts)
+    sub = sys.argv[1] if len(sys.argv) > 1 and re.fullmatch(r"[a-z][a-z_-]*", sys.argv[1]) else ""
+    return f"python -m {module}" + (f" {sub}" if sub else "")
+
+
+@functools.cache
+def _context_tags() -> tuple:
+    from mlflow.tracking.context.registry import resolve_tags
+
+    return tuple(resolve_tags().items())
+
+
+def source_tags() -> dict:
+    """MLflow's own provenance tags, which mlflow.start_run sets and MlflowClient.create_run leaves out: the runs
+    table's User and Source columns and the run page's git commit. MLflow's context registry resolves them
+    (mlflow.user, mlflow.source.type LOCAL, mlflow.source.git.commit/branch/repoURL from sys.argv[0]'s repository,
+    credentials stripped); Parallax names the source by its command (`entry_point`) and takes the commit of the
+    checkout being run (a DVC executor's temp checkout too: git_sha), where MLflow would leave it out."""
+    from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME
+
+    tags = dict(_context_tags())
+    tags[MLFLOW_SOURCE_NAME] = entry_point()
+    if (sha := git_sha()) != "unknown":
+        tags[MLFLOW_GIT_COMMIT] = sha
+    return tags
 
 
 PIPELINE_RUN_TAG = "parallax.pipeline_run"
@@ -72,6 +130,7 @@ class Tracker:
         import mlflow
         from mlflow.tracking import MlflowClient
 
+        system_metrics_on(cfg)  # a switch MLflow cannot read refuses the command before any run exists
         uri = tracking_uri(cfg)
         check_store(uri, "tracking.uri")  # unreachable, corrupt or unwritable: fails now, in seconds
         mlflow.set_tracking_uri(uri)
@@ -128,9 +187,10 @@ class Tracker:
 
     # --- runs ---------------------------------------------------------------------------------------
     def start_run(self, name: str, tags: dict, parent_id: str | None = None, owned: bool = True) -> str:
-        """owned: the run ends with this process (ended KILLED by a later command if the process dies first);
-        False for a run that several processes share, whose end is theirs to decide (a study's parent run)."""
-        tags = {k: str(v) for k, v in tags.items() if v is not None}
+        """A run with `tags` and MLflow's own provenance tags (source_tags). owned: the run ends with this process
+        (ended KILLED by a later command if the process dies first); False for a run that several processes share,
+        whose end is theirs to decide (a study's parent run)."""
+        tags = {**source_tags(), **{k: str(v) for k, v in tags.items() if v is not None}}
         if owned:
             tags.update({"parallax.pid": str(os.getpid()), "parallax.host": scratch.host_tag()})
         if parent_id:
@@ -270,7 +330,6 @@ def base_tags(planned, cfg, stage: str | None = None) -> dict:
     """A trial run's tags when it starts: the planned trial record's (record.planned) and where it was run from."""
     return {
         **planned.tags(),
-        "git_sha": git_sha(),
         "profile": cfg.profile,
         PIPELINE_RUN_TAG: pipeline_run(),
         "dvc_stage": stage or ("" if not os.environ.get("DVC_ROOT") else "unknown"),
@@ -299,13 +358,27 @@ def summary_metrics(summary: dict) -> dict:
     return metric_names.analysis_metrics(summary)
 
 
+SYSTEM_METRICS_ENV = "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"  # MLflow's own switch (mlflow.environment_variables)
+
+
+def system_metrics_on(cfg) -> bool:
+    """Whether trial runs sample MLflow's system metrics: tracking.system_metrics, or MLflow's own switch
+    MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING set true, as MLflow users turn them on; either turns them on, and the
+    variable set false does not turn off what tracking.system_metrics asks for. A value MLflow does not read as true
+    or false is a ConfigError naming the variable (Tracker checks it before a run is made)."""
+    return cfg.tracking.system_metrics or bool(
+        env_flag(SYSTEM_METRICS_ENV, "MLflow's system metrics on (as tracking.system_metrics: true does)")
+    )
+
+
 @contextlib.contextmanager
 def system_metrics(cfg, run_id: str | None):
-    """With tracking.system_metrics on, MLflow's system metrics (system/cpu_utilization_percentage,
+    """With system metrics on (system_metrics_on: tracking.system_metrics or MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING),
+    MLflow's system metrics (system/cpu_utilization_percentage,
     system/system_memory_usage_megabytes, disk, network and, where pynvml finds NVIDIA GPUs, system/gpu_N_*) are
     sampled every tracking.system_metrics_interval_s into run `run_id` while the block runs. They describe the whole
     host (every process), beside the trial's own per-device allocator peaks (peak_mem_mib_devN), never instead."""
-    if not (cfg.tracking.system_metrics and run_id):
+    if not (run_id and system_metrics_on(cfg)):
         yield None
         return
     try:
@@ -313,8 +386,9 @@ def system_metrics(cfg, run_id: str | None):
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
     except ImportError as e:
         print(
-            f"tracking.system_metrics is on but {e.name} is not installed (pip install -e '.[pipeline]' in the "
-            f"Parallax checkout; '.[gpu]' adds GPU metrics): this run has no system metrics",
+            f"system metrics are on (tracking.system_metrics or {SYSTEM_METRICS_ENV}) but {e.name} is not "
+            f"installed (pip install -e '.[pipeline]' in the Parallax checkout; '.[gpu]' adds GPU metrics): this run "
+            f"has no system metrics",
             file=sys.stderr,
         )
         yield None

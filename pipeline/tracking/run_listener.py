@@ -31,7 +31,7 @@ class MlflowListener:
         self.run.start(self.name, self.plan, self.tags, parent_id=self.parent_id, started=opened)
         if trial.bounded:
             self.run.tag({"parallax.bounded": trial.bounded})
-        self.host_metrics.enter_context(self.run.system_metrics())  # off unless tracking.system_metrics
+        self.host_metrics.enter_context(self.run.system_metrics())  # off unless turned on (system_metrics_on)
 
     def noted(self, trial, attrs: dict) -> None:
         tags = {f"parallax.{k}": v for k, v in attrs.items() if k != "mlflow_run_id"}  # its own id is no tag

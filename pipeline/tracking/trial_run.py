@@ -55,7 +55,8 @@ class TrialRun:
         return False
 
     def system_metrics(self):
-        """MLflow's host metrics into this run while the block runs (off unless tracking.system_metrics)."""
+        """MLflow's host metrics into this run while the block runs (off unless tracking.system_metrics or
+        MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING turns them on: tracking.system_metrics_on)."""
         return tracking.system_metrics(self.cfg, self.run_id)
 
     def complete(self, record, out_dir: Path, untimed: str = "") -> None:
