@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from pipeline.analysis.tables import comparable
-from pipeline.analysis.tables.points import MIB, all_parallel, best_row, is_unavailable, joined, measured
 from pipeline.analysis.tables.points import POINT as POINT_KEYS
+from pipeline.analysis.tables.points import all_parallel, best_row, is_unavailable, joined, measured
 from pipeline.analysis.tables.rows import EXTRAS
 from pipeline.records.trial import PROVENANCE, point_columns
 
@@ -200,7 +200,7 @@ def _finite(v) -> bool:
 # named as the column or the summary.json entry it holds, never renamed): enough to tell two experiments apart;
 # accuracy to 4 decimals of a 0.xxxx value, as the report prints it
 THROUGHPUT = "throughput_img_s"  # the record's field, the sweep table's column, the report's and MLflow's name
-PEAK_MIB = "peak_mem_mib"  # the record's name for the largest device's peak in MiB (the memory table's peak_max / MIB)
+PEAK_MIB = "peak_mem_mib"  # the record's name for the largest device's peak in MiB (the memory table's column)
 WEAK_EFFICIENCY = "weak_efficiency"  # summary.json's name, and metrics.json's keys `weak_efficiency.S.kK`
 STRONG_EFFICIENCY = "strong_efficiency"  # the same for strong scaling: `strong_efficiency.S.kK`
 DIGITS = {
@@ -295,7 +295,7 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
             _per_k(out, at.assign(**{f"{kind}_efficiency": at["efficiency"]}), f"{kind}_efficiency", models)
     if len(mem):
         at = _at_point(mem, top, on)
-        _per_k(out, at.assign(**{PEAK_MIB: at["peak_max"] / MIB}), PEAK_MIB, models)
+        _per_k(out, at, PEAK_MIB, models)
     _per_k(out, top, "final_test_acc", models)
     strategies = summary.get("strategies") or {}
     out.update(
