@@ -17,6 +17,7 @@ from pipeline.analysis.tables import comparable
 from pipeline.analysis.tables.points import POINT as POINT_KEYS
 from pipeline.analysis.tables.points import all_parallel, best_row, is_unavailable, joined, measured
 from pipeline.analysis.tables.rows import EXTRAS
+from pipeline.records.table import n_flagged
 from pipeline.records.trial import PROVENANCE, point_columns
 
 
@@ -150,11 +151,15 @@ def jsonable(v):
 
 def trial_counts(df) -> dict:
     """Complete trials on devices of their own, split into those measured on a quiet host (n_measured) and those
-    flagged as measured under interference (n_flagged: left out of a point that has quiet trials, labelled
-    *measured under load* where a point has no other)."""
+    flagged as measured under interference (n_flagged: records/table.n_flagged, the study row's count too; left out
+    of a point that has quiet trials, labelled *measured under load* where a point has no other)."""
+    flags = ["state", "oversubscribed", "interfered"]
+    rows = df[[c for c in flags if c in df]].to_dict("records")
     m = measured(df)
-    flagged = m["interfered"] if "interfered" in m else pd.Series(False, index=m.index)
-    return {"n_measured": int((~flagged).sum()), "n_flagged": int(flagged.sum())}
+    return {
+        "n_measured": len(m) - n_flagged(m[[c for c in flags if c in m]].to_dict("records")),
+        "n_flagged": n_flagged(rows),
+    }
 
 
 def summarize(df, status, pts, eff, mem, target_acc):
