@@ -1,6 +1,6 @@
 """What the viewers show of a study: optuna-dashboard's metric name, the space's constant dimensions, plottable
-per-trial numbers and a note on each trial measured under load, and the MLflow study parent run's summary metrics (so
-a collapsed study row compares with the others) or why it ran nothing.
+per-trial numbers and a note on each trial measured under load, and the MLflow study parent run's trial counts (its
+figures come from the analyze stage) or why it ran nothing.
 
     make dashboard        # optuna-dashboard on http://127.0.0.1:8080 over mlruns/optuna.db
 """
