@@ -154,6 +154,7 @@ def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
             "point",
             "device",
             "peak_mem_bytes",
+            "peak_mem_mib_dev",
             "peak_mem_mib",
             *(c for c in ("resident_bytes", "reserved_peak_bytes", "nvml_used_bytes") if devs[c].notna().any()),
         ],

@@ -58,7 +58,7 @@ class Row:
     check: str = ""  # the equivalence verdict in words
     img_s: float | None = None
     step_ms: float | None = None
-    peak_mem_mib: list[float] = field(default_factory=list)  # per device, as mem_basis says (GPU: above resident)
+    peak_mem_mib_dev: list[float] = field(default_factory=list)  # per device, as mem_basis says (GPU: above resident)
     mem_method: str = ""
     mem_basis: str = ""
     resident_mib: list[float] = field(default_factory=list)  # GPU: data, model, optimizer, workspaces before step 1
@@ -153,7 +153,7 @@ def run_case(
         if "interfered" in interference:
             row.flagged = int(bool(interference["interfered"]))
             row.flagged_reason = interference.get("interference_reason") or ""
-        row.peak_mem_mib = [round(p / MIB, 2) for p in m["peak_mem_bytes"] or []]
+        row.peak_mem_mib_dev = [round(p / MIB, 2) for p in m["peak_mem_bytes"] or []]
         row.mem_method, row.backend = m["mem_method"], m.get("backend") or ""
         row.mem_basis = m.get("mem_basis") or ""
         row.resident_mib, row.workspace_mib, row.reserved_peak_mib, row.nvml_used_mib = (
@@ -337,7 +337,7 @@ def markdown(report: dict) -> str:
             step += f" ({r['timed_steps']} steps: emulated dtype)"
         lines.append(
             f"| {_label(r)} | {r['status']} | {precision(r, h)} | {tput} | {step} | "
-            f"{', '.join(f'{p:.1f}' for p in r['peak_mem_mib']) or '-'} | "
+            f"{', '.join(f'{p:.1f}' for p in r['peak_mem_mib_dev']) or '-'} | "
             f"{', '.join(f'{p:.1f}' for p in r.get('workspace_mib') or []) or '-'} | {r['mem_method'] or '-'} | "
             f"{r['backend'] or '-'} | {_said(r).replace('|', '/')} |"
         )

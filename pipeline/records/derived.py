@@ -77,10 +77,10 @@ DERIVED = (
     _d("final_test_acc", "float", lambda r: (r.test_acc or [None])[-1], TABLE, METRIC, OPTUNA),
     _d("final_train_loss", "float", lambda r: (r.train_loss or [None])[-1], TABLE),
     _d("mean_epoch_s", "float", lambda r: _mean(r.epoch_s), TABLE, OPTUNA),
-    _d("peak_mem_max", "float", lambda r: max(_peaks(r), default=None), TABLE),
+    # the largest device's peak, in MiB: its one name in every view and store (the sweep table, MLflow, Optuna, the
+    # analysis' memory table and memory.csv, metrics.json, the report); peak_mem_mib_devN: each device's
+    _d("peak_mem_mib", "float", lambda r: max(_peaks(r)) / MIB if _peaks(r) else None, TABLE, OPTUNA, METRIC),
     _d("peak_mem_mean", "float", lambda r: _mean(_peaks(r)), TABLE),
-    # the largest device's peak in MiB; peak_mem_mib_devN: each device's
-    _d("peak_mem_mib", "float", lambda r: max(_peaks(r)) / MIB if _peaks(r) else None, OPTUNA, METRIC),
     _d("peak_mem_mib_dev", "dict", lambda r: _mib_per_device(r.peak_mem_bytes), METRIC, expand=True),
     *(
         _d(name, "dict", lambda r, field=field: _mib_per_device(getattr(r, field)), METRIC, expand=True)

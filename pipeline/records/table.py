@@ -62,6 +62,20 @@ def trial_row(study, strategy, t=None, point=None, reason="", state="skipped") -
     return row
 
 
+def is_flagged(row: dict) -> bool:
+    """What `n_flagged` counts, one rule for the study row (sweep/study_view.py) and the analysis (summary.json,
+    metrics.json, its MLflow run): a complete trial on devices of its own (not oversubscribed) measured under
+    interference (its row's `interfered`, pipeline/measure/interference.py)."""
+    return (
+        row.get("state") == "complete" and not _is_true(row.get("oversubscribed")) and _is_true(row.get("interfered"))
+    )
+
+
+def n_flagged(rows) -> int:
+    """How many of the rows (trial_row's, or the analysis' frame's as dicts) is_flagged counts."""
+    return sum(is_flagged(r) for r in rows)
+
+
 def write_table(study, strategy: str, skipped, out: Path, host) -> None:
     """Every trial of the study (but those still waiting) and every point skipped on `host` that no trial took."""
     trials = study.get_trials(deepcopy=False)
@@ -159,6 +173,10 @@ def typed(df):
 
 def _is_flag(v) -> bool:
     return isinstance(v, bool) or type(v).__name__ == "bool_"  # numpy's bool is no subclass of bool
+
+
+def _is_true(v) -> bool:
+    return _is_flag(v) and bool(v)
 
 
 def _absent(df):

@@ -1,6 +1,6 @@
 """What the viewers show of a study: optuna-dashboard's metric name, the space's constant dimensions, plottable
-per-trial numbers and a note on each trial measured under load, and the MLflow study parent run's summary metrics (so
-a collapsed study row compares with the others) or why it ran nothing.
+per-trial numbers and a note on each trial measured under load, and the MLflow study parent run's trial counts (its
+figures come from the analyze stage) or why it ran nothing.
 
     make dashboard        # optuna-dashboard on http://127.0.0.1:8080 over mlruns/optuna.db
 """
@@ -12,7 +12,7 @@ import warnings
 import optuna
 from optuna.trial import TrialState
 
-from pipeline.records.table import point_of
+from pipeline.records.table import n_flagged, trial_row
 from pipeline.sweep.space import constants
 from pipeline.tracking.metric_names import rounded
 
@@ -81,38 +81,23 @@ def under_load_note(interference: dict) -> str:
     )
 
 
-def _measured(study) -> list:
-    """Complete trials that measured throughput on devices of their own (oversubscribed ones are functional tests)."""
-    out = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        m = t.user_attrs.get("metrics") or {}
-        if m.get("throughput_img_s") and not m.get("oversubscribed"):
-            out.append((point_of(t), m))
-    return out
-
-
 def study_metrics(study, n_skipped: int) -> dict:
-    """The study parent run's metrics at the sweep's end: trial counts, best accuracy, worst memory imbalance, the
-    last two under summary.json's names (best_test_acc, worst_mem_imbalance). Its throughput (best_throughput_img_s)
-    and efficiencies come from the analyze stage alone (tracking.analysis_run.log_study_rows,
-    metric_names.study_row_metrics), which also writes the report's accuracy and imbalance over these: one source,
-    one rule (flagged trials left out where quiet ones exist) for the study row and the report."""
+    """The study parent run's metrics at the sweep's end: its trial counts, `study/n_flagged` by the analysis' rule
+    (records/table.n_flagged over the rows of its sweep table). Its figures (best_throughput_img_s, best_test_acc,
+    worst_mem_imbalance, the efficiencies) come from the analyze stage alone (tracking.analysis_run.log_study_rows,
+    metric_names.study_row_metrics): one source, one rule (flagged trials left out where quiet ones exist) for the
+    study row and the report."""
+    trials = study.get_trials(deepcopy=False)
     counts = {
-        f"study/n_{name}": sum(t.state == st for t in study.get_trials(deepcopy=False))
+        f"study/n_{name}": sum(t.state == st for t in trials)
         for name, st in (("complete", TrialState.COMPLETE), ("failed", TrialState.FAIL), ("pruned", TrialState.PRUNED))
     }
-    measured = _measured(study)
-    accs = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
-    imb = [m["mem_imbalance"] for p, m in measured if p.get("devices", 1) >= 2 and m.get("mem_imbalance") is not None]
-    flagged = sum(t.user_attrs.get("flagged") == 1.0 for t in study.get_trials(deepcopy=False))
+    flagged = n_flagged(trial_row(study, "", t=t) for t in trials)
     out = {
         **counts,
         "study/n_skipped": n_skipped,
         "study/n_flagged": flagged,
         "flagged": flagged,  # the trials' 0/1 column: on the collapsed study row, how many of its trials are flagged
-        # the study's best trial's accuracy and the worst memory imbalance of its k >= 2 trials
-        "best_test_acc": max(accs) if accs else None,
-        "worst_mem_imbalance": max(imb) if imb else None,
     }
     return {k: v if v is None else rounded(v) for k, v in out.items()}
 

@@ -111,8 +111,8 @@ def study_row_metrics(strategy: str, summary: dict, flat: dict) -> dict:
     weak_efficiency at the largest k where it is defined, largest_k measured, best_test_acc, worst_mem_imbalance),
     rounded here as every metric is; from metrics.json (`flat`, already rounded) every per-k figure of the strategy
     (weak_efficiency.<strategy>.kK, throughput_img_s.<strategy>.kK, ...: keys that end in .kK; best_test_acc comes
-    from summary.json). The study's throughput comes from here alone (the sweep leaves it out): the report's rule,
-    one source for the row and the report."""
+    from summary.json). The study's figures come from here alone (the sweep writes its trial counts only): the
+    report's rule, one source for the row and the report."""
     s = (summary.get("strategies") or {}).get(strategy) or {}
     out = _clean({k: s.get(k) for k in STUDY_HEADLINE})
     for key, v in flat.items():

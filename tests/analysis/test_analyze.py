@@ -155,13 +155,18 @@ def test_memory_imbalance_and_device0_excess():
     r1 = one(m, k=1)
     assert math.isnan(r1["dev0_excess_bytes"]) and r1["mem_imbalance"] == pytest.approx(1.0)
     long = A.memory_devices(m)
-    assert list(one(long, k=4, device=0)[["peak_mem_bytes", "peak_mem_mib"]]) == [400 * mib, 400.0]
+    assert list(one(long, k=4, device=0)[["peak_mem_bytes", "peak_mem_mib_dev", "peak_mem_mib"]]) == [
+        400 * mib,
+        400.0,
+        400.0,
+    ]
+    assert one(long, k=4, device=1)["peak_mem_mib_dev"] < one(long, k=4, device=1)["peak_mem_mib"] == 400.0
 
 
 def test_memory_peaks_median_over_trials():
     df = frame([row(k=2, B=256, lr=lr, peaks=p) for lr, p in ((0.1, [10, 6]), (0.2, [12, 8]), (0.3, [30, 7]))])
     r = one(A.memory_table(df), k=2)
-    assert r["peaks"] == [12, 7] and r["dev0_excess_bytes"] == 5
+    assert r["peak_mem_bytes"] == [12, 7] and r["dev0_excess_bytes"] == 5
 
 
 def test_failed_and_oversubscribed_rows_are_excluded():

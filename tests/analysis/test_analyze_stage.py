@@ -121,10 +121,11 @@ def test_tidy_csvs(run):
         "point",
         "device",
         "peak_mem_bytes",
+        "peak_mem_mib_dev",
         "peak_mem_mib",
     ]
     assert mem["device"].dtype.kind == "i"
-    assert one(mem, strategy="scratch", device=0)["peak_mem_mib"] == pytest.approx(300)
+    assert one(mem, strategy="scratch", device=0)["peak_mem_mib_dev"] == pytest.approx(300)
     acc = pd.read_csv(out / "accuracy.csv")
     assert list(acc.columns) == [
         "strategy",
@@ -329,7 +330,7 @@ def test_the_memory_plot_keeps_two_optimizers_at_one_point_apart(tmp_path):
     k2 = mem[mem["k"] == 2]
     assert sorted(set(k2["point"])) == ["ddp lenet k=2 B=256 optimizer=adamw", "ddp lenet k=2 B=256 optimizer=sgd"]
     assert not k2.duplicated(["point", "device"]).any()
-    assert sorted(k2.groupby("point")["peak_mem_mib"].max().round(1)) == [20.8, 21.8]
+    assert sorted(k2.groupby("point")["peak_mem_mib_dev"].max().round(1)) == [20.8, 21.8]
 
 
 def test_the_memory_figure_shows_each_optimizer_as_its_own_bars(tmp_path, monkeypatch):

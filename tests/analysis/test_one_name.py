@@ -205,3 +205,47 @@ def test_every_metrics_json_key_is_the_name_of_the_measurement_it_holds():
     assert invented_keys(flat, tables, summ) == []
     old = {"eff.ddp.lenet.k2": 0.8, "peak_mib.ddp.lenet.k1": 100.0, "acc.ddp": 0.82, "under_load.ddp.lenet.k2": 1.7}
     assert invented_keys({**flat, **old}, tables, summ) == list(old)
+
+
+PEAK = "peak_mem_mib"  # the largest device's peak in MiB; per device: peak_mem_bytes, peak_mem_mib_dev
+OTHER_PEAK_NAMES = {"peaks", "peak_mem_max", "peak_max", "peak_max_mib", "peak_mib", "measured_mib", "per_device_mib"}
+
+
+def _report_header(report: str, section: str) -> list[str]:
+    """The header cells of the first table under `section` (a `## ` or `### ` heading) in report.md."""
+    lines = report.split(section, 1)[1].splitlines()
+    return [c.strip() for c in next(ln for ln in lines if ln.startswith("|")).strip("|").split("|")]
+
+
+def test_the_largest_devices_peak_has_one_name_in_every_store(study):
+    """peak_mem_mib from the record to the sweep table, MLflow (the trial run, the study row the analysis writes, the
+    analysis run), metrics.json, memory.csv and the report's memory tables; no store has another name for it."""
+    record, out = study
+    mib = record.peak_mem_bytes[0] / 2**20
+    views = {"metrics": record.metrics(), "optuna": record.optuna_attrs(), "table": record.table_row()}
+    assert all(v[PEAK] == mib for v in views.values()) and metric_names.PEAK_MIB == PEAK
+    assert metric_names.trial_metrics(record)[PEAK] == mib  # the trial's MLflow run
+    (row,) = T.read_table(out.parent / "sweeps" / "single.jsonl").to_dict("records")
+    assert row[PEAK] == mib and row["peak_mem_bytes"] == record.peak_mem_bytes
+    with open(out / "memory.csv") as f:
+        (dev,) = list(csv.DictReader(f))
+    assert float(dev[PEAK]) == float(dev["peak_mem_mib_dev"]) == mib and int(dev["peak_mem_bytes"]) == 100 * 2**20
+    flat = json.loads((out / "metrics.json").read_text())
+    assert flat[f"{PEAK}.single.k1"] == mib
+    summary = json.loads((out / "summary.json").read_text())
+    study_row = metric_names.study_row_metrics("single", summary, flat)  # what the analysis writes on the study row
+    assert study_row[f"{PEAK}.single.k1"] == mib
+    report = (out / "report.md").read_text()
+    assert float(_report_cells(report, "Memory per device", PEAK)[0]) == mib
+    memory_tables = [_report_header(report, h) for h in ("## Memory per device", "### Memory: measured beside")]
+    assert all(PEAK in header for header in memory_tables)
+    names = {
+        *(k for v in views.values() for k in v),
+        *row,
+        *dev,
+        *(k.split(".")[0] for k in flat),
+        *study_row,
+        *metric_names.analysis_metrics(summary),  # the analysis run's
+        *(c for header in memory_tables for c in header),
+    }
+    assert not names & OTHER_PEAK_NAMES

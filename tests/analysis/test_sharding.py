@@ -30,7 +30,7 @@ def test_saving_is_the_baseline_peak_minus_the_sharded_peak_in_mib_and_percent()
     assert len(t) == 1
     r = t.iloc[0]
     assert (r["strategy"], r["baseline"], r["k"]) == (SHARDED, BASE, 2)
-    assert r["peak_mib"] == pytest.approx(150) and r["baseline_mib"] == pytest.approx(200)
+    assert r["peak_mem_mib"] == pytest.approx(150) and r["baseline_mib"] == pytest.approx(200)
     assert r["saved_mib"] == pytest.approx(50) and r["saved_pct"] == pytest.approx(25)
 
 

@@ -103,7 +103,7 @@ def test_planted_failure_is_a_failed_row_not_a_crash(make_cfg, tmp_path, monkeyp
     assert written == json.loads(json.dumps(report))
     rows = {(r["strategy"], r["k"]): r for r in written["rows"]}
     assert rows[("single", 1)]["status"] == "passed" and rows[("single", 1)]["img_s"] > 0
-    assert rows[("single", 1)]["peak_mem_mib"] and rows[("single", 1)]["peak_mem_mib"][0] > 0
+    assert rows[("single", 1)]["peak_mem_mib_dev"] and rows[("single", 1)]["peak_mem_mib_dev"][0] > 0
     assert rows[("single", 1)]["timed_steps"] == written["settings"]["timed_steps"]
     assert rows[("scratch", 1)]["status"] == "failed"
     assert "planted fault in the step" in rows[("scratch", 1)]["reason"]
@@ -127,7 +127,7 @@ def test_a_row_timed_on_fewer_steps_says_so_in_the_table():
             check="ok",
             img_s=100.0,
             step_ms=10.0,
-            peak_mem_mib=[1.0],
+            peak_mem_mib_dev=[1.0],
             mem_method="m",
             backend="gloo",
             timed_steps=n,

@@ -76,7 +76,7 @@ def test_a_point_measurement_reaches_the_point_table_and_metrics_json(monkeypatc
         df[c] = ""
     pts = points.point_table(df)
     assert sorted(pts["probe_s"]) == [0.5, 2.0]
-    empty = pd.DataFrame(columns=["strategy", "model", "k", "kind", "efficiency", "peak_max", "mem_imbalance"])
+    empty = pd.DataFrame(columns=["strategy", "model", "k", "kind", "efficiency", "peak_mem_mib", "mem_imbalance"])
     out = S.flat_metrics({}, pts, empty, empty)
     assert out["probe_s.ddp.k2"] == 2.0 and out["probe_s.ddp.k1"] == 0.5
     assert "probe_s" not in points.point_table(df.drop(columns="probe_s"))

@@ -133,7 +133,7 @@ def test_a_record_that_measured_nothing_leaves_views_empty_not_wrong(tmp_path):
     assert r.metrics() == {} and r.optuna_attrs() == {}
     assert r.tags() == {"model": "lenet", "devices": "2"} and r.params()["devices"] == 2
     row = r.table_row()
-    assert all(row[c] is None for c in R.BD_COLUMNS) and row["peak_mem_max"] is None
+    assert all(row[c] is None for c in R.BD_COLUMNS) and row["peak_mem_mib"] is None
     T.write_rows([row], tmp_path / "t.jsonl")
     back = T.typed(T.read_table(tmp_path / "t.jsonl")).iloc[0]
     assert back["peak_mem_bytes"] == [] and back["host"] == "" and back["parallel_devices"] is None

@@ -158,7 +158,7 @@ def test_fp32_rows_on_a_tf32_gpu_are_labelled_tf32_convs():
                 check="ok",
                 img_s=1.0,
                 step_ms=1.0,
-                peak_mem_mib=[],
+                peak_mem_mib_dev=[],
                 mem_method="m",
                 backend="",
                 timed_steps=30,

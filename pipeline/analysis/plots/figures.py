@@ -202,11 +202,11 @@ def plot_memory(mem, path, source=""):
         # one bar group per configuration: a setting that varies (AdamW beside SGD) names its groups, never hidden
         vary = [c for c in EXTRAS if c in m and c not in ("host", "data_source") and m[c].nunique() > 1]
         m = m.drop_duplicates(["strategy", *vary])
-        n = max(len(p) for p in m["peaks"])
+        n = max(len(p) for p in m["peak_mem_bytes"])
         w = 0.8 / n
         for d in range(n):
             x = np.arange(len(m)) + (d - (n - 1) / 2) * w
-            have = [(xi, p[d] / MIB) for xi, p in zip(x, m["peaks"]) if d < len(p)]
+            have = [(xi, p[d] / MIB) for xi, p in zip(x, m["peak_mem_bytes"]) if d < len(p)]
             ax.bar([h[0] for h in have], [h[1] for h in have], w, color=f"C{d}", label=f"device {d}")
             for xi in sorted(set(x) - {h[0] for h in have}):  # not measured (scratch: one process): never 0 MiB
                 ax.text(xi, 0, "not measured", ha="center", va="bottom", fontsize=7, rotation=90, color="dimgrey")

@@ -228,10 +228,10 @@ def _step(top, bd) -> str:
 def _cost(top, p_all, mem, synthetic: bool) -> str:
     # the point's own memory: its optimizer (AdamW's state) and knobs too, not another setting's at the same k and B
     m = _same(mem, top, ("strategy", "model", "k", "batch_size", *(c for c in EXTRAS if c in mem and c in top)))
-    if len(m) and len(m.iloc[0]["peaks"]):
+    if len(m) and len(m.iloc[0]["peak_mem_bytes"]):
         r = m.iloc[0]
         basis = "; ".join(MEM_BASIS.get(b, b) for b in r["mem_basis"].split(", ")) if r["mem_basis"] else ""
-        memo = f"peak memory {' / '.join(f'{v / MIB:,.1f}' for v in r['peaks'])} MiB per device" + (
+        memo = f"peak memory {' / '.join(f'{v / MIB:,.1f}' for v in r['peak_mem_bytes'])} MiB per device" + (
             f" ({basis})" if basis else ""
         )
     else:

@@ -79,9 +79,9 @@ def _reading(pts, eff, mem, status, df) -> list[str]:
             why = causes.no_efficiency_cause(df[df["model"] == model], p, w_like)
             out.append(f"Weak-scaling efficiency{tag}: undefined ({why}).")
         # device-0 memory and imbalance only mean something with >= 2 devices reported separately
-        m2 = m[(m["k"] >= 2) & (m["peaks"].map(len) >= 2)] if len(m) else m
+        m2 = m[(m["k"] >= 2) & (m["peak_mem_bytes"].map(len) >= 2)] if len(m) else m
         if len(m2):
-            dev0 = m2.assign(dev0=[q[0] for q in m2["peaks"]])
+            dev0 = m2.assign(dev0=[q[0] for q in m2["peak_mem_bytes"]])
             r0 = best_row(dev0, "dev0")
             who = _ties(dev0, "dev0", r0["dev0"] * (1 - MEM_NOISE))
             out.append(
@@ -235,16 +235,16 @@ def _tables(df, pts, eff, mem, acc):
             ),
         ]
     mm = mem.assign(
-        per_device_mib=_per_device_mib(mem["peaks"]),
+        peak_mem_mib_dev=_per_device_mib(mem["peak_mem_bytes"]),
         **{f"{c}_mib": _per_device_mib(mem[c]) for c in MEM_LISTS},
-        peak_max_mib=mem["peak_max"] / MIB,
         dev0_excess_mib=mem["dev0_excess_bytes"] / MIB,
     )
     gpu = [f"{c}_mib" for c in MEM_LISTS if mem[c].map(len).any()]  # GPU figures, shown where a row has them
     s += [
         "\n## Memory per device\n\n",
-        "Per device in MiB, device 0 first. per_device_mib holds the figure mem_basis names; imbalance = max/mean "
-        "and device-0 excess = peak[0] − mean(peak[1:]) (k ≥ 2) are computed from it. steady_step_above_resident "
+        "Per device in MiB, device 0 first. peak_mem_mib_dev holds the figure mem_basis names (peak_mem_mib: the "
+        "largest device's); imbalance = max/mean and device-0 excess = peak[0] − mean(peak[1:]) (k ≥ 2) are "
+        "computed from it. steady_step_above_resident "
         f"(GPUs): {MEM_BASIS['steady_step_above_resident']}, what the strategy itself costs, data and evaluation "
         "left out. "
         f"memtracker_step (CPU): {MEM_BASIS['memtracker_step']}."
@@ -269,9 +269,9 @@ def _tables(df, pts, eff, mem, acc):
                 "batch_size",
                 "mem_method",
                 "mem_basis",
-                "per_device_mib",
+                "peak_mem_mib_dev",
                 *gpu,
-                "peak_max_mib",
+                "peak_mem_mib",
                 "mem_imbalance",
                 "dev0_excess_mib",
             ],

@@ -20,7 +20,7 @@ COLUMNS = [
     "batch_size",
     "optimizer",
     "mem_basis",
-    "measured_mib",
+    "peak_mem_mib",
     "modelled_mib",
     "error_pct",
 ]
@@ -44,7 +44,7 @@ def compared(mem: pd.DataFrame) -> pd.DataFrame:
         basis = BASES.get(r.get("mem_basis", ""))
         if basis is None or r["strategy"] not in catalog.SPECS or r["model"] not in memory.known_models():
             continue
-        if math.isnan(r["peak_max"]):
+        if math.isnan(r["peak_mem_mib"]):
             continue
         optimizer = r.get("optimizer") if isinstance(r.get("optimizer"), str) and r.get("optimizer") else "sgd"
         p = memory.predict(
@@ -65,9 +65,9 @@ def compared(mem: pd.DataFrame) -> pd.DataFrame:
                 "batch_size": int(r["batch_size"]),
                 "optimizer": optimizer,
                 "mem_basis": r["mem_basis"],
-                "measured_mib": r["peak_max"] / MIB,
+                "peak_mem_mib": r["peak_mem_mib"],
                 "modelled_mib": p.peak / MIB,
-                "error_pct": memory.error_pct(r["peak_max"], p.peak),
+                "error_pct": memory.error_pct(r["peak_mem_mib"] * MIB, p.peak),
             }
         )
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -10,7 +10,7 @@ import math
 import pandas as pd
 
 from pipeline import catalog
-from pipeline.analysis.tables.points import MEM_BASIS, MIB
+from pipeline.analysis.tables.points import MEM_BASIS
 
 COLUMNS = [
     "strategy",
@@ -21,7 +21,7 @@ COLUMNS = [
     "batch_size",
     "optimizer",
     "mem_basis",
-    "peak_mib",
+    "peak_mem_mib",
     "baseline_mib",
     "saved_mib",
     "saved_pct",
@@ -31,25 +31,25 @@ MATCH = ("model", "k", "batch_size", "optimizer", "mem_basis")
 
 
 def savings(mem: pd.DataFrame) -> pd.DataFrame:
-    """One row per sharding strategy's memory point that its baseline has too: peaks in MiB (the largest
-    per-device peak of the analysis' memory table), what sharding saved (baseline - sharded; negative: it cost),
-    and that as a % of the baseline. Several baseline points alike (its knobs swept): the smallest peak, so the
-    saving shown is the smallest."""
+    """One row per sharding strategy's memory point that its baseline has too: peaks in MiB (peak_mem_mib, the
+    largest per-device peak of the analysis' memory table; the baseline's: baseline_mib), what sharding saved
+    (baseline - sharded; negative: it cost), and that as a % of the baseline. Several baseline points alike (its
+    knobs swept): the smallest peak, so the saving shown is the smallest."""
     rows = []
     for sharded, base in catalog.sharding_baselines().items():
         a, b = mem[mem["strategy"] == sharded], mem[mem["strategy"] == base]
         for r in a.to_dict("records"):
-            alike = b[(b[list(MATCH)] == pd.Series({c: r[c] for c in MATCH})).all(axis=1)]["peak_max"].dropna()
-            if alike.empty or math.isnan(r["peak_max"]):
+            alike = b[(b[list(MATCH)] == pd.Series({c: r[c] for c in MATCH})).all(axis=1)]["peak_mem_mib"].dropna()
+            if alike.empty or math.isnan(r["peak_mem_mib"]):
                 continue
-            peak, ref = r["peak_max"] / MIB, alike.min() / MIB
+            peak, ref = r["peak_mem_mib"], alike.min()
             rows.append(
                 {
                     "strategy": sharded,
                     "shards": ", ".join(catalog.spec(sharded).shards),
                     "baseline": base,
                     **{c: r[c] for c in MATCH},
-                    "peak_mib": peak,
+                    "peak_mem_mib": peak,
                     "baseline_mib": ref,
                     "saved_mib": ref - peak,
                     "saved_pct": 100 * (ref - peak) / ref if ref > 0 else math.nan,

@@ -229,9 +229,10 @@ def scaling_table(df) -> pd.DataFrame:
 
 
 def memory_table(df) -> pd.DataFrame:
-    """Per point: per-device figures (median over trials, bytes; device 0 first): `peaks` (of kind mem_basis, the
-    figure imbalance max/mean and device-0 excess peak[0] - mean(peak[1:]) (k >= 2 only) are computed from),
-    `resident`, `reserved_peaks` and `nvml_used` ([] where not measured: CPU, older tables, no NVML)."""
+    """Per point: per-device figures (median over trials, bytes; device 0 first): `peak_mem_bytes` (of kind
+    mem_basis, the figure imbalance max/mean and device-0 excess peak[0] - mean(peak[1:]) (k >= 2 only) are computed
+    from), `resident`, `reserved_peaks` and `nvml_used` ([] where not measured: CPU, older tables, no NVML); the
+    largest device's peak `peak_mem_mib` (MiB) and the devices' mean `peak_mem_mean` (bytes), the record's names."""
     rows = []
     for key, g in group_by(measured(df), (*POINT, *EXTRAS)):
         peaks = _device_medians(g["peak_mem_bytes"])
@@ -245,10 +246,10 @@ def memory_table(df) -> pd.DataFrame:
         rows.append(
             {
                 **r,
-                "peaks": peaks,
+                "peak_mem_bytes": peaks,
                 **{c: _device_medians(g[src]) for c, src in MEM_LISTS.items()},
-                "peak_max": top,
-                "peak_mean": mean,
+                "peak_mem_mib": top / MIB,
+                "peak_mem_mean": mean,
                 "mem_imbalance": top / mean if mean > 0 else math.nan,
                 "dev0_excess_bytes": excess,
                 "mem_method": ", ".join(sorted(set(g["mem_method"]) - {""})),
@@ -260,10 +261,10 @@ def memory_table(df) -> pd.DataFrame:
     cols = [
         *POINT,
         *EXTRAS,
-        "peaks",
+        "peak_mem_bytes",
         *MEM_LISTS,
-        "peak_max",
-        "peak_mean",
+        "peak_mem_mib",
+        "peak_mem_mean",
         "mem_imbalance",
         "dev0_excess_bytes",
         "mem_method",
@@ -288,9 +289,10 @@ def _device_medians(lists) -> list[float]:
 
 
 def memory_devices(mem) -> pd.DataFrame:
-    """memory_table exploded to one row per device (tidy, for memory.csv); resident_bytes, reserved_peak_bytes and
-    nvml_used_bytes NaN where not measured."""
-    lists = ("peaks", *MEM_LISTS)
+    """memory_table exploded to one row per device (tidy, for memory.csv): the device's peak `peak_mem_bytes` and
+    `peak_mem_mib_dev` (MiB, as MLflow's peak_mem_mib_devN) beside its point's figures (`peak_mem_mib`: the largest
+    device's); resident_bytes, reserved_peak_bytes and nvml_used_bytes NaN where not measured."""
+    lists = ("peak_mem_bytes", *MEM_LISTS)
     extra = {
         "resident": "resident_bytes",
         "workspace": "workspace_bytes",
@@ -302,11 +304,11 @@ def memory_devices(mem) -> pd.DataFrame:
             **{c: r[c] for c in mem.columns if c not in lists},
             "device": i,
             "peak_mem_bytes": int(round(p)),
-            "peak_mem_mib": p / MIB,
+            "peak_mem_mib_dev": p / MIB,
             **{name: r[c][i] if i < len(r[c]) else math.nan for c, name in extra.items()},
         }
         for r in mem.to_dict("records")
-        for i, p in enumerate(r["peaks"])
+        for i, p in enumerate(r["peak_mem_bytes"])
         if not math.isnan(p)
     ]
     return pd.DataFrame(
@@ -315,7 +317,7 @@ def memory_devices(mem) -> pd.DataFrame:
             *(c for c in mem.columns if c not in lists),
             "device",
             "peak_mem_bytes",
-            "peak_mem_mib",
+            "peak_mem_mib_dev",
             *extra.values(),
         ],
     )

@@ -14,9 +14,10 @@ import numpy as np
 import pandas as pd
 
 from pipeline.analysis.tables import comparable
-from pipeline.analysis.tables.points import MIB, all_parallel, best_row, is_unavailable, joined, measured
 from pipeline.analysis.tables.points import POINT as POINT_KEYS
+from pipeline.analysis.tables.points import all_parallel, best_row, is_unavailable, joined, measured
 from pipeline.analysis.tables.rows import EXTRAS
+from pipeline.records.table import n_flagged
 from pipeline.records.trial import PROVENANCE, point_columns
 
 
@@ -150,11 +151,15 @@ def jsonable(v):
 
 def trial_counts(df) -> dict:
     """Complete trials on devices of their own, split into those measured on a quiet host (n_measured) and those
-    flagged as measured under interference (n_flagged: left out of a point that has quiet trials, labelled
-    *measured under load* where a point has no other)."""
+    flagged as measured under interference (n_flagged: records/table.n_flagged, the study row's count too; left out
+    of a point that has quiet trials, labelled *measured under load* where a point has no other)."""
+    flags = ["state", "oversubscribed", "interfered"]
+    rows = df[[c for c in flags if c in df]].to_dict("records")
     m = measured(df)
-    flagged = m["interfered"] if "interfered" in m else pd.Series(False, index=m.index)
-    return {"n_measured": int((~flagged).sum()), "n_flagged": int(flagged.sum())}
+    return {
+        "n_measured": len(m) - n_flagged(m[[c for c in flags if c in m]].to_dict("records")),
+        "n_flagged": n_flagged(rows),
+    }
 
 
 def summarize(df, status, pts, eff, mem, target_acc):
@@ -200,7 +205,7 @@ def _finite(v) -> bool:
 # named as the column or the summary.json entry it holds, never renamed): enough to tell two experiments apart;
 # accuracy to 4 decimals of a 0.xxxx value, as the report prints it
 THROUGHPUT = "throughput_img_s"  # the record's field, the sweep table's column, the report's and MLflow's name
-PEAK_MIB = "peak_mem_mib"  # the record's name for the largest device's peak in MiB (the memory table's peak_max / MIB)
+PEAK_MIB = "peak_mem_mib"  # the record's name for the largest device's peak in MiB (the memory table's column)
 WEAK_EFFICIENCY = "weak_efficiency"  # summary.json's name, and metrics.json's keys `weak_efficiency.S.kK`
 STRONG_EFFICIENCY = "strong_efficiency"  # the same for strong scaling: `strong_efficiency.S.kK`
 DIGITS = {
@@ -295,7 +300,7 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
             _per_k(out, at.assign(**{f"{kind}_efficiency": at["efficiency"]}), f"{kind}_efficiency", models)
     if len(mem):
         at = _at_point(mem, top, on)
-        _per_k(out, at.assign(**{PEAK_MIB: at["peak_max"] / MIB}), PEAK_MIB, models)
+        _per_k(out, at, PEAK_MIB, models)
     _per_k(out, top, "final_test_acc", models)
     strategies = summary.get("strategies") or {}
     out.update(
