@@ -103,6 +103,24 @@ def test_an_efficiency_with_one_end_under_load_is_labelled_not_comparable(loaded
     assert not any(x.startswith("Best weak-scaling efficiency") for x in reading)
 
 
+def test_the_reading_and_metrics_json_say_what_their_under_load_counts_count():
+    """The Reading counts points (a strategy, k and batch each) with only flagged trials; metrics.json's `under_load`
+    counts strategy-k pairs (its one point per pair, the fastest). With two loaded points at one strategy-k pair
+    the two counts differ, and the Reading gives both, each named, the second as metrics.json's number."""
+    df = frame(
+        [
+            busy("ddp", 1, 1000.0, 1.5),
+            busy("ddp", 2, 1600.0, 1.7),
+            row("ddp", k=2, B=512, thr=1500.0, interfered=True, foreign_cores=1.7, interference_reason="busy"),
+        ]
+    )
+    *_, metrics, reading = everything(df)
+    line = next(line for line in reading if line.startswith("**Measured under load**"))
+    assert metrics["under_load"] == 2
+    assert "3 points (a strategy, k and batch each) had only flagged trials" in line
+    assert "counts 2 strategy-k pairs measured under load (its `under_load`: 2," in line
+
+
 def test_a_quiet_host_has_no_load_line():
     """No flagged trial: no under-load line, and metrics.json says 0 under load."""
     df = frame([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=256, thr=1800.0)])
