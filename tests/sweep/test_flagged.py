@@ -10,6 +10,7 @@ import optuna
 import pytest
 
 from pipeline.measure import interference
+from pipeline.sweep import study_view
 from pipeline.sweep.stage import open_storage, run_sweep, study_name
 from pipeline.tracking import client as tracking
 from pipeline.tracking.metric_names import rounded
@@ -74,8 +75,13 @@ def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path,
     ends = [line for line in err.splitlines() if " -> " in line]  # each trial's outcome, the re-measure's too
     assert len(ends) == 2 and all(" img/s [under load: 1.9 cores busy], acc " in line for line in ends), ends
     for note in notes(study):
-        assert note.startswith("**Measured under load**: 1.90 cores busy in other processes while the trial ran; ")
+        assert note.startswith("**Measured under load**: 1.90 cores busy in other processes while the trial ran.\\\n")
         assert "`[under load]`" in note and REASON in note
+        # lines of its own, each ending in a hard break: the dashboard's trial page does not wrap a long one
+        lines = note.splitlines()
+        assert len(lines) >= 5 and max(map(len, lines)) <= study_view.NOTE_WIDTH, lines
+        for paragraph in note.split("\n\n"):
+            assert all(line.endswith("\\") for line in paragraph.splitlines()[:-1]), paragraph
 
 
 def test_a_host_that_stays_busy_gets_no_remeasure(make_cfg, tmp_path, loaded, capsys, monkeypatch):
