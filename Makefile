@@ -12,11 +12,17 @@ EXTRAS  := pipeline,download,test,slurm,dev
 
 setup: $(STAMP)
 
+# pip's own progress (each package, a download bar) where a person watches (stderr a terminal); -q in CI and other
+# logs, where that progress would be thousands of lines. Either way a line says first what comes and how long it takes.
+PIP_QUIET = $(shell test -t 2 || echo -q)
+
 # the exact tested set (constraints.txt) of the ranges pyproject.toml declares
 $(STAMP): pyproject.toml constraints.txt
+	@echo "make setup: installing the tested package set (constraints.txt: PyTorch and its CUDA libraries, MLflow," \
+	  "Optuna, DVC; about 6.5 GB) into $(VENV): 1 to 4 minutes, once"
 	$(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install $(PIP_QUIET) --upgrade pip
+	$(BIN)/python -m pip install $(PIP_QUIET) -c constraints.txt -e ".[$(EXTRAS)]"
 	$(BIN)/python -m pipeline fit --count-ahead  # the memory model's counts, once: a later `fit` loads no torch
 	touch $(STAMP)
 
@@ -77,7 +83,7 @@ test: setup              ## the whole suite (CPU; 10 to 40 minutes on 2 cores: b
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
 
-typecheck: setup         ## mypy on the torch-free wings (config, records, analysis, catalog.py: pyproject's [tool.mypy])
+typecheck: setup         ## mypy on the torch-free packages (config, records, analysis, catalog.py: pyproject's [tool.mypy])
 	$(BIN)/mypy
 
 lint: setup              ## what CI and pre-commit check before the tests: ruff check, ruff format --check, mypy

@@ -48,6 +48,7 @@ from pipeline.analysis.tables.points import (
     point_table,
     scaling_table,
     shown_extras,
+    with_throughput_intervals,
 )
 from pipeline.analysis.tables.points import shown_extras as _shown  # noqa: F401
 from pipeline.analysis.tables.rows import EXPECTED, load_sweeps, read_sweeps  # noqa: F401
@@ -137,9 +138,19 @@ def _write_csvs(out: Path, pts, eff, mem, acc, x) -> None:
         x,
     )
     _csv(
-        _measured(pts[pts["throughput_img_s"].notna()]),
+        _measured(with_throughput_intervals(pts[pts["throughput_img_s"].notna()], eff)),
         out / "throughput.csv",
-        ["strategy", "model", "k", "batch_size", "per_device_batch", "throughput_img_s", "measured"],
+        [
+            "strategy",
+            "model",
+            "k",
+            "batch_size",
+            "per_device_batch",
+            "throughput_img_s",
+            "throughput_lo",  # its 95% interval (DVC's plot: a bar), empty where the bootstrap gives none
+            "throughput_hi",
+            "measured",
+        ],
         x,
     )
     devs = memory_devices(mem)  # the GPU-only figures (resident, reserved peak, NVML) where any device has them

@@ -225,7 +225,8 @@ def run(
             if host.kind == "cuda"
             else f", CPU ISA {caps['cpu']['isa_text']}"
         )
-        + f"; bf16 {caps['bf16']}, fp16 {caps['fp16']}; TF32: {caps['tf32_text']}"
+        + f"; bf16 {caps['bf16']}, fp16 {caps['fp16']}"
+        + (f"; TF32: {caps['tf32_text']}" if caps["tf32_text"] else "")
     )
     with scratch.folder("parallax-doctor-") as tmp:  # also removes the folders of killed doctor runs
         work = Path(tmp)
@@ -310,7 +311,12 @@ def markdown(report: dict) -> str:
             or f"bf16: {h['cpu']['bf16_why']}; fp16: {h['cpu']['fp16_why']}"
         )
         + ")",
-        f"- TF32: {h.get('tf32_text') or 'not recorded'} (the timed runs; the equivalence step pins fp32)",
+        # TF32 is a cuDNN/cuBLAS switch: a CPU host has no line for it
+        *(
+            [f"- TF32: {h.get('tf32_text') or 'not recorded'} (the timed runs; the equivalence step pins fp32)"]
+            if h["kind"] == "cuda"
+            else []
+        ),
         f"- data: {report['data_source']}" + (" (SYNTHETIC stand-in, labelled)" if report["synthetic"] else ""),
         f"- equivalence: {report['settings']['equivalence']}; timed run: {report['settings']['model']}, "
         f"{report['settings']['timed_steps']} steps after warm-up"

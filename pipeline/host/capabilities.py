@@ -267,7 +267,8 @@ def host_capabilities(host, devices=None) -> dict:
         **library_versions(),
         "tf32": tf32_flags(),
     }
-    caps["tf32_text"] = tf32_text(caps["tf32"])
+    # the switches mean something only to cuDNN and cuBLAS: a CPU host's text is None (no tag, "—" in the report)
+    caps["tf32_text"] = tf32_text(caps["tf32"]) if host.kind == "cuda" else None
     caps["interconnect"] = None  # a CPU host's ranks talk through shared memory or loopback
     if host.kind == "cuda":
         caps["gpus"] = [gpu_capabilities(i) for i in range(host.n)]

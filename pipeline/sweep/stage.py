@@ -307,8 +307,25 @@ def _announce(study, strategy: str, host, total: int, skipped) -> None:
     else:
         already = f" ({done} of {total} ran to an end already)" if done else ""
         print(f"[sweep {strategy}] study {study.study_name}: {left} trial(s) to run{already}, {where}", file=sys.stderr)
+    for reason, group in _by_reason(skipped):
+        print(f"  skipped {_points_text(group)}: {reason}", file=sys.stderr)
+
+
+def _by_reason(skipped) -> list[tuple[str, list[dict]]]:
+    """The skipped points grouped by their reason, in their order: one line per reason, however many points."""
+    groups: dict[str, list[dict]] = {}
     for p, reason in skipped:
-        print(f"  skipped {fmt_point(p)}: {reason}", file=sys.stderr)
+        groups.setdefault(reason, []).append(p)
+    return list(groups.items())
+
+
+def _points_text(group: list[dict], shown: int = 3) -> str:
+    """ "k=2 B=64 lr=0.1" for one point; "6 points (k=1 B=64 lr=0.1; ...; and 3 more: the sweep table lists each)"."""
+    if len(group) == 1:
+        return fmt_point(group[0])
+    named = "; ".join(fmt_point(p) for p in group[:shown])
+    more = f"; and {len(group) - shown} more: the sweep table lists each" if len(group) > shown else ""
+    return f"{len(group)} points ({named}{more})"
 
 
 def _serve(cfg, strategy, host, tracker, configs, study, feasible, skipped, out_csv, trials_dir, max_new_trials, tally):

@@ -16,8 +16,8 @@ import optuna
 from optuna.trial import TrialState
 
 from pipeline.measure import meter
+from pipeline.sweep import console, slurm, study_view
 from pipeline.sweep import queue as claims
-from pipeline.sweep import slurm, study_view
 
 TAKEN_OVER = "taken over: another worker failed this trial as stale (late heartbeat) and runs it again"
 
@@ -77,8 +77,9 @@ class StudyListener:
                 self.trial.set_user_attr("reason", reason)
             self.study.tell(self.trial, record["test_acc"][-1])
             self.ended = "COMPLETE"
-            self.outcome = f"{meter.speed_text(record)}, acc {record['test_acc'][-1]:.3f}" + remeasure(
-                self.cfg, self.study, self.trial, self.p, record
+            self.outcome = (
+                f"{meter.speed_text(record)}{console.under_load(record)}, acc {record['test_acc'][-1]:.3f}"
+                + remeasure(self.cfg, self.study, self.trial, self.p, record)
             )
         except optuna.exceptions.UpdateFinishedTrialError:
             self.ended, self.outcome = TAKEN_OVER, f"{TAKEN_OVER}; nothing recorded here"

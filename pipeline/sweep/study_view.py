@@ -7,6 +7,7 @@ figures come from the analyze stage) or why it ran nothing.
 
 from __future__ import annotations
 
+import textwrap
 import warnings
 
 import optuna
@@ -68,17 +69,29 @@ def note_under_load(trial, record) -> None:
     save_note(trial, under_load_note(interference))
 
 
+# a note's line, at most (in characters of its Markdown): optuna-dashboard lays a trial page out as wide as its
+# widest user attribute (the `metrics` JSON, one unwrapped line), so a paragraph runs off the screen; the note
+# breaks its own lines
+NOTE_WIDTH = 88
+
+
 def under_load_note(interference: dict) -> str:
-    """The note's Markdown: the load first, then why the trial was flagged and where else that shows."""
+    """The note's Markdown: the load first, then why the trial was flagged and where else that shows, in lines of at
+    most NOTE_WIDTH characters, each ending in a hard line break (a backslash)."""
     cores = interference.get("foreign_cores")
     load = f"{cores:.2f} cores busy in other processes" if cores is not None else "other processes used the host"
-    return (
-        f"**Measured under load**: {load} while the trial ran; its img/s is labelled `[under load]` in MLflow "
-        "(its run's name) and, in the report, left out where its point has a trial measured without load, else "
-        "labelled *measured under load*.\n\n"
-        "Why it is flagged (pipeline/measure/interference.py; its MLflow tag `parallax.flagged` says the same): "
-        f"{interference.get('interference_reason') or 'the host was busy'}."
-    )
+    what = [
+        f"**Measured under load**: {load} while the trial ran.",
+        "Its img/s is labelled `[under load]` in MLflow (its run's name).",
+        "The report leaves it out where its point has a trial measured without load,",
+        "else labels it *measured under load*.",
+    ]
+    why = [
+        "Why it is flagged (pipeline/measure/interference.py; its MLflow tag",
+        "`parallax.flagged` says the same):",
+        *textwrap.wrap(f"{interference.get('interference_reason') or 'the host was busy'}.", NOTE_WIDTH - 2),
+    ]
+    return "\\\n".join(what) + "\n\n" + "\\\n".join(why)
 
 
 def study_metrics(study, n_skipped: int) -> dict:

@@ -123,7 +123,7 @@ def _progress_bar(enabled: bool, label: str):
 
 
 def _run_process(cfg, strategy, rank, world, data, on_epoch, progress, marks=None):
-    strategy.setup(rank, world)
+    device = strategy.setup(rank, world)
     try:
         label = f"{cfg.train.strategy} k={cfg.train.devices}"
         # pinned in each process: a spawned rank starts with torch's TF32 defaults, whatever its parent set
@@ -137,7 +137,8 @@ def _run_process(cfg, strategy, rank, world, data, on_epoch, progress, marks=Non
                     progress=_progress_bar(progress and strategy.is_main(), label),
                     marks=marks,
                 ),
-                "tf32": tf32_text(tf32_flags()),
+                # the switches it trained under, where CUDA runs (on a CPU they change no arithmetic: None)
+                "tf32": tf32_text(tf32_flags()) if device.type == "cuda" else None,
             }
     finally:
         strategy.teardown()

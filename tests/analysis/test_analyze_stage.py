@@ -108,6 +108,8 @@ def test_tidy_csvs(run):
         "batch_size",
         "per_device_batch",
         "throughput_img_s",
+        "throughput_lo",
+        "throughput_hi",
         "measured",
     ]
     assert 1200 not in set(thr["throughput_img_s"])  # oversubscribed scratch k=4

@@ -114,6 +114,8 @@ def test_autocast_compute_at_k1_is_the_why():
     why = [s for s in ans.lines if s.startswith("- **Why:**")][0]
     assert "**Use ddp_amp at k=2**" in text(ans)
     assert "at k=1 ddp_amp already runs 1.70× single" in why and "autocast (bf16 native on this host)" in why
+    # B (global) and b (per device) each say which batch they are where the answer first uses them
+    assert "**Use ddp_amp at k=2** (global batch B=" in text(ans) and "images/s at per-device batch b=" in why
 
 
 def test_even_memory_is_no_finding_and_equal_accuracy_is_a_tie():

@@ -32,7 +32,9 @@ def test_a_clear_winner_is_named_best_with_its_interval():
     out = reading(("ddp", 1, 1000.0, 1), ("ddp", 2, 1800.0, 2), ("fsdp", 1, 1000.0, 3), ("fsdp", 2, 1400.0, 4))
     best = line(out, "Best weak-scaling efficiency")
     assert "**ddp** 0.9" in best and "[0.8" in best and "clear of the runner-up" in best and "then fsdp 0.7" in best
-    assert "how sure: 36 windows over 3 trials at k=2, 36 windows over 3 trials at k=1" in best.lower()
+    assert (
+        "how sure: 36 images/s readings over 3 trials at k=2, 36 images/s readings over 3 trials at k=1" in best.lower()
+    )
     assert "95% interval" in best and "indistinguishable" not in " ".join(out)
 
 

@@ -103,6 +103,24 @@ def test_an_efficiency_with_one_end_under_load_is_labelled_not_comparable(loaded
     assert not any(x.startswith("Best weak-scaling efficiency") for x in reading)
 
 
+def test_the_reading_and_metrics_json_say_what_their_under_load_counts_count():
+    """The Reading counts points (a strategy, k and batch each) with only flagged trials; metrics.json's `under_load`
+    counts strategy-k pairs (its one point per pair, the fastest). With two loaded points at one strategy-k pair
+    the two counts differ, and the Reading gives both, each named, the second as metrics.json's number."""
+    df = frame(
+        [
+            busy("ddp", 1, 1000.0, 1.5),
+            busy("ddp", 2, 1600.0, 1.7),
+            row("ddp", k=2, B=512, thr=1500.0, interfered=True, foreign_cores=1.7, interference_reason="busy"),
+        ]
+    )
+    *_, metrics, reading = everything(df)
+    line = next(line for line in reading if line.startswith("**Measured under load**"))
+    assert metrics["under_load"] == 2
+    assert "3 points (a strategy, k and batch each) had only flagged trials" in line
+    assert "counts 2 strategy-k pairs measured under load (its `under_load`: 2," in line
+
+
 def test_a_quiet_host_has_no_load_line():
     """No flagged trial: no under-load line, and metrics.json says 0 under load."""
     df = frame([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=256, thr=1800.0)])
@@ -223,3 +241,44 @@ def test_metrics_json_figures_at_a_k_are_those_of_one_point_the_answer_runs():
     t = "\n".join(ans.lines)
     assert ans.train["batch_size"] == 256 and "0.36" in t
     assert "peak memory 100.0 / 100.0 MiB" in t and "test accuracy 0.8000" in t, t
+
+
+def test_dvc_plots_draw_the_95_percent_intervals_the_csvs_carry(tmp_path):
+    """throughput.csv carries each point's 95% interval (throughput_lo/hi) beside efficiency.csv's efficiency_lo/hi,
+    and DVC's two templates draw each as an error bar over those columns; each template, filled as DVC fills it,
+    compiles to a chart (vl-convert's Vega-Lite, where installed)."""
+    import pandas as pd
+
+    from pipeline.analysis import stage
+    from tests.analysis.test_analyze import write
+
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    windows = {1: [990.0, 1010.0, 1000.0, 995.0, 1005.0, 998.0], 2: [1580.0, 1620.0, 1600.0, 1590.0, 1610.0, 1605.0]}
+    write(
+        [row("ddp", k=k, B=128 * k, thr=sum(w) / len(w), throughput_windows=w) for k, w in windows.items()],
+        sweeps / "ddp.jsonl",
+    )
+    stage.analyze(sweeps, tmp_path / "out", expected=("ddp",))
+    filled = {}
+    for csv, (y, lo, hi), name in (
+        ("throughput.csv", ("throughput_img_s", "throughput_lo", "throughput_hi"), "throughput_by_strategy"),
+        ("efficiency.csv", ("efficiency", "efficiency_lo", "efficiency_hi"), "efficiency_by_strategy"),
+    ):
+        data = pd.read_csv(tmp_path / "out" / csv)
+        iv = data[data[lo].notna()]  # efficiency's k=1 rows are 1 by definition: no interval
+        assert len(iv) == (len(data) if csv == "throughput.csv" else 1), csv  # the weak efficiency at k=2
+        assert (iv[lo] <= iv[y]).all() and (iv[y] <= iv[hi]).all() and (iv[lo] < iv[hi]).all(), csv
+        text = (REPO / ".dvc" / "plots" / f"{name}.json").read_text()
+        spec = json.loads(text)
+        layers = spec["spec"]["layer"] if "spec" in spec else spec["layer"]
+        (bar,) = [x for x in layers if x["mark"]["type"] == "errorbar"]
+        assert (bar["encoding"]["y"]["field"], bar["encoding"]["y2"]["field"]) == (lo, hi), name
+        records = data.assign(rev="workspace").to_dict("records")
+        filled[name] = text.replace('"<DVC_METRIC_DATA>"', json.dumps(records, default=str))
+        for anchor, value in (("X", "k"), ("Y", y), ("X_LABEL", "k"), ("Y_LABEL", y), ("TITLE", name)):
+            filled[name] = filled[name].replace(f"<DVC_METRIC_{anchor}>", value)
+    # each filled template renders, where a Vega-Lite renderer is installed (none is a dependency: DVC renders them)
+    vl_convert = pytest.importorskip("vl_convert")
+    for name, spec in filled.items():
+        assert "<svg" in vl_convert.vegalite_to_svg(json.loads(spec)), name

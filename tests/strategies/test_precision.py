@@ -54,7 +54,8 @@ def test_the_equivalence_run_pins_fp32_and_restores_the_switches(make_cfg, tmp_p
     _, metrics = equivalence.one_step(make_cfg(), tmp_path / "eq", "single", 1)
     assert log.read_text().splitlines() == [str((False, False))]  # inside: IEEE fp32 convolutions and matmuls
     assert _tf32_now() == (True, True)  # after it: the caller's switches, untouched
-    assert "conv fp32" in metrics["tf32"] and "matmul fp32" in metrics["tf32"]  # the record says how it ran
+    if probe().kind == "cuda":
+        assert "conv fp32" in metrics["tf32"] and "matmul fp32" in metrics["tf32"]  # the record says how it ran
 
 
 def test_the_pin_restores_every_switch_exactly():
@@ -108,11 +109,29 @@ def test_host_facts_carry_the_tf32_switches(make_cfg, tmp_path):
     from pipeline.trial import launch
 
     launch.host_fields.cache_clear()  # read once per process: another test may have run a trial with other switches
-    caps = capabilities.host_capabilities(probe())
+    host = probe()
+    caps = capabilities.host_capabilities(host)
     assert set(caps["tf32"]) >= {"cudnn_allow_tf32", "matmul_allow_tf32"}
-    assert caps["tf32_text"].startswith("cuDNN conv ")
+    assert caps["tf32_text"] is None if host.kind != "cuda" else caps["tf32_text"].startswith("cuDNN conv ")
     _, metrics = equivalence.one_step(make_cfg(), tmp_path / "eq", "single", 1)
     assert metrics["host_tf32"] == caps["tf32_text"]
+
+
+def test_a_cpu_trial_carries_no_gpu_only_tf32_tag(make_cfg, tmp_path, tf32_on):
+    """The TF32 switches are cuDNN's and cuBLAS's: a CPU host's facts and a trial on CPU devices carry no TF32 text
+    (so no MLflow tag `host_tf32` or `tf32` reads "cuDNN conv TF32" on a CPU trial), even with both switches on."""
+    from pipeline.host import capabilities, devices
+    from pipeline.trial import launch
+
+    cpu = devices.Host("cpu", 2, "a CPU", "cpubox", torch.__version__, "")
+    caps = capabilities.host_capabilities(cpu)
+    assert caps["tf32_text"] is None and caps["tf32"]["cudnn_allow_tf32"] is True  # read, not worded
+    if probe().kind == "cuda":
+        return  # this host's trial trains on a GPU, where its TF32 text is right
+    launch.host_fields.cache_clear()  # read once per process: another test may have read them before
+    _, metrics = equivalence.one_step(make_cfg(), tmp_path / "eq", "single", 1)
+    assert metrics["tf32"] is None and metrics["host_tf32"] is None
+    assert not {k: v for k, v in metrics.tags().items() if "TF32" in str(v)}  # MLflow's tags
 
 
 @pytest.mark.slow
@@ -121,6 +140,9 @@ def test_spawned_ranks_train_pinned_too(make_cfg, tmp_path):
     reach ddp/ddp_amp/fsdp on a GPU host (spawn there); the pin travels with the trial's configuration. Observed
     through the main rank's record of the switches it trained under."""
     _, metrics = equivalence.one_step(make_cfg(), tmp_path / "eq", "ddp", 1, extra=("train.start_method=spawn",))
+    if probe().kind != "cuda":
+        assert metrics.get("tf32") is None  # a CPU rank records no TF32 text: the switches change nothing there
+        return
     assert "conv fp32" in metrics["tf32"] and "matmul fp32" in metrics["tf32"]
 
 
@@ -183,6 +205,7 @@ def test_fp32_rows_on_a_tf32_gpu_are_labelled_tf32_convs():
     assert "| fp32 (TF32 convs) |" in single and "TF32" not in bf16
     assert "TF32 convs" not in report("cuda", "7.0")  # Volta: no TF32 tensor cores, the flag does nothing
     assert "TF32 convs" not in report("cpu", "")
+    assert "- TF32:" not in report("cpu", "")  # a CPU host's doctor report has no TF32 line
 
 
 def test_a_step_skipped_by_gradscaler_is_reported_as_skipped(make_cfg, tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import optuna
 import pytest
 
 from pipeline.measure import interference
+from pipeline.sweep import study_view
 from pipeline.sweep.stage import open_storage, run_sweep, study_name
 from pipeline.tracking import client as tracking
 from pipeline.tracking.metric_names import rounded
@@ -47,7 +48,8 @@ def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path,
     """A flagged trial's run is named "[under load] ...", tagged parallax.flagged with the reason and has metric
     flagged=1; Optuna holds flagged=1.0 and foreign_cores as numbers, and its optuna-dashboard page a note that
     says so; its re-measure is named and tagged with the trial it repeats; the counter reads "2/1+1 re-measure",
-    never "2/1"; every run carries the pipeline run."""
+    never "2/1"; each console outcome line marks its img/s "[under load: N cores busy]", the last re-measure's too;
+    every run carries the pipeline run."""
     monkeypatch.setenv("PARALLAX_PIPELINE_RUN", "exp-test")
     cfg = make_cfg(*ONE_POINT)
     run_sweep(cfg, "single", tmp_path / "single.jsonl")
@@ -70,9 +72,16 @@ def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path,
         assert t.user_attrs["flagged"] == 1.0 and t.user_attrs["foreign_cores"] == 1.9
     err = capsys.readouterr().err
     assert "trial 2/2 (1 planned + 1 re-measure)" in err and "trial 2/1 " not in err
+    ends = [line for line in err.splitlines() if " -> " in line]  # each trial's outcome, the re-measure's too
+    assert len(ends) == 2 and all(" img/s [under load: 1.9 cores busy], acc " in line for line in ends), ends
     for note in notes(study):
-        assert note.startswith("**Measured under load**: 1.90 cores busy in other processes while the trial ran; ")
+        assert note.startswith("**Measured under load**: 1.90 cores busy in other processes while the trial ran.\\\n")
         assert "`[under load]`" in note and REASON in note
+        # lines of its own, each ending in a hard break: the dashboard's trial page does not wrap a long one
+        lines = note.splitlines()
+        assert len(lines) >= 5 and max(map(len, lines)) <= study_view.NOTE_WIDTH, lines
+        for paragraph in note.split("\n\n"):
+            assert all(line.endswith("\\") for line in paragraph.splitlines()[:-1]), paragraph
 
 
 def test_a_host_that_stays_busy_gets_no_remeasure(make_cfg, tmp_path, loaded, capsys, monkeypatch):
@@ -94,7 +103,7 @@ def test_a_host_that_stays_busy_gets_no_remeasure(make_cfg, tmp_path, loaded, ca
     assert "not re-measured: the host stayed busy through 1 quiet wait in a row" in capsys.readouterr().err
 
 
-def test_an_unflagged_trial_has_flagged_zero(make_cfg, tmp_path):
+def test_an_unflagged_trial_has_flagged_zero(make_cfg, tmp_path, capsys):
     """On a quiet host (the tests' threshold) a trial's run has metric flagged=0, no flag tag and no suffix, and its
     Optuna trial no note."""
     cfg = make_cfg(*ONE_POINT)
@@ -103,6 +112,7 @@ def test_an_unflagged_trial_has_flagged_zero(make_cfg, tmp_path):
     (parent,) = tr.find_runs("tags.role = 'study'")
     (run,) = tr.find_runs(f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert run.info.run_name == "single k=1 B=64 lr=0.1" and run.data.metrics["flagged"] == 0
+    assert "under load" not in capsys.readouterr().err  # its outcome line is the bare "-> N img/s, acc ..."
     assert "parallax.flagged" not in run.data.tags
     assert notes(optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))) == [""]
 

@@ -37,11 +37,14 @@ def read(path):
         return [json.loads(line) for line in f]
 
 
-def test_tiny_study_end_to_end(tiny, tmp_path):
+def test_tiny_study_end_to_end(tiny, tmp_path, capsys):
     cfg = tiny()
     out = tmp_path / "results" / "single.jsonl"
     run_sweep(cfg, "single", out)
     rows = read(out)
+    # the two points skipped for one reason: one console line with their count, not one line each
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.lstrip().startswith("skipped ")]
+    assert line.startswith("  skipped 2 points (k=2 B=64 lr=0.1; k=2 B=64 lr=100.0): "), line
     states = sorted((r["devices"], r["lr"], r["state"]) for r in rows)
     # k=2 is infeasible for `single` (skipped, not run); lr=100 diverges and is recorded as failed
     assert states == [(1, 0.1, "complete"), (1, 100.0, "failed"), (2, 0.1, "skipped"), (2, 100.0, "skipped")]

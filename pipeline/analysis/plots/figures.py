@@ -11,7 +11,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from pipeline import catalog
-from pipeline.analysis.tables.points import EXTRAS, MIB, POINT, group_by, is_serial
+from pipeline.analysis.tables.points import EXTRAS, MIB, group_by, is_serial, with_throughput_intervals
 from pipeline.records import files
 from pipeline.records.derived import BD_PARTS
 
@@ -147,13 +147,7 @@ def _model_panels(p, what):
 
 def plot_throughput(pts, path, colors, source="", eff=None):
     """Best throughput over batch sizes per strategy and k; with `eff` (scaling_table), its 95 % interval bars."""
-    pts = pts[pts["throughput_img_s"].notna()]
-    if eff is not None and len(eff) and len(pts):
-        keys = [c for c in (*POINT, *EXTRAS) if c in pts]
-        iv = eff[eff["kind"] == "weak"][[*keys, "throughput_lo", "throughput_hi"]].drop_duplicates(keys)
-        pts = pts.merge(iv, on=keys, how="left")
-    else:
-        pts = pts.assign(throughput_lo=np.nan, throughput_hi=np.nan)
+    pts = with_throughput_intervals(pts[pts["throughput_img_s"].notna()], eff)
     fig, panels = _model_panels(pts, "throughput")
     for ax, model, g in panels:
         best = g.loc[g.groupby(["strategy", "k"], sort=False)["throughput_img_s"].idxmax()]

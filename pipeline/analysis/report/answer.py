@@ -155,7 +155,7 @@ def _k1_difference(top, p, df, rerun: str) -> str | None:
         )
     text = (
         f"at k=1 {top['strategy']} already runs {ratio:.2f}× {ref} ({a['throughput_img_s']:,.0f} against "
-        f"{b['throughput_img_s']:,.0f} images/s at b={top['per_device_batch']:g}"
+        f"{b['throughput_img_s']:,.0f} images/s at per-device batch b={top['per_device_batch']:g}"
         f"{_sides((top['strategy'], a), (ref, b))})"
     )
     if catalog.SPECS.get(top["strategy"]) and catalog.SPECS[top["strategy"]].autocast:
@@ -357,7 +357,7 @@ def build(df, status, pts, eff, mem) -> Answer:
         verdict, tied, rest = confidence.ranking(rows, "throughput")
         top = rows[0]
         speed = confidence.fmt(top["throughput_img_s"], top["throughput_lo"], top["throughput_hi"], 0)
-        where = f"B={top['batch_size']:g}, lr={top['best_lr']:g}"
+        where = f"global batch B={top['batch_size']:g}, lr={top['best_lr']:g}"  # b: per device, said where used
         if top.get("optimizer", "sgd") not in ("", "sgd"):  # d2l's plain SGD, the default, goes unsaid
             where += f", {top['optimizer']}"
         if top.get("under_load"):  # every trial behind this figure was flagged (points.timed): say so at once

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from pipeline.analysis.tables.points import measured
+from pipeline.analysis.tables.summary import fastest
 
 
 def _n(count: int, what: str) -> str:
@@ -25,6 +26,8 @@ def load_line(df, pts) -> str | None:
     load = flagged["foreign_cores"].median() if "foreign_cores" in flagged else math.nan
     busy = "" if math.isnan(load) else f" (other processes kept a median {load:.2f} cores busy while they ran)"
     loaded = int(pts["under_load"].astype(bool).sum()) if len(pts) else 0
+    top = fastest(pts)  # metrics.json's one point per strategy-k pair (summary.flat_metrics counts these)
+    pairs = int(top["under_load"].astype(bool).sum()) if len(top) and "under_load" in top else 0
     who = (
         f"every trial ({_n(len(done), 'complete trial')})"
         if len(flagged) == len(done)
@@ -41,11 +44,13 @@ def load_line(df, pts) -> str | None:
             "those, the flagged ones are left out."
         )
     return head + (
-        f" {_n(loaded, 'point')} had only flagged trials: their throughput and efficiency come from "
-        "those trials and are labelled *measured under load* (here, in the tables, summary.json, and "
-        "metrics.json's `load_cores.*` keys): what this host gave while busy, not the strategy's speed "
-        "on a quiet one. For that, rerun the sweep when the host is quiet (before each trial it waits up "
-        "to `sweep.quiet_wait_s` for a quiet moment)."
+        f" {_n(loaded, 'point')} (a strategy, k and batch each) had only flagged trials: their throughput and "
+        "efficiency come from those trials and are labelled *measured under load* (here, in the tables and "
+        "summary.json). metrics.json holds one point per strategy-k pair, the fastest, and counts "
+        f"{_n(pairs, 'strategy-k pair')} measured under load (its `under_load`: {pairs}, each labelled in "
+        "`load_cores.S.kK`). What this host gave while busy is not the strategy's speed on a quiet one; for "
+        "that, rerun the sweep when the host is quiet (before each trial it waits up to `sweep.quiet_wait_s` "
+        "for a quiet moment)."
     )
 
 

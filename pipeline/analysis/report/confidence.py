@@ -37,6 +37,9 @@ def fmt(v, lo, hi, digits: int = 2) -> str:
     return f"{f(v)} [{f(lo)}–{f(hi)}]" if known(lo, hi) else f"{f(v)} ({UNKNOWN})"
 
 
+READING = "images/s reading"  # one measurement window's steady-state images/s (its timed steps)
+
+
 def _n(count, what: str) -> str:
     return f"{int(count)} {what}{'' if int(count) == 1 else 's'}"
 
@@ -45,9 +48,10 @@ def how_sure(r, value: str = "efficiency") -> str:
     """The note after a claim about one scaling-table row: measurements behind it (trials: repeats and learning
     rates of the point), interval width, trials left out as measured under interference."""
     lo, hi = r.get(f"{value}_lo"), r.get(f"{value}_hi")
-    n = f"{_n(r['n_windows'], 'window')} over {_n(r['n_repeats'], 'trial')}"
+    # a trial's measurement windows, in plain words: each gives one images/s reading (meter.py's throughput_windows)
+    n = f"{_n(r['n_windows'], READING)} over {_n(r['n_repeats'], 'trial')}"
     if value != "throughput" and not _nan(r.get("base_n_repeats")):
-        n += f" at k={r['k']:g}, {_n(r['base_n_windows'], 'window')} over {_n(r['base_n_repeats'], 'trial')} at k=1"
+        n += f" at k={r['k']:g}, {_n(r['base_n_windows'], READING)} over {_n(r['base_n_repeats'], 'trial')} at k=1"
     width = (
         f"{LEVEL} {hi - lo:,.{0 if value == 'throughput' else 2}f} wide"
         if known(lo, hi)

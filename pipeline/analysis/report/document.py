@@ -202,10 +202,10 @@ def _tables(df, pts, eff, mem, acc):
         "\n## Scaling efficiency\n\n",
         "E(k) = T(k)/(k·T(1)) with T(1) measured by the same strategy: weak at fixed per-device "
         "batch b, strong at fixed global batch B. '—' = no k=1 reference (undefined, not 0). efficiency_95: its 95% "
-        "bootstrap interval over measurement windows and trials ('—': one measurement, unknown); n_measured: "
-        "windows/trials at k, then at k=1; comparable: 'no' where its k point and its k=1 reference were measured "
-        'under loads that are not comparable (docs/metrics.md, "Like against like"), so the ratio is the load '
-        "difference as much as the scaling, never ranked ('—': comparable).\n",
+        "bootstrap interval over images/s readings (one per window of timed steps) and trials ('—': one measurement, "
+        "unknown); n_measured: readings/trials at k, then at k=1; comparable: 'no' where its k point and its k=1 "
+        'reference were measured under loads that are not comparable (docs/metrics.md, "Like against like"), so the '
+        "ratio is the load difference as much as the scaling, never ranked ('—': comparable).\n",
     ]
     for kind in ("weak", "strong"):
         e = _load_col(confidence.interval_columns(eff[(eff["kind"] == kind) & (eff["k"] >= 2)]))

@@ -356,6 +356,16 @@ def accuracy_table(df, target_acc: float | None = None) -> pd.DataFrame:
     return sort_points(pd.DataFrame(rows, columns=cols), ("lr",))
 
 
+def with_throughput_intervals(pts, eff) -> pd.DataFrame:
+    """`pts` (point_table) with each point's throughput 95% interval, `throughput_lo` and `throughput_hi`, from the
+    scaling table's weak rows (where the bootstrap computes it); NaN where it has none."""
+    if eff is None or not len(eff) or not len(pts):
+        return pts.assign(throughput_lo=np.nan, throughput_hi=np.nan)
+    keys = [c for c in (*POINT, *EXTRAS) if c in pts]
+    iv = eff[eff["kind"] == "weak"][[*keys, "throughput_lo", "throughput_hi"]].drop_duplicates(keys)
+    return pts.merge(iv, on=keys, how="left")
+
+
 def sort_points(df, extra=()):
     """Strategies in EXPECTED's order (others after them), then model, k, b, B and `extra`."""
     rank = {s: i for i, s in enumerate(EXPECTED)}
