@@ -15,11 +15,13 @@ whole state with the shared one.
 What a link can choose, and what this view chooses so that the first screen at 1400 px answers: the columns
 (selectedColumns: the study rows' numbers only, the best throughput and the weak-scaling efficiency first; no
 parameter column, since a study row has none of a trial's parameters and a trial's name carries its k, B and lr), the
-sort (orderByKey: the fastest strategy on top), the columns' widths (columnWidths: a compact Run Name, whose study
-names start with the strategy, and numbers as narrow as their headers allow), and the table or chart view
-(compareRunsMode in the URL: the table, where the numbers are read off). MLflow's Assistant panel is neither: it
-opens beside every page on a local server's first visit and remembers being closed in the browser's localStorage
-(`mlflow.assistant.panelOpen`), which no tag or URL parameter sets.
+columns' widths (columnWidths: a compact Run Name, whose study names start with the strategy, and numbers as narrow
+as their headers allow), the sort and the table or chart view (compareRunsMode in the URL). The view keeps MLflow's
+newest-first sort, the one order under which MLflow nests a study's trials under its row (its nestChildren rule: by
+a metric the trials would stand beside the studies), and the table, where the numbers are read off: a run per study
+fits the first screen. MLflow's Assistant panel is none of these: it opens beside every page on a local server's
+first visit and remembers being closed in the browser's localStorage (`mlflow.assistant.panelOpen`), which no tag or
+URL parameter sets.
 """
 
 from __future__ import annotations
@@ -38,9 +40,8 @@ VIEW_KEY = "parallax"
 # how many trials were flagged, the worst memory imbalance. Every one is a number the study (parent) row carries
 # (metric_names.study_row_metrics, study_view.study_metrics), so the collapsed rows show no `-` but where a figure is
 # undefined; a trial row, under its study's +, shows its own peak MiB and flag, its name its k, B and lr.
-SORT = "metrics.`best_throughput_img_s`"
 COLUMNS = (
-    SORT,
+    "metrics.`best_throughput_img_s`",
     "metrics.`weak_efficiency`",
     f"metrics.`{PEAK_MIB}`",
     "metrics.`best_test_acc`",
@@ -53,7 +54,7 @@ RUN_NAME = "attributes.`Run Name`"  # the Run Name column's id in MLflow's runs 
 # keeps the strategy, and each header still reads to its last word
 WIDTHS = {
     RUN_NAME: 170,
-    SORT: 170,
+    "metrics.`best_throughput_img_s`": 170,
     "metrics.`weak_efficiency`": 140,
     f"metrics.`{PEAK_MIB}`": 125,
     "metrics.`best_test_acc`": 125,
@@ -103,8 +104,7 @@ def latest_pipeline_run(runs) -> str | None:
 
 def view_state(runs) -> dict:
     """The page state for `runs` (MLflow Run objects of one experiment): the latest pipeline run's runs only, with
-    the COLUMNS the store has, at their WIDTHS, the fastest study first (where the store has a best throughput, else
-    the newest run first). Its runs are grouped by study, the study (parent) rows collapsed, each showing its
+    the COLUMNS the store has, at their WIDTHS, newest first. Its runs are grouped by study, the study (parent) rows collapsed, each showing its
     study's summary metrics: MLflow does not share expanded rows (its reader drops runsExpanded, runsPinned,
     runsHidden), so a user expands a study with its +."""
     latest = latest_pipeline_run(runs)
@@ -121,7 +121,6 @@ def view_state(runs) -> dict:
         **FACETS,
         **UI_DEFAULTS,
         "searchFilter": search,
-        **({"orderByKey": SORT, "orderByAsc": False} if SORT in cols else {}),
         "selectedColumns": cols,
         "columnOrder": order,
         "columnWidths": {c: WIDTHS[c] for c in order if c in WIDTHS},

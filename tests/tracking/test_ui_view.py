@@ -36,7 +36,7 @@ def test_publish_writes_mlflows_share_tag_with_the_columns_the_store_has(tmp_pat
     state = json.loads(tag)
     # the study rows' numbers only: a trial's parameters and img/s are `-` on every study row
     assert state["selectedColumns"] == ["metrics.`best_throughput_img_s`"]
-    assert state["orderByKey"] == "metrics.`best_throughput_img_s`" and state["orderByAsc"] is False
+    assert state["orderByKey"] == "attributes.start_time"  # the one order under which MLflow nests trials
     assert state["columnOrder"] == ["attributes.`Run Name`", "metrics.`best_throughput_img_s`"]
     assert set(state["columnWidths"]) == set(state["columnOrder"])
     assert state["runsExpanded"] == {}  # MLflow does not share expanded rows: the studies show their summaries
