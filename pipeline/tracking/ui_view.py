@@ -6,7 +6,7 @@ view" feature is the server-side way: the page state is an experiment tag `mlflo
 link with `?viewStateShareKey=<key>` loads it (mlflow/server/js: useSharedExperimentViewState). Parallax writes that
 tag with a fixed key (`parallax`) and links to it with `workflowType=machine_learning`, the URL parameter MLflow's
 sidebar reads before its own localStorage choice, so the page opens on model training, not GenAI. Nothing of MLflow
-is re-implemented: the tag and the link are MLflow's; this module only decides the columns.
+is re-implemented: the tag and the link are MLflow's; this module only decides the columns and their widths.
 
 The tag carries every field of MLflow 3's default page state (createExperimentPageUIState in MLflow 3.17's bundle)
 with the columns changed: 3.17's reader fills missing fields with defaults itself, earlier 3.x readers replace the
@@ -14,14 +14,14 @@ whole state with the shared one.
 
 What a link can choose, and what this view chooses so that the first screen at 1400 px answers: the columns
 (selectedColumns: the study rows' numbers only, the best throughput and the weak-scaling efficiency first; no
-parameter column, since a study row has none of a trial's parameters and a trial's name carries its k, B and lr), the
-columns' widths (columnWidths: a compact Run Name, whose study names start with the strategy, and numbers as narrow
-as their headers allow), the sort and the table or chart view (compareRunsMode in the URL). The view keeps MLflow's
-newest-first sort, the one order under which MLflow nests a study's trials under its row (its nestChildren rule: by
-a metric the trials would stand beside the studies), and the table, where the numbers are read off: a run per study
-fits the first screen. MLflow's Assistant panel is none of these: it opens beside every page on a local server's
-first visit and remembers being closed in the browser's localStorage (`mlflow.assistant.panelOpen`), which no tag or
-URL parameter sets.
+parameter column, since a study row has none of a trial's parameters and a trial's name carries its k, B and lr),
+the columns' widths (columnWidths: a compact Run Name, whose study names start with the strategy, Created as wide as
+"12 minutes ago", numbers as narrow as their headers allow), the sort and the table or chart view (compareRunsMode
+in the URL). The view keeps MLflow's newest-first sort, the one order under which MLflow nests a study's trials
+under its row (its nestChildren rule: by a metric the trials would stand beside the studies), and the table, where
+the numbers are read off: a run per study fits the first screen. MLflow's Assistant panel is none of these: it opens
+beside every page on a local server's first visit and remembers being closed in the browser's localStorage
+(`mlflow.assistant.panelOpen`), which no tag or URL parameter sets.
 """
 
 from __future__ import annotations
@@ -49,14 +49,16 @@ COLUMNS = (
     "metrics.`flagged`",
     "metrics.`worst_mem_imbalance`",
 )
-RUN_NAME = "attributes.`Run Name`"  # the Run Name column's id in MLflow's runs table
-# pixels: MLflow's defaults are 190 for Run Name and wider for a number than its value needs; "study ddp_amp · …"
-# keeps the strategy, and each header still reads to its last word
+# the ids of MLflow's runs-table columns Run Name and Created (its grid names Created after its field)
+RUN_NAME, CREATED = "attributes.`Run Name`", "runDateAndNestInfo"
+# pixels: MLflow's defaults are 190 for Run Name, 150 for Created and wider for a number than its value needs:
+# "study ddp_amp · …" keeps the strategy, "12 minutes ago" stays whole, and each header reads to its last word
 WIDTHS = {
     RUN_NAME: 170,
-    "metrics.`best_throughput_img_s`": 170,
-    "metrics.`weak_efficiency`": 140,
-    f"metrics.`{PEAK_MIB}`": 125,
+    CREATED: 125,
+    "metrics.`best_throughput_img_s`": 165,
+    "metrics.`weak_efficiency`": 125,
+    f"metrics.`{PEAK_MIB}`": 120,
     "metrics.`best_test_acc`": 125,
     "metrics.`largest_k`": 100,
     "metrics.`flagged`": 90,
@@ -104,9 +106,9 @@ def latest_pipeline_run(runs) -> str | None:
 
 def view_state(runs) -> dict:
     """The page state for `runs` (MLflow Run objects of one experiment): the latest pipeline run's runs only, with
-    the COLUMNS the store has, at their WIDTHS, newest first. Its runs are grouped by study, the study (parent) rows collapsed, each showing its
-    study's summary metrics: MLflow does not share expanded rows (its reader drops runsExpanded, runsPinned,
-    runsHidden), so a user expands a study with its +."""
+    the COLUMNS the store has, at their WIDTHS, newest first. Its runs are grouped by study, the study (parent) rows
+    collapsed, each showing its study's summary metrics: MLflow does not share expanded rows (its reader drops
+    runsExpanded, runsPinned, runsHidden), so a user expands a study with its +."""
     latest = latest_pipeline_run(runs)
     if latest:
         runs = [r for r in runs if r.data.tags.get(PIPELINE_RUN_TAG) == latest]
@@ -115,8 +117,9 @@ def view_state(runs) -> dict:
     }
     cols = [c for c in COLUMNS if c in have]
     search = "tags.`{}` = '{}'".format(PIPELINE_RUN_TAG, latest.replace("'", "\\'")) if latest else ""
-    # MLflow applies a width to the columns columnOrder names: Run Name (pinned, it stays first) and the numbers
-    order = [RUN_NAME, *cols]
+    # MLflow applies a width to the columns columnOrder names: Run Name and Created (pinned, they stay first) and
+    # the numbers
+    order = [RUN_NAME, CREATED, *cols]
     return {
         **FACETS,
         **UI_DEFAULTS,

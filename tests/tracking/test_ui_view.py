@@ -37,7 +37,7 @@ def test_publish_writes_mlflows_share_tag_with_the_columns_the_store_has(tmp_pat
     # the study rows' numbers only: a trial's parameters and img/s are `-` on every study row
     assert state["selectedColumns"] == ["metrics.`best_throughput_img_s`"]
     assert state["orderByKey"] == "attributes.start_time"  # the one order under which MLflow nests trials
-    assert state["columnOrder"] == ["attributes.`Run Name`", "metrics.`best_throughput_img_s`"]
+    assert state["columnOrder"] == ["attributes.`Run Name`", "runDateAndNestInfo", "metrics.`best_throughput_img_s`"]
     assert set(state["columnWidths"]) == set(state["columnOrder"])
     assert state["runsExpanded"] == {}  # MLflow does not share expanded rows: the studies show their summaries
     assert state["lifecycleFilter"] == "Active" and state["runsPinned"] == [] and state["groupBy"] is None
@@ -90,6 +90,13 @@ def test_the_installed_mlflow_ui_reads_this_tag_link_and_state():
         r'\["searchFilter","orderByKey",[^\]]*\]', "".join(p.read_text(errors="replace") for p in BUNDLE.glob("*.js"))
     )
     assert facets and set(json.loads(facets.group(0))) == set(ui_view.FACETS)
+    # the runs table's column ids the view sets widths for: Run Name's and Created's (its grid's field name)
+    table = "".join(
+        p.read_text(errors="replace")
+        for p in BUNDLE.glob("*.js")
+        if "RunNameCellRenderer" in p.read_text(errors="replace")
+    )
+    assert '"Run Name"' in table and f'field:"{ui_view.CREATED}"' in table
 
 
 def test_the_view_shows_the_latest_pipeline_run_with_columns_in_reading_order(tmp_path):
