@@ -220,7 +220,12 @@ def plot_throughput(page) -> None:
     box.first.click()
     page.keyboard.type("throughput_img_s")
     page.wait_for_timeout(500)
-    page.keyboard.press("Enter")
+    # the option titled exactly so, not epoch_throughput_img_s, which the list shows first
+    exact = page.locator('[title="throughput_img_s"] >> visible=true')
+    if exact.count():
+        exact.first.click()
+    else:
+        page.keyboard.press("Enter")
     page.keyboard.press("Escape")
 
 
