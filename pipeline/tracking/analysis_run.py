@@ -1,6 +1,7 @@
 """The MLflow `analysis` run of the analyze stage: what its page shows at first sight.
 
-Its description is the report's opening (title, synthetic-data warning, the answer, host, the "Reading" section);
+Its description is the report's answer, then the rest of the report's opening (title, synthetic-data warning, host,
+the "Reading" section): MLflow shows a description's first lines and the rest behind "Show more";
 its metrics are summary.json's counts and each strategy's headline numbers (metric_names.analysis_metrics); every
 output file is an artifact (best.yaml included; the Artifacts tab previews the PNGs) and the figures that compare
 strategies (CHARTS) also keyed images (figures/<name>, MLflow's image-grid charts), rather than one single-bar chart
@@ -27,11 +28,28 @@ ROOM_MARGIN = 1 << 20  # bytes beyond the outputs: the store's own rows, journal
 NOTE_LIMIT = 5000  # characters of report.md in the run's description (MLflow caps tag values at 8,000)
 
 
+def answer_first(text: str) -> str:
+    """`text` (report.md or its opening) with its "## Answer" section's lines first, without their heading, and the
+    rest after them in order; `text` as it is where it has no answer section."""
+    lines = text.split("\n")
+    if "## Answer" not in lines:
+        return text
+    i = lines.index("## Answer")
+    j = next((n for n in range(i + 1, len(lines)) if lines[n].startswith("## ")), len(lines))
+    body, rest = "\n".join(lines[i + 1 : j]).strip(), "\n".join(lines[:i] + lines[j:]).strip()
+    return f"{body}\n\n{rest}\n" if rest else f"{body}\n"
+
+
 def report_head(text: str, limit: int = NOTE_LIMIT) -> str:
-    """report.md up to the end of its "Reading" section (or its first `limit` characters), and where the rest is."""
+    """report.md up to the end of its "Reading" section (or its first `limit` characters), its answer first
+    (answer_first: the lines MLflow's collapsed description shows) and its title left out (the run's page names the
+    run), then where the rest is."""
     start = text.find("\n## Reading")
     cut = text.find("\n## ", start + 1) if start >= 0 else -1
-    head = (text[:cut] if cut > 0 else text)[:limit].rstrip()
+    head = text[:cut] if cut > 0 else text
+    if head.startswith("# "):
+        head = head.partition("\n")[2].lstrip("\n")
+    head = answer_first(head)[:limit].rstrip()
     return head + "\n\n(The full report is the artifact report.md; the figures are under Images and Artifacts.)"
 
 

@@ -94,6 +94,9 @@ ANALYSIS_HEADLINE = (
 ANALYSIS_COUNTS = ("n_trials", "n_complete", "n_measured", "n_flagged")
 # a study (parent) run's numbers from summary.json, under its names: the strategy's headline and the largest k
 STUDY_HEADLINE = ("best_throughput_img_s", "weak_efficiency", "largest_k", "best_test_acc", "worst_mem_imbalance")
+# the trials' columns a study row carries, the same quantity at the study's best point (the k of its best throughput,
+# metrics.json's point there): one configuration's peak is a trial's peak, so the column keeps its name
+STUDY_POINT = (PEAK_MIB,)
 
 
 def analysis_metrics(summary: dict) -> dict:
@@ -112,11 +115,20 @@ def study_row_metrics(strategy: str, summary: dict, flat: dict) -> dict:
     rounded here as every metric is; from metrics.json (`flat`, already rounded) every per-k figure of the strategy
     (weak_efficiency.<strategy>.kK, throughput_img_s.<strategy>.kK, ...: keys that end in .kK; best_test_acc comes
     from summary.json). The study's figures come from here alone (the sweep writes its trial counts only): the
-    report's rule, one source for the row and the report."""
+    report's rule, one source for the row and the report. Last, the STUDY_POINT columns (peak_mem_mib) at the study's
+    best point: metrics.json's figure at the k (and model) of summary.json's best_throughput_at, so the collapsed
+    study row shows the answer's memory beside its throughput."""
     s = (summary.get("strategies") or {}).get(strategy) or {}
     out = _clean({k: s.get(k) for k in STUDY_HEADLINE})
     for key, v in flat.items():
         name, _, rest = key.partition(f".{strategy}.")
         if name and re.fullmatch(r"k\d+", rest.split(".")[-1]) and _metric(v):
             out[key] = v
+    at = s.get("best_throughput_at") or {}
+    if _metric(at.get("k")):
+        k = f"k{int(at['k'])}"
+        for name in STUDY_POINT:  # the key names the model only where the sweeps hold several
+            v = flat.get(f"{name}.{strategy}.{at.get('model')}.{k}", flat.get(f"{name}.{strategy}.{k}"))
+            if _metric(v):
+                out[name] = v
     return out

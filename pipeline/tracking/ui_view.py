@@ -6,11 +6,22 @@ view" feature is the server-side way: the page state is an experiment tag `mlflo
 link with `?viewStateShareKey=<key>` loads it (mlflow/server/js: useSharedExperimentViewState). Parallax writes that
 tag with a fixed key (`parallax`) and links to it with `workflowType=machine_learning`, the URL parameter MLflow's
 sidebar reads before its own localStorage choice, so the page opens on model training, not GenAI. Nothing of MLflow
-is re-implemented: the tag and the link are MLflow's; this module only decides the columns.
+is re-implemented: the tag and the link are MLflow's; this module only decides the columns and their widths.
 
 The tag carries every field of MLflow 3's default page state (createExperimentPageUIState in MLflow 3.17's bundle)
 with the columns changed: 3.17's reader fills missing fields with defaults itself, earlier 3.x readers replace the
 whole state with the shared one.
+
+What a link can choose, and what this view chooses so that the first screen at 1400 px answers: the columns
+(selectedColumns: the study rows' numbers only, the best throughput and the weak-scaling efficiency first; no
+parameter column, since a study row has none of a trial's parameters and a trial's name carries its k, B and lr),
+the columns' widths (columnWidths: a compact Run Name, whose study names start with the strategy, Created as wide as
+"12 minutes ago", numbers as narrow as their headers allow), the sort and the table or chart view (compareRunsMode
+in the URL). The view keeps MLflow's newest-first sort, the one order under which MLflow nests a study's trials
+under its row (its nestChildren rule: by a metric the trials would stand beside the studies), and the table, where
+the numbers are read off: a run per study fits the first screen. MLflow's Assistant panel is none of these: it opens
+beside every page on a local server's first visit and remembers being closed in the browser's localStorage
+(`mlflow.assistant.panelOpen`), which no tag or URL parameter sets.
 """
 
 from __future__ import annotations
@@ -20,31 +31,39 @@ import sys
 from urllib.parse import urlencode
 
 from pipeline.tracking.client import PIPELINE_RUN_TAG  # which pipeline run (DVC experiment) a run is of
-from pipeline.tracking.metric_names import FINAL_ACC, MEM_IMBALANCE, PEAK_MIB, THROUGHPUT
+from pipeline.tracking.metric_names import PEAK_MIB
 
 SHARE_TAG_PREFIX = "mlflow.sharedViewState."  # MLflow's EXPERIMENT_PAGE_VIEW_STATE_SHARE_TAG_PREFIX
 VIEW_KEY = "parallax"
-# the runs table's columns, in the order a reader compares them, where the store has them: strategy, k, batch, lr,
-# then each number beside its study row's counterpart, every one under its own name (metric_names rounds every
-# value): a trial's img/s and its study's best, the study's weak efficiency and largest k, peak MiB, a trial's final
-# accuracy and its study's best, flagged, a trial's memory imbalance and its study's worst
+# the runs table's columns, in the order a reader needs them, where the store has them: each strategy's best img/s
+# and weak-scaling efficiency (the answer), the peak MiB at that best point, the best accuracy, the largest k measured,
+# how many trials were flagged, the worst memory imbalance. Every one is a number the study (parent) row carries
+# (metric_names.study_row_metrics, study_view.study_metrics), so the collapsed rows show no `-` but where a figure is
+# undefined; a trial row, under its study's +, shows its own peak MiB and flag, its name its k, B and lr.
 COLUMNS = (
-    "params.`strategy`",
-    "params.`devices`",
-    "params.`batch_size`",
-    "params.`lr`",
-    f"metrics.`{THROUGHPUT}`",
     "metrics.`best_throughput_img_s`",
     "metrics.`weak_efficiency`",
-    "metrics.`largest_k`",
     f"metrics.`{PEAK_MIB}`",
-    f"metrics.`{FINAL_ACC}`",
     "metrics.`best_test_acc`",
+    "metrics.`largest_k`",
     "metrics.`flagged`",
-    f"metrics.`{MEM_IMBALANCE}`",
     "metrics.`worst_mem_imbalance`",
-    "attributes.`Dataset`",
 )
+# the ids of MLflow's runs-table columns Run Name and Created (its grid names Created after its field)
+RUN_NAME, CREATED = "attributes.`Run Name`", "runDateAndNestInfo"
+# pixels: MLflow's defaults are 190 for Run Name, 150 for Created and wider for a number than its value needs:
+# "study ddp_amp · …" keeps the strategy, "12 minutes ago" stays whole, and each header reads to its last word
+WIDTHS = {
+    RUN_NAME: 170,
+    CREATED: 125,
+    "metrics.`best_throughput_img_s`": 165,
+    "metrics.`weak_efficiency`": 125,
+    f"metrics.`{PEAK_MIB}`": 120,
+    "metrics.`best_test_acc`": 125,
+    "metrics.`largest_k`": 100,
+    "metrics.`flagged`": 90,
+    "metrics.`worst_mem_imbalance`": 185,
+}
 # MLflow 3's search facets for "all active runs, newest first" (useExperimentPageSearchFacets' defaults)
 FACETS = {
     "searchFilter": "",
@@ -55,7 +74,8 @@ FACETS = {
     "modelVersionFilter": "All Runs",
     "datasetsFilter": [],
 }
-# MLflow 3's default UI state, field for field; the view changes selectedColumns and runsExpanded
+# MLflow 3's default UI state, field for field; the view changes selectedColumns, columnOrder, columnWidths and
+# runsExpanded
 UI_DEFAULTS = {
     "columnOrder": [],
     "columnWidths": {},
@@ -86,23 +106,27 @@ def latest_pipeline_run(runs) -> str | None:
 
 def view_state(runs) -> dict:
     """The page state for `runs` (MLflow Run objects of one experiment): the latest pipeline run's runs only, with
-    the COLUMNS the store has. Its runs are grouped by study, the study (parent) rows collapsed, each showing its
-    study's summary metrics: MLflow does not share expanded rows (its reader drops runsExpanded, runsPinned,
-    runsHidden), so a user expands a study with its +."""
+    the COLUMNS the store has, at their WIDTHS, newest first. Its runs are grouped by study, the study (parent) rows
+    collapsed, each showing its study's summary metrics: MLflow does not share expanded rows (its reader drops
+    runsExpanded, runsPinned, runsHidden), so a user expands a study with its +."""
     latest = latest_pipeline_run(runs)
     if latest:
         runs = [r for r in runs if r.data.tags.get(PIPELINE_RUN_TAG) == latest]
     have = {f"metrics.`{k}`" for r in runs for k in r.data.metrics} | {
         f"params.`{k}`" for r in runs for k in r.data.params
     }
-    cols = [c for c in COLUMNS if c.startswith("attributes.") or c in have]
+    cols = [c for c in COLUMNS if c in have]
     search = "tags.`{}` = '{}'".format(PIPELINE_RUN_TAG, latest.replace("'", "\\'")) if latest else ""
+    # MLflow applies a width to the columns columnOrder names: Run Name and Created (pinned, they stay first) and
+    # the numbers
+    order = [RUN_NAME, CREATED, *cols]
     return {
         **FACETS,
         **UI_DEFAULTS,
         "searchFilter": search,
         "selectedColumns": cols,
-        "columnOrder": cols,
+        "columnOrder": order,
+        "columnWidths": {c: WIDTHS[c] for c in order if c in WIDTHS},
         "runsExpanded": {},
     }
 

@@ -40,13 +40,36 @@ def test_analysis_run_carries_figures_and_numbers(make_cfg, tmp_path, synthetic_
     assert {f"{name}.png" for name in figures} <= top and "metrics.json" in top
     # the run's description is the report's opening, up to and including its reading of the results
     note, report = run.data.tags["mlflow.note.content"], (out / "report.md").read_text()
-    assert note.startswith(report.split("\n")[0]) and "## Reading" in note and len(note) < len(report)
+    assert "## Host" in note and "## Reading" in note and len(note) < len(report)
 
 
-def test_report_head_stops_after_the_reading():
-    text = "# R\n\n> warning\n\n## Host\nh\n\n## Reading\n- best: ddp\n\n## Strategies\n| table |\n"
+def test_the_analysis_runs_description_opens_on_the_answer(make_cfg, tmp_path, synthetic_root):
+    """MLflow shows a description's first lines and hides the rest behind "Show more": they are the answer's, the
+    recommendation first, not the report's title and warning."""
+    cfg = make_cfg()
+    _params(tmp_path, synthetic_root)
+    sweeps = tmp_path / "results" / "sweeps"
+    sweeps.mkdir(parents=True)
+    write([row("ddp", k=1, B=128, thr=1000), row("ddp", k=2, B=256, thr=1800)], sweeps / "ddp.jsonl")
+    out = tmp_path / "analysis"
+    assert main(["analyze", "--sweeps", str(sweeps), "--out", str(out)]) == 0
+    (run,) = tracking.Tracker(cfg).find_runs("tags.stage = 'analyze'")
+    note, report = run.data.tags["mlflow.note.content"], (out / "report.md").read_text()
+    answer = report.split("## Answer\n", 1)[1].split("\n## ", 1)[0].strip()
+    assert answer.startswith("**") and note.startswith(answer.split("\n")[0]), note[:300]
+    assert note.startswith(answer) and note.count(answer.split("\n")[0]) == 1  # once, and whole
+    assert "## Answer" not in note and "# Parallax analysis report" not in note
+
+
+def test_report_head_puts_the_answer_first_and_stops_after_the_reading():
+    text = (
+        "# R\n\n> warning\n\n## Answer\n\n**Use ddp at k=2**\n- Why: w\n\n## Host\nh\n\n"
+        "## Reading\n- best: ddp\n\n## Strategies\n| table |\n"
+    )
     head = analysis_run.report_head(text)
-    assert head.startswith("# R\n\n> warning") and "- best: ddp" in head and "| table |" not in head
+    assert head.startswith("**Use ddp at k=2**\n- Why: w\n\n> warning\n\n## Host"), head
+    assert "- best: ddp" in head and "| table |" not in head and "# R\n" not in head
+    assert analysis_run.report_head("# R\n\n> warning\n\n## Reading\n- r\n").startswith("> warning\n\n## Reading")
     assert analysis_run.report_head("x" * 50, limit=10).startswith("x" * 10 + "\n")
 
 

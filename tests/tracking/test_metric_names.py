@@ -158,3 +158,14 @@ def test_the_study_row_carries_the_summarys_and_metrics_json_names_unchanged():
     assert names.study_row_metrics("ddp", {"strategies": {"ddp": {"best_throughput_img_s": 900.56}}}, {}) == {
         "best_throughput_img_s": 900.6
     }
+
+
+def test_a_study_row_carries_its_best_points_peak_under_the_trials_name():
+    """The runs table's peak_mem_mib column on a study row: metrics.json's peak at the k (and model) of the study's
+    best throughput, the same quantity a trial row shows there, so the collapsed row is never `-` in it."""
+    summary = {"strategies": {"ddp": {"best_throughput_img_s": 900.0, "best_throughput_at": {"model": "m", "k": 2}}}}
+    flat = {"peak_mem_mib.ddp.k1": 10.0, "peak_mem_mib.ddp.k2": 12.5}
+    assert names.study_row_metrics("ddp", summary, flat)["peak_mem_mib"] == 12.5
+    several = {"peak_mem_mib.ddp.m.k2": 14.0, "peak_mem_mib.ddp.n.k2": 99.0}  # the model joins the key
+    assert names.study_row_metrics("ddp", summary, several)["peak_mem_mib"] == 14.0
+    assert "peak_mem_mib" not in names.study_row_metrics("ddp", {"strategies": {"ddp": {}}}, flat)

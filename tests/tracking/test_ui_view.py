@@ -34,13 +34,11 @@ def test_publish_writes_mlflows_share_tag_with_the_columns_the_store_has(tmp_pat
     route = ui_view.publish_view(client, exp)
     tag = client.get_experiment(exp).tags["mlflow.sharedViewState.parallax"]
     state = json.loads(tag)
-    assert state["selectedColumns"] == [
-        "params.`devices`",
-        "params.`batch_size`",
-        "metrics.`throughput_img_s`",
-        "metrics.`best_throughput_img_s`",
-        "attributes.`Dataset`",
-    ]
+    # the study rows' numbers only: a trial's parameters and img/s are `-` on every study row
+    assert state["selectedColumns"] == ["metrics.`best_throughput_img_s`"]
+    assert state["orderByKey"] == "attributes.start_time"  # the one order under which MLflow nests trials
+    assert state["columnOrder"] == ["attributes.`Run Name`", "runDateAndNestInfo", "metrics.`best_throughput_img_s`"]
+    assert set(state["columnWidths"]) == set(state["columnOrder"])
     assert state["runsExpanded"] == {}  # MLflow does not share expanded rows: the studies show their summaries
     assert state["lifecycleFilter"] == "Active" and state["runsPinned"] == [] and state["groupBy"] is None
     assert route == f"#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey=parallax"
@@ -49,10 +47,10 @@ def test_publish_writes_mlflows_share_tag_with_the_columns_the_store_has(tmp_pat
 def test_publishing_again_follows_new_runs(tmp_path):
     client, exp, _ = _store(tmp_path)
     ui_view.publish(client, exp)
-    run = client.create_run(exp, run_name="trial")
-    client.log_metric(run.info.run_id, "final_test_acc", 0.8)
+    run = client.create_run(exp, run_name="study zero1")
+    client.log_metric(run.info.run_id, "weak_efficiency", 0.8)
     state = ui_view.publish(client, exp)
-    assert "metrics.`final_test_acc`" in state["selectedColumns"]
+    assert "metrics.`weak_efficiency`" in state["selectedColumns"]
     assert json.loads(client.get_experiment(exp).tags["mlflow.sharedViewState.parallax"]) == state
 
 
@@ -92,13 +90,20 @@ def test_the_installed_mlflow_ui_reads_this_tag_link_and_state():
         r'\["searchFilter","orderByKey",[^\]]*\]', "".join(p.read_text(errors="replace") for p in BUNDLE.glob("*.js"))
     )
     assert facets and set(json.loads(facets.group(0))) == set(ui_view.FACETS)
+    # the runs table's column ids the view sets widths for: Run Name's and Created's (its grid's field name)
+    table = "".join(
+        p.read_text(errors="replace")
+        for p in BUNDLE.glob("*.js")
+        if "RunNameCellRenderer" in p.read_text(errors="replace")
+    )
+    assert '"Run Name"' in table and f'field:"{ui_view.CREATED}"' in table
 
 
 def test_the_view_shows_the_latest_pipeline_run_with_columns_in_reading_order(tmp_path):
     """Runs of two pipeline runs (DVC experiments): the view filters to the newer one's runs by the
-    parallax.pipeline_run tag, and orders the columns strategy, k, batch, lr, then each trial number beside its
-    study's counterpart: img/s and the best, efficiency and largest k, peak MiB, accuracy and the best, flagged,
-    imbalance and the worst; every column under its source's own name."""
+    parallax.pipeline_run tag, and orders the columns the answer first: best img/s and weak efficiency, then peak
+    MiB, best accuracy, largest k, flagged, worst imbalance; every column under its source's own name, none a
+    trial's parameter or a trial-only number."""
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.create_experiment("parallax", artifact_location=(tmp_path / "artifacts").as_uri())
     for n, group in enumerate(("exp-old", "exp-new")):
@@ -134,23 +139,15 @@ def test_the_view_shows_the_latest_pipeline_run_with_columns_in_reading_order(tm
     state = ui_view.publish(client, exp)
     assert state["searchFilter"] == "tags.`parallax.pipeline_run` = 'exp-new'"
     assert state["selectedColumns"] == [
-        "params.`strategy`",
-        "params.`devices`",
-        "params.`batch_size`",
-        "params.`lr`",
-        "metrics.`throughput_img_s`",
         "metrics.`best_throughput_img_s`",
         "metrics.`weak_efficiency`",
-        "metrics.`largest_k`",
         "metrics.`peak_mem_mib`",
-        "metrics.`final_test_acc`",
         "metrics.`best_test_acc`",
+        "metrics.`largest_k`",
         "metrics.`flagged`",
-        "metrics.`mem_imbalance`",
         "metrics.`worst_mem_imbalance`",
-        "attributes.`Dataset`",
     ]
-    assert state["selectedColumns"][:-1] == list(ui_view.COLUMNS[:-1])  # every column, in COLUMNS' order
+    assert state["selectedColumns"] == list(ui_view.COLUMNS)  # every column, in COLUMNS' order
     shown = client.search_runs([exp], filter_string=state["searchFilter"])
     assert {r.info.run_name for r in shown} == {"exp-new · study ddp", "ddp k=2"} and len(shown) == 2
 

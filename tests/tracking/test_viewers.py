@@ -101,6 +101,37 @@ def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
     assert parent_metrics["peak_mem_mib.single.k1"] == pytest.approx(m["peak_mem_mib"], rel=1e-3)
 
 
+def test_the_shared_views_columns_are_all_on_the_study_rows(make_cfg, tmp_path):
+    """The link `make ui` prints opens on the study (parent) rows, collapsed: every metric column the view selects is
+    one each measured study row carries (a trial-only column would be `-` on all of them), and no column is a
+    trial's parameter."""
+    from pipeline.cli import main
+    from pipeline.tracking import ui_view
+
+    (tmp_path / "experiments").mkdir(exist_ok=True)
+    (tmp_path / "experiments" / "rows.yaml").write_text(
+        "data: {train_limit: 256, test_limit: 128}\ntrain: {epochs: 1, warmup_steps: 1}\n"
+        "sweep: {spaces: {ddp: {devices: [1, 2], batch_size: [64], lr: [0.1]}}}\n"
+    )
+    cfg = make_cfg(profile="rows")
+    sweeps = tmp_path / "results" / "sweeps"
+    sweeps.mkdir(parents=True)
+    run_sweep(cfg, "ddp", sweeps / "ddp.jsonl")
+    (tmp_path / "params.yaml").write_text("profile: rows\n")
+    assert main(["analyze", "--sweeps", str(sweeps), "--out", str(tmp_path / "analysis")]) == 0
+    tr = tracking.Tracker(cfg)
+    state = ui_view.publish(tr.client, tr.experiment_id)
+    columns = state["selectedColumns"]
+    assert "metrics.`best_throughput_img_s`" in columns and "metrics.`peak_mem_mib`" in columns, columns
+    assert not [c for c in columns if not c.startswith("metrics.")], columns
+    (study,) = tr.find_runs("tags.role = 'study'")
+    carried = {f"metrics.`{k}`" for k in study.data.metrics}
+    assert [c for c in columns if c not in carried] == [], sorted(study.data.metrics)
+    summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
+    k = summary["strategies"]["ddp"]["best_throughput_at"]["k"]
+    assert study.data.metrics["peak_mem_mib"] == study.data.metrics[f"peak_mem_mib.ddp.k{k}"]  # the best point's
+
+
 def test_unavailable_study_says_why(views, tmp_path):
     from pipeline.host.devices import probe
 
