@@ -458,7 +458,7 @@ def _held(file: dict, sets: dict, key: str, where: str) -> tuple:
     """(value, where it is from) that the --set options so far, else the params file, give dotted `key`; (None, "")
     for none, or a null."""
     for layer, source in ((sets, "an earlier --set"), (file, where)):
-        node = layer
+        node: typing.Any = layer
         for p in key.split("."):
             node = node.get(p) if isinstance(node, dict) else None
         if node is not None:
@@ -468,10 +468,11 @@ def _held(file: dict, sets: dict, key: str, where: str) -> tuple:
 
 def _remove(layer: dict, key: str) -> None:
     *section, name = key.split(".")
+    node: typing.Any = layer
     for p in section:
-        layer = layer.get(p) if isinstance(layer, dict) else None
-    if isinstance(layer, dict):
-        layer.pop(name, None)
+        node = node.get(p) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(name, None)
 
 
 def _copy(layer: dict) -> dict:
