@@ -53,19 +53,26 @@ gpu-bundle: setup        ## what an air-gapped GPU node needs, in dist/gpu-bundl
 doctor: setup            ## does every strategy run and agree with single-device SGD on this host? (results/doctor/)
 	$(BIN)/python -m pipeline doctor
 
+# The stages DVC runs, asked before it starts with the arguments it gets ($(1)): each stage's `[pipeline] stage i/n`
+# line and ETA count only those (a stage's own command cannot ask: DVC holds the repository's lock). Where DVC cannot
+# say, the pipeline runs as it would without: each stage's ETA then counts every later stage.
+PLAN = { plan=$$($(BIN)/python -m pipeline.cli.repro_plan $(1)) && export PARALLAX_STAGE_PLAN="$$plan" || :; }
+
 pipeline: setup          ## download Fashion-MNIST, sweep every strategy, analyse
-	dvc repro
+	@$(call PLAN) && dvc repro
 
 # `dvc exp run -S` writes its value into params.yaml; OFFLINE puts the file back as it was (also on Ctrl-C or a
 # failure), so the README's next command, and a later `make pipeline`, see the project's own settings. The synthetic
 # setting lives in the experiment (`dvc exp show`); results/ and dvc.lock hold its run.
+# $(1): more arguments for DVC (-s STAGE).
+OFFLINE_SET = -S data.source=synthetic
 OFFLINE = keep=$$(mktemp) && cp params.yaml "$$keep" && trap 'cp "$$keep" params.yaml; rm -f "$$keep"' EXIT && \
-	  trap 'exit 130' INT TERM && \
-	  dvc exp run -S data.source=synthetic
+	  trap 'exit 130' INT TERM && $(call PLAN,$(OFFLINE_SET) $(1)) && \
+	  dvc exp run $(OFFLINE_SET) $(1)
 KEPT    = params.yaml is as it was: data.source=synthetic lives in the experiment above (dvc exp show); results/ hold its run, labelled synthetic.
 
 pipeline-offline: setup  ## the same on the explicit synthetic stand-in (no network needed); params.yaml is kept as it was
-	@$(OFFLINE) && \
+	@$(call OFFLINE) && \
 	  echo "$(KEPT) The answer is above; make ui opens every run (mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db)."
 
 # One stage on the synthetic stand-in, as `make pipeline-offline` ran it: `dvc repro -s STAGE` alone takes params.yaml's
@@ -74,7 +81,7 @@ pipeline-offline: setup  ## the same on the explicit synthetic stand-in (no netw
 stage-offline: setup     ## rerun one stage offline: make stage-offline STAGE='sweep@ddp' (or analyze, overlap, collectives, ...)
 	@test -n "$(STAGE)" || { echo "Name the stage: make stage-offline STAGE='sweep@ddp' (dvc.yaml's stages:" \
 	  "download, sweep@STRATEGY, overlap, collectives, analyze; all of them: make pipeline-offline)." >&2; exit 2; }
-	@$(OFFLINE) -s '$(STAGE)' && \
+	@$(call OFFLINE,-s '$(STAGE)') && \
 	  echo "$(KEPT)"
 
 test: setup              ## the whole suite (CPU; 10 to 40 minutes on 2 cores: benchmarks/RESULTS.md, "How long the two commands take")

@@ -1,21 +1,31 @@
-"""Where a `dvc repro` (or `dvc exp run`) stands over the whole pipeline, and how long the rest of it takes.
+"""Where a `dvc repro` (or `dvc exp run`) stands over the stages it runs, and how long the rest of them takes.
 
 Each stage is its own `python -m pipeline COMMAND` process, so no process sees the whole run: the sweep stages time
 their own trials (pipeline/sweep/progress.py); this module says which stage of how many is running and how long the
-rest takes. At its start a stage run by DVC prints one line on stderr (wrapped here):
+rest takes. At its start a stage run by DVC prints one line on stderr (wrapped here). Under `make pipeline`, `make
+pipeline-offline` and `make stage-offline`, which ask DVC before it starts which stages it runs (the plan,
+$PARALLAX_STAGE_PLAN, written by pipeline/cli/repro_plan.py: a stage's own command cannot ask, DVC holds the
+repository's lock), the line counts only those:
 
-    [pipeline] stage 3/12: sweep@scratch (ETA for the rest of the pipeline: about 12 min, from this host's last
-    run of each stage)
+    [pipeline] stage 1/2 of this run (DVC skips the other 10 of 12 stages): sweep@ddp (ETA for the rest of this run:
+    about 3 min, from this host's last run of each of its stages)
 
-The position is the stage's place in dvc.yaml's stage list with foreach and matrix expanded, DVC's own order for this
-project's dvc.yaml (tests/cli/test_stage_progress.py compares it with DVC's plan). dvc.yaml is read as a YAML file
-rather than through `dvc.repo.Repo(...).index`, which costs about a second per stage (1.1 s, measured on a 2-core host
-under load). The ETA is the sum of the wall times this host recorded for this stage and every later one at their last
-successful run (runs/stage_times.json at the store root: under DVC's temporary executors the parent repository's, so
-experiments share it). Until each of them has run once it says so and gives no number; a stage DVC skips as unchanged
-makes the figure an overestimate. A stage that fails records nothing. Outside DVC ($DVC_STAGE unset), or in a process
-that is not the stage's own command (a helper started from it inherits $DVC_STAGE), `begin` returns OFF and nothing is
-printed or recorded.
+With no plan (a plain `dvc repro`, or a stage DVC runs outside its plan) it counts every stage of the pipeline and says
+so:
+
+    [pipeline] stage 3/12: sweep@scratch (ETA for the rest of the pipeline: about 12 min, from this host's last run of
+    each stage; it counts every later stage, those DVC skips as unchanged too)
+
+The position is the stage's place in the plan, or in dvc.yaml's stage list with foreach and matrix expanded, DVC's
+own order for this project's dvc.yaml (tests/cli/test_stage_progress.py compares it with DVC's plan). dvc.yaml is read
+as a YAML file rather than through `dvc.repo.Repo(...).index`, which costs about a second per stage (1.1 s, measured
+on a 2-core host under load). The ETA is the sum of the wall times this host recorded for this stage and every later
+one it counts, at their last successful run (runs/stage_times.json at the store root: under DVC's temporary executors
+the parent repository's, so experiments share it). Until each of them has run once it says so and gives no number.
+A planned stage downstream of a changed one that DVC skips after all (its inputs came out unchanged) makes the figure
+an overestimate. A stage that fails records nothing. Outside DVC ($DVC_STAGE unset), or in a process that is not the
+stage's own command (a helper started from it inherits $DVC_STAGE), `begin` returns OFF and nothing is printed or
+recorded.
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ from pipeline.config import safe_yaml
 
 COMMAND = re.compile(r"python3?\s+-m\s+pipeline\s+([A-Za-z_]\w*)")
 UNKNOWN_ETA = "ETA: not known until each stage has run once on this host"
+PLAN_ENV = "PARALLAX_STAGE_PLAN"  # the stages this run's entry point planned (pipeline/cli/repro_plan.py)
+PLAN_SEPARATOR = ","
 
 
 class Off:
@@ -81,9 +93,12 @@ def begin(command: str, clock=time.monotonic) -> StageClock | Off:
     except (OSError, ValueError, yaml.YAMLError, AttributeError, TypeError):  # unreadable: no line; the stage runs on
         return OFF
     times_file = paths.store_root() / "runs" / "stage_times.json"
-    if names and stage in names:
-        line = position_line(names, stage, read_times(times_file))
-        print(line, file=sys.stderr, flush=True)
+    plan = read_plan()
+    if plan and stage in plan:
+        skipped = len(names) - len(plan) if names and set(plan) <= set(names) else None
+        print(position_line(plan, stage, read_times(times_file), skipped, planned=True), file=sys.stderr, flush=True)
+    elif names and stage in names:
+        print(position_line(names, stage, read_times(times_file)), file=sys.stderr, flush=True)
     return StageClock(stage, times_file, started, clock)
 
 
@@ -126,17 +141,33 @@ def stage_command(dvc_yaml: dict, stage: str) -> str | None:
     return found[0] if found else None
 
 
-def position_line(names: list[str], stage: str, times: dict) -> str:
-    """The stage-start line: `stage 3/12: NAME` and the ETA of this stage and every later one."""
+def read_plan() -> list[str] | None:
+    """The stages DVC runs, in its order, as the entry point that started it planned them ($PARALLAX_STAGE_PLAN);
+    None where none was given."""
+    value = os.environ.get(PLAN_ENV)
+    return None if value is None else [s.strip() for s in value.split(PLAN_SEPARATOR) if s.strip()]
+
+
+def position_line(names: list[str], stage: str, times: dict, skipped: int | None = None, planned: bool = False) -> str:
+    """The stage-start line: `stage 3/12: NAME` and the ETA of this stage and every later one of `names`: the
+    stages this run planned (`planned`, `skipped` the number of the pipeline's other stages, None where not known)
+    or every stage of the pipeline."""
     i = names.index(stage)
     rest = names[i:]
     known = [times[s] for s in rest if isinstance(times.get(s), (int, float))]
-    eta = (
-        f"ETA for the rest of the pipeline: {duration(sum(known))}, from this host's last run of each stage"
-        if len(known) == len(rest)
-        else UNKNOWN_ETA
-    )
-    return f"[pipeline] stage {i + 1}/{len(names)}: {stage} ({eta})"
+    if len(known) < len(rest):
+        eta = UNKNOWN_ETA
+    elif planned:
+        eta = f"ETA for the rest of this run: {duration(sum(known))}, from this host's last run of each of its stages"
+    else:
+        eta = (
+            f"ETA for the rest of the pipeline: {duration(sum(known))}, from this host's last run of each stage; it "
+            "counts every later stage, those DVC skips as unchanged too"
+        )
+    where = f"stage {i + 1}/{len(names)}" + (" of this run" if planned else "")
+    if planned and skipped:
+        where += f" (DVC skips the other {skipped} of {skipped + len(names)} stages)"
+    return f"[pipeline] {where}: {stage} ({eta})"
 
 
 def duration(seconds: float) -> str:

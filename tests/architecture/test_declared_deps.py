@@ -31,6 +31,7 @@ EXTRAS = {
     "pipeline/records/table.py": {"pipeline"},  # a sweep table read back as a DataFrame (the analysis)
     "pipeline/cli/compare.py": {"pipeline"},
     "pipeline/cli/dashboard.py": {"pipeline"},
+    "pipeline/cli/repro_plan.py": {"pipeline"},  # DVC's own status and plan, before `dvc repro` starts
     "pipeline/data/download.py": {"download"},
     "pipeline/doctor/bundle.py": {"dev"},  # `make gpu-bundle` on the set-up host (tomli on Python 3.10)
     "pipeline/measure/interference.py": {"gpu"},  # NVML samples of a trial's GPUs

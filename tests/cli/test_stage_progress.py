@@ -1,5 +1,6 @@
-"""A stage run by DVC says its place in the whole pipeline and the rest's ETA from this host's last run of each stage,
-and keeps its own wall time when it succeeds; outside DVC, or when it fails, it says and keeps nothing.
+"""A stage run by DVC says its place in the run and the rest's ETA from this host's last run of each stage: among the
+stages DVC runs where the entry point planned them ($PARALLAX_STAGE_PLAN), else among every stage of the pipeline,
+saying so. It keeps its own wall time when it succeeds; outside DVC, or when it fails, it says and keeps nothing.
 
     .venv/bin/python -m pytest tests/cli/test_stage_progress.py -q
 """
@@ -36,6 +37,7 @@ def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     monkeypatch.delenv("DVC_STAGE", raising=False)
+    monkeypatch.delenv(stage_progress.PLAN_ENV, raising=False)
     monkeypatch.setattr(errors, "runner", lambda: None)  # no DVC process to watch over the test
     return tmp_path
 
@@ -72,15 +74,56 @@ def test_the_project_order_is_the_one_dvc_plans():
     assert stage_progress.stage_names(yaml.safe_load((REPO / "dvc.yaml").read_text()), params) == planned
 
 
-def test_a_stage_says_its_position_and_the_rest_eta_from_recorded_times(project, monkeypatch, capsys):
+def test_without_a_plan_a_stage_counts_every_later_stage_and_says_so(project, monkeypatch, capsys):
     _times(project, download=5, **{"sweep@single": 100, "sweep@ddp": 400, "analyze": 50, "profiles": 10})
     monkeypatch.setenv("DVC_STAGE", "sweep@ddp")
     stage_progress.begin("sweep")
     err = capsys.readouterr().err
     assert err == (
         "[pipeline] stage 3/5: sweep@ddp (ETA for the rest of the pipeline: about 8 min, from this host's last run "
-        "of each stage)\n"
+        "of each stage; it counts every later stage, those DVC skips as unchanged too)\n"
     )
+
+
+def test_with_a_plan_a_stage_counts_only_the_planned_stages(project, monkeypatch, capsys):
+    """The plan names sweep@single and analyze: the position is among those two, and the ETA is their 150 s, not the
+    560 s of every stage from sweep@single on (sweep@ddp's 400 s among them, unchanged and skipped)."""
+    _times(project, download=5, **{"sweep@single": 100, "sweep@ddp": 400, "analyze": 50, "profiles": 10})
+    monkeypatch.setenv(stage_progress.PLAN_ENV, "sweep@single,analyze")
+    monkeypatch.setenv("DVC_STAGE", "sweep@single")
+    stage_progress.begin("sweep")
+    monkeypatch.setenv("DVC_STAGE", "analyze")
+    stage_progress.begin("analyze")
+    assert capsys.readouterr().err.splitlines() == [
+        "[pipeline] stage 1/2 of this run (DVC skips the other 3 of 5 stages): sweep@single (ETA for the rest of "
+        "this run: about 2 min, from this host's last run of each of its stages)",
+        "[pipeline] stage 2/2 of this run (DVC skips the other 3 of 5 stages): analyze (ETA for the rest of this "
+        "run: about 50 s, from this host's last run of each of its stages)",
+    ]
+
+
+def test_with_a_plan_only_the_planned_stages_need_a_recorded_time(project, monkeypatch, capsys):
+    _times(project, **{"sweep@ddp": 400})  # nothing recorded for download, sweep@single and analyze
+    monkeypatch.setenv(stage_progress.PLAN_ENV, "sweep@ddp")
+    monkeypatch.setenv("DVC_STAGE", "sweep@ddp")
+    stage_progress.begin("sweep")
+    assert "stage 1/1 of this run" in (err := capsys.readouterr().err) and "about 7 min" in err, err
+    monkeypatch.setenv(stage_progress.PLAN_ENV, "sweep@ddp,analyze")
+    stage_progress.begin("sweep")
+    assert "stage 1/2 of this run" in (err := capsys.readouterr().err) and stage_progress.UNKNOWN_ETA in err, err
+
+
+@pytest.mark.parametrize("plan", ["sweep@ddp,analyze", ""])
+def test_a_stage_the_plan_leaves_out_counts_every_later_stage(project, monkeypatch, capsys, plan):
+    """DVC runs a stage its plan did not name (the plan is another run's, or DVC found a change after it was made):
+    the line falls back to the whole pipeline rather than a position the plan cannot give."""
+    _times(project, download=5, **{"sweep@single": 100, "sweep@ddp": 400, "analyze": 50, "profiles": 10})
+    monkeypatch.setenv(stage_progress.PLAN_ENV, plan)
+    monkeypatch.setenv("DVC_STAGE", "sweep@single")
+    stage_progress.begin("sweep")
+    err = capsys.readouterr().err
+    assert err.startswith("[pipeline] stage 2/5: sweep@single (ETA for the rest of the pipeline: about 9 min"), err
+    assert "it counts every later stage" in err
 
 
 def test_without_a_recorded_time_for_a_later_stage_the_eta_is_not_known(project, monkeypatch, capsys):
