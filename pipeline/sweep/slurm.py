@@ -8,6 +8,8 @@ c10d rendezvous on the allocation's first node, exactly as a hand-typed multi-no
 node_rank, rdzv_endpoint). The sweep process stays on the login node: it holds the Optuna claim and its heartbeat,
 logs each epoch (the main rank's progress.jsonl, on the shared filesystem) and records the result as for a local
 trial, with the job id and node count.
+With system metrics on, each node samples its own host into the trial's MLflow run, labelled with its SLURM
+name (tracking.sampling); the login node samples nothing.
 
 Why `scontrol show job` and not submitit's own watcher: submitit asks `sacct`, which needs SLURM's accounting
 database; without one (a small cluster, the test cluster) a job that ends without its result file (scancel,
@@ -88,9 +90,10 @@ def cluster_host(cfg, host):
     )
 
 
-def runner(cfg):
-    """The function that runs one trial: on this host, or as a SLURM job."""
-    return Runner(cfg.slurm) if is_on(cfg) else local
+def runner(cfg, run=None):
+    """The function that runs one trial: on this host, or as a SLURM job whose nodes each sample their own system
+    metrics into `run` (a tracking TrialRun, open by the time the trial runs) when they are on."""
+    return Runner(cfg.slurm, run) if is_on(cfg) else local
 
 
 def local(tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="", note=None):
@@ -102,12 +105,15 @@ def local(tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="",
 # ----------------------------------------------------------------------------- on each node of the job
 
 
-def node_main(cfg, out_dir: str, timeout_s: float | None) -> dict:
+def node_main(cfg, out_dir: str, timeout_s: float | None, system_metrics=None) -> dict:
     """One task per node: this node's share of the trial's ranks, in out_dir/node<i>. `cfg`: the trial's Config as
-    the sweep built it (pickled by submitit). Returns the record where this node holds the main rank (its
-    final_state.pt), and a failure as (text, kind) rather than raising it."""
+    the sweep built it (pickled by submitit). `system_metrics` (a tracking.SystemMetrics, None when off): the trial's
+    run, into which this node samples its own host's system metrics while its ranks run, labelled with its SLURM
+    name. Returns the record where this node holds the main rank (its final_state.pt), and a failure as (text, kind)
+    rather than raising it."""
     import submitit
 
+    from pipeline.tracking.client import sampling
     from pipeline.trial.launch import run_trial
 
     env = submitit.JobEnvironment()
@@ -122,7 +128,8 @@ def node_main(cfg, out_dir: str, timeout_s: float | None) -> dict:
         )
     node_dir = Path(out_dir) / f"node{env.node}"
     try:
-        record = run_trial(cfg, node_dir, on_epoch=None, progress=False, timeout_s=timeout_s)
+        with sampling(system_metrics, node=env.hostnames[env.node]):
+            record = run_trial(cfg, node_dir, on_epoch=None, progress=False, timeout_s=timeout_s)
     except TrialFailed as e:
         return {"node": env.node, "failed": (str(e), e.kind)}
     is_main = (node_dir / "final_state.pt").exists()
@@ -229,8 +236,8 @@ def _tail(path: Path, n: int = 300) -> str:
 class Runner:
     """Runs one trial as a SLURM job and waits for it, saying when it is submitted, queued, running and done."""
 
-    def __init__(self, scfg):
-        self.scfg = scfg
+    def __init__(self, scfg, run=None):
+        self.scfg, self.run = scfg, run
 
     def executor(self, folder: Path, nodes: int, label: str):
         import submitit  # the optional extra `slurm`: only here
@@ -260,7 +267,10 @@ class Runner:
         nodes = nodes_for(self.scfg, tcfg.train.devices)
         tcfg = with_train(tcfg, nnodes=1, rdzv_endpoint="")  # node_main sets the allocation's
         try:
-            job = self.executor(out_dir / "slurm", nodes, label).submit(node_main, tcfg, str(out_dir), timeout_s)
+            sampled = self.run.system_metrics_target() if self.run else None  # each node samples its own host
+            job = self.executor(out_dir / "slurm", nodes, label).submit(
+                node_main, tcfg, str(out_dir), timeout_s, sampled
+            )
         except subprocess.CalledProcessError as e:  # sbatch said why on stderr, above
             raise TrialFailed(
                 f"`sbatch` could not submit the trial's job (exit {e.returncode}; its own message is printed above "

@@ -73,13 +73,16 @@ def run_one(
     tags.update({k: study.user_attrs.get(k) for k in PROVENANCE})  # the code, data and torch the figures come from
     plan = planned(slurm.sized(cfg, tcfg), host, host_fields(host, tcfg.train.devices))
     run = TrialRun(tracker, tcfg, stage=f"sweep@{strategy}")
-    mlflow = MlflowListener(run, name, plan, tags, parent_id, stopped_note="trial enqueued again")
+    # a SLURM job's nodes sample their own hosts' system metrics, not this (login) node
+    mlflow = MlflowListener(
+        run, name, plan, tags, parent_id, stopped_note="trial enqueued again", samples_here=not slurm.is_on(cfg)
+    )
     in_study = StudyListener(cfg, study, trial, p)
     one = Trial(
         tcfg,
         study_setup.trial_folder(study, trials_dir, trial.number),
         [mlflow, in_study, SweepConsole(label)],
-        runner=slurm.runner(cfg),  # here, or as a SLURM job when slurm.partition is set
+        runner=slurm.runner(cfg, run),  # here, or as a SLURM job when slurm.partition is set
         label=label,
         progress=sys.stderr.isatty(),
         timeout_s=cfg.sweep.trial_timeout_s,

@@ -9,11 +9,13 @@ ended with a status.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -371,14 +373,39 @@ def system_metrics_on(cfg) -> bool:
     )
 
 
-@contextlib.contextmanager
-def system_metrics(cfg, run_id: str | None):
-    """With system metrics on (system_metrics_on: tracking.system_metrics or MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING),
-    MLflow's system metrics (system/cpu_utilization_percentage,
-    system/system_memory_usage_megabytes, disk, network and, where pynvml finds NVIDIA GPUs, system/gpu_N_*) are
-    sampled every tracking.system_metrics_interval_s into run `run_id` while the block runs. They describe the whole
-    host (every process), beside the trial's own per-device allocator peaks (peak_mem_mib_devN), never instead."""
+def this_node() -> str:
+    """The label of the system metrics this process samples: SLURM's name for its node inside a job
+    (SLURMD_NODENAME), else the host's name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+@dataclasses.dataclass(frozen=True)
+class SystemMetrics:
+    """Where a trial's system metrics go: run `run_id` in the store at `uri`, a sample every `interval_s`. Picklable,
+    so that each node of a SLURM job samples its own host into the run the sweep opened on the login node."""
+
+    run_id: str
+    uri: str
+    interval_s: float
+
+
+def system_metrics_target(cfg, run_id: str | None) -> SystemMetrics | None:
+    """Where run `run_id`'s system metrics go, decided where the run is opened (the switch read there); None when
+    they are off (system_metrics_on) or there is no run."""
     if not (run_id and system_metrics_on(cfg)):
+        return None
+    return SystemMetrics(run_id, tracking_uri(cfg), cfg.tracking.system_metrics_interval_s)
+
+
+@contextlib.contextmanager
+def sampling(target: SystemMetrics | None, node: str | None = None):
+    """MLflow's system metrics of this host (system/<node>/cpu_utilization_percentage,
+    system/<node>/system_memory_usage_megabytes, disk, network and, where pynvml finds NVIDIA GPUs,
+    system/<node>/gpu_N_*) sampled into `target`'s run while the block runs. `node` (default: this_node(); MLflow's
+    own MLFLOW_SYSTEM_METRICS_NODE_ID wins) is MLflow's node_id: each node of a multi-node trial has keys of its own.
+    They describe the whole host (every process), beside the trial's own per-device allocator peaks
+    (peak_mem_mib_devN), never instead. `target` None: nothing is sampled."""
+    if target is None:
         yield None
         return
     try:
@@ -394,13 +421,19 @@ def system_metrics(cfg, run_id: str | None):
         yield None
         return
     monitor = SystemMetricsMonitor(
-        run_id, sampling_interval=cfg.tracking.system_metrics_interval_s, tracking_uri=tracking_uri(cfg)
+        target.run_id, sampling_interval=target.interval_s, node_id=node or this_node(), tracking_uri=target.uri
     )
     monitor.start()
     try:
         yield monitor
     finally:
         monitor.finish()
+
+
+def system_metrics(cfg, run_id: str | None, node: str | None = None):
+    """With system metrics on (system_metrics_on: tracking.system_metrics or MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING),
+    this host's sampled into run `run_id` every tracking.system_metrics_interval_s while the block runs (sampling)."""
+    return sampling(system_metrics_target(cfg, run_id), node)
 
 
 def log_completed_run(tracker: Tracker, run_id: str, record, out_dir: Path) -> None:

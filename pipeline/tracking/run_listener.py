@@ -16,11 +16,12 @@ UNDER_LOAD = "[under load] "  # the run-name prefix of a trial measured under in
 
 class MlflowListener:
     """`run` (a TrialRun) opened as `name` with the planned record `plan`'s params and base tags, plus `tags`,
-    under `parent_id` when given."""
+    under `parent_id` when given. `samples_here`: this process runs the trial's ranks, so it samples this host's system
+    metrics (when on); False where they run elsewhere (a SLURM job, whose nodes sample their own: sweep/slurm.py)."""
 
-    def __init__(self, run: TrialRun, name: str, plan, tags: dict | None = None, parent_id=None, stopped_note=""):
+    def __init__(self, run: TrialRun, name: str, plan, tags=None, parent_id=None, stopped_note="", samples_here=True):
         self.run, self.name, self.plan, self.tags, self.parent_id = run, name, plan, tags or {}, parent_id
-        self.stopped_note = stopped_note
+        self.stopped_note, self.samples_here = stopped_note, samples_here
         self.host_metrics = contextlib.ExitStack()
 
     def started(self, trial) -> None:
@@ -31,7 +32,8 @@ class MlflowListener:
         self.run.start(self.name, self.plan, self.tags, parent_id=self.parent_id, started=opened)
         if trial.bounded:
             self.run.tag({"parallax.bounded": trial.bounded})
-        self.host_metrics.enter_context(self.run.system_metrics())  # off unless turned on (system_metrics_on)
+        if self.samples_here:  # off unless turned on (system_metrics_on)
+            self.host_metrics.enter_context(self.run.system_metrics())
 
     def noted(self, trial, attrs: dict) -> None:
         tags = {f"parallax.{k}": v for k, v in attrs.items() if k != "mlflow_run_id"}  # its own id is no tag

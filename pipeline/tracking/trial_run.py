@@ -55,9 +55,14 @@ class TrialRun:
         return False
 
     def system_metrics(self):
-        """MLflow's host metrics into this run while the block runs (off unless tracking.system_metrics or
-        MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING turns them on: tracking.system_metrics_on)."""
-        return tracking.system_metrics(self.cfg, self.run_id)
+        """MLflow's metrics of this host into this run while the block runs, labelled with its name (off unless
+        tracking.system_metrics or MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING turns them on: tracking.system_metrics_on)."""
+        return tracking.sampling(self.system_metrics_target())
+
+    def system_metrics_target(self) -> tracking.SystemMetrics | None:
+        """Where this run's system metrics go, for the nodes that run the trial elsewhere (a SLURM job's, each
+        sampling its own host: tracking.sampling); None when they are off or the run is not open."""
+        return tracking.system_metrics_target(self.cfg, self.run_id)
 
     def complete(self, record, out_dir: Path, untimed: str = "") -> None:
         """A finished trial's record (metrics, tags, metrics.json) and, when its throughput could not be timed

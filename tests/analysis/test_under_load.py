@@ -246,7 +246,8 @@ def test_metrics_json_figures_at_a_k_are_those_of_one_point_the_answer_runs():
 def test_dvc_plots_draw_the_95_percent_intervals_the_csvs_carry(tmp_path):
     """throughput.csv carries each point's 95% interval (throughput_lo/hi) beside efficiency.csv's efficiency_lo/hi,
     and DVC's two templates draw each as an error bar over those columns; each template, filled as DVC fills it,
-    compiles to a chart (vl-convert's Vega-Lite, where installed)."""
+    compiles to a chart with a bar for each row that has an interval and none for the others (vl-convert's Vega-Lite,
+    where installed)."""
     import pandas as pd
 
     from pipeline.analysis import stage
@@ -260,7 +261,7 @@ def test_dvc_plots_draw_the_95_percent_intervals_the_csvs_carry(tmp_path):
         sweeps / "ddp.jsonl",
     )
     stage.analyze(sweeps, tmp_path / "out", expected=("ddp",))
-    filled = {}
+    filled, bars = {}, {}
     for csv, (y, lo, hi), name in (
         ("throughput.csv", ("throughput_img_s", "throughput_lo", "throughput_hi"), "throughput_by_strategy"),
         ("efficiency.csv", ("efficiency", "efficiency_lo", "efficiency_hi"), "efficiency_by_strategy"),
@@ -274,11 +275,15 @@ def test_dvc_plots_draw_the_95_percent_intervals_the_csvs_carry(tmp_path):
         layers = spec["spec"]["layer"] if "spec" in spec else spec["layer"]
         (bar,) = [x for x in layers if x["mark"]["type"] == "errorbar"]
         assert (bar["encoding"]["y"]["field"], bar["encoding"]["y2"]["field"]) == (lo, hi), name
-        records = data.assign(rev="workspace").to_dict("records")
+        # as DVC hands a CSV's rows to the template: every value a string, "" where the cell is empty
+        records = data.assign(rev="workspace").fillna("").astype(str).to_dict("records")
+        bars[name] = len(iv)
         filled[name] = text.replace('"<DVC_METRIC_DATA>"', json.dumps(records, default=str))
         for anchor, value in (("X", "k"), ("Y", y), ("X_LABEL", "k"), ("Y_LABEL", y), ("TITLE", name)):
             filled[name] = filled[name].replace(f"<DVC_METRIC_{anchor}>", value)
     # each filled template renders, where a Vega-Lite renderer is installed (none is a dependency: DVC renders them)
     vl_convert = pytest.importorskip("vl_convert")
     for name, spec in filled.items():
-        assert "<svg" in vl_convert.vegalite_to_svg(json.loads(spec)), name
+        svg = vl_convert.vegalite_to_svg(json.loads(spec))
+        # a bar per row with an interval; none at 0 for the empty ones (an empty string passes isValid)
+        assert svg.count('aria-roledescription="errorbar"') == bars[name], name

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -163,6 +164,29 @@ def test_scancel_reenqueues_the_trial_and_the_study_finishes_without_repeats(on_
         f"FIGURE slurm_scancel_counts optuna={len(trials)} mlflow={len(runs)} rows={len(table)} running={running} "
         f"job={job}"
     )
+
+
+def test_each_node_that_trained_logs_its_system_metrics_into_the_trial_run(on_cluster, tmp_path, capfd):
+    """System metrics are sampled where the ranks ran: each node of the job, labelled with its SLURM name (MLflow's
+    node_id), never the submitting host."""
+    pytest.importorskip("psutil", reason="MLflow's system metrics need psutil")
+    cfg = on_cluster(
+        "train.max_steps=1",
+        "tracking.system_metrics=true",
+        "tracking.system_metrics_interval_s=0.1",
+        "sweep.spaces.ddp={devices: [4], batch_size: [64], lr: [0.5]}",
+    )
+    out = tmp_path / "ddp.jsonl"
+    run_sweep(cfg, "ddp", out)
+    err = capfd.readouterr().err
+    study, trials, (run,), table, running = counts(cfg, "ddp", out)
+    assert [r["state"] for r in table] == ["complete"] and running == 0, err[-3000:]
+    labels = {k.split("/")[1] for k in run.data.metrics if k.startswith("system/")}
+    assert labels == set(slurm_cluster.NODES), sorted(run.data.metrics)  # both nodes of the k=4 job, only they
+    for node in slurm_cluster.NODES:
+        assert f"system/{node}/cpu_utilization_percentage" in run.data.metrics
+    assert socket.gethostname() not in labels
+    print(f"FIGURE slurm_system_metrics_nodes={sorted(labels)}")
 
 
 def test_a_node_lost_mid_trial_fails_the_trial_with_the_reason(on_cluster, slurm, tmp_path):

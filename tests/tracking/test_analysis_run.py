@@ -3,6 +3,8 @@ metrics only when tracking.system_metrics is on."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from pipeline.cli import main
@@ -115,5 +117,7 @@ def test_system_metrics_when_asked(make_cfg, tmp_path, synthetic_root):
         make_cfg, tmp_path, synthetic_root, "tracking.system_metrics=true", "tracking.system_metrics_interval_s=0.1"
     )
     m = run.data.metrics
-    assert "system/cpu_utilization_percentage" in m and "system/system_memory_usage_megabytes" in m
+    node = socket.gethostname()  # the trial's ranks ran on this host: its metrics carry its name (MLflow's node_id)
+    assert f"system/{node}/cpu_utilization_percentage" in m and f"system/{node}/system_memory_usage_megabytes" in m
+    assert not [k for k in m if k.startswith("system/") and not k.startswith(f"system/{node}/")]
     assert "peak_mem_mib_dev0" in m  # beside the allocator's per-device peaks, never instead

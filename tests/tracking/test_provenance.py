@@ -4,6 +4,7 @@ MLflow's system-metrics switch turns system metrics on; the store's location is 
 from __future__ import annotations
 
 import getpass
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -102,7 +103,7 @@ def test_mlflows_switch_turns_system_metrics_on(make_cfg, tmp_path, synthetic_ro
     pytest.importorskip("psutil", reason="MLflow's system metrics need psutil")
     monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "true")
     run = _trial(make_cfg, tmp_path, synthetic_root, "tracking.system_metrics_interval_s=0.1")
-    assert "system/cpu_utilization_percentage" in run.data.metrics  # tracking.system_metrics left false
+    assert f"system/{socket.gethostname()}/cpu_utilization_percentage" in run.data.metrics  # setting left false
 
 
 def test_the_switch_set_false_leaves_the_setting_and_an_unreadable_one_is_refused(make_cfg, monkeypatch):
