@@ -1,7 +1,7 @@
 """`python -m pipeline ui`: MLflow's own UI on 127.0.0.1 over the tracking store, started only on a port that is a
 port and free (MLflow's server prints a traceback and exits 0 on either), after the experiment's shared runs-table
 view is written (ui_view.py). The link is printed once the server listens (MLflow takes 10-30 s to start), so a
-click never meets "connection refused". Its --port is parsed by cli_types.port.
+click never meets "connection refused". Its --port is parsed by pipeline.cli.types.port.
 """
 
 from __future__ import annotations

@@ -327,7 +327,8 @@ class Tracker:
 
 
 def base_tags(planned, cfg, stage: str | None = None) -> dict:
-    """A trial run's tags when it starts: the planned trial record's (record.planned) and where it was run from."""
+    """A trial run's tags when it starts: the planned trial record's (pipeline.records.trial.planned) and where it
+    was run from."""
     return {
         **planned.tags(),
         "profile": cfg.profile,

@@ -31,8 +31,8 @@ def key_text(v) -> str:
 
 
 def normalize(df: pd.DataFrame, stem: str) -> pd.DataFrame:
-    """Rows as the sweep table holds them, every column of its kind (sweep_table.typed), plus `k` = devices; a
-    missing strategy is the file's stem."""
+    """Rows as the sweep table holds them, every column of its kind (pipeline.records.table.typed), plus `k` =
+    devices; a missing strategy is the file's stem."""
     df = typed(df)
     df["strategy"] = df["strategy"].where(df["strategy"] != "", stem)
     df["state"] = df["state"].str.lower().where(df["state"] != "", "unknown")
