@@ -124,11 +124,12 @@ def cmd_collectives(args) -> int:
 
 
 def cmd_overlap(args) -> int:
-    from pipeline.errors import interruption, root_cause
+    from pipeline.errors import interruption
     from pipeline.host.devices import probe
     from pipeline.measure.interference import Monitor
     from pipeline.preflight import check_store, output_dir
     from pipeline.scaling import overlap
+    from pipeline.store_faults import root_cause
     from pipeline.tracking import client as tracking
 
     cfg = configmod.load(args.params, args.overrides)
@@ -299,7 +300,8 @@ def cmd_profiles(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from pipeline.errors import lifeline, user_errors
+    from pipeline.lifeline import lifeline
+    from pipeline.user_errors import user_errors
 
     stage = stage_progress.begin(args.command)  # a DVC stage: its place in the pipeline and the rest's ETA
     # lifeline: a stage command run by DVC stops (as on SIGTERM, which user_errors turns into an exit 143) once the

@@ -31,7 +31,7 @@ def _port_in_use(port: int) -> int | None:
 
 
 def run(args) -> int:
-    from pipeline.errors import redact
+    from pipeline.redact import redact
     from pipeline.tracking import client as tracking
 
     free = _port_in_use(args.port)

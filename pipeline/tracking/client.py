@@ -20,9 +20,11 @@ import time
 from pathlib import Path
 
 from pipeline import scratch
-from pipeline.errors import StoreError, env_flag, redact
+from pipeline.env import env_flag
+from pipeline.errors import StoreError
 from pipeline.paths import repo_root, store_root
 from pipeline.preflight import check_store, store_url
+from pipeline.redact import redact
 from pipeline.tracking import metric_names, server_wait
 from pipeline.tracking.store_checks import check_artifacts, half_made
 

@@ -12,7 +12,7 @@ import socket
 import pytest
 import yaml
 
-from pipeline import errors
+from pipeline import lifeline
 from pipeline.cli import commands, stage_progress
 
 from ..conftest import REPO
@@ -36,7 +36,7 @@ def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     monkeypatch.delenv("DVC_STAGE", raising=False)
-    monkeypatch.setattr(errors, "runner", lambda: None)  # no DVC process to watch over the test
+    monkeypatch.setattr(lifeline, "runner", lambda: None)  # no DVC process to watch over the test
     return tmp_path
 
 

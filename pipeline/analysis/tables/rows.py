@@ -98,7 +98,7 @@ def _skipped(p: Path, bad: list) -> list[str]:
     ]
     if len(bad) > MAX_BAD:
         out.append(f"{p}: {len(bad) - MAX_BAD} more damaged lines skipped (lines {bad[MAX_BAD][0]}..{bad[-1][0]})")
-    # not errors.say: the wing imports nothing above the sweep table (tests/architecture/test_imports.py)
+    # not user_errors.say: the wing imports nothing above the sweep table (tests/architecture/test_imports.py)
     for note in out:
         print(f"warning: {note}", file=sys.stderr)
     return out
