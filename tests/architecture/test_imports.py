@@ -19,7 +19,7 @@ KNOWN_PRIVATE: set = set()
 
 # The wings, lowest floor first: what each folder (or top-level module) of pipeline/ may import from pipeline/, by
 # folder. Arrows only point down this list, so the folders import one another without a cycle (docs: LAYOUT).
-TOP = {"catalog": set(), "paths": set(), "models": set(), "scratch": set(), "processes": set()}
+TOP = {"catalog": set(), "paths": set(), "models": set(), "scratch": set(), "processes": set(), "rank_env": set()}
 FLOORS = {
     "config": {"catalog", "paths"},
     "errors": set(),
@@ -34,7 +34,7 @@ FLOORS = {
     "data": {"scratch", "errors", "redact"},
     "host": set(),
     "measure": {"host"},
-    "strategies": {"host", "measure", "catalog", "models"},
+    "strategies": {"host", "measure", "catalog", "models", "rank_env"},
     "trial": {
         "scratch",
         "config",
@@ -47,9 +47,10 @@ FLOORS = {
         "store_faults",
         "paths",
         "models",
+        "rank_env",
     },
     "tracking": {"scratch", "errors", "redact", "env", "store_faults", "paths", "preflight"},
-    "scaling": {"catalog", "config", "host", "strategies", "trial", "models", "paths"},
+    "scaling": {"catalog", "config", "host", "strategies", "trial", "models", "paths", "rank_env"},
     "sweep": {
         "processes",
         "config",
