@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 
 
 def _port_in_use(port: int) -> int | None:
@@ -36,12 +36,12 @@ def run(args) -> int:
 
     free = _port_in_use(args.port)
     if free is not None:  # before MLflow starts: its server would print a traceback and still exit 0
-        raise configmod.ConfigError(
+        raise loader.ConfigError(
             f"Port {args.port} on 127.0.0.1 is in use (another MLflow UI, `make ui` or "
             f"`make dashboard`?). Stop that one, or pick another port: --port {free} is "
             f"free now (make ui UI_PORT={free})."
         )
-    cfg = configmod.load(args.params, args.overrides)
+    cfg = loader.load(args.params, args.overrides)
     # the store's URL through the environment, not argv: a password in it stays out of the process list; MLflow 3's
     # job runners (a huey consumer per task queue, a folder in /dev/shm) serve features Parallax never uses
     env = {
