@@ -21,7 +21,7 @@ from .env import env_number
 from .errors import DataError, PathError, StoreError
 from .paths import store_root, too_long
 from .redact import has_password, redact
-from .user_errors import say as say
+from .user_errors import say
 
 PREFLIGHT_TIMEOUT_S = env_number(
     "PARALLAX_PREFLIGHT_TIMEOUT_S",
