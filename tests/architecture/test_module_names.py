@@ -4,6 +4,9 @@ Read in every tracked Python file (its docstrings and comments) and in the docs 
 docs/*.md). A name `x.py` (or `wing/x.py`) must be a tracked file; a dotted `pipeline.a.b.name` must resolve, read
 with `ast` (nothing imported): its longest module prefix is a tracked module, the next part a name that module
 defines at its top (a function, class, constant or import), and a part after a class a name in that class's body.
+A short pointer `module.name` (`queue.claimed`, `points.timed`), where `module` is the file name of a pipeline/
+module or folder, must name what one such module defines (at its top or in one of its classes), except where the
+word is also a config section or a common object (AMBIGUOUS: `train.lr` is a key, `trial.number` Optuna's).
 Paths inside the libraries Parallax reads (`torch/...`, `dvc/...`) and the few bare names of such files listed in
 ELSEWHERE are not the repository's.
 """
@@ -28,6 +31,10 @@ PLACEHOLDERS = ("NAME", "pipeline.x.", "pipeline/x/")
 FILE = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.py)\b")
 MODULE = re.compile(r"\bpipeline(?:\.\w+)+")
 DOCS = ("README.md", "CONTRIBUTING.md")
+SHORT = re.compile(r"(?<![\w./-])([a-z_][a-z0-9_]*)\.([A-Za-z_]\w*)\b(?!\.\w|/|-)")
+AMBIGUOUS = {"data", "train", "sweep", "tracking", "analyze", "overlap", "collectives", "slurm", "space", "spaces"}
+AMBIGUOUS |= {"pipeline", "model", "trial", "report", "study", "run", "config", "store", "cfg", "self"}
+SUFFIXES = {"py", "md", "json", "jsonl", "yaml", "yml", "csv", "png", "txt", "pt", "lock", "toml", "html", "db"}
 
 
 def _tracked() -> list[str]:
@@ -102,12 +109,26 @@ def _defined(path: str, read) -> dict[str, ast.AST]:
     return _PARSED[path]
 
 
+def _short_resolves(base: str, name: str, modules: dict[str, str], read) -> bool:
+    """Whether a module (or package) whose file name is `base` defines `name`, at its top or in one of its classes."""
+    for module, path in modules.items():
+        if module.rsplit(".", 1)[-1] != base:
+            continue
+        defined = _defined(path, read)
+        if name in defined or f"{module}.{name}" in modules:
+            return True
+        if any(isinstance(n, ast.ClassDef) and name in _names(n.body) for n in defined.values()):
+            return True
+    return False
+
+
 def stale_names(files: list[str], read) -> list[str]:
     """`file:line: name` for every module name, file or dotted pointer that points nowhere."""
     _PARSED.clear()
     names = {f.rsplit("/", 1)[-1] for f in files if f.endswith(".py")}
     modules = {f[:-3].replace("/", ".").removesuffix(".__init__"): f for f in files if f.endswith(".py")}
     docs = [f for f in files if f in DOCS or (f.startswith("docs/") and f.endswith(".md"))]
+    bases = {m.rsplit(".", 1)[-1] for m in modules if m.startswith("pipeline.")} - AMBIGUOUS
     out = []
     for f in [f for f in files if f.endswith(".py")] + docs:
         texts = _texts(read(f)) if f.endswith(".py") else _lines(read(f))
@@ -121,6 +142,9 @@ def stale_names(files: list[str], read) -> list[str]:
                 if any(p in dotted for p in PLACEHOLDERS) or resolves(dotted.removesuffix(".py"), modules, read):
                     continue
                 out.append(f"{f}:{line}: {dotted}")
+            for base, name in SHORT.findall(text):
+                if base in bases and name not in SUFFIXES and not _short_resolves(base, name, modules, read):
+                    out.append(f"{f}:{line}: {base}.{name}")
     return out
 
 
@@ -141,10 +165,11 @@ def test_a_stale_name_is_found():
 
 
 def test_a_dotted_name_must_name_an_attribute():
-    """`pipeline.a.f` and `pipeline.a.C.m` resolve to what module a defines; `pipeline.a.g`, `pipeline.a.C.n` and
-    the same in a doc's prose (or a path `pipeline/b.py`) do not."""
-    files = ["pipeline/__init__.py", "pipeline/a.py", "docs/x.md"]
+    """`pipeline.a.f` and `pipeline.a.C.m` resolve to what module a defines, and so do the short `a.f` and `a.m`;
+    `pipeline.a.g`, `pipeline.a.C.n`, `a.k` and the same in a doc's prose (or a path `pipeline/b.py`) do not."""
+    files = ["pipeline/__init__.py", "pipeline/a.py", "pipeline/data.py", "docs/x.md"]
     src = {
+        "pipeline/data.py": "",
         "pipeline/__init__.py": "",
         "pipeline/a.py": (
             '"""Uses pipeline.a.f, pipeline.a.C.m, pipeline.a.C.n and pipeline.a.g."""\n'
@@ -152,11 +177,12 @@ def test_a_dotted_name_must_name_an_attribute():
             "class C:\n"
             "    def m(self): pass\n"
         ),
-        "docs/x.md": "See `pipeline.a.f`, `pipeline.a.h()` and pipeline/b.py.\n",
+        "docs/x.md": "See `pipeline.a.f`, `pipeline.a.h()` and pipeline/b.py.\nShort: `a.f`, `a.m`, `a.k`, `data.x`.\n",
     }
     assert stale_names(files, src.__getitem__) == [
         "pipeline/a.py:1: pipeline.a.C.n",
         "pipeline/a.py:1: pipeline.a.g",
         "docs/x.md:1: pipeline/b.py",
         "docs/x.md:1: pipeline.a.h",
+        "docs/x.md:2: a.k",
     ]
