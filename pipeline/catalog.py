@@ -57,7 +57,7 @@ _NO_AUTOCAST = (
 # order): the scaling model adds the collectives sharding issues, the report shows the memory it saved
 SHARDABLE = ("params", "grads", "optimizer")
 
-# The communication patterns the scaling model knows (scaling_model.step_collectives), one per row
+# The communication patterns the scaling model knows (pipeline.scaling.model.step_collectives), one per row
 COMM_PATTERNS = {
     "none": "no communication (one device)",
     "copy_allreduce": "one copy-based all-reduce per parameter tensor after backward (d2l's scratch)",

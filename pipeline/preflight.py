@@ -17,9 +17,11 @@ import tempfile
 import urllib.parse
 from pathlib import Path
 
-from .errors import DataError, PathError, StoreError, env_number, has_password, redact
-from .errors import say as say
+from .env import env_number
+from .errors import DataError, PathError, StoreError
 from .paths import store_root, too_long
+from .redact import has_password, redact
+from .user_errors import say
 
 PREFLIGHT_TIMEOUT_S = env_number(
     "PARALLAX_PREFLIGHT_TIMEOUT_S",

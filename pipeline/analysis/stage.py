@@ -8,9 +8,9 @@ efficiency/throughput/memory/accuracy.csv (tidy, for DVC plots), efficiency/thro
 knobs.csv (+ one knob_*.png per varied DDP knob), best.yaml (the fastest configuration as a params-style `train:`
 section), breakdown.csv + breakdown.png (where a sampled step goes),
 model.csv + model.png (the scaling model beside the measurements: every number in them modelled) and report.md.
-results/collectives.json, when present (pipeline/collectives.measure() written as JSON), is this host's collectives
-for the model; the stage never measures them itself (it launches no processes). Only complete, non-oversubscribed
-trials enter the numbers; everything else is listed with its reason.
+results/collectives.json, when present (pipeline.scaling.collectives.measure() written as JSON), is this host's
+collectives for the model; the stage never measures them itself (it launches no processes). Only complete,
+non-oversubscribed trials enter the numbers; everything else is listed with its reason.
 Undefined stays NaN (CSV: row absent; JSON: null), never 0.
 The outputs are one generation (records/files.py `replacing_folder`): all are written into a new folder beside the
 output folder, generation.json last (the time, the inputs' sha256, each file's sha256), and the two folders are

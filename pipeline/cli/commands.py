@@ -8,16 +8,16 @@ import sys
 from pipeline import paths
 from pipeline.cli import stage_progress
 from pipeline.cli.parser import build_parser
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 
 
 def cmd_download(args) -> int:
-    from pipeline.data import store as data
+    from pipeline.data import store
     from pipeline.preflight import output_dir
 
-    cfg = configmod.load(args.params, args.overrides)
+    cfg = loader.load(args.params, args.overrides)
     root = output_dir(paths.repo_root() / cfg.data.dir, "data.dir")  # a directory (the IDX files, manifest.json)
-    manifest = data.prepare(root, cfg.data.source, cfg.data.mirror, progress=True)
+    manifest = store.prepare(root, cfg.data.source, cfg.data.mirror, progress=True)
     label = " (SYNTHETIC stand-in, not Fashion-MNIST)" if manifest["source"] == "synthetic" else ""
     print(f"data ready in {root}: source {manifest['source']}{label}, {len(manifest['files'])} files checked")
     return 0
@@ -33,8 +33,8 @@ def cmd_sweep(args) -> int:
     from pipeline.preflight import output_file
     from pipeline.sweep import unselected
 
-    cfg = configmod.load(args.params, args.overrides)
-    configmod.check_sweep(cfg)  # every sweep stage, selected or not: a knob a selected strategy cannot take
+    cfg = loader.load(args.params, args.overrides)
+    loader.check_sweep(cfg)  # every sweep stage, selected or not: a knob a selected strategy cannot take
     out = output_file(args.out or paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.jsonl", "--out")
     if not unselected.selected(cfg, args.strategy):  # its table, without loading torch, Optuna and MLflow
         unselected.write_table(cfg, args.strategy, out)
@@ -56,7 +56,7 @@ def cmd_analyze(args) -> int:
     from pipeline.tracking import client as tracking
     from pipeline.tracking.analysis_run import log_analysis_run
 
-    cfg = configmod.load(args.params, args.overrides)
+    cfg = loader.load(args.params, args.overrides)
     input_dir(
         args.sweeps,
         "--sweeps",
@@ -103,7 +103,7 @@ def cmd_collectives(args) -> int:
     from pipeline.preflight import output_file
     from pipeline.scaling.collectives import fit_bytes, measure
 
-    settings = configmod.load(args.params, args.overrides).collectives
+    settings = loader.load(args.params, args.overrides).collectives
     output_file(args.out, "--out")  # a file (collectives.json), checked before the benchmark's seconds
     host = probe()
     if host.n < 2:
@@ -124,14 +124,15 @@ def cmd_collectives(args) -> int:
 
 
 def cmd_overlap(args) -> int:
-    from pipeline.errors import interruption, root_cause
+    from pipeline.errors import interruption
     from pipeline.host.devices import probe
     from pipeline.measure.interference import Monitor
     from pipeline.preflight import check_store, output_dir
     from pipeline.scaling import overlap
+    from pipeline.store_faults import root_cause
     from pipeline.tracking import client as tracking
 
-    cfg = configmod.load(args.params, args.overrides)
+    cfg = loader.load(args.params, args.overrides)
     output_dir(args.out, "--out")  # a directory (overlap.json, overlap.md)
     check_store(tracking.tracking_uri(cfg), "tracking.uri")  # before the experiments, not after them
     res = overlap.run(cfg, args.out, watch=Monitor)  # what else used the host meanwhile: labelled under load
@@ -179,28 +180,28 @@ def cmd_ui(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from pipeline.doctor import checks as doctor
+    from pipeline.doctor import checks
     from pipeline.preflight import output_dir
 
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    bad = [s for s in names if s not in configmod.STRATEGY_NAMES]
+    bad = [s for s in names if s not in loader.STRATEGY_NAMES]
     if bad or not names:
-        raise configmod.ConfigError(
+        raise loader.ConfigError(
             f"Unknown strategy `{bad[0] if bad else ''}` in --strategies. Valid: "
-            f"{', '.join(configmod.STRATEGY_NAMES)} (comma-separated)."
+            f"{', '.join(loader.STRATEGY_NAMES)} (comma-separated)."
         )
     if twice := sorted({s for s in names if names.count(s) > 1}):
-        raise configmod.ConfigError(
+        raise loader.ConfigError(
             f"--strategies names `{twice[0]}` twice: each strategy is checked once. Name it once. Nothing was run."
         )
     if args.max_devices < 1 or args.steps < 1 or args.batch_per_device < 1:
-        raise configmod.ConfigError("--max-devices, --steps and --batch-per-device must be at least 1.")
+        raise loader.ConfigError("--max-devices, --steps and --batch-per-device must be at least 1.")
     # the doctor checks the host, not a study: no profile's search spaces, only params.yaml and --set
-    base = configmod.load(args.params, ["profile=", "train.timeout_s=120", *args.overrides], sweeps=False)
+    base = loader.load(args.params, ["profile=", "train.timeout_s=120", *args.overrides], sweeps=False)
     if args.dump_events is not None:
         output_dir(args.dump_events, "--dump-events")  # a directory of event files, like --out
     output_dir(args.out, "--out")  # a directory (doctor.json, doctor.md): checked before every check is run
-    report = doctor.run(
+    report = checks.run(
         base,
         args.out,
         names,
@@ -241,7 +242,7 @@ def cmd_fit(args) -> int:
     fixed = device.fixed_cost(args.device_name or (here[0] if here else None))
     rows = memory.fit_table(args.model, args.batch_size, cap.bytes, args.optimizer, ks, strategies, fixed=fixed.bytes)
     if not rows:  # every k leaves part of the batch over, or names a one-device strategy at k > 1
-        raise configmod.ConfigError(
+        raise loader.ConfigError(
             f"fit has no row to show: no k of --devices {','.join(map(str, ks))} divides --batch-size "
             f"{args.batch_size} (a strategy splits the global batch evenly over its k devices) for a strategy that "
             f"runs at that k ({', '.join(strategies)}; one-device strategies only at k=1). Give a k that divides the "
@@ -285,11 +286,11 @@ def _wrapped(line: str, indent: str, width: int = 100) -> str:
 
 
 def cmd_profiles(args) -> int:
-    found = configmod.describe_profiles()
+    found = loader.describe_profiles()
     for name, desc in found:
         print(f"{name}:\n  " + "\n  ".join(desc.splitlines()) + "\n")
     if not found:
-        raise configmod.ConfigError(
+        raise loader.ConfigError(
             f"No profiles: no experiments/*.yaml under {paths.repo_root()}, taken as the "
             f"repository root. Run from the Parallax checkout (where dvc.yaml is), or set "
             f"DVC_ROOT."
@@ -299,7 +300,8 @@ def cmd_profiles(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from pipeline.errors import lifeline, user_errors
+    from pipeline.lifeline import lifeline
+    from pipeline.user_errors import user_errors
 
     stage = stage_progress.begin(args.command)  # a DVC stage: its place in the pipeline and the rest's ETA
     # lifeline: a stage command run by DVC stops (as on SIGTERM, which user_errors turns into an exit 143) once the

@@ -13,8 +13,10 @@ import socket
 import sys
 
 from pipeline.cli.types import port as port_type
-from pipeline.errors import StoreError, redact, user_errors
+from pipeline.errors import StoreError
 from pipeline.paths import repo_root
+from pipeline.redact import redact
+from pipeline.user_errors import user_errors
 
 KEY = "OPTUNA_STORAGE"
 _PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}

@@ -19,7 +19,7 @@ import argparse
 from pathlib import Path
 
 from pipeline.cli import types as cli_types
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.config.schema import DDP_SETTLE_STEPS, DEVICES_MAX
 
 EPILOG = """configuration: params.yaml selects a profile (experiments/<profile>.yaml); params.yaml entries override
@@ -49,13 +49,13 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _cfg(key: str, text: str) -> str:
     """Help of a flag that overrides configuration key `key`: where its value comes from when the flag is unset."""
     section, name = key.split(".")
-    built_in = getattr(getattr(configmod.Config(), section), name)
+    built_in = getattr(getattr(loader.Config(), section), name)
     return f"{text} (default: {key} from --set, params.yaml or the profile; built in: {built_in})"
 
 
 def _train_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", choices=configmod.MODELS, help=_cfg("train.model", "model"))
-    p.add_argument("--strategy", choices=configmod.STRATEGY_NAMES, help=_cfg("train.strategy", "strategy"))
+    p.add_argument("--model", choices=loader.MODELS, help=_cfg("train.model", "model"))
+    p.add_argument("--strategy", choices=loader.STRATEGY_NAMES, help=_cfg("train.strategy", "strategy"))
     p.add_argument(
         "--devices", type=int, metavar="K", help=_cfg("train.devices", "devices (GPUs, or CPU cores) for this trial")
     )
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strategy",
         required=True,
-        choices=configmod.STRATEGY_NAMES,
+        choices=loader.STRATEGY_NAMES,
         help="the strategy whose study runs (required: no default)",
     )
     p.add_argument(
@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one strategy and k, each term is printed with its figure and its source.",
         epilog="example: python -m pipeline fit --model resnet18 --batch-size 256 --strategies ddp --devices 2",
     )
-    p.add_argument("--model", choices=configmod.MODELS, default="resnet18", help="the model (default resnet18)")
+    p.add_argument("--model", choices=loader.MODELS, default="resnet18", help="the model (default resnet18)")
     p.add_argument(
         "--batch-size",
         type=cli_types.batch_size,
@@ -309,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strategies",
         type=cli_types.strategy_names,
-        default=list(configmod.STRATEGY_NAMES),
+        default=list(loader.STRATEGY_NAMES),
         metavar="A,B",
         help="comma-separated strategies (default: all)",
     )
@@ -359,14 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--strategies",
-        default=",".join(configmod.STRATEGY_NAMES),
+        default=",".join(loader.STRATEGY_NAMES),
         metavar="A,B",
-        help=f"comma-separated strategies (default: all {len(configmod.STRATEGY_NAMES)}, "
-        f"{', '.join(configmod.STRATEGY_NAMES)})",
+        help=f"comma-separated strategies (default: all {len(loader.STRATEGY_NAMES)}, "
+        f"{', '.join(loader.STRATEGY_NAMES)})",
     )
     p.add_argument(
         "--model",
-        choices=configmod.MODELS,
+        choices=loader.MODELS,
         default="lenet",
         help="model of the timed run (default lenet; the equivalence step always uses lenet)",
     )

@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 from pipeline import paths
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 
 FLAGS = ("model", "strategy", "devices", "batch_size", "lr", "epochs", "max_steps", "seed")  # each sets train.<name>
 
 
 def _train_cfg(args):
     flags = {k: v for k in FLAGS if (v := getattr(args, k)) is not None}
-    return configmod.load(args.params, args.overrides, flags={"train": flags}, sweeps=False)  # one run: no spaces
+    return loader.load(args.params, args.overrides, flags={"train": flags}, sweeps=False)  # one run: no spaces
 
 
 class EpochLines:
@@ -96,9 +96,9 @@ def run(args) -> int:
 
     host = probe()
     check_feasible(cfg, host)  # before any work, before touching the stores
-    from pipeline.data import store as data
+    from pipeline.data import store
 
-    ds = data.load(paths.repo_root() / cfg.data.dir, cfg.data.source, cfg.data.train_limit, 1, verify=True)
+    ds = store.load(paths.repo_root() / cfg.data.dir, cfg.data.source, cfg.data.train_limit, 1, verify=True)
     check_batch_fits(cfg, len(ds.train_y))
     out = fresh_out(args.out)
     if out != args.out:

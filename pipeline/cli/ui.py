@@ -1,7 +1,7 @@
 """`python -m pipeline ui`: MLflow's own UI on 127.0.0.1 over the tracking store, started only on a port that is a
 port and free (MLflow's server prints a traceback and exits 0 on either), after the experiment's shared runs-table
 view is written (ui_view.py). The link is printed once the server listens (MLflow takes 10-30 s to start), so a
-click never meets "connection refused". Its --port is parsed by cli_types.port.
+click never meets "connection refused". Its --port is parsed by pipeline.cli.types.port.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 
 
 def _port_in_use(port: int) -> int | None:
@@ -31,17 +31,17 @@ def _port_in_use(port: int) -> int | None:
 
 
 def run(args) -> int:
-    from pipeline.errors import redact
+    from pipeline.redact import redact
     from pipeline.tracking import client as tracking
 
     free = _port_in_use(args.port)
     if free is not None:  # before MLflow starts: its server would print a traceback and still exit 0
-        raise configmod.ConfigError(
+        raise loader.ConfigError(
             f"Port {args.port} on 127.0.0.1 is in use (another MLflow UI, `make ui` or "
             f"`make dashboard`?). Stop that one, or pick another port: --port {free} is "
             f"free now (make ui UI_PORT={free})."
         )
-    cfg = configmod.load(args.params, args.overrides)
+    cfg = loader.load(args.params, args.overrides)
     # the store's URL through the environment, not argv: a password in it stays out of the process list; MLflow 3's
     # job runners (a huey consumer per task queue, a folder in /dev/shm) serve features Parallax never uses
     env = {

@@ -24,7 +24,8 @@ from torchvision.datasets import FashionMNIST
 from tqdm import tqdm
 
 from pipeline.data.files import DOWNLOAD_TIMEOUT_S, FILES, RERUN, raw_dir
-from pipeline.errors import DataError, redact
+from pipeline.errors import DataError
+from pipeline.redact import redact
 
 MIRRORS = list(FashionMNIST.mirrors)  # base URLs, tried in order
 RESOURCES = list(FashionMNIST.resources)  # (archive name, its MD5)

@@ -25,7 +25,8 @@ from pipeline import scratch
 from pipeline.data.files import DOWNLOAD_TIMEOUT_S, FILES, open_regular, raw_dir  # noqa: F401 (DOWNLOAD_TIMEOUT_S: re-exported)
 from pipeline.data.files import RERUN as _RERUN
 from pipeline.data.synthetic import make_synthetic
-from pipeline.errors import DataError, redact  # defined torch-free, for the CLI's error handler
+from pipeline.errors import DataError  # defined torch-free, for the CLI's error handler
+from pipeline.redact import redact
 
 SOURCES = ("fashion-mnist", "synthetic")
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics

@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pipeline import catalog, paths, scratch
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.config.schema import DDP_SETTLE_STEPS
-from pipeline.data import store as datamod
+from pipeline.data import store
 from pipeline.doctor import equivalence
 from pipeline.errors import DataError, Infeasible
 from pipeline.host.capabilities import fp32_label, host_capabilities
@@ -118,7 +118,7 @@ def run_case(
     t0 = time.perf_counter()
     sets = (f"train.strategy={case.strategy}", f"train.devices={case.k}", *case.sets)
     try:
-        check_feasible(configmod.override(base, sets), host)
+        check_feasible(loader.override(base, sets), host)
     except Infeasible as e:
         row.status, row.reason = "unavailable", str(e)
         return row
@@ -134,7 +134,7 @@ def run_case(
         row.check = verdict.detail
         batch = per_device_batch * case.k
         warmup = WARMUP_STEPS
-        cfg = configmod.override(
+        cfg = loader.override(
             base,
             [
                 *sets,
@@ -186,10 +186,10 @@ def _data(base, work: Path) -> tuple[str, str]:
     root = Path(base.data.dir)
     root = root if root.is_absolute() else paths.repo_root() / root
     try:
-        datamod.load(root, base.data.source, 1, 1)
+        store.load(root, base.data.source, 1, 1)
         return str(root), base.data.source
     except DataError:
-        datamod.prepare(work / "data", "synthetic", progress=False)
+        store.prepare(work / "data", "synthetic", progress=False)
         return str(work / "data"), "synthetic"
 
 
@@ -231,7 +231,7 @@ def run(
     with scratch.folder("parallax-doctor-") as tmp:  # also removes the folders of killed doctor runs
         work = Path(tmp)
         data_dir, source = _data(base, work)
-        base = configmod.override(base, [f"data.dir={data_dir}", f"data.source={source}", "train.epochs=1"])
+        base = loader.override(base, [f"data.dir={data_dir}", f"data.source={source}", "train.epochs=1"])
         if source == "synthetic":
             say("data: SYNTHETIC stand-in (not Fashion-MNIST): equivalence and speed only, accuracy means nothing")
         init = equivalence.initial_state()

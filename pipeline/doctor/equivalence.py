@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.models import build_model
 from pipeline.trial.launch import run_trial
 
@@ -44,7 +44,7 @@ def one_step(
     base_cfg, out_dir: Path, strategy: str, k: int, model: str = "lenet", batch: int = 64, extra=()
 ) -> tuple[dict, dict]:
     """Run one step of `strategy` on k devices; returns (final state_dict, trial metrics)."""
-    cfg = configmod.override(
+    cfg = loader.override(
         base_cfg,
         [
             f"train.strategy={strategy}",

@@ -97,7 +97,7 @@ class CudaPeaks:
     libraries are warmed up and what is resident is read (`open`); the steady window opens at the first step after
     the warm-up (`open(steady=True)`), closes before each evaluation (`close`) and reopens at the next step."""
 
-    method, basis = "cuda_allocator", "steady_step_above_resident"  # tables.MEM_BASIS says what each basis means
+    method, basis = "cuda_allocator", "steady_step_above_resident"  # points.MEM_BASIS says what each basis means
 
     def __init__(self, strategy):
         self.devices = list(strategy.devices)

@@ -21,10 +21,10 @@ clock on an unsampled step), as `autocast` is for fp32 strategies.
 - seconds per epoch (training only, evaluation excluded) and time to the target accuracy (their running sum);
 - the cold start (`startup_s`): the seconds of the warm-up steps (lazy loading, the autotuner's trials, compilation),
   inside the first epoch's seconds but never in throughput, reported on their own so a warm epoch can be told apart;
-- memory per device (metrics.memory_meter): on GPUs the libraries are warmed up and what is resident recorded at
-  the first `tick` (model, optimizer, data, the libraries' workspaces); the allocator's window opens at the first
-  steady step's `tick` and closes at `evaluation()` and at `results`, so the step's peak above resident is the
-  strategy's own; on CPU, tensor memory of a probe step.
+- memory per device (pipeline.measure.memory.memory_meter): on GPUs the libraries are warmed up and what is
+  resident recorded at the first `tick` (model, optimizer, data, the libraries' workspaces); the allocator's window
+  opens at the first steady step's `tick` and closes at `evaluation()` and at `results`, so the step's peak above
+  resident is the strategy's own; on CPU, tensor memory of a probe step.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 JSON, PARAM, METRIC, TAG, OPTUNA, TABLE = "json", "param", "metric", "tag", "optuna", "table"
-# POINT: a number the analysis carries per measured point (its median over the point's trials: tables.point_table)
+# POINT: a number the analysis carries per measured point (its median over the point's trials: points.point_table)
 # and per strategy and k into metrics.json (<name>.S.kK); the field needs TABLE too
 POINT = "point"
 MIB = 2**20

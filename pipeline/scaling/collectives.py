@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from pipeline import catalog
 from pipeline.config.schema import CollectivesConfig
+from pipeline.rank_env import RankEnv
 from pipeline.scaling import model as sm
 
 MODES = ("back_to_back", "after_compute")
@@ -192,7 +193,8 @@ def _rank(plan: dict) -> dict:
     from pipeline.strategies import shm_allreduce
 
     torch.set_num_threads(1)
-    rank, k, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    rank_env = RankEnv.read()  # this worker's place, read once here from the launcher's environment
+    rank, k, local = rank_env.rank, rank_env.world_size, rank_env.local_rank
     cuda = plan["device_kind"] == "cuda"
     if cuda:
         dev = torch.device("cuda", local)

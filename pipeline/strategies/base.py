@@ -18,6 +18,7 @@ from pipeline import catalog
 from pipeline.host.devices import Host, device_for, keep_freed_memory
 from pipeline.measure.breakdown import NO_CLOCK
 from pipeline.measure.comm_probes import NoComm
+from pipeline.rank_env import RankEnv
 
 from .amp import Amp, resolve_dtype
 
@@ -46,6 +47,7 @@ class Strategy:
     VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (("", ()),)
     channels_last_params = True  # False where parameters must stay contiguous (FSDP's flat shards)
     HEAVY_MODULES: tuple[str, ...] = ()  # imported once by the trial's parent before forking ranks (ranks.py)
+    rank_env = RankEnv()  # this process's place in the trial (setup's `rank_env`): one process of one, on node 0
     # True: the forward always runs under autocast (ddp_amp); otherwise it does with train.autocast, a mode only the
     # rows that list it take (launch.check_feasible refuses it elsewhere)
     always_autocast = False
@@ -70,8 +72,10 @@ class Strategy:
             )
 
     # --- set-up -------------------------------------------------------------------------------------
-    def setup(self, rank: int = 0, world_size: int = 1) -> torch.device:
-        """Prepare this process; returns the device its inputs live on."""
+    def setup(self, rank: int = 0, world_size: int = 1, rank_env: RankEnv | None = None) -> torch.device:
+        """Prepare this process; returns the device its inputs live on. `rank_env`: the launcher's environment as the
+        rank's entry read it (rank, world size, local rank, node), taken over `rank` and `world_size` when given."""
+        self.rank_env = rank_env or self.rank_env
         torch.set_num_threads(1)  # one device = one core = one intra-op thread
         keep_freed_memory()
         self.device = device_for(self.host, 0)

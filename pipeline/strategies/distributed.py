@@ -1,8 +1,9 @@
 """Shared set-up for the one-process-per-device strategies (ddp, ddp_amp, fsdp).
 
-The process group is created from the environment the elastic launcher sets (RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR/PORT): NCCL when each rank has its own GPU, Gloo on CPU, and Gloo also when ranks share a
-GPU (an oversubscribed functional check: NCCL refuses two ranks on one device; shares_gpu holds the rule). Its
+The process group is created from the launcher's environment: the rank, world size and local rank as the rank's
+entry read them (pipeline.rank_env.RankEnv), MASTER_ADDR/PORT read by torch's env:// rendezvous. NCCL when each rank
+has its own GPU, Gloo on CPU, and Gloo also when ranks share a GPU (an oversubscribed functional check: NCCL refuses
+two ranks on one device; shares_gpu holds the rule). Its
 timeout is train.timeout_s, so a rank that stops participating fails the trial instead of hanging the sweep.
 """
 
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.host.devices import device_for, keep_freed_memory
+from pipeline.rank_env import RankEnv
 
 from .base import Strategy
 
@@ -30,11 +32,12 @@ class DistributedStrategy(Strategy):
     def check_devices(self) -> None:
         pass
 
-    def setup(self, rank: int = 0, world_size: int = 1) -> torch.device:
+    def setup(self, rank: int = 0, world_size: int = 1, rank_env: RankEnv | None = None) -> torch.device:
         torch.set_num_threads(1)
         keep_freed_memory()
-        self.rank, self.world_size = rank, world_size
-        self.local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        self.rank_env = rank_env or RankEnv(rank, world_size, local_rank=rank)  # without it: one node, local = global
+        self.rank, self.world_size = self.rank_env.rank, self.rank_env.world_size
+        self.local_rank = self.rank_env.local_rank
         self.device = device_for(self.host, self.local_rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -46,8 +49,8 @@ class DistributedStrategy(Strategy):
             nccl = self.device.type == "cuda" and not self.shares_gpu
             dist.init_process_group(
                 "nccl" if nccl else "gloo",
-                rank=rank,
-                world_size=world_size,
+                rank=self.rank,
+                world_size=self.world_size,
                 timeout=datetime.timedelta(seconds=self.cfg.timeout_s),
                 device_id=self.device if nccl else None,
             )

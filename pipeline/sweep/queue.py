@@ -41,10 +41,14 @@ from optuna.trial import TrialState
 
 from pipeline import processes
 from pipeline.config.loader import TIMEOUT_MAX_S
-from pipeline.errors import StoreError, env_number, redact, root_cause, signals_deferred, store_fault
+from pipeline.env import env_number
+from pipeline.errors import StoreError
 from pipeline.paths import store_root
 from pipeline.preflight import check_store, store_url
 from pipeline.records.table import point_of
+from pipeline.redact import redact
+from pipeline.signals import signals_deferred
+from pipeline.store_faults import root_cause, store_fault
 
 # A trial whose heartbeat is older than GRACE_S is failed as stale and enqueued again: a rerun after a SIGKILL waits
 # that long for it. PARALLAX_GRACE_S shortens the wait (tests; at least 4 s, so that a live trial, beating every

@@ -13,8 +13,10 @@ from pathlib import Path
 
 from optuna.trial import TrialState
 
-from pipeline.errors import FAULT_TEXT, StoreError, interruption, redact, root_cause, store_fault
+from pipeline.errors import StoreError, interruption
 from pipeline.records.files import free_text
+from pipeline.redact import redact
+from pipeline.store_faults import FAULT_TEXT, root_cause, store_fault
 from pipeline.sweep import provenance, study_view
 from pipeline.sweep.queue import finished, storage_url
 from pipeline.sweep.space import changed_settings, choices

@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 
 from pipeline.config import loader as configmod
-from pipeline.errors import FAULT_TEXT, Stopped, redact, root_cause, store_fault
+from pipeline.errors import Stopped
 from pipeline.host.capabilities import host_capabilities
 from pipeline.records import labels as emulated
 from pipeline.records.files import free_text
 from pipeline.records.table import KNOBS
 from pipeline.records.trial import PROVENANCE, planned
+from pipeline.redact import redact
+from pipeline.store_faults import FAULT_TEXT, root_cause, store_fault
 from pipeline.strategies import STRATEGIES
 from pipeline.sweep import queue as claims
 from pipeline.sweep import slurm, study_setup
@@ -135,7 +137,7 @@ def resumes(done: int | None) -> str:
 
 def fault_text(e: BaseException, cfg=None) -> str:
     """The fault, in words: which store it came from (with `cfg`: named by its redacted address and key), what it
-    is (errors.FAULT_TEXT) and the driver's or the system's own words."""
+    is (store_faults.FAULT_TEXT) and the driver's or the system's own words."""
     fault, store = store_fault(e), store_of(e, cfg) if cfg is not None else ""
     why = server_wait.reason(e) if store.startswith("the MLflow server") else root_cause(e)
     what = f"{FAULT_TEXT[fault]} ({why})" if fault else why

@@ -17,7 +17,8 @@ import json
 import shutil
 from pathlib import Path
 
-from pipeline.errors import FAULT_TEXT, StoreError, root_cause, store_fault
+from pipeline.errors import StoreError
+from pipeline.store_faults import FAULT_TEXT, root_cause, store_fault
 from pipeline.tracking import client as tracking
 from pipeline.tracking import metric_names, ui_view
 
@@ -128,7 +129,7 @@ def log_analysis_run(cfg, summary: dict, out_dir: Path) -> str:
         tracker.log_artifacts(run_id, out_dir)
     except Exception as e:
         raise _failed(tracker, run_id, e, out_dir) from None
-    except BaseException as e:  # Ctrl-C, SIGTERM, the DVC that ran it gone (errors.lifeline): never left RUNNING
+    except BaseException as e:  # Ctrl-C, SIGTERM, the DVC that ran it gone (lifeline.lifeline): never left RUNNING
         with contextlib.suppress(Exception):
             tracker.close_run(run_id, "KILLED", f"interrupted ({type(e).__name__}) while the analysis was logged")
         raise

@@ -22,9 +22,11 @@ import time
 from pathlib import Path
 
 from pipeline import scratch
-from pipeline.errors import StoreError, env_flag, redact
+from pipeline.env import env_flag
+from pipeline.errors import StoreError
 from pipeline.paths import repo_root, store_root
 from pipeline.preflight import check_store, store_url
+from pipeline.redact import redact
 from pipeline.tracking import metric_names, server_wait
 from pipeline.tracking.store_checks import check_artifacts, half_made
 
@@ -329,7 +331,8 @@ class Tracker:
 
 
 def base_tags(planned, cfg, stage: str | None = None) -> dict:
-    """A trial run's tags when it starts: the planned trial record's (record.planned) and where it was run from."""
+    """A trial run's tags when it starts: the planned trial record's (pipeline.records.trial.planned) and where it
+    was run from."""
     return {
         **planned.tags(),
         "profile": cfg.profile,

@@ -15,7 +15,7 @@ import os
 import re
 import sys
 
-from pipeline.errors import redact
+from pipeline.redact import redact
 
 RETRIES_VAR, TIMEOUT_VAR, BACKOFF_VAR = (
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES",

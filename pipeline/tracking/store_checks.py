@@ -10,8 +10,9 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from pipeline.errors import StoreError, root_cause, store_fault
+from pipeline.errors import StoreError
 from pipeline.preflight import writable_dir
+from pipeline.store_faults import root_cause, store_fault
 
 
 class _NoStoreTracebacks(logging.Filter):

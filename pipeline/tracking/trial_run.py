@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import redact
+from pipeline.redact import redact
 from pipeline.tracking import client as tracking
 
 

@@ -47,8 +47,9 @@ from pathlib import Path
 
 from pipeline.config.loader import ConfigError
 from pipeline.config.schema import LISTENER_ENTRY, LISTENER_FORM
-from pipeline.errors import TrialFailed, interruption, root_cause
+from pipeline.errors import TrialFailed, interruption
 from pipeline.records import files
+from pipeline.store_faults import root_cause
 
 MOMENTS = (
     "claimed",
@@ -240,7 +241,7 @@ class Trial:
             self._stop(e)
             signalled = interruption(e)
             if signalled is None or isinstance(e, KeyboardInterrupt):
-                raise  # as it is: its chain names the root cause (errors.root_cause)
+                raise  # as it is: its chain names the root cause (store_faults.root_cause)
             raise signalled from None  # a signal torch's launcher caught, as the Interrupted it is
         finally:
             self.announce("closed")

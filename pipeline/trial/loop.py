@@ -7,7 +7,6 @@ main process only; the stop decision is then agreed by every rank.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import time
 
@@ -231,7 +230,7 @@ def _results(strategy, measured: dict, history: dict, steps: int, stopped: bool,
     ranks = strategy.gather(
         {
             "rank": rank,
-            "node": os.environ.get("GROUP_RANK", "0"),
+            "node": strategy.rank_env.node,
             "host": socket.gethostname(),
             "device_names": devices,
             **{k: measured[k] for k in rank_keys()},  # what the record takes from every rank (records/trial.py)

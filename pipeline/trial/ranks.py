@@ -41,6 +41,7 @@ from pipeline.errors import Interrupted, TrialFailed
 from pipeline.host import loopback
 from pipeline.host.capabilities import fp32_pinned, tf32_flags, tf32_text
 from pipeline.host.devices import Host, probe
+from pipeline.rank_env import RankEnv
 from pipeline.records import files
 from pipeline.strategies import STRATEGIES
 from pipeline.trial import node_addr, start
@@ -122,8 +123,8 @@ def _progress_bar(enabled: bool, label: str):
     return update
 
 
-def _run_process(cfg, strategy, rank, world, data, on_epoch, progress, marks=None):
-    device = strategy.setup(rank, world)
+def _run_process(cfg, strategy, rank_env, data, on_epoch, progress, marks=None):
+    device = strategy.setup(rank_env=rank_env)
     try:
         label = f"{cfg.train.strategy} k={cfg.train.devices}"
         # pinned in each process: a spawned rank starts with torch's TF32 defaults, whatever its parent set
@@ -213,7 +214,8 @@ def rank_entry(cfg, out_dir: str, wait_for_ack: bool, progress: bool, env: dict 
     start.apply_env(env or {})
     marks = {"entered": time.time()}  # the trial's timeline (timeline.json): where its fixed cost goes
     _exit_with_agent()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank_env = RankEnv.read()  # the launcher's environment, read here only and passed down
+    rank = rank_env.rank
     _stacks_on_stop(Path(out_dir) / f"stacks-rank{rank}.txt")
     for module in (*start.IMPORTS, *STRATEGIES[cfg.train.strategy].HEAVY_MODULES):  # loaded already unless spawned
         importlib.import_module(module)
@@ -222,7 +224,7 @@ def rank_entry(cfg, out_dir: str, wait_for_ack: bool, progress: bool, env: dict 
     marks["data"] = time.time()
     strategy = STRATEGIES[cfg.train.strategy](cfg.train, probe())
     on_epoch = _file_reporter(Path(out_dir), wait_for_ack, cfg.train.timeout_s)
-    result = _run_process(cfg, strategy, rank, world, data, on_epoch, progress, marks)
+    result = _run_process(cfg, strategy, rank_env, data, on_epoch, progress, marks)
     if result["state_dict"] is not None:  # whole or not at all: a full disk leaves no final_state.pt cut short
         path = Path(out_dir) / "final_state.pt"
         with _writing(path), files.replacing(path, "wb") as f:
@@ -234,8 +236,8 @@ def rank_entry(cfg, out_dir: str, wait_for_ack: bool, progress: bool, env: dict 
         with _writing(path):
             path.parent.mkdir(exist_ok=True)
             files.write_text(path, json.dumps(trace))
-    result["node"] = os.environ.get("GROUP_RANK", "0")
-    result["local_rank"] = int(os.environ.get("LOCAL_RANK", rank))
+    result["node"] = rank_env.node
+    result["local_rank"] = rank_env.local_rank
     marks["returned"] = time.time()
     result["timeline"] = marks
     return result

@@ -54,8 +54,8 @@ def command_modules(command: str) -> set[str]:
     assert f"cmd_{command}" in functions, (
         f"pipeline/cli/commands.py has no cmd_{command} (python -m pipeline {command})"
     )
-    # main() dispatches through globals()[f"cmd_{...}"]: the command's function is a root of its own
-    reached = [n for n in tree.body if n not in functions.values()] + [functions[f"cmd_{command}"]]
+    # main() dispatches through globals()[f"cmd_{...}"]: main and the command's function are roots of their own
+    reached = [n for n in tree.body if n not in functions.values()] + [functions["main"], functions[f"cmd_{command}"]]
     seen = set()
     while True:
         names = {n.id for top in reached for n in ast.walk(top) if isinstance(n, ast.Name)}

@@ -20,7 +20,7 @@ from tests.conftest import REPO
 
 # a stage command in short: user_errors turns SIGTERM into exit 143, lifeline watches whoever ran it
 COMMAND = (
-    "import sys, time; from pipeline.errors import lifeline, user_errors\n"
+    "import sys, time; from pipeline.lifeline import lifeline; from pipeline.user_errors import user_errors\n"
     "with user_errors() as status, lifeline(poll_s=0.2):\n"
     "    print('ready', flush=True); time.sleep(30)\n"
     "sys.exit(status.code)"

@@ -13,7 +13,7 @@ import socket
 import pytest
 import yaml
 
-from pipeline import errors
+from pipeline import lifeline
 from pipeline.cli import commands, stage_progress
 
 from ..conftest import REPO
@@ -38,7 +38,7 @@ def project(tmp_path, monkeypatch):
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     monkeypatch.delenv("DVC_STAGE", raising=False)
     monkeypatch.delenv(stage_progress.PLAN_ENV, raising=False)
-    monkeypatch.setattr(errors, "runner", lambda: None)  # no DVC process to watch over the test
+    monkeypatch.setattr(lifeline, "runner", lambda: None)  # no DVC process to watch over the test
     return tmp_path
 
 

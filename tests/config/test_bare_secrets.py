@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from pipeline.errors import StoreError, has_password, redact
+from pipeline.errors import StoreError
+from pipeline.redact import has_password, redact
 from tests.conftest import REPO
 
 SECRET = "S3CRETpw"

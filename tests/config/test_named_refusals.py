@@ -13,7 +13,8 @@ import pytest
 
 from pipeline import preflight
 from pipeline.config import loader as c
-from pipeline.errors import StoreError, env_number
+from pipeline.env import env_number
+from pipeline.errors import StoreError
 from tests.conftest import REPO
 
 LONG = "x" * 300  # longer than the 255 bytes a file system allows for one name

@@ -1,5 +1,5 @@
 """Credentials in any part of a URL (the user, the password, a token given as the user, a secret-like query or
-fragment value) never reach a message: one helper, errors.redact, hides them for every path that shows a URL."""
+fragment value) never reach a message: one helper, pipeline.redact.redact, hides it for every path that shows a URL."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from pipeline import preflight
-from pipeline.errors import StoreError, has_password, redact
+from pipeline.errors import StoreError
+from pipeline.redact import has_password, redact
 from tests.conftest import REPO
 
 SECRET = "ghp_S3cretT0ken"

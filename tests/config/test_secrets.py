@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pipeline.errors import redact
+from pipeline.redact import redact
 from tests.conftest import REPO
 
 SECRET = "PW_s3cret-4711"

@@ -122,7 +122,7 @@ SECRET = "PW_s3cret-4711"
 
 
 def test_redact_hides_the_password_of_every_url():
-    from pipeline.errors import redact
+    from pipeline.redact import redact
 
     cases = {
         f"postgresql://user:{SECRET}@host:1/db": "postgresql://***@host:1/db",

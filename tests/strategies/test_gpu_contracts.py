@@ -19,6 +19,7 @@ from pipeline.config.loader import Config
 from pipeline.host.devices import Host
 from pipeline.measure import meter as meter_mod
 from pipeline.measure.breakdown import NO_CLOCK
+from pipeline.rank_env import RankEnv
 from pipeline.strategies import STRATEGIES
 from pipeline.strategies.dp import DataParallelStrategy
 
@@ -36,7 +37,6 @@ def test_set_device_comes_before_init_process_group_with_the_ranks_device(name, 
     """Each rank binds its GPU (torch.cuda.set_device) before the NCCL process group is created with
     device_id=that GPU, so the communicator, the barrier and all_gather_object use the rank's own device rather than
     cuda:0. Intent only: NCCL's eager communicator set-up on a real device needs a GPU."""
-    monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # keep the test process's own threads
     calls = mock.Mock()
     monkeypatch.setattr(torch.cuda, "set_device", calls.set_device)
@@ -44,7 +44,7 @@ def test_set_device_comes_before_init_process_group_with_the_ranks_device(name, 
     monkeypatch.setattr(dist, "init_process_group", calls.init_process_group)
     monkeypatch.setattr(dist, "get_backend", lambda *a, **k: "nccl")
     strategy = STRATEGIES[name](_train_cfg(), GPUS)
-    device = strategy.setup(rank=1, world_size=2)
+    device = strategy.setup(rank_env=RankEnv(rank=1, world_size=2, local_rank=1))
     assert device == torch.device("cuda", 1)
     names = [c[0] for c in calls.mock_calls]
     assert names == ["set_device", "init_process_group"]

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from pipeline import errors, processes
+from pipeline import lifeline, processes
 from pipeline.measure import interference
 from pipeline.sweep import queue as claims
 
@@ -91,17 +91,17 @@ def test_starts_a_second_apart_are_one_process_and_further_apart_two():
 
 
 def test_the_lifeline_sees_the_process_that_ran_the_stage_without_proc(monkeypatch, sleeper):
-    _no_proc(monkeypatch, errors, processes)
+    _no_proc(monkeypatch, lifeline, processes)
     monkeypatch.setenv("DVC_STAGE", "sweep@single")
-    pid, name, start = errors.runner()
+    pid, name, start = lifeline.runner()
     assert start is not None and name != "its parent", (pid, name)  # the nearest ancestor that is not a shell
-    assert name not in errors._SHELLS and start == processes.started(pid)
+    assert name not in lifeline._SHELLS and start == processes.started(pid)
     parent = os.getppid()
-    assert not errors._is_gone(sleeper.pid, processes.started(sleeper.pid), parent)
-    assert errors._is_gone(sleeper.pid, str(int(processes.started(sleeper.pid)) - 10 * processes.HZ), parent)
+    assert not lifeline._is_gone(sleeper.pid, processes.started(sleeper.pid), parent)
+    assert lifeline._is_gone(sleeper.pid, str(int(processes.started(sleeper.pid)) - 10 * processes.HZ), parent)
     sleeper.kill()
     sleeper.wait()
-    assert errors._is_gone(sleeper.pid, start, parent)
+    assert lifeline._is_gone(sleeper.pid, start, parent)
 
 
 def test_the_interference_monitor_measures_the_host_without_proc(monkeypatch):

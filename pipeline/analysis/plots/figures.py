@@ -233,7 +233,8 @@ def plot_accuracy(pts, path, colors, source=""):
 
 
 def plot_knob(table, knob, path, source=""):
-    """Throughput and best test accuracy per value of one knob (knobs.knob_table's rows for it)."""
+    """Throughput and best test accuracy per value of one knob (its rows of
+    pipeline.analysis.tables.knob_effects.knob_table)."""
     t = table[table["knob"] == knob]
     fig = Figure(figsize=(7, 3.6))
     ax, ax2 = fig.subplots(1, 2)

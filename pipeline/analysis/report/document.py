@@ -342,7 +342,8 @@ def _problems(df, status):
 
 
 def knob_section(table) -> list[str]:
-    """The DDP communication knobs' section: one table and one figure per varied knob (knobs.knob_table)."""
+    """The DDP communication knobs' section: one table and one figure per varied knob
+    (pipeline.analysis.tables.knob_effects.knob_table)."""
     if table.empty:
         return [
             "\n## DDP communication knobs\n\nNo knob was varied in these sweeps (turn them on with the "

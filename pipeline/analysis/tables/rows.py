@@ -31,8 +31,8 @@ def key_text(v) -> str:
 
 
 def normalize(df: pd.DataFrame, stem: str) -> pd.DataFrame:
-    """Rows as the sweep table holds them, every column of its kind (sweep_table.typed), plus `k` = devices; a
-    missing strategy is the file's stem."""
+    """Rows as the sweep table holds them, every column of its kind (pipeline.records.table.typed), plus `k` =
+    devices; a missing strategy is the file's stem."""
     df = typed(df)
     df["strategy"] = df["strategy"].where(df["strategy"] != "", stem)
     df["state"] = df["state"].str.lower().where(df["state"] != "", "unknown")
@@ -98,7 +98,7 @@ def _skipped(p: Path, bad: list) -> list[str]:
     ]
     if len(bad) > MAX_BAD:
         out.append(f"{p}: {len(bad) - MAX_BAD} more damaged lines skipped (lines {bad[MAX_BAD][0]}..{bad[-1][0]})")
-    # not errors.say: the wing imports nothing above the sweep table (tests/architecture/test_imports.py)
+    # not user_errors.say: the wing imports nothing above the sweep table (tests/architecture/test_imports.py)
     for note in out:
         print(f"warning: {note}", file=sys.stderr)
     return out

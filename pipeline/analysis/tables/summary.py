@@ -277,7 +277,7 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     accuracy of any of the strategy's points (the report's "against the best"). Rounded to DIGITS significant digits.
     The model joins the key (`weak_efficiency.ddp.resnet18.k2`) only when the sweeps hold more than one. Undefined
     values are left out, never 0; memory imbalance and per-strategy counts are in summary.json and report.md. Measured
-    under load (tables.timed: every trial behind the point flagged by interference.py): the figures keep their keys and
+    under load (points.timed: every trial behind the point flagged by interference.py): the figures keep their keys and
     `load_cores.S.kK` labels them with the cores other processes kept busy at that point (an efficiency whose k=1 end
     alone was loaded is labelled in report.md and efficiency.csv); `under_load` counts the labelled strategy-k pairs (0
     on a quiet host). An efficiency whose k=1 reference and k point were measured under loads that are not comparable
