@@ -78,12 +78,12 @@ def _feasibility(cfg, strategy: str, host, configs, n_train: int | None = None) 
 
 
 def prepare_study(
-    cfg, strategy: str, host, tracker, storage=None, n_train: int | None = None, configs=None
+    cfg, strategy: str, host, tracker, n_train: int | None = None, configs=None
 ) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
     """Create or load the study; the creator opens the parent run and enqueues every feasible point
     sweep.repeats times (enqueue_order). A set-up left incomplete (its creator interrupted) is completed here:
     the missing trials are enqueued, none twice (study_setup). `configs`: the points' Configs (space.PointConfigs)."""
-    storage = storage or open_storage(cfg)
+    storage = open_storage(cfg)
     name = study_name(cfg, strategy)
     configs = configs or PointConfigs(cfg, strategy)
     feasible, skipped = _feasibility(cfg, strategy, host, configs, n_train)
@@ -228,7 +228,7 @@ def _set_up(cfg, strategy: str, host, n_train: int):
         tracker = tracking.Tracker(cfg)
         configs = PointConfigs(cfg, strategy)  # each point's Config built once, for its checks and its trials
         try:
-            study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, storage, n_train, configs)
+            study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, n_train, configs)
         except BaseException as e:  # Ctrl-C in the set-up: a parent run it opened is not left RUNNING
             if (signalled := interruption(e)) is None:
                 raise

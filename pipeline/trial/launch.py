@@ -246,7 +246,7 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
     try:
         with monitor:
             timeline["launched"] = time.time()
-            results = run_ranks(cfg, host, strategy, out_dir, on_epoch, progress, timeout_s)
+            results = run_ranks(cfg, host, out_dir, on_epoch, progress, timeout_s)
             timeline["returned"] = time.time()
     except DivergenceError as e:
         raise TrialFailed(str(e), "diverged") from None

@@ -410,7 +410,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     return [results[r] for r in sorted(results)]
 
 
-def run_ranks(cfg, host, strategy, out_dir: Path, on_epoch, progress, timeout_s) -> list[dict]:
+def run_ranks(cfg, host, out_dir: Path, on_epoch, progress, timeout_s) -> list[dict]:
     """Every rank's result: one process per device (ddp, ddp_amp, fsdp), or one process for a strategy that drives
     its devices from one (single, scratch, dp, dp_criterion); never this process."""
     return _launch(cfg, host, out_dir, on_epoch, progress, timeout_s)
