@@ -242,7 +242,7 @@ class Worker:
                 )
             study.tell(trial, record["test_acc"][-1])
             return (
-                f"{meter.speed_text(record)}{console.under_load(record) if outcome.flagged else ''}, "
+                f"{meter.speed_text(record)}{console.under_load(outcome)}, "
                 f"acc {record['test_acc'][-1]:.3f}" + remeasure(self.cfg, study, trial, p, outcome.flagged)
             )
         except optuna.exceptions.UpdateFinishedTrialError:
