@@ -92,7 +92,7 @@ def run(args) -> int:
     from pipeline.measure import meter
     from pipeline.preflight import output_dir
     from pipeline.trial.launch import check_batch_fits, check_feasible
-    from pipeline.trial.lifecycle import Trial
+    from pipeline.trial.lifecycle import How, Trial
 
     host = probe()
     check_feasible(cfg, host)  # before any work, before touching the stores
@@ -117,7 +117,7 @@ def run(args) -> int:
         plan = planned(cfg, host, host_fields(host, t.devices))
         listeners = [MlflowListener(run, f"{t.strategy} k={t.devices} B={t.batch_size} lr={t.lr}", plan), EpochLines()]
     # its run ended FINISHED, KILLED (Ctrl-C) or FAILED: never left RUNNING
-    metrics = Trial(cfg, out, listeners, progress=not args.quiet).run()
+    metrics = Trial(cfg, out, listeners, How(progress=not args.quiet)).run().record_or_raise()
     syn = "  [SYNTHETIC DATA]" if metrics["synthetic"] else ""
     speed = verdict(metrics, args.answer_img_s, args.answer_load_cores)
     print(

@@ -1,6 +1,6 @@
 """What a sweep trial says on stderr while it runs, as a listener of its life (pipeline/trial/lifecycle.py): why its
 steps are capped, and each epoch's accuracy, loss and the trial's ETA. The trial's one-line outcome is the sweep's
-(stage.py), from the study's listener; `under_load` is its mark for a trial measured under load."""
+(stage.py), from the sweep's worker; `under_load` is its mark for a trial measured under load."""
 
 from __future__ import annotations
 
@@ -12,14 +12,13 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def under_load(record) -> str:
-    """ " [under load: 1.3 cores busy]" after a flagged trial's img/s: the cores other processes kept busy while it
-    was measured, or the flag's reason where something else flagged it (steal, a throttled GPU:
-    measure/interference.py); "" for a trial measured quietly."""
-    seen = record.get("interference") or {}
-    if not seen.get("interfered"):
+def under_load(outcome) -> str:
+    """ " [under load: 1.3 cores busy]" after a flagged trial's img/s (its outcome's `flagged`, trial/outcome.py): the
+    cores other processes kept busy while it was measured, or the flag's reason where something else flagged it
+    (steal, a throttled GPU: measure/interference.py); "" for a trial measured quietly."""
+    if not outcome.flagged:
         return ""
-    cores, why = seen.get("foreign_cores"), seen.get("interference_reason") or "the host was busy"
+    cores, why = (outcome.record.get("interference") or {}).get("foreign_cores"), outcome.flagged
     return (
         f" [under load: {cores:.1f} cores busy]"
         if "cores busy" in why and cores is not None

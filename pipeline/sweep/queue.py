@@ -143,7 +143,7 @@ def claim(study: optuna.Study, runnable=lambda point: True) -> optuna.Trial | No
     return None
 
 
-# a trial's attributes given when it is enqueued, which a copy enqueued again keeps (study_setup, trial_exec)
+# a trial's attributes given when it is enqueued, which a copy enqueued again keeps (study_setup, worker)
 QUEUED_ATTRS = ("repeat", "remeasure", "remeasure_of", "requeued")
 
 
@@ -388,23 +388,16 @@ def creating_stores(*urls: str):
 # ----------------------------------------------------------------------------- the worker loop
 
 
-def serve(
-    study: optuna.Study,
-    tracker,
-    runnable,
-    run,
-    total: int,
-    max_new_trials: int | None = None,
-    say=print,
-    where: str = "",
-) -> int:
-    """Claim and run waiting trials until none is left that this worker can run (or `max_new_trials` ran); returns
-    how many ran here. Each turn first repairs stale trials (and their MLflow runs). `runnable(point)`: can this host
-    run the point; `run(trial, done, eta_s)`: runs one claimed trial and records it (done = trials finished before
-    it, eta_s = the time the `total` trials still need at this worker's pace, or None), inside `claimed`: the trial's
-    heartbeat beats for all of it."""
+def serve(worker, max_new_trials: int | None = None) -> int:
+    """Claim and run waiting trials until none is left that `worker` can run (or `max_new_trials` ran); returns how
+    many ran here. Each turn first repairs stale trials (and their MLflow runs). The worker (sweep/worker.py) gives
+    its study, its tracker, the `total` of trials planned, `runnable(point)` (can this host run the point),
+    `run(trial, done, eta_s)` (runs one claimed trial and records it: done = trials finished before it, eta_s = the
+    time the total still needs at this worker's pace, or None), `say(msg)` and `where` (this host, in words). Each
+    trial runs inside `claimed`: its heartbeat beats for all of it."""
+    study = worker.study
     if max_new_trials == 0:
-        say(
+        worker.say(
             "--n-trials 0: the study is set up and no trial is run here, by design (the set-up step before the "
             "workers, docs/scale-out.md); the same command without --n-trials 0 runs its trials"
         )
@@ -412,21 +405,21 @@ def serve(
     ran, started = 0, time.monotonic()
     while max_new_trials is None or ran < max_new_trials:
         fail_stale_trials(study)
-        end_stale_mlflow_runs(study, tracker)
-        with claimed(study, runnable) as trial:  # beats from here to the block's end
+        end_stale_mlflow_runs(study, worker.tracker)
+        with claimed(study, worker.runnable) as trial:  # beats from here to the block's end
             if trial is None:
                 if not running(study):
                     left = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
                     if left:
-                        say(
-                            f"{len(left)} waiting trial(s) need more devices than this host offers{where}: left to a "
-                            f"larger worker"
+                        worker.say(
+                            f"{len(left)} waiting trial(s) need more devices than this host offers{worker.where}: "
+                            f"left to a larger worker"
                         )
                     break
                 time.sleep(1.0)  # another worker (or a dead one, until its heartbeat goes stale) holds a trial
                 continue
             done = finished(study)
-            eta = (time.monotonic() - started) / ran * max(total - done, 0) if ran else None
-            run(trial, done, eta)
+            eta = (time.monotonic() - started) / ran * max(worker.total - done, 0) if ran else None
+            worker.run(trial, done, eta)
         ran += 1
     return ran

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from pipeline.errors import TrialFailed
 from pipeline.records import files
+from pipeline.trial import outcome
 
 REQUEUE = {"CANCELLED", "PREEMPTED", "DEADLINE"}  # not the trial's fault: run it again (up to MAX_REQUEUES times)
 ENDED = REQUEUE | {"COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "SPECIAL_EXIT"}
@@ -48,10 +49,8 @@ UNREACHABLE_S = 60.0  # how long `scontrol show job` may fail before the job is 
 UNSUBMITTED = "slurm_submit"  # the failure kind of a trial whose job `sbatch` could not submit
 
 
-class Requeued(TrialFailed):
-    """SLURM ended the trial's job (scancel, preemption): the sweep enqueues the point again."""
-
-    requeue = True
+# SLURM ended the trial's job (scancel, preemption): the trial's outcome is `requeued`, its point enqueued again
+Requeued = outcome.Requeued
 
 
 def is_on(cfg) -> bool:
@@ -91,15 +90,12 @@ def cluster_host(cfg, host):
 
 
 def runner(cfg, run=None):
-    """The function that runs one trial: on this host, or as a SLURM job whose nodes each sample their own system
-    metrics into `run` (a tracking TrialRun, open by the time the trial runs) when they are on."""
-    return Runner(cfg.slurm, run) if is_on(cfg) else local
+    """The function that runs one trial (lifecycle.How.runner): on this host, or as a SLURM job whose nodes each
+    sample their own system metrics into `run` (a tracking TrialRun, open by the time the trial runs) when they are
+    on."""
+    from pipeline.trial.lifecycle import run_locally
 
-
-def local(tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="", note=None):
-    from pipeline.trial.launch import run_trial
-
-    return run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=progress, timeout_s=timeout_s)
+    return Runner(cfg.slurm, run) if is_on(cfg) else run_locally
 
 
 # ----------------------------------------------------------------------------- on each node of the job
@@ -257,10 +253,12 @@ class Runner:
         )
         return ex
 
-    def __call__(self, tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="", note=None):
+    def __call__(self, trial):
+        """Run `trial` (a lifecycle.Trial) as one job and return its record."""
         from pipeline.trial.launch import writing_folder
 
-        out_dir = Path(out_dir)
+        tcfg, out_dir, on_epoch, label = trial.cfg, trial.out_dir, trial.epoch_ended, trial.label
+        timeout_s = trial.how.timeout_s
         with writing_folder(out_dir):
             out_dir.mkdir(parents=True, exist_ok=True)
             clear(out_dir)  # before the job is queued: the epochs read meanwhile are this trial's only
@@ -278,8 +276,7 @@ class Runner:
                 f"or account it refuses)",
                 UNSUBMITTED,
             ) from None
-        if note:
-            note({"slurm_job_id": str(job.job_id), "nodes": nodes})
+        trial.note({"slurm_job_id": str(job.job_id), "nodes": nodes})
 
         def say(msg: str) -> None:
             print(

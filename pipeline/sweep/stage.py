@@ -21,7 +21,6 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from pipeline import paths
 from pipeline.errors import Stopped, interruption
 from pipeline.host.devices import probe
 from pipeline.measure.quiet import QuietGate
@@ -29,12 +28,13 @@ from pipeline.preflight import check_store
 from pipeline.records.table import write_table
 from pipeline.sweep import provenance, slurm, study_parent, study_setup, study_view, unselected
 from pipeline.sweep import queue as claims
-from pipeline.sweep.progress import counter, progress
+from pipeline.sweep.feasible import check_point
+from pipeline.sweep.progress import progress
 from pipeline.sweep.queue import open_storage, storage_url
 from pipeline.sweep.space import PointConfigs, choices, points, space_hash, study_name
-from pipeline.sweep.trial_exec import best_effort, fault_text, fmt_point, resumes, run_one
+from pipeline.sweep.worker import Sweep, Worker, best_effort, fault_text, fmt_point, resumes
 from pipeline.tracking import client as tracking
-from pipeline.trial.launch import Infeasible, check_batch_fits, check_feasible
+from pipeline.trial.launch import Infeasible, check_batch_fits
 from pipeline.trial.lifecycle import user_listeners
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -61,65 +61,14 @@ def enqueue_order(pts: list[dict], repeats: int) -> list[tuple[dict, int]]:
     return [(p, r) for r in range(repeats) for g in groups.values() for p in g]
 
 
-def check_memory_fits(tcfg, host) -> None:
-    """Raise Infeasible where the memory model (pipeline/scaling/memory.py) puts this point's peak per device above
-    the device's memory: the point is skipped with the reason instead of run into an out-of-memory error. GPUs only:
-    a CPU host's processes share the host's memory, with no per-device limit to check against."""
-    if host.kind != "cuda":
-        return
-    import torch
-
-    from pipeline.scaling import device as devices
-    from pipeline.scaling import memory
-
-    t = tcfg.train
-    device = min(torch.cuda.get_device_properties(i).total_memory for i in range(min(t.devices, host.n)))
-    fixed = devices.fixed_cost(torch.cuda.get_device_name(0))  # doctor's measurement where kept, else assumed
-    knobs = {
-        "grad_as_bucket_view": t.grad_as_bucket_view,
-        "autocast": t.autocast or None,
-        "backend": "gloo" if t.devices > host.n else "nccl",  # ranks sharing a GPU run Gloo
-    }
-    p = memory.predict(
-        t.strategy,
-        t.model,
-        t.devices,
-        t.batch_size,
-        t.optimizer,
-        basis="gpu",
-        anchors=memory.COUNT_ANCHORS,
-        **knobs,
-    )
-    total = memory.device_total(p, fixed.bytes)
-    if total > device:
-        g = memory.GIB
-        largest = memory.largest_batch(
-            t.strategy, t.model, t.devices, device, t.optimizer, fixed.bytes, basis="gpu", **knobs
-        )
-        raise Infeasible(
-            f"predicted need {total / g:.1f} GiB per device > {device / g:.1f} GiB on {host.name}: modelled (the "
-            f"memory model's step peak above resident + the resident model, data and buckets, x "
-            f"{memory.RESERVED_FACTOR:.2f} for the allocator, assumed) + the fixed cost (context "
-            f"{fixed.context.kind}, workspaces {fixed.workspaces.kind}), device "
-            f"{p.rank}; the largest batch it fits at k={t.devices} is {largest}"
-        )
-
-
-def _check_point(cfg, host, tcfg) -> None:
-    """Raise Infeasible where this host cannot run the point whose Config is `tcfg`: more devices than it has (than
-    one node has, under SLURM), or a predicted peak above its devices' memory (check_memory_fits)."""
-    check_feasible(slurm.sized(cfg, tcfg), slurm.cluster_host(cfg, host))  # SLURM: one node's devices
-    check_memory_fits(tcfg, host)
-
-
 def _feasibility(cfg, strategy: str, host, configs, n_train: int | None = None) -> tuple[list, list]:
-    """The points of the space this host runs, and the others, each with the reason (_check_point; with `n_train`,
-    also a batch larger than the training data's share of a device, check_batch_fits)."""
+    """The points of the space this host runs, and the others, each with the reason (feasible.check_point; with
+    `n_train`, also a batch larger than the training data's share of a device, check_batch_fits)."""
     feasible, skipped = [], []
     for p in progress(points(cfg, strategy), f"[sweep {strategy}] checking which points run here"):
         tcfg = configs(p)
         try:
-            _check_point(cfg, host, tcfg)
+            check_point(cfg, host, tcfg)
             if n_train is not None:
                 check_batch_fits(tcfg, n_train)
             feasible.append(p)
@@ -129,12 +78,12 @@ def _feasibility(cfg, strategy: str, host, configs, n_train: int | None = None) 
 
 
 def prepare_study(
-    cfg, strategy: str, host, tracker, storage=None, n_train: int | None = None, configs=None
+    cfg, strategy: str, host, tracker, n_train: int | None = None, configs=None
 ) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
     """Create or load the study; the creator opens the parent run and enqueues every feasible point
     sweep.repeats times (enqueue_order). A set-up left incomplete (its creator interrupted) is completed here:
     the missing trials are enqueued, none twice (study_setup). `configs`: the points' Configs (space.PointConfigs)."""
-    storage = storage or open_storage(cfg)
+    storage = open_storage(cfg)
     name = study_name(cfg, strategy)
     configs = configs or PointConfigs(cfg, strategy)
     feasible, skipped = _feasibility(cfg, strategy, host, configs, n_train)
@@ -218,14 +167,15 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
     host = probe()
     n_train = _check_input(cfg)  # bad input stops here, before anything is written to the stores
     tracker, configs, study, feasible, skipped = _set_up(cfg, strategy, host, n_train)
-    trials_dir = paths.repo_root() / "runs" / "trials"
+    sweep = Sweep(cfg, strategy, host, tracker, study, configs, skipped, out_csv)
+    worker = Worker(sweep)
     # from here every stop (Ctrl-C, SIGTERM, a fault) ends in `finally`: nothing this worker holds is left RUNNING
     interrupted, fault, why = True, None, "interrupted"
-    tally: dict = {"done": None, "parent": None}  # what a stop names when the Optuna store can no longer say it
     try:
-        parent_id = _serve(
-            cfg, strategy, host, tracker, configs, study, feasible, skipped, out_csv, trials_dir, max_new_trials, tally
-        )
+        sweep.total = study.user_attrs.get("enqueued", len(feasible))
+        _announce(study, strategy, host, sweep.total, skipped)
+        sweep.gate = _quiet_gate(cfg, strategy) if feasible else None  # nothing this host can run: nothing to wait for
+        worker.serve(max_new_trials)
         interrupted = False
     except KeyboardInterrupt as e:
         why = f"interrupted ({signal.Signals(getattr(e, 'signum', signal.SIGINT)).name})"
@@ -240,7 +190,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             if isinstance(e, Stopped)
             else Stopped(
                 f"The sweep stopped on {fault_text(e, cfg)}. Fix the cause (free disk space, a writable and "
-                f"reachable store) and rerun the sweep: {resumes(tally['done'])}."
+                f"reachable store) and rerun the sweep: {resumes(worker.done)}."
             )
         )
         raise fault from None
@@ -250,9 +200,9 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
         if fault is None:
             write_table(study, strategy, skipped, out_csv, host)
         if not interrupted:
-            study_parent.finish(study, tracker, parent_id, out_csv, skipped)
+            study_parent.finish(study, tracker, worker.parent_id, out_csv, skipped)
         else:  # ended unless another worker is on it; the rerun marks it RUNNING again
-            _end_parent(study, tracker, "FAILED" if fault else "KILLED", str(fault or ""), tally["parent"])
+            _end_parent(study, tracker, "FAILED" if fault else "KILLED", str(fault or ""), worker.parent_id)
     return out_csv
 
 
@@ -278,7 +228,7 @@ def _set_up(cfg, strategy: str, host, n_train: int):
         tracker = tracking.Tracker(cfg)
         configs = PointConfigs(cfg, strategy)  # each point's Config built once, for its checks and its trials
         try:
-            study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, storage, n_train, configs)
+            study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, n_train, configs)
         except BaseException as e:  # Ctrl-C in the set-up: a parent run it opened is not left RUNNING
             if (signalled := interruption(e)) is None:
                 raise
@@ -326,59 +276,6 @@ def _points_text(group: list[dict], shown: int = 3) -> str:
     named = "; ".join(fmt_point(p) for p in group[:shown])
     more = f"; and {len(group) - shown} more: the sweep table lists each" if len(group) > shown else ""
     return f"{len(group)} points ({named}{more})"
-
-
-def _serve(cfg, strategy, host, tracker, configs, study, feasible, skipped, out_csv, trials_dir, max_new_trials, tally):
-    """Claim and run the study's trials on this worker until none is left that it can run (claims.serve), the table
-    written after each; returns the parent run's id. A parent run that a stopped worker ended is RUNNING again first.
-    `tally` keeps the parent run's id and how many of the study's trials ran to an end, as last read."""
-    parent_id = tally["parent"] = study.user_attrs.get(study_parent.PARENT)
-    if parent_id:
-        tracker.reopen(parent_id)
-    total = study.user_attrs.get("enqueued", len(feasible))
-    _announce(study, strategy, host, total, skipped)
-    gate = _quiet_gate(cfg, strategy) if feasible else None  # nothing this host can run: nothing to wait for
-
-    def runnable(point: dict) -> bool:
-        try:
-            _check_point(cfg, host, configs(point))
-            return True
-        except Infeasible:
-            return False
-
-    def run(trial, done: int, eta: float | None) -> None:
-        remeasures = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("remeasure"))
-        label = f"[sweep {strategy}] trial {counter(done, total, remeasures)}"
-        print(
-            f"{label} (#{trial.number}) {fmt_point(claims.fixed_point(trial))}"
-            + (f", sweep ETA {eta:.0f} s" if eta else ""),
-            file=sys.stderr,
-            flush=True,
-        )
-        if gate is not None:
-            waited = gate.wait()
-            if waited.text:
-                print(f"{label} {waited.text}", file=sys.stderr, flush=True)
-                trial.set_user_attr("quiet_wait", waited.text)
-            if gate.stays_busy:  # a flagged result is kept as it is: a re-measure would meet the same load
-                trial.set_user_attr("host_stays_busy", gate.vain)
-        tally["done"] = done
-        outcome = run_one(cfg, strategy, study, trial, host, tracker, parent_id, label, trials_dir, configs, done)
-        tally["done"] = done + ("nothing recorded here" not in outcome)  # failed by itself or not, it ran to an end
-        print(f"{label} -> {outcome}", file=sys.stderr, flush=True)
-        write_table(study, strategy, skipped, out_csv, host)
-
-    claims.serve(
-        study,
-        tracker,
-        runnable,
-        run,
-        total,
-        max_new_trials,
-        where=f" ({host.kind} x{host.n})",
-        say=lambda msg: print(f"[sweep {strategy}] {msg}", file=sys.stderr, flush=True),
-    )
-    return parent_id
 
 
 def _end_setup(study, tracker) -> None:

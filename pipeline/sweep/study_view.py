@@ -17,7 +17,7 @@ from pipeline.records.table import n_flagged, trial_row
 from pipeline.sweep.space import constants
 from pipeline.tracking.metric_names import rounded
 
-# What the sweep optimises: study.tell(trial, final test accuracy), direction maximize (sweep.trial_exec.run_one)
+# What the sweep optimises: study.tell(trial, final test accuracy), direction maximize (sweep.worker.Worker)
 OBJECTIVE = "final_test_acc"  # the trial record's name for it (records/derived.py), as in MLflow and the table
 # the study's user attribute `objective`, read in optuna-dashboard beside its "Best Trial"
 OBJECTIVE_TEXT = (
@@ -56,12 +56,11 @@ def set_trial_numbers(trial, record) -> None:
 
 
 def note_under_load(trial, record) -> None:
-    """A trial measured under interference says so on its optuna-dashboard trial page, where otherwise only the
-    numbers `flagged` and `foreign_cores` among its user attributes would. Written only where optuna-dashboard is
-    installed (the test extra; the pipeline extra leaves it out): without it nothing shows a note."""
+    """A trial measured under interference (its outcome flagged, trial/outcome.py) says so on its optuna-dashboard
+    trial page, where otherwise only the numbers `flagged` and `foreign_cores` among its user attributes would.
+    Written only where optuna-dashboard is installed (the test extra; the pipeline extra leaves it out): without it
+    nothing shows a note."""
     interference = record.get("interference") or {}
-    if not interference.get("interfered"):
-        return
     try:
         from optuna_dashboard import save_note
     except ImportError:

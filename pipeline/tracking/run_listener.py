@@ -1,5 +1,6 @@
 """A trial's MLflow run as a listener of its life (pipeline/trial/lifecycle.py): opened when the trial starts, its
-epochs and record logged, ended once: FINISHED; KILLED when pruned, cancelled, requeued or interrupted; FAILED.
+epochs and record logged, ended once by the trial's outcome: FINISHED; KILLED when pruned, cancelled, requeued or
+interrupted; FAILED.
 
 The same listener serves `python -m pipeline train` and each sweep trial; the sweep adds the run's parent, its tags
 (trial, study) and what a stop means for it (`stopped_note`: "trial enqueued again").
@@ -43,36 +44,24 @@ class MlflowListener:
     def epoch(self, trial, record: dict) -> bool:
         return self.run.log_epoch(record)
 
-    def ran(self, trial) -> None:
+    def ended(self, trial, outcome) -> None:
+        """The run ended once, as the outcome says: FINISHED with its record (a flagged one renamed UNDER_LOAD, the
+        reason in tag parallax.flagged); KILLED when pruned (its record kept), requeued, cancelled or interrupted;
+        FAILED with the reason. A store refusing a FINISHED or a pruned end raises: no failure passes for a success."""
         self.host_metrics.close()
-
-    def flagged(self, trial, reason: str) -> None:
-        """A trial measured under interference, flagged where a viewer looks: its run name begins UNDER_LOAD and the
-        tag parallax.flagged holds the reason (the metric `flagged` comes with its record)."""
-        self.run.tag({"parallax.flagged": reason})
-        self.run.rename(UNDER_LOAD + self.name)
-
-    def finished(self, trial, record) -> None:
-        if record["stopped"]:  # pruned: its record kept, the run KILLED; a store refusing the end raises
-            self.run.complete(record, trial.out_dir)
-            self.run.end("KILLED", strict=True)
-            return
-        self.run.complete(record, trial.out_dir, trial.untimed)
-        self.run.end("FINISHED")
-
-    def failed(self, trial, error) -> None:
-        requeued = getattr(error, "requeue", False)  # SLURM cancelled or preempted its job: it runs again
-        self.run.end("KILLED" if requeued else "FAILED", f"{error.kind}: {error}")
-
-    def cancelled(self, trial, why: str) -> None:
-        with contextlib.suppress(Exception):  # best effort: the worker that took the trial over records it
-            if self.run.run_id and self.run.tracker.status(self.run.run_id) == "RUNNING":
-                self.run.end("KILLED", why)
-
-    def stopped(self, trial, error, why: str, interrupted: bool) -> None:
-        self.host_metrics.close()
-        note = f"{why}; {self.stopped_note}" if self.stopped_note else why
-        self.run.end("KILLED" if interrupted else "FAILED", note)
-
-    def closed(self, trial) -> None:
-        self.host_metrics.close()
+        kind = outcome.kind
+        if kind in ("finished", "pruned"):
+            if outcome.flagged:
+                self.run.tag({"parallax.flagged": outcome.flagged})
+                self.run.rename(UNDER_LOAD + self.name)
+            self.run.complete(outcome.record, trial.out_dir, outcome.untimed)
+            self.run.end("FINISHED" if kind == "finished" else "KILLED", strict=True)
+        elif kind == "cancelled":
+            with contextlib.suppress(Exception):  # best effort: the worker that took the trial over records it
+                if self.run.run_id and self.run.tracker.status(self.run.run_id) == "RUNNING":
+                    self.run.end("KILLED", outcome.reason)
+        elif kind in ("fault", "interrupted"):
+            note = f"{outcome.reason}; {self.stopped_note}" if self.stopped_note else outcome.reason
+            self.run.end("KILLED" if kind == "interrupted" else "FAILED", note)
+        else:  # failed by itself, or requeued (SLURM ended its job: it runs again)
+            self.run.end("KILLED" if kind == "requeued" else "FAILED", outcome.reason)

@@ -1,16 +1,14 @@
-"""A trial's MLflow run, opened and ended in one place for `python -m pipeline train` and for each sweep trial.
+"""A trial's MLflow run, opened and ended in one place for `python -m pipeline train` and for each sweep trial, by
+the trial's MLflow listener (run_listener.py), which ends it as the trial's outcome says:
 
-    with TrialRun(tracker, cfg, stage="train") as run:
-        run.start(name, plan)                 # base tags, params, dataset
-        with run.system_metrics():
-            record = run_trial(cfg, out_dir, on_epoch=run.log_epoch)
-        run.complete(record, out_dir, untimed)  # metrics, tags, metrics.json, the untimed tag
-    # ended FINISHED; KILLED on Ctrl-C; FAILED with the reason on any other error
+    run.start(name, plan)                   # base tags, params, dataset
+    run.log_epoch(record)                   # each epoch's metrics
+    run.complete(record, out_dir, untimed)  # metrics, tags, metrics.json, the untimed tag
+    run.end("FINISHED")                     # or KILLED, FAILED with the reason
 
-A run is ended once. A caller that knows its outcome better (a pruned or requeued sweep trial) ends it itself with
-`end`; the block's exit ends a run nobody ended. When the store refuses the write, a run that did not finish is left
-as it is (the fault is being reported); a refused FINISHED raises, so that no failure passes for a success, and the
-block's exit then ends the run FAILED.
+A run is ended once. When the store refuses the write, a run that did not finish is left as it is (the fault is
+being reported); a refused FINISHED raises, so that no failure passes for a success (the trial's outcome is then a
+fault, and its run ended FAILED).
 """
 
 from __future__ import annotations
@@ -66,8 +64,7 @@ class TrialRun:
 
     def complete(self, record, out_dir: Path, untimed: str = "") -> None:
         """A finished trial's record (metrics, tags, metrics.json) and, when its throughput could not be timed
-        (`untimed`: why, measure.meter.untimed), the tag parallax.untimed. The run stays open: `end` or the block's
-        exit ends it."""
+        (`untimed`: why, measure.meter.untimed), the tag parallax.untimed. The run stays open: `end` ends it."""
         tracking.log_completed_run(self.tracker, self.run_id, record, Path(out_dir))
         if untimed:
             self.tag({"parallax.untimed": untimed})
@@ -87,18 +84,3 @@ class TrialRun:
             if strict:
                 raise
         self.ended = status
-
-    def __enter__(self) -> TrialRun:
-        return self
-
-    def __exit__(self, kind, e, tb) -> None:
-        if kind is None:
-            try:
-                self.end("FINISHED")
-            except Exception as refused:  # the store refused it: ended FAILED if it still takes a write
-                self.end("FAILED", f"{type(refused).__name__}: {refused}")
-                raise
-        elif issubclass(kind, KeyboardInterrupt):
-            self.end("KILLED", str(e) or "interrupted")
-        else:
-            self.end("FAILED", f"{getattr(e, 'kind', kind.__name__)}: {e}")

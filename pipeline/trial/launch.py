@@ -1,7 +1,7 @@
 """Run one trial: check that it can run here, run its ranks (ranks.py: through PyTorch's elastic launcher, one process
 per device or one for a one-process strategy, never this process), and build its record (records/trial.py), written as
 out_dir/metrics.json. A directory the host cannot write (a full disk, a quota, a read-only or failing file system)
-fails the trial with kind `unwritable` (ranks.UNWRITABLE), naming it.
+fails the trial with kind `unwritable` (outcome.UNWRITABLE), naming it.
 
     python -m pipeline train --strategy ddp --devices 2 --epochs 1 --out runs/ddp2
 """
@@ -28,8 +28,9 @@ from pipeline.records.trial import TrialRecord, capability_fields, summarize
 from pipeline.strategies import STRATEGIES
 from pipeline.trial import graphs, start
 from pipeline.trial.loop import DivergenceError
+from pipeline.trial.outcome import unwritable
 from pipeline.trial.rank_watch import is_out_of_memory
-from pipeline.trial.ranks import UNWRITABLE, run_ranks
+from pipeline.trial.ranks import run_ranks
 
 
 def total_devices(cfg, host: Host) -> int:
@@ -216,7 +217,7 @@ def writing_folder(out_dir: Path):
         if not files.is_write_fault(e):
             raise
         why = f"{type(e).__name__}: {e}"
-        raise TrialFailed(f"the host could not write the trial directory {out_dir}: {why}", UNWRITABLE) from None
+        raise unwritable(out_dir, why) from None
 
 
 def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: float | None = None) -> TrialRecord:
@@ -245,7 +246,7 @@ def run_trial(cfg, out_dir, on_epoch=None, progress: bool = True, timeout_s: flo
     try:
         with monitor:
             timeline["launched"] = time.time()
-            results = run_ranks(cfg, host, strategy, out_dir, on_epoch, progress, timeout_s)
+            results = run_ranks(cfg, host, out_dir, on_epoch, progress, timeout_s)
             timeline["returned"] = time.time()
     except DivergenceError as e:
         raise TrialFailed(str(e), "diverged") from None

@@ -2,28 +2,22 @@
 each sweep trial alike. Each store that keeps something of a trial (MLflow, Optuna, the console, a user's own) is a
 listener: a small object with a method per moment it cares about, in its own wing.
 
-    record = Trial(cfg, out_dir, [MlflowListener(...), StudyListener(...), SweepConsole(...)]).run()
+    outcome = Trial(cfg, out_dir, [MlflowListener(...), StudyRecord(...), SweepConsole(...)], How(...)).run()
 
 The moments, in order (a listener defines only those it needs; each gets the Trial first, whose fields say what is
-known: cfg, out_dir, label, bounded, run_id, record, untimed, flagged):
+known: cfg, out_dir, label, bounded, run_id):
 
-    claimed()           before anything else
     started()           the trial is about to run (MLflow opens its run)
-    noted(attrs)        a runner learnt something to keep (a SLURM job id and node count; MLflow's run id)
-    epoch(record)       an epoch ended; a listener returning True stops the trial at this epoch's end (pruning)
-    ran()               the training ended, by any way
-    flagged(reason)     the trial ran under interference (measure/interference.py)
-    finished(record)    the trial's record (record["stopped"]: stopped early, e.g. pruned)
-    failed(error)       the trial failed by itself (a TrialFailed): the Trial then raises it
-    cancelled(why)      a listener cancelled the trial (Trial.cancel: another worker took it over); nothing is kept
-    stopped(error, why, interrupted)   a fault or Ctrl-C: the trial runs again; the Trial then raises the error
-    closed()            always last
+    noted(attrs)        something to keep was learnt (a SLURM job id and node count; MLflow's run id)
+    epoch(record)       an epoch ended; a listener returning True stops the trial at this epoch's end
+    ended(outcome)      how it ended, decided once (trial/outcome.py): finished, pruned, failed, requeued, fault,
+                        cancelled or interrupted, with its record and reason; always last
 
 A failure of kind in `host_faults` (the host's or the cluster's, not the trial's: a trial folder that refuses
-writes, SLURM's controller gone) is a fault, announced as stopped. A listener that raises in finished (a store
-refusing to record a success) turns the end into stopped: no failure passes for a success. Listeners record; the
-owner of the trial's queue decides (the sweep's study listener): a trial whose end it already holds keeps that end
-when a later listener raises, so each trial has one outcome.
+writes, SLURM's controller gone) is a fault. A listener that raises in `ended` (a store refusing to record a
+success) turns the end into a fault: no failure passes for a success. Listeners record; the owner of the trial's
+queue (the sweep's worker, sweep/worker.py) decides what an outcome does to the queue, and is the trial's `judge`
+at each epoch's end (pruning, a take-over).
 
 Users add a store with `tracking.listeners` (import paths "package.module:Class", each built with the trial's
 Config): every trial, in the sweep and in `train`, announces its life to it too (docs/usage.md). A parameter names a
@@ -36,6 +30,7 @@ A user's listener hears a TrialView, a copy it cannot change or cancel: it recor
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
@@ -43,27 +38,14 @@ import inspect
 import site
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.config.loader import ConfigError
 from pipeline.config.schema import LISTENER_ENTRY, LISTENER_FORM
-from pipeline.errors import TrialFailed, interruption
-from pipeline.records import files
-from pipeline.store_faults import root_cause
+from pipeline.trial.outcome import FAULT, INTERRUPTED, Outcome, decide, fault
 
-MOMENTS = (
-    "claimed",
-    "started",
-    "noted",
-    "epoch",
-    "ran",
-    "flagged",
-    "finished",
-    "failed",
-    "cancelled",
-    "stopped",
-    "closed",
-)
+MOMENTS = ("started", "noted", "epoch", "ended")
 STOPS = "epoch"  # the moment whose answer stops a trial: a listener that has it can stop trials (pruning does)
 PROJECT = Path(__file__).resolve().parents[2]  # the checkout this package is loaded from
 
@@ -152,39 +134,45 @@ def _foreign(top: str) -> str:
     return ""
 
 
-def run_locally(tcfg, out_dir, on_epoch=None, progress=True, timeout_s=None, label="", note=None):
-    """The runner of a trial on this host (launch.run_trial); SLURM's runner has the same signature."""
+def run_locally(trial: Trial):
+    """The runner of a trial on this host (launch.run_trial); SLURM's runner (sweep/slurm.py) takes the same Trial."""
     from pipeline.trial.launch import run_trial
 
-    return run_trial(tcfg, out_dir, on_epoch=on_epoch, progress=progress, timeout_s=timeout_s)
+    how = trial.how
+    return run_trial(
+        trial.cfg, trial.out_dir, on_epoch=trial.epoch_ended, progress=how.progress, timeout_s=how.timeout_s
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class How:
+    """How a trial runs: `runner(trial)` trains it and returns its record (here, or as a SLURM job); `label` names it
+    on the console; `timeout_s` caps it; `host_faults`: the failure kinds that are the host's or the cluster's (a
+    fault, never the trial's failure); `bounded`: why its steps are capped, "" when not (records.labels.bound).
+    `judge`: the owner of the trial's queue (the sweep's worker), asked at each epoch's end whether the trial stops
+    there (pruning), and once more with None after the training (it may `cancel` the trial: taken over)."""
+
+    runner: Callable = run_locally
+    label: str = ""
+    progress: bool = True
+    timeout_s: float | None = None
+    host_faults: frozenset = frozenset()
+    bounded: str = ""
+    judge: Callable | None = None
 
 
 class Trial:
-    """One configuration `cfg`, run once into `out_dir` by `runner`, its life announced to `listeners` (then to
-    those tracking.listeners names). `bounded`: why its steps are capped, "" when not (records.labels.bound)."""
+    """One configuration `cfg`, run once into `out_dir` as `how` says, its life announced to `listeners` (then to
+    those tracking.listeners names)."""
 
-    def __init__(
-        self,
-        cfg,
-        out_dir,
-        listeners,
-        *,
-        runner=run_locally,
-        label: str = "",
-        progress: bool = True,
-        timeout_s: float | None = None,
-        host_faults=(),
-        bounded: str = "",
-    ):
-        self.cfg, self.out_dir, self.label, self.bounded = cfg, Path(out_dir), label, bounded
+    def __init__(self, cfg, out_dir, listeners, how: How = How()):
+        self.cfg, self.out_dir, self.how = cfg, Path(out_dir), how
+        self.label, self.bounded = how.label, how.bounded
         self.listeners = [*listeners, *user_listeners(cfg)]
         self.owners = len(listeners)  # the first ones are the sweep's own; the rest hear a TrialView
-        self.runner, self.progress, self.timeout_s, self.host_faults = runner, progress, timeout_s, set(host_faults)
         self.run_id: str | None = None  # its MLflow run, once one is open
-        self.record = None
-        self.untimed = ""  # why the record has no throughput (measure.meter.untimed), "" when it has one
-        self.flagged = ""  # why it counts as measured under interference, "" when it does not
-        self.cancelled = ""  # why a listener cancelled it
+        self.cancelled = ""  # why the owner of its queue cancelled it
+        self.outcome: Outcome | None = None
 
     def announce(self, moment: str, *args) -> list:
         return [
@@ -193,14 +181,11 @@ class Trial:
 
     def _heard(self, i: int, args: tuple) -> tuple:
         """What listener i hears: the trial itself for the sweep's own; for a user's, a TrialView and copies of the
-        records and notes (an error is passed as it is)."""
+        records, notes and outcome (an error is passed as it is)."""
         if i < self.owners:
             return (self, *args)
         entry = type(self.listeners[i])
-        return (
-            TrialView(self, f"{entry.__module__}:{entry.__qualname__}"),
-            *(copy.deepcopy(a) if isinstance(a, (dict, list)) else a for a in args),
-        )
+        return (TrialView(self, f"{entry.__module__}:{entry.__qualname__}"), *(_copied(a) for a in args))
 
     def note(self, attrs: dict) -> None:
         self.announce("noted", attrs)
@@ -208,95 +193,62 @@ class Trial:
     def cancel(self, why: str) -> None:
         self.cancelled = self.cancelled or why
 
-    def _epoch(self, record: dict) -> bool:
-        return any(self.announce("epoch", record)) or bool(self.cancelled)
+    def epoch_ended(self, record: dict) -> bool:
+        """Each listener hears the epoch; True (a listener's, or the judge's answer, or a cancel) stops the trial at
+        this epoch's end."""
+        stop = any(self.announce("epoch", record))
+        if self.how.judge is not None:
+            stop = bool(self.how.judge(self, record)) or stop
+        return stop or bool(self.cancelled)
 
-    def run(self):
-        """The trial's record; None when cancelled. Raises its TrialFailed after `failed`, or the fault or
-        interruption after `stopped`."""
+    def run(self) -> Outcome:
+        """The trial's one outcome (outcome.decide), after every listener heard it. Nothing is raised: a failure, a
+        fault or an interruption is the outcome's `error` (Outcome.record_or_raise raises it)."""
+        record = error = None
         try:
-            self.announce("claimed")
             self.announce("started")
-            try:
-                if not self.cancelled:
-                    record = self._train()
-            except TrialFailed as e:
-                failure = e if e.kind in self.host_faults else on_a_full_disk(e, self.out_dir)
-                if failure.kind in self.host_faults:
-                    raise failure from None
-                if not self.cancelled:
-                    self.announce("failed", failure)
-                    raise failure from None
-            if self.cancelled:
-                self.announce("cancelled", self.cancelled)
-                return None
-            self._finish(record)
-            return record
-        except TrialFailed as e:
-            if e.kind not in self.host_faults:
-                raise  # failed, and announced as such
-            self._stop(e)
-            raise
-        except BaseException as e:
-            self._stop(e)
-            signalled = interruption(e)
-            if signalled is None or isinstance(e, KeyboardInterrupt):
-                raise  # as it is: its chain names the root cause (store_faults.root_cause)
-            raise signalled from None  # a signal torch's launcher caught, as the Interrupted it is
-        finally:
-            self.announce("closed")
+            if not self.cancelled:
+                record = self._train()
+        except BaseException as e:  # decided below: failed, requeued, fault or interrupted
+            error = e
+        return self._end(decide(record, error, self.cancelled, self.how.host_faults, self.out_dir))
 
     def _train(self):
         try:
-            return self.runner(
-                self.cfg,
-                self.out_dir,
-                on_epoch=self._epoch,
-                progress=self.progress,
-                timeout_s=self.timeout_s,
-                label=self.label,
-                note=self.note,
-            )
+            return self.how.runner(self)
         finally:
-            self.announce("ran")
+            if self.how.judge is not None:
+                self.how.judge(self, None)
 
-    def _finish(self, record) -> None:
-        from pipeline.measure import meter
-
-        self.record = record
-        self.untimed = "" if record["stopped"] else meter.untimed(record)
-        interference = record.get("interference") or {}
-        if interference.get("interfered"):
-            self.flagged = interference.get("interference_reason") or "measured under load"
-            self.announce("flagged", self.flagged)
-        self.announce("finished", record)
-
-    def _stop(self, e: BaseException) -> None:
-        """Every listener hears of a fault or an interruption, each once, whatever the others do."""
-        signalled = interruption(e)  # Ctrl-C, or a signal torch's launcher caught as SignalException
-        interrupted = signalled is not None
-        e = e if isinstance(e, KeyboardInterrupt) else signalled or e
-        host = isinstance(e, TrialFailed) and e.kind in self.host_faults
-        why = (
-            f"interrupted ({e or type(e).__name__})"
-            if interrupted
-            else f"{e.kind}: {e}"
-            if host
-            else f"error: {root_cause(e)}"
-        )
+    def _end(self, outcome: Outcome) -> Outcome:
+        """Every listener hears the outcome, each once. A listener that raises on an end turns it into a fault,
+        which every listener then hears, whatever the others do; where a user's store raised, the end the sweep's own
+        stores held before it stands (Outcome.stands): one outcome per trial."""
         for i, one in enumerate(self.listeners):
-            if hasattr(one, "stopped"):
-                try:
-                    one.stopped(*self._heard(i, ()), e, why, interrupted)
-                except Exception:  # a store that is failing: the fault is being reported already
-                    pass
+            if not hasattr(one, "ended"):
+                continue
+            try:
+                one.ended(*self._heard(i, (outcome,)))
+            except Exception as e:
+                if outcome.kind in (FAULT, INTERRUPTED):
+                    continue  # a store that is failing: the fault is being reported already
+                return self._end(fault(e, stands=outcome if i >= self.owners else None))
+        self.outcome = outcome
+        return outcome
+
+
+def _copied(arg):
+    """An argument as a user's listener hears it: a record, a note or an outcome copied (an error as it is)."""
+    if isinstance(arg, Outcome):
+        return dataclasses.replace(arg, record=copy.deepcopy(arg.record), stands=None)
+    return copy.deepcopy(arg) if isinstance(arg, (dict, list)) else arg
 
 
 class TrialView:
     """A trial as a user's listener (tracking.listeners) hears it: the fields a moment knows, copied, read-only.
     It has no cancel: a user's store records; only the sweep's queue decides a trial's outcome."""
 
-    FIELDS = ("cfg", "out_dir", "label", "bounded", "run_id", "record", "untimed", "flagged")
+    FIELDS = ("cfg", "out_dir", "label", "bounded", "run_id")
 
     def __init__(self, trial: Trial, entry: str):
         for name in self.FIELDS:
@@ -311,20 +263,3 @@ class TrialView:
             f"tracking.listeners: {self._entry!r} cancelled a trial ({why!r}): a user's listener records what it "
             "hears and cannot cancel a trial; to stop one early, return True from its `epoch` (docs/usage.md)"
         )
-
-
-def on_a_full_disk(failed: TrialFailed, out_dir: Path) -> TrialFailed:
-    """A trial failed some other way whose folder now refuses a write: the host's failure after all (in a multi-process
-    trial the launcher may report a peer of the rank whose write failed, as worker_died), so its point is kept."""
-    from pipeline.trial.ranks import UNWRITABLE
-
-    if failed.kind == UNWRITABLE:
-        return failed
-    refused = files.refuses_writes(out_dir)
-    if refused is None:
-        return failed
-    return TrialFailed(
-        f"the host could not write the trial directory {out_dir} ({refused}); the trial itself ended "
-        f"{failed.kind}: {failed}",
-        UNWRITABLE,
-    )

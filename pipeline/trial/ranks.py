@@ -46,10 +46,10 @@ from pipeline.records import files
 from pipeline.strategies import STRATEGIES
 from pipeline.trial import node_addr, start
 from pipeline.trial.loop import train
+from pipeline.trial.outcome import unwritable
 from pipeline.trial.rank_watch import failure_reason, stacks_kept, watch_epochs
 from pipeline.trial.rdzv_watch import RendezvousWatch
 
-UNWRITABLE = "unwritable"  # the failure kind of a trial whose directory the host could not write
 # in the trial directory: each rank's first sampled step as a Chrome trace (measure/chrome_trace.py)
 TRACE_DIR = "trace"
 
@@ -283,7 +283,7 @@ def _raise_unwritable(e: BaseException, out_dir: Path) -> None:
     """`e` as the trial's UNWRITABLE failure where it is this process's write of the trial directory refused."""
     name = getattr(e, "filename", None)
     if files.is_write_fault(e) and name and Path(name).parent == out_dir:
-        raise TrialFailed(f"the host could not write the trial directory {out_dir}: {e}", UNWRITABLE) from None
+        raise unwritable(out_dir, e) from None
 
 
 def rendezvous_args(t) -> dict:
@@ -378,9 +378,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
             reason = failure_reason(e)
             if FolderUnwritable.__name__ in str(reason):
                 why = str(reason).replace(f"{FolderUnwritable.__name__}: ", "")
-                raise TrialFailed(
-                    f"the host could not write the trial directory {out_dir}: {why}", UNWRITABLE
-                ) from None
+                raise unwritable(out_dir, why) from None
             raise reason from None
         if not isinstance(e, SignalException):
             raise
@@ -414,7 +412,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     return [results[r] for r in sorted(results)]
 
 
-def run_ranks(cfg, host, strategy, out_dir: Path, on_epoch, progress, timeout_s) -> list[dict]:
+def run_ranks(cfg, host, out_dir: Path, on_epoch, progress, timeout_s) -> list[dict]:
     """Every rank's result: one process per device (ddp, ddp_amp, fsdp), or one process for a strategy that drives
     its devices from one (single, scratch, dp, dp_criterion); never this process."""
     return _launch(cfg, host, out_dir, on_epoch, progress, timeout_s)

@@ -1,6 +1,7 @@
 """The sweep's shape, read from the code with `ast` (nothing is imported or run): no function in pipeline/sweep/ is
-longer than MAX_LINES (run_one: 40), and no module outside pipeline/tracking/ imports mlflow or reaches into a
-Tracker's MLflow client (`tracker.client`): the Tracker's own methods are the way to the tracking store."""
+longer than MAX_LINES (the worker's trial builder: 40), and no module outside pipeline/tracking/ imports mlflow or
+reaches into a Tracker's MLflow client (`tracker.client`): the Tracker's own methods are the way to the tracking
+store."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from . import import_graph as ig
 
 MAX_LINES = 60  # a function's lines, from its `def` to its last line
 
-# Caps other than MAX_LINES: the sweep's trial is claim, then a lifecycle.Trial with its listeners, in 40 lines
+# Caps other than MAX_LINES: the worker builds a sweep trial, a lifecycle.Trial with its listeners, in 40 lines
 # (a cap may only shrink)
-LONG_FUNCTIONS = {"pipeline.sweep.trial_exec.run_one": 40}
+LONG_FUNCTIONS = {"pipeline.sweep.worker._trial": 40}
 
 TRACKING = "pipeline.tracking"
 

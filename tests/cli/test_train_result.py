@@ -9,6 +9,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.cli.train import fresh_out, verdict
+from pipeline.trial.outcome import Outcome
 
 
 def _record(thr, cores=None):
@@ -64,7 +65,7 @@ def fake_trial(monkeypatch):
         }
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "metrics.json").write_text(json.dumps(rec))
-        return rec
+        return Outcome("finished", rec)
 
     monkeypatch.setattr(lifecycle.Trial, "run", run)
 

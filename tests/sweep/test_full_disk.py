@@ -72,7 +72,7 @@ def test_a_peer_reported_dead_on_a_full_disk_keeps_its_point(repo, tmp_path, mon
     the folder takes writes, worker_died stays the trial's own failure (the study goes on)."""
     from pipeline.errors import TrialFailed
     from pipeline.records import files
-    from pipeline.sweep import slurm
+    from pipeline.trial import lifecycle
 
     repo()
     cfg = configmod.load(tmp_path / "params.yaml", [])
@@ -80,7 +80,7 @@ def test_a_peer_reported_dead_on_a_full_disk_keeps_its_point(repo, tmp_path, mon
     def peer_died(*a, **kw):
         raise TrialFailed("rank 1 (pid 4242) died: SIGABRT", "worker_died")
 
-    monkeypatch.setattr(slurm, "local", peer_died)
+    monkeypatch.setattr(lifecycle, "run_locally", peer_died)
     monkeypatch.setattr(files, "refuses_writes", lambda folder: "No space left on device" if full else None)
     code = main(["sweep", "--strategy", "single"])
     flat = " ".join(capfd.readouterr().err.split())

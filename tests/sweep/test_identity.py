@@ -155,7 +155,7 @@ class RecordsEnds:
     def __init__(self, cfg):
         pass
 
-    def finished(self, trial, record):
+    def ended(self, trial, outcome):
         pass
 
 

@@ -1,6 +1,6 @@
 """A new store is one listener class and a setting: this file's CsvListener, named in tracking.listeners, gets a
 row per trial of a real sweep with no sweep code changed, beside MLflow and Optuna. A listener that stops trials
-makes a study of its own (the point it stopped is measured without it); one that raises in `finished` leaves its
+makes a study of its own (the point it stopped is measured without it); one that raises in `ended` leaves its
 trial's one outcome as measured: one COMPLETE trial, one MLflow run, one table row, and a message that says so."""
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ class CsvListener:
                 w.writerow(["strategy", "devices", "batch_size", "lr", "ended", "img_s", "mlflow_run_id"])
             w.writerow([self.t.strategy, self.t.devices, self.t.batch_size, self.t.lr, ended, img_s, trial.run_id])
 
-    def finished(self, trial, record) -> None:
-        self._row(trial, "pruned" if record["stopped"] else "finished", record["throughput_img_s"])
-
-    def failed(self, trial, error) -> None:
-        self._row(trial, f"failed: {error.kind}", "")
+    def ended(self, trial, outcome) -> None:
+        if outcome.kind in ("finished", "pruned"):
+            self._row(trial, outcome.kind, outcome.record["throughput_img_s"])
+        elif outcome.kind == "failed":
+            self._row(trial, f"failed: {outcome.error.kind}", "")
 
 
 LISTENER = f"[{__name__}:CsvListener]"
@@ -87,8 +87,9 @@ class StoreDown:
     def __init__(self, cfg):
         pass
 
-    def finished(self, trial, record) -> None:
-        raise RuntimeError("my store is down")
+    def ended(self, trial, outcome) -> None:
+        if outcome.kind == "finished":
+            raise RuntimeError("my store is down")
 
 
 ONE_POINT = ("sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}", "data.train_limit=256")
@@ -117,7 +118,7 @@ def test_a_point_a_stopping_listener_cut_short_is_measured_once_it_is_gone(make_
     assert measured["state"] == "complete" and len(measured["test_acc"]) == 2, measured
 
 
-def test_a_listener_raising_in_finished_leaves_one_outcome_and_says_it(make_cfg, tmp_path):
+def test_a_listener_raising_in_ended_leaves_one_outcome_and_says_it(make_cfg, tmp_path):
     limits = (*ONE_POINT, "data.test_limit=64", "train.epochs=1")
     cfg = make_cfg(*limits, f"tracking.listeners=[{__name__}:StoreDown]")
     with pytest.raises(Stopped) as stopped:

@@ -21,7 +21,7 @@ import sqlalchemy.exc
 from optuna.storages._rdb import storage as rdb
 
 from pipeline.cli import main
-from pipeline.sweep.study_listener import StudyListener
+from pipeline.sweep.worker import Worker
 from pipeline.tracking import client as tracking
 from pipeline.tracking.run_listener import MlflowListener
 
@@ -142,15 +142,20 @@ def test_an_optuna_store_lost_mid_sweep_names_the_store_what_finished_and_that_a
         with real_session(*a, **kw) as s:
             yield s
 
-    real_epoch = StudyListener.epoch
+    real_judge = Worker._judge
 
-    def epoch(self, t, record):
-        if self.trial.number == 1:
-            lost.set()  # the server stops during the second trial
-        return real_epoch(self, t, record)
+    def judged(self, trial):
+        judge = real_judge(self, trial)
+
+        def at_an_epoch(one, record):
+            if trial.number == 1 and record is not None:
+                lost.set()  # the server stops during the second trial
+            return judge(one, record)
+
+        return at_an_epoch
 
     monkeypatch.setattr(rdb, "_create_scoped_session", session)
-    monkeypatch.setattr(StudyListener, "epoch", epoch)
+    monkeypatch.setattr(Worker, "_judge", judged)
     code = main(["sweep", "--strategy", "single"])
     err = " ".join(capsys.readouterr().err.split())
     assert code == 1 and "Traceback (most recent" not in err and "error: unexpected" not in err, err

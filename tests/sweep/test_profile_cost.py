@@ -12,7 +12,7 @@ from pipeline.host.devices import Host
 from pipeline.records import labels as emulated
 from pipeline.records.table import read_table
 from pipeline.strategies import STRATEGIES
-from pipeline.sweep import space, trial_exec
+from pipeline.sweep import space, worker
 from pipeline.sweep import stage as sweep
 
 from ..conftest import REPO
@@ -79,12 +79,12 @@ def test_sweep_runs_a_bounded_trial_and_its_row_says_so(make_cfg, tmp_path, monk
     (tmp_path / "experiments" / "tiny.yaml").write_text(TINY)
     cfg = make_cfg(profile="tiny")
     monkeypatch.setattr(capabilities, "cpu_flags", lambda: set(AVX2_ONLY))
-    trial_exec.host_caps.cache_clear()
+    worker.host_caps.cache_clear()
     try:
         out = tmp_path / "results" / "ddp_amp.jsonl"
         sweep.run_sweep(cfg, "ddp_amp", out)
     finally:
-        trial_exec.host_caps.cache_clear()
+        worker.host_caps.cache_clear()
     [row] = read_table(out).to_dict("records")
     assert row["state"] == "complete" and float(row["throughput_img_s"]) > 0
     assert emulated.is_bounded(row["reason"]) and "at most 5 steps" in row["reason"]

@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 from pipeline.host.devices import probe
 from pipeline.records.table import point_of
 from pipeline.sweep import stage as sweep
-from pipeline.sweep import study_listener
+from pipeline.sweep import worker
 from pipeline.sweep.queue import claim
 
 SPACE = ["sweep.spaces.ddp.devices=[1, 2]", "sweep.spaces.ddp.batch_size=[64, 128]", "sweep.spaces.ddp.lr=[0.1, 0.2]"]
@@ -81,19 +81,19 @@ def test_an_interfered_trial_is_enqueued_again_up_to_the_limit(make_cfg):
     study = optuna.create_study(storage=sweep.open_storage(cfg), study_name="remeasure")
     p = {"devices": 1, "batch_size": 64, "lr": 0.1}
     study.enqueue_trial(p, user_attrs={"repeat": 1})
-    interfered, quiet = {"interference": {"interfered": True}}, {"interference": {"interfered": False}}
+    interfered, quiet = "2 cores busy", ""  # the outcome's flag: why it counts as measured under load
     first = claim(study)
-    assert study_listener.remeasure(cfg, study, first, p, quiet) == ""  # a quiet trial: nothing enqueued
-    assert "enqueued again (1/1)" in study_listener.remeasure(cfg, study, first, p, interfered)
+    assert worker.remeasure(cfg, study, first, p, quiet) == ""  # a quiet trial: nothing enqueued
+    assert "enqueued again (1/1)" in worker.remeasure(cfg, study, first, p, interfered)
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert len(waiting) == 1 and waiting[0].user_attrs == {"repeat": 1, "remeasure": 1, "remeasure_of": first.number}
     again = claim(study)
-    assert study_listener.remeasure(cfg, study, again, p, interfered) == ""  # the limit reached: kept, not re-run
+    assert worker.remeasure(cfg, study, again, p, interfered) == ""  # the limit reached: kept, not re-run
     assert not study.get_trials(states=(TrialState.WAITING,))
 
 
 def test_no_remeasure_on_a_host_that_stays_busy(make_cfg):
-    """A flagged trial that ran after the quiet wait failed N times in a row (stage.py marks it) is not enqueued
+    """A flagged trial that ran after the quiet wait failed N times in a row (the worker marks it) is not enqueued
     again: the copy would meet the same load."""
     cfg = make_cfg("sweep.remeasure_interfered=1")
     study = optuna.create_study(storage=sweep.open_storage(cfg), study_name="busy")
@@ -101,7 +101,7 @@ def test_no_remeasure_on_a_host_that_stays_busy(make_cfg):
     study.enqueue_trial(p, user_attrs={"repeat": 1})
     first = claim(study)
     first.set_user_attr("host_stays_busy", 3)
-    said = study_listener.remeasure(cfg, study, first, p, {"interference": {"interfered": True}})
+    said = worker.remeasure(cfg, study, first, p, "2 cores busy")
     assert said == "; not re-measured: the host stayed busy through 3 quiet waits in a row"
     assert not study.get_trials(states=(TrialState.WAITING,))
 

@@ -97,6 +97,14 @@ def _tcfg():
 
 
 @pytest.mark.timeout(120)
+def _trial(out_dir: Path, on_epoch=lambda record: False):
+    """What SLURM's runner reads of a lifecycle.Trial."""
+    how = SimpleNamespace(timeout_s=None)
+    return SimpleNamespace(
+        cfg=_tcfg(), out_dir=out_dir, epoch_ended=on_epoch, label="trial 1/2", how=how, note=lambda attrs: None
+    )
+
+
 def test_an_unreachable_controller_cancels_the_job_and_fails_as_the_clusters_fault(tmp_path, monkeypatch):
     """Proves: `scontrol show job` failing for longer than slurm.UNREACHABLE_S ends the wait with kind
     `slurm_unreachable` (the cluster's fault, which the sweep enqueues again), says that scontrol failed and how, and
@@ -106,7 +114,7 @@ def test_an_unreachable_controller_cancels_the_job_and_fails_as_the_clusters_fau
     monkeypatch.setattr(slurm, "UNREACHABLE_S", 1.0, raising=False)
     monkeypatch.setattr(slurm, "with_train", lambda tcfg, **kw: tcfg)
     with pytest.raises(TrialFailed) as e:
-        slurm.Runner(_scfg())(_tcfg(), tmp_path / "trial", label="trial 1/2")
+        slurm.Runner(_scfg())(_trial(tmp_path / "trial"))
     assert e.value.kind == "slurm_unreachable", (e.value.kind, str(e.value))
     assert "scontrol" in str(e.value) and "Unable to contact slurm controller" in str(e.value), str(e.value)
     calls = log.read_text().splitlines()
@@ -138,7 +146,7 @@ def test_a_stale_progress_file_in_a_reused_trial_folder_is_never_replayed(tmp_pa
     (out / "metrics.json").write_text("{}")
     seen = []
     with pytest.raises(TrialFailed, match="boom"):
-        slurm.Runner(_scfg())(_tcfg(), out, on_epoch=lambda r: seen.append(r) and False, label="trial 1/2")
+        slurm.Runner(_scfg())(_trial(out, on_epoch=lambda r: seen.append(r) and False))
     assert seen == [], seen
     assert not (out / "metrics.json").exists()
 

@@ -24,7 +24,7 @@ import pytest
 from optuna.trial import TrialState
 
 from pipeline.sweep import queue as claims
-from pipeline.sweep import stage, study_parent, trial_exec
+from pipeline.sweep import stage, study_parent, worker
 from pipeline.sweep.stage import open_storage, run_sweep, study_name
 from tests.sweep.test_reliability import left_behind, make_repo, mlflow_runs, study, trial_started, wait_for
 
@@ -149,9 +149,9 @@ def test_ctrl_c_between_claim_and_start_leaves_nothing_running(make_cfg, tmp_pat
             lambda self, tid, key, value: (owner if key == claims.WORKER_ATTR else set_attr)(self, tid, key, value),
         ),
         "between claim and run": (claims, "finished", _interrupting_after_a_claim(monkeypatch)),
-        "the trial's label": (stage, "counter", _interrupting(stage.counter)),
+        "the trial's label": (worker, "counter", _interrupting(worker.counter)),
         "the quiet wait": (stage.QuietGate, "wait", _interrupting(lambda self: None)),
-        "the trial's set-up": (trial_exec, "TrialRun", _interrupting(trial_exec.TrialRun)),
+        "the trial's set-up": (worker, "TrialRun", _interrupting(worker.TrialRun)),
     }[where]
     monkeypatch.setattr(*target)
     with pytest.raises(KeyboardInterrupt):
@@ -197,7 +197,7 @@ def test_ctrl_c_leaves_the_parent_running_only_for_a_live_worker(make_cfg, tmp_p
         number = _foreign_trial(
             cfg, {"host": socket.gethostname(), "pid": other.pid, "start": claims.start_time(other.pid) or "1"}
         )
-        monkeypatch.setattr(stage, "counter", _interrupting(stage.counter))
+        monkeypatch.setattr(worker, "counter", _interrupting(worker.counter))
         with pytest.raises(KeyboardInterrupt):
             run_sweep(cfg, "single", tmp_path / "single.jsonl")
     finally:

@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.errors import Stopped, StoreError
 from pipeline.sweep import stage as sweep
+from pipeline.sweep.worker import Worker
 from pipeline.tracking import client as tracking
 
 ONE_POINT = ["sweep.strategies=[single]", "sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}"]
@@ -52,7 +53,7 @@ def test_an_optuna_store_lost_mid_sweep_still_ends_the_parent_run(make_cfg, tmp_
         monkeypatch.setattr(sweep.claims, "running", unanswered)
         raise RuntimeError("the store went away")
 
-    monkeypatch.setattr(sweep, "run_one", lose_the_store)
+    monkeypatch.setattr(Worker, "run_one", lose_the_store)
     with pytest.raises(Stopped):
         sweep.run_sweep(cfg, "single", tmp_path / "single.jsonl")
     (parent,) = tracking.Tracker(cfg).find_runs("tags.role = 'study' and tags.strategy = 'single'")

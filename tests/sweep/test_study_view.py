@@ -12,7 +12,7 @@ import optuna
 from optuna.trial import TrialState
 
 from pipeline.records.table import POINT_KEYS, point_of
-from pipeline.sweep import trial_exec
+from pipeline.sweep import worker
 from pipeline.sweep.space import choices, constants
 from pipeline.sweep.stage import open_storage, run_sweep, study_name
 
@@ -63,14 +63,14 @@ def test_a_study_whose_older_trials_list_the_constants_resumes(make_cfg, tmp_pat
     constant params: Optuna's importances over such a study still list them.)"""
     cfg = make_cfg(*TWO_LRS)
     out = tmp_path / "single.jsonl"
-    real = trial_exec.suggest
+    real = worker.suggest
 
     def every_dimension(trial, cfg, strategy):  # what the sweep did before
         return {k: trial.suggest_categorical(k, vals) for k, vals in choices(cfg, strategy).items()}
 
-    monkeypatch.setattr(trial_exec, "suggest", every_dimension)
+    monkeypatch.setattr(worker, "suggest", every_dimension)
     run_sweep(cfg, "single", out, max_new_trials=1)
-    monkeypatch.setattr(trial_exec, "suggest", real)
+    monkeypatch.setattr(worker, "suggest", real)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run_sweep(cfg, "single", out)

@@ -11,7 +11,7 @@ class Store:
     def __init__(self, cfg):
         pass
 
-    def finished(self, trial, record):
+    def ended(self, trial, outcome):
         pass
 
 

@@ -22,8 +22,8 @@ class Recorder:
     def __init__(self, cfg):
         self.ends = []
 
-    def finished(self, trial, record):
-        self.ends.append(record)
+    def ended(self, trial, outcome):
+        self.ends.append(outcome)
 
 
 class Hears:
