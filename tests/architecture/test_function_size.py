@@ -23,7 +23,7 @@ KNOWN = {
     "pipeline.trial.loop.train": (6, 80),
     "pipeline.trial.loop.__call__": (7, 60),  # a step: (step, model, criterion, optimizer, x, y, clock)
     "pipeline.trial.graphs.__call__": (7, 60),  # the same step, captured as a CUDA graph
-    "pipeline.trial.ranks._run_process": (8, 60),  # the elastic launcher's entry point, its arguments one tuple
+    "pipeline.trial.ranks._run_process": (7, 60),  # the elastic launcher's entry point, its arguments one tuple
     "pipeline.trial.ranks._launch": (6, 103),
 }
 
