@@ -26,11 +26,10 @@ from pipeline.host.devices import probe
 from pipeline.measure.quiet import QuietGate
 from pipeline.preflight import check_store
 from pipeline.records.table import write_table
-from pipeline.sweep import provenance, slurm, study_parent, study_setup, study_view, unselected
-from pipeline.sweep import queue as claims
+from pipeline.sweep import claims, provenance, slurm, study_parent, study_setup, study_view, unselected
+from pipeline.sweep.claims import open_storage, storage_url
 from pipeline.sweep.feasible import check_point
 from pipeline.sweep.progress import progress
-from pipeline.sweep.queue import open_storage, storage_url
 from pipeline.sweep.space import PointConfigs, choices, points, space_hash, study_name
 from pipeline.sweep.worker import Sweep, Worker, best_effort, fault_text, fmt_point, resumes
 from pipeline.tracking import client as tracking

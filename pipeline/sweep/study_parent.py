@@ -18,7 +18,7 @@ from pipeline.records.files import free_text
 from pipeline.redact import redact
 from pipeline.store_faults import FAULT_TEXT, root_cause, store_fault
 from pipeline.sweep import provenance, study_view
-from pipeline.sweep.queue import finished, storage_url
+from pipeline.sweep.claims import finished, storage_url
 from pipeline.sweep.space import changed_settings, choices
 from pipeline.tracking import client as tracking
 

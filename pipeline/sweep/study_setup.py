@@ -13,7 +13,7 @@ import time
 import uuid
 
 from pipeline.records.table import point_of
-from pipeline.sweep import queue as claims
+from pipeline.sweep import claims
 from pipeline.sweep.progress import progress
 
 SETUP_BY = "setup_by"  # the worker setting the queue up (claims.me())

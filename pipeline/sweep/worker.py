@@ -1,5 +1,5 @@
 """The sweep's worker: the one owner of the trials it claims. Built once per sweep (stage.run_sweep) with the sweep's
-context (`Sweep`), it serves the queue (queue.serve): for each claimed trial it waits for a quiet host, runs the
+context (`Sweep`), it serves the queue (claims.serve): for each claimed trial it waits for a quiet host, runs the
 trial (trial.lifecycle.Trial, told to its MLflow run, its Optuna trial and the console, plus those
 tracking.listeners adds), judges each epoch's end (a take-over its heartbeat noticed, pruning), and applies the
 trial's one outcome (trial/outcome.py) to the queue:
@@ -40,8 +40,7 @@ from pipeline.records.trial import PROVENANCE, planned
 from pipeline.redact import redact
 from pipeline.store_faults import FAULT_TEXT, root_cause, store_fault
 from pipeline.strategies import STRATEGIES
-from pipeline.sweep import console, feasible, slurm, study_setup
-from pipeline.sweep import queue as claims
+from pipeline.sweep import claims, console, feasible, slurm, study_setup
 from pipeline.sweep.console import SweepConsole
 from pipeline.sweep.progress import counter
 from pipeline.sweep.space import suggest
@@ -100,7 +99,7 @@ class Worker:
         self.done: int | None = None
         self.parent_id: str | None = None
 
-    # ------------------------------------------------------------------ the queue (queue.serve asks these)
+    # ------------------------------------------------------------------ the queue (claims.serve asks these)
 
     @property
     def total(self) -> int:
@@ -144,7 +143,7 @@ class Worker:
         gate = self.sweep.gate
         if gate is None:
             return
-        waited = gate.wait()  # the trial's heartbeat beats through it (queue.claimed)
+        waited = gate.wait()  # the trial's heartbeat beats through it (claims.claimed)
         if waited.text:
             console.say(f"{label} {waited.text}")
             trial.set_user_attr("quiet_wait", waited.text)
@@ -189,7 +188,7 @@ class Worker:
     def _judge(self, trial):
         """The trial's judge (lifecycle.How.judge): at each epoch's end, stop a trial another worker took over (its
         heartbeat saw it) or one the pruner cuts; after the training, cancel a trial taken over meanwhile."""
-        beat = claims.heartbeat(trial)  # beating since the claim; its owner, queue.claimed, stops it
+        beat = claims.heartbeat(trial)  # beating since the claim; its owner, claims.claimed, stops it
 
         def judge(one: Trial, record: dict | None) -> bool:
             if beat.lost.is_set():

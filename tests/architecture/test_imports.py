@@ -112,7 +112,7 @@ TORCH_FREE = ["pipeline.config", "pipeline.records", "pipeline.analysis", "pipel
 
 
 def wing(module: str) -> str:
-    """pipeline.sweep.queue -> sweep; pipeline.errors -> errors; pipeline -> '' (the empty package)."""
+    """pipeline.sweep.claims -> sweep; pipeline.errors -> errors; pipeline -> '' (the empty package)."""
     return module.split(".")[1] if "." in module else ""
 
 
@@ -260,12 +260,12 @@ OPTUNA_PRIVATE = {"_storage", "_trial_id", "_study_id", "_get_stale_trial_ids", 
 
 
 def test_only_the_worker_queue_uses_optunas_private_api():
-    """pipeline/sweep/queue.py is the one module that reaches into Optuna (study._storage, trial._trial_id, ...)."""
+    """pipeline/sweep/claims.py is the one module that reaches into Optuna (study._storage, trial._trial_id, ...)."""
     found = sorted(
         f"{module}:{node.lineno} .{node.attr}"
         for module, path in ig.module_files().items()
-        if module != "pipeline.sweep.queue"
+        if module != "pipeline.sweep.claims"
         for node in ast.walk(ig.parse(path))
         if isinstance(node, ast.Attribute) and node.attr in OPTUNA_PRIVATE
     )
-    assert not found, f"Optuna's private API outside pipeline/sweep/queue.py: {found}"
+    assert not found, f"Optuna's private API outside pipeline/sweep/claims.py: {found}"

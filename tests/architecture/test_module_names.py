@@ -4,7 +4,7 @@ Read in every tracked Python file (its docstrings and comments) and in the docs 
 docs/*.md). A name `x.py` (or `wing/x.py`) must be a tracked file; a dotted `pipeline.a.b.name` must resolve, read
 with `ast` (nothing imported): its longest module prefix is a tracked module, the next part a name that module
 defines at its top (a function, class, constant or import), and a part after a class a name in that class's body.
-A short pointer `module.name` (`queue.claimed`, `points.timed`), where `module` is the file name of a pipeline/
+A short pointer `module.name` (`claims.claimed`, `points.timed`), where `module` is the file name of a pipeline/
 module or folder, must name what one such module defines (at its top or in one of its classes), except where the
 word is also a config section or a common object (AMBIGUOUS: `train.lr` is a key, `trial.number` Optuna's).
 Paths inside the libraries Parallax reads (`torch/...`, `dvc/...`) and the few bare names of such files listed in

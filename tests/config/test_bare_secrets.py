@@ -65,12 +65,12 @@ def test_a_store_without_its_scheme_is_refused_by_name(key):
 
 def test_the_optuna_storage_error_hides_it_in_the_library_text(make_cfg, monkeypatch):
     """Past the pre-run check, SQLAlchemy's own message quotes the URL: both copies are hidden."""
-    from pipeline.sweep import queue
+    from pipeline.sweep import claims
 
-    monkeypatch.setattr(queue, "check_store", lambda url, key: None)
+    monkeypatch.setattr(claims, "check_store", lambda url, key: None)
     url = f"pguser:{SECRET}@127.0.0.1:55432/db"
     with pytest.raises(StoreError) as e:
-        queue.open_storage(make_cfg(f"sweep.storage={url}"))
+        claims.open_storage(make_cfg(f"sweep.storage={url}"))
     msg = str(e.value)
     assert SECRET not in msg and "'***@127.0.0.1:55432/db' (sweep.storage)" in msg, msg
 

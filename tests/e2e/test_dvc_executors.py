@@ -14,7 +14,7 @@ import pytest
 
 from pipeline import paths
 from pipeline.config import loader as configmod
-from pipeline.sweep import queue as claims
+from pipeline.sweep import claims
 from pipeline.tracking import client as tracking
 
 REPO = Path(__file__).resolve().parents[2]

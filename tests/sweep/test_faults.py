@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from pipeline.cli import main
 from pipeline.config import loader as configmod
 from pipeline.records.table import point_of
-from pipeline.sweep import queue as claims
+from pipeline.sweep import claims
 from pipeline.sweep.stage import open_storage, study_name
 from pipeline.tracking import client as tracking
 

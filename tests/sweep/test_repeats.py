@@ -11,7 +11,7 @@ from pipeline.host.devices import probe
 from pipeline.records.table import point_of
 from pipeline.sweep import stage as sweep
 from pipeline.sweep import worker
-from pipeline.sweep.queue import claim
+from pipeline.sweep.claims import claim
 
 SPACE = ["sweep.spaces.ddp.devices=[1, 2]", "sweep.spaces.ddp.batch_size=[64, 128]", "sweep.spaces.ddp.lr=[0.1, 0.2]"]
 

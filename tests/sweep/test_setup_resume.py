@@ -14,7 +14,7 @@ import optuna
 import pytest
 
 from pipeline.records.table import point_of
-from pipeline.sweep import queue as claims
+from pipeline.sweep import claims
 from pipeline.sweep import stage as sweep
 from pipeline.sweep.stage import open_storage, run_sweep, study_name
 

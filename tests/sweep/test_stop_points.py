@@ -23,8 +23,7 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from pipeline.sweep import queue as claims
-from pipeline.sweep import stage, study_parent, worker
+from pipeline.sweep import claims, stage, study_parent, worker
 from pipeline.sweep.stage import open_storage, run_sweep, study_name
 from tests.sweep.test_reliability import left_behind, make_repo, mlflow_runs, study, trial_started, wait_for
 
@@ -57,7 +56,7 @@ def _interrupting(fn):
 
 
 def _interrupting_after_a_claim(monkeypatch):
-    """queue.finished, with Ctrl-C landing at its first call after a trial is claimed (the sweep also counts the
+    """claims.finished, with Ctrl-C landing at its first call after a trial is claimed (the sweep also counts the
     finished trials before it claims any, to say how many are left)."""
     real_claim, real_finished = claims.claim, claims.finished
     claimed = []

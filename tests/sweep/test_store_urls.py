@@ -12,7 +12,7 @@ import pytest
 
 from pipeline import preflight
 from pipeline.errors import StoreError
-from pipeline.sweep.queue import storage_url
+from pipeline.sweep.claims import storage_url
 from pipeline.tracking.client import tracking_uri
 from tests.conftest import REPO
 

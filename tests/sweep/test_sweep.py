@@ -187,7 +187,7 @@ def test_a_table_written_while_another_worker_starts_a_trial_has_its_whole_point
     """Another worker's trial, claimed and half-way through suggesting its params (model and devices so far), is
     written as its enqueued point, not a KeyError that stops this worker's sweep."""
     from pipeline.records.table import trial_row
-    from pipeline.sweep import queue as claims
+    from pipeline.sweep import claims
 
     study = optuna.create_study(storage=optuna.storages.RDBStorage("sqlite:///:memory:", heartbeat_interval=1))
     point = {"model": "lenet", "devices": 2, "batch_size": 128, "lr": 0.1}

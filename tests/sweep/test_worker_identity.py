@@ -18,7 +18,7 @@ import pytest
 
 from pipeline import lifeline, processes
 from pipeline.measure import interference
-from pipeline.sweep import queue as claims
+from pipeline.sweep import claims
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="compares with /proc/<pid>/stat")
 
