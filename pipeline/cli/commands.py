@@ -40,11 +40,11 @@ def cmd_sweep(args) -> int:
         unselected.write_table(cfg, args.strategy, out)
         return 0
     from pipeline.sweep.stage import run_sweep
-    from pipeline.tracking import client as tracking
+    from pipeline.tracking import client
 
     run_sweep(cfg, args.strategy, out, max_new_trials=args.n_trials)
     print(
-        f"[sweep {args.strategy}] wrote {out}; its runs in MLflow: make ui, or {tracking.ui_command(cfg)}",
+        f"[sweep {args.strategy}] wrote {out}; its runs in MLflow: make ui, or {client.ui_command(cfg)}",
         file=sys.stderr,
     )
     return 0
@@ -53,7 +53,7 @@ def cmd_sweep(args) -> int:
 def cmd_analyze(args) -> int:
     from pipeline.analysis.stage import analyze
     from pipeline.preflight import input_dir, output_dir
-    from pipeline.tracking import client as tracking
+    from pipeline.tracking import client
     from pipeline.tracking.analysis_run import log_analysis_run
 
     cfg = loader.load(args.params, args.overrides)
@@ -67,7 +67,7 @@ def cmd_analyze(args) -> int:
     summary = analyze(args.sweeps, args.out, target_acc=cfg.analyze.target_acc)
     run_id = log_analysis_run(cfg, summary, args.out)
     print(f"wrote {args.out}/report.md (MLflow run {run_id})")
-    print(answer_screen((args.out / "report.md").read_text(), args.out, tracking.ui_command(cfg)))
+    print(answer_screen((args.out / "report.md").read_text(), args.out, client.ui_command(cfg)))
     return 0
 
 
@@ -130,13 +130,13 @@ def cmd_overlap(args) -> int:
     from pipeline.preflight import check_store, output_dir
     from pipeline.scaling import overlap
     from pipeline.store_faults import root_cause
-    from pipeline.tracking import client as tracking
+    from pipeline.tracking import client
 
     cfg = loader.load(args.params, args.overrides)
     output_dir(args.out, "--out")  # a directory (overlap.json, overlap.md)
-    check_store(tracking.tracking_uri(cfg), "tracking.uri")  # before the experiments, not after them
+    check_store(client.tracking_uri(cfg), "tracking.uri")  # before the experiments, not after them
     res = overlap.run(cfg, args.out, watch=Monitor)  # what else used the host meanwhile: labelled under load
-    tracker = tracking.Tracker(cfg)
+    tracker = client.Tracker(cfg)
     host = probe()
     run_id = tracker.start_run(
         "overlap",

@@ -107,13 +107,13 @@ def run(args) -> int:
     listeners, run = [], None
     if not args.no_track:
         from pipeline.records.trial import planned
-        from pipeline.tracking import client as tracking
+        from pipeline.tracking import client
         from pipeline.tracking.run_listener import MlflowListener
         from pipeline.tracking.trial_run import TrialRun
         from pipeline.trial.launch import host_fields
 
         t = cfg.train
-        run = TrialRun(tracking.Tracker(cfg), cfg, stage="train")
+        run = TrialRun(client.Tracker(cfg), cfg, stage="train")
         plan = planned(cfg, host, host_fields(host, t.devices))
         listeners = [MlflowListener(run, f"{t.strategy} k={t.devices} B={t.batch_size} lr={t.lr}", plan), EpochLines()]
     # its run ended FINISHED, KILLED (Ctrl-C) or FAILED: never left RUNNING
@@ -128,7 +128,7 @@ def run(args) -> int:
     )
     print(
         f"wrote {out / 'metrics.json'} and {out / 'final_state.pt'}"
-        + (f"; MLflow run {run.run_id} (make ui, or {tracking.ui_command(cfg)})" if run else "")
+        + (f"; MLflow run {run.run_id} (make ui, or {client.ui_command(cfg)})" if run else "")
     )
     print(f"result: {speed}")
     return 0

@@ -32,7 +32,7 @@ def _port_in_use(port: int) -> int | None:
 
 def run(args) -> int:
     from pipeline.redact import redact
-    from pipeline.tracking import client as tracking
+    from pipeline.tracking import client
 
     free = _port_in_use(args.port)
     if free is not None:  # before MLflow starts: its server would print a traceback and still exit 0
@@ -46,7 +46,7 @@ def run(args) -> int:
     # job runners (a huey consumer per task queue, a folder in /dev/shm) serve features Parallax never uses
     env = {
         **os.environ,
-        "MLFLOW_BACKEND_STORE_URI": tracking.tracking_uri(cfg),
+        "MLFLOW_BACKEND_STORE_URI": client.tracking_uri(cfg),
         "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
     }
     cmd = [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(args.port)]
@@ -56,7 +56,7 @@ def run(args) -> int:
     if not args.no_view:
         from pipeline.tracking import ui_view
 
-        route = ui_view.publish_for(tracking.Tracker(cfg))
+        route = ui_view.publish_for(client.Tracker(cfg))
     server = start(cmd, env)  # argument vector, no shell
     try:
         if not listening(args.port, server):

@@ -32,7 +32,7 @@ from pipeline.sweep.feasible import check_point
 from pipeline.sweep.progress import progress
 from pipeline.sweep.space import PointConfigs, choices, points, space_hash, study_name
 from pipeline.sweep.worker import Sweep, Worker, best_effort, fault_text, fmt_point, resumes
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 from pipeline.trial.launch import Infeasible, check_batch_fits
 from pipeline.trial.lifecycle import user_listeners
 
@@ -213,7 +213,7 @@ def _check_input(cfg) -> int:
     data = load_data(cfg, verify=True)  # present, unchanged, right source
     n_train = len(data.train_y)
     del data
-    for url, key in ((storage_url(cfg), "sweep.storage"), (tracking.tracking_uri(cfg), "tracking.uri")):
+    for url, key in ((storage_url(cfg), "sweep.storage"), (client.tracking_uri(cfg), "tracking.uri")):
         check_store(url, key)  # both, before either store is created or opened
     user_listeners(cfg)  # tracking.listeners: each one loads and builds, or the sweep stops here, naming it
     return n_train
@@ -222,9 +222,9 @@ def _check_input(cfg) -> int:
 def _set_up(cfg, strategy: str, host, n_train: int):
     """The tracker, the points' Configs (space.PointConfigs) and the prepared study (prepare_study: the study, its
     feasible and its skipped points), both stores created under claims.creating_stores."""
-    with claims.creating_stores(storage_url(cfg), tracking.tracking_uri(cfg)):
+    with claims.creating_stores(storage_url(cfg), client.tracking_uri(cfg)):
         storage = open_storage(cfg)  # a bad URL fails now
-        tracker = tracking.Tracker(cfg)
+        tracker = client.Tracker(cfg)
         configs = PointConfigs(cfg, strategy)  # each point's Config built once, for its checks and its trials
         try:
             study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, n_train, configs)

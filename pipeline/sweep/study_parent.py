@@ -20,7 +20,7 @@ from pipeline.store_faults import FAULT_TEXT, root_cause, store_fault
 from pipeline.sweep import provenance, study_view
 from pipeline.sweep.claims import finished, storage_url
 from pipeline.sweep.space import changed_settings, choices
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 PARENT = "mlflow_parent_run_id"  # the study's user attribute holding its parent run's id
 
@@ -28,11 +28,11 @@ PARENT = "mlflow_parent_run_id"  # the study's user attribute holding its parent
 def start(study, cfg, strategy: str, host, tracker, n_points: int) -> str:
     """Open the study's parent run, shared by every worker of the study (finish() ends it), and record its id in the
     study (PARENT); returns the id. Its tags say where and how the study runs, its params its space and settings."""
-    group = tracking.pipeline_run()  # the run name tells two pipeline runs' "study ddp" rows apart
+    group = client.pipeline_run()  # the run name tells two pipeline runs' "study ddp" rows apart
     parent = tracker.start_run(
         f"study {strategy} · {group}",  # the strategy first: a narrow name column keeps it
         {
-            tracking.PIPELINE_RUN_TAG: group,
+            client.PIPELINE_RUN_TAG: group,
             "strategy": strategy,
             "study": study.study_name,
             "profile": cfg.profile,

@@ -19,8 +19,7 @@ from pathlib import Path
 
 from pipeline.errors import StoreError
 from pipeline.store_faults import FAULT_TEXT, root_cause, store_fault
-from pipeline.tracking import client as tracking
-from pipeline.tracking import metric_names, ui_view
+from pipeline.tracking import client, metric_names, ui_view
 
 # the figures that compare strategies, as keyed images in this order (the run page's image charts); every other
 # figure (one per DDP knob) is an artifact only
@@ -54,7 +53,7 @@ def report_head(text: str, limit: int = NOTE_LIMIT) -> str:
     return head + "\n\n(The full report is the artifact report.md; the figures are under Images and Artifacts.)"
 
 
-def log_figures(tracker: tracking.Tracker, run_id: str, paths) -> None:
+def log_figures(tracker: client.Tracker, run_id: str, paths) -> None:
     """PNG figures as keyed images (figures/<name>, step 0): MLflow's image-grid charts can set them side by side."""
     from PIL import Image  # matplotlib's own dependency
 
@@ -63,7 +62,7 @@ def log_figures(tracker: tracking.Tracker, run_id: str, paths) -> None:
             tracker.client.log_image(run_id, im.convert("RGB"), key=f"{metric_names.FIGURES}/{Path(p).stem}", step=0)
 
 
-def _room(tracker: tracking.Tracker, out_dir: Path) -> None:
+def _room(tracker: client.Tracker, out_dir: Path) -> None:
     """Refuse to open the run when the local artifact store cannot hold the outputs twice over (every figure is
     stored as an artifact and as a keyed image) plus a margin for the store's own writes."""
     where = tracker.local_artifacts()
@@ -82,7 +81,7 @@ def _room(tracker: tracking.Tracker, out_dir: Path) -> None:
         )
 
 
-def _failed(tracker: tracking.Tracker, run_id: str, e: Exception, out_dir: Path) -> Exception:
+def _failed(tracker: client.Tracker, run_id: str, e: Exception, out_dir: Path) -> Exception:
     """End the run FAILED with the reason (after removing its partial artifacts when the disk is full, so that the
     store has room to record the end) and say what is true of it; returns the exception to raise."""
     reason, fault = root_cause(e), store_fault(e)
@@ -99,7 +98,7 @@ def _failed(tracker: tracking.Tracker, run_id: str, e: Exception, out_dir: Path)
         else "could not be ended (the store refused the "
         f"write): it shows {status or 'a state that could not be read back'}"
     )
-    place = f" under {where.parent if where else tracking.store_root() / 'mlruns'}" if fault == "disk_full" else ""
+    place = f" under {where.parent if where else client.store_root() / 'mlruns'}" if fault == "disk_full" else ""
     return StoreError(
         f"The MLflow analysis run {run_id} stopped: {FAULT_TEXT[fault]}{place} ({reason}). The run "
         f"{state}. {out_dir} is written; fix the cause (free disk space, stop the process holding "
@@ -110,7 +109,7 @@ def _failed(tracker: tracking.Tracker, run_id: str, e: Exception, out_dir: Path)
 def log_analysis_run(cfg, summary: dict, out_dir: Path) -> str:
     """Log the analysis run; it ends FAILED with the reason if logging fails. Returns the run id."""
     out_dir = Path(out_dir)
-    tracker = tracking.Tracker(cfg)
+    tracker = client.Tracker(cfg)
     _room(tracker, out_dir)
     run_id = tracker.start_run(
         "analysis",
@@ -118,13 +117,13 @@ def log_analysis_run(cfg, summary: dict, out_dir: Path) -> str:
             "stage": "analyze",
             "profile": cfg.profile,
             "data_source": summary.get("data_source", ""),
-            tracking.PIPELINE_RUN_TAG: tracking.pipeline_run(),
+            client.PIPELINE_RUN_TAG: client.pipeline_run(),
         },
     )
     try:
         if (out_dir / "report.md").exists():
             tracker.set_tags(run_id, {"mlflow.note.content": report_head((out_dir / "report.md").read_text())})
-        tracker.log_metrics(run_id, tracking.summary_metrics(summary))
+        tracker.log_metrics(run_id, client.summary_metrics(summary))
         log_figures(tracker, run_id, [out_dir / f"{c}.png" for c in CHARTS if (out_dir / f"{c}.png").exists()])
         tracker.log_artifacts(run_id, out_dir)
     except Exception as e:
@@ -139,7 +138,7 @@ def log_analysis_run(cfg, summary: dict, out_dir: Path) -> str:
     return run_id
 
 
-def log_study_rows(tracker: tracking.Tracker, summary: dict, out_dir: Path) -> None:
+def log_study_rows(tracker: client.Tracker, summary: dict, out_dir: Path) -> None:
     """Each strategy's newest study (parent) run gets the report's numbers (metric_names.study_row_metrics, from
     summary.json and metrics.json): the study row and the report show the same efficiency for every point."""
     flat_path = Path(out_dir) / "metrics.json"

@@ -16,14 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.redact import redact
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 
 class TrialRun:
     """One trial's MLflow run in experiment `tracker`: `cfg` is the trial's Config, `stage` the tag dvc_stage
     ("train", "sweep@ddp")."""
 
-    def __init__(self, tracker: tracking.Tracker, cfg, stage: str):
+    def __init__(self, tracker: client.Tracker, cfg, stage: str):
         self.tracker, self.cfg, self.stage = tracker, cfg, stage
         self.run_id: str | None = None
         self.ended: str | None = None  # the status the run was ended with (or given up on, the store refusing it)
@@ -33,7 +33,7 @@ class TrialRun:
         log the plan's params and the dataset. `started(run_id)` is called as soon as the run exists, before
         anything else is written (the sweep records the id in Optuna)."""
         self.run_id = self.tracker.start_run(
-            name, {**tracking.base_tags(plan, self.cfg, stage=self.stage), **(tags or {})}, parent_id=parent_id
+            name, {**client.base_tags(plan, self.cfg, stage=self.stage), **(tags or {})}, parent_id=parent_id
         )
         if started:
             started(self.run_id)
@@ -49,23 +49,23 @@ class TrialRun:
 
     def log_epoch(self, record: dict) -> bool:
         """An epoch record's metrics at step epoch; False: the trial goes on (run_trial's on_epoch contract)."""
-        self.tracker.log_metrics(self.run_id, tracking.epoch_metrics(record), step=record["epoch"])
+        self.tracker.log_metrics(self.run_id, client.epoch_metrics(record), step=record["epoch"])
         return False
 
     def system_metrics(self):
         """MLflow's metrics of this host into this run while the block runs, labelled with its name (off unless
         tracking.system_metrics or MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING turns them on: tracking.system_metrics_on)."""
-        return tracking.sampling(self.system_metrics_target())
+        return client.sampling(self.system_metrics_target())
 
-    def system_metrics_target(self) -> tracking.SystemMetrics | None:
+    def system_metrics_target(self) -> client.SystemMetrics | None:
         """Where this run's system metrics go, for the nodes that run the trial elsewhere (a SLURM job's, each
         sampling its own host: tracking.sampling); None when they are off or the run is not open."""
-        return tracking.system_metrics_target(self.cfg, self.run_id)
+        return client.system_metrics_target(self.cfg, self.run_id)
 
     def complete(self, record, out_dir: Path, untimed: str = "") -> None:
         """A finished trial's record (metrics, tags, metrics.json) and, when its throughput could not be timed
         (`untimed`: why, measure.meter.untimed), the tag parallax.untimed. The run stays open: `end` ends it."""
-        tracking.log_completed_run(self.tracker, self.run_id, record, Path(out_dir))
+        client.log_completed_run(self.tracker, self.run_id, record, Path(out_dir))
         if untimed:
             self.tag({"parallax.untimed": untimed})
 
