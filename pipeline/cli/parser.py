@@ -54,7 +54,16 @@ def _cfg(key: str, text: str) -> str:
 
 
 def _train_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", choices=configmod.MODELS, help=_cfg("train.model", "model"))
+    p.add_argument(
+        "--model",
+        type=cli_types.model,
+        metavar="NAME",
+        help=_cfg(
+            "train.model",
+            "model: d2l's lenet or resnet18, a torchvision classifier, an entry point's (see "
+            "`python -m pipeline models`)",
+        ),
+    )
     p.add_argument("--strategy", choices=configmod.STRATEGY_NAMES, help=_cfg("train.strategy", "strategy"))
     p.add_argument(
         "--devices", type=int, metavar="K", help=_cfg("train.devices", "devices (GPUs, or CPU cores) for this trial")
@@ -269,7 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
         "one strategy and k, each term is printed with its figure and its source.",
         epilog="example: python -m pipeline fit --model resnet18 --batch-size 256 --strategies ddp --devices 2",
     )
-    p.add_argument("--model", choices=configmod.MODELS, default="resnet18", help="the model (default resnet18)")
+    p.add_argument(
+        "--model",
+        type=cli_types.model,
+        default="resnet18",
+        metavar="NAME",
+        help="the model: d2l's lenet or resnet18, a torchvision classifier (resnet50, vit_b_16), an entry point's; "
+        "`python -m pipeline models` lists them (default resnet18)",
+    )
     p.add_argument(
         "--batch-size",
         type=cli_types.batch_size,
@@ -366,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        choices=configmod.MODELS,
+        type=cli_types.model,
+        metavar="NAME",
         default="lenet",
         help="model of the timed run (default lenet; the equivalence step always uses lenet)",
     )

@@ -19,19 +19,19 @@ KNOWN_PRIVATE: set = set()
 
 # The wings, lowest floor first: what each folder (or top-level module) of pipeline/ may import from pipeline/, by
 # folder. Arrows only point down this list, so the folders import one another without a cycle (docs: LAYOUT).
-TOP = {"catalog": set(), "paths": set(), "models": set(), "scratch": set(), "processes": set()}
+TOP = {"catalog": set(), "paths": set(), "zoo": set(), "models": {"zoo"}, "scratch": set(), "processes": set()}
 FLOORS = {
-    "config": {"catalog", "paths"},
+    "config": {"catalog", "paths", "zoo"},
     "errors": {"config", "processes"},
     "preflight": {"errors", "paths"},
-    "records": {"scratch", "config", "catalog"},
+    "records": {"scratch", "config", "catalog", "zoo"},
     "data": {"scratch", "errors"},
     "host": set(),
     "measure": {"host"},
     "strategies": {"host", "measure", "catalog", "models"},
     "trial": {"scratch", "config", "records", "data", "host", "measure", "strategies", "errors", "paths", "models"},
     "tracking": {"scratch", "errors", "paths", "preflight"},
-    "scaling": {"catalog", "config", "host", "strategies", "trial", "models", "paths"},
+    "scaling": {"catalog", "config", "host", "strategies", "trial", "models", "paths", "zoo"},
     "sweep": {
         "processes",
         "config",
@@ -77,11 +77,12 @@ FLOORS = {
         "errors",
         "paths",
         "preflight",
+        "zoo",
     },
     "__main__": {"cli"},
     **TOP,
 }
-TORCH_FREE = ["pipeline.config", "pipeline.records", "pipeline.analysis", "pipeline.catalog"]
+TORCH_FREE = ["pipeline.config", "pipeline.records", "pipeline.analysis", "pipeline.catalog", "pipeline.zoo"]
 
 
 def wing(module: str) -> str:
