@@ -284,6 +284,17 @@ def _wrapped(line: str, indent: str, width: int = 100) -> str:
     return "\n".join(textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False))
 
 
+def cmd_models(args) -> int:
+    from pipeline import zoo
+    from pipeline.scaling import memory
+
+    print(f"{'model':<22}{'parameters':>14}  {'FSDP units':>10}  source")
+    for name in args.names or zoo.names():
+        lay = memory.layout(name)
+        print(f"{name:<22}{sum(lay.numel):>14,}  {len(lay.units):>10}  {zoo.source(name)}", flush=True)
+    return 0
+
+
 def cmd_profiles(args) -> int:
     found = configmod.describe_profiles()
     for name, desc in found:

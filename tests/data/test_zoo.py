@@ -68,3 +68,18 @@ def test_an_installed_packages_model_is_found_through_the_entry_point(toy_model,
     assert m(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
     assert [n for n, _ in blocks(m)] == ["0", "4"]
     assert make_cfg(f"train.model={toy_model}").train.model == toy_model
+
+
+def test_the_models_command_lists_source_parameters_and_units(toy_model, tmp_path, monkeypatch, capsys):
+    from pipeline.cli.commands import main
+
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # its cache: tmp_path/runs/memory_model.json
+    assert main(["models", "lenet", "mobilenet_v3_small", toy_model]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["lenet", "129,068", "4", "d2l"]
+    assert lines[2].split()[:4] == ["mobilenet_v3_small", "1,528,106", "15", "torchvision"]
+    assert lines[3].split()[:4] == [toy_model, "170", "2", "entry"]
+    assert "toymodels:build_toynet (toymodels 0.1)" in lines[3]
+    with pytest.raises(SystemExit):
+        main(["models", "--help"])
+    assert "parallax.models" in capsys.readouterr().out
