@@ -247,9 +247,12 @@ def cmd_fit(args) -> int:
             f"runs at that k ({', '.join(strategies)}; one-device strategies only at k=1). Give a k that divides the "
             f"batch. Nothing was run."
         )
+    from pipeline import zoo
+
     gib, mib = memory.GIB, memory.MIB
     print(
-        f"{args.model}, global batch {args.batch_size}, {args.optimizer}: what one GPU needs (tensors modelled; "
+        f"{args.model} ({zoo.source(args.model)}), global batch {args.batch_size}, {args.optimizer}: what one GPU "
+        "needs (tensors modelled; "
         "the rest as sourced)"
     )
     print(_wrapped(f"device memory {cap.bytes / gib:.1f} GiB: {cap.label}", ""))

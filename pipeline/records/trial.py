@@ -77,7 +77,7 @@ class TrialRecord:
     # where the model comes from (d2l, torchvision 0.29.1, entry point mypkg.models:build (mypkg 1.0)) and how it meets
     # 1x28x28 images (pipeline/zoo.py)
     model_source: str | None = _f(PARAM, TAG, TABLE)
-    model_adaptation: str | None = _f(PARAM, TAG)
+    model_adaptation: str | None = _f(PARAM, TAG, TABLE)
     strategy: str | None = _f(PARAM, TAG, TABLE)
     devices: int | None = _f(PARAM, TAG, TABLE)
     batch_size: int | None = _f(PARAM, TABLE)
