@@ -1,4 +1,6 @@
-"""d2l's LeNet and CIFAR-style ResNet-18 for 1x28x28 Fashion-MNIST; MODELS = {name: builder}."""
+"""The models a trial trains, built by name (`build`): d2l's LeNet and CIFAR-style ResNet-18 for 1x28x28 Fashion-MNIST
+(MODELS = {name: builder}), torchvision's classifiers adapted to those images (pipeline/zoo.py ADAPTATION), and a
+user's own through an entry point (zoo.GROUP); and the one rule for any model's FSDP units (`blocks`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import types
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from pipeline import zoo
 
 
 def build_lenet(num_classes: int = 10) -> nn.Module:
@@ -69,7 +73,54 @@ def build_resnet18(num_classes: int = 10, in_channels: int = 1) -> nn.Module:
     )
 
 
-MODELS = {"lenet": build_lenet, "resnet18": build_resnet18}
+MODELS = {"lenet": build_lenet, "resnet18": build_resnet18}  # d2l's (zoo.D2L)
+
+
+class GrayToRGB(nn.Module):
+    """torchvision's models take 3-channel images: the gray channel repeated (a view, no copy), resized first to
+    `size` where it is not 28 (zoo.ADAPTATION)."""
+
+    def __init__(self, size: int = zoo.IMAGE):
+        super().__init__()
+        self.size = size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.size:
+            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
+        return x.expand(-1, 3, -1, -1)
+
+
+def build(name: str) -> nn.Module:
+    """A new `name` with 10 classes, taking (N, 1, 28, 28): d2l's, torchvision's (no pretrained weights, adapted as
+    zoo.ADAPTATION says: Sequential(GrayToRGB, the model)) or an entry point's factory(num_classes=10)."""
+    k = zoo.kind(name)
+    if k == "d2l":
+        return MODELS[name]()
+    if k == "torchvision":
+        import torchvision.models as tvm
+
+        # GoogLeNet and Inception v3 return auxiliary logits while training unless told not to: one output, as every
+        # other model (and their auxiliary heads need larger images than 28x28)
+        kw: dict = {"aux_logits": False, "init_weights": True} if name in ("googlenet", "inception_v3") else {}
+        size = zoo.image_size(name)
+        if name.startswith("vit_"):  # a ViT takes exactly its image_size (224 by default; vit_h_14 declares 518)
+            kw["image_size"] = size
+        net = tvm.get_model(name, weights=None, num_classes=10, **kw)
+        return nn.Sequential(GrayToRGB(size), net)
+    if k == "entry point":
+        return zoo.entry_points()[name].load()(num_classes=10)
+    raise ValueError(zoo.refusal(name))
+
+
+def build_meta(name: str) -> nn.Module:
+    """`name` built on the `meta` device (no memory, no initialisation: its shapes and units); a model whose
+    constructor reads tensor values (torchvision's RegNets size their stages with .tolist()) is built on the CPU and
+    moved to `meta`."""
+    try:
+        with torch.device("meta"):
+            return build(name)
+    except NotImplementedError:
+        return build(name).to("meta")
 
 
 def build_model(name: str, seed: int, init: str = "default") -> nn.Module:
@@ -79,7 +130,7 @@ def build_model(name: str, seed: int, init: str = "default") -> nn.Module:
     PyTorch's Kaiming-uniform init, which gets LeNet off its initial loss plateau ~150 steps sooner.
     """
     torch.manual_seed(seed)
-    model = MODELS[name]()
+    model = build(name)
     if init == "d2l":
         for m in model.modules():
             if isinstance(m, (nn.Linear, nn.Conv2d)):
@@ -87,15 +138,33 @@ def build_model(name: str, seed: int, init: str = "default") -> nn.Module:
     return model
 
 
-def blocks(model: nn.Module):
-    """(name, block) for each of the model's blocks, in definition order: each direct child that owns parameters (a
-    layer of LeNet), and a multi-block Sequential stage's blocks (ResNet-18's residual blocks). strategies/fsdp.py
-    shards each as one unit; the scaling and memory models price the same units (pipeline/scaling/memory.py)."""
+OPEN_SHARE = 0.5  # blocks(): a child holding more than this share of the model's parameters is opened
+
+
+def blocks(model: nn.Module, prefix: str = "", total: int | None = None):
+    """(name, block) for each of the model's FSDP units, in definition order, by one rule for any model. Each direct
+    child that owns parameters is:
+    - a stage (an nn.Sequential or nn.ModuleList of more than one child): each of its children that owns parameters
+      is a unit (ResNet-18's residual blocks, torchvision's ResNet bottlenecks, MobileNet's and ConvNeXt's
+      `features` stages, a ViT's encoder blocks);
+    - else, holding more than OPEN_SHARE of the model's parameters and children of its own: opened, the same rule
+      applied inside it (a torchvision model inside its adaptation, a ViT's `encoder`);
+    - else one unit (a layer of LeNet, a stem, a classifier head).
+    What no unit holds (a ViT's class token, the root's own parameters) belongs to the root. d2l's two models get
+    the units they always had. strategies/fsdp.py shards each as one unit; the scaling and memory models price the
+    same units (pipeline/scaling/memory.py)."""
+    total = total if total is not None else count_params(model)
     for name, child in model.named_children():
-        if isinstance(child, nn.Sequential) and len(list(child.children())) > 1:
-            yield from ((f"{name}.{n}", b) for n, b in child.named_children() if any(True for _ in b.parameters()))
-        elif any(True for _ in child.parameters()):
-            yield name, child
+        held = count_params(child)
+        if not held:
+            continue
+        kids = [(n, b) for n, b in child.named_children() if count_params(b)]
+        if isinstance(child, (nn.Sequential, nn.ModuleList)) and len(list(child.children())) > 1:
+            yield from ((f"{prefix}{name}.{n}", b) for n, b in kids)
+        elif held > OPEN_SHARE * total and kids:
+            yield from blocks(child, f"{prefix}{name}.", total)
+        else:
+            yield prefix + name, child
 
 
 def one_channel_stays_contiguous(device_type: str) -> bool:

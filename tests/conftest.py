@@ -63,6 +63,18 @@ def synthetic_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def toy_model(tmp_path_factory, monkeypatch) -> str:
+    """The name of a model a throwaway installed package registers through the entry point (tests/toy_package.py),
+    found by this process and the processes it starts (PYTHONPATH)."""
+    from . import toy_package
+
+    where = str(toy_package.install(tmp_path_factory.mktemp("site")))
+    monkeypatch.syspath_prepend(where)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (where, os.environ.get("PYTHONPATH")) if p))
+    return toy_package.NAME
+
+
+@pytest.fixture
 def make_cfg(synthetic_root, tmp_path, monkeypatch):
     """make_cfg('train.strategy=ddp', ...) -> a Config on the session's synthetic data, stores under tmp_path."""
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # anchors mlruns/ (MLflow, Optuna) and runs/ in tmp_path

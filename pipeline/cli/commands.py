@@ -248,9 +248,12 @@ def cmd_fit(args) -> int:
             f"runs at that k ({', '.join(strategies)}; one-device strategies only at k=1). Give a k that divides the "
             f"batch. Nothing was run."
         )
+    from pipeline import zoo
+
     gib, mib = memory.GIB, memory.MIB
     print(
-        f"{args.model}, global batch {args.batch_size}, {args.optimizer}: what one GPU needs (tensors modelled; "
+        f"{args.model} ({zoo.source(args.model)}), global batch {args.batch_size}, {args.optimizer}: what one GPU "
+        "needs (tensors modelled; "
         "the rest as sourced)"
     )
     print(_wrapped(f"device memory {cap.bytes / gib:.1f} GiB: {cap.label}", ""))
@@ -283,6 +286,17 @@ def _wrapped(line: str, indent: str, width: int = 100) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False))
+
+
+def cmd_models(args) -> int:
+    from pipeline import zoo
+    from pipeline.scaling import memory
+
+    print(f"{'model':<22}{'parameters':>14}  {'FSDP units':>10}  source")
+    for name in args.names or zoo.names():
+        lay = memory.layout(name)
+        print(f"{name:<22}{sum(lay.numel):>14,}  {len(lay.units):>10}  {zoo.source(name)}", flush=True)
+    return 0
 
 
 def cmd_profiles(args) -> int:

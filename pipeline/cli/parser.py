@@ -54,7 +54,16 @@ def _cfg(key: str, text: str) -> str:
 
 
 def _train_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", choices=loader.MODELS, help=_cfg("train.model", "model"))
+    p.add_argument(
+        "--model",
+        type=cli_types.model,
+        metavar="NAME",
+        help=_cfg(
+            "train.model",
+            "model: d2l's lenet or resnet18, a torchvision classifier, an entry point's (see "
+            "`python -m pipeline models`)",
+        ),
+    )
     p.add_argument("--strategy", choices=loader.STRATEGY_NAMES, help=_cfg("train.strategy", "strategy"))
     p.add_argument(
         "--devices", type=int, metavar="K", help=_cfg("train.devices", "devices (GPUs, or CPU cores) for this trial")
@@ -269,7 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
         "one strategy and k, each term is printed with its figure and its source.",
         epilog="example: python -m pipeline fit --model resnet18 --batch-size 256 --strategies ddp --devices 2",
     )
-    p.add_argument("--model", choices=loader.MODELS, default="resnet18", help="the model (default resnet18)")
+    p.add_argument(
+        "--model",
+        type=cli_types.model,
+        default="resnet18",
+        metavar="NAME",
+        help="the model: d2l's lenet or resnet18, a torchvision classifier (resnet50, vit_b_16), an entry point's; "
+        "`python -m pipeline models` lists them (default resnet18)",
+    )
     p.add_argument(
         "--batch-size",
         type=cli_types.batch_size,
@@ -329,6 +345,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser(
+        "models",
+        help="list every model Parallax can build: source, parameters, FSDP units",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Every model train.model, sweep.spaces.*.model and --model take, one line each: its name, where "
+        "it comes from, its parameter count and its FSDP units (counted on the meta device: no memory, no "
+        "initialisation; kept in runs/memory_model.json, so a second listing is instant).\n\n"
+        "Sources, looked up in this order:\n"
+        "  d2l          lenet, resnet18: d2l's models for 1x28x28 images\n"
+        "  entry point  a factory an installed package registers under the group `parallax.models`:\n"
+        '                 [project.entry-points."parallax.models"]  (in the package\'s pyproject.toml)\n'
+        '                 mynet = "mypkg.models:build_mynet"     # build_mynet(num_classes=10) -> nn.Module\n'
+        "               then `pip install -e .` and `model: mynet`; a module path in params.yaml is refused\n"
+        "  torchvision  every classification model of torchvision.models, 10 classes, no pretrained weights,\n"
+        "               the gray channel repeated to 3, resized to the model's declared minimum size above 28\n\n"
+        "FSDP units (pipeline/models.py blocks): a stage's blocks (an nn.Sequential or nn.ModuleList of several),\n"
+        "a child holding over half the parameters opened, else the child; the rest belongs to the root.",
+        epilog="examples:\n  python -m pipeline models                      # all of them (the first time: a minute)\n"
+        "  python -m pipeline models resnet50 vit_b_16    # these only\n"
+        "  python -m pipeline fit --model resnet50 --batch-size 256",
+    )
+    p.add_argument("names", nargs="*", type=cli_types.model, metavar="NAME", help="models to show (default: all)")
+
+    p = sub.add_parser(
         "doctor",
         help="check this host: every strategy runs, agrees with single-device SGD, costs",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -366,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        choices=loader.MODELS,
+        type=cli_types.model,
+        metavar="NAME",
         default="lenet",
         help="model of the timed run (default lenet; the equivalence step always uses lenet)",
     )

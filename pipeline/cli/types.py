@@ -8,7 +8,15 @@ import math
 import re
 from pathlib import Path
 
+from pipeline import zoo
 from pipeline.paths import too_long
+
+
+def model(text: str) -> str:
+    """--model: any model pipeline/zoo.py can build (`python -m pipeline models` lists them), never a module path."""
+    if why := zoo.refusal(text, "--model"):
+        raise argparse.ArgumentTypeError(why)
+    return text
 
 
 def path(text: str) -> Path:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline import catalog
+from pipeline import catalog, zoo
 from pipeline.config import safe_yaml
 from pipeline.config.schema import (
     COMM_HOOKS,
@@ -149,6 +149,8 @@ def _coerce(key: str, typ, value, meta: dict):
         _err(key, f"the path {_short(value)!r} {why}. Choose a shorter path.")
     if "pattern" in meta and value and not meta["pattern"].fullmatch(value):
         _err(key, f"{value!r} is not {meta.get('form') or 'a name of the form ' + meta['pattern'].pattern}.")
+    if meta.get("model") and (why := zoo.refusal(value, key.partition("[")[0])):
+        _err(key, why)
     if "choices" in meta and value not in meta["choices"]:
         _err(key, f"{value!r} is not one of: {', '.join(map(str, meta['choices']))}.")
     lo, hi = meta.get("lo"), meta.get("hi")

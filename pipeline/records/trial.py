@@ -18,6 +18,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from pipeline import zoo
 from pipeline.records.derived import (  # noqa: F401 (BD_COLUMNS, BD_PARTS, JSON, breakdown_metrics: the record's names)
     BD_COLUMNS,
     BD_PARTS,
@@ -73,6 +74,10 @@ RANK_AGGREGATES = {
 class TrialRecord:
     # what was asked (the trial's configuration: known before it runs)
     model: str | None = _f(PARAM, TAG, TABLE)
+    # where the model comes from (d2l, torchvision 0.29.1, entry point mypkg.models:build (mypkg 1.0)) and how it meets
+    # 1x28x28 images (pipeline/zoo.py)
+    model_source: str | None = _f(PARAM, TAG, TABLE)
+    model_adaptation: str | None = _f(PARAM, TAG, TABLE)
     strategy: str | None = _f(PARAM, TAG, TABLE)
     devices: int | None = _f(PARAM, TAG, TABLE)
     batch_size: int | None = _f(PARAM, TABLE)
@@ -229,6 +234,8 @@ def planned(cfg, host, host_fields: dict | None = None) -> TrialRecord:
     t = cfg.train
     return TrialRecord(
         model=t.model,
+        model_source=zoo.source(t.model),
+        model_adaptation=zoo.adaptation(t.model),
         strategy=t.strategy,
         devices=t.devices,
         batch_size=t.batch_size,

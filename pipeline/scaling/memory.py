@@ -71,7 +71,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import catalog
+from pipeline import catalog, zoo
 
 MODELLED = True
 MIB, GIB = 1 << 20, 1 << 30
@@ -148,18 +148,21 @@ def _bracket(xs, b):
 
 
 def known_models() -> tuple[str, ...]:
-    """The models' names, without loading torch (the configuration's list, kept equal to pipeline/models.py's by
-    tests/data/test_models.py)."""
-    from pipeline.config.schema import MODELS
+    """The models `fit --count-ahead` counts ahead (d2l's two); any other model pipeline/zoo.py can build is counted on
+    its first `fit` and kept in the same cache."""
+    return zoo.D2L
 
-    return MODELS
+
+def is_model(name: str) -> bool:
+    """Whether the memory model can count `name`: any model pipeline/zoo.py can build (no torch loaded to say so)."""
+    return zoo.kind(name) is not None
 
 
 @functools.cache
 def layout(model: str, cache=None) -> Layout:
     """The parameters and units of `model`, built on the `meta` device (no memory, no initialisation); kept in the
     cache file beside the counts, so a later `fit` loads no torch."""
-    key = f"layout|{model}|torch {_torch_version()}|code {_code_digest()}"
+    key = _layout_key(model)
     stored = _read_cache(cache).get(key)
     if stored:
         return Layout(
@@ -180,6 +183,16 @@ def layout(model: str, cache=None) -> Layout:
 LAYOUT_FIELDS = ("numel", "rows", "units", "buffer_bytes", "names", "shapes", "unit_names")  # what the cache keeps
 
 
+def _layout_key(model: str) -> str:
+    return f"layout|{model}|torch {_torch_version()}|code {_code_digest()}{_source(model)}"
+
+
+def _source(model: str) -> str:
+    """The code that builds `model` when it is not this repository's: torchvision's version, or the entry point's
+    and its package's (zoo.source); d2l's is in _code_digest."""
+    return "" if model in zoo.D2L else f"|{zoo.source(model)}"
+
+
 def _torch_version() -> str:
     from importlib.metadata import version
 
@@ -190,7 +203,7 @@ def _torch_version() -> str:
 def _code_digest() -> str:
     """The models and this module, hashed: a count kept from other code is counted again, never read."""
     h = hashlib.sha1()
-    for f in (Path(__file__), Path(__file__).parents[1] / "models.py"):
+    for f in (Path(__file__), Path(__file__).parents[1] / "models.py", Path(__file__).parents[1] / "zoo.py"):
         h.update(f.read_bytes())
     return h.hexdigest()[:10]
 
@@ -199,8 +212,7 @@ def is_counted(model: str, cache=None) -> bool:
     """Whether `fit` finds `model`'s layout and counts (fp32 and autocast, at the anchors) in the cache: then it
     loads no torch."""
     stored = _read_cache(cache)
-    layout_key = f"layout|{model}|torch {_torch_version()}|code {_code_digest()}"
-    return layout_key in stored and all(
+    return _layout_key(model) in stored and all(
         {str(b) for b in anchors} <= set(stored.get(_cache_key(model, amp), {}))
         for amp, anchors in ((False, COUNT_ANCHORS), (True, AUTOCAST_ANCHORS))
     )
@@ -217,12 +229,9 @@ def count_ahead(cache=None) -> tuple[str, ...]:
 
 
 def _build_layout(model: str) -> Layout:
-    import torch
+    from pipeline.models import blocks, build_meta
 
-    from pipeline.models import MODELS, blocks
-
-    with torch.device("meta"):
-        m = MODELS[model]()
+    m = build_meta(model)
     index = {id(p): i for i, p in enumerate(m.parameters())}
     named = list(blocks(m))
     units = tuple(tuple(index[id(p)] for p in unit.parameters()) for _, unit in named)
@@ -261,7 +270,9 @@ def counted(model: str, batches, autocast: bool = False, cache=None) -> Counted:
 
 
 def _cache_key(model: str, autocast: bool) -> str:
-    return f"{model}|{'autocast' if autocast else 'fp32'}|torch {_torch_version()}|code {_code_digest()}"
+    return (
+        f"{model}|{'autocast' if autocast else 'fp32'}|torch {_torch_version()}|code {_code_digest()}{_source(model)}"
+    )
 
 
 def _cache_file(cache):
@@ -297,13 +308,13 @@ def _count(model: str, b: int, autocast: bool) -> tuple[int, list[int]]:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from pipeline.models import MODELS, blocks
+    from pipeline.models import blocks, build
 
     # autocast does not act on meta tensors; on fake CPU tensors it does, as on the host's CPU, with no compute
     # (the two counts side by side, and what each costs: benchmarks/RESULTS.md, "The memory model")
     torch.manual_seed(0)
     with FakeTensorMode() if autocast else torch.device("meta"):
-        m = MODELS[model]()
+        m = build(model)
         for p in m.parameters():  # module.to() cannot swap fake parameters: the trial's channels_last, set in place
             if p.dim() == 4:
                 p.data = p.data.contiguous(memory_format=torch.channels_last)

@@ -19,7 +19,7 @@ from pipeline.records.trial import PROVENANCE as FACTS  # the names on the study
 # What a trial computes and measures, under pipeline/: the models, the strategies, the loop and its CUDA graphs, the
 # measurements, and the batches and their normalisation (data/store.py). The rest (launching ranks, the stores, the
 # views) decides where and how a figure is kept, not the figure.
-TRIAL_CODE = ("models.py", "strategies", "trial/loop.py", "trial/graphs.py", "measure", "data/store.py")
+TRIAL_CODE = ("models.py", "zoo.py", "strategies", "trial/loop.py", "trial/graphs.py", "measure", "data/store.py")
 PACKAGE = Path(__file__).resolve().parents[1]
 
 

@@ -33,6 +33,8 @@ EXTRAS = {
     "pipeline/cli/dashboard.py": {"pipeline"},
     "pipeline/cli/repro_plan.py": {"pipeline"},  # DVC's own status and plan, before `dvc repro` starts
     "pipeline/data/download.py": {"download"},
+    "pipeline/zoo.py": {"download"},  # torchvision's classifiers by name (none without it)
+    "pipeline/models.py": {"download"},
     "pipeline/doctor/bundle.py": {"dev"},  # `make gpu-bundle` on the set-up host (tomli on Python 3.10)
     "pipeline/measure/interference.py": {"gpu"},  # NVML samples of a trial's GPUs
     "pipeline/measure/memory.py": {"gpu"},  # NVML-used memory of a trial's GPUs

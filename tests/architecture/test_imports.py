@@ -19,9 +19,17 @@ KNOWN_PRIVATE: set = set()
 
 # The wings, lowest floor first: what each folder (or top-level module) of pipeline/ may import from pipeline/, by
 # folder. Arrows only point down this list, so the folders import one another without a cycle (docs: LAYOUT).
-TOP = {"catalog": set(), "paths": set(), "models": set(), "scratch": set(), "processes": set(), "rank_env": set()}
+TOP = {
+    "catalog": set(),
+    "paths": set(),
+    "zoo": set(),
+    "models": {"zoo"},
+    "scratch": set(),
+    "processes": set(),
+    "rank_env": set(),
+}
 FLOORS = {
-    "config": {"catalog", "paths"},
+    "config": {"catalog", "paths", "zoo"},
     "errors": set(),
     "redact": set(),
     "store_faults": set(),
@@ -30,7 +38,7 @@ FLOORS = {
     "user_errors": {"config", "errors", "redact", "signals"},
     "lifeline": {"processes", "signals", "user_errors"},
     "preflight": {"errors", "env", "redact", "user_errors", "paths"},
-    "records": {"scratch", "config", "catalog"},
+    "records": {"scratch", "config", "catalog", "zoo"},
     "data": {"scratch", "errors", "redact"},
     "host": set(),
     "measure": {"host"},
@@ -50,7 +58,7 @@ FLOORS = {
         "rank_env",
     },
     "tracking": {"scratch", "errors", "redact", "env", "store_faults", "paths", "preflight"},
-    "scaling": {"catalog", "config", "host", "strategies", "trial", "models", "paths", "rank_env"},
+    "scaling": {"catalog", "config", "host", "strategies", "trial", "models", "paths", "rank_env", "zoo"},
     "sweep": {
         "processes",
         "config",
@@ -104,11 +112,12 @@ FLOORS = {
         "lifeline",
         "paths",
         "preflight",
+        "zoo",
     },
     "__main__": {"cli"},
     **TOP,
 }
-TORCH_FREE = ["pipeline.config", "pipeline.records", "pipeline.analysis", "pipeline.catalog"]
+TORCH_FREE = ["pipeline.config", "pipeline.records", "pipeline.analysis", "pipeline.catalog", "pipeline.zoo"]
 
 
 def wing(module: str) -> str:

@@ -16,7 +16,7 @@ HOST = probe()
 CASES = [
     ("unknown strategy", ["train", "--out", "{tmp}/o", "--set", "train.strategy=horovod"], "horovod"),
     ("unknown strategy (flag)", ["train", "--out", "{tmp}/o", "--strategy", "horovod"], "invalid choice"),
-    ("unknown model", ["train", "--out", "{tmp}/o", "--set", "train.model=vgg16"], "lenet, resnet18"),
+    ("unknown model", ["train", "--out", "{tmp}/o", "--set", "train.model=lenett"], "Did you mean `lenet`"),
     ("unknown params.yaml key", ["train", "--out", "{tmp}/o", "--params", "{tmp}/bad_key.yaml"], "train.lrr"),
     (
         "params file that does not exist",

@@ -33,9 +33,9 @@ def test_d2l_init_draws_small_normal_weights():
     assert build_model("lenet", 0)[7].weight.std().item() > 0.015  # PyTorch's default is wider
 
 
-def test_the_configuration_names_every_model_and_no_other():
-    """config/schema.py's MODELS (train.model's choices, the CLI's, and the memory model's known models: torch-free)
-    is pipeline/models.py's MODELS, in its order."""
-    from pipeline.config.schema import MODELS as NAMES
+def test_the_registry_names_d2ls_models_as_pipeline_models_builds_them():
+    """pipeline/zoo.py's D2L (torch-free: the configuration's, the CLI's and `fit --count-ahead`'s) is
+    pipeline/models.py's MODELS, in its order."""
+    from pipeline import zoo
 
-    assert NAMES == tuple(MODELS)
+    assert zoo.D2L == tuple(MODELS)

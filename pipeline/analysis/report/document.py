@@ -56,9 +56,17 @@ def _ties(t, col, floor) -> str:
     return names[0] if len(names) == 1 else "tie: " + ", ".join(names)
 
 
+def _models_line(df) -> str:
+    """Each model the figures are of, with where it comes from (d2l, torchvision, an entry point's package)."""
+    if "model_source" not in df or "model" not in df:
+        return ""
+    named = {m: s for m, s in zip(df["model"], df["model_source"]) if isinstance(s, str) and s}
+    return "Models: " + "; ".join(f"`{m}` from {s}" for m, s in sorted(named.items())) + "." if named else ""
+
+
 def _reading(pts, eff, mem, status, df) -> list[str]:
     """Plain-language findings, generated from the tables (one block per model); under load, that first."""
-    out = [line for line in (causes.load_line(df, pts),) if line]
+    out = [line for line in (causes.load_line(df, pts), _models_line(df)) if line]
     rerun = answer.rerun_command(df)
     for model in sorted(pts["model"].unique()):
         p, e, m = (t[t["model"] == model] for t in (pts, eff, mem))

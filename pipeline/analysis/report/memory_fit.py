@@ -42,7 +42,7 @@ def compared(mem: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in mem.to_dict("records"):
         basis = BASES.get(r.get("mem_basis", ""))
-        if basis is None or r["strategy"] not in catalog.SPECS or r["model"] not in memory.known_models():
+        if basis is None or r["strategy"] not in catalog.SPECS or not memory.is_model(r["model"]):
             continue
         if math.isnan(r["peak_mem_mib"]):
             continue
