@@ -21,7 +21,8 @@ def _params(tmp_path, synthetic_root):
     )
 
 
-def test_analysis_run_carries_figures_and_numbers(make_cfg, tmp_path, synthetic_root):
+def _analyzed(make_cfg, tmp_path, synthetic_root):
+    """`analyze` over a two-point ddp sweep (k=1 at 1000 img/s, k=2 at 1800); (its tracker, its output folder)."""
     cfg = make_cfg()
     _params(tmp_path, synthetic_root)
     sweeps = tmp_path / "results" / "sweeps"
@@ -29,7 +30,11 @@ def test_analysis_run_carries_figures_and_numbers(make_cfg, tmp_path, synthetic_
     write([row("ddp", k=1, B=128, thr=1000), row("ddp", k=2, B=256, thr=1800)], sweeps / "ddp.jsonl")
     out = tmp_path / "analysis"
     assert main(["analyze", "--sweeps", str(sweeps), "--out", str(out)]) == 0
-    tr = tracking.Tracker(cfg)
+    return tracking.Tracker(cfg), out
+
+
+def test_analysis_run_carries_figures_and_numbers(make_cfg, tmp_path, synthetic_root):
+    tr, out = _analyzed(make_cfg, tmp_path, synthetic_root)
     (run,) = tr.find_runs("tags.stage = 'analyze'")
     assert run.info.status == "FINISHED" and run.data.metrics["strategy/ddp/best_throughput_img_s"] == 1800
     figures = sorted(p.stem for p in out.glob("*.png"))
@@ -48,14 +53,8 @@ def test_analysis_run_carries_figures_and_numbers(make_cfg, tmp_path, synthetic_
 def test_the_analysis_runs_description_opens_on_the_answer(make_cfg, tmp_path, synthetic_root):
     """MLflow shows a description's first lines and hides the rest behind "Show more": they are the answer's, the
     recommendation first, not the report's title and warning."""
-    cfg = make_cfg()
-    _params(tmp_path, synthetic_root)
-    sweeps = tmp_path / "results" / "sweeps"
-    sweeps.mkdir(parents=True)
-    write([row("ddp", k=1, B=128, thr=1000), row("ddp", k=2, B=256, thr=1800)], sweeps / "ddp.jsonl")
-    out = tmp_path / "analysis"
-    assert main(["analyze", "--sweeps", str(sweeps), "--out", str(out)]) == 0
-    (run,) = tracking.Tracker(cfg).find_runs("tags.stage = 'analyze'")
+    tr, out = _analyzed(make_cfg, tmp_path, synthetic_root)
+    (run,) = tr.find_runs("tags.stage = 'analyze'")
     note, report = run.data.tags["mlflow.note.content"], (out / "report.md").read_text()
     answer = report.split("## Answer\n", 1)[1].split("\n## ", 1)[0].strip()
     assert answer.startswith("**") and note.startswith(answer.split("\n")[0]), note[:300]
