@@ -32,12 +32,13 @@ def cmd_train(args) -> int:
 def cmd_sweep(args) -> int:
     from pipeline.preflight import output_file
     from pipeline.sweep import unselected
+    from pipeline.sweep.space import Space
 
     cfg = loader.load(args.params, args.overrides)
     loader.check_sweep(cfg)  # every sweep stage, selected or not: a knob a selected strategy cannot take
     out = output_file(args.out or paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.jsonl", "--out")
     if not unselected.selected(cfg, args.strategy):  # its table, without loading torch, Optuna and MLflow
-        unselected.write_table(cfg, args.strategy, out)
+        unselected.write_table(Space(cfg, args.strategy), out)
         return 0
     from pipeline.sweep.stage import run_sweep
     from pipeline.tracking import client

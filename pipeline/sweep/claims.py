@@ -285,8 +285,8 @@ def one_writer_at_a_time(storage: optuna.storages.RDBStorage) -> optuna.storages
     return storage
 
 
-def open_storage(cfg) -> optuna.storages.RDBStorage:
-    url = storage_url(cfg)
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """The Optuna store at `url` (storage_url), checked first, with the heartbeat and the retry of stale trials."""
     check_store(url, "sweep.storage")  # unreachable, corrupt or unwritable: fails now, in seconds
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
     stale = (

@@ -13,7 +13,7 @@ import importlib.metadata
 from pathlib import Path
 
 from pipeline import paths
-from pipeline.data import files as datafiles
+from pipeline.data import files
 from pipeline.records.trial import PROVENANCE as FACTS  # the names on the study, its runs and its table
 
 # What a trial computes and measures, under pipeline/: the models, the strategies, the loop and its CUDA graphs, the
@@ -55,11 +55,10 @@ def data_root(cfg) -> Path:
 
 def data_content(cfg) -> dict | None:
     """The prepared data's digest and sizes (data.files.content); None where data.dir holds none yet."""
-    return datafiles.content(data_root(cfg))
+    return files.content(data_root(cfg))
 
 
-def facts(cfg) -> dict:
-    """FACTS of a sweep of `cfg` (the data's digest "none" where data.dir holds no prepared data yet)."""
-    data = data_content(cfg)
+def facts(data: dict | None) -> dict:
+    """FACTS of a sweep whose prepared data is `data` (data_content; its digest "none" where there is none yet)."""
     found = {"code_digest": code_digest(), "data_digest": data["digest"] if data else "none"}
     return {k: {**found, "torch_version": torch_version()}[k] for k in FACTS}

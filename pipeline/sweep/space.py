@@ -1,8 +1,8 @@
-"""A strategy's search space as the sweep runs it: its points (the product of each SpaceConfig's lists, with the
-knob dimensions the strategy's catalog row accepts), Optuna's categorical choices (only the dimensions that vary are
-Optuna parameters), a point's trial configuration, and the study name that identifies the space and everything else
-that changes a trial's result (identity: every setting but the NEUTRAL ones, named with their reasons, and the code,
-data and torch the trials run on).
+"""A strategy's search space as the sweep runs it, built once per sweep (Space): its points (the product of each
+SpaceConfig's lists, with the knob dimensions the strategy's catalog row accepts), Optuna's categorical choices (only
+the dimensions that vary are Optuna parameters), a point's trial configuration, and the study name that identifies
+the space and everything else that changes a trial's result (identity: every setting but the NEUTRAL ones, named with
+their reasons, and the code, data, torch and model sources the trials run on).
 """
 
 from __future__ import annotations
@@ -13,21 +13,21 @@ import hashlib
 import itertools
 import json
 
-from pipeline import catalog
+from pipeline import catalog, zoo
 from pipeline.catalog import KNOBS
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.data.files import whole
 from pipeline.sweep import provenance
 from pipeline.trial.lifecycle import stopping_listeners
 
-SPACE_KEYS = configmod.SPACE_KEYS  # a trial's point: one value of each
+SPACE_KEYS = loader.SPACE_KEYS  # a trial's point: one value of each
 
 
 def points(cfg, strategy: str) -> list[dict]:
     """Every point of the strategy's space, in a stable order (knob dimensions only where the catalog lists them):
     the one place a sweep's points come from. A train setting the user set is already pinned in cfg's spaces
     (loader.pin); a configuration a sweep cannot honour is refused here too, whoever asks (loader.sweep_refusal)."""
-    configmod.check_sweep(cfg)
+    loader.check_sweep(cfg)
     keys = [k for k in SPACE_KEYS if k not in KNOBS or k in catalog.knobs(strategy)]
     seen: dict = {}  # a point's values (scalars, so hashable) -> the point; a dict keeps the first-seen order
     for space in cfg.space(strategy):
@@ -38,16 +38,6 @@ def points(cfg, strategy: str) -> list[dict]:
     return [dict(zip(keys, combo)) for combo in seen]
 
 
-def choices(cfg, strategy: str) -> dict:
-    """Per dimension, every value the space takes, in first-seen order (Optuna's categorical distributions, where
-    there are two or more: suggest)."""
-    out: dict = {}
-    for p in points(cfg, strategy):
-        for k, v in p.items():
-            out.setdefault(k, {}).setdefault(v, None)
-    return {k: list(vs) for k, vs in out.items()}
-
-
 def constants(space: dict) -> dict:
     """The dimensions of `space` (choices) that take one value, with that value. They are not Optuna parameters: a
     parameter of one value is listed at 0.00 in optuna-dashboard's importances and tells nothing; the study shows
@@ -55,40 +45,68 @@ def constants(space: dict) -> dict:
     return {k: vals[0] for k, vals in space.items() if len(vals) == 1}
 
 
-def suggest(trial, cfg, strategy: str) -> dict:
-    """A claimed trial's whole point: the dimensions that vary suggested to Optuna as categoricals (its parameters,
-    which its enqueued point fixes), the constant ones taken from the space. records.table.point_of reads the whole
-    point of a stored trial back."""
-    space = choices(cfg, strategy)
-    fixed = constants(space)
-    return {k: fixed[k] if k in fixed else trial.suggest_categorical(k, vals) for k, vals in space.items()}
-
-
 def trial_config(cfg, strategy: str, point: dict):
     """cfg with the point's train settings, validated like replace_train. Only the train section is rebuilt: cfg's
     sweep.spaces (already validated, and as big as the grid) is set aside meanwhile, so a point costs the same
     whatever the size of the space it comes from."""
     bare = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, spaces={}))
-    return dataclasses.replace(cfg, train=configmod.replace_train(bare, strategy=strategy, **point).train)
+    return dataclasses.replace(cfg, train=loader.replace_train(bare, strategy=strategy, **point).train)
 
 
-class PointConfigs:
-    """A point's trial Config (trial_config), built and validated once however often it is asked for: by the set-up's
-    feasibility check, by every claim's, and by the trial that runs it. The last `keep` points are kept (a Config
-    shares every section but train with the sweep's), so a grid of any size costs bounded memory."""
+class Space:
+    """One strategy's search space, built once per sweep (stage.run_sweep) from the resolved configuration, which is
+    read here and nowhere after for what the space holds:
+
+    points      every point, in a stable order (points())
+    choices     per dimension, every value it takes, in first-seen order (Optuna's categorical distributions)
+    constants   the dimensions of one value, which are not Optuna parameters (constants())
+    identity    what the study's trials depend on (identity()), and `name`, the study name its digest gives
+    facts       the code, data and torch the trials run on (provenance.FACTS), as the study and its table record them
+
+    and a point's trial Config (config: built and validated once however often it is asked for, by the set-up's
+    feasibility check, by every claim's and by the trial that runs it; the last `keep` are kept, a Config sharing
+    every section but train with the sweep's, so a grid of any size costs bounded memory)."""
 
     def __init__(self, cfg, strategy: str, keep: int = 1024):
-        self._build = functools.lru_cache(maxsize=keep)(lambda key: trial_config(cfg, strategy, dict(key)))
+        self.cfg, self.strategy = cfg, strategy
+        self.points = points(cfg, strategy)
+        self.choices = _choices(self.points)
+        self.constants = constants(self.choices)
+        data = provenance.data_content(cfg)
+        self.identity = identity(cfg, strategy, self.points, data)
+        self.hash = hashlib.sha1(json.dumps(self.identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        # identifies the study by everything that changes a trial's result, so that a number is never filed under
+        # another configuration: a rerun finds its study by name, a changed setting finds none and starts a new one
+        self.name = f"{cfg.profile}-{strategy}-{self.hash}"
+        self.facts = provenance.facts(data)
+        self._config = functools.lru_cache(maxsize=keep)(lambda key: trial_config(cfg, strategy, dict(key)))
 
-    def __call__(self, point: dict):
-        return self._build(tuple(sorted(point.items())))
+    def config(self, point: dict):
+        """The point's trial Config (trial_config), built once."""
+        return self._config(tuple(sorted(point.items())))
+
+    def suggest(self, trial) -> dict:
+        """A claimed trial's whole point: the dimensions that vary suggested to Optuna as categoricals (its
+        parameters, which its enqueued point fixes), the constant ones taken from the space. records.table.point_of
+        reads the whole point of a stored trial back."""
+        fixed = self.constants
+        return {k: fixed[k] if k in fixed else trial.suggest_categorical(k, v) for k, v in self.choices.items()}
+
+    def changed_settings(self) -> dict:
+        """The identity's settings whose values differ from the schema's defaults, and the listeners that can stop a
+        trial: what sets this study apart, shown on its MLflow parent run."""
+        default = Space(type(self.cfg)(), self.strategy).identity["settings"]
+        own = self.identity
+        changed = {k: v for k, v in own["settings"].items() if default.get(k) != v}
+        return {**changed, **({"tracking.listeners": own["stopping_listeners"]} if "stopping_listeners" in own else {})}
 
 
-def study_name(cfg, strategy: str) -> str:
-    """Identifies the study by everything that changes a trial's result (identity), so that a number is never filed
-    under another configuration. The digest stays in the name (also kept as user attribute space_hash): a rerun
-    finds its study by name, and a changed setting finds none and starts a new study."""
-    return f"{cfg.profile}-{strategy}-{space_hash(cfg, strategy)}"
+def _choices(pts: list[dict]) -> dict:
+    out: dict = {}
+    for p in pts:
+        for k, v in p.items():
+            out.setdefault(k, {}).setdefault(v, None)
+    return {k: list(vs) for k, vs in out.items()}
 
 
 # The settings that cannot change a trial's result, each with the reason: where results are stored, how processes
@@ -139,22 +157,22 @@ def neutral(setting: str) -> bool:
     return setting in NEUTRAL or setting.split(".", 1)[0] in NEUTRAL
 
 
-def identity(cfg, strategy: str) -> dict:
-    """What a study's trials depend on: the strategy (and its catalog revision), its points, every setting not
+def identity(cfg, strategy: str, pts: list[dict], data: dict | None) -> dict:
+    """What a study's trials depend on: the strategy (and its catalog revision), its points `pts`, every setting not
     NEUTRAL (a train setting a point sets is the point's), the listeners that can stop a trial (a point one of
     them stopped is measured by the study without it, never filed as its result), and what ran beside the settings
-    (provenance): the trial's code, the torch release and the data's content in place of the folder's spelling."""
-    pts = points(cfg, strategy)
+    (provenance): the trial's code, the torch release, the release of each model's source beyond d2l (torchvision,
+    a user's package) and the data's content `data` (provenance.data_content) in place of the folder's spelling."""
     per_point = {f"train.{k}" for p in pts for k in p}
     key = {k: v for k, v in _settings(cfg).items() if not neutral(k) and k not in per_point}
-    data = provenance.data_content(cfg)
     # the data's content stands for its folder; a folder with no prepared data yet is named by its resolved path
     del key["data.dir"]
     for limit, n in (("data.train_limit", "train"), ("data.test_limit", "test")):
         key[limit] = whole(key[limit], data and data[n])  # 0 and the set's size load the same samples
-    # neither adds anything when absent or at its first value: earlier studies keep their names
+    # none adds anything when absent or at its first value: earlier studies keep their names
     revision = catalog.SPECS[strategy].revision
     stoppers = stopping_listeners(cfg)
+    models = sorted({p.get("model", cfg.train.model) for p in pts} - set(zoo.D2L))
     return {
         "strategy": strategy,
         "points": pts,
@@ -164,16 +182,5 @@ def identity(cfg, strategy: str) -> dict:
         "data": data["digest"] if data else str(provenance.data_root(cfg)),
         **({"revision": revision} if revision > 1 else {}),
         **({"stopping_listeners": stoppers} if stoppers else {}),
+        **({"model_sources": {m: zoo.source(m) for m in models}} if models else {}),
     }
-
-
-def changed_settings(cfg, strategy: str) -> dict:
-    """The identity's settings whose values differ from the schema's defaults, and the listeners that can stop a
-    trial: what sets this study apart, shown on its MLflow parent run."""
-    default, own = identity(type(cfg)(), strategy)["settings"], identity(cfg, strategy)
-    changed = {k: v for k, v in own["settings"].items() if default.get(k) != v}
-    return {**changed, **({"tracking.listeners": own["stopping_listeners"]} if "stopping_listeners" in own else {})}
-
-
-def space_hash(cfg, strategy: str) -> str:
-    return hashlib.sha1(json.dumps(identity(cfg, strategy), sort_keys=True, default=str).encode()).hexdigest()[:10]

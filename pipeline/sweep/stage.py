@@ -26,12 +26,12 @@ from pipeline.host.devices import probe
 from pipeline.measure.quiet import QuietGate
 from pipeline.preflight import check_store
 from pipeline.records.table import write_table
-from pipeline.sweep import claims, provenance, slurm, study_parent, study_setup, study_view, unselected
+from pipeline.sweep import claims, slurm, study_parent, study_setup, study_view, unselected
 from pipeline.sweep.claims import open_storage, storage_url
 from pipeline.sweep.feasible import check_point
 from pipeline.sweep.progress import progress
-from pipeline.sweep.space import PointConfigs, choices, points, space_hash, study_name
-from pipeline.sweep.worker import Sweep, Worker, best_effort, fault_text, fmt_point, resumes
+from pipeline.sweep.space import Space
+from pipeline.sweep.worker import Stores, Sweep, Worker, best_effort, fault_text, fmt_point, resumes
 from pipeline.tracking import client
 from pipeline.trial.launch import Infeasible, check_batch_fits
 from pipeline.trial.lifecycle import user_listeners
@@ -60,14 +60,14 @@ def enqueue_order(pts: list[dict], repeats: int) -> list[tuple[dict, int]]:
     return [(p, r) for r in range(repeats) for g in groups.values() for p in g]
 
 
-def _feasibility(cfg, strategy: str, host, configs, n_train: int | None = None) -> tuple[list, list]:
+def _feasibility(space: Space, host, n_train: int | None = None) -> tuple[list, list]:
     """The points of the space this host runs, and the others, each with the reason (feasible.check_point; with
     `n_train`, also a batch larger than the training data's share of a device, check_batch_fits)."""
     feasible, skipped = [], []
-    for p in progress(points(cfg, strategy), f"[sweep {strategy}] checking which points run here"):
-        tcfg = configs(p)
+    for p in progress(space.points, f"[sweep {space.strategy}] checking which points run here"):
+        tcfg = space.config(p)
         try:
-            check_point(cfg, host, tcfg)
+            check_point(space.cfg, host, tcfg)
             if n_train is not None:
                 check_batch_fits(tcfg, n_train)
             feasible.append(p)
@@ -77,31 +77,27 @@ def _feasibility(cfg, strategy: str, host, configs, n_train: int | None = None) 
 
 
 def prepare_study(
-    cfg, strategy: str, host, tracker, n_train: int | None = None, configs=None
+    space: Space, host, tracker, storage, n_train: int | None = None
 ) -> tuple[optuna.Study, list[dict], list[tuple[dict, str]]]:
-    """Create or load the study; the creator opens the parent run and enqueues every feasible point
-    sweep.repeats times (enqueue_order). A set-up left incomplete (its creator interrupted) is completed here:
-    the missing trials are enqueued, none twice (study_setup). `configs`: the points' Configs (space.PointConfigs)."""
-    storage = open_storage(cfg)
-    name = study_name(cfg, strategy)
-    configs = configs or PointConfigs(cfg, strategy)
-    feasible, skipped = _feasibility(cfg, strategy, host, configs, n_train)
+    """Create or load the study in `storage` (claims.open_storage); the creator opens the parent run and enqueues
+    every feasible point sweep.repeats times (enqueue_order). A set-up left incomplete (its creator interrupted) is
+    completed here: the missing trials are enqueued, none twice (study_setup)."""
+    cfg, strategy = space.cfg, space.strategy
+    feasible, skipped = _feasibility(space, host, n_train)
     budget = cfg.sweep.n_trials or len(feasible)
     queue = enqueue_order(feasible[:budget], cfg.sweep.repeats)
-    study, setting_up = _open_study(cfg, strategy, name, storage, queue)
+    study, setting_up = _open_study(space, storage, queue)
     if not setting_up:
         return study, feasible, skipped
     if study_parent.PARENT not in study.user_attrs:
-        study_parent.start(study, cfg, strategy, host, tracker, len(feasible))
-    study_view.name_study(
-        study, strategy, cfg.profile, space_hash(cfg, strategy), choices(cfg, strategy), provenance.facts(cfg)
-    )
+        study_parent.start(study, space, host, tracker, storage.url, len(feasible))
+    study_view.name_study(study, strategy, cfg.profile, space.hash, space.choices, space.facts)
     resumed = len(study.get_trials(deepcopy=False))
     grew = study_setup.DONE in study.user_attrs
     added = study_setup.complete(study, queue, f"[sweep {strategy}] enqueueing trials")  # marks it complete last
     if resumed and not grew:
         print(
-            f"[sweep {strategy}] study {name}: its set-up had been interrupted after {resumed} trial(s) were "
+            f"[sweep {strategy}] study {space.name}: its set-up had been interrupted after {resumed} trial(s) were "
             f"enqueued; the {added} missing trial(s) are enqueued now",
             file=sys.stderr,
             flush=True,
@@ -109,9 +105,11 @@ def prepare_study(
     return study, feasible, skipped
 
 
-def _open_study(cfg, strategy: str, name: str, storage, queue) -> tuple[optuna.Study, bool]:
-    """The study `name`, created, or loaded once no other worker sets it up (study_setup.ready), and whether this
-    worker sets it up (study_setup.begin): False for a study set up in full whose queue holds all of `queue`."""
+def _open_study(space: Space, storage, queue) -> tuple[optuna.Study, bool]:
+    """The space's study (named space.name), created, or loaded once no other worker sets it up (study_setup.ready),
+    and whether this worker sets it up (study_setup.begin): False for a study set up in full whose queue holds all
+    of `queue`."""
+    cfg, strategy, name = space.cfg, space.strategy, space.name
     try:
         study = optuna.create_study(
             study_name=name, storage=storage, direction="maximize", sampler=_sampler(cfg), load_if_exists=False
@@ -161,18 +159,15 @@ def _quiet_gate(cfg, strategy: str) -> QuietGate | None:
 
 def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = None) -> Path:
     """Run the study of `strategy` on this worker (see the module's docstring) and write its table to `out_csv`."""
+    space = Space(cfg, strategy)  # the points, their Configs and the study's name, read from cfg once
     if not unselected.selected(cfg, strategy):  # DVC runs every sweep@ stage; params.yaml picks which run trials
-        return unselected.write_table(cfg, strategy, out_csv)
-    host = probe()
-    n_train = _check_input(cfg)  # bad input stops here, before anything is written to the stores
-    tracker, configs, study, feasible, skipped = _set_up(cfg, strategy, host, n_train)
-    sweep = Sweep(cfg, strategy, host, tracker, study, configs, skipped, out_csv)
+        return unselected.write_table(space, out_csv)
+    sweep, feasible = _set_up(space, out_csv)
     worker = Worker(sweep)
     # from here every stop (Ctrl-C, SIGTERM, a fault) ends in `finally`: nothing this worker holds is left RUNNING
     interrupted, fault, why = True, None, "interrupted"
     try:
-        sweep.total = study.user_attrs.get("enqueued", len(feasible))
-        _announce(study, strategy, host, sweep.total, skipped)
+        _announce(sweep)
         sweep.gate = _quiet_gate(cfg, strategy) if feasible else None  # nothing this host can run: nothing to wait for
         worker.serve(max_new_trials)
         interrupted = False
@@ -188,24 +183,37 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
             e
             if isinstance(e, Stopped)
             else Stopped(
-                f"The sweep stopped on {fault_text(e, cfg)}. Fix the cause (free disk space, a writable and "
+                f"The sweep stopped on {fault_text(e, sweep.stores)}. Fix the cause (free disk space, a writable and "
                 f"reachable store) and rerun the sweep: {resumes(worker.done)}."
             )
         )
         raise fault from None
     finally:
-        if interrupted:  # stopped between a claim and the trial's end: the trial it holds fails and waits again
-            best_effort(lambda: claims.release_mine(study, f"{why}; enqueued again"))
-        if fault is None:
-            write_table(study, strategy, skipped, out_csv, host)
-        if not interrupted:
-            study_parent.finish(study, tracker, worker.parent_id, out_csv, skipped)
-        else:  # ended unless another worker is on it; the rerun marks it RUNNING again
-            _end_parent(study, tracker, "FAILED" if fault else "KILLED", str(fault or ""), worker.parent_id)
+        _end(sweep, worker.parent_id, why if interrupted else None, fault)
     return out_csv
 
 
-def _check_input(cfg) -> int:
+def _end(sweep: Sweep, parent_id: str | None, interrupted: str | None, fault: BaseException | None) -> None:
+    """The sweep's end on this worker: a trial it holds released (`interrupted`: why, None when it ran to its end),
+    the table written (not after a fault: the store may be gone), and the parent run finished by the worker that
+    ends the study, else ended unless another worker is on it (the rerun marks it RUNNING again)."""
+    study, tracker = sweep.study, sweep.tracker
+    if interrupted:  # stopped between a claim and the trial's end: the trial it holds fails and waits again
+        best_effort(lambda: claims.release_mine(study, f"{interrupted}; enqueued again"))
+    if fault is None:
+        write_table(study, sweep.strategy, sweep.skipped, sweep.out_csv, sweep.host)
+    if not interrupted:
+        study_parent.finish(study, tracker, parent_id, sweep.out_csv, sweep.skipped)
+    else:
+        _end_parent(study, tracker, "FAILED" if fault else "KILLED", str(fault or ""), parent_id)
+
+
+def load_study(cfg, strategy: str) -> optuna.Study:
+    """The study a sweep of `cfg` runs for `strategy`, from sweep.storage: to read it in a notebook or a test."""
+    return optuna.load_study(study_name=Space(cfg, strategy).name, storage=open_storage(storage_url(cfg)))
+
+
+def _check_input(cfg, stores: Stores) -> int:
     """The training data (present, unchanged, the right source) and both stores' URLs, checked before either store
     is created or opened; returns the number of training samples."""
     from pipeline.trial.ranks import load_data
@@ -213,34 +221,38 @@ def _check_input(cfg) -> int:
     data = load_data(cfg, verify=True)  # present, unchanged, right source
     n_train = len(data.train_y)
     del data
-    for url, key in ((storage_url(cfg), "sweep.storage"), (client.tracking_uri(cfg), "tracking.uri")):
+    for url, key in ((stores.optuna, "sweep.storage"), (stores.mlflow, "tracking.uri")):
         check_store(url, key)  # both, before either store is created or opened
     user_listeners(cfg)  # tracking.listeners: each one loads and builds, or the sweep stops here, naming it
     return n_train
 
 
-def _set_up(cfg, strategy: str, host, n_train: int):
-    """The tracker, the points' Configs (space.PointConfigs) and the prepared study (prepare_study: the study, its
-    feasible and its skipped points), both stores created under claims.creating_stores."""
-    with claims.creating_stores(storage_url(cfg), client.tracking_uri(cfg)):
-        storage = open_storage(cfg)  # a bad URL fails now
+def _set_up(space: Space, out_csv: Path) -> tuple[Sweep, list[dict]]:
+    """The sweep's context (worker.Sweep: the host, the tracker, the prepared study, its skipped points) and the
+    feasible points, with bad input stopped before anything is written to the stores (_check_input) and both stores
+    created under claims.creating_stores."""
+    cfg = space.cfg
+    host, stores = probe(), Stores.of(cfg)
+    n_train = _check_input(cfg, stores)
+    with claims.creating_stores(stores.optuna, stores.mlflow):
+        storage = open_storage(stores.optuna)  # a bad URL fails now
         tracker = client.Tracker(cfg)
-        configs = PointConfigs(cfg, strategy)  # each point's Config built once, for its checks and its trials
         try:
-            study, feasible, skipped = prepare_study(cfg, strategy, host, tracker, n_train, configs)
+            study, feasible, skipped = prepare_study(space, host, tracker, storage, n_train)
         except BaseException as e:  # Ctrl-C in the set-up: a parent run it opened is not left RUNNING
             if (signalled := interruption(e)) is None:
                 raise
-            best_effort(
-                lambda: _end_setup(optuna.load_study(study_name=study_name(cfg, strategy), storage=storage), tracker)
-            )
+            best_effort(lambda: _end_setup(optuna.load_study(study_name=space.name, storage=storage), tracker))
             raise signalled from None
-    return tracker, configs, study, feasible, skipped
+    sweep = Sweep(space, host, tracker, study, skipped, out_csv, stores)
+    sweep.total = study.user_attrs.get("enqueued", len(feasible))
+    return sweep, feasible
 
 
-def _announce(study, strategy: str, host, total: int, skipped) -> None:
+def _announce(sweep: Sweep) -> None:
     """How many of the study's trials are left to run (none: the study is complete, and says so), and each point
     this host skips with the reason."""
+    study, strategy, host, total, skipped = sweep.study, sweep.strategy, sweep.host, sweep.total, sweep.skipped
     done = claims.finished(study)
     left = max(total - done, 0)
     where = f"{len(skipped)} point(s) skipped on this host ({host.kind} x{host.n})"

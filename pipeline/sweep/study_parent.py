@@ -17,17 +17,19 @@ from pipeline.errors import StoreError, interruption
 from pipeline.records.files import free_text
 from pipeline.redact import redact
 from pipeline.store_faults import FAULT_TEXT, root_cause, store_fault
-from pipeline.sweep import provenance, study_view
-from pipeline.sweep.claims import finished, storage_url
-from pipeline.sweep.space import changed_settings, choices
+from pipeline.sweep import study_view
+from pipeline.sweep.claims import finished
+from pipeline.sweep.space import Space
 from pipeline.tracking import client
 
 PARENT = "mlflow_parent_run_id"  # the study's user attribute holding its parent run's id
 
 
-def start(study, cfg, strategy: str, host, tracker, n_points: int) -> str:
+def start(study, space: Space, host, tracker, storage_url: str, n_points: int) -> str:
     """Open the study's parent run, shared by every worker of the study (finish() ends it), and record its id in the
-    study (PARENT); returns the id. Its tags say where and how the study runs, its params its space and settings."""
+    study (PARENT); returns the id. Its tags say where and how the study runs, its params its space and settings;
+    `storage_url`: the Optuna store's (sweep.storage), shown redacted."""
+    cfg, strategy = space.cfg, space.strategy
     group = client.pipeline_run()  # the run name tells two pipeline runs' "study ddp" rows apart
     parent = tracker.start_run(
         f"study {strategy} · {group}",  # the strategy first: a narrow name column keeps it
@@ -42,18 +44,18 @@ def start(study, cfg, strategy: str, host, tracker, n_points: int) -> str:
             "host": host.hostname,
             "dvc_stage": f"sweep@{strategy}",
             "role": "study",
-            **provenance.facts(cfg),  # the code, data and torch its figures come from
+            **space.facts,  # the code, data and torch its figures come from
         },
         owned=False,
     )
     tracker.log_params(
         parent,
         {
-            "space": json.dumps(choices(cfg, strategy))[:6000],
-            "settings": json.dumps(changed_settings(cfg, strategy), sort_keys=True, default=str)[:6000],
+            "space": json.dumps(space.choices)[:6000],
+            "settings": json.dumps(space.changed_settings(), sort_keys=True, default=str)[:6000],
             "points": n_points,
             "epochs": cfg.train.epochs,
-            "storage": redact(storage_url(cfg)),
+            "storage": redact(storage_url),
         },
     )
     study.set_user_attr(PARENT, parent)

@@ -11,18 +11,19 @@ import sys
 from pathlib import Path
 
 from pipeline.records.table import trial_row, write_rows
-from pipeline.sweep import provenance
-from pipeline.sweep.space import points, study_name
+from pipeline.sweep.space import Space
 
 
 def selected(cfg, strategy: str) -> bool:
     return strategy in cfg.sweep.strategies
 
 
-def write_table(cfg, strategy: str, out_csv: Path) -> Path:
-    """The table of an unselected strategy: every point, with the reason, and no trial run."""
-    why = f"not selected: `{strategy}` is not in sweep.strategies ({', '.join(cfg.sweep.strategies)})"
-    stand_in = type("Unselected", (), {"study_name": study_name(cfg, strategy), "user_attrs": provenance.facts(cfg)})
-    write_rows([trial_row(stand_in, strategy, point=p, reason=why) for p in points(cfg, strategy)], out_csv)
+def write_table(space: Space, out_csv: Path) -> Path:
+    """The table of a strategy params.yaml does not select: every point of its space, with the reason, and no trial
+    run."""
+    strategy = space.strategy
+    why = f"not selected: `{strategy}` is not in sweep.strategies ({', '.join(space.cfg.sweep.strategies)})"
+    stand_in = type("Unselected", (), {"study_name": space.name, "user_attrs": space.facts})
+    write_rows([trial_row(stand_in, strategy, point=p, reason=why) for p in space.points], out_csv)
     print(f"[sweep {strategy}] {why}: no trial run", file=sys.stderr, flush=True)
     return out_csv

@@ -29,12 +29,12 @@ import optuna
 from optuna.trial import TrialState
 
 from pipeline import paths
-from pipeline.config import loader as configmod
+from pipeline.config.schema import SpaceConfig
 from pipeline.errors import Stopped, TrialFailed
 from pipeline.host.capabilities import host_capabilities
 from pipeline.measure import meter
-from pipeline.records import labels as emulated
 from pipeline.records.files import free_text
+from pipeline.records.labels import bound
 from pipeline.records.table import KNOBS, write_table
 from pipeline.records.trial import PROVENANCE, planned
 from pipeline.redact import redact
@@ -43,44 +43,74 @@ from pipeline.strategies import STRATEGIES
 from pipeline.sweep import claims, console, feasible, slurm, study_setup
 from pipeline.sweep.console import SweepConsole
 from pipeline.sweep.progress import counter
-from pipeline.sweep.space import suggest
+from pipeline.sweep.space import Space
 from pipeline.sweep.study_listener import StudyRecord
 from pipeline.tracking import server_wait
 from pipeline.tracking.client import tracking_uri
 from pipeline.tracking.run_listener import MlflowListener
 from pipeline.tracking.trial_run import TrialRun
-from pipeline.trial import outcome as ends
 from pipeline.trial.launch import Infeasible, host_fields
 from pipeline.trial.lifecycle import How, Trial
+from pipeline.trial.outcome import (
+    CANCELLED,
+    FAILED,
+    FAULT,
+    FINISHED,
+    INTERRUPTED,
+    PRUNED,
+    REQUEUED,
+    UNWRITABLE,
+    Outcome,
+)
 
 # failure kinds that are the host's or the cluster's, not the trial's: handled as a store fault is (stop, run again)
 HOST_FAULTS = {
-    ends.UNWRITABLE: "Free space there (or make it writable)",
+    UNWRITABLE: "Free space there (or make it writable)",
     slurm.UNREACHABLE: "Once `scontrol show job` answers again (SLURM's controller is back)",
     slurm.UNSUBMITTED: "Once `sbatch` submits (its own message names the cause; `scontrol ping` tests the controller)",
 }
 TAKEN_OVER = "taken over: another worker failed this trial as stale (late heartbeat) and runs it again"
 # what the Optuna store holds of an outcome once told
-TOLD = {ends.FINISHED: "COMPLETE", ends.PRUNED: "PRUNED", ends.FAILED: "FAIL", ends.REQUEUED: "FAIL, enqueued again"}
+TOLD = {FINISHED: "COMPLETE", PRUNED: "PRUNED", FAILED: "FAIL", REQUEUED: "FAIL, enqueued again"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Stores:
+    """The sweep's two stores, their URLs resolved once (stage.run_sweep): Optuna's (sweep.storage) and MLflow's
+    (tracking.uri)."""
+
+    optuna: str
+    mlflow: str
+
+    @classmethod
+    def of(cls, cfg) -> Stores:
+        return cls(claims.storage_url(cfg), tracking_uri(cfg))
 
 
 @dataclasses.dataclass
 class Sweep:
-    """One strategy's study on this worker, as stage.run_sweep set it up: its Config, the host, the MLflow tracker,
-    the study, the points' Configs (space.PointConfigs), the points skipped here, the table it writes, the wait for a
-    quiet host (None: none) and the number of trials the study plans."""
+    """One strategy's study on this worker, as stage.run_sweep set it up: its space (space.Space: the Config, the
+    points and their Configs), the host, the MLflow tracker, the study, the points skipped here, the table it writes,
+    the two stores' URLs, the wait for a quiet host (None: none) and the number of trials the study plans."""
 
-    cfg: Any
-    strategy: str
+    space: Space
     host: Any
     tracker: Any
     study: optuna.Study
-    configs: Any
     skipped: list
     out_csv: Path
+    stores: Stores
     gate: Any = None
     total: int = 0
     trials_dir: Path = dataclasses.field(default_factory=lambda: paths.repo_root() / "runs" / "trials")
+
+    @property
+    def cfg(self):
+        return self.space.cfg
+
+    @property
+    def strategy(self) -> str:
+        return self.space.strategy
 
 
 @functools.cache
@@ -120,7 +150,7 @@ class Worker:
 
     def runnable(self, point: dict) -> bool:
         try:
-            feasible.check_point(self.cfg, self.sweep.host, self.sweep.configs(point))
+            feasible.check_point(self.cfg, self.sweep.host, self.sweep.space.config(point))
             return True
         except Infeasible:
             return False
@@ -155,14 +185,14 @@ class Worker:
     def run_one(self, trial, label: str) -> str:
         """Run one claimed trial and apply its outcome; returns what the sweep prints after it. A fault raises
         Stopped, saying what the stores hold; an interruption goes on up."""
-        p = suggest(trial, self.cfg, self.sweep.strategy)  # the whole point; the dimensions that vary are parameters
+        p = self.sweep.space.suggest(trial)  # the whole point; the dimensions that vary are parameters
         one = self._trial(trial, p, label)
         return self.apply(trial, p, one, one.run())
 
     def _trial(self, trial, p: dict, label: str) -> Trial:
         s, cfg = self.sweep, self.cfg
         dtype = STRATEGIES[s.strategy].autocast_dtype(cfg.train, s.host.kind)
-        tcfg, bounded = emulated.bound(s.configs(p), dtype, host_caps(s.host), cfg.sweep.emulated_max_steps)
+        tcfg, bounded = bound(s.space.config(p), dtype, host_caps(s.host), cfg.sweep.emulated_max_steps)
         name, repeats = run_name(s.strategy, p, trial)
         tags = {"trial": trial.number, "study": s.study.study_name, "optuna_trial_id": claims.trial_id(trial)}
         tags.update({**repeats, **{k: s.study.user_attrs.get(k) for k in PROVENANCE}})  # the figures' code and data
@@ -207,9 +237,9 @@ class Worker:
 
     # ------------------------------------------------------------------ its outcome, applied to the queue
 
-    def apply(self, trial, p: dict, one: Trial, outcome: ends.Outcome) -> str:
+    def apply(self, trial, p: dict, one: Trial, outcome: Outcome) -> str:
         """The outcome applied to the queue (the module's docstring); returns what the sweep prints."""
-        if outcome.kind not in (ends.FAULT, ends.INTERRUPTED):
+        if outcome.kind not in (FAULT, INTERRUPTED):
             return self._tell(trial, p, outcome)
         held = ""
         if outcome.stands is not None:  # the sweep's own stores held its end before a user's store failed: it stands
@@ -218,23 +248,23 @@ class Worker:
             again = (False, False)
         else:
             again = self._again(trial, p, outcome.reason)
-        if outcome.kind == ends.INTERRUPTED:
+        if outcome.kind == INTERRUPTED:
             raise outcome.error from None  # type: ignore[misc]  # an interruption always carries its error
         raise Stopped(self._stopped_text(trial, p, one, outcome, (held, *again))) from None
 
-    def _tell(self, trial, p: dict, outcome: ends.Outcome) -> str:
+    def _tell(self, trial, p: dict, outcome: Outcome) -> str:
         kind, study = outcome.kind, self.study
         try:
-            if kind == ends.CANCELLED:
+            if kind == CANCELLED:
                 return f"{outcome.reason}; nothing recorded here"
-            if kind == ends.PRUNED:
+            if kind == PRUNED:
                 trial.set_user_attr("reason", outcome.reason)
                 study.tell(trial, state=TrialState.PRUNED)
                 return "pruned"
-            if kind == ends.REQUEUED:
+            if kind == REQUEUED:
                 trial.set_user_attr("reason", outcome.reason)
                 return requeue(study, trial, p, outcome.reason)
-            if kind == ends.FAILED:
+            if kind == FAILED:
                 trial.set_user_attr("reason", outcome.reason)
                 trial.set_user_attr("failure_kind", outcome.error.kind)  # type: ignore[union-attr]
                 study.tell(trial, state=TrialState.FAIL)
@@ -268,15 +298,15 @@ class Worker:
 
     # ------------------------------------------------------------------ a stop, in words
 
-    def _stopped_text(self, trial, p: dict, one: Trial, outcome: ends.Outcome, held: tuple) -> str:
+    def _stopped_text(self, trial, p: dict, one: Trial, outcome: Outcome, held: tuple) -> str:
         """Why the sweep stopped in this trial, what the stores hold of it (read back), and what to do."""
         e = outcome.error
         if isinstance(e, TrialFailed) and e.kind in HOST_FAULTS:
-            room = f" ({free_text(one.out_dir)} there)" if e.kind == ends.UNWRITABLE else ""
+            room = f" ({free_text(one.out_dir)} there)" if e.kind == UNWRITABLE else ""
             cause, fix = f": {e}{room}", HOST_FAULTS[e.kind]
         else:
             cause, fix = (
-                f" on {fault_text(e, self.cfg)}",
+                f" on {fault_text(e, self.sweep.stores)}",
                 "Fix the cause (free disk space, a writable and reachable store)",
             )
         return (
@@ -292,7 +322,7 @@ def fmt_point(p: dict) -> str:
     if p.get("optimizer", "sgd") != "sgd":  # d2l's plain SGD, the default, goes unsaid
         s += f" {p['optimizer']}"
     for k in KNOBS:
-        default = getattr(configmod.SpaceConfig(), k)[0]
+        default = getattr(SpaceConfig(), k)[0]
         if k in p and p[k] != default:
             s += f" {k}={p[k]}"
     return s
@@ -350,18 +380,18 @@ def resumes(done: int | None) -> str:
     return f"it resumes the study, keeping the {done} trial(s) that ran to an end before the stop"
 
 
-def fault_text(e: BaseException | None, cfg=None) -> str:
-    """The fault, in words: which store it came from (with `cfg`: named by its redacted address and key), what it
+def fault_text(e: BaseException | None, stores: Stores | None = None) -> str:
+    """The fault, in words: which store it came from (with `stores`: named by its redacted address and key), what it
     is (store_faults.FAULT_TEXT) and the driver's or the system's own words."""
     if e is None:
         return "an unknown fault"
-    fault, store = store_fault(e), store_of(e, cfg) if cfg is not None else ""
+    fault, store = store_fault(e), store_of(e, stores) if stores is not None else ""
     why = server_wait.reason(e) if store.startswith("the MLflow server") else root_cause(e)
     what = f"{FAULT_TEXT[fault]} ({why})" if fault else why
     return f"{store}: {what}" if store else what
 
 
-def store_of(e: BaseException | None, cfg) -> str:
+def store_of(e: BaseException | None, stores: Stores) -> str:
     """The store whose library raised `e` (or an exception in its chain), named: the Optuna store (sweep.storage) or
     the MLflow store or server (tracking.uri); "" for any other error."""
     seen = set()
@@ -369,11 +399,10 @@ def store_of(e: BaseException | None, cfg) -> str:
         seen.add(id(e))
         top = type(e).__module__.split(".")[0]
         if top == "optuna":
-            return f"the Optuna store {redact(claims.storage_url(cfg))} (sweep.storage)"
+            return f"the Optuna store {redact(stores.optuna)} (sweep.storage)"
         if top in ("mlflow", "requests", "urllib3"):
-            uri = tracking_uri(cfg)
-            kind = "server" if uri.lower().startswith(("http://", "https://")) else "store"
-            return f"the MLflow {kind} {redact(uri)} (tracking.uri)"
+            kind = "server" if stores.mlflow.lower().startswith(("http://", "https://")) else "store"
+            return f"the MLflow {kind} {redact(stores.mlflow)} (tracking.uri)"
         e = e.__cause__ or e.__context__
     return ""
 

@@ -15,7 +15,7 @@ from pipeline.config import loader as configmod
 from pipeline.config import schema
 from pipeline.records import table as sweep_table
 from pipeline.scaling import model as scaling_model
-from pipeline.sweep.stage import points
+from pipeline.sweep.space import points
 
 from ..conftest import REPO
 from . import import_graph as ig

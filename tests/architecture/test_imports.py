@@ -78,6 +78,7 @@ FLOORS = {
         "signals",
         "paths",
         "preflight",
+        "zoo",
     },
     "analysis": {"records", "scaling", "catalog", "errors"},
     "doctor": {

@@ -70,7 +70,7 @@ def test_the_optuna_storage_error_hides_it_in_the_library_text(make_cfg, monkeyp
     monkeypatch.setattr(claims, "check_store", lambda url, key: None)
     url = f"pguser:{SECRET}@127.0.0.1:55432/db"
     with pytest.raises(StoreError) as e:
-        claims.open_storage(make_cfg(f"sweep.storage={url}"))
+        claims.open_storage(claims.storage_url(make_cfg(f"sweep.storage={url}")))
     msg = str(e.value)
     assert SECRET not in msg and "'***@127.0.0.1:55432/db' (sweep.storage)" in msg, msg
 

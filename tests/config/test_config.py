@@ -96,7 +96,7 @@ def test_unknown_key_in_params_file(tmp_path):
 
 def test_space_union_of_products():
     cfg = load("profile=d2l")
-    from pipeline.sweep.stage import points
+    from pipeline.sweep.space import points
 
     pts = points(cfg, "dp")
     assert [(p["devices"], p["batch_size"], p["lr"]) for p in pts] == [(1, 256, 0.1), (2, 512, 0.2)]

@@ -21,7 +21,9 @@ from pipeline.cli import main
 from pipeline.config import loader as configmod
 from pipeline.records.table import point_of
 from pipeline.sweep import claims
-from pipeline.sweep.stage import open_storage, study_name
+from pipeline.sweep.claims import storage_url
+from pipeline.sweep.space import Space
+from pipeline.sweep.stage import load_study, open_storage
 from pipeline.tracking import client as tracking
 
 PROFILE = """
@@ -71,7 +73,7 @@ def test_a_store_failing_mid_sweep_closes_the_trial_and_the_parent_failed_with_t
     err = " ".join(capsys.readouterr().err.split())
     assert code == 1 and "Traceback" not in err, err
     assert "The sweep stopped in trial #0" in err and "database or disk is full" in err, err
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     (failed,) = study.get_trials(states=(TrialState.FAIL,))
     assert "database or disk is full" in failed.user_attrs["reason"]
     assert not study.get_trials(states=(TrialState.RUNNING,))
@@ -84,7 +86,7 @@ def test_a_store_failing_mid_sweep_closes_the_trial_and_the_parent_failed_with_t
 
     monkeypatch.setattr(tracking, "log_completed_run", real)  # the disk has space again: the rerun finishes
     assert main(["sweep", "--strategy", "single"]) == 0
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     assert sorted(t.params["lr"] for t in study.get_trials(states=(TrialState.COMPLETE,))) == [0.1, 0.2]
     runs = _runs(tmp_path)
     assert not [r for r in runs if r.info.status == "RUNNING"]
@@ -149,13 +151,13 @@ def test_a_stale_trial_of_a_dead_or_remote_worker_is_failed(tmp_path, worker):
 def test_a_worker_whose_trial_was_taken_over_stops_it_and_records_nothing(repo, tmp_path, monkeypatch, capsys):
     cfg = repo(n=4096, epochs=6, lrs="[0.1]")
     monkeypatch.setattr(claims, "HEARTBEAT_S", 0.1)
-    storage = open_storage(cfg)
+    storage = open_storage(storage_url(cfg))
 
     def other_worker():  # what a worker on another host does when it judges this trial stale
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                study = optuna.load_study(study_name=study_name(cfg, "single"), storage=storage)
+                study = optuna.load_study(study_name=Space(cfg, "single").name, storage=storage)
                 running = study.get_trials(states=(TrialState.RUNNING,))
                 if running and running[0].user_attrs.get("mlflow_run_id"):
                     time.sleep(0.5)
@@ -173,7 +175,7 @@ def test_a_worker_whose_trial_was_taken_over_stops_it_and_records_nothing(repo, 
     err = capsys.readouterr().err
     assert code == 0 and "Traceback" not in err and "UpdateFinishedTrialError" not in err, err
     assert "taken over" in err, err
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=storage)
+    study = optuna.load_study(study_name=Space(cfg, "single").name, storage=storage)
     states = [t.state for t in study.trials]
     assert states == [TrialState.FAIL, TrialState.COMPLETE], states  # the copy ran; the original kept nothing
     assert "metrics" not in study.trials[0].user_attrs and "reason" not in study.trials[0].user_attrs
@@ -212,10 +214,10 @@ def test_a_trial_waiting_for_a_quiet_host_is_never_taken_over_by_a_worker_on_ano
 
     def worker_b():  # another host's worker loop on the same store, from A's claim on
         with claims.creating_stores(claims.storage_url(cfg)):  # as a worker opens it: never two creating its tables
-            storage = open_storage(cfg)
+            storage = open_storage(storage_url(cfg))
         while not done.is_set() and not taken_by_b:
             try:
-                study = optuna.load_study(study_name=study_name(cfg, "single"), storage=storage)
+                study = optuna.load_study(study_name=Space(cfg, "single").name, storage=storage)
             except KeyError:  # not created yet
                 time.sleep(0.1)
                 continue
@@ -240,7 +242,7 @@ def test_a_trial_waiting_for_a_quiet_host_is_never_taken_over_by_a_worker_on_ano
     assert failed_by_b == [] and taken_by_b == [], (failed_by_b, taken_by_b)
     assert judged_late, "worker B never judged the trial once its wait was past the grace period"
     assert "taken over" not in err, err
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     assert [t.state for t in study.trials] == [TrialState.COMPLETE]
     assert study.trials[0].user_attrs.get("quiet_wait", "").startswith("waited ")
 
@@ -315,7 +317,7 @@ def test_a_cpu_out_of_memory_fails_its_trial_and_the_sweep_and_its_rerun_go_on(r
         code = main(["sweep", "--strategy", "single"])
         err = " ".join(capsys.readouterr().err.split())
         assert code == 0 and "The sweep stopped" not in err, err
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     (done,) = study.get_trials(states=(TrialState.COMPLETE,))
     failed = study.get_trials(states=(TrialState.FAIL,))
     assert done.params["lr"] == 0.1 and failed and {t.params["lr"] for t in failed} == {0.2}
@@ -349,7 +351,7 @@ def test_two_workers_claiming_at_once_never_take_the_same_trial(make_cfg):
     from sqlalchemy import event
 
     cfg = make_cfg()
-    a, b = open_storage(cfg), open_storage(cfg)  # two workers: two engines on one SQLite file
+    a, b = open_storage(storage_url(cfg)), open_storage(storage_url(cfg))  # two workers: two engines on one SQLite file
     study_a = optuna.create_study(storage=a, study_name="race")
     study_a.enqueue_trial({"x": 1})
     study_a.enqueue_trial({"x": 2})

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import time
 
-import optuna
 import pytest
 
 from pipeline.measure import interference
 from pipeline.sweep import study_view
-from pipeline.sweep.stage import open_storage, run_sweep, study_name
+from pipeline.sweep.stage import load_study, run_sweep
 from pipeline.tracking import client as tracking
 from pipeline.tracking.metric_names import rounded
 
@@ -67,7 +66,7 @@ def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path,
         and "parallax.remeasure_of" not in trials[first].data.tags
     )
     assert parent.data.tags["parallax.pipeline_run"] == "exp-test"
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     for t in study.trials:
         assert t.user_attrs["flagged"] == 1.0 and t.user_attrs["foreign_cores"] == 1.9
     err = capsys.readouterr().err
@@ -114,7 +113,7 @@ def test_an_unflagged_trial_has_flagged_zero(make_cfg, tmp_path, capsys):
     assert run.info.run_name == "single k=1 B=64 lr=0.1" and run.data.metrics["flagged"] == 0
     assert "under load" not in capsys.readouterr().err  # its outcome line is the bare "-> N img/s, acc ..."
     assert "parallax.flagged" not in run.data.tags
-    assert notes(optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))) == [""]
+    assert notes(load_study(cfg, "single")) == [""]
 
 
 @pytest.mark.slow

@@ -13,14 +13,13 @@ from __future__ import annotations
 import errno
 import os
 
-import optuna
 import pytest
 import torch
 from optuna.trial import TrialState
 
 from pipeline.cli import main
 from pipeline.config import loader as configmod
-from pipeline.sweep.stage import open_storage, study_name
+from pipeline.sweep.stage import load_study
 
 from . import test_faults
 from .test_faults import _runs
@@ -51,7 +50,7 @@ def test_a_full_trial_folder_stops_the_sweep_and_a_rerun_runs_every_point(repo, 
     assert "The sweep stopped in trial #0" in flat and "free" in flat, flat[-3000:]
     assert str(tmp_path / "runs" / "trials") in flat, flat[-3000:]
     assert "trial #1" not in flat  # the next point never started on the full disk
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     (failed,) = study.get_trials(states=(TrialState.FAIL,))
     assert "failure_kind" not in failed.user_attrs and "enqueued again" in failed.user_attrs["reason"]
     assert len(study.get_trials(states=(TrialState.WAITING,))) == 2  # its copy, and the point not reached
@@ -59,7 +58,7 @@ def test_a_full_trial_folder_stops_the_sweep_and_a_rerun_runs_every_point(repo, 
 
     monkeypatch.setattr(torch, "save", real)  # space freed
     assert main(["sweep", "--strategy", "single"]) == 0
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     done = sorted(t.params["lr"] for t in study.get_trials(states=(TrialState.COMPLETE,)))
     assert done == [0.1, 0.2]
 
@@ -84,7 +83,7 @@ def test_a_peer_reported_dead_on_a_full_disk_keeps_its_point(repo, tmp_path, mon
     monkeypatch.setattr(files, "refuses_writes", lambda folder: "No space left on device" if full else None)
     code = main(["sweep", "--strategy", "single"])
     flat = " ".join(capfd.readouterr().err.split())
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     failed = study.get_trials(states=(TrialState.FAIL,))
     if full:
         assert code == 1 and "could not write the trial directory" in flat and "worker_died" in flat, flat[-2000:]

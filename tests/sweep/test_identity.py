@@ -9,6 +9,7 @@ import pytest
 
 from pipeline.config import loader, schema
 from pipeline.sweep import space
+from pipeline.sweep.space import Space
 
 
 def _other(f: dataclasses.Field, value):
@@ -71,7 +72,7 @@ def test_a_setting_changes_the_study_unless_it_is_neutral_or_per_point(setting):
     if why := loader.sweep_refusal(changed):  # a knob some selected strategy cannot take: no study, nothing runs
         assert f"`{setting}=" in why, why
         return
-    before, after = space.space_hash(cfg, STRATEGY), space.space_hash(changed, STRATEGY)
+    before, after = Space(cfg, STRATEGY).hash, Space(changed, STRATEGY).hash
     if space.neutral(setting) or setting in per_point:
         assert after == before, f"{setting} is neutral or the point's, yet changes the study"
     else:
@@ -91,7 +92,7 @@ def test_the_settings_a_hostile_user_changed_start_a_new_study():
     """The case that filed another configuration's numbers: d2l's init and channels_last off under one name."""
     cfg = schema.Config()
     changed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init="d2l", channels_last=False))
-    assert space.study_name(changed, STRATEGY) != space.study_name(cfg, STRATEGY)
+    assert Space(changed, STRATEGY).name != Space(cfg, STRATEGY).name
 
 
 def test_the_strategy_s_own_space_changes_the_study_and_another_s_does_not():
@@ -99,8 +100,8 @@ def test_the_strategy_s_own_space_changes_the_study_and_another_s_does_not():
     lr = (schema.SpaceConfig(lr=(0.5,)),)
     own = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, spaces={STRATEGY: lr}))
     other = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, spaces={"ddp": lr}))
-    assert space.space_hash(own, STRATEGY) != space.space_hash(cfg, STRATEGY)
-    assert space.space_hash(other, STRATEGY) == space.space_hash(cfg, STRATEGY)
+    assert Space(own, STRATEGY).hash != Space(cfg, STRATEGY).hash
+    assert Space(other, STRATEGY).hash == Space(cfg, STRATEGY).hash
 
 
 def test_a_strategys_catalog_revision_changes_its_study_and_no_other(monkeypatch):
@@ -110,11 +111,11 @@ def test_a_strategys_catalog_revision_changes_its_study_and_no_other(monkeypatch
     from pipeline import catalog
 
     cfg = schema.Config()
-    before = {n: space.space_hash(cfg, n) for n in catalog.NAMES}
-    assert "revision" not in space.identity(cfg, "single") and space.identity(cfg, "fsdp")["revision"] == 2
+    before = {n: Space(cfg, n).hash for n in catalog.NAMES}
+    assert "revision" not in Space(cfg, "single").identity and Space(cfg, "fsdp").identity["revision"] == 2
     bumped = dataclasses.replace(catalog.SPECS["single"], revision=2)
     monkeypatch.setitem(catalog.SPECS, "single", bumped)
-    after = {n: space.space_hash(cfg, n) for n in catalog.NAMES}
+    after = {n: Space(cfg, n).hash for n in catalog.NAMES}
     assert after["single"] != before["single"]
     assert {n: h for n, h in after.items() if n != "single"} == {n: h for n, h in before.items() if n != "single"}
 
@@ -135,8 +136,8 @@ def test_params_yaml_lists_every_train_and_sweep_key_so_dvc_exp_run_can_set_it()
 def test_the_study_s_changed_settings_name_what_sets_it_apart():
     cfg = schema.Config()
     changed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init="d2l", channels_last=False))
-    assert space.changed_settings(cfg, STRATEGY) == {}
-    assert space.changed_settings(changed, STRATEGY) == {"train.init": "d2l", "train.channels_last": False}
+    assert Space(cfg, STRATEGY).changed_settings() == {}
+    assert Space(changed, STRATEGY).changed_settings() == {"train.init": "d2l", "train.channels_last": False}
 
 
 class StopAtFirstEpoch:
@@ -168,12 +169,10 @@ def test_a_listener_that_can_stop_trials_is_part_of_the_study_and_a_recording_on
     point; a store that only records changes no trial, so it shares the study (and its finished trials)."""
     cfg = schema.Config()
     stopper, recorder = f"{__name__}:StopAtFirstEpoch", f"{__name__}:RecordsEnds"
-    assert space.study_name(_listening(cfg, stopper), STRATEGY) != space.study_name(cfg, STRATEGY)
-    assert space.study_name(_listening(cfg, recorder), STRATEGY) == space.study_name(cfg, STRATEGY)
-    assert space.study_name(_listening(cfg, recorder, stopper), STRATEGY) == space.study_name(
-        _listening(cfg, stopper), STRATEGY
-    )
-    assert space.changed_settings(_listening(cfg, recorder, stopper), STRATEGY) == {"tracking.listeners": [stopper]}
+    assert Space(_listening(cfg, stopper), STRATEGY).name != Space(cfg, STRATEGY).name
+    assert Space(_listening(cfg, recorder), STRATEGY).name == Space(cfg, STRATEGY).name
+    assert Space(_listening(cfg, recorder, stopper), STRATEGY).name == Space(_listening(cfg, stopper), STRATEGY).name
+    assert Space(_listening(cfg, recorder, stopper), STRATEGY).changed_settings() == {"tracking.listeners": [stopper]}
 
 
 # ---------------------------------------------------------------- what ran: the code, the data, torch
@@ -209,7 +208,7 @@ def test_a_changed_model_source_starts_a_new_study(tmp_path, monkeypatch):
     from pipeline.sweep import provenance
 
     cfg = schema.Config()
-    before = space.study_name(cfg, STRATEGY)
+    before = Space(cfg, STRATEGY).name
     copy = tmp_path / "pipeline"
     shutil.copytree(provenance.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     assert provenance.sources_digest(copy) == provenance.code_digest()  # the copy digests as the package does
@@ -218,16 +217,30 @@ def test_a_changed_model_source_starts_a_new_study(tmp_path, monkeypatch):
     assert wider != models.read_text()
     models.write_text(wider)
     monkeypatch.setattr(provenance, "code_digest", lambda: provenance.sources_digest(copy))
-    assert space.study_name(cfg, STRATEGY) != before
+    assert Space(cfg, STRATEGY).name != before
 
 
 def test_another_torch_starts_a_new_study(monkeypatch):
     from pipeline.sweep import provenance
 
     cfg = schema.Config()
-    before = space.study_name(cfg, STRATEGY)
+    before = Space(cfg, STRATEGY).name
     monkeypatch.setattr(provenance, "torch_version", lambda: "9.9.9")
-    assert space.study_name(cfg, STRATEGY) != before
+    assert Space(cfg, STRATEGY).name != before
+
+
+def test_a_model_beyond_d2l_names_the_release_that_builds_it(make_cfg, monkeypatch):
+    """A torchvision model's study holds torchvision's version (another release: another study); a d2l model's holds
+    no model source, so the studies of d2l's models keep their names."""
+    from pipeline import zoo
+
+    assert "model_sources" not in Space(make_cfg(), STRATEGY).identity
+    cfg = make_cfg("train.model=mobilenet_v3_small")  # pinned in every space (loader.pin)
+    own = Space(cfg, STRATEGY)
+    assert own.identity["model_sources"] == {"mobilenet_v3_small": zoo.source("mobilenet_v3_small")}
+    assert own.identity["model_sources"]["mobilenet_v3_small"].startswith("torchvision ")
+    monkeypatch.setattr(zoo, "source", lambda name: "torchvision 99.0")
+    assert Space(cfg, STRATEGY).name != own.name
 
 
 def test_changed_data_content_starts_a_new_study(tmp_path):
@@ -235,28 +248,28 @@ def test_changed_data_content_starts_a_new_study(tmp_path):
     data.dir: another study."""
     cfg = _data(schema.Config(), dir=str(tmp_path / "fm"))
     _prepared(tmp_path / "fm")
-    before = space.study_name(cfg, STRATEGY)
+    before = Space(cfg, STRATEGY).name
     _prepared(tmp_path / "fm", labels=b"relabelled")
-    assert space.study_name(cfg, STRATEGY) != before
+    assert Space(cfg, STRATEGY).name != before
 
 
 def test_one_data_folder_however_spelled_is_one_study(tmp_path, monkeypatch):
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # the project data.dir is relative to
     _prepared(tmp_path / "data" / "x")
     spellings = ["data/x", "./data/x", "data/x/", str(tmp_path / "data" / "x")]
-    names = {space.study_name(_data(schema.Config(), dir=d), STRATEGY) for d in spellings}
+    names = {Space(_data(schema.Config(), dir=d), STRATEGY).name for d in spellings}
     assert len(names) == 1, names
     # and a folder with no prepared data yet is named by its resolved path, however spelled
-    names = {space.study_name(_data(schema.Config(), dir=d.replace("x", "y")), STRATEGY) for d in spellings}
+    names = {Space(_data(schema.Config(), dir=d.replace("x", "y")), STRATEGY).name for d in spellings}
     assert len(names) == 1, names
 
 
 def test_limits_that_load_the_same_samples_are_one_study(tmp_path):
     cfg = _data(schema.Config(), dir=str(_prepared(tmp_path / "fm")))
-    whole = {space.study_name(_data(cfg, train_limit=n), STRATEGY) for n in (0, 60000, 70000)}
+    whole = {Space(_data(cfg, train_limit=n), STRATEGY).name for n in (0, 60000, 70000)}
     assert len(whole) == 1, whole
-    assert space.study_name(_data(cfg, train_limit=59999), STRATEGY) not in whole
-    tests = {space.study_name(_data(cfg, test_limit=n), STRATEGY) for n in (0, 10000)}
+    assert Space(_data(cfg, train_limit=59999), STRATEGY).name not in whole
+    tests = {Space(_data(cfg, test_limit=n), STRATEGY).name for n in (0, 10000)}
     assert len(tests) == 1, tests
 
 
@@ -274,8 +287,9 @@ def test_the_code_data_and_torch_are_recorded_on_the_study_its_parent_run_and_it
         "data_digest": space.provenance.data_content(cfg)["digest"],
         "torch_version": provenance.torch_version(),
     }
-    study = optuna.create_study(study_name=space.study_name(cfg, STRATEGY))
-    study_view.name_study(study, STRATEGY, cfg.profile, space.space_hash(cfg, STRATEGY), facts=provenance.facts(cfg))
+    space_ = Space(cfg, STRATEGY)
+    study = optuna.create_study(study_name=space_.name)
+    study_view.name_study(study, STRATEGY, cfg.profile, space_.hash, facts=space_.facts)
     assert {k: study.user_attrs[k] for k in want} == want
     row = trial_row(study, STRATEGY, point={"devices": 1, "batch_size": 8}, reason="skipped")
     assert {k: row[k] for k in want} == want
@@ -296,5 +310,5 @@ def test_the_code_data_and_torch_are_recorded_on_the_study_its_parent_run_and_it
             pass
 
     host = type("Host", (), {"kind": "cpu", "hostname": "h"})
-    study_parent.start(study, cfg, STRATEGY, host, Tracker(), 1)
+    study_parent.start(study, space_, host, Tracker(), "sqlite:///optuna.db", 1)
     assert {k: Tracker.tags[k] for k in want} == want

@@ -9,12 +9,12 @@ import csv
 import os
 from pathlib import Path
 
-import optuna
 import pytest
 from optuna.trial import TrialState
 
 from pipeline.errors import Stopped
-from pipeline.sweep.stage import open_storage, run_sweep, study_name
+from pipeline.sweep.space import Space
+from pipeline.sweep.stage import load_study, run_sweep
 from pipeline.tracking import client as tracking
 
 
@@ -52,7 +52,7 @@ def test_a_csv_listener_gets_a_row_per_sweep_trial(make_cfg, tmp_path, monkeypat
     )
     run_sweep(cfg, "single", tmp_path / "single.jsonl")
     rows = list(csv.DictReader((tmp_path / "trials.csv").open()))
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     by_run = {t.user_attrs["mlflow_run_id"]: t for t in study.trials}
     assert sorted(r["lr"] for r in rows) == ["0.1", "0.2"] and {r["ended"] for r in rows} == {"finished"}
     for r in rows:  # the same trial as Optuna's and MLflow's, with the record's own throughput
@@ -112,7 +112,7 @@ def test_a_point_a_stopping_listener_cut_short_is_measured_once_it_is_gone(make_
     (cut,) = _rows(tmp_path / "stopped.jsonl")
     assert cut["state"] == "pruned", cut
     plain = make_cfg(*limits)
-    assert study_name(plain, "single") != study_name(stopping, "single")
+    assert Space(plain, "single").name != Space(stopping, "single").name
     run_sweep(plain, "single", tmp_path / "single.jsonl")
     (measured,) = _rows(tmp_path / "single.jsonl")
     assert measured["state"] == "complete" and len(measured["test_acc"]) == 2, measured
@@ -124,12 +124,12 @@ def test_a_listener_raising_in_ended_leaves_one_outcome_and_says_it(make_cfg, tm
     with pytest.raises(Stopped) as stopped:
         run_sweep(cfg, "single", tmp_path / "single.jsonl")
     said = " ".join(str(stopped.value).split())
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     assert [t.state for t in study.trials] == [TrialState.COMPLETE], said  # not enqueued again
     assert "my store is down" in said and "(COMPLETE): that end stands" in said, said
     assert "RUNNING" not in said and "its MLflow run ended FINISHED" in said, said
     run_sweep(make_cfg(*limits), "single", tmp_path / "single.jsonl")  # the rerun, the store mended: nothing to run
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     assert [t.state for t in study.trials] == [TrialState.COMPLETE]
     (row,) = _rows(tmp_path / "single.jsonl")
     (run,) = _trial_runs(cfg)

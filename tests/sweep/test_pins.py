@@ -14,6 +14,7 @@ from pipeline.config import loader as c
 from pipeline.config import schema
 from pipeline.paths import repo_root
 from pipeline.sweep import space
+from pipeline.sweep.space import Space
 
 REPO = repo_root()
 MISSING = "(none: not a dimension of its points)"
@@ -67,9 +68,9 @@ def test_a_train_setting_reaches_every_trial_of_the_selected_strategies_or_is_re
     for s, ps in pts.items():
         got = {p.get(key, MISSING) for p in ps}
         assert got == {value}, f"{s}: train.{key}={value} set, its trials run {got} (silently replaced)"
-        configs = space.PointConfigs(cfg, s)
+        configs = Space(cfg, s).config
         assert {getattr(configs(p).train, key) for p in ps} == {value}, s
-        assert space.study_name(cfg, s) != space.study_name(base, s), f"{s}: the points changed, the study did not"
+        assert Space(cfg, s).name != Space(base, s).name, f"{s}: the points changed, the study did not"
 
 
 def test_lr_and_batch_size_set_give_only_those_points_and_a_study_of_their_own():
@@ -78,8 +79,8 @@ def test_lr_and_batch_size_set_give_only_those_points_and_a_study_of_their_own()
     for s in cfg.sweep.strategies:
         pts = space.points(cfg, s)
         assert {(p["lr"], p["batch_size"]) for p in pts} == {(0.2, 32)}, s
-        assert space.choices(cfg, s)["lr"] == [0.2] and space.choices(cfg, s)["batch_size"] == [32], s
-        assert space.study_name(cfg, s) != space.study_name(base, s), s
+        assert Space(cfg, s).choices["lr"] == [0.2] and Space(cfg, s).choices["batch_size"] == [32], s
+        assert Space(cfg, s).name != Space(base, s).name, s
 
 
 def test_a_knob_a_selected_strategy_cannot_take_is_refused_naming_it_and_the_space_form():
@@ -133,7 +134,7 @@ def test_a_setting_and_a_space_of_the_user_that_disagree_are_refused_naming_both
 def test_a_setting_left_at_null_pins_nothing():
     cfg = load("train.lr=null", "train.comm_hook=null")
     assert cfg.sweep.spaces == load().sweep.spaces
-    assert space.study_name(cfg, "ddp") == space.study_name(load(), "ddp")
+    assert Space(cfg, "ddp").name == Space(load(), "ddp").name
 
 
 def test_override_pins_as_set_does_and_the_trial_config_keeps_it():

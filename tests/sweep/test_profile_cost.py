@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import optuna
 import pytest
 import torch
 
@@ -14,6 +13,7 @@ from pipeline.records.table import read_table
 from pipeline.strategies import STRATEGIES
 from pipeline.sweep import space, worker
 from pipeline.sweep import stage as sweep
+from pipeline.sweep.stage import load_study
 
 from ..conftest import REPO
 
@@ -28,7 +28,7 @@ def caps_with(monkeypatch, flags):
 
 
 def amp_trial(cfg, strategy="ddp_amp"):
-    return space.trial_config(cfg, strategy, sweep.points(cfg, strategy)[0])
+    return space.trial_config(cfg, strategy, space.points(cfg, strategy)[0])
 
 
 def bound(cfg, strategy, caps):
@@ -88,7 +88,7 @@ def test_sweep_runs_a_bounded_trial_and_its_row_says_so(make_cfg, tmp_path, monk
     [row] = read_table(out).to_dict("records")
     assert row["state"] == "complete" and float(row["throughput_img_s"]) > 0
     assert emulated.is_bounded(row["reason"]) and "at most 5 steps" in row["reason"]
-    study = optuna.load_study(study_name=sweep.study_name(cfg, "ddp_amp"), storage=sweep.open_storage(cfg))
+    study = load_study(cfg, "ddp_amp")
     [trial] = study.trials
     assert trial.user_attrs["metrics"]["steps"] == 5  # 2 epochs of 8 steps unbounded
     assert len(trial.user_attrs["metrics"]["test_acc"]) == 1  # evaluated where it stopped, in epoch 1

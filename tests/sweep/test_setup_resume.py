@@ -16,7 +16,9 @@ import pytest
 from pipeline.records.table import point_of
 from pipeline.sweep import claims
 from pipeline.sweep import stage as sweep
-from pipeline.sweep.stage import open_storage, run_sweep, study_name
+from pipeline.sweep.claims import storage_url
+from pipeline.sweep.space import Space, points
+from pipeline.sweep.stage import load_study, open_storage, run_sweep
 
 SPACE = [
     "sweep.strategies=[single]",
@@ -53,7 +55,7 @@ def test_a_rerun_completes_an_interrupted_set_up_with_every_point_once(make_cfg,
         interrupt_after(m, 2)
         with pytest.raises(KeyboardInterrupt):
             run_sweep(cfg, "single", out, max_new_trials=0)
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     assert len(study.trials) == 2 and "enqueued" not in study.user_attrs  # the truncated queue
     capsys.readouterr()
 
@@ -64,16 +66,14 @@ def test_a_rerun_completes_an_interrupted_set_up_with_every_point_once(make_cfg,
         m.setattr(time, "sleep", no_wait)
         run_sweep(cfg, "single", out, max_new_trials=0)
     err = capsys.readouterr().err
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
-    expected = sorted(
-        json.dumps([p, r], sort_keys=True) for p, r in sweep.enqueue_order(sweep.points(cfg, "single"), 2)
-    )
+    study = load_study(cfg, "single")
+    expected = sorted(json.dumps([p, r], sort_keys=True) for p, r in sweep.enqueue_order(points(cfg, "single"), 2))
     assert keys(study) == expected  # every (point, repeat) once
     assert study.user_attrs["enqueued"] == 6 and study.user_attrs.get("mlflow_parent_run_id")
     assert "6 trial(s) to run" in err
 
     run_sweep(cfg, "single", out, max_new_trials=0)  # a third run: nothing more is added
-    assert keys(optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))) == expected
+    assert keys(load_study(cfg, "single")) == expected
 
 
 @pytest.mark.timeout(120)
@@ -83,8 +83,8 @@ def test_a_set_up_whose_creator_is_alive_is_waited_for_then_completed_when_it_di
     from pipeline.sweep import study_setup
 
     cfg = make_cfg(*SPACE)
-    storage = open_storage(cfg)
-    name = study_name(cfg, "single")
+    storage = open_storage(storage_url(cfg))
+    name = Space(cfg, "single").name
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
     creator = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -102,7 +102,7 @@ def test_a_set_up_whose_creator_is_alive_is_waited_for_then_completed_when_it_di
         study = study_setup.ready(study, lambda: optuna.load_study(study_name=name, storage=storage))
         assert killed.is_set()  # it waited while the creator lived
         assert "enqueued" not in study.user_attrs  # and hands back a study whose set-up is left to complete
-        queue = sweep.enqueue_order(sweep.points(cfg, "single"), 2)
+        queue = sweep.enqueue_order(points(cfg, "single"), 2)
         study_setup.complete(study, queue)
         assert keys(study) == sorted(json.dumps([p, r], sort_keys=True) for p, r in queue)
     finally:
@@ -116,15 +116,15 @@ def test_a_budget_that_grows_enqueues_the_new_part_and_says_so(make_cfg, tmp_pat
     out = tmp_path / "single.jsonl"
     small = make_cfg(*SPACE[:2], "sweep.n_trials=1")
     run_sweep(small, "single", out, max_new_trials=0)
-    study = optuna.load_study(study_name=study_name(small, "single"), storage=open_storage(small))
+    study = load_study(small, "single")
     assert len(study.trials) == 1 and study.user_attrs["enqueued"] == 1
     capsys.readouterr()
 
     grown = make_cfg(*SPACE[:2], "sweep.n_trials=3")
-    assert study_name(grown, "single") == study_name(small, "single")
+    assert Space(grown, "single").name == Space(small, "single").name
     run_sweep(grown, "single", out, max_new_trials=0)
     err = capsys.readouterr().err
-    study = optuna.load_study(study_name=study_name(grown, "single"), storage=open_storage(grown))
-    assert keys(study) == sorted(json.dumps([p, 0], sort_keys=True) for p in sweep.points(grown, "single"))
+    study = load_study(grown, "single")
+    assert keys(study) == sorted(json.dumps([p, 0], sort_keys=True) for p in points(grown, "single"))
     assert study.user_attrs["enqueued"] == 3
     assert "its queue grew from 1 to 3 trial(s)" in err and "3 trial(s) to run" in err

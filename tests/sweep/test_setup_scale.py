@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.config import loader as configmod
 from pipeline.sweep import progress, space
+from pipeline.sweep.space import Space
 from pipeline.sweep.stage import run_sweep
 from tests.sweep.test_sweep import TINY
 
@@ -51,9 +52,9 @@ def test_a_200x200_grid_is_listed_named_and_chosen_from_in_linear_work(counted):
     pts = space.points(cfg, "single")
     assert len(pts) == SIDE * SIDE
     assert pts[0]["batch_size"] == 1 and pts[1]["batch_size"] == 1 and pts[SIDE]["batch_size"] == 2  # stable order
-    ch = space.choices(cfg, "single")
+    ch = Space(cfg, "single").choices
     assert len(ch["lr"]) == SIDE and len(ch["batch_size"]) == SIDE
-    assert space.study_name(cfg, "single").startswith("cpu-single-")
+    assert Space(cfg, "single").name.startswith("cpu-single-")
 
 
 def test_a_union_that_repeats_its_products_is_de_duplicated_in_linear_work(counted):

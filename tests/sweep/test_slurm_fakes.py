@@ -18,7 +18,6 @@ import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
-import optuna
 import pytest
 from optuna.trial import TrialState
 
@@ -26,7 +25,7 @@ from pipeline.cli import main
 from pipeline.config import loader as configmod
 from pipeline.errors import TrialFailed
 from pipeline.sweep import slurm
-from pipeline.sweep.stage import open_storage, study_name
+from pipeline.sweep.stage import load_study
 
 from . import test_faults
 from .test_faults import _runs
@@ -180,7 +179,7 @@ def test_a_sweep_whose_controller_stays_unreachable_stops_and_keeps_the_point(
     assert "The sweep stopped in trial #0" in flat and "scontrol" in flat, flat[-3000:]
     assert "Traceback (most recent" not in flat, flat[-3000:]
     assert "scancel 4242" in log.read_text().splitlines()
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     (failed,) = study.get_trials(states=(TrialState.FAIL,))
     assert "failure_kind" not in failed.user_attrs and "enqueued again" in failed.user_attrs["reason"], (
         failed.user_attrs
@@ -208,7 +207,7 @@ def test_a_job_sbatch_cannot_submit_fails_as_the_clusters_fault(tmp_path, monkey
     assert code == 1, flat[-3000:]
     tail = flat.split("error: ", 1)[-1]
     assert "sbatch" in tail and "SLURM" in tail and "free disk space" not in tail, tail
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     (failed,) = study.get_trials(states=(TrialState.FAIL,))
     assert "failure_kind" not in failed.user_attrs and "enqueued again" in failed.user_attrs["reason"]
     assert len(study.get_trials(states=(TrialState.WAITING,))) == 2

@@ -12,12 +12,11 @@ import threading
 import time
 from pathlib import Path
 
-import optuna
 import pytest
 import torch
 
 from pipeline.sweep import study_setup
-from pipeline.sweep.stage import open_storage, run_sweep, study_name
+from pipeline.sweep.stage import load_study, run_sweep
 from pipeline.tracking import client as tracking
 from tests.sweep import slurm_cluster
 
@@ -54,7 +53,7 @@ def rows(path):
 
 def counts(cfg, strategy, out):
     """(Optuna trials run, MLflow trial runs, table rows of trials, RUNNING anywhere)."""
-    study = optuna.load_study(study_name=study_name(cfg, strategy), storage=open_storage(cfg))
+    study = load_study(cfg, strategy)
     trials = [t for t in study.trials if t.state.name != "WAITING"]
     runs = [
         r
@@ -119,7 +118,7 @@ def _running_job(cfg, strategy, timeout=120) -> tuple[int, str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            study = optuna.load_study(study_name=study_name(cfg, strategy), storage=open_storage(cfg))
+            study = load_study(cfg, strategy)
             for t in study.get_trials(deepcopy=False):
                 if t.state.name == "RUNNING" and "slurm_job_id" in t.user_attrs:
                     return t.number, t.user_attrs["slurm_job_id"]

@@ -24,7 +24,7 @@ import pytest
 from optuna.trial import TrialState
 
 from pipeline.sweep import claims, stage, study_parent, worker
-from pipeline.sweep.stage import open_storage, run_sweep, study_name
+from pipeline.sweep.stage import load_study, run_sweep
 from tests.sweep.test_reliability import left_behind, make_repo, mlflow_runs, study, trial_started, wait_for
 
 LONG = "{devices: [1], batch_size: [64], lr: [0.1, 0.2, 0.3]}"  # with 20 epochs: a minute of trials at least
@@ -176,7 +176,7 @@ def test_ctrl_c_while_the_parent_run_is_closed_ends_it_killed_and_a_rerun_finish
 
 def _foreign_trial(cfg, worker) -> int:
     """A trial claimed by `worker` (another process), as a second worker on the study would hold it."""
-    s = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    s = load_study(cfg, "single")
     trial = claims.claim(s)
     s._storage.set_trial_system_attr(trial._trial_id, claims.WORKER_ATTR, worker)
     return trial.number

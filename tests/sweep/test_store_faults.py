@@ -22,7 +22,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.config import loader as configmod
-from pipeline.sweep.stage import open_storage, study_name
+from pipeline.sweep.stage import load_study
 from pipeline.tracking import client as tracking
 
 from ..analysis.test_analyze import row, write
@@ -202,7 +202,7 @@ def test_an_unreachable_optuna_store_mid_sweep_names_the_cause_and_no_reenqueue_
     assert "max length" not in err and "Connection refused" in err, err
     assert "enqueued again" not in err, err
     gone.clear()  # the server is back
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     assert len(study.trials) == 2  # nothing was re-enqueued, as the message says
 
 

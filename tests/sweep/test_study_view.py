@@ -12,9 +12,8 @@ import optuna
 from optuna.trial import TrialState
 
 from pipeline.records.table import POINT_KEYS, point_of
-from pipeline.sweep import worker
-from pipeline.sweep.space import choices, constants
-from pipeline.sweep.stage import open_storage, run_sweep, study_name
+from pipeline.sweep.space import Space, constants
+from pipeline.sweep.stage import load_study, run_sweep
 
 TWO_LRS = [
     "sweep.strategies=[single]",
@@ -26,7 +25,7 @@ TWO_LRS = [
 
 
 def _study(cfg):
-    return optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    return load_study(cfg, "single")
 
 
 def _rows(out) -> list[dict]:
@@ -40,7 +39,7 @@ def test_only_the_dimensions_that_vary_are_optuna_parameters(make_cfg, tmp_path)
     out = tmp_path / "single.jsonl"
     run_sweep(cfg, "single", out)
     study = _study(cfg)
-    space = choices(cfg, "single")
+    space = Space(cfg, "single").choices
     fixed = constants(space)
     assert set(space) - set(fixed) == {"lr"} and {"model", "devices", "batch_size", "optimizer"} <= set(fixed)
     complete = study.get_trials(states=(TrialState.COMPLETE,))
@@ -63,21 +62,21 @@ def test_a_study_whose_older_trials_list_the_constants_resumes(make_cfg, tmp_pat
     constant params: Optuna's importances over such a study still list them.)"""
     cfg = make_cfg(*TWO_LRS)
     out = tmp_path / "single.jsonl"
-    real = worker.suggest
+    real = Space.suggest
 
-    def every_dimension(trial, cfg, strategy):  # what the sweep did before
-        return {k: trial.suggest_categorical(k, vals) for k, vals in choices(cfg, strategy).items()}
+    def every_dimension(space, trial):  # what the sweep did before
+        return {k: trial.suggest_categorical(k, vals) for k, vals in space.choices.items()}
 
-    monkeypatch.setattr(worker, "suggest", every_dimension)
+    monkeypatch.setattr(Space, "suggest", every_dimension)
     run_sweep(cfg, "single", out, max_new_trials=1)
-    monkeypatch.setattr(worker, "suggest", real)
+    monkeypatch.setattr(Space, "suggest", real)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run_sweep(cfg, "single", out)
     said = [str(w.message) for w in caught if "parameter" in str(w.message).lower()]
     assert not said, said
     older, newer = study_trials = _study(cfg).get_trials(states=(TrialState.COMPLETE,))
-    assert set(older.params) == set(choices(cfg, "single")) and set(newer.params) == {"lr"}
+    assert set(older.params) == set(Space(cfg, "single").choices) and set(newer.params) == {"lr"}
     assert [point_of(t) for t in study_trials] == [
         {**point_of(older), "lr": 0.1},
         {**point_of(older), "lr": 0.2},

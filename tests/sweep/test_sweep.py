@@ -8,7 +8,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from pipeline.sweep.stage import open_storage, points, run_sweep, study_name
+from pipeline.sweep.space import Space, points
+from pipeline.sweep.stage import load_study, run_sweep
 from pipeline.tracking import client as tracking
 
 TINY = """
@@ -56,7 +57,7 @@ def test_tiny_study_end_to_end(tiny, tmp_path, capsys):
     skipped = next(r for r in rows if r["state"] == "skipped")
     assert skipped["host"] == ok["host"] and skipped["throughput_img_s"] is None
 
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
 
     tr = tracking.Tracker(cfg)
@@ -93,7 +94,7 @@ def test_n_trials_0_sets_the_study_up_and_says_it_runs_nothing_by_design(tiny, t
     run_sweep(cfg, "single", tmp_path / "single.jsonl", max_new_trials=0)
     err = capsys.readouterr().err
     assert "2 trial(s) to run" in err and "--n-trials 0: the study is set up and no trial is run here, by design" in err
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     assert [t.state for t in study.trials] == [TrialState.WAITING] * 2
 
 
@@ -109,7 +110,7 @@ def test_a_complete_study_says_it_is_complete_and_runs_nothing(tiny, tmp_path, c
     assert "1 trial(s) to run (1 of 2 ran to an end already)" in err, err
     run_sweep(cfg, "single", out)
     err = " ".join(capsys.readouterr().err.split())
-    name = study_name(cfg, "single")
+    name = Space(cfg, "single").name
     assert f"study {name} is complete: all 2 trial(s) of its points ran to an end (1 failed" in err, err
     assert "nothing to run" in err and "trial(s) to run" not in err and "trial 1/" not in err, err
     assert sorted(r["state"] for r in read(out)) == ["complete", "failed", "skipped", "skipped"]
@@ -143,15 +144,15 @@ def test_resume_runs_only_what_is_left_and_multiprocess_rows(tiny, tmp_path):
     assert any(r["state"] == "skipped" and "divisible" in r["reason"] for r in rows)
     two = next(r for r in complete if r["devices"] == 2)
     assert len(two["peak_mem_bytes"]) == 2
-    study = optuna.load_study(study_name=study_name(cfg, "ddp"), storage=open_storage(cfg))
+    study = load_study(cfg, "ddp")
     assert len(study.get_trials(states=(TrialState.COMPLETE,))) == len(feasible)
 
 
 def test_changed_space_is_a_new_study(tiny):
-    assert study_name(tiny(), "single") == study_name(tiny(), "single")  # same space: the same study (resume)
-    assert study_name(tiny(50.0), "single") != study_name(tiny(), "single")  # an lr changed: a new study
+    assert Space(tiny(), "single").name == Space(tiny(), "single").name  # same space: the same study (resume)
+    assert Space(tiny(50.0), "single").name != Space(tiny(), "single").name  # an lr changed: a new study
     # another strategy's space changing leaves this one's study (and its DVC stage) alone
-    assert study_name(tiny(50.0), "ddp") == study_name(tiny(), "ddp")
+    assert Space(tiny(50.0), "ddp").name == Space(tiny(), "ddp").name
 
 
 @pytest.mark.slow
@@ -169,7 +170,7 @@ def test_pruning_reaches_a_multiprocess_trial_through_rank_0(tiny, tmp_path, mon
     assert [r["state"] for r in rows] == ["pruned"] and "after epoch 1" in rows[0]["reason"]
     assert len(rows[0]["test_acc"]) == 1  # both ranks stopped after the first epoch
     assert [step for _, step in reported] == [1]
-    study = optuna.load_study(study_name=study_name(cfg, "ddp"), storage=open_storage(cfg))
+    study = load_study(cfg, "ddp")
     assert [t.state for t in study.trials] == [TrialState.PRUNED]
     runs = tracking.Tracker(cfg).find_runs("tags.strategy = 'ddp'")
     assert [r.info.status for r in runs if "mlflow.parentRunId" in r.data.tags] == ["KILLED"]

@@ -15,7 +15,8 @@ import pytest
 
 from pipeline.records.trial import TrialRecord
 from pipeline.sweep import study_view
-from pipeline.sweep.stage import open_storage, run_sweep, space_hash, study_name
+from pipeline.sweep.space import Space
+from pipeline.sweep.stage import load_study, run_sweep
 from pipeline.tracking import client as tracking
 
 PROFILE = """
@@ -68,9 +69,9 @@ def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
     assert "best_test_acc" not in p and "worst_mem_imbalance" not in p  # the analyze stage's too, its rule
     assert "parallax.unavailable" not in parent.data.tags
 
-    study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
+    study = load_study(cfg, "single")
     assert study.metric_names == ["final_test_acc"] and study.direction == optuna.study.StudyDirection.MAXIMIZE
-    assert study.user_attrs["space_hash"] == space_hash(cfg, "single") and study.user_attrs["strategy"] == "single"
+    assert study.user_attrs["space_hash"] == Space(cfg, "single").hash and study.user_attrs["strategy"] == "single"
     (t,) = study.trials
     for k in ("throughput_img_s", "final_test_acc", "peak_mem_mib", "mem_imbalance", "mean_epoch_s"):
         assert isinstance(t.user_attrs[k], float), k

@@ -1,7 +1,6 @@
-"""The sweep's shape, read from the code with `ast` (nothing is imported or run): no function in pipeline/sweep/ is
-longer than MAX_LINES (the worker's trial builder: 40), and no module outside pipeline/tracking/ imports mlflow or
-reaches into a Tracker's MLflow client (`tracker.client`): the Tracker's own methods are the way to the tracking
-store."""
+"""Only pipeline/tracking/ reaches MLflow, read from the code with `ast` (nothing is imported or run): no module
+outside it imports mlflow or reaches into a Tracker's MLflow client (`tracker.client`): the Tracker's own methods are
+the way to the tracking store. (The sweep's and the trial's function sizes: test_function_size.py.)"""
 
 from __future__ import annotations
 
@@ -11,27 +10,7 @@ from pathlib import Path
 from ..conftest import REPO
 from . import import_graph as ig
 
-MAX_LINES = 60  # a function's lines, from its `def` to its last line
-
-# Caps other than MAX_LINES: the worker builds a sweep trial, a lifecycle.Trial with its listeners, in 40 lines
-# (a cap may only shrink)
-LONG_FUNCTIONS = {"pipeline.sweep.worker._trial": 40}
-
 TRACKING = "pipeline.tracking"
-
-
-def long_functions(root: Path = REPO) -> dict[str, int]:
-    """module.function -> its length in lines, for every function (methods and nested ones too) of pipeline/sweep/
-    over MAX_LINES."""
-    out = {}
-    for module, path in ig.module_files(root).items():
-        if module.startswith("pipeline.sweep."):
-            for node in ast.walk(ig.parse(path)):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    lines = node.end_lineno - node.lineno + 1
-                    if lines > MAX_LINES:
-                        out[f"{module}.{node.name}"] = max(lines, out.get(f"{module}.{node.name}", 0))
-    return out
 
 
 def _imported_names(tree: ast.Module) -> set[str]:
@@ -75,14 +54,6 @@ def _root(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def test_no_sweep_function_is_longer_than_max_lines():
-    over = {f: n for f, n in long_functions().items() if n > LONG_FUNCTIONS.get(f, MAX_LINES)}
-    assert not over, (
-        f"functions of pipeline/sweep/ over {MAX_LINES} lines (or over their cap in LONG_FUNCTIONS): {over}; split "
-        f"each by idea into functions of its own"
-    )
-
-
 def test_only_tracking_reaches_mlflow():
     found = mlflow_reaches()
     assert not found, (
@@ -91,20 +62,17 @@ def test_only_tracking_reaches_mlflow():
     )
 
 
-def test_the_checks_see_what_they_forbid(tmp_path):
-    """The checks themselves: a long function in pipeline/sweep/, a tracker's client and an mlflow import outside
-    tracking/ are found; http.client, tracking's own client and a short function are not."""
+def test_the_check_sees_what_it_forbids(tmp_path):
+    """The check itself: a tracker's client and an mlflow import outside tracking/ are found; http.client and
+    tracking's own client are not."""
     pkg = tmp_path / "pipeline"
-    for folder in ("sweep", "tracking", "cli"):
+    for folder in ("tracking", "cli"):
         (pkg / folder).mkdir(parents=True)
         (pkg / folder / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    body = "".join(f"    x = {i}\n" for i in range(MAX_LINES - 1))
-    (pkg / "sweep" / "long.py").write_text(f"def fits():\n{body}\n\ndef over():\n{body}    return x\n")
     (pkg / "tracking" / "client.py").write_text("import mlflow\n\n\ndef f(self):\n    return self.client.get_run\n")
     (pkg / "cli" / "ui.py").write_text(
         "import http.client\nfrom mlflow import MlflowClient\n\n\n"
         "def f(tracker, e):\n    return tracker.client.get_run, http.client.HTTPException\n"
     )
-    assert long_functions(tmp_path) == {"pipeline.sweep.long.over": MAX_LINES + 1}
     assert mlflow_reaches(tmp_path) == ["pipeline.cli.ui:2 from mlflow import", "pipeline.cli.ui:6 tracker.client"]
