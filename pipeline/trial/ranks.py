@@ -123,7 +123,10 @@ def _progress_bar(enabled: bool, label: str):
     return update
 
 
-def _run_process(cfg, strategy, rank_env, data, on_epoch, progress, marks=None):
+def _run_process(cfg, rank_env: RankEnv, data, on_epoch, progress: bool, marks: dict | None = None) -> dict:
+    """This rank's training: the trial's strategy built and set up, `train` run under the trial's fp32 precision, the
+    strategy torn down."""
+    strategy = STRATEGIES[cfg.train.strategy](cfg.train, probe())
     device = strategy.setup(rank_env=rank_env)
     try:
         label = f"{cfg.train.strategy} k={cfg.train.devices}"
@@ -222,9 +225,8 @@ def rank_entry(cfg, out_dir: str, wait_for_ack: bool, progress: bool, env: dict 
     marks["imported"] = time.time()
     data = _DATA if _DATA is not None else load_data(cfg)
     marks["data"] = time.time()
-    strategy = STRATEGIES[cfg.train.strategy](cfg.train, probe())
     on_epoch = _file_reporter(Path(out_dir), wait_for_ack, cfg.train.timeout_s)
-    result = _run_process(cfg, strategy, rank_env, data, on_epoch, progress, marks)
+    result = _run_process(cfg, rank_env, data, on_epoch, progress, marks)
     if result["state_dict"] is not None:  # whole or not at all: a full disk leaves no final_state.pt cut short
         path = Path(out_dir) / "final_state.pt"
         with _writing(path), files.replacing(path, "wb") as f:

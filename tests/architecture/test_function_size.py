@@ -22,7 +22,6 @@ FOLDERS = ("pipeline.sweep.", "pipeline.trial.")
 # module.function -> (parameters, lines) it may have at most; a cap may only shrink
 KNOWN = {
     "pipeline.trial.loop.train": (6, 80),
-    "pipeline.trial.ranks._run_process": (7, 60),  # the elastic launcher's entry point, its arguments one tuple
     "pipeline.trial.ranks._launch": (6, 103),
 }
 
