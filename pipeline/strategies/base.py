@@ -3,12 +3,14 @@
 Every hook has a do-nothing default, so each strategy module reads as a small difference from this one
 (pytorch/examples ddp-tutorial-series: set up, wrap, shard, autocast, step, reduce, unwrap, tear down).
 `train_step` is the only step: a strategy changes it through its hooks (zero_grad, sync_context, place_batch,
-autocast, forward_loss, backward, reduce_gradients, optimizer_step), never by rewriting it.
+autocast, forward_loss, backward, reduce_gradients, optimizer_step), never by rewriting it. It takes the run's
+Learner (what stays fixed for the whole run) and one batch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 
 import torch
@@ -36,6 +38,16 @@ OPTIMIZERS = {
 # (empty_like) on its first step and its kernel skips that step when found_inf is set, so an overflowing first step,
 # GradScaler's usual start, leaves garbage as the momentum (torch 2.14; the stock optimizer makes no buffer then).
 FUSED_UNDER_SCALING = ("sgd", "adamw")
+
+
+@dataclasses.dataclass(frozen=True)
+class Learner:
+    """What a run trains, built once before its first step (trial/loop.py's `build`) and the same at every step: the
+    model with the strategy's parallelism applied, its criterion, and the optimizer over its parameters."""
+
+    model: nn.Module
+    criterion: nn.Module
+    optimizer: torch.optim.Optimizer
 
 
 class Strategy:
@@ -108,10 +120,11 @@ class Strategy:
     # --- the step: base.train_step is the only step; strategies override the hooks it calls -----------------
     accum_steps = 1  # micro-batches per optimizer step (ddp: train.accum_steps)
 
-    def train_step(self, model, criterion, optimizer, x, y, clock=NO_CLOCK) -> torch.Tensor:
-        """One micro-batch of this process's share of the global batch; the optimizer steps on every
-        `accum_steps`-th call (every call by default). Returns the (detached) loss. `clock` times the hooks as the
-        phases of a sampled step (breakdown.py); the default does nothing."""
+    def train_step(self, learner: Learner, x, y, clock=NO_CLOCK) -> torch.Tensor:
+        """One micro-batch (`x`, `y`) of this process's share of the global batch; `learner`'s optimizer steps on
+        every `accum_steps`-th call (every call by default). Returns the (detached) loss. `clock` times the hooks as
+        the phases of a sampled step (breakdown.py); the default does nothing."""
+        model, criterion, optimizer = learner.model, learner.criterion, learner.optimizer
         a = self.accum_steps
         if self._micro % a == 0:  # a new optimizer step begins
             with clock("optimizer"):

@@ -32,6 +32,7 @@ import torch
 # DDP's captures come at DDP_SETTLE_STEPS, after the iterations 1-10 its reducer synchronises on (config/schema.py)
 from pipeline.config.schema import DDP_SETTLE_STEPS
 from pipeline.strategies import STRATEGIES
+from pipeline.strategies.base import Learner
 
 SINGLE_WARMUP_STEPS = 2
 
@@ -58,7 +59,7 @@ class GraphedStep:
         """The current stream waits for the side stream's work (after building, after each eager step)."""
         torch.cuda.current_stream(self.strategy.device).wait_stream(self.stream)
 
-    def __call__(self, step: int, model, criterion, optimizer, x, y, clock=None) -> torch.Tensor:
+    def __call__(self, step: int, learner: Learner, x, y, clock=None) -> torch.Tensor:
         if self.graph is not None:
             self.x.copy_(x)
             self.y.copy_(y)
@@ -67,25 +68,25 @@ class GraphedStep:
         self.stream.wait_stream(torch.cuda.current_stream(self.strategy.device))
         if step < self.at:
             with torch.cuda.stream(self.stream):
-                loss = self.strategy.train_step(model, criterion, optimizer, x, y)
+                loss = self.strategy.train_step(learner, x, y)
             self.joined()
             loss.record_stream(torch.cuda.current_stream(self.strategy.device))
             return loss
-        return self._capture(model, criterion, optimizer, x, y)
+        return self._capture(learner, x, y)
 
-    def _capture(self, model, criterion, optimizer, x, y) -> torch.Tensor:
+    def _capture(self, learner: Learner, x, y) -> torch.Tensor:
         devices = self.strategy.devices
         with torch.cuda.stream(self.stream):
             self.x, self.y = x.clone(), y.clone()  # clone keeps the layout (channels_last)
         torch.cuda.synchronize(self.strategy.device)
-        optimizer.zero_grad(set_to_none=True)
+        learner.optimizer.zero_grad(set_to_none=True)
         for d in devices:
             torch.cuda.reset_peak_memory_stats(d)
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (NCCL's watchdog polling earlier collectives' events) may call CUDA during the
         # capture; only this thread's unsafe calls would break it
         with torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode="thread_local"):
-            self.loss = self.strategy.train_step(model, criterion, optimizer, self.x, self.y)
+            self.loss = self.strategy.train_step(learner, self.x, self.y)
         if self.on_capture is not None:
             self.on_capture([int(torch.cuda.max_memory_allocated(d)) for d in devices])
         self.graph.replay()  # capturing runs nothing: this is the step's own update

@@ -18,6 +18,7 @@ from pipeline.measure import breakdown
 from pipeline.measure.meter import Meter
 from pipeline.models import apply_channels_last, build_model, channels_last_at_use
 from pipeline.records.trial import rank_keys
+from pipeline.strategies.base import Learner
 from pipeline.trial.graphs import GraphedStep, capture_step
 
 
@@ -99,7 +100,7 @@ class FiniteWatch:
         self._look()
 
 
-def build(t, strategy):
+def build(t, strategy) -> Learner:
     """The model with its parallelism applied (before the loop), its criterion and optimizer, in the trial's
     execution modes (catalog.MODES: compile, cuDNN's autotuner; autocast is the strategy's step)."""
     torch.backends.cudnn.benchmark = t.cudnn_benchmark
@@ -110,7 +111,7 @@ def build(t, strategy):
     model, criterion = strategy.wrap(model, nn.CrossEntropyLoss())
     if t.compile:
         model = torch.compile(model, mode=t.compile_mode)
-    return model, criterion, strategy.build_optimizer(model)
+    return Learner(model, criterion, strategy.build_optimizer(model))
 
 
 class EagerStep:
@@ -128,8 +129,8 @@ class EagerStep:
     def joined(self) -> None:
         pass
 
-    def __call__(self, step: int, model, criterion, optimizer, x, y, clock) -> torch.Tensor:
-        return self.strategy.train_step(model, criterion, optimizer, x, y, clock)
+    def __call__(self, step: int, learner: Learner, x, y, clock) -> torch.Tensor:
+        return self.strategy.train_step(learner, x, y, clock)
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
@@ -148,7 +149,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
     marks = {} if marks is None else marks
     run_step = GraphedStep(strategy, capture_step(t.strategy)) if t.cuda_graphs else EagerStep(strategy)
     with run_step.side():  # graphs: the model and DDP's hooks on the stream that captures (trial/graphs.py)
-        model, criterion, optimizer = build(t, strategy)
+        learner = build(t, strategy)
     run_step.joined()
     # --- data: uint8 tensors resident on the input device, normalised there per batch. Every rank holds the whole
     # set (its batches index into it); the memory meter counts it as resident, not as the step's (measure/memory.py)
@@ -161,7 +162,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
         t.batch_size,
         t.warmup_steps,
         t.target_acc,
-        breakdown.Breakdown(strategy, model, every) if every else breakdown.Off(),
+        breakdown.Breakdown(strategy, learner.model, every) if every else breakdown.Off(),
     )
     run_step.on_capture = meter.memory.include_peaks  # a replay allocates nothing: the capture's peak is the step's
     history = {"test_acc": [], "train_loss": []}
@@ -171,7 +172,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
     for epoch in range(t.epochs):
         t_steps, watch.epoch = time.perf_counter(), epoch
         batches = datamod.epoch_batches(train_x.shape[0], t.batch_size, epoch, t.seed, rank, world).to(device)
-        model.train()
+        learner.model.train()
         loss_sum, n_steps = torch.zeros((), device=device), 0
         meter.start_epoch(step)
         for i in range(steps):
@@ -181,8 +182,8 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
                     x, y = datamod.normalize(train_x[batches[i]], device), train_y[batches[i]]
                     if t.channels_last:
                         x = x.contiguous(memory_format=torch.channels_last)
-                with meter.probe(step, model, optimizer):
-                    loss = run_step(step, model, criterion, optimizer, x, y, clock)
+                with meter.probe(step, learner.model, learner.optimizer):
+                    loss = run_step(step, learner, x, y, clock)
             loss_sum += loss.detach().to(device)  # dp with train.output_device=j returns it on cuda:j
             step, n_steps = step + 1, n_steps + 1
             if step % t.check_every == 0:
@@ -199,7 +200,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
         history["train_loss"].append((strategy.reduce(loss_sum) / (n_steps * world)).item())
         with meter.evaluation():  # outside the memory window: evaluation is not the strategy's step
             history["test_acc"].append(
-                evaluate(strategy.eval_model(model), strategy, test_x, test_y, channels_last=t.channels_last)
+                evaluate(strategy.eval_model(learner.model), strategy, test_x, test_y, channels_last=t.channels_last)
             )
         meter.note_accuracy(history["test_acc"][-1])
         marks["eval_s"] += time.perf_counter() - t_eval
@@ -219,7 +220,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
         if t.max_steps and step >= t.max_steps:
             break
     marks["trained"] = time.time()
-    state = strategy.state_dict(model)  # collective for sharded parameters: every rank calls it
+    state = strategy.state_dict(learner.model)  # collective for sharded parameters: every rank calls it
     return _results(strategy, meter.results(), history, step, stopped, state)
 
 

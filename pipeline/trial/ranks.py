@@ -123,7 +123,10 @@ def _progress_bar(enabled: bool, label: str):
     return update
 
 
-def _run_process(cfg, strategy, rank_env, data, on_epoch, progress, marks=None):
+def _run_process(cfg, rank_env: RankEnv, data, on_epoch, progress: bool, marks: dict | None = None) -> dict:
+    """This rank's training: the trial's strategy built and set up, `train` run under the trial's fp32 precision, the
+    strategy torn down."""
+    strategy = STRATEGIES[cfg.train.strategy](cfg.train, probe())
     device = strategy.setup(rank_env=rank_env)
     try:
         label = f"{cfg.train.strategy} k={cfg.train.devices}"
@@ -222,9 +225,8 @@ def rank_entry(cfg, out_dir: str, wait_for_ack: bool, progress: bool, env: dict 
     marks["imported"] = time.time()
     data = _DATA if _DATA is not None else load_data(cfg)
     marks["data"] = time.time()
-    strategy = STRATEGIES[cfg.train.strategy](cfg.train, probe())
     on_epoch = _file_reporter(Path(out_dir), wait_for_ack, cfg.train.timeout_s)
-    result = _run_process(cfg, strategy, rank_env, data, on_epoch, progress, marks)
+    result = _run_process(cfg, rank_env, data, on_epoch, progress, marks)
     if result["state_dict"] is not None:  # whole or not at all: a full disk leaves no final_state.pt cut short
         path = Path(out_dir) / "final_state.pt"
         with _writing(path), files.replacing(path, "wb") as f:
@@ -307,32 +309,116 @@ def rendezvous_args(t) -> dict:
     }
 
 
-def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s: float | None) -> list[dict]:
+class _Budget:
+    """A trial's time budget: once `timeout_s` is spent (None: never), this process sends itself SIGTERM, which the
+    agent turns into an orderly shutdown of every worker; `over` says it happened."""
+
+    def __init__(self, timeout_s: float | None):
+        self.timeout_s, self.over = timeout_s, threading.Event()
+        self.timer = threading.Timer(timeout_s, self._spent) if timeout_s else None
+
+    def _spent(self) -> None:
+        self.over.set()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def start(self) -> None:
+        if self.timer:
+            self.timer.start()
+
+    def cancel(self) -> None:
+        if self.timer:
+            self.timer.cancel()
+
+
+def _launch_config(t, start_method: str, log_dir: str):
+    """The elastic launcher's LaunchConfig for train config `t`: one process per device of this node where the
+    strategy runs one per device, else one; no restarts; the agent's logs in `log_dir`."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(
+        min_nodes=t.nnodes,
+        max_nodes=t.nnodes,
+        nproc_per_node=t.devices // t.nnodes if STRATEGIES[t.strategy].multiprocess else 1,
+        **rendezvous_args(t),
+        max_restarts=0,
+        monitor_interval=0.05,
+        start_method=start_method,
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+    )
+
+
+def _raise_trial_failure(e: Exception, t, out_dir: Path, watch: RendezvousWatch | None, budget: _Budget) -> None:
+    """The launcher's error `e` raised as the trial's failure: the rendezvous host lost, a failed rank (its reason;
+    UNWRITABLE where it could not write the trial directory), the budget spent, an interrupt. Returns where `e` is
+    none of these, for the caller to raise as it is."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if watch and watch.lost:
+        raise TrialFailed(
+            f"lost the rendezvous host {t.rdzv_endpoint} (node 0): it did not answer for "
+            f"{t.timeout_s:.0f} s (train.timeout_s): node 0 never started, stopped or died, or "
+            f"the network between the nodes is down; this node's ranks were stopped. Check node "
+            f"0's output and the link between the nodes, then run the trial again on every node.",
+            "worker_died",
+        ) from None
+    if isinstance(e, ChildFailedError):
+        reason = failure_reason(e)
+        if FolderUnwritable.__name__ in str(reason):
+            why = str(reason).replace(f"{FolderUnwritable.__name__}: ", "")
+            raise unwritable(out_dir, why) from None
+        raise reason from None
+    if not isinstance(e, SignalException):
+        return
+    if budget.over.is_set():
+        raise TrialFailed(
+            f"trial exceeded its time budget of {budget.timeout_s:.0f} s (sweep.trial_timeout_s); "
+            f"every worker was stopped{stacks_kept(out_dir)}",
+            "timeout",
+        ) from None
+    raise Interrupted(e.sigval) from None  # exit 128 + the signal: 130 for SIGINT, 143 for SIGTERM
+
+
+def _remove_unnamed_stacks(out_dir: Path, timed_out: bool) -> None:
+    """The ranks' stack files removed, but for the non-empty ones of a trial stopped at its budget: its failure names
+    them."""
+    for f in out_dir.glob("stacks-rank*.txt"):
+        if not timed_out or not f.stat().st_size:
+            f.unlink(missing_ok=True)
+
+
+def _close_wake() -> None:
+    """The pipe through which rank 0 wakes the epoch watcher, closed once the ranks end."""
+    global _WAKE
+    if _WAKE is not None:
+        for fd in _WAKE:
+            os.close(fd)
+        _WAKE = None
+
+
+def _restore_signals(handlers: dict) -> None:
+    """The signal handlers the agent replaced, set back; only the main thread sets handlers (the agent too)."""
+    if threading.current_thread() is threading.main_thread():
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s: float | None) -> list[dict]:
+    """Every rank's result, in rank order, from the elastic launcher; its errors raised as the trial's failures."""
+    from torch.distributed.launcher.api import elastic_launch
 
     t = cfg.train
-    nproc = t.devices // t.nnodes if STRATEGIES[t.strategy].multiprocess else 1
     standalone = t.nnodes == 1 and not t.rdzv_endpoint
-    rdzv = rendezvous_args(t)
     start_method = start.resolve(t.start_method, host.kind)
-    stop = threading.Event()
-    timed_out = threading.Event()
-
-    def on_timeout():
-        timed_out.set()
-        os.kill(os.getpid(), signal.SIGTERM)  # the agent turns this into an orderly shutdown of every worker
-
-    timer = threading.Timer(timeout_s, on_timeout) if timeout_s else None
+    stop, budget = threading.Event(), _Budget(timeout_s)
     # the agent installs handlers that raise SignalException and never removes them: restored below, so a Ctrl-C
     # between trials is a KeyboardInterrupt again (and a late SIGTERM ends the process as it would have)
     handlers = {s: signal.getsignal(s) for s in _AGENT_SIGNALS}
     global _DATA, _WAKE
     _DATA = load_data(cfg) if start_method == "fork" else None
     _WAKE = os.pipe() if start_method == "fork" and standalone else None
-    failed = []  # the error of the caller's on_epoch, if any
+    failed: list[BaseException] = []  # the error of the caller's on_epoch, if any
     watcher = threading.Thread(
         target=_watch, args=(out_dir, on_epoch, stop, _WAKE[0] if _WAKE else None, failed), daemon=True
     )
@@ -341,19 +427,9 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
     # named in the system temp dir before forking, never removed) go to a folder of this trial's, removed below
     _remove_orphaned_scratch()
     scratch = tempfile.mkdtemp(prefix=f"parallax-trial-{os.getpid()}-")
-    lc = LaunchConfig(
-        min_nodes=t.nnodes,
-        max_nodes=t.nnodes,
-        nproc_per_node=nproc,
-        **rdzv,
-        max_restarts=0,
-        monitor_interval=0.05,
-        start_method=start_method,
-        logs_specs=DefaultLogsSpecs(log_dir=scratch),
-    )
+    lc = _launch_config(t, start_method, scratch)
     watcher.start()
-    if timer:
-        timer.start()
+    budget.start()
     # a node that does not host the rendezvous ends its trial once node 0's store stops answering (rdzv_watch.py)
     watch = RendezvousWatch(t.rdzv_endpoint, t.timeout_s) if t.nnodes > 1 and t.node_rank else None
     try:
@@ -366,46 +442,17 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
                 cfg, str(out_dir), on_epoch is not None, progress, start.env_delta(start_method)
             )
     except Exception as e:
-        if watch and watch.lost:
-            raise TrialFailed(
-                f"lost the rendezvous host {t.rdzv_endpoint} (node 0): it did not answer for "
-                f"{t.timeout_s:.0f} s (train.timeout_s): node 0 never started, stopped or died, or "
-                f"the network between the nodes is down; this node's ranks were stopped. Check node "
-                f"0's output and the link between the nodes, then run the trial again on every node.",
-                "worker_died",
-            ) from None
-        if isinstance(e, ChildFailedError):
-            reason = failure_reason(e)
-            if FolderUnwritable.__name__ in str(reason):
-                why = str(reason).replace(f"{FolderUnwritable.__name__}: ", "")
-                raise unwritable(out_dir, why) from None
-            raise reason from None
-        if not isinstance(e, SignalException):
-            raise
-        if timed_out.is_set():
-            raise TrialFailed(
-                f"trial exceeded its time budget of {timeout_s:.0f} s (sweep.trial_timeout_s); "
-                f"every worker was stopped{stacks_kept(out_dir)}",
-                "timeout",
-            ) from None
-        raise Interrupted(e.sigval) from None  # exit 128 + the signal: 130 for SIGINT, 143 for SIGTERM
+        _raise_trial_failure(e, t, out_dir, watch, budget)
+        raise
     finally:
-        for f in out_dir.glob("stacks-rank*.txt"):
-            if not timed_out.is_set() or not f.stat().st_size:
-                f.unlink(missing_ok=True)
-        if timer:
-            timer.cancel()
+        _remove_unnamed_stacks(out_dir, budget.over.is_set())
+        budget.cancel()
         stop.set()
         watcher.join()
         _DATA = None
         shutil.rmtree(scratch, ignore_errors=True)
-        if _WAKE is not None:
-            for fd in _WAKE:
-                os.close(fd)
-            _WAKE = None
-        if threading.current_thread() is threading.main_thread():
-            for s, h in handlers.items():
-                signal.signal(s, h)
+        _close_wake()
+        _restore_signals(handlers)
     if failed:
         _raise_unwritable(failed[0], out_dir)
         raise failed[0]

@@ -3,8 +3,8 @@ function (methods and nested ones too) of pipeline/sweep/ or pipeline/trial/ tak
 (`self` and `cls` not counted; `*args` and `**kwargs` counted) or runs over MAX_LINES lines. A sweep's context
 travels as one value (sweep/worker.py's Sweep, trial/lifecycle.py's How), never as loose parameters.
 
-The loop's `train` reads best inline as it is; the others in KNOWN are the step's interface that every strategy
-implements, and the launch of a trial's ranks: each may only shrink, and one that fits comes off the list."""
+A step takes the run's Learner (strategies/base.py: the model, its criterion and optimizer, built once) and its
+batch. The loop's `train` reads best inline as it is: the one exception in KNOWN, whose cap may only shrink."""
 
 from __future__ import annotations
 
@@ -21,10 +21,6 @@ FOLDERS = ("pipeline.sweep.", "pipeline.trial.")
 # module.function -> (parameters, lines) it may have at most; a cap may only shrink
 KNOWN = {
     "pipeline.trial.loop.train": (6, 80),
-    "pipeline.trial.loop.__call__": (7, 60),  # a step: (step, model, criterion, optimizer, x, y, clock)
-    "pipeline.trial.graphs.__call__": (7, 60),  # the same step, captured as a CUDA graph
-    "pipeline.trial.ranks._run_process": (7, 60),  # the elastic launcher's entry point, its arguments one tuple
-    "pipeline.trial.ranks._launch": (6, 103),
 }
 
 

@@ -26,6 +26,7 @@ from pipeline.config.loader import Config
 from pipeline.host.devices import Host
 from pipeline.models import apply_channels_last, build_model, channels_last_at_use, is_channels_last_param
 from pipeline.strategies import STRATEGIES
+from pipeline.strategies.base import Learner
 from tests.strategies import world
 
 CPU = Host(kind="cpu", n=2, name="cpu", hostname="test", torch=torch.__version__, cuda="")
@@ -64,7 +65,7 @@ def test_on_cpu_the_trial_converts_every_4d_weight(name):
     t = dataclasses.replace(Config().train, strategy="single", model=name, channels_last=True)
     strategy = STRATEGIES["single"](t, CPU)
     strategy.device = torch.device("cpu")  # what setup() sets, without its process-wide thread settings
-    model, _, _ = build(t, strategy)
+    model = build(t, strategy).model
     reference = build_model(name, t.seed, t.init).to(memory_format=torch.channels_last)
     for n, p in model.named_parameters():
         assert p.stride() == reference.get_parameter(n).stride(), n
@@ -92,7 +93,7 @@ def _worker(model_name: str) -> list[str]:
             warnings.simplefilter("always")
             for _ in range(2):
                 x = torch.randn(2, 1, 28, 28, generator=g).contiguous(memory_format=torch.channels_last)
-                strategy.train_step(model, criterion, optimizer, x, torch.randint(0, 10, (2,), generator=g))
+                strategy.train_step(Learner(model, criterion, optimizer), x, torch.randint(0, 10, (2,), generator=g))
         return [str(w.message) for w in caught]
     finally:
         dist.destroy_process_group()
@@ -201,13 +202,13 @@ def _fsdp_worker(channels_last: bool) -> dict:
             return conv2d(x, w, *a)
 
         functional.conv2d = recording
-        model, criterion, optimizer = build(t, strategy)
+        learner = build(t, strategy)
         g = torch.Generator().manual_seed(strategy.rank)
         x = torch.randn(4, 1, 28, 28, generator=g)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        loss = strategy.train_step(model, criterion, optimizer, x, torch.randint(0, 10, (4,), generator=g))
-        shards = {n: p.to_local() if isinstance(p, DTensor) else p for n, p in model.named_parameters()}
+        loss = strategy.train_step(learner, x, torch.randint(0, 10, (4,), generator=g))
+        shards = {n: p.to_local() if isinstance(p, DTensor) else p for n, p in learner.model.named_parameters()}
         return {
             "seen": seen,
             "contiguous": all(v.is_contiguous() for v in shards.values()),

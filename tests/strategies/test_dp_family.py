@@ -25,7 +25,7 @@ from pipeline.host.devices import Host
 from pipeline.models import build_model
 from pipeline.strategies import dp as dp_mod
 from pipeline.strategies import dp_criterion as dpc_mod
-from pipeline.strategies.base import Strategy
+from pipeline.strategies.base import Learner, Strategy
 
 K = 2
 GPUS = Host(kind="cuda", n=K, name="stand-in GPU", hostname="test", torch=torch.__version__, cuda="12")
@@ -118,7 +118,7 @@ def _single_step(model, x, y):
     s = Strategy(_train_cfg(devices=1), CPU)
     m, crit = s.wrap(model, nn.CrossEntropyLoss())
     opt = s.build_optimizer(m)
-    loss = s.train_step(m, crit, opt, x, y)
+    loss = s.train_step(Learner(m, crit, opt), x, y)
     return loss, {n: p.grad.clone() for n, p in m.named_parameters()}, m.state_dict()
 
 
@@ -144,7 +144,7 @@ def _parallel_step(name, model, x, y):
         s = dpc_mod.DataParallelCriterionStrategy(_train_cfg(), GPUS)
         m, crit = s.wrap(model, nn.CrossEntropyLoss())
     opt = s.build_optimizer(m)
-    loss = s.train_step(m, crit, opt, x, y)
+    loss = s.train_step(Learner(m, crit, opt), x, y)
     inner = m.module
     return loss, {n: p.grad.clone() for n, p in inner.named_parameters()}, inner.state_dict()
 

@@ -20,6 +20,7 @@ from pipeline.doctor import equivalence
 from pipeline.host.devices import Host
 from pipeline.models import build_model
 from pipeline.strategies import fsdp
+from pipeline.strategies.base import Learner
 from tests.strategies import world
 
 WORLD = 3  # LeNet's rows split unevenly (20 -> 7, 7, 6), and the head's 4 rows leave rank 2 none
@@ -71,7 +72,7 @@ def _worker() -> dict:
         before = strategy.state_dict(model)
         g = torch.Generator().manual_seed(strategy.rank)  # different data per rank
         x, y = torch.randn(4, 1, 28, 28, generator=g), torch.randint(0, 4, (4,), generator=g)
-        strategy.train_step(model, criterion, strategy.build_optimizer(model), x, y)
+        strategy.train_step(Learner(model, criterion, strategy.build_optimizer(model)), x, y)
         with torch.no_grad():  # the loop evaluates before it saves: FSDP's root stays unsharded after a forward
             model.eval()(x)
         after = strategy.state_dict(model)

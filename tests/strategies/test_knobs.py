@@ -9,6 +9,7 @@ import torch
 
 from pipeline.config import loader as configmod
 from pipeline.host.devices import probe
+from pipeline.strategies.base import Learner
 from tests.strategies import world
 
 TWO = probe().n >= 2
@@ -42,7 +43,7 @@ def _knob_worker(sets: list[str], count_buckets: bool = False) -> dict:
     for _ in range(4):
         calls.clear()
         x, y = torch.randn(8, 1, 28, 28, generator=g), torch.randint(0, 10, (8,), generator=g)
-        s.train_step(model, crit, opt, x, y)
+        s.train_step(Learner(model, crit, opt), x, y)
         p = next(model.module.parameters())
         grads.append(None if p.grad is None else p.grad.clone())
         params.append(p.detach().clone())

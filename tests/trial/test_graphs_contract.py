@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from pipeline.strategies.base import Learner
 from pipeline.trial import graphs
 
 
@@ -62,7 +63,7 @@ class Strategy:
     def __init__(self, rec):
         self.rec, self.device, self.devices, self.calls = rec, torch.device("cuda", 0), [torch.device("cuda", 0)], []
 
-    def train_step(self, model, criterion, optimizer, x, y, clock=None):
+    def train_step(self, learner, x, y, clock=None):
         self.calls.append(("capture" if self.rec.capturing else "eager", x.clone()))
         return torch.tensor(1.0)
 
@@ -80,7 +81,8 @@ def test_eager_warm_up_on_the_side_stream_then_one_capture_then_replays(monkeypa
     step = graphs.GraphedStep(strategy, at=2, on_capture=peaks.append)
     opt = SimpleNamespace(zero_grad=lambda set_to_none: rec.log.append(("zero_grad", set_to_none)))
     batches = [torch.full((2, 3), float(i)) for i in range(6)]
-    losses = [step(i, None, None, opt, x, x[:, 0].long()) for i, x in enumerate(batches)]
+    learner = Learner(None, None, opt)  # the graph only zeroes the optimizer's gradients; the step is this fake's
+    losses = [step(i, learner, x, x[:, 0].long()) for i, x in enumerate(batches)]
     kinds = [k for k, _ in strategy.calls]
     assert kinds == ["eager", "eager", "capture"], "two eager steps, one capture, then no Python step at all"
     assert [e for e in rec.log if e[0] == "capture"] == [("capture", "side", "thread_local")]

@@ -27,6 +27,7 @@ from pipeline.host.devices import probe
 from pipeline.measure import meter as metermod
 from pipeline.models import build_model
 from pipeline.strategies import STRATEGIES
+from pipeline.strategies.base import Learner
 from pipeline.trial import loop
 
 READS = {"aten::_local_scalar_dense"}
@@ -197,7 +198,7 @@ def test_fp16_steps_read_found_inf_on_the_host_only_where_the_trial_says_so(make
         with CountReads(region):
             region.open = True
             for region.step in range(steps):
-                strategy.train_step(model, criterion, optimizer_, x, y)
+                strategy.train_step(Learner(model, criterion, optimizer_), x, y)
             region.open = False
         facts = strategy.facts()
     syncs = STEP_SYNCS[case]
