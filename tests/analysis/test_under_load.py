@@ -54,7 +54,7 @@ def test_every_trial_flagged_still_gives_a_labelled_reading():
     assert e["efficiency"] == pytest.approx(0.8) and e["under_load"] and e["load_cores"] == pytest.approx(1.7)
     assert metrics["throughput_img_s.single.k1"] == 1000.0 and metrics["weak_efficiency.ddp.k2"] == pytest.approx(0.8)
     assert metrics["load_cores.ddp.k2"] == pytest.approx(1.7) and metrics["under_load"] == 3
-    assert metrics["n_flagged"] == 3 and status["ddp"]["n_interfered"] == 2
+    assert metrics["n_flagged"] == 3 and status["ddp"]["n_flagged"] == 2
     assert summ["strategies"]["ddp"]["weak_efficiency_under_load_cores"] == pytest.approx(1.7)
     from pipeline.tracking.client import summary_metrics  # the analysis run's MLflow metrics carry the label
 

@@ -29,7 +29,7 @@ def strategy_status(df, files, sweeps_dir, expected):
         g = df[df["strategy"] == s]
         counts = {f"n_{st}": int((g["state"] == st).sum()) for st in ("complete", "failed", "pruned", "skipped")}
         counts["n_oversubscribed"] = int(g["oversubscribed"].sum())
-        counts["n_interfered"] = int((g["interfered"] & (g["state"] == "complete")).sum())
+        counts["n_flagged"] = n_flagged(g.to_dict("records"))  # the one rule (records/table.is_flagged)
         reasons = sorted(set(g.loc[g["state"] == "skipped", "reason"]) - {""})
         if g.empty:
             status = "missing" if s not in files else files[s].split(":")[0]
