@@ -9,8 +9,7 @@ from optuna.trial import TrialState
 
 from pipeline.host.devices import probe
 from pipeline.records.table import point_of
-from pipeline.sweep import stage as sweep
-from pipeline.sweep import worker
+from pipeline.sweep import stage, worker
 from pipeline.sweep.claims import claim
 
 SPACE = ["sweep.spaces.ddp.devices=[1, 2]", "sweep.spaces.ddp.batch_size=[64, 128]", "sweep.spaces.ddp.lr=[0.1, 0.2]"]
@@ -41,10 +40,10 @@ def host():
 
 def test_rounds_run_every_point_once_each_with_k1_beside_its_k2(make_cfg, host):
     cfg = make_cfg(*SPACE, "sweep.repeats=3")
-    study, feasible, skipped = sweep.prepare_study(cfg, "ddp", host, FakeTracker())
+    study, feasible, skipped = stage.prepare_study(cfg, "ddp", host, FakeTracker())
     assert not skipped and len(feasible) == 8 and study.user_attrs["enqueued"] == 24
     order = claimed_order(study)  # the order workers take them in
-    assert [(p, r) for p, r in order] == sweep.enqueue_order(feasible, 3)
+    assert [(p, r) for p, r in order] == stage.enqueue_order(feasible, 3)
     for r in range(3):  # round r: trials r*8 .. r*8+7, every point once
         rnd = order[8 * r : 8 * (r + 1)]
         assert {rep for _, rep in rnd} == {r}
@@ -56,7 +55,7 @@ def test_rounds_run_every_point_once_each_with_k1_beside_its_k2(make_cfg, host):
 
 def test_one_repeat_enqueues_each_point_once_in_space_order(make_cfg, host):
     cfg = make_cfg(*SPACE)
-    study, feasible, _ = sweep.prepare_study(cfg, "ddp", host, FakeTracker())
+    study, feasible, _ = stage.prepare_study(cfg, "ddp", host, FakeTracker())
     order = claimed_order(study)
     assert len(order) == len(feasible) and {r for _, r in order} == {0}
     assert sorted(map(str, (p for p, _ in order))) == sorted(map(str, feasible))
@@ -64,8 +63,8 @@ def test_one_repeat_enqueues_each_point_once_in_space_order(make_cfg, host):
 
 def test_repeats_name_a_new_study_and_one_repeat_keeps_the_old_name(make_cfg):
     one, default, two = (make_cfg(*SPACE, *s) for s in (["sweep.repeats=1"], [], ["sweep.repeats=2"]))
-    assert sweep.study_name(one, "ddp") == sweep.study_name(default, "ddp")
-    assert sweep.study_name(two, "ddp") != sweep.study_name(one, "ddp")
+    assert stage.study_name(one, "ddp") == stage.study_name(default, "ddp")
+    assert stage.study_name(two, "ddp") != stage.study_name(one, "ddp")
 
 
 @pytest.mark.parametrize("bad", ["sweep.repeats=0", "sweep.remeasure_interfered=-1"])
@@ -78,7 +77,7 @@ def test_repeats_and_remeasure_are_validated(make_cfg, bad):
 
 def test_an_interfered_trial_is_enqueued_again_up_to_the_limit(make_cfg):
     cfg = make_cfg("sweep.remeasure_interfered=1")
-    study = optuna.create_study(storage=sweep.open_storage(cfg), study_name="remeasure")
+    study = optuna.create_study(storage=stage.open_storage(cfg), study_name="remeasure")
     p = {"devices": 1, "batch_size": 64, "lr": 0.1}
     study.enqueue_trial(p, user_attrs={"repeat": 1})
     interfered, quiet = "2 cores busy", ""  # the outcome's flag: why it counts as measured under load
@@ -96,7 +95,7 @@ def test_no_remeasure_on_a_host_that_stays_busy(make_cfg):
     """A flagged trial that ran after the quiet wait failed N times in a row (the worker marks it) is not enqueued
     again: the copy would meet the same load."""
     cfg = make_cfg("sweep.remeasure_interfered=1")
-    study = optuna.create_study(storage=sweep.open_storage(cfg), study_name="busy")
+    study = optuna.create_study(storage=stage.open_storage(cfg), study_name="busy")
     p = {"devices": 1, "batch_size": 64, "lr": 0.1}
     study.enqueue_trial(p, user_attrs={"repeat": 1})
     first = claim(study)
@@ -109,11 +108,11 @@ def test_no_remeasure_on_a_host_that_stays_busy(make_cfg):
 def test_the_sweep_waits_for_a_quiet_moment_only_where_it_can_see_the_load(make_cfg, capsys):
     """Before each trial the sweep waits (bounded by sweep.quiet_wait_s) and says for what, once; off at 0, and off
     when SLURM runs the trials on other machines."""
-    gate = sweep._quiet_gate(make_cfg("sweep.quiet_wait_s=7", "train.interference_threshold=0.5"), "ddp")
+    gate = stage._quiet_gate(make_cfg("sweep.quiet_wait_s=7", "train.interference_threshold=0.5"), "ddp")
     assert gate.max_wait_s == 7 and gate.threshold == 0.5
     assert "waiting for other processes to keep at most 0.50 cores busy" in capsys.readouterr().err
-    assert sweep._quiet_gate(make_cfg("sweep.quiet_wait_s=0"), "ddp") is None
-    assert sweep._quiet_gate(make_cfg("slurm.partition=gpu"), "ddp") is None
+    assert stage._quiet_gate(make_cfg("sweep.quiet_wait_s=0"), "ddp") is None
+    assert stage._quiet_gate(make_cfg("slurm.partition=gpu"), "ddp") is None
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,7 @@ import optuna
 import pytest
 
 from pipeline.records.table import point_of
-from pipeline.sweep import claims
-from pipeline.sweep import stage as sweep
+from pipeline.sweep import claims, stage
 from pipeline.sweep.stage import open_storage, run_sweep, study_name
 
 SPACE = [
@@ -66,7 +65,7 @@ def test_a_rerun_completes_an_interrupted_set_up_with_every_point_once(make_cfg,
     err = capsys.readouterr().err
     study = optuna.load_study(study_name=study_name(cfg, "single"), storage=open_storage(cfg))
     expected = sorted(
-        json.dumps([p, r], sort_keys=True) for p, r in sweep.enqueue_order(sweep.points(cfg, "single"), 2)
+        json.dumps([p, r], sort_keys=True) for p, r in stage.enqueue_order(stage.points(cfg, "single"), 2)
     )
     assert keys(study) == expected  # every (point, repeat) once
     assert study.user_attrs["enqueued"] == 6 and study.user_attrs.get("mlflow_parent_run_id")
@@ -102,7 +101,7 @@ def test_a_set_up_whose_creator_is_alive_is_waited_for_then_completed_when_it_di
         study = study_setup.ready(study, lambda: optuna.load_study(study_name=name, storage=storage))
         assert killed.is_set()  # it waited while the creator lived
         assert "enqueued" not in study.user_attrs  # and hands back a study whose set-up is left to complete
-        queue = sweep.enqueue_order(sweep.points(cfg, "single"), 2)
+        queue = stage.enqueue_order(stage.points(cfg, "single"), 2)
         study_setup.complete(study, queue)
         assert keys(study) == sorted(json.dumps([p, r], sort_keys=True) for p, r in queue)
     finally:
@@ -125,6 +124,6 @@ def test_a_budget_that_grows_enqueues_the_new_part_and_says_so(make_cfg, tmp_pat
     run_sweep(grown, "single", out, max_new_trials=0)
     err = capsys.readouterr().err
     study = optuna.load_study(study_name=study_name(grown, "single"), storage=open_storage(grown))
-    assert keys(study) == sorted(json.dumps([p, 0], sort_keys=True) for p in sweep.points(grown, "single"))
+    assert keys(study) == sorted(json.dumps([p, 0], sort_keys=True) for p in stage.points(grown, "single"))
     assert study.user_attrs["enqueued"] == 3
     assert "its queue grew from 1 to 3 trial(s)" in err and "3 trial(s) to run" in err
