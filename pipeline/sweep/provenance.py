@@ -13,7 +13,7 @@ import importlib.metadata
 from pathlib import Path
 
 from pipeline import paths
-from pipeline.data import files as datafiles
+from pipeline.data import files
 from pipeline.records.trial import PROVENANCE as FACTS  # the names on the study, its runs and its table
 
 # What a trial computes and measures, under pipeline/: the models, the strategies, the loop and its CUDA graphs, the
@@ -55,7 +55,7 @@ def data_root(cfg) -> Path:
 
 def data_content(cfg) -> dict | None:
     """The prepared data's digest and sizes (data.files.content); None where data.dir holds none yet."""
-    return datafiles.content(data_root(cfg))
+    return files.content(data_root(cfg))
 
 
 def facts(cfg) -> dict:

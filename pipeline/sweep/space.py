@@ -15,19 +15,19 @@ import json
 
 from pipeline import catalog
 from pipeline.catalog import KNOBS
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.data.files import whole
 from pipeline.sweep import provenance
 from pipeline.trial.lifecycle import stopping_listeners
 
-SPACE_KEYS = configmod.SPACE_KEYS  # a trial's point: one value of each
+SPACE_KEYS = loader.SPACE_KEYS  # a trial's point: one value of each
 
 
 def points(cfg, strategy: str) -> list[dict]:
     """Every point of the strategy's space, in a stable order (knob dimensions only where the catalog lists them):
     the one place a sweep's points come from. A train setting the user set is already pinned in cfg's spaces
     (loader.pin); a configuration a sweep cannot honour is refused here too, whoever asks (loader.sweep_refusal)."""
-    configmod.check_sweep(cfg)
+    loader.check_sweep(cfg)
     keys = [k for k in SPACE_KEYS if k not in KNOBS or k in catalog.knobs(strategy)]
     seen: dict = {}  # a point's values (scalars, so hashable) -> the point; a dict keeps the first-seen order
     for space in cfg.space(strategy):
@@ -69,7 +69,7 @@ def trial_config(cfg, strategy: str, point: dict):
     sweep.spaces (already validated, and as big as the grid) is set aside meanwhile, so a point costs the same
     whatever the size of the space it comes from."""
     bare = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, spaces={}))
-    return dataclasses.replace(cfg, train=configmod.replace_train(bare, strategy=strategy, **point).train)
+    return dataclasses.replace(cfg, train=loader.replace_train(bare, strategy=strategy, **point).train)
 
 
 class PointConfigs:

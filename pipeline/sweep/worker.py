@@ -29,11 +29,11 @@ import optuna
 from optuna.trial import TrialState
 
 from pipeline import paths
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.errors import Stopped, TrialFailed
 from pipeline.host.capabilities import host_capabilities
 from pipeline.measure import meter
-from pipeline.records import labels as emulated
+from pipeline.records import labels
 from pipeline.records.files import free_text
 from pipeline.records.table import KNOBS, write_table
 from pipeline.records.trial import PROVENANCE, planned
@@ -49,19 +49,29 @@ from pipeline.tracking import server_wait
 from pipeline.tracking.client import tracking_uri
 from pipeline.tracking.run_listener import MlflowListener
 from pipeline.tracking.trial_run import TrialRun
-from pipeline.trial import outcome as ends
 from pipeline.trial.launch import Infeasible, host_fields
 from pipeline.trial.lifecycle import How, Trial
+from pipeline.trial.outcome import (
+    CANCELLED,
+    FAILED,
+    FAULT,
+    FINISHED,
+    INTERRUPTED,
+    PRUNED,
+    REQUEUED,
+    UNWRITABLE,
+    Outcome,
+)
 
 # failure kinds that are the host's or the cluster's, not the trial's: handled as a store fault is (stop, run again)
 HOST_FAULTS = {
-    ends.UNWRITABLE: "Free space there (or make it writable)",
+    UNWRITABLE: "Free space there (or make it writable)",
     slurm.UNREACHABLE: "Once `scontrol show job` answers again (SLURM's controller is back)",
     slurm.UNSUBMITTED: "Once `sbatch` submits (its own message names the cause; `scontrol ping` tests the controller)",
 }
 TAKEN_OVER = "taken over: another worker failed this trial as stale (late heartbeat) and runs it again"
 # what the Optuna store holds of an outcome once told
-TOLD = {ends.FINISHED: "COMPLETE", ends.PRUNED: "PRUNED", ends.FAILED: "FAIL", ends.REQUEUED: "FAIL, enqueued again"}
+TOLD = {FINISHED: "COMPLETE", PRUNED: "PRUNED", FAILED: "FAIL", REQUEUED: "FAIL, enqueued again"}
 
 
 @dataclasses.dataclass
@@ -162,7 +172,7 @@ class Worker:
     def _trial(self, trial, p: dict, label: str) -> Trial:
         s, cfg = self.sweep, self.cfg
         dtype = STRATEGIES[s.strategy].autocast_dtype(cfg.train, s.host.kind)
-        tcfg, bounded = emulated.bound(s.configs(p), dtype, host_caps(s.host), cfg.sweep.emulated_max_steps)
+        tcfg, bounded = labels.bound(s.configs(p), dtype, host_caps(s.host), cfg.sweep.emulated_max_steps)
         name, repeats = run_name(s.strategy, p, trial)
         tags = {"trial": trial.number, "study": s.study.study_name, "optuna_trial_id": claims.trial_id(trial)}
         tags.update({**repeats, **{k: s.study.user_attrs.get(k) for k in PROVENANCE}})  # the figures' code and data
@@ -207,9 +217,9 @@ class Worker:
 
     # ------------------------------------------------------------------ its outcome, applied to the queue
 
-    def apply(self, trial, p: dict, one: Trial, outcome: ends.Outcome) -> str:
+    def apply(self, trial, p: dict, one: Trial, outcome: Outcome) -> str:
         """The outcome applied to the queue (the module's docstring); returns what the sweep prints."""
-        if outcome.kind not in (ends.FAULT, ends.INTERRUPTED):
+        if outcome.kind not in (FAULT, INTERRUPTED):
             return self._tell(trial, p, outcome)
         held = ""
         if outcome.stands is not None:  # the sweep's own stores held its end before a user's store failed: it stands
@@ -218,23 +228,23 @@ class Worker:
             again = (False, False)
         else:
             again = self._again(trial, p, outcome.reason)
-        if outcome.kind == ends.INTERRUPTED:
+        if outcome.kind == INTERRUPTED:
             raise outcome.error from None  # type: ignore[misc]  # an interruption always carries its error
         raise Stopped(self._stopped_text(trial, p, one, outcome, (held, *again))) from None
 
-    def _tell(self, trial, p: dict, outcome: ends.Outcome) -> str:
+    def _tell(self, trial, p: dict, outcome: Outcome) -> str:
         kind, study = outcome.kind, self.study
         try:
-            if kind == ends.CANCELLED:
+            if kind == CANCELLED:
                 return f"{outcome.reason}; nothing recorded here"
-            if kind == ends.PRUNED:
+            if kind == PRUNED:
                 trial.set_user_attr("reason", outcome.reason)
                 study.tell(trial, state=TrialState.PRUNED)
                 return "pruned"
-            if kind == ends.REQUEUED:
+            if kind == REQUEUED:
                 trial.set_user_attr("reason", outcome.reason)
                 return requeue(study, trial, p, outcome.reason)
-            if kind == ends.FAILED:
+            if kind == FAILED:
                 trial.set_user_attr("reason", outcome.reason)
                 trial.set_user_attr("failure_kind", outcome.error.kind)  # type: ignore[union-attr]
                 study.tell(trial, state=TrialState.FAIL)
@@ -268,11 +278,11 @@ class Worker:
 
     # ------------------------------------------------------------------ a stop, in words
 
-    def _stopped_text(self, trial, p: dict, one: Trial, outcome: ends.Outcome, held: tuple) -> str:
+    def _stopped_text(self, trial, p: dict, one: Trial, outcome: Outcome, held: tuple) -> str:
         """Why the sweep stopped in this trial, what the stores hold of it (read back), and what to do."""
         e = outcome.error
         if isinstance(e, TrialFailed) and e.kind in HOST_FAULTS:
-            room = f" ({free_text(one.out_dir)} there)" if e.kind == ends.UNWRITABLE else ""
+            room = f" ({free_text(one.out_dir)} there)" if e.kind == UNWRITABLE else ""
             cause, fix = f": {e}{room}", HOST_FAULTS[e.kind]
         else:
             cause, fix = (
@@ -292,7 +302,7 @@ def fmt_point(p: dict) -> str:
     if p.get("optimizer", "sgd") != "sgd":  # d2l's plain SGD, the default, goes unsaid
         s += f" {p['optimizer']}"
     for k in KNOBS:
-        default = getattr(configmod.SpaceConfig(), k)[0]
+        default = getattr(loader.SpaceConfig(), k)[0]
         if k in p and p[k] != default:
             s += f" {k}={p[k]}"
     return s
