@@ -8,8 +8,8 @@ import statistics
 from pathlib import Path
 
 from pipeline.cli.types import count
-from pipeline.config import loader as configmod
-from pipeline.data import store as datamod
+from pipeline.config import loader
+from pipeline.data import store
 from pipeline.host.devices import probe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -18,18 +18,18 @@ REPO = Path(__file__).resolve().parents[1]
 def ensure_data(root: Path, source: str) -> Path:
     """The data the benchmark trains on: the prepared dir if present, else synthetic (labelled as such)."""
     try:
-        datamod.load(root, source, 1, 1)
-    except datamod.DataError:
+        store.load(root, source, 1, 1)
+    except store.DataError:
         if source != "synthetic":
             raise
-        datamod.prepare(root, "synthetic", progress=False)
+        store.prepare(root, "synthetic", progress=False)
     return root
 
 
 def base_cfg(data_dir: Path, source: str, *sets):
     # d2l init, as the reference uses (it does not change throughput, only what is learned)
     # params.yaml at REPO if there is one (a GPU bundle ships none): optional, as without --params
-    return configmod.load(
+    return loader.load(
         None, ["profile=", f"data.dir={data_dir}", f"data.source={source}", "train.init=d2l", *sets], root=REPO
     )
 
@@ -37,7 +37,7 @@ def base_cfg(data_dir: Path, source: str, *sets):
 def trial(cfg, out: Path, **train):
     from pipeline.trial.launch import run_trial
 
-    return run_trial(configmod.replace_train(cfg, **train), out, progress=False)
+    return run_trial(loader.replace_train(cfg, **train), out, progress=False)
 
 
 def med(xs):

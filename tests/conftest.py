@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,10 +55,10 @@ def _keep_tracking_env():
 
 @pytest.fixture(scope="session")
 def synthetic_root(tmp_path_factory) -> Path:
-    from pipeline.data import store as data
+    from pipeline.data import store
 
     root = tmp_path_factory.mktemp("data") / "fashion-mnist"
-    data.prepare(root, "synthetic", progress=False)
+    store.prepare(root, "synthetic", progress=False)
     return root
 
 
@@ -96,7 +96,7 @@ def make_cfg(synthetic_root, tmp_path, monkeypatch):
             "train.interference_threshold=1e6",
             "sweep.quiet_wait_s=0",
         ]
-        return configmod.load(None, [*base, *sets], root=tmp_path)  # tmp_path/params.yaml if any
+        return loader.load(None, [*base, *sets], root=tmp_path)  # tmp_path/params.yaml if any
 
     return make
 

@@ -21,12 +21,12 @@ def main():
     import pytest  # noqa: F401  (the cases' module imports it)
 
     from pipeline.cli import main as cli
-    from pipeline.data import store as data
+    from pipeline.data import store
     from tests.config import test_errors as te
 
     tmp = Path(tempfile.mkdtemp())
     synth = tmp / "synthetic"
-    data.prepare(synth, "synthetic", progress=False)
+    store.prepare(synth, "synthetic", progress=False)
 
     class MP:  # the fixture's monkeypatch, by hand
         def setenv(self, k, v):
@@ -75,7 +75,7 @@ def after_runs_opened(cli, tmp):
     (tests/sweep/test_faults.py)."""
     import sqlite3
 
-    from pipeline.tracking import client as tracking
+    from pipeline.tracking import client
 
     print("# Faults after runs are open\n")
     print(
@@ -86,12 +86,12 @@ def after_runs_opened(cli, tmp):
         "after the cause is fixed finishes the study without repeating finished trials "
         "(`tests/sweep/test_faults.py`).\n"
     )
-    real = tracking.log_completed_run
+    real = client.log_completed_run
 
     def disk_full(*a, **kw):
         raise sqlite3.OperationalError("database or disk is full")
 
-    tracking.log_completed_run = disk_full
+    client.log_completed_run = disk_full
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -107,7 +107,7 @@ def after_runs_opened(cli, tmp):
                 ]
             )
     finally:
-        tracking.log_completed_run = real
+        client.log_completed_run = real
     msg = " ".join(err.getvalue().split()).replace(str(tmp), "$TMP")
     msg = msg[msg.find("error:") :]
     print(

@@ -298,9 +298,9 @@ def dashboard(args, page, run) -> None:
     except ImportError:
         print("optuna-dashboard is not installed: flagged-optuna.png not taken", file=sys.stderr)
         return
-    from pipeline.cli import dashboard as cli_dashboard
+    from pipeline.cli.dashboard import storage_url
 
-    url = cli_dashboard.storage_url()
+    url = storage_url()
     study_id = optuna.storages.get_storage(url).get_study_id_from_name(run.data.tags["study"])
     port = free_port()
     proc = subprocess.Popen(
@@ -333,17 +333,17 @@ def main(argv=None) -> int:
         return 2
     from mlflow import MlflowClient
 
-    from pipeline.config import loader as configmod
-    from pipeline.tracking import client as tracking
+    from pipeline.config import loader
+    from pipeline.tracking.client import experiment_name, tracking_uri
 
-    cfg = configmod.load(args.params, args.overrides)
-    client = MlflowClient(tracking.tracking_uri(cfg))
-    exp = client.get_experiment_by_name(tracking.experiment_name(cfg))
+    cfg = loader.load(args.params, args.overrides)
+    client = MlflowClient(tracking_uri(cfg))
+    exp = client.get_experiment_by_name(experiment_name(cfg))
     picked = pick_runs(client, exp.experiment_id, args.flagged) if exp else None
     if not picked or not picked["trial"]:
         print(
-            f"no finished trial in experiment {tracking.experiment_name(cfg)!r} of the store "
-            f"{tracking.tracking_uri(cfg)}: run the sweeps first (make pipeline-offline)",
+            f"no finished trial in experiment {experiment_name(cfg)!r} of the store "
+            f"{tracking_uri(cfg)}: run the sweeps first (make pipeline-offline)",
             file=sys.stderr,
         )
         return 1

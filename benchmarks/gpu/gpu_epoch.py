@@ -36,10 +36,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import REPO, base_cfg, datamod, ensure_data, host_line, med, parser, probe, resolve_source, trial
+from benchmarks.common import REPO, base_cfg, ensure_data, host_line, med, parser, probe, resolve_source, trial
 from benchmarks.speed.mfu import flops_per_image, matmul_peak
 from pipeline.cli.types import count
 from pipeline.config.schema import DDP_SETTLE_STEPS
+from pipeline.data import store
 from pipeline.host.capabilities import fp32_label, host_capabilities
 
 PEERS = (
@@ -230,7 +231,7 @@ def main():
         p.error(f"--models takes a comma-separated subset of {', '.join(LR)}; got {args.models!r}")
     source = resolve_source(args)
     ensure_data(args.data, source)
-    available = datamod.load(args.data, source).train_x.shape[0]
+    available = store.load(args.data, source).train_x.shape[0]
     steps = min(args.images, available) // args.batch
     if steps < 2:
         p.error(f"--images {args.images} gives {steps} batch(es) of {args.batch}; need at least 2")

@@ -105,10 +105,10 @@ def bare_import() -> float:
 
 def inner(n: int, out: Path, sets: list[str]) -> None:
     """--inner: n trials in this process, one JSON line each."""
-    from pipeline.config import loader as configmod
+    from pipeline.config import loader
     from pipeline.trial.launch import run_trial
 
-    cfg = configmod.load(None, ["profile=", *sets], root=REPO)
+    cfg = loader.load(None, ["profile=", *sets], root=REPO)
     for i in range(n):
         t0 = time.perf_counter()
         run_trial(cfg, out / f"t{i}", progress=False)

@@ -30,7 +30,7 @@ def _rank(rounds: int, block: int) -> dict:
 
     from pipeline.host.devices import keep_freed_memory
     from pipeline.models import build_model
-    from pipeline.strategies import shm_allreduce as shm
+    from pipeline.strategies import shm_allreduce
 
     torch.set_num_threads(1)
     keep_freed_memory()
@@ -40,7 +40,7 @@ def _rank(rounds: int, block: int) -> dict:
     n_grad = 129_068
     out: dict = {}
     # --- 1. the all-reduce alone
-    buf, ar = torch.zeros(n_grad), shm.ShmAllreduce(4 * n_grad, timeout_s=60)
+    buf, ar = torch.zeros(n_grad), shm_allreduce.ShmAllreduce(4 * n_grad, timeout_s=60)
     a = torch.randn(256, 256)
     for name, fn in (("gloo", lambda: dist.all_reduce(buf)), ("shm", lambda: ar(buf))):
         for mode in ("back to back", "after 60 ms of compute"):
@@ -66,7 +66,9 @@ def _rank(rounds: int, block: int) -> dict:
         if kind.startswith("ddp"):
             m = nn.parallel.DistributedDataParallel(m)
             if kind == "ddp, shared memory":
-                m.register_comm_hook(shm.ShmAllreduce(4 * n_grad, timeout_s=60), shm.shm_allreduce_hook)
+                m.register_comm_hook(
+                    shm_allreduce.ShmAllreduce(4 * n_grad, timeout_s=60), shm_allreduce.shm_allreduce_hook
+                )
         return m, torch.optim.SGD(m.parameters(), lr=0.01)
 
     kinds = [
@@ -78,7 +80,7 @@ def _rank(rounds: int, block: int) -> dict:
         "ddp, gloo",
     ]
     setups = {k: model(k) for k in kinds}
-    barrier = shm.ShmAllreduce(64, timeout_s=60)
+    barrier = shm_allreduce.ShmAllreduce(64, timeout_s=60)
     one = torch.zeros(1)
     for r in range(rounds + 1):
         for k in kinds:

@@ -24,8 +24,7 @@ from pathlib import Path
 
 from benchmarks.common import base_cfg, ensure_data, host_line, med, parser, probe, resolve_source, trial
 from pipeline.cli.types import count, positive
-from pipeline.scaling import collectives
-from pipeline.scaling import model as sm
+from pipeline.scaling import collectives, model
 from pipeline.strategies import STRATEGIES
 
 STRATEGY_NAMES = ("ddp", "fsdp", "scratch")
@@ -64,7 +63,7 @@ def measure_trials(args, source, ks) -> dict:
 def _predict(s, k, trials, ic, b, layout):
     one, at_k = trials[s][1], trials[s][k]
     transport = {"shm": "allreduce_shm", "none": "allreduce"}.get(at_k.get("comm_hook_used"))
-    return sm.predict(
+    return model.predict(
         s,
         k,
         1 / med(one["img_s"]),
@@ -92,7 +91,7 @@ def main():
     p.add_argument("--steps", type=count("steps"), default=60, help="steady-state steps per trial")
     p.add_argument("--per-device-batch", type=count("per-device batch"), default=256)
     p.add_argument("--strategies", nargs="*", default=list(STRATEGY_NAMES))
-    p.add_argument("--tolerance", type=positive("tolerance"), default=sm.DEFAULT_TOLERANCE)
+    p.add_argument("--tolerance", type=positive("tolerance"), default=model.DEFAULT_TOLERANCE)
     p.add_argument("--json", type=Path, default=None, help="write every measured and modelled figure here")
     args = p.parse_args()
     host = probe()
@@ -135,8 +134,8 @@ def main():
                 )
     print(f"   ({coll['wall_s']:.1f} s; {coll['settings']['reps']} repeats per size; {coll['settings']['timed']})")
 
-    layout = sm.model_layout("lenet")
-    hosts = {m: sm.from_collectives(coll, mode=m) for m in (PRIMARY, OTHER)}
+    layout = model.model_layout("lenet")
+    hosts = {m: model.from_collectives(coll, mode=m) for m in (PRIMARY, OTHER)}
     print(
         f"3. measured vs modelled weak-scaling efficiency (model fitted on k=1 compute + the measured collectives "
         f"only; tolerance {args.tolerance:.0%}):"
@@ -150,7 +149,7 @@ def main():
             per_round = [m / (k * o) for o, m in zip(one, many)]
             pred = _predict(s, k, trials, hosts[PRIMARY], b, layout)
             alt = _predict(s, k, trials, hosts[OTHER], b, layout)
-            c = sm.check(pred, measured, args.tolerance)
+            c = model.check(pred, measured, args.tolerance)
             checks.append(
                 {
                     "check": c,
@@ -169,11 +168,11 @@ def main():
             print(
                 f"      with back-to-back collectives instead: {alt['efficiency']:6.1%} modelled "
                 f"(exposed comm {_ms(alt['exposed_comm_s'])} modelled), error "
-                f"{sm.check(alt, measured, args.tolerance)['rel_error']:+.1%}"
+                f"{model.check(alt, measured, args.tolerance)['rel_error']:+.1%}"
             )
 
     print("4. projections (all modelled; this host's k=1 compute per image with each interconnect):")
-    ics = {f"host ({PRIMARY}, extrapolated past k={host.n})": hosts[PRIMARY], **sm.load_profiles()}
+    ics = {f"host ({PRIMARY}, extrapolated past k={host.n})": hosts[PRIMARY], **model.load_profiles()}
     projections = []
     for s in args.strategies:
         for label, ic in ics.items():
@@ -184,7 +183,7 @@ def main():
                 transport = (
                     "allreduce_shm" if ic.kind == "measured" and trials[s][ks[-1]]["comm_hook_used"] == "shm" else None
                 )
-                pred = sm.predict(
+                pred = model.predict(
                     s,
                     k,
                     1 / med(trials[s][1]["img_s"]),

@@ -175,9 +175,9 @@ def cmd_overlap(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    from pipeline.cli import ui as ui_cli
+    from pipeline.cli import ui
 
-    return ui_cli.run(args)
+    return ui.run(args)
 
 
 def cmd_doctor(args) -> int:

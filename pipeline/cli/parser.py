@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.cli import types as cli_types
+from pipeline.cli import types
 from pipeline.config import loader
 from pipeline.config.schema import DDP_SETTLE_STEPS, DEVICES_MAX
 
@@ -29,7 +29,7 @@ docs: README.md, docs/errors.md (every error message and its fix)."""
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--params", type=cli_types.path, default=None, help="params file (default: params.yaml at the repository root)"
+        "--params", type=types.path, default=None, help="params file (default: params.yaml at the repository root)"
     )
     p.add_argument(
         "-S",
@@ -56,7 +56,7 @@ def _cfg(key: str, text: str) -> str:
 def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
-        type=cli_types.model,
+        type=types.model,
         metavar="NAME",
         help=_cfg(
             "train.model",
@@ -86,7 +86,7 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
         required=True,
-        type=cli_types.path,
+        type=types.path,
         metavar="DIR",
         help="output directory for metrics.json and final_state.pt (required: no default)",
     )
@@ -161,11 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the strategy whose study runs (required: no default)",
     )
     p.add_argument(
-        "--out", type=cli_types.path, default=None, help="sweep table path (default: results/sweeps/STRATEGY.jsonl)"
+        "--out", type=types.path, default=None, help="sweep table path (default: results/sweeps/STRATEGY.jsonl)"
     )
     p.add_argument(
         "--n-trials",
-        type=cli_types.n_trials,
+        type=types.n_trials,
         default=None,
         metavar="N",
         help="run at most N new trials in this worker; 0 sets up the study and runs none (default: every "
@@ -184,13 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument(
         "--sweeps",
-        type=cli_types.path,
+        type=types.path,
         default=Path("results/sweeps"),
         help="directory of the sweep tables, *.jsonl (default: results/sweeps)",
     )
     p.add_argument(
         "--out",
-        type=cli_types.path,
+        type=types.path,
         default=Path("results/analysis"),
         help="output directory (default: results/analysis)",
     )
@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument(
         "--out",
-        type=cli_types.path,
+        type=types.path,
         default=Path("results/overlap"),
         help="output directory (default: results/overlap)",
     )
@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument(
         "--out",
-        type=cli_types.path,
+        type=types.path,
         default=Path("results/collectives.json"),
         help="output file (default: results/collectives.json)",
     )
@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         "columns, in any browser, on its first load.",
     )
     _common(p)
-    p.add_argument("--port", type=cli_types.port, default=5000, help="port on 127.0.0.1, 1-65535 (default: 5000)")
+    p.add_argument("--port", type=types.port, default=5000, help="port on 127.0.0.1, 1-65535 (default: 5000)")
     p.add_argument(
         "--no-view",
         action="store_true",
@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        type=cli_types.model,
+        type=types.model,
         default="resnet18",
         metavar="NAME",
         help="the model: d2l's lenet or resnet18, a torchvision classifier (resnet50, vit_b_16), an entry point's; "
@@ -288,14 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--batch-size",
-        type=cli_types.batch_size,
+        type=types.batch_size,
         default=512,
         metavar="B",
         help="global batch, 1 or more (default 512)",
     )
     p.add_argument(
         "--device-memory",
-        type=cli_types.device_memory,
+        type=types.device_memory,
         default=None,
         metavar="SIZE",
         help="memory of one device: 80GiB or 80G (x 2^30), 80GB (x 10^9), 512MiB (default: this host's CUDA "
@@ -317,14 +317,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--devices",
-        type=cli_types.device_counts,
+        type=types.device_counts,
         default=(1, 2, 4, 8),
         metavar="K,K",
         help=f"the k to show, each from 1 to {DEVICES_MAX} (default 1,2,4,8)",
     )
     p.add_argument(
         "--strategies",
-        type=cli_types.strategy_names,
+        type=types.strategy_names,
         default=list(loader.STRATEGY_NAMES),
         metavar="A,B",
         help="comma-separated strategies (default: all)",
@@ -365,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  python -m pipeline models resnet50 vit_b_16    # these only\n"
         "  python -m pipeline fit --model resnet50 --batch-size 256",
     )
-    p.add_argument("names", nargs="*", type=cli_types.model, metavar="NAME", help="models to show (default: all)")
+    p.add_argument("names", nargs="*", type=types.model, metavar="NAME", help="models to show (default: all)")
 
     p = sub.add_parser(
         "doctor",
@@ -384,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument(
         "--out",
-        type=cli_types.path,
+        type=types.path,
         default=Path("results/doctor"),
         help="where doctor.json and doctor.md go (default: results/doctor)",
     )
@@ -405,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        type=cli_types.model,
+        type=types.model,
         metavar="NAME",
         default="lenet",
         help="model of the timed run (default lenet; the equivalence step always uses lenet)",
@@ -421,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--dump-events",
-        type=cli_types.path,
+        type=types.path,
         default=None,
         metavar="DIR",
         help="write the profiled strategies' first sampled step's profiler events to DIR (replay "

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from pipeline import catalog
 from pipeline.config.schema import CollectivesConfig
 from pipeline.rank_env import RankEnv
-from pipeline.scaling import model as sm
+from pipeline.scaling.model import BUS_FACTOR, collectives_of, model_layout, step_collectives
 
 MODES = ("back_to_back", "after_compute")
 
@@ -57,7 +57,7 @@ DIST = ("allreduce", "allreduce_shm", "allgather", "reduce_scatter")
 LOCAL = ("scratch_allreduce", "dp_copy", "dp_scatter")
 # the strategies whose step issues each measured collective, from their catalog rows (a broadcast is priced with the
 # all-gather's figures: scaling/interconnect.py's STAND_IN)
-ISSUED_BY = {c: [s for s in catalog.NAMES if c in sm.collectives_of(s)] for c in DIST + LOCAL}
+ISSUED_BY = {c: [s for s in catalog.NAMES if c in collectives_of(s)] for c in DIST + LOCAL}
 FACTOR_TEXT = {
     "allreduce": "2(k-1)/k",
     "allreduce_shm": "2(k-1)/k",
@@ -74,7 +74,7 @@ FACTOR_TEXT = {
 
 def fit(points: list[dict], collective: str, k: int) -> dict:
     """Least squares t = alpha + f(k) * S / beta over the sizes' medians, weighted by 1 / t^2."""
-    f = sm.BUS_FACTOR[collective](k)
+    f = BUS_FACTOR[collective](k)
     xs = [f * p["bytes"] for p in points]
     ts = [p["median_s"] for p in points]
     ws = [1 / t**2 for t in ts]
@@ -118,7 +118,7 @@ def _points(times_by_size: dict, collective: str, k: int, trial_sizes: set) -> l
                 "max_s": ts[-1],
                 "p90_s": ts[min(len(ts) - 1, int(0.9 * len(ts)))],
                 "n": len(ts),
-                "busbw_Bps": sm.BUS_FACTOR[collective](k) * nbytes / med,
+                "busbw_Bps": BUS_FACTOR[collective](k) * nbytes / med,
             }
         )
     return out
@@ -256,10 +256,10 @@ def _rank(plan: dict) -> dict:
 
 def trial_sizes(model: str, k: int, bucket_cap_mb: float, layout: dict | None = None) -> dict[str, list[int]]:
     """Message sizes (bytes) the trials of `model` issue at k, per collective."""
-    layout = layout or sm.model_layout(model)
+    layout = layout or model_layout(model)
     out: dict[str, set] = {}
     for strategy in catalog.NAMES:
-        for c in sm.step_collectives(strategy, k, layout, bucket_cap_mb=bucket_cap_mb):
+        for c in step_collectives(strategy, k, layout, bucket_cap_mb=bucket_cap_mb):
             out.setdefault(c["collective"], set()).add(c["bytes"])
     out["allreduce_shm"] = out["allreduce"]
     return {name: sorted(v) for name, v in out.items() if name in ISSUED_BY}
@@ -301,7 +301,7 @@ def measure(
         raise ValueError(f"collectives need 2 <= k <= {host.n} (this host's {host.kind} devices); asked for {ks}")
     cuda = host.kind == "cuda"
     backend = "nccl" if cuda else "gloo"
-    layout = sm.model_layout(model)
+    layout = model_layout(model)
     t0 = time.perf_counter()
     result = {
         "measured": True,

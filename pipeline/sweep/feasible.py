@@ -16,12 +16,12 @@ def check_memory_fits(tcfg, host) -> None:
         return
     import torch
 
-    from pipeline.scaling import device as devices
     from pipeline.scaling import memory
+    from pipeline.scaling.device import fixed_cost
 
     t = tcfg.train
     device = min(torch.cuda.get_device_properties(i).total_memory for i in range(min(t.devices, host.n)))
-    fixed = devices.fixed_cost(torch.cuda.get_device_name(0))  # doctor's measurement where kept, else assumed
+    fixed = fixed_cost(torch.cuda.get_device_name(0))  # doctor's measurement where kept, else assumed
     knobs = {
         "grad_as_bucket_view": t.grad_as_bucket_view,
         "autocast": t.autocast or None,

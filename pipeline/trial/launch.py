@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from pipeline import paths
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.errors import Infeasible, TrialFailed  # defined torch-free, for the CLI's error handler
 from pipeline.host.capabilities import host_capabilities
 from pipeline.host.devices import Host, probe
@@ -52,7 +52,7 @@ def check_feasible(cfg, host: Host) -> None:
             f"{n}. (train.oversubscribe=true allows it for functional tests; such runs are excluded "
             f"from scaling and memory analysis.)"
         )
-    if why := configmod.knob_refusal(t):
+    if why := loader.knob_refusal(t):
         raise Infeasible(why)
     if why := mode_refusal(t, host, oversubscribed=t.devices > n):
         raise Infeasible(why)

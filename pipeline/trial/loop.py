@@ -13,7 +13,7 @@ import time
 import torch
 from torch import nn
 
-from pipeline.data import store as datamod
+from pipeline.data import store
 from pipeline.measure import breakdown
 from pipeline.measure.meter import Meter
 from pipeline.models import apply_channels_last, build_model, channels_last_at_use
@@ -40,7 +40,7 @@ def evaluate(
     correct = torch.zeros((), dtype=torch.float64, device=strategy.device)
     for i in range(0, part.numel(), batch):
         idx = part[i : i + batch]
-        inputs = datamod.normalize(x[idx], strategy.device)
+        inputs = store.normalize(x[idx], strategy.device)
         if channels_last:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         pred = model(inputs).argmax(1)
@@ -142,7 +142,7 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
     return n // batch_size
 
 
-def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, marks: dict | None = None) -> dict:
+def train(cfg, strategy, data: store.Dataset, on_epoch=None, progress=None, marks: dict | None = None) -> dict:
     """Train cfg.train.model with `strategy` (already set up) on `data`; returns this process's results. `marks`: the
     trial's timeline, given the times the model is built and training ends, and the seconds in steps and evaluation."""
     t, device = cfg.train, strategy.device
@@ -171,7 +171,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
     marks.update(built=time.time(), steps_s=0.0, eval_s=0.0)
     for epoch in range(t.epochs):
         t_steps, watch.epoch = time.perf_counter(), epoch
-        batches = datamod.epoch_batches(train_x.shape[0], t.batch_size, epoch, t.seed, rank, world).to(device)
+        batches = store.epoch_batches(train_x.shape[0], t.batch_size, epoch, t.seed, rank, world).to(device)
         learner.model.train()
         loss_sum, n_steps = torch.zeros((), device=device), 0
         meter.start_epoch(step)
@@ -179,7 +179,7 @@ def train(cfg, strategy, data: datamod.Dataset, on_epoch=None, progress=None, ma
             meter.tick(step)
             with meter.sample(step) as clock:  # the step-time breakdown's phases on sampled steps, else no-ops
                 with clock("data"):
-                    x, y = datamod.normalize(train_x[batches[i]], device), train_y[batches[i]]
+                    x, y = store.normalize(train_x[batches[i]], device), train_y[batches[i]]
                     if t.channels_last:
                         x = x.contiguous(memory_format=torch.channels_last)
                 with meter.probe(step, learner.model, learner.optimizer):

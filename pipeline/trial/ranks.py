@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from pipeline import paths
-from pipeline.data import store as datamod
+from pipeline.data import store
 from pipeline.errors import Interrupted, TrialFailed
 from pipeline.host import loopback
 from pipeline.host.capabilities import fp32_pinned, tf32_flags, tf32_text
@@ -85,14 +85,14 @@ class _NoUnwritableTraceback(logging.Filter):
 logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_NoUnwritableTraceback())
 
 
-def load_data(cfg, verify: bool = False) -> datamod.Dataset:
+def load_data(cfg, verify: bool = False) -> store.Dataset:
     root = paths.repo_root() / cfg.data.dir if not os.path.isabs(cfg.data.dir) else Path(cfg.data.dir)
-    return datamod.load(root, cfg.data.source, cfg.data.train_limit, cfg.data.test_limit, verify=verify)
+    return store.load(root, cfg.data.source, cfg.data.train_limit, cfg.data.test_limit, verify=verify)
 
 
 # ----------------------------------------------------------------------------- one process
 
-_DATA: datamod.Dataset | None = None  # set before forking, so forked ranks share it instead of re-reading
+_DATA: store.Dataset | None = None  # set before forking, so forked ranks share it instead of re-reading
 _WAKE: tuple[int, int] | None = None  # (read, write) pipe, set before forking: rank 0 wakes the epoch watcher
 
 

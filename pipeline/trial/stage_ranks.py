@@ -12,8 +12,8 @@ import signal
 import tempfile
 import uuid
 
-from pipeline import scratch as scratch_dirs
 from pipeline.host import loopback
+from pipeline.scratch import make
 
 LOCAL_ADDR = "127.0.0.1"
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -45,7 +45,7 @@ def launch(nproc: int, name: str, start_method: str, entrypoint, *args) -> dict[
     torch's ChildFailedError, as elastic_launch does."""
     from torch.distributed.launcher.api import elastic_launch
 
-    scratch = scratch_dirs.make(f"parallax-{name}-")  # and removes those of killed runs
+    scratch = make(f"parallax-{name}-")  # and removes those of killed runs
     previous = tempfile.tempdir
     # the agent installs handlers that raise SignalException and never removes them: restored afterwards
     handlers = {s: signal.getsignal(s) for s in _AGENT_SIGNALS}

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from pipeline.analysis import stage as A
+from pipeline.analysis import stage
 
 
 def row(strategy="ddp", k=1, B=128, lr=0.1, thr=1000.0, acc=0.8, state="complete", reason="", peaks=None, **kw):
@@ -52,7 +52,7 @@ def row(strategy="ddp", k=1, B=128, lr=0.1, thr=1000.0, acc=0.8, state="complete
 
 
 def frame(rows):
-    return A._normalize(pd.DataFrame(rows), "x")
+    return stage._normalize(pd.DataFrame(rows), "x")
 
 
 def write(rows, path):
@@ -72,7 +72,7 @@ def one(df, **where):
 
 def test_weak_efficiency_and_speedup():
     df = frame([row(k=1, B=128, thr=1000), row(k=2, B=256, thr=1800), row(k=4, B=512, thr=3200)])
-    e = A.scaling_table(df)
+    e = stage.scaling_table(df)
     assert one(e, kind="weak", k=2)["efficiency"] == pytest.approx(0.9)
     assert one(e, kind="weak", k=2)["speedup"] == pytest.approx(1.8)
     assert one(e, kind="weak", k=4)["efficiency"] == pytest.approx(0.8)
@@ -83,7 +83,7 @@ def test_weak_efficiency_and_speedup():
 
 def test_strong_efficiency():
     df = frame([row(k=1, B=256, thr=1000), row(k=2, B=256, thr=1500)])
-    e = A.scaling_table(df)
+    e = stage.scaling_table(df)
     s = one(e, kind="strong", k=2)
     assert s["efficiency"] == pytest.approx(0.75) and s["speedup"] == pytest.approx(1.5)
     assert s["per_device_batch"] == 128
@@ -98,7 +98,7 @@ def test_throughput_is_median_over_lrs_and_accuracy_from_best_lr():
             row(k=1, lr=3.0, state="failed", reason="NaN loss"),
         ]
     )
-    p = one(A.point_table(df), k=1)
+    p = one(stage.point_table(df), k=1)
     assert p["throughput_img_s"] == pytest.approx(1000)  # median(900, 1000, 1300); failed ignored
     assert p["final_test_acc"] == pytest.approx(0.90) and p["best_lr"] == pytest.approx(0.1)
     assert p["n_trials"] == 3
@@ -113,7 +113,7 @@ def test_lr_does_not_split_scaling_points():
             row(k=2, B=256, lr=0.2, thr=1900),
         ]
     )
-    assert one(A.scaling_table(df), kind="weak", k=2)["efficiency"] == pytest.approx(0.9)
+    assert one(stage.scaling_table(df), kind="weak", k=2)["efficiency"] == pytest.approx(0.9)
 
 
 def test_knob_settings_are_distinct_points():
@@ -125,17 +125,17 @@ def test_knob_settings_are_distinct_points():
             row(k=2, B=256, thr=1600, bucket_cap_mb=100),
         ]
     )
-    w = A.scaling_table(df)
+    w = stage.scaling_table(df)
     w = w[(w["kind"] == "weak") & (w["k"] == 2)]
     assert sorted(w["efficiency"].round(3)) == [0.8, 0.9]
-    assert A._shown(df) == ["bucket_cap_mb"]
+    assert stage._shown(df) == ["bucket_cap_mb"]
 
 
 def test_missing_k1_gives_undefined_efficiency():
     df = frame([row(strategy="fsdp", k=2, B=256, thr=1800), row(strategy="fsdp", k=4, B=512, thr=3000)])
-    e = A.scaling_table(df)
+    e = stage.scaling_table(df)
     assert len(e) == 4 and e["efficiency"].isna().all() and e["speedup"].isna().all()
-    m = A._strategy_metrics("fsdp", A.point_table(df), e, A.memory_table(df))
+    m = stage._strategy_metrics("fsdp", stage.point_table(df), e, stage.memory_table(df))
     assert m["weak_efficiency"] is None and m["strong_efficiency"] is None
     assert m["best_throughput_img_s"] == 3000
 
@@ -148,13 +148,13 @@ def test_memory_imbalance_and_device0_excess():
             row(strategy="dp", k=1, B=128, peaks=[250 * mib]),
         ]
     )
-    m = A.memory_table(df)
+    m = stage.memory_table(df)
     r = one(m, k=4)
     assert r["mem_imbalance"] == pytest.approx(400 / 175)
     assert r["dev0_excess_bytes"] == pytest.approx(300 * mib)
     r1 = one(m, k=1)
     assert math.isnan(r1["dev0_excess_bytes"]) and r1["mem_imbalance"] == pytest.approx(1.0)
-    long = A.memory_devices(m)
+    long = stage.memory_devices(m)
     assert list(one(long, k=4, device=0)[["peak_mem_bytes", "peak_mem_mib_dev", "peak_mem_mib"]]) == [
         400 * mib,
         400.0,
@@ -165,7 +165,7 @@ def test_memory_imbalance_and_device0_excess():
 
 def test_memory_peaks_median_over_trials():
     df = frame([row(k=2, B=256, lr=lr, peaks=p) for lr, p in ((0.1, [10, 6]), (0.2, [12, 8]), (0.3, [30, 7]))])
-    r = one(A.memory_table(df), k=2)
+    r = one(stage.memory_table(df), k=2)
     assert r["peak_mem_bytes"] == [12, 7] and r["dev0_excess_bytes"] == 5
 
 
@@ -179,9 +179,9 @@ def test_failed_and_oversubscribed_rows_are_excluded():
             row(k=8, B=1024, thr=9999, oversubscribed=True),
         ]
     )
-    for t in (A.point_table(df), A.scaling_table(df), A.memory_table(df), A.accuracy_table(df)):
+    for t in (stage.point_table(df), stage.scaling_table(df), stage.memory_table(df), stage.accuracy_table(df)):
         assert set(t["k"]) == {1, 2}
-    assert one(A.scaling_table(df), kind="weak", k=2)["efficiency"] == pytest.approx(0.9)
+    assert one(stage.scaling_table(df), kind="weak", k=2)["efficiency"] == pytest.approx(0.9)
 
 
 def test_accuracy_table_and_time_to_target():
@@ -191,9 +191,9 @@ def test_accuracy_table_and_time_to_target():
             row(k=1, lr=0.5, acc=0.7, epoch_s=[2.0, 3.0], test_acc=[0.5, 0.7]),
         ]
     )
-    a = A.accuracy_table(df)
+    a = stage.accuracy_table(df)
     assert one(a, lr=0.1)["time_to_acc_s"] == 2.0 and math.isnan(one(a, lr=0.5)["time_to_acc_s"])
-    a = A.accuracy_table(df, target_acc=0.88)  # recomputed from the per-epoch lists
+    a = stage.accuracy_table(df, target_acc=0.88)  # recomputed from the per-epoch lists
     assert one(a, lr=0.1)["time_to_acc_s"] == 5.0 and math.isnan(one(a, lr=0.5)["time_to_acc_s"])
     assert one(a, lr=0.5)["final_test_acc"] == pytest.approx(0.7)
 
@@ -207,10 +207,10 @@ def test_tolerant_reading(tmp_path):
     )
     (tmp_path / "dp.jsonl").write_text("")
     (tmp_path / "fsdp.csv").write_text("study,trial,strategy\n")
-    df, notes = A.load_sweeps(tmp_path, expected=("dp", "fsdp", "ddp"))
+    df, notes = stage.load_sweeps(tmp_path, expected=("dp", "fsdp", "ddp"))
     assert len(df) == 2 and not df["oversubscribed"].any()
     assert df["peak_mem_bytes"].map(lambda p: p == []).all() and (df["host"] == "").all()
-    assert one(A.scaling_table(df), kind="weak", k=2)["efficiency"] == pytest.approx(0.9)
+    assert one(stage.scaling_table(df), kind="weak", k=2)["efficiency"] == pytest.approx(0.9)
     text = " ".join(notes)
     assert "dp.jsonl is empty" in text and "fsdp.csv is a sweep table of an older Parallax" in text
     assert "'ddp'" in text and "'fsdp'" in text

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from pipeline.analysis import stage as A
+from pipeline.analysis import stage
 from tests.analysis.test_analyze import one, row, write  # noqa: F401 (shared with test_analyze.py)
 
 
@@ -44,7 +44,7 @@ def _sweeps(d):
 def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("an")
     out = base / "analysis"
-    return A.analyze(_sweeps(base / "sweeps"), out), out
+    return stage.analyze(_sweeps(base / "sweeps"), out), out
 
 
 def test_summary_json(run):
@@ -171,7 +171,7 @@ def test_report(run):
 
 
 def test_no_warning_without_synthetic_and_nothing_to_analyze(tmp_path):
-    summary = A.analyze(tmp_path / "nope", tmp_path / "out")
+    summary = stage.analyze(tmp_path / "nope", tmp_path / "out")
     text = (tmp_path / "out" / "report.md").read_text()
     assert "SYNTHETIC" not in text and "nothing to compare" in text
     assert summary["host"] is None and summary["strategies"]["ddp"]["status"] == "missing"
@@ -202,7 +202,7 @@ def test_partial_and_odd_data_never_crash(tmp_path):
         d / "ddp.jsonl",
     )
     (d / "broken.jsonl").write_bytes(b'{"a": 1}\n{"unterminated\n')
-    s = A.analyze(d, tmp_path / "out", target_acc=0.5)
+    s = stage.analyze(d, tmp_path / "out", target_acc=0.5)
     st = s["strategies"]
     assert st["single"]["status"] == "measured" and st["single"]["largest_k"] == 1
     assert st["single"]["best_throughput_img_s"] == 1000 and st["single"]["worst_mem_imbalance"] is None
@@ -217,7 +217,7 @@ def test_partial_and_odd_data_never_crash(tmp_path):
 def test_json_has_no_nan():
     import numpy as np
 
-    out = A._jsonable(
+    out = stage._jsonable(
         {"a": float("nan"), "b": [np.float64("inf"), np.int64(3)], "c": np.bool_(True), "d": {"e": 2.5, "f": 4.0}}
     )
     assert out == {"a": None, "b": [None, 3], "c": True, "d": {"e": 2.5, "f": 4}}

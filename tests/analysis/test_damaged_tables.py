@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.analysis import stage as A
+from pipeline.analysis import stage
 from pipeline.cli import main
 from pipeline.records.table import read_table
 from tests.analysis.test_analyze import row, write
@@ -22,10 +22,10 @@ def _damaged(d, lines):
 def test_bad_lines_are_skipped_and_named_the_good_rows_kept(tmp_path, capsys):
     d = tmp_path / "sweeps"
     p = _damaged(d, b'{"study": "s-ddp", "trial": 3, "strat\n\xff\xfe\n[1, 2]\n\n')
-    summary = A.analyze(d, tmp_path / "out", expected=["ddp"])
+    summary = stage.analyze(d, tmp_path / "out", expected=["ddp"])
     assert summary["strategies"]["ddp"]["status"] == "measured"
     assert summary["strategies"]["ddp"]["n_complete"] == 2
-    eff = A.load_sweeps(d, ["ddp"])[0]
+    eff = stage.load_sweeps(d, ["ddp"])[0]
     assert sorted(eff["k"]) == [1.0, 2.0] and eff["peak_mem_bytes"].map(type).eq(list).all()  # typed
     err = " ".join(capsys.readouterr().err.split())
     report = (tmp_path / "out" / "report.md").read_text()
@@ -39,7 +39,7 @@ def test_a_table_of_garbage_is_unreadable_and_says_why(tmp_path, capsys):
     d = tmp_path / "sweeps"
     d.mkdir()
     (d / "ddp.jsonl").write_bytes(b"".join(b"garbage %d\n" % i for i in range(25)))
-    summary = A.analyze(d, tmp_path / "out", expected=["ddp"])
+    summary = stage.analyze(d, tmp_path / "out", expected=["ddp"])
     assert summary["strategies"]["ddp"]["status"] == "unreadable"
     assert "none of its 25 lines is a row" in summary["strategies"]["ddp"]["reason"]
     err = capsys.readouterr().err
@@ -61,7 +61,7 @@ def test_analyze_at_a_sweeps_directory_that_is_not_there_stops(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text("profile: ''\n")
     (tmp_path / "afile").write_text("not a directory")
-    monkeypatch.setattr(A, "analyze", lambda *a, **k: pytest.fail("analyzed a sweeps directory that is not there"))
+    monkeypatch.setattr(stage, "analyze", lambda *a, **k: pytest.fail("analyzed a sweeps directory that is not there"))
     code = main(["analyze", "--sweeps", str(tmp_path / where), "--out", str(tmp_path / "out")])
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2
@@ -72,5 +72,5 @@ def test_analyze_at_a_sweeps_directory_that_is_not_there_stops(tmp_path, monkeyp
 
 def test_an_empty_sweeps_directory_still_gives_the_empty_report(tmp_path):
     (tmp_path / "sweeps").mkdir()
-    summary = A.analyze(tmp_path / "sweeps", tmp_path / "out", expected=["ddp"])
+    summary = stage.analyze(tmp_path / "sweeps", tmp_path / "out", expected=["ddp"])
     assert summary["strategies"]["ddp"]["status"] == "missing" and (tmp_path / "out" / "report.md").exists()

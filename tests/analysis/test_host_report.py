@@ -1,7 +1,7 @@
 """The report's host section: capabilities from the sweep table's host_* columns, slow rows explained by their cause;
 the GPU interconnect read from `nvidia-smi topo -m`."""
 
-from pipeline.analysis import stage as A
+from pipeline.analysis import stage
 from pipeline.analysis.report.host import host_capabilities_section, slow_rows
 from pipeline.host import capabilities, topology
 
@@ -136,7 +136,7 @@ def test_report_has_the_section(tmp_path):
             ],
             d / f"{s}.jsonl",
         )
-    A.analyze(d, tmp_path / "out")
+    stage.analyze(d, tmp_path / "out")
     report = (tmp_path / "out" / "report.md").read_text()
     assert "## Host capabilities" in report and "bf16 is emulated on this CPU" in report
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.analysis import stage as A
+from pipeline.analysis import stage
 from tests.analysis.test_analyze import row, write
 
 QUIET = None
@@ -47,7 +47,7 @@ def analyze(tmp_path, points):
     for s, rows in by.items():
         write(rows, d / f"{s}.jsonl")
     out = tmp_path / "analysis"
-    summary = A.analyze(d, out, expected=sorted(by))
+    summary = stage.analyze(d, out, expected=sorted(by))
     return summary, out
 
 

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from pipeline.analysis import stage as A
+from pipeline.analysis import stage
 from pipeline.analysis.tables import points
-from pipeline.analysis.tables import summary as S
-from pipeline.records import table as T
+from pipeline.analysis.tables.summary import flat_metrics, strategy_status, summarize
+from pipeline.records.table import read_table, trial_row, write_rows
 from pipeline.records.trial import METRIC, TrialRecord, rank_keys
 from pipeline.tracking import metric_names
 from tests.analysis.test_analyze import frame, row
@@ -79,9 +79,9 @@ def _report_cells(report: str, section: str, column: str) -> list[str]:
 def study(tmp_path_factory):
     base = tmp_path_factory.mktemp("one_name")
     record = _record()
-    row = T.trial_row(SimpleNamespace(study_name="s-single"), "single", t=_trial(record))
-    T.write_rows([row], base / "sweeps" / "single.jsonl")
-    A.analyze(base / "sweeps", base / "analysis")
+    row = trial_row(SimpleNamespace(study_name="s-single"), "single", t=_trial(record))
+    write_rows([row], base / "sweeps" / "single.jsonl")
+    stage.analyze(base / "sweeps", base / "analysis")
     return record, base / "analysis"
 
 
@@ -189,10 +189,10 @@ def _flat_of_a_small_study():
         ]
     )
     pts, eff, mem = points.point_table(df), points.scaling_table(df), points.memory_table(df)
-    status = S.strategy_status(df, {}, "x", ["single", "ddp"])
-    summ = S.summarize(df, status, pts, eff, mem, None)
+    status = strategy_status(df, {}, "x", ["single", "ddp"])
+    summ = summarize(df, status, pts, eff, mem, None)
     tables = {"points": pts, "efficiency": eff, "memory": mem, "memory per device": points.memory_devices(mem)}
-    return S.flat_metrics(summ, pts, eff, mem), tables, summ
+    return flat_metrics(summ, pts, eff, mem), tables, summ
 
 
 def test_every_metrics_json_key_is_the_name_of_the_measurement_it_holds():
@@ -225,7 +225,7 @@ def test_the_largest_devices_peak_has_one_name_in_every_store(study):
     views = {"metrics": record.metrics(), "optuna": record.optuna_attrs(), "table": record.table_row()}
     assert all(v[PEAK] == mib for v in views.values()) and metric_names.PEAK_MIB == PEAK
     assert metric_names.trial_metrics(record)[PEAK] == mib  # the trial's MLflow run
-    (row,) = T.read_table(out.parent / "sweeps" / "single.jsonl").to_dict("records")
+    (row,) = read_table(out.parent / "sweeps" / "single.jsonl").to_dict("records")
     assert row[PEAK] == mib and row["peak_mem_bytes"] == record.peak_mem_bytes
     with open(out / "memory.csv") as f:
         (dev,) = list(csv.DictReader(f))

@@ -7,15 +7,15 @@ import builtins
 
 import pytest
 
-from pipeline.analysis.plots import dvc_template as plots_offline
+from pipeline.analysis.plots import dvc_template
 
 
 def test_template_inlines_the_bundle_and_keeps_dvc_out_of_the_cdn():
-    page = plots_offline.template("window.vegaEmbed = function () {}; var s = '</script>';")
+    page = dvc_template.template("window.vegaEmbed = function () {}; var s = '</script>';")
     assert "{plot_divs}" in page and "{scripts}" not in page and "http" not in page.split("<body>")[0]
     assert "window.vegaEmbed" in page and "</script>';" not in page  # an inner </script would end the script
     with pytest.raises(ValueError):
-        plots_offline.template("'{plot_divs}'")
+        dvc_template.template("'{plot_divs}'")
 
 
 def test_the_offline_page_needs_no_vl_convert(tmp_path, monkeypatch):
@@ -28,7 +28,7 @@ def test_the_offline_page_needs_no_vl_convert(tmp_path, monkeypatch):
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_vl_convert)
-    page = plots_offline.write(tmp_path / "t.html").read_text()
+    page = dvc_template.write(tmp_path / "t.html").read_text()
     assert "{plot_divs}" in page and "cdn.jsdelivr" not in page and "<script src" not in page
     for name in ("vegaEmbed", "vega", "vegaLite"):
         assert f"window.{name}=" in page, name
@@ -38,16 +38,16 @@ def test_the_offline_page_needs_no_vl_convert(tmp_path, monkeypatch):
 def test_a_changed_bundle_is_refused_by_name(tmp_path, monkeypatch):
     changed = tmp_path / "vega-bundle.min.js"
     changed.write_text("window.vegaEmbed = 1;")
-    monkeypatch.setattr(plots_offline, "BUNDLE", changed)
+    monkeypatch.setattr(dvc_template, "BUNDLE", changed)
     with pytest.raises(OSError, match="vega-bundle.min.js is not the vendored vega bundle"):
-        plots_offline.write(tmp_path / "t.html")
+        dvc_template.write(tmp_path / "t.html")
     assert not (tmp_path / "t.html").exists()
 
 
 def test_the_bundle_ships_with_its_licences():
     from ..conftest import REPO
 
-    licences = (plots_offline.BUNDLE.parent / "LICENSES.md").read_text()
+    licences = (dvc_template.BUNDLE.parent / "LICENSES.md").read_text()
     assert "BSD 3-Clause" in licences and "University of Washington Interactive Data Lab" in licences
     text = (REPO / "pyproject.toml").read_text()
     assert '"vega/*.js", "vega/LICENSES.md"' in text  # package data: installed with the wheel
@@ -55,13 +55,13 @@ def test_the_bundle_ships_with_its_licences():
 
 def test_page_names_the_data_source(tmp_path):
     """A synthetic run's page opens with the same SYNTHETIC line as the PNG figures; no summary: no line."""
-    page = plots_offline.template("var x = 1;", source="synthetic")
+    page = dvc_template.template("var x = 1;", source="synthetic")
     head = page.split("{plot_divs}")[0]
     assert "SYNTHETIC" in head and 'class="source synthetic"' in head
-    assert 'class="source' not in plots_offline.template("var x = 1;")
+    assert 'class="source' not in dvc_template.template("var x = 1;")
     (tmp_path / "summary.json").write_text('{"data_source": "synthetic"}')
-    assert plots_offline.read_source(tmp_path / "summary.json") == "synthetic"
-    assert plots_offline.read_source(tmp_path / "missing.json") == ""
+    assert dvc_template.read_source(tmp_path / "summary.json") == "synthetic"
+    assert dvc_template.read_source(tmp_path / "missing.json") == ""
 
 
 def test_batch_legend_uses_distinct_shapes():

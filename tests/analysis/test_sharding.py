@@ -4,7 +4,7 @@ alike (same model, k, batch, memory figure), from hand-made sweep tables with kn
 import pytest
 
 from pipeline import catalog
-from pipeline.analysis import stage as A
+from pipeline.analysis import stage
 from pipeline.analysis.report import sharding
 from pipeline.analysis.report.markdown import md_table
 
@@ -15,7 +15,7 @@ SHARDED, BASE = next(iter(catalog.sharding_baselines().items()))  # fsdp -> ddp
 
 
 def mem(rows):
-    return A.memory_table(frame(rows))
+    return stage.memory_table(frame(rows))
 
 
 def test_saving_is_the_baseline_peak_minus_the_sharded_peak_in_mib_and_percent():

@@ -10,11 +10,10 @@ import dataclasses
 import pytest
 
 from pipeline import catalog, strategies
-from pipeline.analysis.tables import rows as trial_rows
-from pipeline.config import loader as configmod
-from pipeline.config import schema
-from pipeline.records import table as sweep_table
-from pipeline.scaling import model as scaling_model
+from pipeline.analysis.tables import rows
+from pipeline.config import loader, schema
+from pipeline.records import table
+from pipeline.scaling import model
 from pipeline.sweep.space import points
 
 from ..conftest import REPO
@@ -53,40 +52,40 @@ def test_rows_are_consistent():
 def test_config_reads_the_catalog():
     train = {f.name: f for f in dataclasses.fields(schema.TrainConfig)}
     assert train["strategy"].metadata["choices"] == catalog.NAMES
-    assert configmod.SweepConfig().strategies == catalog.NAMES
+    assert loader.SweepConfig().strategies == catalog.NAMES
     space = {f.name for f in dataclasses.fields(schema.SpaceConfig)}
     assert set(catalog.KNOBS) <= space and set(catalog.KNOBS) <= set(train)  # each knob: a space list, a train value
 
 
 @pytest.mark.parametrize("name", catalog.NAMES)
 def test_a_strategys_space_may_vary_only_its_own_knobs(name):
-    cfg = configmod.load(REPO / "params.yaml", ["profile="], root=REPO)
+    cfg = loader.load(REPO / "params.yaml", ["profile="], root=REPO)
     for knob, values in (("bucket_cap_mb", "[1, 25]"), ("comm_hook", "[none, fp16]")):
         sets = [f"sweep.spaces.{name}.devices=[1]", f"sweep.spaces.{name}.{knob}={values}"]
         if knob in catalog.knobs(name):
-            pts = points(configmod.override(cfg, sets), name)
+            pts = points(loader.override(cfg, sets), name)
             assert len({p[knob] for p in pts}) == 2
         else:
-            with pytest.raises(configmod.ConfigError, match=f"`{name}` has no `{knob}` knob"):
-                configmod.override(cfg, sets)
+            with pytest.raises(loader.ConfigError, match=f"`{name}` has no `{knob}` knob"):
+                loader.override(cfg, sets)
     # `default` may hold any knob: each strategy takes the dimensions its row lists
-    pts = points(configmod.override(cfg, ["sweep.spaces.default.bucket_cap_mb=[1, 25]"]), name)
+    pts = points(loader.override(cfg, ["sweep.spaces.default.bucket_cap_mb=[1, 25]"]), name)
     assert all(set(p) & set(catalog.KNOBS) == set(catalog.knobs(name)) for p in pts)
 
 
 def test_analysis_and_sweep_tables_use_the_catalog():
-    assert trial_rows.EXPECTED == catalog.NAMES and trial_rows.EXTRAS[-len(catalog.KNOBS) :] == catalog.KNOBS
-    assert sweep_table.KNOBS == catalog.KNOBS
-    assert set(catalog.KNOBS) <= set(sweep_table.COLUMNS)
+    assert rows.EXPECTED == catalog.NAMES and rows.EXTRAS[-len(catalog.KNOBS) :] == catalog.KNOBS
+    assert table.KNOBS == catalog.KNOBS
+    assert set(catalog.KNOBS) <= set(table.COLUMNS)
 
 
 @pytest.mark.parametrize("name", catalog.NAMES)
 def test_the_scaling_model_has_every_strategys_pattern(name):
-    layout = scaling_model.model_layout("lenet")
-    calls = scaling_model.step_collectives(name, 2, layout)
+    layout = model.model_layout("lenet")
+    calls = model.step_collectives(name, 2, layout)
     assert bool(calls) == catalog.communicates(name)
     with pytest.raises(ValueError, match="no communication model"):
-        scaling_model.step_collectives("nope", 2, layout)
+        model.step_collectives("nope", 2, layout)
 
 
 def test_docs_table_is_the_catalog():

@@ -9,6 +9,10 @@ module or folder, must name what one such module defines (at its top or in one o
 word is also a config section or a common object (AMBIGUOUS: `train.lr` is a key, `trial.number` Optuna's).
 Paths inside the libraries Parallax reads (`torch/...`, `dvc/...`) and the few bare names of such files listed in
 ELSEWHERE are not the repository's.
+
+And a module's file name says what its importers call it: no file of pipeline/, tests/, tools/ or benchmarks/ imports
+a pipeline module under another name (`from pipeline.config import loader as cfgmod`); it imports the module under
+its own (`from pipeline.config import loader`), its package, or the names it uses (KNOWN: the few not yet renamed).
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ SHORT = re.compile(r"(?<![\w./-])([a-z_][a-z0-9_]*)\.([A-Za-z_]\w*)\b(?!\.\w|/|-
 AMBIGUOUS = {"data", "train", "sweep", "tracking", "analyze", "overlap", "collectives", "slurm", "space", "spaces"}
 AMBIGUOUS |= {"pipeline", "model", "trial", "report", "study", "run", "config", "store", "cfg", "self"}
 SUFFIXES = {"py", "md", "json", "jsonl", "yaml", "yml", "csv", "png", "txt", "pt", "lock", "toml", "html", "db"}
+ROOTS = ("pipeline/", "tests/", "tools/", "benchmarks/")
+# Imports of a pipeline module under another name still in the code, `file: module as name`. (This list may only
+# shrink; it is empty: every import was renamed.)
+KNOWN: set[str] = set()
 
 
 def _tracked() -> list[str]:
@@ -185,4 +193,64 @@ def test_a_dotted_name_must_name_an_attribute():
         "docs/x.md:1: pipeline/b.py",
         "docs/x.md:1: pipeline.a.h",
         "docs/x.md:2: a.k",
+    ]
+
+
+def renamed_imports(files: list[str], read) -> list[str]:
+    """`file:line: import` for every import, in ROOTS, of a pipeline module under a name other than its own."""
+    modules = {f[:-3].replace("/", ".").removesuffix(".__init__") for f in files if f.endswith(".py")}
+    out = []
+    for f in [f for f in files if f.endswith(".py") and f.startswith(ROOTS)]:
+        package = f[:-3].split("/")[:-1]
+        for node in ast.walk(ast.parse(read(f))):
+            if isinstance(node, ast.Import):
+                named = [(a.name, a) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                frm = ".".join([*base, *([node.module] if node.module else [])])
+                named = [(f"{frm}.{a.name}", a) for a in node.names]
+            else:
+                continue
+            for module, a in named:
+                own = module.rsplit(".", 1)[-1]
+                if a.asname and a.asname != own and module in modules and module.startswith("pipeline."):
+                    out.append(f"{f}:{node.lineno}: {module} as {a.asname}")
+    return out
+
+
+def test_a_module_is_imported_under_its_own_name():
+    renamed = {re.sub(r":\d+:", ":", r) for r in renamed_imports(_tracked(), lambda f: (REPO / f).read_text())}
+    assert not renamed - KNOWN, "pipeline modules imported under another name (import each as its file is named):\n" + (
+        "\n".join(sorted(renamed - KNOWN))
+    )
+    assert not KNOWN - renamed, f"KNOWN lists imports no longer in the code, drop them: {sorted(KNOWN - renamed)}"
+
+
+def test_a_renamed_import_is_found(tmp_path):
+    """The check can fail: a module imported under another name (from-import, relative, in a function, or `import ...
+    as`) is found; the module under its own name, a function under another name, and a file outside ROOTS are not."""
+    src = {
+        "pipeline/__init__.py": "",
+        "pipeline/config/__init__.py": "from . import loader as cfg\n",
+        "pipeline/config/loader.py": "def load(): pass\n",
+        "tests/test_x.py": (
+            "from pipeline.config import loader as configmod\n"
+            "from pipeline.config import loader\n"
+            "from pipeline.config.loader import load as read\n"
+            "import pipeline.config.loader as c\n"
+            "import pipeline.config.loader as loader\n"
+            "import numpy as np\n"
+            "def f():\n"
+            "    from pipeline import config as settings\n"
+        ),
+        "docs/x.py": "from pipeline.config import loader as elsewhere\n",
+    }
+    for f, text in src.items():
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text(text)
+    assert renamed_imports(list(src), lambda f: (tmp_path / f).read_text()) == [
+        "pipeline/config/__init__.py:1: pipeline.config.loader as cfg",
+        "tests/test_x.py:1: pipeline.config.loader as configmod",
+        "tests/test_x.py:4: pipeline.config.loader as c",
+        "tests/test_x.py:8: pipeline.config as settings",
     ]

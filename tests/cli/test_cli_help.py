@@ -9,7 +9,7 @@ import re
 import pytest
 
 from pipeline.cli import build_parser, main
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 
 COMMANDS = ("download", "train", "sweep", "overlap", "collectives", "analyze", "ui", "profiles", "doctor", "fit")
 
@@ -39,7 +39,7 @@ def test_every_flag_has_help_and_its_default(name):
 
 def test_config_flags_say_where_unset_values_come_from():
     p = _subparsers(build_parser())["train"]
-    built_in = configmod.TrainConfig()
+    built_in = loader.TrainConfig()
     for a in _flags(p):
         # unset: the configuration decides (the answer's figure is no configuration: the printed command's own)
         if a.default is None and not a.required and a.dest not in ("params", "answer_img_s", "answer_load_cores"):
@@ -68,4 +68,4 @@ def test_doctor_help_names_its_real_warm_up_and_every_strategy(capsys, monkeypat
         main(["doctor", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help: one line of words
     assert f"timed steps after {checks.WARMUP_STEPS} warm-up steps" in text
-    assert f"all {len(configmod.STRATEGY_NAMES)}, {', '.join(configmod.STRATEGY_NAMES)}" in text
+    assert f"all {len(loader.STRATEGY_NAMES)}, {', '.join(loader.STRATEGY_NAMES)}" in text

@@ -9,7 +9,7 @@ import signal
 
 from pipeline.cli import main
 from pipeline.scaling import overlap
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 from tests.sweep.test_reliability import mlflow_runs
 
 TIMES = {"median_s": 1.0}
@@ -32,7 +32,7 @@ def test_ctrl_c_while_overlap_logs_its_run_ends_it_killed(make_cfg, tmp_path, mo
         return RESULT
 
     monkeypatch.setattr(overlap, "run", measured)
-    monkeypatch.setattr(tracking.Tracker, "log_artifacts", lambda *a: signal.raise_signal(signal.SIGINT))
+    monkeypatch.setattr(client.Tracker, "log_artifacts", lambda *a: signal.raise_signal(signal.SIGINT))
     assert main(["overlap", "--out", str(tmp_path / "overlap")]) == 130
     (run,) = mlflow_runs(tmp_path)[0]
     assert run.info.run_name == "overlap" and run.info.status == "KILLED"

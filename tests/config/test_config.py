@@ -4,18 +4,18 @@ import dataclasses
 
 import pytest
 
-from pipeline.config import loader as c
+from pipeline.config import loader
 from pipeline.paths import repo_root
 
 REPO = repo_root()
 
 
 def load(*sets):
-    return c.load(REPO / "params.yaml", list(sets), root=REPO)
+    return loader.load(REPO / "params.yaml", list(sets), root=REPO)
 
 
 def test_repo_params_and_every_profile_load():
-    for name, desc in c.describe_profiles(REPO):
+    for name, desc in loader.describe_profiles(REPO):
         cfg = load(f"profile={name}")
         assert desc, f"profile {name} has no description"
         assert cfg.profile == name
@@ -39,8 +39,8 @@ def test_a_null_set_is_the_key_left_out_as_params_yaml_documents(tmp_path):
     assert load("data.train_limit=null").data.train_limit == profile > 0
     assert load("data.train_limit=null", "data.test_limit=~", "train.epochs=null").train.epochs == load().train.epochs
     (tmp_path / "params.yaml").write_text("profile: ''\ndata: {train_limit: 100}\n")
-    assert c.load(None, ["data.train_limit=null"], root=tmp_path).data.train_limit == 100  # the layer below's
-    assert c.override(load(), ["data.train_limit=null"]).data.train_limit == profile
+    assert loader.load(None, ["data.train_limit=null"], root=tmp_path).data.train_limit == 100  # the layer below's
+    assert loader.override(load(), ["data.train_limit=null"]).data.train_limit == profile
 
 
 def test_frozen():
@@ -50,7 +50,7 @@ def test_frozen():
 
 def test_override_returns_new_config():
     cfg = load()
-    new = c.override(cfg, ["train.lr=0.05"])
+    new = loader.override(cfg, ["train.lr=0.05"])
     assert new.train.lr == 0.05 and cfg.train.lr != 0.05
 
 
@@ -79,7 +79,7 @@ def test_override_returns_new_config():
     ],
 )
 def test_invalid_values_are_refused_with_key_and_choices(sets, needle):
-    with pytest.raises(c.ConfigError) as e:
+    with pytest.raises(loader.ConfigError) as e:
         load(*sets)
     assert needle in str(e.value)
     key = sets[0].split("=")[0]
@@ -90,8 +90,8 @@ def test_invalid_values_are_refused_with_key_and_choices(sets, needle):
 def test_unknown_key_in_params_file(tmp_path):
     (tmp_path / "experiments").mkdir()
     (tmp_path / "params.yaml").write_text("profile: ''\ntrain:\n  lrr: 0.1\n")
-    with pytest.raises(c.ConfigError, match="train.lrr"):
-        c.load(tmp_path / "params.yaml", root=tmp_path)
+    with pytest.raises(loader.ConfigError, match="train.lrr"):
+        loader.load(tmp_path / "params.yaml", root=tmp_path)
 
 
 def test_space_union_of_products():
@@ -106,15 +106,15 @@ def test_space_union_of_products():
 def test_section_shapes_are_checked_with_or_without_overrides(tmp_path, sets):
     (tmp_path / "experiments").mkdir()
     (tmp_path / "params.yaml").write_text("profile: ''\ntrain: [1, 2]\n")
-    with pytest.raises(c.ConfigError, match=r"`train`.*expected a mapping"):
-        c.load(tmp_path / "params.yaml", sets, root=tmp_path)
+    with pytest.raises(loader.ConfigError, match=r"`train`.*expected a mapping"):
+        loader.load(tmp_path / "params.yaml", sets, root=tmp_path)
 
 
 def test_non_utf8_params_file_is_refused(tmp_path):
     (tmp_path / "experiments").mkdir()
     (tmp_path / "params.yaml").write_bytes(b"profile: ''\ntrain: {lr: 0.1}  # caf\xe9\n")
-    with pytest.raises(c.ConfigError, match="not UTF-8 text"):
-        c.load(tmp_path / "params.yaml", root=tmp_path)
+    with pytest.raises(loader.ConfigError, match="not UTF-8 text"):
+        loader.load(tmp_path / "params.yaml", root=tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -126,7 +126,7 @@ def test_non_utf8_params_file_is_refused(tmp_path):
     ],
 )
 def test_values_beyond_what_the_libraries_take_are_refused(sets, needle):
-    with pytest.raises(c.ConfigError, match=needle):
+    with pytest.raises(loader.ConfigError, match=needle):
         load(*sets)
 
 
@@ -136,26 +136,26 @@ def test_a_null_in_params_yaml_leaves_the_profiles_value_and_an_override_replace
     (tmp_path / "experiments" / "p.yaml").write_text("train: {epochs: 4, lr: 0.3}\ndata: {train_limit: 100}\n")
     params = tmp_path / "params.yaml"
     params.write_text("profile: p\ntrain: {epochs: null, lr: 0.05}\ndata: {train_limit: null}\n")
-    cfg = c.load(params, root=tmp_path)
+    cfg = loader.load(params, root=tmp_path)
     assert (cfg.train.epochs, cfg.train.lr, cfg.data.train_limit) == (4, 0.05, 100)
     params.write_text("profile: p\ntrain: {epochs: 3}\ndata: {train_limit: null}\n")  # what `-S train.epochs=3` writes
-    assert c.load(params, root=tmp_path).train.epochs == 3
+    assert loader.load(params, root=tmp_path).train.epochs == 3
 
 
 def test_an_explicit_params_file_must_exist_the_default_one_may_not(tmp_path):
     """--params /typo.yaml is refused, not run on the built-in values; only the default params.yaml is optional."""
     (tmp_path / "experiments").mkdir()
     missing = tmp_path / "nonexist.yaml"
-    with pytest.raises(c.ConfigError, match=f"params file {missing} .*does not exist"):
-        c.load(missing, ["profile="], root=tmp_path)
-    assert c.load(None, ["profile=", "train.lr=0.2"], root=tmp_path).train.lr == 0.2  # no params.yaml at the root
+    with pytest.raises(loader.ConfigError, match=f"params file {missing} .*does not exist"):
+        loader.load(missing, ["profile="], root=tmp_path)
+    assert loader.load(None, ["profile=", "train.lr=0.2"], root=tmp_path).train.lr == 0.2  # no params.yaml at the root
 
 
 @pytest.mark.parametrize("sets", [["train=5", "train.strategy=single"], ["train.lr=0.1", "train.lr.x=2"]])
 def test_a_key_set_as_a_value_and_a_section_names_the_option_that_set_the_value(sets):
     """train_cli appends `train.strategy=single` for --strategy: the message quotes the user's own --set."""
-    with pytest.raises(c.ConfigError) as e:
-        c.parse_set(sets)
+    with pytest.raises(loader.ConfigError) as e:
+        loader.parse_set(sets)
     assert str(e.value).startswith(f"Malformed --set option {sets[0]!r}")
     assert f"`{sets[1].split('=')[0]}`" in str(e.value) and sets[1] not in str(e.value)
 
@@ -180,26 +180,26 @@ def test_outside_the_repository_profiles_and_an_unknown_profile_say_where_they_l
     monkeypatch.chdir(tmp_path)
     assert main(["profiles"]) != 0
     assert f"no experiments/*.yaml under {tmp_path.resolve()}" in " ".join(capsys.readouterr().err.split())
-    with pytest.raises(c.ConfigError, match="run from the Parallax checkout, or set DVC_ROOT"):
-        c.profile_path("cpu", tmp_path)
+    with pytest.raises(loader.ConfigError, match="run from the Parallax checkout, or set DVC_ROOT"):
+        loader.profile_path("cpu", tmp_path)
 
 
 def test_every_profile_gives_a_new_catalog_row_a_space():
     """A strategy no profile names (a new catalog row) is swept in each profile's `default` space, and the default
     sweep selects it (sweep.strategies: null = every catalog strategy): adding a row needs no profile edit."""
-    for name, _ in c.describe_profiles(REPO):
+    for name, _ in loader.describe_profiles(REPO):
         cfg = load(f"profile={name}")
         assert cfg.space("new_row") == cfg.sweep.spaces["default"], name
         assert max(s.devices[-1] for s in cfg.space("new_row")) >= 2, name  # it scales, as the others do
-    assert set(load().sweep.strategies) == set(c.STRATEGY_NAMES)
+    assert set(load().sweep.strategies) == set(loader.STRATEGY_NAMES)
 
 
 @pytest.mark.parametrize("written, fix", [("1e6", "1.0e+06 or 1000000.0"), ("25e-4", "2.5e-03 or 0.0025")])
 def test_a_yaml_exponent_read_as_text_is_refused_with_the_spelling_that_works(tmp_path, written, fix):
     """PyYAML reads YAML 1.1, where 1e6 (no dot, no sign) is a string: the refusal says how to write the number."""
     (tmp_path / "params.yaml").write_text(f"profile: ''\ntrain: {{interference_threshold: {written}}}\n")
-    with pytest.raises(c.ConfigError, match=f"got '{written}' \\(str\\).*write {fix.replace('+', '[+]')}"):
-        c.load(tmp_path / "params.yaml", [], root=tmp_path)
+    with pytest.raises(loader.ConfigError, match=f"got '{written}' \\(str\\).*write {fix.replace('+', '[+]')}"):
+        loader.load(tmp_path / "params.yaml", [], root=tmp_path)
     fixed = fix.split(" or ")[0]
     (tmp_path / "params.yaml").write_text(f"profile: ''\ntrain: {{interference_threshold: {fixed}}}\n")
-    assert c.load(tmp_path / "params.yaml", [], root=tmp_path).train.interference_threshold == float(written)
+    assert loader.load(tmp_path / "params.yaml", [], root=tmp_path).train.interference_threshold == float(written)

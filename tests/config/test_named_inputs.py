@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import __main__ as cli
 from pipeline import preflight
-from pipeline.analysis.tables import rows as trial_rows
-from pipeline.config import loader as config
+from pipeline.__main__ import main
+from pipeline.analysis.tables import rows
+from pipeline.config import loader
 from pipeline.config.loader import ConfigError
 from pipeline.errors import Infeasible, PathError
 from pipeline.host.devices import Host
@@ -31,14 +31,14 @@ def test_a_key_written_twice_in_params_yaml_is_refused(root):
     key and both lines."""
     (root / "params.yaml").write_text("train:\n  lr: 0.1\ntrain:\n  epochs: 3\n")
     with pytest.raises(ConfigError, match=r"`train` twice.*lines 1 and 3"):
-        config.load(root=root)
+        loader.load(root=root)
 
 
 def test_a_key_written_twice_in_a_profile_is_refused(root):
     """The same inside a section of a profile: `lr` twice, the first value would be dropped without a word."""
     (root / "experiments" / "cpu.yaml").write_text("train:\n  lr: 0.1\n  lr: 0.3\n")
     with pytest.raises(ConfigError, match=r"`lr` twice"):
-        config.load(root=root)
+        loader.load(root=root)
 
 
 @pytest.mark.parametrize(
@@ -59,12 +59,12 @@ def test_a_blank_or_control_character_string_is_refused(root, key, value):
     section, name = key.split(".")
     (root / "params.yaml").write_text(f"{section}:\n  {name}: {value}\n")
     with pytest.raises(ConfigError, match=f"`{key}`"):
-        config.load(root=root)
+        loader.load(root=root)
 
 
 def test_an_ordinary_string_is_still_accepted(root):
     """The check does not refuse the names people use."""
-    cfg = config.load(root=root, overrides=["tracking.experiment=my run 1", "data.dir=data/my set"])
+    cfg = loader.load(root=root, overrides=["tracking.experiment=my run 1", "data.dir=data/my set"])
     assert cfg.tracking.experiment == "my run 1" and cfg.data.dir == "data/my set"
 
 
@@ -74,7 +74,7 @@ def test_data_dir_naming_a_file_is_refused_by_download(root, monkeypatch):
     (root / "afile").write_text("x")
     monkeypatch.setenv("DVC_ROOT", str(root))
     monkeypatch.chdir(root)
-    assert cli.main(["download", "--set", "data.source=synthetic", "--set", "data.dir=afile"]) == 2
+    assert main(["download", "--set", "data.source=synthetic", "--set", "data.dir=afile"]) == 2
     assert (root / "afile").read_text() == "x"
 
 
@@ -84,7 +84,7 @@ def test_a_fifo_among_the_sweep_tables_is_skipped_not_waited_on(tmp_path):
     d.mkdir()
     os.mkfifo(d / "single.jsonl")
     got = {}
-    t = threading.Thread(target=lambda: got.update(files=trial_rows.read_sweeps(d, ("single",))[2]), daemon=True)
+    t = threading.Thread(target=lambda: got.update(files=rows.read_sweeps(d, ("single",))[2]), daemon=True)
     t.start()
     t.join(20)
     if t.is_alive():
@@ -121,14 +121,14 @@ def test_doctor_dump_events_naming_a_file_is_refused(tmp_path):
         "--dump-events",
         str(f),
     ]
-    assert cli.main(argv) == 2
+    assert main(argv) == 2
     assert not (tmp_path / "doc").exists()
 
 
 def test_doctor_refuses_a_strategy_named_twice(tmp_path):
     """`--strategies single,single` ran every check of `single` twice; now refused (status 2)."""
     argv = ["doctor", "--strategies", "single,single", "--max-devices", "1", "--out", str(tmp_path / "doc")]
-    assert cli.main(argv) == 2
+    assert main(argv) == 2
     assert not (tmp_path / "doc").exists()
 
 
@@ -150,7 +150,7 @@ def test_a_multi_node_setting_that_cannot_meet_is_refused(root, sets, words):
     from pipeline.trial.launch import check_feasible
 
     base = ["train.strategy=ddp", "train.devices=2", "train.nnodes=2", "train.rdzv_endpoint=127.0.0.1:29500"]
-    cfg = config.load(root=root, overrides=[*base, *sets])
+    cfg = loader.load(root=root, overrides=[*base, *sets])
     with pytest.raises(Infeasible, match=words):
         check_feasible(cfg, Host(kind="cpu", n=2, name="cpu", hostname="h", torch="2", cuda=""))
 
@@ -176,7 +176,7 @@ def test_a_params_file_that_is_a_looping_link_is_named_as_such(tmp_path):
     (tmp_path / "a.yaml").symlink_to(tmp_path / "b.yaml")
     (tmp_path / "b.yaml").symlink_to(tmp_path / "a.yaml")
     with pytest.raises(ConfigError, match="symbolic link"):
-        config.load(tmp_path / "a.yaml", root=tmp_path)
+        loader.load(tmp_path / "a.yaml", root=tmp_path)
 
 
 @pytest.mark.parametrize("which", ["manifest.json", "FashionMNIST/raw/train-images-idx3-ubyte"])
@@ -185,7 +185,7 @@ def test_a_fifo_in_data_dir_is_named_not_waited_on(synthetic_root, tmp_path, whi
     DataError names the file."""
     import shutil
 
-    from pipeline.data import store as data
+    from pipeline.data import store
     from pipeline.errors import DataError
 
     d = tmp_path / "data"
@@ -196,7 +196,7 @@ def test_a_fifo_in_data_dir_is_named_not_waited_on(synthetic_root, tmp_path, whi
 
     def load():
         try:
-            data.load(d, "synthetic", verify=True)
+            store.load(d, "synthetic", verify=True)
         except DataError as e:
             got["error"] = str(e)
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from pipeline import preflight
-from pipeline.config import loader as c
+from pipeline.config import loader
 from pipeline.env import env_number
 from pipeline.errors import StoreError
 from tests.conftest import REPO
@@ -21,7 +21,7 @@ LONG = "x" * 300  # longer than the 255 bytes a file system allows for one name
 
 
 def load(*sets):
-    return c.load(REPO / "params.yaml", list(sets), root=REPO)
+    return loader.load(REPO / "params.yaml", list(sets), root=REPO)
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def load(*sets):
     ],
 )
 def test_a_huge_value_is_refused_with_its_reason(setting, needle):
-    with pytest.raises(c.ConfigError) as e:
+    with pytest.raises(loader.ConfigError) as e:
         load(setting)
     msg = " ".join(str(e.value).split())
     assert setting.split("=")[0].split(".")[-1] in msg and needle in msg, msg
@@ -57,7 +57,7 @@ def test_a_huge_value_is_refused_with_its_reason(setting, needle):
 
 def test_repeats_times_points_is_bounded():
     space = "sweep.spaces.single={lr: " + str([0.1 + i for i in range(2000)]) + "}"
-    with pytest.raises(c.ConfigError) as e:
+    with pytest.raises(loader.ConfigError) as e:
         load(space, "sweep.repeats=100")
     msg = " ".join(str(e.value).split())
     assert "sweep.repeats" in msg and "trials, at most 100000" in msg, msg
@@ -71,13 +71,13 @@ def test_the_bounds_leave_the_shipped_profiles_alone():
 
 
 def test_an_empty_space_is_refused_like_an_empty_list():
-    with pytest.raises(c.ConfigError) as e:
+    with pytest.raises(loader.ConfigError) as e:
         load("sweep.spaces.single=[]")
     assert "sweep.spaces.single" in str(e.value) and "empty" in str(e.value), str(e.value)
 
 
 def test_a_strategy_listed_twice_is_refused():
-    with pytest.raises(c.ConfigError) as e:
+    with pytest.raises(loader.ConfigError) as e:
         load("sweep.strategies=[single, ddp, single]")
     msg = " ".join(str(e.value).split())
     assert "sweep.strategies" in msg and "`single` more than once" in msg, msg
@@ -93,7 +93,7 @@ def test_a_strategy_listed_twice_is_refused():
     ],
 )
 def test_a_name_or_path_too_long_is_refused(setting, needle):
-    with pytest.raises(c.ConfigError) as e:
+    with pytest.raises(loader.ConfigError) as e:
         load(setting)
     msg = " ".join(str(e.value).split())
     assert setting.split("=")[0] in msg and needle in msg and "Traceback" not in msg, msg
@@ -102,8 +102,8 @@ def test_a_name_or_path_too_long_is_refused(setting, needle):
 
 def test_a_profile_name_too_long_is_refused(tmp_path):
     (tmp_path / "experiments").mkdir()
-    with pytest.raises(c.ConfigError) as e:
-        c.load(None, [f"profile={'p' * 300}"], root=tmp_path)
+    with pytest.raises(loader.ConfigError) as e:
+        loader.load(None, [f"profile={'p' * 300}"], root=tmp_path)
     assert "profile" in str(e.value) and "characters" in str(e.value), str(e.value)
 
 
@@ -154,12 +154,12 @@ def test_the_cli_names_a_long_path_option(tmp_path, capsys, option):
     ],
 )
 def test_an_odd_environment_value_is_refused_naming_the_variable(name, value):
-    with pytest.raises(c.ConfigError) as e:
+    with pytest.raises(loader.ConfigError) as e:
         env_number(
             name,
             20,
             lo=0,
-            hi=c.TIMEOUT_MAX_S,
+            hi=loader.TIMEOUT_MAX_S,
             what="a wait",
             lo_open=name.endswith("PREFLIGHT_TIMEOUT_S"),
             environ={name: value},

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from tests.conftest import REPO
 from tests.project import copy_tracked
 
@@ -60,20 +60,20 @@ def run_in(root: Path, cmd: list[str], timeout=600, **env) -> subprocess.Complet
     ],
 )
 def test_a_profile_is_a_name_under_experiments_never_a_path(profile):
-    with pytest.raises(configmod.ConfigError, match="Invalid profile") as e:
-        configmod.load(REPO / "params.yaml", [f"profile={profile}"], root=REPO)
+    with pytest.raises(loader.ConfigError, match="Invalid profile") as e:
+        loader.load(REPO / "params.yaml", [f"profile={profile}"], root=REPO)
     assert "Valid profiles: cpu" in str(e.value)
-    with pytest.raises(configmod.ConfigError):  # a config made by override is validated the same way
-        configmod.override(configmod.load(REPO / "params.yaml", root=REPO), [f"profile={profile}"])
+    with pytest.raises(loader.ConfigError):  # a config made by override is validated the same way
+        loader.override(loader.load(REPO / "params.yaml", root=REPO), [f"profile={profile}"])
 
 
 def test_profile_file_must_exist_and_profiles_lists_only_valid_names(tmp_path):
     (tmp_path / "experiments").mkdir()
     (tmp_path / "experiments" / "ok.yaml").write_text("description: fine\n")
     (tmp_path / "experiments" / "Bad Name.yaml").write_text("description: never a profile\n")
-    with pytest.raises(configmod.ConfigError, match="Unknown profile `nope`.*Valid profiles: ok\\."):
-        configmod.load(None, ["profile=nope"], root=tmp_path)
-    assert [n for n, _ in configmod.describe_profiles(tmp_path)] == ["ok"]
+    with pytest.raises(loader.ConfigError, match="Unknown profile `nope`.*Valid profiles: ok\\."):
+        loader.load(None, ["profile=nope"], root=tmp_path)
+    assert [n for n, _ in loader.describe_profiles(tmp_path)] == ["ok"]
 
 
 # params.yaml as its own profile (every key DVC tracks is present, so DVC runs the stages), with strategy names
@@ -105,7 +105,7 @@ def test_params_cannot_make_dvc_or_the_cli_run_a_command(tmp_path, synthetic_roo
     shutil.copytree(synthetic_root, root / "data" / "fashion-mnist")  # every stage's dependencies are there
     (root / "params.yaml").write_text(HOSTILE)
     stages = [line.split()[0] for line in run_in(root, ["dvc", "stage", "list"]).stdout.splitlines()]
-    assert [s for s in stages if s.startswith("sweep@")] == [f"sweep@{s}" for s in configmod.STRATEGY_NAMES]
+    assert [s for s in stages if s.startswith("sweep@")] == [f"sweep@{s}" for s in loader.STRATEGY_NAMES]
     outputs = [run_in(root, ["dvc", "repro", "--keep-going"])]
     outputs += [run_in(root, ["dvc", "repro", "-s", stage]) for stage in stages]
     for p in outputs:

@@ -31,13 +31,13 @@ def _limits():
 def _load(root: Path, params: str | None = None, call: str = "load") -> subprocess.CompletedProcess:
     code = textwrap.dedent(f"""
         import sys
-        from pipeline.config import loader as config
+        from pipeline.config import loader
         try:
             if {call!r} == "load":
-                config.load({params!r}, root=sys.argv[1])
+                loader.load({params!r}, root=sys.argv[1])
             else:
-                print(config.describe_profiles(sys.argv[1]))
-        except config.ConfigError as e:
+                print(loader.describe_profiles(sys.argv[1]))
+        except loader.ConfigError as e:
             print("ConfigError:", e)
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -84,11 +84,11 @@ def test_a_profile_alias_bomb_and_a_cycle_are_refused(root):
 
 def test_the_shipped_profiles_and_their_aliases_still_load():
     """The profiles' own anchors (one space shared by several strategies) stay well inside the bound."""
-    from pipeline.config import loader as config
+    from pipeline.config import loader
 
-    for name, text in config.describe_profiles(REPO):
+    for name, text in loader.describe_profiles(REPO):
         assert not text.startswith("UNREADABLE"), (name, text)
-    cfg = config.load(REPO / "params.yaml", ["profile=cpu"], root=REPO)
+    cfg = loader.load(REPO / "params.yaml", ["profile=cpu"], root=REPO)
     assert cfg.space("zero1") == cfg.space("fsdp") == cfg.space("ddp")  # one space, an anchor and its aliases
 
 
@@ -117,9 +117,9 @@ def test_special_and_oversized_files_are_refused(root):
 
 def test_a_set_value_and_deep_nesting_are_bounded_too():
     """A --set value is read with the same alias bound, and nesting too deep to read is a ConfigError."""
-    from pipeline.config import loader as config
+    from pipeline.config import loader
 
-    with pytest.raises(config.ConfigError, match="--set option .* through its aliases"):
-        config.parse_set(["train.lr=[" + ", ".join(LEVELS) + "]"])
-    with pytest.raises(config.ConfigError, match="nests its values too deeply"):
-        config.parse_set(["train.lr=" + "[" * 5000 + "]" * 5000])
+    with pytest.raises(loader.ConfigError, match="--set option .* through its aliases"):
+        loader.parse_set(["train.lr=[" + ", ".join(LEVELS) + "]"])
+    with pytest.raises(loader.ConfigError, match="nests its values too deeply"):
+        loader.parse_set(["train.lr=" + "[" * 5000 + "]" * 5000])

@@ -13,8 +13,7 @@ import torch
 import torchvision
 from torch import nn
 
-from pipeline.data import download
-from pipeline.data import store as data
+from pipeline.data import download, store
 from pipeline.data.store import FILES, DataError
 
 
@@ -25,7 +24,7 @@ def _leftovers(root):
 
 @pytest.fixture(scope="module")
 def small():
-    return data.make_synthetic(seed=3, n_train=600, n_test=100)
+    return store.make_synthetic(seed=3, n_train=600, n_test=100)
 
 
 @pytest.fixture
@@ -35,7 +34,7 @@ def mirror(tmp_path, small, monkeypatch):
     folder.mkdir()
     resources = []
     for name, t in zip(FILES, small):
-        data.write_idx(tmp_path / name, t.to(torch.uint8))
+        store.write_idx(tmp_path / name, t.to(torch.uint8))
         blob = gzip.compress((tmp_path / name).read_bytes(), mtime=0)
         (folder / f"{name}.gz").write_bytes(blob)
         resources.append((f"{name}.gz", hashlib.md5(blob).hexdigest()))
@@ -49,30 +48,30 @@ def mirror(tmp_path, small, monkeypatch):
 def test_idx_round_trip_and_header(tmp_path):
     images = torch.randint(0, 256, (7, 28, 28), dtype=torch.uint8)
     labels = torch.randint(0, 10, (7,), dtype=torch.uint8)
-    data.write_idx(tmp_path / "x", images)
-    data.write_idx(tmp_path / "y", labels)
+    store.write_idx(tmp_path / "x", images)
+    store.write_idx(tmp_path / "y", labels)
     assert (tmp_path / "x").read_bytes()[:8] == bytes([0, 0, 8, 3, 0, 0, 0, 7])
     assert (tmp_path / "y").read_bytes()[:4] == bytes([0, 0, 8, 1])
-    assert torch.equal(data.read_idx(tmp_path / "x"), images)
-    assert torch.equal(data.read_idx(tmp_path / "y"), labels)
+    assert torch.equal(store.read_idx(tmp_path / "x"), images)
+    assert torch.equal(store.read_idx(tmp_path / "y"), labels)
 
 
 def test_idx_wrong_magic_names_the_file(tmp_path):
     path = tmp_path / "train-images-idx3-ubyte"
-    data.write_idx(path, torch.zeros(2, 28, 28, dtype=torch.uint8))
+    store.write_idx(path, torch.zeros(2, 28, 28, dtype=torch.uint8))
     path.write_bytes(b"\x00\x00\x0d\x03" + path.read_bytes()[4:])  # 0x0d = float, not uint8
     with pytest.raises(DataError, match="magic number 0x00000d03") as e:
-        data.read_idx(path)
+        store.read_idx(path)
     assert str(path) in str(e.value)
 
 
 @pytest.mark.parametrize("keep", [3, 10, 28 * 28 + 15])
 def test_idx_truncated_names_the_file(tmp_path, keep):
     path = tmp_path / "t10k-images-idx3-ubyte"
-    data.write_idx(path, torch.ones(2, 28, 28, dtype=torch.uint8))
+    store.write_idx(path, torch.ones(2, 28, 28, dtype=torch.uint8))
     path.write_bytes(path.read_bytes()[:keep])
     with pytest.raises(DataError, match="truncated|not a uint8 IDX") as e:
-        data.read_idx(path)
+        store.read_idx(path)
     assert str(path) in str(e.value)
 
 
@@ -80,14 +79,14 @@ def test_idx_truncated_names_the_file(tmp_path, keep):
 
 
 def test_synthetic_is_deterministic_and_seeded(small):
-    again = data.make_synthetic(seed=3, n_train=600, n_test=100)
+    again = store.make_synthetic(seed=3, n_train=600, n_test=100)
     assert all(torch.equal(a, b) for a, b in zip(small, again))
-    other = data.make_synthetic(seed=4, n_train=600, n_test=100)
+    other = store.make_synthetic(seed=4, n_train=600, n_test=100)
     assert not torch.equal(small[0], other[0])
 
 
 def test_synthetic_shape_balance_and_order(synthetic_root):
-    train_x, train_y, test_x, test_y = data.make_synthetic()
+    train_x, train_y, test_x, test_y = store.make_synthetic()
     assert train_x.shape == (60000, 28, 28) and test_x.shape == (10000, 28, 28)
     assert train_x.dtype == test_x.dtype == torch.uint8 and train_y.dtype == test_y.dtype == torch.int64
     assert torch.bincount(train_y).tolist() == [6000] * 10
@@ -95,7 +94,7 @@ def test_synthetic_shape_balance_and_order(synthetic_root):
     assert len(set(train_y[:100].tolist())) == 10  # shuffled, so a prefix (train_limit) has every class
     assert (train_y[1:] == (train_y[:-1] + 1) % 10).float().mean() < 0.2  # and not merely cycled
     pixels = train_x.float() / 255  # roughly Fashion-MNIST's statistics, which normalize() assumes
-    assert abs(pixels.mean().item() - data.MEAN) < 0.05 and abs(pixels.std().item() - data.STD) < 0.05
+    assert abs(pixels.mean().item() - store.MEAN) < 0.05 and abs(pixels.std().item() - store.STD) < 0.05
     # prepare(source="synthetic") (conftest's session fixture) writes exactly these, readable by torchvision
     manifest = json.loads((synthetic_root / "manifest.json").read_text())
     assert manifest["source"] == "synthetic" and sorted(manifest["files"]) == sorted(FILES)
@@ -104,7 +103,7 @@ def test_synthetic_shape_balance_and_order(synthetic_root):
 
 
 def test_synthetic_is_learnable_by_lenet():
-    train_x, train_y, test_x, test_y = data.make_synthetic(seed=0, n_train=12000, n_test=2000)
+    train_x, train_y, test_x, test_y = store.make_synthetic(seed=0, n_train=12000, n_test=2000)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -122,13 +121,13 @@ def test_synthetic_is_learnable_by_lenet():
             nn.Linear(128, 10),
         )
         opt = torch.optim.SGD(model.parameters(), lr=0.2)
-        for idx in data.epoch_batches(len(train_y), 128, epoch=0, seed=0):
-            loss = nn.functional.cross_entropy(model(data.normalize(train_x[idx], "cpu")), train_y[idx])
+        for idx in store.epoch_batches(len(train_y), 128, epoch=0, seed=0):
+            loss = nn.functional.cross_entropy(model(store.normalize(train_x[idx], "cpu")), train_y[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
         with torch.no_grad():
-            acc = (model(data.normalize(test_x, "cpu")).argmax(1) == test_y).float().mean().item()
+            acc = (model(store.normalize(test_x, "cpu")).argmax(1) == test_y).float().mean().item()
     finally:
         torch.set_num_threads(threads)
     assert 0.3 < acc < 0.97, acc  # learnable, and not trivially separable
@@ -139,7 +138,7 @@ def test_synthetic_is_learnable_by_lenet():
 
 def test_prepare_from_local_mirror_then_idempotent(tmp_path, mirror, small):
     root = tmp_path / "data" / "fashion-mnist"
-    manifest = data.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
+    manifest = store.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
     raw = root / "FashionMNIST" / "raw"
     assert manifest["source"] == "fashion-mnist" and manifest["mirror"] == mirror.resolve().as_uri() + "/"
     assert json.loads((root / "manifest.json").read_text()) == manifest
@@ -148,7 +147,7 @@ def test_prepare_from_local_mirror_then_idempotent(tmp_path, mirror, small):
             "md5": hashlib.md5((raw / name).read_bytes()).hexdigest(),
             "bytes": (raw / name).stat().st_size,
         }
-    ds = data.load(root, "fashion-mnist")
+    ds = store.load(root, "fashion-mnist")
     assert ds.source == "fashion-mnist" and ds.train_y.dtype == torch.int64
     assert all(torch.equal(a, b.to(a.dtype)) for a, b in zip((ds.train_x, ds.train_y, ds.test_x, ds.test_y), small))
     assert _leftovers(root) == []
@@ -157,15 +156,15 @@ def test_prepare_from_local_mirror_then_idempotent(tmp_path, mirror, small):
     stamps = {p.name: p.stat().st_mtime_ns for p in raw.iterdir()}
     for gz in mirror.iterdir():
         gz.unlink()
-    assert data.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False) == manifest
+    assert store.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False) == manifest
     assert {p.name: p.stat().st_mtime_ns for p in raw.iterdir()} == stamps
 
 
 def test_prepare_accepts_file_url_mirror(tmp_path, mirror):
     root = tmp_path / "fm"
-    manifest = data.prepare(root, "fashion-mnist", mirror=mirror.as_uri(), progress=False)
+    manifest = store.prepare(root, "fashion-mnist", mirror=mirror.as_uri(), progress=False)
     assert manifest["mirror"] == mirror.as_uri() + "/"
-    assert len(data.load(root, "fashion-mnist").train_y) == 600
+    assert len(store.load(root, "fashion-mnist").train_y) == 600
 
 
 def test_corrupt_archive_is_removed_and_rerun_recovers(tmp_path, mirror):
@@ -174,15 +173,15 @@ def test_corrupt_archive_is_removed_and_rerun_recovers(tmp_path, mirror):
     good = gz.read_bytes()
     gz.write_bytes(good[:-20])  # truncated download
     with pytest.raises(DataError) as e:
-        data.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
+        store.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
     message = str(e.value)
     assert "train-labels-idx1-ubyte.gz" in message and "removed" in message and "\n" not in message
     assert not list(root.rglob("train-labels-idx1-ubyte*")) and not (root / "manifest.json").exists()
     assert _leftovers(root) == []
 
     gz.write_bytes(good)
-    data.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
-    assert len(data.load(root, "fashion-mnist").train_y) == 600
+    store.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
+    assert len(store.load(root, "fashion-mnist").train_y) == 600
 
 
 def test_offline_without_mirror_explains_both_ways_out(tmp_path, monkeypatch):
@@ -192,7 +191,7 @@ def test_offline_without_mirror_explains_both_ways_out(tmp_path, monkeypatch):
     monkeypatch.setattr(download, "MIRRORS", [url])
     root = tmp_path / "fm"
     with pytest.raises(DataError) as e:
-        data.prepare(root, "fashion-mnist", progress=False)
+        store.prepare(root, "fashion-mnist", progress=False)
     message = str(e.value)
     assert "data.mirror" in message and "data.source=synthetic" in message and url in message
     assert "make pipeline-offline" in message  # the way out for users of make/dvc, not only the CLI
@@ -206,25 +205,25 @@ def test_failed_download_never_falls_back_to_synthetic(tmp_path, synthetic_root,
     manifest = json.loads((root / "manifest.json").read_text())
     (mirror / "t10k-images-idx3-ubyte.gz").unlink()
     with pytest.raises(DataError, match="t10k-images-idx3-ubyte.gz"):
-        data.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
+        store.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
     assert json.loads((root / "manifest.json").read_text()) == manifest  # the synthetic set is untouched...
     with pytest.raises(DataError, match="holds synthetic data but data.source is fashion-mnist"):
-        data.load(root, "fashion-mnist")  # ...and is not served as Fashion-MNIST
+        store.load(root, "fashion-mnist")  # ...and is not served as Fashion-MNIST
 
 
 def test_switching_source_replaces_the_files(tmp_path, mirror, small, monkeypatch):
     monkeypatch.setattr(
-        data, "make_synthetic", lambda seed=0: tuple((t + 1) % 10 if t.dim() == 1 else t for t in small)
+        store, "make_synthetic", lambda seed=0: tuple((t + 1) % 10 if t.dim() == 1 else t for t in small)
     )
     root = tmp_path / "fm"
     raw = root / "FashionMNIST" / "raw"
-    data.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
+    store.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
     assert len(list(raw.glob("*.gz"))) == 4
-    assert data.prepare(root, "synthetic", progress=False)["source"] == "synthetic"
+    assert store.prepare(root, "synthetic", progress=False)["source"] == "synthetic"
     assert sorted(p.name for p in raw.iterdir()) == sorted(FILES)  # no Fashion-MNIST archive left beside it
-    assert torch.equal(data.load(root, "synthetic").train_y, (small[1] + 1) % 10)
-    data.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
-    assert torch.equal(data.load(root, "fashion-mnist").train_y, small[1])
+    assert torch.equal(store.load(root, "synthetic").train_y, (small[1] + 1) % 10)
+    store.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
+    assert torch.equal(store.load(root, "fashion-mnist").train_y, small[1])
 
 
 def test_each_request_is_bounded_and_the_process_socket_default_is_kept(tmp_path, monkeypatch):
@@ -242,18 +241,18 @@ def test_each_request_is_bounded_and_the_process_socket_default_is_kept(tmp_path
     socket.setdefaulttimeout(7.0)
     try:
         with pytest.raises(DataError, match="timed out"):
-            data.prepare(tmp_path / "fm", "fashion-mnist", progress=False)
+            store.prepare(tmp_path / "fm", "fashion-mnist", progress=False)
     finally:
         socket.setdefaulttimeout(before)
-    assert seen == [(data.DOWNLOAD_TIMEOUT_S, 7.0)] * len(download.FashionMNIST.mirrors)  # torchvision's mirrors
+    assert seen == [(store.DOWNLOAD_TIMEOUT_S, 7.0)] * len(download.FashionMNIST.mirrors)  # torchvision's mirrors
     assert torchvision.datasets.utils.tqdm is tv_tqdm
 
 
 def test_bad_mirror_value(tmp_path):
     with pytest.raises(DataError, match="data.mirror"):
-        data.prepare(tmp_path / "fm", "fashion-mnist", mirror=str(tmp_path / "nowhere"), progress=False)
+        store.prepare(tmp_path / "fm", "fashion-mnist", mirror=str(tmp_path / "nowhere"), progress=False)
     with pytest.raises(DataError, match="unsupported scheme"):
-        data.prepare(tmp_path / "fm", "fashion-mnist", mirror="ftp://example.org/", progress=False)
+        store.prepare(tmp_path / "fm", "fashion-mnist", mirror="ftp://example.org/", progress=False)
 
 
 # ---------------------------------------------------------------- load
@@ -261,19 +260,19 @@ def test_bad_mirror_value(tmp_path):
 
 def test_wrong_shapes_are_neither_published_nor_loaded(tmp_path, mirror, monkeypatch):
     root = tmp_path / "fm"
-    data.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
+    store.prepare(root, "fashion-mnist", mirror=str(mirror), progress=False)
     bad = root / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte"
-    data.write_idx(bad, torch.zeros(99, dtype=torch.uint8))  # 100 test images, 99 labels
+    store.write_idx(bad, torch.zeros(99, dtype=torch.uint8))  # 100 test images, 99 labels
     with pytest.raises(DataError, match="t10k-labels-idx1-ubyte"):
-        data.load(root, "fashion-mnist")
+        store.load(root, "fashion-mnist")
 
     monkeypatch.setattr(
-        data,
+        store,
         "make_synthetic",
         lambda seed=0: (torch.zeros(5, 28, 28), torch.zeros(5), torch.zeros(3, 28, 28), torch.zeros(2)),
     )
     with pytest.raises(DataError, match="t10k-labels-idx1-ubyte"):
-        data.prepare(tmp_path / "syn", "synthetic", progress=False)
+        store.prepare(tmp_path / "syn", "synthetic", progress=False)
     assert not (tmp_path / "syn").exists() and _leftovers(tmp_path / "syn") == []
 
 

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from pipeline.data import store as data
+from pipeline.data import store
 from pipeline.data.files import FILES, raw_dir
 from pipeline.errors import DataError
 
@@ -22,7 +22,7 @@ def _swapped_copy(synthetic_root, tmp_path):
         (raw / test).rename(raw / train)
         (raw / "swap").rename(raw / test)
     manifest = json.loads((root / "manifest.json").read_text())
-    manifest["files"] = {n: data._describe(raw / n) for n in FILES}  # recomputed: the md5 check passes
+    manifest["files"] = {n: store._describe(raw / n) for n in FILES}  # recomputed: the md5 check passes
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
 
@@ -30,7 +30,7 @@ def _swapped_copy(synthetic_root, tmp_path):
 def test_swapped_train_and_test_files_are_refused_naming_them(synthetic_root, tmp_path):
     root = _swapped_copy(synthetic_root, tmp_path)
     with pytest.raises(DataError) as e:
-        data.load(root, "synthetic", verify=True)
+        store.load(root, "synthetic", verify=True)
     msg = " ".join(str(e.value).split())
     assert "train-images-idx3-ubyte" in msg and "t10k-images-idx3-ubyte" in msg and "swapped" in msg, msg
     assert "10000" in msg and "60000" in msg, msg
@@ -48,5 +48,5 @@ def test_a_header_whose_dimensions_overflow_is_refused_naming_the_file(tmp_path,
     path = tmp_path / "train-images-idx3-ubyte"
     path.write_bytes((0x803).to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in dims) + payload)
     with pytest.raises(DataError) as e:
-        data.read_idx(path)
+        store.read_idx(path)
     assert str(path) in str(e.value), str(e.value)

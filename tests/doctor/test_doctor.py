@@ -10,7 +10,7 @@ from dataclasses import asdict
 import pytest
 
 from pipeline.config.schema import DDP_RUNTIME_STATS_ITERATIONS
-from pipeline.doctor import checks as doctor
+from pipeline.doctor import checks
 from pipeline.host import capabilities
 from pipeline.host.devices import Host, probe
 from pipeline.strategies.scratch import ScratchStrategy
@@ -27,7 +27,7 @@ def _labels(cases):
 
 
 def test_one_gpu_plan_covers_every_cuda_path_one_gpu_allows():
-    cases = doctor.plan(_host("cuda", 1), ["single", "scratch", "dp", "dp_criterion", "ddp", "ddp_amp", "fsdp"])
+    cases = checks.plan(_host("cuda", 1), ["single", "scratch", "dp", "dp_criterion", "ddp", "ddp_amp", "fsdp"])
     labels = _labels(cases)
     for s in ("single", "scratch", "dp", "dp_criterion", "ddp", "fsdp"):
         assert (s, 1, "", "") in labels  # all seven at k=1 ...
@@ -40,10 +40,10 @@ def test_one_gpu_plan_covers_every_cuda_path_one_gpu_allows():
 
 
 def test_plan_stops_at_two_devices_and_at_max_devices():
-    assert max(c.k for c in doctor.plan(_host("cuda", 8), ["ddp"])) == 2
-    assert {c.k for c in doctor.plan(_host("cpu", 4), ["ddp"], max_devices=1)} == {1}
-    assert [c.k for c in doctor.plan(_host("cpu", 4), ["single"])] == [1]
-    assert not any(c.tag for c in doctor.plan(_host("cpu", 2), ["ddp", "fsdp"]))
+    assert max(c.k for c in checks.plan(_host("cuda", 8), ["ddp"])) == 2
+    assert {c.k for c in checks.plan(_host("cpu", 4), ["ddp"], max_devices=1)} == {1}
+    assert [c.k for c in checks.plan(_host("cpu", 4), ["single"])] == [1]
+    assert not any(c.tag for c in checks.plan(_host("cpu", 2), ["ddp", "fsdp"]))
 
 
 def test_bf16_is_named_native_only_with_the_instructions_for_it():
@@ -81,7 +81,7 @@ def test_onednn_isa_cap_below_the_type_makes_it_emulated_and_is_named():
 
 
 def _run(make_cfg, tmp_path, strategies, **kw):
-    return doctor.run(
+    return checks.run(
         make_cfg(),
         tmp_path / "doctor",
         strategies,
@@ -157,7 +157,7 @@ def test_a_row_timed_on_fewer_steps_says_so_in_the_table():
         "settings": {"model": "lenet", "timed_steps": 30, "per_device_batch": 64, "equivalence": "e"},
         "counts": {"passed": 2, "failed": 0, "unavailable": 0},
     }
-    md = doctor.markdown(report)
+    md = checks.markdown(report)
     assert "30 steps after warm-up" in md
     fp16 = next(line for line in md.splitlines() if line.startswith("| ddp_amp k=1 (fp16"))
     bf16 = next(line for line in md.splitlines() if line.startswith("| ddp_amp k=1 (bf16"))
@@ -229,9 +229,9 @@ def test_timed_steps_start_after_ddps_runtime_stats_iterations(make_cfg, tmp_pat
 
     init = equivalence.initial_state()
     ref = {n: v + 0.01 for n, v in init.items()}
-    monkeypatch.setattr(doctor.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
-    monkeypatch.setattr(doctor, "run_trial", timed)
-    row = doctor.run_case(doctor.Case(strategy, 1), make_cfg(), probe(), ref, init, tmp_path, 2, 16, "lenet")
+    monkeypatch.setattr(checks.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
+    monkeypatch.setattr(checks, "run_trial", timed)
+    row = checks.run_case(checks.Case(strategy, 1), make_cfg(), probe(), ref, init, tmp_path, 2, 16, "lenet")
     assert row.status == "passed", row.reason
     # DDP's forward at 0-based step s finds num_iterations_ == s, and collects (syncs) for 1 <= s <= 10
     assert seen["warmup"] > DDP_RUNTIME_STATS_ITERATIONS
@@ -256,9 +256,9 @@ def test_a_row_timed_under_load_is_flagged_in_the_json_and_the_table(make_cfg, t
 
     init = equivalence.initial_state()
     ref = {n: v + 0.01 for n, v in init.items()}
-    monkeypatch.setattr(doctor.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
-    monkeypatch.setattr(doctor, "run_trial", timed)
-    row = doctor.run_case(doctor.Case("single", 1), make_cfg(), probe(), ref, init, tmp_path, 2, 16, "lenet")
+    monkeypatch.setattr(checks.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
+    monkeypatch.setattr(checks, "run_trial", timed)
+    row = checks.run_case(checks.Case("single", 1), make_cfg(), probe(), ref, init, tmp_path, 2, 16, "lenet")
     assert row.status == "passed", row.reason
     assert row.flagged == 1 and "1.90 cores" in row.flagged_reason
     host = capabilities.cpu_capabilities({"avx2"}, env={})
@@ -284,5 +284,5 @@ def test_a_row_timed_under_load_is_flagged_in_the_json_and_the_table(make_cfg, t
         "settings": {"model": "lenet", "timed_steps": 2, "per_device_batch": 16, "equivalence": "e"},
         "counts": {"passed": 1, "failed": 0, "unavailable": 0},
     }
-    line = next(x for x in doctor.markdown(report).splitlines() if x.startswith("| single k=1"))
+    line = next(x for x in checks.markdown(report).splitlines() if x.startswith("| single k=1"))
     assert "100 (under load)" in line and "timing measured under load: other processes kept 1.90 cores" in line

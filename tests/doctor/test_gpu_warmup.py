@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.gpu import gpu_epoch
-from pipeline.config import loader as configmod
-from pipeline.config import schema
+from pipeline.config import loader, schema
 from pipeline.doctor import checks
 from pipeline.trial import graphs
 
@@ -22,7 +21,7 @@ def test_the_settled_step_is_past_ddps_synchronised_iterations_and_named_once():
 
 @pytest.mark.parametrize("profile", ["gpu", "slurm"], ids=lambda p: f"{p}.yaml")  # "gpu" alone marks a CUDA test
 def test_the_gpu_profiles_time_no_step_ddp_synchronises(profile):
-    cfg = configmod.load(None, [f"profile={profile}"], root=REPO)
+    cfg = loader.load(None, [f"profile={profile}"], root=REPO)
     assert cfg.train.warmup_steps >= checks.WARMUP_STEPS  # as doctor's timed rows
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import paths
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.sweep import claims
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 REPO = Path(__file__).resolve().parents[2]
 DVC = Path(sys.executable).with_name("dvc")
@@ -42,10 +42,10 @@ def test_executor_stage_reads_its_checkout_and_writes_the_parents_stores(tmp_pat
     workspace's) and has results/ and runs/ there, while MLflow and Optuna stay in the parent's mlruns/."""
     parent, checkout = _executor_checkout(tmp_path, monkeypatch)
     assert paths.repo_root() == checkout
-    cfg = configmod.load()
+    cfg = loader.load()
     assert cfg.train.epochs == 3
     assert paths.store_root() == parent
-    assert tracking.tracking_uri(cfg) == f"sqlite:///{parent / 'mlruns' / 'mlflow.db'}"
+    assert client.tracking_uri(cfg) == f"sqlite:///{parent / 'mlruns' / 'mlflow.db'}"
     assert claims.storage_url(cfg) == f"sqlite:///{parent / 'mlruns' / 'optuna.db'}"
 
 

@@ -10,7 +10,7 @@ import numbers
 import pytest
 import yaml
 
-from pipeline.analysis import stage as A
+from pipeline.analysis.stage import analyze
 
 from ..analysis.test_analyze import row, write
 from ..conftest import REPO
@@ -32,7 +32,7 @@ def analysed(tmp_path_factory):
     }
     for s, rs in rows.items():
         write(rs, sweeps / f"{s}.jsonl")
-    summary = A.analyze(sweeps, base / "analysis", expected=("single", "ddp", "dp"))
+    summary = analyze(sweeps, base / "analysis", expected=("single", "ddp", "dp"))
     return summary, base / "analysis"
 
 
@@ -87,7 +87,7 @@ def test_metric_values_are_rounded_and_flagged_trials_counted(tmp_path):
         ],
         sweeps / "ddp.jsonl",
     )
-    A.analyze(sweeps, tmp_path / "analysis", expected=("ddp",))
+    analyze(sweeps, tmp_path / "analysis", expected=("ddp",))
     metrics = json.loads((tmp_path / "analysis" / "metrics.json").read_text())
     assert metrics["n_measured"] == 2 and metrics["n_flagged"] == 1
     assert metrics["throughput_img_s.ddp.k2"] == 1235 and metrics["weak_efficiency.ddp.k2"] == 0.617
@@ -97,7 +97,7 @@ def test_metric_keys_name_the_model_only_when_there_are_several(tmp_path):
     sweeps = tmp_path / "sweeps"
     sweeps.mkdir()
     write([row("ddp", k=1, B=128, thr=1000), row("ddp", k=1, B=128, thr=200, model="resnet18")], sweeps / "ddp.jsonl")
-    A.analyze(sweeps, tmp_path / "analysis", expected=("ddp",))
+    analyze(sweeps, tmp_path / "analysis", expected=("ddp",))
     metrics = json.loads((tmp_path / "analysis" / "metrics.json").read_text())
     assert metrics["throughput_img_s.ddp.lenet.k1"] == 1000 and metrics["throughput_img_s.ddp.resnet18.k1"] == 200
 

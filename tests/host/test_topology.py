@@ -90,18 +90,18 @@ def test_the_memory_figure_asks_nvml_about_the_trials_gpus(monkeypatch):
     """G3/G7: the per-device "used memory as NVML sees it" (metrics.nvml_used_bytes) looks each CUDA device up as the
     monitor does, by its UUID: with CUDA_VISIBLE_DEVICES=3,1, cuda:0 and cuda:1 are physical GPUs 3 and 1, and an
     NVML error leaves the optional figure None. Intent only: the real driver's memory figures need a GPU."""
-    from pipeline.measure import memory as metrics
+    from pipeline.measure import memory
 
     nvml = FakeNvml(UUIDS, BUSES)
     nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=(h[1] + 1) * 2**30)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     cuda_view(monkeypatch, [3, 1])
     devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
-    assert metrics.nvml_used_bytes(devices) == [4 * 2**30, 2 * 2**30]
+    assert memory.nvml_used_bytes(devices) == [4 * 2**30, 2 * 2**30]
     assert nvml.asked == [3, 1]
     nvml.fail.add("nvmlDeviceGetHandleByUUID")
     nvml.fail.add("nvmlDeviceGetHandleByPciBusId")
-    assert metrics.nvml_used_bytes(devices) is None
+    assert memory.nvml_used_bytes(devices) is None
 
 
 def test_a_trials_host_facts_describe_its_own_gpus(monkeypatch):

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from pipeline.host.devices import probe
-from pipeline.measure import breakdown, comm_probes
-from pipeline.measure import meter as metermod
+from pipeline.measure import breakdown, comm_probes, meter
 from pipeline.trial.launch import run_trial
 
 TWO = probe().n >= 2
@@ -88,9 +87,9 @@ class FakeBreakdown(breakdown.Off):
 
 def test_sampled_steps_leave_the_throughput_window(monkeypatch):
     clock = itertools.count()  # every clock read is one second later
-    monkeypatch.setattr(metermod.time, "perf_counter", lambda: float(next(clock)))
+    monkeypatch.setattr(meter.time, "perf_counter", lambda: float(next(clock)))
     bd = FakeBreakdown()
-    m = metermod.Meter(FakeStrategy(), 10, 1, target_acc=0.5, breakdown=bd)
+    m = meter.Meter(FakeStrategy(), 10, 1, target_acc=0.5, breakdown=bd)
     m.start_epoch(0)  # clock 0
     for step in range(6):
         m.tick(step)  # step 1: clock 1 (steady state starts)
@@ -104,7 +103,7 @@ def test_sampled_steps_leave_the_throughput_window(monkeypatch):
 
 
 def test_unsampled_steps_get_the_do_nothing_clock():
-    m = metermod.Meter(FakeStrategy(), 10, 1, target_acc=0.5)  # no breakdown: Off
+    m = meter.Meter(FakeStrategy(), 10, 1, target_acc=0.5)  # no breakdown: Off
     m.start_epoch(0)
     with m.sample(5) as c:
         assert c is breakdown.NO_CLOCK

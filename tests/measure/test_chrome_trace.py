@@ -15,8 +15,7 @@ from pipeline.errors import TrialFailed
 from pipeline.host.devices import probe
 from pipeline.measure import chrome_trace
 from pipeline.records import files
-from pipeline.tracking import client as tracking
-from pipeline.tracking import metric_names
+from pipeline.tracking import client, metric_names
 from pipeline.trial import ranks
 from pipeline.trial.launch import run_trial
 
@@ -161,7 +160,7 @@ def test_every_ranks_trace_is_logged_under_trace(tmp_path):
     (tmp_path / "trace" / "notes.txt").write_text("")
     tracker = Logged()
     tracker.root = tmp_path
-    tracking.log_completed_run(tracker, "r1", Record(), tmp_path)
+    client.log_completed_run(tracker, "r1", Record(), tmp_path)
     assert tracker.artifacts == [
         ("trace/rank0.pt.trace.json", "trace"),
         ("node0/trace/rank1.pt.trace.json", "trace"),

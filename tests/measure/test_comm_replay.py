@@ -85,9 +85,9 @@ def test_doctor_dump_events_writes_replayable_files(make_cfg, tmp_path):
     """`doctor --dump-events DIR` reaches the trial processes: fsdp's first sampled step is dumped there (on this
     CPU host through the host-span path) and replays to what the trial attributed. On a GPU host the same files hold
     Kineto's CUDA events; copying one into tests/fixtures/ makes CI replay it."""
-    from pipeline.doctor import checks as doctor
+    from pipeline.doctor import checks
 
-    doctor.run(
+    checks.run(
         make_cfg("train.breakdown_every=5"),
         tmp_path / "doctor",
         ["fsdp"],

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from pipeline.analysis.tables import points
+from pipeline.data.store import Dataset
 from pipeline.host.devices import Host
-from pipeline.measure import memory as metrics
-from pipeline.measure import meter as metermod
-from pipeline.records import trial as R
+from pipeline.measure import memory, meter
+from pipeline.records import trial
 from pipeline.strategies.base import Strategy
-from pipeline.trial import loop as trainmod
+from pipeline.trial import loop
 
 DEVICES = [torch.device("cuda", 0), torch.device("cuda", 1)]
 RESIDENT = {0: 100, 1: 10}  # bytes held when the window opens (model, optimizer, data)
@@ -45,8 +45,8 @@ class FakeAllocator:
         monkeypatch.setattr(torch.cuda, "memory_allocated", self.allocated)
         monkeypatch.setattr(torch.cuda, "max_memory_allocated", self.max_allocated)
         monkeypatch.setattr(torch.cuda, "max_memory_reserved", self.max_reserved)
-        monkeypatch.setattr(metrics, "nvml_used_bytes", self.nvml, raising=False)
-        monkeypatch.setattr(metrics, "warm_libraries", lambda devices: self.first_use(), raising=False)
+        monkeypatch.setattr(memory, "nvml_used_bytes", self.nvml, raising=False)
+        monkeypatch.setattr(memory, "warm_libraries", lambda devices: self.first_use(), raising=False)
 
     def first_use(self):
         """A library's first call on each device: its workspace is allocated and kept."""
@@ -114,19 +114,19 @@ def _run(make_cfg, monkeypatch, epochs=2, **allocator):
             alloc.step()
             return super().train_step(*args, **kwargs)
 
-    real_evaluate = trainmod.evaluate
+    real_evaluate = loop.evaluate
 
     def evaluate(*args, **kwargs):
         log.append(("evaluate",))
         alloc.evaluate()
         return real_evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(trainmod, "evaluate", evaluate)
-    monkeypatch.setattr(metermod, "memory_meter", lambda s: metrics.CudaPeaks(s))
-    monkeypatch.setattr(metermod, "clock_for", metermod.HostClock)  # the computation runs on the CPU
+    monkeypatch.setattr(loop, "evaluate", evaluate)
+    monkeypatch.setattr(meter, "memory_meter", lambda s: memory.CudaPeaks(s))
+    monkeypatch.setattr(meter, "clock_for", meter.HostClock)  # the computation runs on the CPU
     cfg = make_cfg("train.batch_size=32", f"train.epochs={epochs}", "train.breakdown_every=0")
     g = torch.Generator().manual_seed(0)
-    data = trainmod.datamod.Dataset(
+    data = Dataset(
         *(
             _logged(t, log)
             for t in (
@@ -140,7 +140,7 @@ def _run(make_cfg, monkeypatch, epochs=2, **allocator):
     )
     strategy = FakeCuda(cfg.train, Host("cpu", 1, "cpu", "h", torch.__version__, ""))
     strategy.setup()
-    return trainmod.train(cfg, strategy, data), log
+    return loop.train(cfg, strategy, data), log
 
 
 def _first(log, event):
@@ -197,7 +197,7 @@ def test_the_libraries_workspaces_and_the_autotuners_trials_are_not_the_steps_me
 
 def test_a_run_with_no_steady_step_reports_its_warm_up_peak(make_cfg, monkeypatch):
     """Fewer steps than the warm-up: the only peak there is (the warm-up's) is the figure, not zero."""
-    monkeypatch.setattr(trainmod, "steps_per_epoch", lambda n, b: 1)
+    monkeypatch.setattr(loop, "steps_per_epoch", lambda n, b: 1)
     out, _ = _run(make_cfg, monkeypatch, epochs=1, workspace=WORKSPACE)
     assert out["timed_steps"] == 0
     assert out["peak_mem_bytes"] == [400 - 100, 250 - 10]
@@ -215,15 +215,15 @@ def test_without_nvml_the_nvml_figure_is_none(monkeypatch):
         return real_import(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_pynvml)
-    assert metrics.nvml_used_bytes(DEVICES) is None
-    assert metrics.nvml_used_bytes([torch.device("cpu")]) is None
+    assert memory.nvml_used_bytes(DEVICES) is None
+    assert memory.nvml_used_bytes([torch.device("cpu")]) is None
 
 
 def test_cpu_keeps_memtracker_and_says_so():
     """Each basis a memory meter reports is one the tables and the report can name."""
-    assert metrics.CpuStepPeaks.method == "memtracker" and metrics.CpuStepPeaks.basis == "memtracker_step"
-    assert "MemTracker" in points.MEM_BASIS[metrics.CpuStepPeaks.basis]
-    assert "above what was resident" in points.MEM_BASIS[metrics.CudaPeaks.basis]
+    assert memory.CpuStepPeaks.method == "memtracker" and memory.CpuStepPeaks.basis == "memtracker_step"
+    assert "MemTracker" in points.MEM_BASIS[memory.CpuStepPeaks.basis]
+    assert "above what was resident" in points.MEM_BASIS[memory.CudaPeaks.basis]
 
 
 def _rank(rank, peaks, resident=None, reserved=None, nvml=None, method="cuda_allocator"):
@@ -263,7 +263,7 @@ def test_record_joins_ranks_and_names_the_basis(make_cfg):
         "mem_basis": "step_above_resident",
         "amp_dtype": None,
     }
-    r = R.summarize(cfg, host, SimpleNamespace(multiprocess=True, parallel_on_cpu=True), [main], 1.0)
+    r = trial.summarize(cfg, host, SimpleNamespace(multiprocess=True, parallel_on_cpu=True), [main], 1.0)
     assert r.peak_mem_bytes == [300, 100] and r.mem_resident_bytes == [50, 50]
     assert r.mem_reserved_peak_bytes == [1000, 900] and r.mem_nvml_used_bytes == [4000, 2000]
     assert r.mem_imbalance == pytest.approx(1.5) and r.mem_device0_excess == 200

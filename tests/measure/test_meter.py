@@ -8,7 +8,7 @@ import itertools
 
 import torch
 
-from pipeline.measure import meter as metermod
+from pipeline.measure import meter
 
 
 class FakeStrategy:
@@ -34,9 +34,9 @@ class FakeTracker(contextlib.nullcontext):
 
 def run(monkeypatch, epochs, steps, warmup, accs, batch=10):
     clock = itertools.count()  # every clock read is one second later
-    monkeypatch.setattr(metermod.time, "perf_counter", lambda: float(next(clock)))
+    monkeypatch.setattr(meter.time, "perf_counter", lambda: float(next(clock)))
     strategy = FakeStrategy()
-    m = metermod.Meter(strategy, batch, warmup, target_acc=0.5)
+    m = meter.Meter(strategy, batch, warmup, target_acc=0.5)
     step, per_epoch, probes = 0, [], []
     for epoch in range(epochs):
         m.start_epoch(step)
@@ -90,7 +90,7 @@ class EveryThird:
         return n >= 0 and n % 3 == 2
 
     def sample(self):
-        return contextlib.nullcontext(metermod.NO_CLOCK)
+        return contextlib.nullcontext(meter.NO_CLOCK)
 
     def results(self, *_):
         return None
@@ -98,8 +98,8 @@ class EveryThird:
 
 def windows(monkeypatch, epochs, steps, warmup, window_steps, breakdown=None, batch=10):
     clock = itertools.count()  # every clock read is one second later; steps themselves take no time
-    monkeypatch.setattr(metermod.time, "perf_counter", lambda: float(next(clock)))
-    m = metermod.Meter(FakeStrategy(), batch, warmup, 0.5, breakdown, window_steps=window_steps)
+    monkeypatch.setattr(meter.time, "perf_counter", lambda: float(next(clock)))
+    m = meter.Meter(FakeStrategy(), batch, warmup, 0.5, breakdown, window_steps=window_steps)
     step = 0
     for _ in range(epochs):
         m.start_epoch(step)
@@ -139,7 +139,7 @@ def test_memory_window_opens_at_each_tick_and_closes_at_evaluation(monkeypatch):
     nothing
     and the GPU-only figures are None."""
     calls = []
-    m = metermod.Meter(FakeStrategy(), 10, 1, 0.5)
+    m = meter.Meter(FakeStrategy(), 10, 1, 0.5)
     assert m.memory.figures() == dict.fromkeys(
         ("mem_workspace_bytes", "mem_resident_bytes", "mem_reserved_peak_bytes", "mem_nvml_used_bytes")
     )

@@ -9,25 +9,24 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from pipeline.analysis.tables import points
-from pipeline.analysis.tables import summary as S
-from pipeline.records import trial as R
+from pipeline.analysis.tables import points, summary
+from pipeline.records import trial
 from tests.records.test_record import _rank
 
 
 @dataclasses.dataclass(frozen=True)
-class WithProbe(R.TrialRecord):
+class WithProbe(trial.TrialRecord):
     """The record plus three declared measurements, one per way of combining the ranks."""
 
-    probe_max_s: float | None = R._f(R.METRIC, R.TABLE, R.POINT, rank="max")
-    probe_min_s: float | None = R._f(R.TABLE, rank="min")
-    probe_main: str | None = R._f(R.TAG, rank="main")
+    probe_max_s: float | None = trial._f(trial.METRIC, trial.TABLE, trial.POINT, rank="max")
+    probe_min_s: float | None = trial._f(trial.TABLE, rank="min")
+    probe_main: str | None = trial._f(trial.TAG, rank="main")
 
 
 def test_summarize_fills_declared_rank_measurements_by_name(make_cfg, monkeypatch):
     """A field declared with rank= is filled from every rank's result of the same name (largest, smallest, or the
     main rank's), reaches the views it declares, and a rank without it is skipped."""
-    monkeypatch.setattr(R, "TrialRecord", WithProbe)
+    monkeypatch.setattr(trial, "TrialRecord", WithProbe)
     cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.batch_size=64")
     host = SimpleNamespace(kind="cpu", n=2, name="cpu", hostname="h", torch="t", cuda="")
     ddp = SimpleNamespace(multiprocess=True, parallel_on_cpu=True)
@@ -36,24 +35,24 @@ def test_summarize_fills_declared_rank_measurements_by_name(make_cfg, monkeypatc
         {**_rank(85.0, rank=1), "probe_max_s": 0.7, "probe_min_s": 0.2, "probe_main": "b"},
         _rank(80.0, rank=2),
     ]
-    r = R.summarize(cfg, host, ddp, ranks, 2.0)
+    r = trial.summarize(cfg, host, ddp, ranks, 2.0)
     assert (r.probe_max_s, r.probe_min_s, r.probe_main) == (0.7, 0.2, "a")
     assert r.metrics()["probe_max_s"] == 0.7 and r.tags()["probe_main"] == "a"
     assert r.table_row()["probe_min_s"] == 0.2
-    assert set(R.point_columns(WithProbe)) - set(R.point_columns()) == {"probe_max_s"}
+    assert set(trial.point_columns(WithProbe)) - set(trial.point_columns()) == {"probe_max_s"}
 
 
 def test_an_unknown_rank_aggregate_is_refused():
     """A declaration names one of RANK_AGGREGATES, or the record module refuses it at import."""
     with pytest.raises(ValueError, match="median"):
-        R._f(R.TABLE, rank="median")
+        trial._f(trial.TABLE, rank="median")
 
 
 def test_a_point_measurement_reaches_the_point_table_and_metrics_json(monkeypatch):
     """Every column point_columns() names gets its median per point in point_table and its largest per strategy
     and k in metrics.json; a table without that column (an older one) gets neither."""
     monkeypatch.setattr(points, "point_columns", lambda: ["probe_s"])
-    monkeypatch.setattr(S, "point_columns", lambda: ["probe_s"])
+    monkeypatch.setattr(summary, "point_columns", lambda: ["probe_s"])
     base = {
         "state": "complete",
         "oversubscribed": False,
@@ -77,6 +76,6 @@ def test_a_point_measurement_reaches_the_point_table_and_metrics_json(monkeypatc
     pts = points.point_table(df)
     assert sorted(pts["probe_s"]) == [0.5, 2.0]
     empty = pd.DataFrame(columns=["strategy", "model", "k", "kind", "efficiency", "peak_mem_mib", "mem_imbalance"])
-    out = S.flat_metrics({}, pts, empty, empty)
+    out = summary.flat_metrics({}, pts, empty, empty)
     assert out["probe_s.ddp.k2"] == 2.0 and out["probe_s.ddp.k1"] == 0.5
     assert "probe_s" not in points.point_table(df.drop(columns="probe_s"))

@@ -9,13 +9,12 @@ import random
 import pytest
 
 from pipeline.host.devices import probe
-from pipeline.scaling import collectives
-from pipeline.scaling import model as sm
+from pipeline.scaling import collectives, model
 
 
 def synthetic(collective, k, alpha, beta, sizes, noise=0.0, seed=0):
     rng = random.Random(seed)
-    f = sm.BUS_FACTOR[collective](k)
+    f = model.BUS_FACTOR[collective](k)
     return [{"bytes": s, "median_s": (alpha + f * s / beta) * (1 + rng.uniform(-noise, noise))} for s in sizes]
 
 
@@ -86,7 +85,7 @@ def test_the_stage_measures_k2_with_its_settings_and_writes_the_documented_keys(
     assert r["collectives"]["allreduce"]["available"] and r["collectives"]["allgather"]["available"]
     if r["backend"] == "gloo":
         assert not r["collectives"]["dp_copy"]["available"] and "CUDA" in r["collectives"]["dp_copy"]["reason"]
-    ic = sm.from_collectives(r)
+    ic = model.from_collectives(r)
     assert ic.kind == "measured" and "allreduce" in ic.links
 
 

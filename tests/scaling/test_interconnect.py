@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.scaling import model as sm
+from pipeline.scaling import model
 
 
 def ic(name, alpha, beta, scope="intra-node"):
-    return sm.Interconnect(name, "profile", {"*": {"alpha_s": alpha, "beta_Bps": beta, "k_ref": None}}, scope=scope)
+    return model.Interconnect(name, "profile", {"*": {"alpha_s": alpha, "beta_Bps": beta, "k_ref": None}}, scope=scope)
 
 
 @pytest.fixture(scope="module")
 def lenet():
-    return sm.model_layout("lenet")
+    return model.model_layout("lenet")
 
 
 FAST, NET = ic("fast", 1e-6, 100e9), ic("net", 5e-6, 10e9, "inter-node")
@@ -43,14 +43,14 @@ def test_spanning_nodes_without_inter_node_figures_or_in_one_process_is_refused(
     with pytest.raises(ValueError, match="pairs an intra-node"):
         NET.across_nodes(FAST)
     with pytest.raises(ValueError, match="cannot span nodes"):
-        sm.predict("scratch", 16, 1e-4, FAST.across_nodes(NET), layout=lenet, devices_per_node=8)
+        model.predict("scratch", 16, 1e-4, FAST.across_nodes(NET), layout=lenet, devices_per_node=8)
 
 
 def test_predict_says_how_many_nodes_and_which_links(lenet):
     """A 16-device ddp prediction on nodes of 8 uses 2 nodes and both scopes, and is slower than one node of 16."""
     both = FAST.across_nodes(NET)
-    one = sm.predict("ddp", 16, 1e-4, both, layout=lenet)
-    two = sm.predict("ddp", 16, 1e-4, both, layout=lenet, devices_per_node=8)
+    one = model.predict("ddp", 16, 1e-4, both, layout=lenet)
+    two = model.predict("ddp", 16, 1e-4, both, layout=lenet, devices_per_node=8)
     assert (one["nnodes"], one["links"]) == (1, "intra-node")
     assert (two["nnodes"], two["links"]) == (2, "intra-node + inter-node") and two["modelled"] is True
     assert two["efficiency"] < one["efficiency"] and "between nodes" in two["interconnect"]
@@ -58,13 +58,13 @@ def test_predict_says_how_many_nodes_and_which_links(lenet):
 
 def test_nominal_profiles_have_a_scope_and_inter_node_entries():
     """load_profiles() stays intra-node (the single-node projections); the InfiniBand entries are inter-node."""
-    intra, inter = sm.load_profiles(), sm.load_profiles(scope="inter-node")
+    intra, inter = model.load_profiles(), model.load_profiles(scope="inter-node")
     assert {"nvlink4", "pcie_gen4_x16"} <= set(intra) and {p.scope for p in intra.values()} == {"intra-node"}
     assert {"ib_edr_100", "ib_hdr_200", "ib_ndr_400"} <= set(inter)
     for p in inter.values():
         assert p.scope == "inter-node" and "nominal" in p.note and p.source.strip()
     assert inter["ib_ndr_400"].link("*")["beta_Bps"] == pytest.approx(50e9)  # 400 Gb/s
-    assert set(sm.load_profiles(scope=None)) == set(intra) | set(inter)
+    assert set(model.load_profiles(scope=None)) == set(intra) | set(inter)
 
 
 def test_a_measured_host_is_labelled_intra_node():
@@ -77,9 +77,9 @@ def test_a_measured_host_is_labelled_intra_node():
         "measured_at": "now",
         "collectives": {"allreduce": {"available": True, "by_k": {"2": {"after_compute": {"fit": fit}}}}},
     }
-    host = sm.from_collectives(measured)
+    host = model.from_collectives(measured)
     assert host.scope == "intra-node" and "intra-node" in host.name and host.kind == "measured"
-    paired = host.across_nodes(sm.load_profiles(scope="inter-node")["ib_hdr_200"])
+    paired = host.across_nodes(model.load_profiles(scope="inter-node")["ib_hdr_200"])
     assert paired.kind == "measured + profile"
     # the host's gloo figures (2 GB/s, 100 us per step) are the slower link here: the ring moves at their pace
     assert paired.seconds("allreduce", 1e6, 4, 2) == pytest.approx(host.seconds("allreduce", 1e6, 4))

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipeline.cli import types as cli_types
+from pipeline.cli import types
 from pipeline.scaling import memory
 
 MIB = 1 << 20
@@ -26,12 +26,12 @@ def gpu(strategy, k=2, batch=256, counts=None, **kw):
 
 def test_a_part_label_and_a_binary_size_are_read_as_written():
     """80GB is 80e9 bytes (a part's label), 80GiB and 80G are 80 x 2^30 (what torch reports): not the same size."""
-    assert cli_types.parse_size("80GB") == 80 * 10**9
-    assert cli_types.parse_size("80GiB") == cli_types.parse_size("80G") == 80 * 2**30
-    assert cli_types.parse_size("512MB") == 512 * 10**6 and cli_types.parse_size("512MiB") == 512 * 2**20
-    assert cli_types.parse_size("79.6 GiB") == int(79.6 * 2**30) and cli_types.parse_size("1024") == 1024
+    assert types.parse_size("80GB") == 80 * 10**9
+    assert types.parse_size("80GiB") == types.parse_size("80G") == 80 * 2**30
+    assert types.parse_size("512MB") == 512 * 10**6 and types.parse_size("512MiB") == 512 * 2**20
+    assert types.parse_size("79.6 GiB") == int(79.6 * 2**30) and types.parse_size("1024") == 1024
     with pytest.raises(ValueError, match="not a memory size"):
-        cli_types.parse_size("eighty")
+        types.parse_size("eighty")
 
 
 def test_ddp_buckets_are_resident_on_the_gpu_basis_and_counted_once(counts):

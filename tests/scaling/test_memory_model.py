@@ -132,9 +132,9 @@ def test_the_report_shows_measured_beside_modelled_and_projects_dp():
 
 
 def memory_fit_table(rows):
-    from pipeline.analysis import stage as A
+    from pipeline.analysis import stage
 
-    return A.memory_table(frame(rows))
+    return stage.memory_table(frame(rows))
 
 
 def test_a_knob_read_back_as_text_is_off_when_it_says_false():

@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.scaling import overlap
 
 
@@ -103,8 +103,8 @@ def test_overlapped_arm_copies_on_a_side_stream_and_both_arms_copy_into_pinned_m
     memory allocated with pin_memory=True, non_blocking, and no pageable .to('cpu') / .cpu()."""
     log, pinned = _fake_cuda(monkeypatch)
     calls = _arms(monkeypatch, log)
-    cfg = configmod.override(
-        configmod.Config(),
+    cfg = loader.override(
+        loader.Config(),
         ["overlap.size=16", "overlap.chain=2", "overlap.items=3", "overlap.reps=1", "overlap.warmup=0"],
     )
     res = overlap.measure_cuda(cfg)

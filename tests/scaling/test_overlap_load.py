@@ -12,7 +12,7 @@ import json
 import pytest
 
 from pipeline.cli import main
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.host.devices import probe
 from pipeline.scaling import overlap
 
@@ -64,7 +64,7 @@ def measured(monkeypatch):
 
 
 def _cfg(threshold=0.25):
-    return configmod.override(configmod.Config(), [f"train.interference_threshold={threshold}"])
+    return loader.override(loader.Config(), [f"train.interference_threshold={threshold}"])
 
 
 @pytest.mark.skipif(probe().kind == "cpu" and probe().n < 2, reason="the overlap stage needs two devices")
@@ -110,7 +110,7 @@ def test_the_stage_hands_the_interference_monitor_to_the_measurement(make_cfg, t
     """`python -m pipeline overlap` runs the measurements inside interference.Monitor, and its MLflow run is tagged
     with the label."""
     from pipeline.measure.interference import Monitor
-    from pipeline.tracking import client as tracking
+    from pipeline.tracking import client
 
     make_cfg()
     (tmp_path / "params.yaml").write_text('profile: ""\ndata: {source: synthetic}\n')
@@ -122,13 +122,13 @@ def test_the_stage_hands_the_interference_monitor_to_the_measurement(make_cfg, t
         (out / "overlap.md").write_text("overlap\n")
         return {**MEASURED, "settings": {}, "ratio_both_to_sum": 0.5, "comm_saving": 0.0, "under_load": True}
 
-    real_start = tracking.Tracker.start_run
+    real_start = client.Tracker.start_run
 
     def start_run(self, name, run_tags, *a, **kw):
         tags.update(run_tags)
         return real_start(self, name, run_tags, *a, **kw)
 
     monkeypatch.setattr(overlap, "run", fake_run)
-    monkeypatch.setattr(tracking.Tracker, "start_run", start_run)
+    monkeypatch.setattr(client.Tracker, "start_run", start_run)
     assert main(["overlap", "--out", str(tmp_path / "overlap")]) == 0
     assert handed == [Monitor] and tags["under_load"] is True

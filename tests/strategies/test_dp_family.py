@@ -23,8 +23,7 @@ from torch import nn
 from pipeline.config.loader import Config
 from pipeline.host.devices import Host
 from pipeline.models import build_model
-from pipeline.strategies import dp as dp_mod
-from pipeline.strategies import dp_criterion as dpc_mod
+from pipeline.strategies import dp, dp_criterion
 from pipeline.strategies.base import Learner, Strategy
 
 K = 2
@@ -91,7 +90,7 @@ class StandIns:
 def stand_ins(monkeypatch):
     s = StandIns()
     for name in ("scatter", "replicate", "parallel_apply", "gather"):
-        monkeypatch.setattr(dpc_mod, name, getattr(s, name))
+        monkeypatch.setattr(dp_criterion, name, getattr(s, name))
     monkeypatch.setattr(torch_dp, "scatter_kwargs", s.scatter_kwargs)
     monkeypatch.setattr(torch_dp, "replicate", s.replicate)
     monkeypatch.setattr(torch_dp, "parallel_apply", s.parallel_apply)
@@ -126,7 +125,7 @@ def _dp_model(model):
     """dp's wrapped model as DataParallel builds it on a CUDA host, driven on CPU: DataParallel gives up its devices
     without CUDA (data_parallel.py, `device_type is None`), so the test tells it CUDA is there and lets the module
     stay on the CPU."""
-    s = dp_mod.DataParallelStrategy(_train_cfg(), GPUS)
+    s = dp.DataParallelStrategy(_train_cfg(), GPUS)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(torch_dp, "_get_available_device_type", lambda: "cuda")
         mp.setattr(torch_dp, "_check_balance", lambda device_ids: None)
@@ -141,7 +140,7 @@ def _parallel_step(name, model, x, y):
         s, m, crit = _dp_model(model)
         s.place_batch = lambda model, x, y: [(model, x, y)]
     else:
-        s = dpc_mod.DataParallelCriterionStrategy(_train_cfg(), GPUS)
+        s = dp_criterion.DataParallelCriterionStrategy(_train_cfg(), GPUS)
         m, crit = s.wrap(model, nn.CrossEntropyLoss())
     opt = s.build_optimizer(m)
     loss = s.train_step(Learner(m, crit, opt), x, y)
@@ -208,5 +207,5 @@ def test_contiguous_weights_leave_the_replicas_as_replicate_made_them(stand_ins)
     model = _model(False)
     replicas = stand_ins.replicate(model, [0, 1])
     before = [[id(t) for _, t in _replica_tensors(model, r)] for r in replicas]
-    dp_mod.match_layout(model, replicas)
+    dp.match_layout(model, replicas)
     assert [[id(t) for _, t in _replica_tensors(model, r)] for r in replicas] == before

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from pipeline.config.loader import Config
 from pipeline.host.devices import Host
-from pipeline.measure import meter as meter_mod
+from pipeline.measure import meter
 from pipeline.measure.breakdown import NO_CLOCK
 from pipeline.rank_env import RankEnv
 from pipeline.strategies import STRATEGIES
@@ -102,8 +102,8 @@ def test_marks_are_events_on_every_device_read_only_after_each_is_synchronised(m
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: torch.device(d))
     monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
-    monkeypatch.setattr(meter_mod, "memory_meter", lambda s: mock.Mock())  # the CUDA allocator's peaks: not here
-    m = meter_mod.Meter(strategy, batch_size=8, warmup_steps=2, target_acc=1.0, breakdown=_Sampled(), window_steps=3)
+    monkeypatch.setattr(meter, "memory_meter", lambda s: mock.Mock())  # the CUDA allocator's peaks: not here
+    m = meter.Meter(strategy, batch_size=8, warmup_steps=2, target_acc=1.0, breakdown=_Sampled(), window_steps=3)
     step, window_syncs = 0, []
     for _ in range(2):  # two epochs of 12 steps: warm-up, windows, sampled steps, epoch edges
         m.start_epoch(step)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.host.devices import probe
 from pipeline.strategies.base import Learner
 from tests.strategies import world
@@ -23,7 +23,7 @@ def _knob_worker(sets: list[str], count_buckets: bool = False) -> dict:
 
     if count_buckets:  # the counting hook below replaces the transport: observe DDP's own all-reduces
         sets = [*sets, "train.comm_hook=none"]
-    cfg = configmod.override(configmod.Config(), sets)
+    cfg = loader.override(loader.Config(), sets)
     s = STRATEGIES[cfg.train.strategy](cfg.train, probe())
     s.setup(int(__import__("os").environ["RANK"]), int(__import__("os").environ["WORLD_SIZE"]))
     model, crit = s.wrap(build_model("lenet", 0), torch.nn.CrossEntropyLoss())
@@ -114,8 +114,8 @@ def test_compression_hook_is_registered_and_changes_gradients(hook, name):
 def test_overlap_stage_reports_three_measurements_with_spread(tmp_path):
     from pipeline.scaling import overlap
 
-    cfg = configmod.override(
-        configmod.Config(),
+    cfg = loader.override(
+        loader.Config(),
         ["overlap.size=64", "overlap.chain=3", "overlap.items=3", "overlap.reps=3", "overlap.warmup=1"],
     )
     res = overlap.run(cfg, tmp_path)

@@ -12,8 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.doctor import checks as doctor
-from pipeline.doctor import equivalence
+from pipeline.doctor import checks, equivalence
 from pipeline.doctor.checks import Case
 from pipeline.host.devices import probe
 
@@ -40,7 +39,7 @@ def test_the_equivalence_run_pins_fp32_and_restores_the_switches(make_cfg, tmp_p
     """G6: the one-step check trains with TF32 off for cuDNN and cuBLAS, observed inside the run (a spy on the
     training call), and leaves the switches as it found them. Checks intent on a CPU build: that the flags are set,
     not what cuDNN does with them."""
-    import pipeline.trial.ranks as ranks
+    from pipeline.trial import ranks
 
     log = tmp_path / "tf32-inside.txt"  # the trial trains in a child process: the spy writes what it saw to a file
     real = ranks.train
@@ -86,7 +85,7 @@ def test_the_tf32_mode_turns_every_switch_on_and_the_check_follows_it(make_cfg, 
     """G6: train.fp32_precision=tf32 turns TF32 on for convolutions and matmuls inside the pin (the other side of the
     first GPU run's TF32-on/off equivalence comparison), restores the switches after, and the equivalence check then
     runs in TF32 rather than pinning IEEE fp32. The switches change no CPU arithmetic: only a GPU shows the effect."""
-    from pipeline.config import loader as configmod
+    from pipeline.config import loader
     from pipeline.host import capabilities
 
     before = capabilities.tf32_flags()
@@ -99,7 +98,7 @@ def test_the_tf32_mode_turns_every_switch_on_and_the_check_follows_it(make_cfg, 
     )
     monkeypatch.setattr(equivalence.torch, "load", lambda *a, **k: {})
     for mode, pinned in (("default", "ieee"), ("ieee", "ieee"), ("tf32", "tf32")):
-        equivalence.one_step(configmod.override(make_cfg(), [f"train.fp32_precision={mode}"]), "/nowhere", "single", 1)
+        equivalence.one_step(loader.override(make_cfg(), [f"train.fp32_precision={mode}"]), "/nowhere", "single", 1)
         assert seen[-1] == pinned
 
 
@@ -187,7 +186,7 @@ def test_fp32_rows_on_a_tf32_gpu_are_labelled_tf32_convs():
             )
             for s, v in (("single", ""), ("ddp_amp", "bf16"))
         ]
-        return doctor.markdown(
+        return checks.markdown(
             {
                 "host": host,
                 "data_source": "synthetic",
@@ -214,7 +213,7 @@ def test_a_step_skipped_by_gradscaler_is_reported_as_skipped(make_cfg, tmp_path,
     skipped steps and the final scale. The timed run is stubbed: only the one-step check is under test."""
     monkeypatch.setattr(equivalence, "FP16_INIT_SCALE", 2.0**60, raising=False)
     monkeypatch.setattr(
-        doctor,
+        checks,
         "run_trial",
         lambda cfg, out, progress=False, timeout_s=None: {
             "throughput_img_s": 1.0,
@@ -225,7 +224,7 @@ def test_a_step_skipped_by_gradscaler_is_reported_as_skipped(make_cfg, tmp_path,
     base = make_cfg()
     ref, _ = equivalence.one_step(base, tmp_path / "ref", "single", 1)
     case = Case("ddp_amp", 1, ("train.amp_dtype=fp16",), "fp16+GradScaler")
-    row = doctor.run_case(case, base, probe(), ref, equivalence.initial_state(), tmp_path, 1, 16, "lenet")
+    row = checks.run_case(case, base, probe(), ref, equivalence.initial_state(), tmp_path, 1, 16, "lenet")
     assert "skipped by GradScaler" in row.reason, row.reason
     assert row.status == "skipped" and "does not match" not in row.reason
     _, metrics = equivalence.one_step(

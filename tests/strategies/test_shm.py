@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.host.devices import probe
 from pipeline.strategies import shm_allreduce
 from pipeline.trial.launch import Infeasible, check_feasible
@@ -102,8 +102,8 @@ def test_ddp_over_shared_memory_equals_gloo_which_is_the_default(tmp_path):
 
 def test_explicit_shm_needs_one_cpu_host():
     host = probe()
-    cfg = configmod.override(
-        configmod.Config(),
+    cfg = loader.override(
+        loader.Config(),
         [
             "train.strategy=ddp",
             "train.devices=2",
@@ -125,8 +125,8 @@ def test_transport_is_reported_with_the_trial(make_cfg, tmp_path):
         pytest.skip("needs 2 devices")
     cfg = make_cfg("train.strategy=ddp", "train.devices=2", "train.batch_size=64", "train.max_steps=6")
     assert run_trial(cfg, tmp_path / "k2", progress=False)["comm_hook_used"] == "none"  # DDP as PyTorch ships it
-    shm = configmod.replace_train(cfg, comm_hook="shm")
+    shm = loader.replace_train(cfg, comm_hook="shm")
     assert run_trial(shm, tmp_path / "k2shm", progress=False)["comm_hook_used"] == "shm"
-    one = configmod.replace_train(shm, devices=1, batch_size=32)  # the cpu-comm profile's k=1 point: one slot
+    one = loader.replace_train(shm, devices=1, batch_size=32)  # the cpu-comm profile's k=1 point: one slot
     assert run_trial(one, tmp_path / "k1shm", progress=False)["comm_hook_used"] == "shm"
     assert os.path.exists(tmp_path / "k2shm" / "metrics.json")

@@ -88,9 +88,9 @@ def test_resnet_batchnorm_keeps_per_device_statistics(make_cfg, tmp_path):
 def test_training_loop_has_no_strategy_branches():
     import inspect
 
-    import pipeline.trial.loop as train
+    from pipeline.trial import loop
 
-    src = inspect.getsource(train)
+    src = inspect.getsource(loop)
     for name in STRATEGIES:
         assert f'"{name}"' not in src and f"'{name}'" not in src
 
@@ -116,11 +116,11 @@ def test_handwritten_allreduce_sums_in_place_without_aliasing():
 
 def test_ddp_default_transport_is_pytorchs_own(make_cfg, monkeypatch):
     """`ddp` means DDP as PyTorch ships it: no comm hook unless asked; `auto` (shared memory on CPU) is gone."""
-    from pipeline.config import loader as configmod
+    from pipeline.config import loader
     from pipeline.strategies import shm_allreduce
 
-    assert configmod.Config().train.comm_hook == "none"
-    with pytest.raises(configmod.ConfigError, match="'auto' is not one of: none, shm"):
+    assert loader.Config().train.comm_hook == "none"
+    with pytest.raises(loader.ConfigError, match="'auto' is not one of: none, shm"):
         make_cfg("train.comm_hook=auto")
     if probe().kind != "cpu":
         return  # on GPUs comm_hook=shm is refused before that (test_shm.py)

@@ -13,7 +13,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from pipeline.config.loader import Config
 from pipeline.host.devices import Host
 from pipeline.models import build_model
-from pipeline.scaling import model as sm
+from pipeline.scaling.model import model_layout, step_collectives
 from pipeline.strategies import STRATEGIES, Strategy
 
 WORLD = 2
@@ -75,9 +75,9 @@ def test_a_rank_keeps_optimizer_state_for_its_shard_only(monkeypatch, momentum):
 
 def test_the_scaling_model_counts_its_broadcasts_after_the_step():
     """zero1's step: ddp's bucket all-reduce, then one broadcast per parameter tensor (all of LeNet's bytes)."""
-    layout = sm.model_layout("lenet")
-    calls = sm.step_collectives("zero1", 2, layout)
-    assert [c for c in calls if c["phase"] == "backward"] == sm.step_collectives("ddp", 2, layout)
+    layout = model_layout("lenet")
+    calls = step_collectives("zero1", 2, layout)
+    assert [c for c in calls if c["phase"] == "backward"] == step_collectives("ddp", 2, layout)
     after = [c for c in calls if c["phase"] == "after step"]
     assert {c["collective"] for c in after} == {"broadcast"}
     assert sum(c["bytes"] for c in after) == layout["param_bytes"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.cli import main
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.config.schema import Config
 from pipeline.sweep.stage import run_sweep
 
@@ -17,7 +17,7 @@ def validations(tmp_path, monkeypatch):
     """A callable returning how many whole Configs the validator built since the fixture started, in any process."""
     log = tmp_path / "validations.log"
     log.write_text("")
-    real = configmod._build
+    real = loader._build
 
     def counting(cls, mapping, prefix):
         if cls is Config:
@@ -25,7 +25,7 @@ def validations(tmp_path, monkeypatch):
                 f.write("built\n")
         return real(cls, mapping, prefix)
 
-    monkeypatch.setattr(configmod, "_build", counting)
+    monkeypatch.setattr(loader, "_build", counting)
     return lambda: len(log.read_text().splitlines())
 
 

@@ -18,13 +18,13 @@ import pytest
 from optuna.trial import TrialState
 
 from pipeline.cli import main
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.records.table import point_of
 from pipeline.sweep import claims
 from pipeline.sweep.claims import storage_url
 from pipeline.sweep.space import Space
 from pipeline.sweep.stage import load_study, open_storage
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 PROFILE = """
 data: {{train_limit: {n}, test_limit: 256}}
@@ -44,7 +44,7 @@ def repo(make_cfg, tmp_path, synthetic_root, monkeypatch):
             "train: {interference_threshold: 1.0e+6}\nsweep: {quiet_wait_s: 0}\n"
         )
         make_cfg(profile="f")  # DVC_ROOT, the profile
-        return configmod.load(None, [], root=tmp_path)  # as `main(["sweep", ...])` reads it: the same study name
+        return loader.load(None, [], root=tmp_path)  # as `main(["sweep", ...])` reads it: the same study name
 
     make_cfg()
     monkeypatch.chdir(tmp_path)
@@ -54,21 +54,21 @@ def repo(make_cfg, tmp_path, synthetic_root, monkeypatch):
 def _runs(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
-    exps = [e.experiment_id for e in client.search_experiments()]
-    return client.search_runs(exps, max_results=1000)
+    mlflow_client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    exps = [e.experiment_id for e in mlflow_client.search_experiments()]
+    return mlflow_client.search_runs(exps, max_results=1000)
 
 
 def test_a_store_failing_mid_sweep_closes_the_trial_and_the_parent_failed_with_the_reason(
     repo, tmp_path, monkeypatch, capsys
 ):
     cfg = repo()
-    real = tracking.log_completed_run
+    real = client.log_completed_run
 
     def disk_full(*a, **kw):
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(tracking, "log_completed_run", disk_full)
+    monkeypatch.setattr(client, "log_completed_run", disk_full)
     code = main(["sweep", "--strategy", "single"])
     err = " ".join(capsys.readouterr().err.split())
     assert code == 1 and "Traceback" not in err, err
@@ -84,7 +84,7 @@ def test_a_store_failing_mid_sweep_closes_the_trial_and_the_parent_failed_with_t
     (parent,) = [r for r in runs if r.data.tags.get("role") == "study"]
     assert parent.info.status == "FAILED" and "disk is full" in parent.data.tags["failure"]
 
-    monkeypatch.setattr(tracking, "log_completed_run", real)  # the disk has space again: the rerun finishes
+    monkeypatch.setattr(client, "log_completed_run", real)  # the disk has space again: the rerun finishes
     assert main(["sweep", "--strategy", "single"]) == 0
     study = load_study(cfg, "single")
     assert sorted(t.params["lr"] for t in study.get_trials(states=(TrialState.COMPLETE,))) == [0.1, 0.2]

@@ -11,7 +11,7 @@ import pytest
 from pipeline.measure import interference
 from pipeline.sweep import study_view
 from pipeline.sweep.stage import load_study, run_sweep
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 from pipeline.tracking.metric_names import rounded
 
 ONE_POINT = [
@@ -52,7 +52,7 @@ def test_a_flagged_trial_and_its_remeasure_say_so_everywhere(make_cfg, tmp_path,
     monkeypatch.setenv("PARALLAX_PIPELINE_RUN", "exp-test")
     cfg = make_cfg(*ONE_POINT)
     run_sweep(cfg, "single", tmp_path / "single.jsonl")
-    tr = tracking.Tracker(cfg)
+    tr = client.Tracker(cfg)
     (parent,) = tr.find_runs("tags.role = 'study'")
     assert parent.info.run_name == "study single · exp-test"
     trials = {r.info.run_name: r for r in tr.find_runs(f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
@@ -95,7 +95,7 @@ def test_a_host_that_stays_busy_gets_no_remeasure(make_cfg, tmp_path, loaded, ca
     monkeypatch.setattr(stage, "QuietGate", busy_gate)
     cfg = make_cfg(*ONE_POINT, "sweep.quiet_wait_s=0.05", "train.interference_threshold=0.5")
     run_sweep(cfg, "single", tmp_path / "single.jsonl")
-    tr = tracking.Tracker(cfg)
+    tr = client.Tracker(cfg)
     (parent,) = tr.find_runs("tags.role = 'study'")
     (run,) = tr.find_runs(f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert run.data.tags["parallax.flagged"] == REASON
@@ -107,7 +107,7 @@ def test_an_unflagged_trial_has_flagged_zero(make_cfg, tmp_path, capsys):
     Optuna trial no note."""
     cfg = make_cfg(*ONE_POINT)
     run_sweep(cfg, "single", tmp_path / "single.jsonl")
-    tr = tracking.Tracker(cfg)
+    tr = client.Tracker(cfg)
     (parent,) = tr.find_runs("tags.role = 'study'")
     (run,) = tr.find_runs(f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert run.info.run_name == "single k=1 B=64 lr=0.1" and run.data.metrics["flagged"] == 0
@@ -141,7 +141,7 @@ def test_the_study_row_shows_the_reports_efficiency_at_every_k(make_cfg, tmp_pat
     summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
     effs = {k: v for k, v in flat.items() if k.startswith("weak_efficiency.ddp.")}
     assert effs, flat  # a weak efficiency was measured
-    (parent,) = tracking.Tracker(cfg).find_runs("tags.role = 'study'")
+    (parent,) = client.Tracker(cfg).find_runs("tags.role = 'study'")
     row = parent.data.metrics
     for key, v in effs.items():
         assert row[key] == v, key

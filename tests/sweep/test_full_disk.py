@@ -18,7 +18,7 @@ import torch
 from optuna.trial import TrialState
 
 from pipeline.cli import main
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.sweep.stage import load_study
 
 from . import test_faults
@@ -39,7 +39,7 @@ def _no_space(*a, **kw):
 @pytest.mark.parametrize("fault", [_cut_short, _no_space], ids=["torch-cut-short", "ENOSPC"])
 def test_a_full_trial_folder_stops_the_sweep_and_a_rerun_runs_every_point(repo, tmp_path, monkeypatch, capfd, fault):
     repo()
-    cfg = configmod.load(tmp_path / "params.yaml", [])  # as the sweep reads it: the same study name
+    cfg = loader.load(tmp_path / "params.yaml", [])  # as the sweep reads it: the same study name
     real = torch.save
     monkeypatch.setattr(torch, "save", fault)  # the ranks are forked: they inherit it
     code = main(["sweep", "--strategy", "single"])
@@ -74,7 +74,7 @@ def test_a_peer_reported_dead_on_a_full_disk_keeps_its_point(repo, tmp_path, mon
     from pipeline.trial import lifecycle
 
     repo()
-    cfg = configmod.load(tmp_path / "params.yaml", [])
+    cfg = loader.load(tmp_path / "params.yaml", [])
 
     def peer_died(*a, **kw):
         raise TrialFailed("rank 1 (pid 4242) died: SIGABRT", "worker_died")

@@ -11,9 +11,9 @@ import tempfile
 import pytest
 
 from pipeline import scratch
-from pipeline.config import loader as configmod
-from pipeline.data import store as data
-from pipeline.doctor import checks as doctor
+from pipeline.config import loader
+from pipeline.data import store
+from pipeline.doctor import checks
 from pipeline.errors import DataError
 from pipeline.trial import stage_ranks
 
@@ -64,9 +64,9 @@ def test_a_killed_doctor_scratch_folder_is_removed_by_the_next_doctor(tmpdir_, m
     def stop(base, work):
         raise DataError("stop here")
 
-    monkeypatch.setattr(doctor, "_data", stop)
+    monkeypatch.setattr(checks, "_data", stop)
     with pytest.raises(DataError):
-        doctor.run(configmod.Config(), tmp_path / "out", strategies=["single"], say=lambda m: None)
+        checks.run(loader.Config(), tmp_path / "out", strategies=["single"], say=lambda m: None)
     assert list(tmpdir_.iterdir()) == []
 
 
@@ -76,7 +76,7 @@ def test_a_killed_download_half_built_folder_is_removed_by_the_next_download(tmp
     root = tmp_path / "fashion-mnist"
     stale = tmp_path / f".fashion-mnist.{dead_pid()}-x1.partial"
     (stale / "FashionMNIST" / "raw").mkdir(parents=True)
-    data.prepare(root, "synthetic", progress=False)
+    store.prepare(root, "synthetic", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fashion-mnist"]
 
 

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from pipeline.errors import Stopped
 from pipeline.sweep.space import Space
 from pipeline.sweep.stage import load_study, run_sweep
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 
 class CsvListener:
@@ -102,7 +102,7 @@ def _rows(out: Path) -> list:
 
 
 def _trial_runs(cfg) -> list:
-    return [r for r in tracking.Tracker(cfg).find_runs("tags.strategy = 'single'") if "trial" in r.data.tags]
+    return [r for r in client.Tracker(cfg).find_runs("tags.strategy = 'single'") if "trial" in r.data.tags]
 
 
 def test_a_point_a_stopping_listener_cut_short_is_measured_once_it_is_gone(make_cfg, tmp_path):

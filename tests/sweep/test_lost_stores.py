@@ -22,7 +22,7 @@ from optuna.storages._rdb import storage as rdb
 
 from pipeline.cli import main
 from pipeline.sweep.worker import Worker
-from pipeline.tracking import client as tracking
+from pipeline.tracking.client import Tracker
 from pipeline.tracking.run_listener import MlflowListener
 
 from . import test_faults
@@ -174,7 +174,7 @@ def test_a_full_mlflow_artifact_folder_after_the_trials_says_what_ran_and_that_a
     trial ran) is one paragraph naming the folder and its free space and saying truthfully what ran, exit 1; the
     parent run ends FAILED with the reason; the rerun with space logs them and ends it FINISHED, running no trial."""
     repo(lrs="[0.1]")
-    real = tracking.Tracker.log_artifact
+    real = Tracker.log_artifact
     folder = tmp_path / "mlruns" / "artifacts"
 
     def full(self, run_id, path, subdir=None):
@@ -182,7 +182,7 @@ def test_a_full_mlflow_artifact_folder_after_the_trials_says_what_ran_and_that_a
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder / "1" / run_id / "study" / "x.jsonl"))
         return real(self, run_id, path, subdir)
 
-    monkeypatch.setattr(tracking.Tracker, "log_artifact", full)
+    monkeypatch.setattr(Tracker, "log_artifact", full)
     code = main(["sweep", "--strategy", "single"])
     err = " ".join(capsys.readouterr().err.split())
     assert code == 1 and "Traceback (most recent" not in err and "error: unexpected" not in err, err
@@ -193,7 +193,7 @@ def test_a_full_mlflow_artifact_folder_after_the_trials_says_what_ran_and_that_a
     (parent,) = [r for r in _runs(tmp_path) if r.data.tags.get("role") == "study"]
     assert parent.info.status == "FAILED" and "not logged" in parent.data.tags["failure"], parent.data.tags
 
-    monkeypatch.setattr(tracking.Tracker, "log_artifact", real)  # space again
+    monkeypatch.setattr(Tracker, "log_artifact", real)  # space again
     assert main(["sweep", "--strategy", "single"]) == 0
     runs = _runs(tmp_path)
     assert [r.info.status for r in runs if r.data.tags.get("role") == "study"] == ["FINISHED"]

@@ -9,7 +9,7 @@ import json
 
 from pipeline.analysis.stage import analyze
 from pipeline.sweep.stage import run_sweep
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 PROFILE = """
 data: {{train_limit: 64, test_limit: 32}}
@@ -50,7 +50,7 @@ def test_a_torchvision_model_sweeps_end_to_end_under_its_name(make_cfg, tmp_path
     assert {t["strategy"] for t in trials if t["model"] == model} == {"single", "ddp", "zero1", "fsdp"}
     assert all(t["model_adaptation"] == "gray repeated to 3 channels, 28x28 as is" for t in trials)
 
-    runs = tracking.Tracker(cfg).find_runs(f"tags.model = '{model}'")
+    runs = client.Tracker(cfg).find_runs(f"tags.model = '{model}'")
     trial_runs = [r for r in runs if "throughput_img_s" in r.data.metrics]
     assert {r.data.tags["strategy"] for r in trial_runs} == {"single", "ddp", "zero1", "fsdp"}
     assert all(r.data.tags["model_source"].startswith("torchvision ") for r in trial_runs)

@@ -10,8 +10,7 @@ import pytest
 
 from pipeline import catalog, zoo
 from pipeline.cli import main
-from pipeline.config import loader as c
-from pipeline.config import schema
+from pipeline.config import loader, schema
 from pipeline.paths import repo_root
 from pipeline.sweep import space
 from pipeline.sweep.space import Space
@@ -21,7 +20,7 @@ MISSING = "(none: not a dimension of its points)"
 
 
 def load(*sets, params=REPO / "params.yaml", root=REPO):
-    return c.load(params, list(sets), root=root)
+    return loader.load(params, list(sets), root=root)
 
 
 def _other(key: str):
@@ -62,7 +61,7 @@ def test_a_train_setting_reaches_every_trial_of_the_selected_strategies_or_is_re
     try:
         cfg = load(f"train.{key}={_yaml(value)}", *selection)
         pts = {s: space.points(cfg, s) for s in cfg.sweep.strategies}
-    except c.ConfigError as e:
+    except loader.ConfigError as e:
         assert f"`train.{key}=" in str(e) and "sweep.s" in str(e), str(e)  # names the key and the form to use
         return
     for s, ps in pts.items():
@@ -84,7 +83,7 @@ def test_lr_and_batch_size_set_give_only_those_points_and_a_study_of_their_own()
 
 
 def test_a_knob_a_selected_strategy_cannot_take_is_refused_naming_it_and_the_space_form():
-    with pytest.raises(c.ConfigError) as e:
+    with pytest.raises(loader.ConfigError) as e:
         space.points(load("train.comm_hook=fp16", "sweep.strategies=[ddp, single]"), "ddp")
     msg = str(e.value)
     assert "`train.comm_hook=fp16`" in msg and "`single`" in msg and "sweep.spaces.ddp.comm_hook" in msg, msg
@@ -121,7 +120,7 @@ def test_params_yaml_pins_as_set_does_and_a_profile_s_train_values_do_not(tmp_pa
 
 
 def test_a_setting_and_a_space_of_the_user_that_disagree_are_refused_naming_both():
-    with pytest.raises(c.ConfigError) as e:
+    with pytest.raises(loader.ConfigError) as e:
         load("train.lr=0.2", "sweep.spaces.ddp.lr=[0.1, 0.3]")
     msg = str(e.value)
     assert "`train.lr=0.2`" in msg and "`sweep.spaces.ddp.lr`" in msg and "--set" in msg, msg
@@ -138,7 +137,7 @@ def test_a_setting_left_at_null_pins_nothing():
 
 
 def test_override_pins_as_set_does_and_the_trial_config_keeps_it():
-    cfg = c.override(load("sweep.strategies=[ddp]"), ["train.accum_steps=2"])
+    cfg = loader.override(load("sweep.strategies=[ddp]"), ["train.accum_steps=2"])
     pts = space.points(cfg, "ddp")
     assert {p["accum_steps"] for p in pts} == {2}
     assert space.trial_config(cfg, "ddp", pts[0]).train.accum_steps == 2
@@ -147,6 +146,6 @@ def test_override_pins_as_set_does_and_the_trial_config_keeps_it():
 def test_a_command_that_runs_no_sweep_is_not_refused_for_a_space_it_never_reads(tmp_path):
     """`python -m pipeline train --set train.lr=0.2` beside a params.yaml that sweeps lr for ddp: one run, no sweep."""
     (tmp_path / "params.yaml").write_text("profile: ''\nsweep: {spaces: {ddp: {lr: [0.1, 0.3]}}}\n")
-    with pytest.raises(c.ConfigError, match="the two disagree"):
-        c.load(None, ["train.lr=0.2"], root=tmp_path)
-    assert c.load(None, ["train.lr=0.2"], root=tmp_path, sweeps=False).train.lr == 0.2
+    with pytest.raises(loader.ConfigError, match="the two disagree"):
+        loader.load(None, ["train.lr=0.2"], root=tmp_path)
+    assert loader.load(None, ["train.lr=0.2"], root=tmp_path, sweeps=False).train.lr == 0.2

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.host import capabilities
 from pipeline.host.devices import Host
-from pipeline.records import labels as emulated
+from pipeline.records import labels
 from pipeline.records.table import read_table
 from pipeline.strategies import STRATEGIES
-from pipeline.sweep import space, worker
-from pipeline.sweep import stage as sweep
+from pipeline.sweep import space, stage, worker
 from pipeline.sweep.stage import load_study
 
 from ..conftest import REPO
@@ -33,21 +32,21 @@ def amp_trial(cfg, strategy="ddp_amp"):
 
 def bound(cfg, strategy, caps):
     t = amp_trial(cfg, strategy)
-    return emulated.bound(t, STRATEGIES[strategy].autocast_dtype(t.train, "cpu"), caps, cfg.sweep.emulated_max_steps)
+    return labels.bound(t, STRATEGIES[strategy].autocast_dtype(t.train, "cpu"), caps, cfg.sweep.emulated_max_steps)
 
 
 def test_cpu_profile_bounds_emulated_bf16_trials_and_labels_them(monkeypatch):
-    cfg = configmod.load(REPO / "params.yaml", root=REPO)  # the default: profile cpu
+    cfg = loader.load(REPO / "params.yaml", root=REPO)  # the default: profile cpu
     limit = cfg.sweep.emulated_max_steps
     assert limit > cfg.train.warmup_steps  # the profile chooses a bound that leaves steps to time
     t, note = bound(cfg, "ddp_amp", caps_with(monkeypatch, AVX2_ONLY))
     assert t.train.max_steps == limit and t.train.epochs == cfg.train.epochs
-    assert emulated.is_bounded(note)
+    assert labels.is_bounded(note)
     assert f"at most {limit} steps" in note and "bf16 autocast is emulated" in note and "ISA avx2" in note
 
 
 def test_native_bf16_and_fp32_strategies_are_not_bounded(monkeypatch):
-    cfg = configmod.load(REPO / "params.yaml", root=REPO)
+    cfg = loader.load(REPO / "params.yaml", root=REPO)
     t, note = bound(cfg, "ddp_amp", caps_with(monkeypatch, AMX))
     assert note == "" and t.train.max_steps == cfg.train.max_steps
     for strategy in ("single", "ddp", "fsdp"):  # no autocast: nothing emulated
@@ -56,9 +55,9 @@ def test_native_bf16_and_fp32_strategies_are_not_bounded(monkeypatch):
 
 
 def test_bound_off_or_already_tighter(monkeypatch):
-    cfg = configmod.load(REPO / "params.yaml", ["sweep.emulated_max_steps=0"], root=REPO)
+    cfg = loader.load(REPO / "params.yaml", ["sweep.emulated_max_steps=0"], root=REPO)
     assert bound(cfg, "ddp_amp", caps_with(monkeypatch, AVX2_ONLY))[1] == ""
-    cfg = configmod.load(REPO / "params.yaml", ["train.max_steps=5", "sweep.emulated_max_steps=40"], root=REPO)
+    cfg = loader.load(REPO / "params.yaml", ["train.max_steps=5", "sweep.emulated_max_steps=40"], root=REPO)
     t, note = bound(cfg, "ddp_amp", caps_with(monkeypatch, AVX2_ONLY))
     assert note == "" and t.train.max_steps == 5
 
@@ -82,12 +81,12 @@ def test_sweep_runs_a_bounded_trial_and_its_row_says_so(make_cfg, tmp_path, monk
     worker.host_caps.cache_clear()
     try:
         out = tmp_path / "results" / "ddp_amp.jsonl"
-        sweep.run_sweep(cfg, "ddp_amp", out)
+        stage.run_sweep(cfg, "ddp_amp", out)
     finally:
         worker.host_caps.cache_clear()
     [row] = read_table(out).to_dict("records")
     assert row["state"] == "complete" and float(row["throughput_img_s"]) > 0
-    assert emulated.is_bounded(row["reason"]) and "at most 5 steps" in row["reason"]
+    assert labels.is_bounded(row["reason"]) and "at most 5 steps" in row["reason"]
     study = load_study(cfg, "ddp_amp")
     [trial] = study.trials
     assert trial.user_attrs["metrics"]["steps"] == 5  # 2 epochs of 8 steps unbounded

@@ -9,8 +9,7 @@ from optuna.trial import TrialState
 
 from pipeline.host.devices import probe
 from pipeline.records.table import point_of
-from pipeline.sweep import stage as sweep
-from pipeline.sweep import worker
+from pipeline.sweep import stage, worker
 from pipeline.sweep.claims import claim, storage_url
 from pipeline.sweep.space import Space
 
@@ -33,7 +32,7 @@ def claimed_order(study):
 
 
 def _prepared(cfg, host):
-    return sweep.prepare_study(Space(cfg, "ddp"), host, FakeTracker(), sweep.open_storage(storage_url(cfg)))
+    return stage.prepare_study(Space(cfg, "ddp"), host, FakeTracker(), stage.open_storage(storage_url(cfg)))
 
 
 @pytest.fixture
@@ -49,7 +48,7 @@ def test_rounds_run_every_point_once_each_with_k1_beside_its_k2(make_cfg, host):
     study, feasible, skipped = _prepared(cfg, host)
     assert not skipped and len(feasible) == 8 and study.user_attrs["enqueued"] == 24
     order = claimed_order(study)  # the order workers take them in
-    assert [(p, r) for p, r in order] == sweep.enqueue_order(feasible, 3)
+    assert [(p, r) for p, r in order] == stage.enqueue_order(feasible, 3)
     for r in range(3):  # round r: trials r*8 .. r*8+7, every point once
         rnd = order[8 * r : 8 * (r + 1)]
         assert {rep for _, rep in rnd} == {r}
@@ -83,7 +82,7 @@ def test_repeats_and_remeasure_are_validated(make_cfg, bad):
 
 def test_an_interfered_trial_is_enqueued_again_up_to_the_limit(make_cfg):
     cfg = make_cfg("sweep.remeasure_interfered=1")
-    study = optuna.create_study(storage=sweep.open_storage(storage_url(cfg)), study_name="remeasure")
+    study = optuna.create_study(storage=stage.open_storage(storage_url(cfg)), study_name="remeasure")
     p = {"devices": 1, "batch_size": 64, "lr": 0.1}
     study.enqueue_trial(p, user_attrs={"repeat": 1})
     interfered, quiet = "2 cores busy", ""  # the outcome's flag: why it counts as measured under load
@@ -101,7 +100,7 @@ def test_no_remeasure_on_a_host_that_stays_busy(make_cfg):
     """A flagged trial that ran after the quiet wait failed N times in a row (the worker marks it) is not enqueued
     again: the copy would meet the same load."""
     cfg = make_cfg("sweep.remeasure_interfered=1")
-    study = optuna.create_study(storage=sweep.open_storage(storage_url(cfg)), study_name="busy")
+    study = optuna.create_study(storage=stage.open_storage(storage_url(cfg)), study_name="busy")
     p = {"devices": 1, "batch_size": 64, "lr": 0.1}
     study.enqueue_trial(p, user_attrs={"repeat": 1})
     first = claim(study)
@@ -114,11 +113,11 @@ def test_no_remeasure_on_a_host_that_stays_busy(make_cfg):
 def test_the_sweep_waits_for_a_quiet_moment_only_where_it_can_see_the_load(make_cfg, capsys):
     """Before each trial the sweep waits (bounded by sweep.quiet_wait_s) and says for what, once; off at 0, and off
     when SLURM runs the trials on other machines."""
-    gate = sweep._quiet_gate(make_cfg("sweep.quiet_wait_s=7", "train.interference_threshold=0.5"), "ddp")
+    gate = stage._quiet_gate(make_cfg("sweep.quiet_wait_s=7", "train.interference_threshold=0.5"), "ddp")
     assert gate.max_wait_s == 7 and gate.threshold == 0.5
     assert "waiting for other processes to keep at most 0.50 cores busy" in capsys.readouterr().err
-    assert sweep._quiet_gate(make_cfg("sweep.quiet_wait_s=0"), "ddp") is None
-    assert sweep._quiet_gate(make_cfg("slurm.partition=gpu"), "ddp") is None
+    assert stage._quiet_gate(make_cfg("sweep.quiet_wait_s=0"), "ddp") is None
+    assert stage._quiet_gate(make_cfg("slurm.partition=gpu"), "ddp") is None
 
 
 @pytest.mark.parametrize(

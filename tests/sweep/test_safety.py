@@ -152,17 +152,17 @@ def test_no_command_goes_through_a_shell():
 def test_dvc_commands_interpolate_only_validated_strategy_names():
     """DVC runs each stage's cmd through a shell: the only parameter in one is ${item}, from a fixed list in
     dvc.yaml (not from params.yaml), and every name on it is a strategy."""
-    from pipeline.config import loader as configmod
+    from pipeline.config import loader
 
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():
         cmd = stage.get("do", stage)["cmd"]
         assert set(re.findall(r"\$\{([^}]*)\}", cmd)) <= {"item"}, (name, cmd)
         if "foreach" in stage:
-            assert stage["foreach"] == list(configmod.STRATEGY_NAMES), name
-    assert all(re.fullmatch(r"[a-z][a-z0-9_]*", s) for s in configmod.STRATEGY_NAMES)
-    with pytest.raises(configmod.ConfigError):
-        configmod.load(REPO / "params.yaml", ["sweep.strategies=[ddp; rm -rf ~]"], root=REPO)
+            assert stage["foreach"] == list(loader.STRATEGY_NAMES), name
+    assert all(re.fullmatch(r"[a-z][a-z0-9_]*", s) for s in loader.STRATEGY_NAMES)
+    with pytest.raises(loader.ConfigError):
+        loader.load(REPO / "params.yaml", ["sweep.strategies=[ddp; rm -rf ~]"], root=REPO)
 
 
 def test_a_peer_connection_error_is_reported_as_a_likely_dead_rank():

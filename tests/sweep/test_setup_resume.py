@@ -14,8 +14,7 @@ import optuna
 import pytest
 
 from pipeline.records.table import point_of
-from pipeline.sweep import claims
-from pipeline.sweep import stage as sweep
+from pipeline.sweep import claims, stage
 from pipeline.sweep.claims import storage_url
 from pipeline.sweep.space import Space, points
 from pipeline.sweep.stage import load_study, open_storage, run_sweep
@@ -67,7 +66,7 @@ def test_a_rerun_completes_an_interrupted_set_up_with_every_point_once(make_cfg,
         run_sweep(cfg, "single", out, max_new_trials=0)
     err = capsys.readouterr().err
     study = load_study(cfg, "single")
-    expected = sorted(json.dumps([p, r], sort_keys=True) for p, r in sweep.enqueue_order(points(cfg, "single"), 2))
+    expected = sorted(json.dumps([p, r], sort_keys=True) for p, r in stage.enqueue_order(points(cfg, "single"), 2))
     assert keys(study) == expected  # every (point, repeat) once
     assert study.user_attrs["enqueued"] == 6 and study.user_attrs.get("mlflow_parent_run_id")
     assert "6 trial(s) to run" in err
@@ -102,7 +101,7 @@ def test_a_set_up_whose_creator_is_alive_is_waited_for_then_completed_when_it_di
         study = study_setup.ready(study, lambda: optuna.load_study(study_name=name, storage=storage))
         assert killed.is_set()  # it waited while the creator lived
         assert "enqueued" not in study.user_attrs  # and hands back a study whose set-up is left to complete
-        queue = sweep.enqueue_order(points(cfg, "single"), 2)
+        queue = stage.enqueue_order(points(cfg, "single"), 2)
         study_setup.complete(study, queue)
         assert keys(study) == sorted(json.dumps([p, r], sort_keys=True) for p, r in queue)
     finally:

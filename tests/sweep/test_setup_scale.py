@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.sweep import progress, space
 from pipeline.sweep.space import Space
 from pipeline.sweep.stage import run_sweep
@@ -34,9 +34,9 @@ class Counted(float):
 
 def _grid_cfg(side: int, repeated: int = 1):
     lrs = tuple(Counted(0.001 * (i + 1)) for i in range(side))
-    grid = configmod.SpaceConfig(batch_size=tuple(range(1, side + 1)), lr=lrs, devices=(1,))
-    sweep = dataclasses.replace(configmod.Config().sweep, spaces={"default": (grid,) * repeated})
-    return dataclasses.replace(configmod.Config(), sweep=sweep)
+    grid = loader.SpaceConfig(batch_size=tuple(range(1, side + 1)), lr=lrs, devices=(1,))
+    sweep = dataclasses.replace(loader.Config().sweep, spaces={"default": (grid,) * repeated})
+    return dataclasses.replace(loader.Config(), sweep=sweep)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import pytest
 from optuna.trial import TrialState
 
 from pipeline.cli import main
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.errors import TrialFailed
 from pipeline.sweep import slurm
 from pipeline.sweep.stage import load_study
@@ -169,7 +169,7 @@ def test_a_sweep_whose_controller_stays_unreachable_stops_and_keeps_the_point(
     run stays RUNNING."""
     repo()
     (tmp_path / "experiments" / "f.yaml").write_text(SLURM_PROFILE)
-    cfg = configmod.load(tmp_path / "params.yaml", [])  # as the sweep reads it: the same study name
+    cfg = loader.load(tmp_path / "params.yaml", [])  # as the sweep reads it: the same study name
     log = _programs(tmp_path, monkeypatch, ["!" + UNREACHABLE])
     _executor(monkeypatch)
     monkeypatch.setattr(slurm, "UNREACHABLE_S", 1.0, raising=False)
@@ -193,7 +193,7 @@ def test_a_job_sbatch_cannot_submit_fails_as_the_clusters_fault(tmp_path, monkey
     and a message that names sbatch and SLURM, not a full disk or a store; the point is enqueued again."""
     repo()
     (tmp_path / "experiments" / "f.yaml").write_text(SLURM_PROFILE)
-    cfg = configmod.load(tmp_path / "params.yaml", [])
+    cfg = loader.load(tmp_path / "params.yaml", [])
 
     def refused(self, folder, nodes, label):
         def submit(fn, *args):

@@ -17,7 +17,7 @@ import torch
 
 from pipeline.sweep import study_setup
 from pipeline.sweep.stage import load_study, run_sweep
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 from tests.sweep import slurm_cluster
 
 slurm = slurm_cluster.slurm  # the module's cluster (a fixture: assigned, not imported by name)
@@ -57,7 +57,7 @@ def counts(cfg, strategy, out):
     trials = [t for t in study.trials if t.state.name != "WAITING"]
     runs = [
         r
-        for r in tracking.Tracker(cfg).find_runs(f"tags.study = '{study.study_name}'")
+        for r in client.Tracker(cfg).find_runs(f"tags.study = '{study.study_name}'")
         if r.data.tags.get("role") != "study"
     ]
     table = [r for r in rows(out) if r["state"] != "skipped"]

@@ -21,9 +21,9 @@ import optuna
 import pytest
 
 from pipeline.cli import main
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.sweep.stage import load_study
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 from ..analysis.test_analyze import row, write
 from . import test_faults
@@ -53,7 +53,7 @@ def test_a_full_disk_while_analyze_logs_artifacts_ends_its_run_failed_with_one_m
     def full(self, run_id, path, subdir=None):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "mlruns" / "artifacts" / "x.png"))
 
-    monkeypatch.setattr(tracking.Tracker, "log_artifacts", full)
+    monkeypatch.setattr(client.Tracker, "log_artifacts", full)
     code = main(["analyze", "--sweeps", str(sweeps), "--out", str(tmp_path / "analysis")])
     err = " ".join(capsys.readouterr().err.split())
     assert code == 1 and "Traceback (most recent" not in err and "unexpected" not in err, err
@@ -140,9 +140,9 @@ def test_a_locked_tracking_store_mid_sweep_says_so_and_claims_nothing_false(
     def locked(*a, **kw):
         raise _locked()
 
-    monkeypatch.setattr(tracking, "log_completed_run", locked)
-    monkeypatch.setattr(tracking.Tracker, "end_run", locked)
-    monkeypatch.setattr(tracking.Tracker, "set_tags", locked)
+    monkeypatch.setattr(client, "log_completed_run", locked)
+    monkeypatch.setattr(client.Tracker, "end_run", locked)
+    monkeypatch.setattr(client.Tracker, "set_tags", locked)
     code = main(["sweep", "--strategy", "single"])
     err = " ".join(capsys.readouterr().err.split())
     assert code == 1 and "Traceback (most recent" not in err, err
@@ -189,7 +189,7 @@ def test_an_unreachable_optuna_store_mid_sweep_names_the_cause_and_no_reenqueue_
 
         return call
 
-    monkeypatch.setattr(tracking, "log_completed_run", down)
+    monkeypatch.setattr(client, "log_completed_run", down)
     for cls, name in (
         (optuna.study.Study, "tell"),
         (optuna.study.Study, "enqueue_trial"),
@@ -270,9 +270,9 @@ def test_an_optuna_store_that_accepts_and_never_answers_fails_within_a_bound(mak
 def test_overlap_size_has_an_upper_bound_with_the_reason():
     """Proves: overlap.size beyond what a host can hold (size² floats per matrix, `items` of them pinned per arm)
     is refused with the bound and the reason, before anything runs."""
-    with pytest.raises(configmod.ConfigError, match=r"overlap.size.*<= 8192.*memory"):
-        configmod.load(None, ["overlap.size=100000"], root=REPO)
-    assert configmod.load(None, ["overlap.size=8192"], root=REPO).overlap.size == 8192
+    with pytest.raises(loader.ConfigError, match=r"overlap.size.*<= 8192.*memory"):
+        loader.load(None, ["overlap.size=100000"], root=REPO)
+    assert loader.load(None, ["overlap.size=8192"], root=REPO).overlap.size == 8192
 
 
 def test_ctrl_c_while_analyze_logs_its_run_ends_it_killed(make_cfg, tmp_path, synthetic_root, monkeypatch):
@@ -282,7 +282,7 @@ def test_ctrl_c_while_analyze_logs_its_run_ends_it_killed(make_cfg, tmp_path, sy
 
     make_cfg()
     sweeps = _sweeps(tmp_path, synthetic_root)
-    monkeypatch.setattr(tracking.Tracker, "log_artifacts", lambda *a, **k: signal.raise_signal(signal.SIGINT))
+    monkeypatch.setattr(client.Tracker, "log_artifacts", lambda *a, **k: signal.raise_signal(signal.SIGINT))
     assert main(["analyze", "--sweeps", str(sweeps), "--out", str(tmp_path / "analysis")]) == 130
     (run,) = [r for r in _runs(tmp_path) if r.data.tags.get("stage") == "analyze"]
     assert run.info.status == "KILLED" and "interrupted" in run.data.tags.get("failure", ""), run.data.tags

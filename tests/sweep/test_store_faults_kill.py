@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from pipeline.errors import Stopped, StoreError
-from pipeline.sweep import stage as sweep
+from pipeline.sweep import stage
 from pipeline.sweep.worker import Worker
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 ONE_POINT = ["sweep.strategies=[single]", "sweep.spaces.single={devices: [1], batch_size: [64], lr: [0.1]}"]
 
@@ -21,23 +21,23 @@ def test_a_soft_deleted_experiment_is_named_with_how_to_restore_it(make_cfg):
     """An experiment deleted in the MLflow UI (soft-deleted: in its trash) stops the next command before any run
     with a StoreError naming the experiment and the `mlflow experiments restore` command, not MlflowException."""
     cfg = make_cfg()
-    tr = tracking.Tracker(cfg)
+    tr = client.Tracker(cfg)
     tr.client.delete_experiment(tr.experiment_id)
     with pytest.raises(StoreError, match=r"(?s)deleted.*mlflow experiments restore"):
-        tracking.Tracker(cfg)
+        client.Tracker(cfg)
 
 
 def test_an_artifact_folder_that_cannot_be_written_stops_before_the_run(make_cfg, tmp_path):
     """mlruns/artifacts replaced by a file (or made read-only) is named when the tracker opens, before any run is
     created or any trial trained, instead of an 'unexpected PermissionError' after the training."""
     cfg = make_cfg()
-    tracking.Tracker(cfg)
+    client.Tracker(cfg)
     art = tmp_path / "mlruns" / "artifacts"
     if art.is_dir():
         art.rmdir()
     art.write_text("not a folder")
     with pytest.raises(StoreError, match="artifact"):
-        tracking.Tracker(cfg)
+        client.Tracker(cfg)
 
 
 def test_an_optuna_store_lost_mid_sweep_still_ends_the_parent_run(make_cfg, tmp_path, monkeypatch):
@@ -50,22 +50,22 @@ def test_an_optuna_store_lost_mid_sweep_still_ends_the_parent_run(make_cfg, tmp_
 
     def lose_the_store(*a, **k):
         (tmp_path / "mlruns" / "optuna.db").unlink()
-        monkeypatch.setattr(sweep.claims, "running", unanswered)
+        monkeypatch.setattr(stage.claims, "running", unanswered)
         raise RuntimeError("the store went away")
 
     monkeypatch.setattr(Worker, "run_one", lose_the_store)
     with pytest.raises(Stopped):
-        sweep.run_sweep(cfg, "single", tmp_path / "single.jsonl")
-    (parent,) = tracking.Tracker(cfg).find_runs("tags.role = 'study' and tags.strategy = 'single'")
+        stage.run_sweep(cfg, "single", tmp_path / "single.jsonl")
+    (parent,) = client.Tracker(cfg).find_runs("tags.role = 'study' and tags.strategy = 'single'")
     assert parent.info.status == "FAILED"
 
 
 _KILLED = """
 import os, sys
-from pipeline.config import loader as config
-from pipeline.tracking import client as tracking
-cfg = config.load(None, sys.argv[1:])
-tr = tracking.Tracker(cfg)
+from pipeline.config import loader
+from pipeline.tracking import client
+cfg = loader.load(None, sys.argv[1:])
+tr = client.Tracker(cfg)
 print(tr.start_run("train lenet", {"stage": "train"}), flush=True)
 os._exit(9)  # as after SIGKILL: nothing ends the run
 """
@@ -75,7 +75,7 @@ def test_a_run_left_running_by_a_killed_command_is_ended_by_the_next(make_cfg, t
     """A command killed while its MLflow run is open (train, analyze) leaves it RUNNING; the next command on this
     host that opens the store ends it KILLED with a tag saying why, and keeps the runs of live processes RUNNING."""
     cfg = make_cfg()
-    tr = tracking.Tracker(cfg)
+    tr = client.Tracker(cfg)
     live = tr.start_run("live", {"stage": "train"})
     args = ["profile=", "data.source=synthetic", f"data.dir={cfg.data.dir}"]
     out = subprocess.run(
@@ -84,7 +84,7 @@ def test_a_run_left_running_by_a_killed_command_is_ended_by_the_next(make_cfg, t
     dead = out.stdout.strip()
     assert dead, out.stderr
     assert tr.client.get_run(dead).info.status == "RUNNING"
-    tracking.Tracker(cfg)
+    client.Tracker(cfg)
     run = tr.client.get_run(dead)
     assert run.info.status == "KILLED" and "died" in run.data.tags.get("parallax.ended_by", "")
     assert tr.client.get_run(live).info.status == "RUNNING"
@@ -107,16 +107,16 @@ def test_a_second_ctrl_c_during_a_trial_teardown_is_an_interruption(make_cfg, tm
 
     monkeypatch.setattr("pipeline.trial.launch.run_trial", second_ctrl_c)  # the local runner looks it up there
     with pytest.raises(Interrupted) as e:
-        sweep.run_sweep(cfg, "single", tmp_path / "single.jsonl")
+        stage.run_sweep(cfg, "single", tmp_path / "single.jsonl")
     assert e.value.signum == signal.SIGINT
-    runs = {r.info.run_name: r.info.status for r in tracking.Tracker(cfg).find_runs("attributes.status != ''")}
-    assert runs == {f"study single · {tracking.pipeline_run()}": "KILLED", "single k=1 B=64 lr=0.1": "KILLED"}
+    runs = {r.info.run_name: r.info.status for r in client.Tracker(cfg).find_runs("attributes.status != ''")}
+    assert runs == {f"study single · {client.pipeline_run()}": "KILLED", "single k=1 B=64 lr=0.1": "KILLED"}
 
 
 def test_a_study_parent_run_is_not_ended_for_the_worker_that_opened_it(make_cfg, tmp_path):
     """A study's parent run is shared by every worker of the study (the one that opened it may exit while others
     run): it carries no owner process, so a later command never ends it as orphaned; its trial runs do."""
     cfg = make_cfg(*ONE_POINT)
-    sweep.run_sweep(cfg, "single", tmp_path / "single.jsonl", max_new_trials=0)
-    (parent,) = tracking.Tracker(cfg).find_runs("tags.role = 'study' and tags.strategy = 'single'")
+    stage.run_sweep(cfg, "single", tmp_path / "single.jsonl", max_new_trials=0)
+    (parent,) = client.Tracker(cfg).find_runs("tags.role = 'study' and tags.strategy = 'single'")
     assert parent.info.status == "RUNNING" and "parallax.pid" not in parent.data.tags

@@ -9,8 +9,8 @@ import json
 import optuna
 from optuna.trial import TrialState
 
-from pipeline.analysis import stage as A
-from pipeline.records import table as T
+from pipeline.analysis import stage
+from pipeline.records import table
 from pipeline.records.trial import TrialRecord
 from pipeline.sweep import study_view
 from pipeline.tracking import metric_names
@@ -69,8 +69,8 @@ def test_n_flagged_is_one_number_on_the_study_row_and_the_analysis_run(tmp_path)
     _trial(study, TrialState.COMPLETE, interference=BUSY, devices=4, oversubscribed=True)
     _trial(study, TrialState.PRUNED, interference=BUSY)
     row = study_view.study_metrics(study, n_skipped=0)  # the study row the sweep logs (study_parent.summarise)
-    T.write_rows([T.trial_row(study, "ddp", t=t) for t in study.trials], tmp_path / "sweeps" / "ddp.jsonl")
-    summary = A.analyze(tmp_path / "sweeps", tmp_path / "analysis")
+    table.write_rows([table.trial_row(study, "ddp", t=t) for t in study.trials], tmp_path / "sweeps" / "ddp.jsonl")
+    summary = stage.analyze(tmp_path / "sweeps", tmp_path / "analysis")
     run = metric_names.analysis_metrics(summary)  # the analysis run's metrics (tracking.log_analysis_run)
     flat = json.loads((tmp_path / "analysis" / "metrics.json").read_text())
     assert row["study/n_flagged"] == row["flagged"] == 1

@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 from pipeline.sweep.space import Space, points
 from pipeline.sweep.stage import load_study, run_sweep
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 TINY = """
 data: {{train_limit: 512, test_limit: 256}}
@@ -60,7 +60,7 @@ def test_tiny_study_end_to_end(tiny, tmp_path, capsys):
     study = load_study(cfg, "single")
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
 
-    tr = tracking.Tracker(cfg)
+    tr = client.Tracker(cfg)
     parents = tr.find_runs("tags.role = 'study' and tags.strategy = 'single'")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     children = tr.find_runs(f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
@@ -84,7 +84,7 @@ def test_a_trial_of_warm_up_steps_only_is_complete_and_says_why_it_has_no_throug
     assert f"-> no throughput ({why}" in capsys.readouterr().err
     (row,) = read(out)
     assert row["state"] == "complete" and row["throughput_img_s"] is None and why in row["reason"]
-    (run,) = [r for r in tracking.Tracker(cfg).find_runs("tags.strategy = 'single'") if "trial" in r.data.tags]
+    (run,) = [r for r in client.Tracker(cfg).find_runs("tags.strategy = 'single'") if "trial" in r.data.tags]
     assert run.info.status == "FINISHED" and why in run.data.tags["parallax.untimed"]
 
 
@@ -172,7 +172,7 @@ def test_pruning_reaches_a_multiprocess_trial_through_rank_0(tiny, tmp_path, mon
     assert [step for _, step in reported] == [1]
     study = load_study(cfg, "ddp")
     assert [t.state for t in study.trials] == [TrialState.PRUNED]
-    runs = tracking.Tracker(cfg).find_runs("tags.strategy = 'ddp'")
+    runs = client.Tracker(cfg).find_runs("tags.strategy = 'ddp'")
     assert [r.info.status for r in runs if "mlflow.parentRunId" in r.data.tags] == ["KILLED"]
 
 

@@ -8,8 +8,7 @@ import socket
 import pytest
 
 from pipeline.cli import main
-from pipeline.tracking import analysis_run
-from pipeline.tracking import client as tracking
+from pipeline.tracking import analysis_run, client
 
 from ..analysis.test_analyze import row, write
 
@@ -30,7 +29,7 @@ def _analyzed(make_cfg, tmp_path, synthetic_root):
     write([row("ddp", k=1, B=128, thr=1000), row("ddp", k=2, B=256, thr=1800)], sweeps / "ddp.jsonl")
     out = tmp_path / "analysis"
     assert main(["analyze", "--sweeps", str(sweeps), "--out", str(out)]) == 0
-    return tracking.Tracker(cfg), out
+    return client.Tracker(cfg), out
 
 
 def test_analysis_run_carries_figures_and_numbers(make_cfg, tmp_path, synthetic_root):
@@ -100,7 +99,7 @@ def _trial(make_cfg, tmp_path, synthetic_root, *sets):
         )
         == 0
     )
-    (run,) = tracking.Tracker(cfg).find_runs("tags.dvc_stage = 'train'")
+    (run,) = client.Tracker(cfg).find_runs("tags.dvc_stage = 'train'")
     return run
 
 

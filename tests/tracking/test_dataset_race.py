@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy.exc
 from mlflow.exceptions import MlflowException
 
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 
 def _race_then_real(real, failures: int, error=None):
@@ -27,7 +27,7 @@ def _race_then_real(real, failures: int, error=None):
 
 
 def test_the_later_of_two_racing_inserts_links_the_existing_data_set(make_cfg, synthetic_root, monkeypatch):
-    tracker = tracking.Tracker(make_cfg())
+    tracker = client.Tracker(make_cfg())
     run_id = tracker.start_run("t", {})
     fake, calls = _race_then_real(tracker.client.log_inputs, failures=1)
     monkeypatch.setattr(tracker.client, "log_inputs", fake)
@@ -38,7 +38,7 @@ def test_the_later_of_two_racing_inserts_links_the_existing_data_set(make_cfg, s
 
 
 def test_other_store_errors_are_not_retried(make_cfg, monkeypatch):
-    tracker = tracking.Tracker(make_cfg())
+    tracker = client.Tracker(make_cfg())
     run_id = tracker.start_run("t", {})
 
     def broken(run_id, inputs):
@@ -53,7 +53,7 @@ def test_other_store_errors_are_not_retried(make_cfg, monkeypatch):
 
 
 def test_a_race_that_never_settles_is_raised_after_three_tries(make_cfg, monkeypatch):
-    tracker = tracking.Tracker(make_cfg())
+    tracker = client.Tracker(make_cfg())
     run_id = tracker.start_run("t", {})
     fake, calls = _race_then_real(tracker.client.log_inputs, failures=10)
     monkeypatch.setattr(tracker.client, "log_inputs", fake)

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from pipeline.errors import StoreError
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 # MLflow makes its tables in a process whose files may grow to 300 KiB (the disk fills mid-migration), as
 # `ulimit -f 300` does; SIGXFSZ ignored, so a write past the limit fails as on a full disk
@@ -39,7 +39,7 @@ def test_a_store_whose_creation_stopped_on_a_full_disk_is_named_half_made(make_c
     assert made.stdout.strip() not in ("", "made") and db.exists(), made.stdout + made.stderr[-2000:]
     cfg = make_cfg(f"tracking.uri=sqlite:///{db}")
     with pytest.raises(StoreError) as refused:
-        tracking.Tracker(cfg)
+        client.Tracker(cfg)
     text = " ".join(str(refused.value).split())
     assert f"The MLflow store {db} (tracking.uri) is half-made" in text, text
     assert "Nothing in it is a finished run" in text and f"rm {db}" in text and "supported version" not in text, text

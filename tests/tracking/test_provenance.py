@@ -13,10 +13,10 @@ import pytest
 
 import pipeline
 from pipeline.cli import main
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.scaling import overlap
 from pipeline.sweep.stage import run_sweep
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 from ..analysis.test_analyze import row, write
 from ..sweep.test_reliability import mlflow_runs
@@ -111,22 +111,22 @@ def test_the_switch_set_false_leaves_the_setting_and_an_unreadable_one_is_refuse
     on = make_cfg("tracking.system_metrics=true")
     for value, off_cfg, on_cfg in (("false", False, True), ("0", False, True), ("TRUE", True, True), ("1", True, True)):
         monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", value)
-        assert (tracking.system_metrics_on(cfg), tracking.system_metrics_on(on)) == (off_cfg, on_cfg), value
+        assert (client.system_metrics_on(cfg), client.system_metrics_on(on)) == (off_cfg, on_cfg), value
     monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "yes")
-    with pytest.raises(configmod.ConfigError, match="MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING='yes' is neither"):
-        tracking.Tracker(cfg)  # before any run is made
+    with pytest.raises(loader.ConfigError, match="MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING='yes' is neither"):
+        client.Tracker(cfg)  # before any run is made
 
 
 def test_the_printed_command_opens_the_store(make_cfg, tmp_path, synthetic_root, monkeypatch):
     cfg = make_cfg()
     monkeypatch.chdir(tmp_path)
-    tracking.Tracker(cfg)
-    command = tracking.ui_command(cfg)
+    client.Tracker(cfg)
+    command = client.ui_command(cfg)
     assert command == "mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db"
     from mlflow.tracking import MlflowClient
 
     uri = command.split("--backend-store-uri ", 1)[1]
     names = {e.name for e in MlflowClient(tracking_uri=uri).search_experiments()}
-    assert tracking.experiment_name(cfg) in names
+    assert client.experiment_name(cfg) in names
     monkeypatch.chdir(synthetic_root)  # elsewhere: the store by its absolute path
-    assert tracking.ui_command(cfg) == f"mlflow ui --backend-store-uri sqlite:///{tmp_path.resolve()}/mlruns/mlflow.db"
+    assert client.ui_command(cfg) == f"mlflow ui --backend-store-uri sqlite:///{tmp_path.resolve()}/mlruns/mlflow.db"

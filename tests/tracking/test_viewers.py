@@ -17,7 +17,7 @@ from pipeline.records.trial import TrialRecord
 from pipeline.sweep import study_view
 from pipeline.sweep.space import Space
 from pipeline.sweep.stage import load_study, run_sweep
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 PROFILE = """
 data: {train_limit: 512, test_limit: 256}
@@ -39,7 +39,7 @@ def views(make_cfg, tmp_path):
 def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
     cfg = views
     run_sweep(cfg, "single", tmp_path / "single.jsonl")
-    tr = tracking.Tracker(cfg)
+    tr = client.Tracker(cfg)
     exp = tr.client.get_experiment(tr.experiment_id)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
 
@@ -57,7 +57,7 @@ def test_sweep_as_the_viewers_show_it(views, tmp_path, synthetic_root):
     assert json.loads(trial.data.tags["peak_mem_bytes"])[0] == pytest.approx(m["peak_mem_mib_dev0"] * 2**20, rel=1e-3)
 
     (ds,) = tr.client.get_run(rid).inputs.dataset_inputs
-    assert ds.dataset.name == "synthetic" and ds.dataset.digest == tracking.data_digest(synthetic_root)
+    assert ds.dataset.name == "synthetic" and ds.dataset.digest == client.data_digest(synthetic_root)
     assert ds.dataset.digest and {t.key: t.value for t in ds.tags}["mlflow.data.context"] == "train"
     tags = trial.data.tags
     assert tags["host_bf16"] in ("native", "emulated") and tags["host_cpu_isa"] and tags["host_torch"]
@@ -120,7 +120,7 @@ def test_the_shared_views_columns_are_all_on_the_study_rows(make_cfg, tmp_path):
     run_sweep(cfg, "ddp", sweeps / "ddp.jsonl")
     (tmp_path / "params.yaml").write_text("profile: rows\n")
     assert main(["analyze", "--sweeps", str(sweeps), "--out", str(tmp_path / "analysis")]) == 0
-    tr = tracking.Tracker(cfg)
+    tr = client.Tracker(cfg)
     state = ui_view.publish(tr.client, tr.experiment_id)
     columns = state["selectedColumns"]
     assert "metrics.`best_throughput_img_s`" in columns and "metrics.`peak_mem_mib`" in columns, columns
@@ -139,20 +139,20 @@ def test_unavailable_study_says_why(views, tmp_path):
     if probe().kind == "cuda":
         pytest.skip("dp is available on CUDA hosts")
     run_sweep(views, "dp", tmp_path / "dp.jsonl")
-    (parent,) = tracking.Tracker(views).find_runs("tags.role = 'study' and tags.strategy = 'dp'")
+    (parent,) = client.Tracker(views).find_runs("tags.role = 'study' and tags.strategy = 'dp'")
     why = parent.data.tags["parallax.unavailable"]
     assert "CUDA" in why and why in parent.data.tags["mlflow.note.content"]
-    assert parent.info.run_name == f"study dp · {tracking.pipeline_run()} (unavailable)"
+    assert parent.info.run_name == f"study dp · {client.pipeline_run()} (unavailable)"
     assert parent.info.status == "FINISHED"
     assert parent.data.metrics["study/n_complete"] == 0 and parent.data.metrics["study/n_skipped"] == 1
 
 
 def test_existing_experiment_gets_the_kind_tag(make_cfg):
     cfg = make_cfg()
-    tr = tracking.Tracker(cfg)
+    tr = client.Tracker(cfg)
     tr.client.delete_experiment_tag(tr.experiment_id, "mlflow.experimentKind")
     assert "mlflow.experimentKind" not in tr.client.get_experiment(tr.experiment_id).tags
-    tr = tracking.Tracker(cfg)
+    tr = client.Tracker(cfg)
     assert tr.client.get_experiment(tr.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
 
 
@@ -173,7 +173,7 @@ def test_summary_numbers_become_analysis_metrics():
             }
         },
     }
-    assert tracking.summary_metrics(summary) == {
+    assert client.summary_metrics(summary) == {
         "summary/n_complete": 3,
         "summary/n_trials": 4,
         "strategy/ddp/best_throughput_img_s": 900.5,

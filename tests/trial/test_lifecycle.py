@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.errors import TrialFailed
 from pipeline.trial.lifecycle import How, Trial
 from pipeline.trial.outcome import Requeued
@@ -66,7 +66,7 @@ def runner(epochs=2, fail=None, interrupt=False):
 
 @pytest.fixture
 def cfg(tmp_path):
-    return configmod.load(None, ["profile=", "data.source=synthetic"], root=tmp_path)
+    return loader.load(None, ["profile=", "data.source=synthetic"], root=tmp_path)
 
 
 def test_a_finished_trial_announces_each_moment_in_order(cfg, tmp_path):
@@ -165,7 +165,7 @@ class Mine(Log):
 
 
 def test_tracking_listeners_adds_a_users_listener(tmp_path):
-    cfg = configmod.load(
+    cfg = loader.load(
         None, ["profile=", "data.source=synthetic", f"tracking.listeners=[{__name__}:Mine]"], root=tmp_path
     )
     trial = Trial(cfg, tmp_path, [], How(runner=runner()))
@@ -174,10 +174,10 @@ def test_tracking_listeners_adds_a_users_listener(tmp_path):
 
 
 def test_a_listener_that_cannot_be_loaded_is_named(tmp_path):
-    cfg = configmod.load(
+    cfg = loader.load(
         None, ["profile=", "data.source=synthetic", "tracking.listeners=[no_such_module:Store]"], root=tmp_path
     )
-    with pytest.raises(configmod.ConfigError, match="tracking.listeners: 'no_such_module:Store' cannot be loaded"):
+    with pytest.raises(loader.ConfigError, match="tracking.listeners: 'no_such_module:Store' cannot be loaded"):
         Trial(cfg, tmp_path, [], How(runner=runner()))
 
 
@@ -199,21 +199,19 @@ class Rewrites(Log):
 def test_a_users_listener_cannot_cancel_a_trial(tmp_path):
     """A user's listener hears the trial, read-only: its cancel is refused loudly (the trial stops, its point runs
     again), never a point dropped without a trace."""
-    cfg = configmod.load(
+    cfg = loader.load(
         None, ["profile=", "data.source=synthetic", f"tracking.listeners=[{__name__}:Cancels]"], root=tmp_path
     )
     log = Log()
     trial = Trial(cfg, tmp_path, [log], How(runner=runner()))
     got = trial.run()
-    with pytest.raises(
-        configmod.ConfigError, match=rf"'{__name__}:Cancels' cancelled a trial .* cannot cancel a trial"
-    ):
+    with pytest.raises(loader.ConfigError, match=rf"'{__name__}:Cancels' cancelled a trial .* cannot cancel a trial"):
         got.record_or_raise()
     assert got.kind == "fault" and log.heard[-1] == ("ended", "fault")
 
 
 def test_a_users_listener_cannot_change_the_record(tmp_path):
-    cfg = configmod.load(
+    cfg = loader.load(
         None, ["profile=", "data.source=synthetic", f"tracking.listeners=[{__name__}:Rewrites]"], root=tmp_path
     )
     got = Trial(cfg, tmp_path, [], How(runner=runner())).run()

@@ -16,7 +16,7 @@ import pytest
 import torch.distributed as dist
 import torch.distributed.launcher.api as launcher_api
 
-from pipeline.config import loader as configmod
+from pipeline.config import loader
 from pipeline.host import loopback
 from pipeline.host.devices import probe
 from pipeline.measure.interference import Monitor
@@ -84,8 +84,8 @@ def _assert_loopback_only_and_nothing_left(tmp, seen, listening):
 def test_the_overlap_stage_listens_on_loopback_only_and_leaves_no_temp_folders(stage_env, tmp_path):
     """`overlap` on a CPU host: its two ranks' rendezvous and Gloo listen on 127.0.0.1 only, and the system temp dir
     is as empty afterwards as before (no torchelastic_* folder)."""
-    cfg = configmod.override(
-        configmod.Config(),
+    cfg = loader.override(
+        loader.Config(),
         ["overlap.size=16", "overlap.chain=1", "overlap.items=1", "overlap.reps=1", "overlap.warmup=0"],
     )
     res = overlap.run(cfg, tmp_path / "out", watch=Monitor)

@@ -22,9 +22,9 @@ from torch.utils import _foreach_utils
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline import catalog
-from pipeline.data import store as datamod
+from pipeline.data import store
 from pipeline.host.devices import probe
-from pipeline.measure import meter as metermod
+from pipeline.measure import meter
 from pipeline.models import build_model
 from pipeline.strategies import STRATEGIES
 from pipeline.strategies.base import Learner
@@ -64,7 +64,7 @@ class CountReads(TorchDispatchMode):
 @contextlib.contextmanager
 def counting(monkeypatch, region: Region):
     """Mocks on every other way to a host read, and the meter's boundaries opening and closing the region."""
-    start, tick, end = metermod.Meter.start_epoch, metermod.Meter.tick, metermod.Meter.end_epoch
+    start, tick, end = meter.Meter.start_epoch, meter.Meter.tick, meter.Meter.end_epoch
 
     def start_epoch(self, step):
         start(self, step)
@@ -78,9 +78,9 @@ def counting(monkeypatch, region: Region):
         region.open = False  # the epoch-end read belongs here
         return end(self, step)
 
-    monkeypatch.setattr(metermod.Meter, "start_epoch", start_epoch)
-    monkeypatch.setattr(metermod.Meter, "tick", ticked)
-    monkeypatch.setattr(metermod.Meter, "end_epoch", end_epoch)
+    monkeypatch.setattr(meter.Meter, "start_epoch", start_epoch)
+    monkeypatch.setattr(meter.Meter, "tick", ticked)
+    monkeypatch.setattr(meter.Meter, "end_epoch", end_epoch)
     for name in ("cpu", "tolist"):
         original = getattr(torch.Tensor, name)
 
@@ -144,7 +144,7 @@ def test_no_host_read_in_any_step_of_the_timed_region(make_cfg, synthetic_root, 
         "train.pin_cores=false",
         "train.channels_last=false",
     )
-    data = datamod.load(synthetic_root, "synthetic", train_limit=32 * 24, test_limit=64)
+    data = store.load(synthetic_root, "synthetic", train_limit=32 * 24, test_limit=64)
     region = Region()
     strategy = STRATEGIES[name](cfg.train, host)
     synchronize = strategy.synchronize
@@ -236,14 +236,14 @@ def test_breakdown_steps_are_the_only_ones_that_synchronise(make_cfg, synthetic_
         "train.breakdown_every=5",
         "train.pin_cores=false",
     )
-    data = datamod.load(synthetic_root, "synthetic", train_limit=32 * 24, test_limit=64)
+    data = store.load(synthetic_root, "synthetic", train_limit=32 * 24, test_limit=64)
     region, strategy = Region(), STRATEGIES["single"](cfg.train, host)
     monkeypatch.setattr(strategy, "synchronize", lambda: region.note("strategy.synchronize"))
     with one_process(monkeypatch, strategy), counting(monkeypatch, region):
         loop.train(cfg, strategy, data)
     steps = {step for step, what in region.seen if what == "strategy.synchronize"}
     # warm-up 1: steady steps 1..23; sampled = every 5th steady step (breakdown.is_sampled)
-    probe_meter = metermod.Meter(strategy, 32, 1, 0.5, _breakdown(strategy, 5))
+    probe_meter = meter.Meter(strategy, 32, 1, 0.5, _breakdown(strategy, 5))
     sampled = {s for s in range(1, 24) if probe_meter.breakdown.is_sampled(s - 1)}
     assert steps and steps == sampled, (steps, sampled)
 

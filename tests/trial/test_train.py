@@ -7,7 +7,7 @@ import json
 import torch
 
 from pipeline.cli import main
-from pipeline.tracking import client as tracking
+from pipeline.tracking import client
 
 
 def test_train_writes_contract_and_tracks_run(make_cfg, tmp_path, synthetic_root, monkeypatch, capsys):
@@ -58,7 +58,7 @@ def test_train_writes_contract_and_tracks_run(make_cfg, tmp_path, synthetic_root
     state = torch.load(out / "final_state.pt", weights_only=True)
     assert set(state) == {f"{i}.{p}" for i in (0, 3, 7, 9) for p in ("weight", "bias")}
 
-    tr = tracking.Tracker(make_cfg())
+    tr = client.Tracker(make_cfg())
     runs = tr.find_runs("tags.strategy = 'single'")
     assert len(runs) == 1
     run = runs[0]
@@ -71,7 +71,7 @@ def test_train_writes_contract_and_tracks_run(make_cfg, tmp_path, synthetic_root
     assert [h.step for h in tr.client.get_metric_history(run.info.run_id, "train_loss")] == [1]
     assert run.data.metrics["peak_mem_mib_dev0"] > 0 and run.data.tags["host_bf16"] in ("native", "emulated")
     (ds,) = tr.client.get_run(run.info.run_id).inputs.dataset_inputs
-    assert ds.dataset.name == "synthetic" and ds.dataset.digest == tracking.data_digest(synthetic_root)
+    assert ds.dataset.name == "synthetic" and ds.dataset.digest == client.data_digest(synthetic_root)
     artifacts = [a.path for a in tr.client.list_artifacts(run.info.run_id)]
     assert {"metrics.json", "breakdown.json", "trace"} <= set(artifacts), artifacts
     # the sampled step as a Chrome trace, beside the breakdown's table
@@ -143,7 +143,7 @@ def test_a_run_of_warm_up_steps_only_says_why_it_has_no_throughput(
     assert "raise data.train_limit or lower train.warmup_steps" in out
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert m["throughput_img_s"] is None and m["test_acc"][-1] >= 0  # accuracy still stands
-    (run,) = tracking.Tracker(make_cfg()).find_runs("tags.strategy = 'single'")
+    (run,) = client.Tracker(make_cfg()).find_runs("tags.strategy = 'single'")
     assert run.info.status == "FINISHED" and "all 2 step(s)" in run.data.tags["parallax.untimed"]
 
 
@@ -172,7 +172,7 @@ def test_a_loss_on_another_device_is_moved_to_the_loops_device(make_cfg):
     """G5: train() moves each step's loss to its own device before summing it (dp with train.output_device=1 returns
     a loss on cuda:1, the sum lives on cuda:0). A CPU stand-in for the second device checks the loop's intent; that
     DataParallel's gathered loss really lands on the output device needs two GPUs."""
-    from pipeline.data import store as datamod
+    from pipeline.data import store
     from pipeline.host.devices import Host
     from pipeline.strategies.base import Strategy
     from pipeline.trial.loop import train
@@ -183,7 +183,7 @@ def test_a_loss_on_another_device_is_moved_to_the_loops_device(make_cfg):
 
     cfg = make_cfg("train.batch_size=32", "train.epochs=1", "train.breakdown_every=0")
     g = torch.Generator().manual_seed(0)
-    data = datamod.Dataset(
+    data = store.Dataset(
         torch.randint(0, 255, (128, 28, 28), dtype=torch.uint8, generator=g),
         torch.randint(0, 10, (128,), generator=g),
         torch.randint(0, 255, (64, 28, 28), dtype=torch.uint8, generator=g),

@@ -18,7 +18,7 @@ import pandas as pd
 
 from pipeline import catalog
 from pipeline.analysis.tables.points import EXTRAS, group_by, is_serial
-from pipeline.scaling import model as sm
+from pipeline.scaling.model import DEFAULT_TOLERANCE, check, from_collectives, load_profiles, model_layout, predict
 
 PROJECT_KS = (4, 8)
 COLUMNS = [
@@ -47,7 +47,7 @@ def host_interconnect(collectives: dict | None):
     """This host's measured interconnect (collectives timed after compute, as a step issues them), or None."""
     if not collectives:
         return None
-    return sm.from_collectives(collectives, mode="after_compute")
+    return from_collectives(collectives, mode="after_compute")
 
 
 def _num(v, default):
@@ -71,11 +71,11 @@ def _transport(df, strategy, k):
 
 
 def model_table(
-    df, eff, collectives: dict | None = None, tolerance: float = sm.DEFAULT_TOLERANCE, project_ks=PROJECT_KS
+    df, eff, collectives: dict | None = None, tolerance: float = DEFAULT_TOLERANCE, project_ks=PROJECT_KS
 ) -> tuple[pd.DataFrame, list[str]]:
     """Modelled checks at measured k and projections (see the module docstring); notes say what was not modelled."""
     host = host_interconnect(collectives)
-    profiles = sm.load_profiles()
+    profiles = load_profiles()
     notes = (
         []
         if host
@@ -95,7 +95,7 @@ def model_table(
             continue
         s, model, b = ref["strategy"], ref["model"], int(ref["per_device_batch"])
         try:
-            layout = layouts.setdefault(model, sm.model_layout(model))
+            layout = layouts.setdefault(model, model_layout(model))
         except KeyError:
             notes.append(f"{s} {model}: the model has no layout for {model!r}; not modelled")
             continue
@@ -111,7 +111,7 @@ def model_table(
 
         def add(k, ic, role, measured=math.nan, serial=False, transport=None):
             try:
-                p = sm.predict(s, int(k), c1, ic, serial_replicas=serial, transport=transport, **kw)
+                p = predict(s, int(k), c1, ic, serial_replicas=serial, transport=transport, **kw)
             except (KeyError, ValueError) as e:
                 notes.append(f"{s} at k={k:g} on {ic.name}: not modelled ({str(e).strip(chr(34))})")
                 return
@@ -132,7 +132,7 @@ def model_table(
                 "verdict": "",
             }
             if not math.isnan(measured):
-                c = sm.check(p, measured, tolerance)
+                c = check(p, measured, tolerance)
                 r.update(rel_error=c["rel_error"], within_tolerance=c["within_tolerance"], verdict=c["verdict"])
             rows.append(r)
 
