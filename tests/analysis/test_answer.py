@@ -139,6 +139,17 @@ def test_the_command_runs_as_printed_with_its_exact_lr_data_source_and_interpret
     assert "data.source" not in answer.command({"strategy": "ddp"}, "fashion-mnist")
 
 
+def test_the_command_passes_the_load_only_of_an_answer_measured_under_load():
+    """A figure measured quietly (its load an empty cell: None or NaN) passes its images/s alone; one measured under
+    load passes the load too, and the printed command parses."""
+    for quiet in (None, float("nan")):
+        cmd = answer.command({"strategy": "ddp"}, "synthetic", (1234.4, quiet))
+        assert "--answer-img-s 1234" in cmd and "--answer-load-cores" not in cmd, cmd
+    cmd = answer.command({"strategy": "ddp"}, "synthetic", (1234.4, 0.5))
+    args = build_parser().parse_args(shlex.split(cmd)[3:])
+    assert (args.answer_img_s, args.answer_load_cores) == (1234.0, 0.5)
+
+
 def test_a_point_without_a_weak_reference_says_its_strong_scaling_never_not_measured():
     """k=2 at B=256 (b=128) with a k=1 run only at B=256: weak scaling has no reference, strong scaling has one; the
     why gives the strong efficiency (which the table below shows) and says which reference is missing."""

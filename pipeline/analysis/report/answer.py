@@ -325,8 +325,9 @@ def command(train: dict, data_source: str = "", figure: tuple | None = None) -> 
     if data_source == "synthetic":
         args.append("--set data.source=synthetic")
     if figure is not None:
-        img_s, cores = figure
-        args.append(f"--answer-img-s {img_s:.0f}" + ("" if cores is None else f" --answer-load-cores {cores:.2f}"))
+        img_s, cores = figure  # cores: None or NaN (a table's empty cell) when measured quietly
+        quiet = cores is None or pd.isna(cores)
+        args.append(f"--answer-img-s {img_s:.0f}" + ("" if quiet else f" --answer-load-cores {cores:.2f}"))
     return f"{interpreter()} -m pipeline train " + " ".join(args) + f" --out {RUN_DIR}"
 
 
