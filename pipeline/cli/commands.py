@@ -225,9 +225,9 @@ def cmd_fit(args) -> int:
 
     from pipeline.scaling import device, memory
 
-    if args.count_ahead:
+    if args.count_ahead is not None:
         t0 = time.monotonic()
-        models = memory.count_ahead()
+        models = memory.count_ahead(args.count_ahead or memory.known_models())
         print(f"counted {', '.join(models)} for fit in {time.monotonic() - t0:.1f} s (runs/memory_model.json)")
         return 0
     if not memory.is_counted(args.model):

@@ -331,10 +331,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--count-ahead",
-        action="store_true",
-        help="only count every model's activations on this host, once (seconds; kept in runs/memory_model.json), so "
-        "that a later fit answers without loading torch; `make setup` runs it (default: answer, counting the model "
-        "first only where no counts are kept)",
+        nargs="*",
+        type=types.model,
+        default=None,
+        metavar="MODEL",
+        help="only count models' activations on this host, once (seconds for d2l's, a minute or more for a large "
+        "torchvision model; kept in runs/memory_model.json), so that a later fit answers without loading torch: the "
+        "models named (any that --model takes: `python -m pipeline models`), or with none d2l's lenet and resnet18, "
+        "as `make setup` runs it (default: answer, counting the model first only where no counts are kept)",
     )
 
     sub.add_parser(

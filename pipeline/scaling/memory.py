@@ -148,8 +148,8 @@ def _bracket(xs, b):
 
 
 def known_models() -> tuple[str, ...]:
-    """The models `fit --count-ahead` counts ahead (d2l's two); any other model pipeline/zoo.py can build is counted on
-    its first `fit` and kept in the same cache."""
+    """The models `fit --count-ahead` counts ahead when it names none (d2l's two, as `make setup` runs it); any other
+    model pipeline/zoo.py can build is counted when named there, or on its first `fit`, and kept in the same cache."""
     return zoo.D2L
 
 
@@ -218,14 +218,15 @@ def is_counted(model: str, cache=None) -> bool:
     )
 
 
-def count_ahead(cache=None) -> tuple[str, ...]:
-    """Every model's layout and counts at the anchors `fit` reads, into the cache (`make setup` runs it, through
-    `python -m pipeline fit --count-ahead`), so the first `fit` answers from it."""
-    for model in known_models():
+def count_ahead(models=None, cache=None) -> tuple[str, ...]:
+    """`models`' layouts and counts at the anchors `fit` reads (default known_models()), into the cache (`make setup`
+    runs it, through `python -m pipeline fit --count-ahead`), so the first `fit` of each answers from it."""
+    models = tuple(models or known_models())
+    for model in models:
         layout(model, cache)
         counted(model, COUNT_ANCHORS, False, cache)
         counted(model, AUTOCAST_ANCHORS, True, cache)
-    return known_models()
+    return models
 
 
 def _build_layout(model: str) -> Layout:

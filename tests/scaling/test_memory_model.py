@@ -211,3 +211,33 @@ def test_counted_ahead_a_fit_loads_no_torch(tmp_path, monkeypatch):
     memory._code_digest.cache_clear()
     monkeypatch.setattr(memory, "_code_digest", lambda: "other code")
     assert not memory.is_counted("resnet18")  # counts of other code are never read
+
+
+@pytest.mark.slow
+def test_a_named_model_is_counted_ahead_and_a_name_fit_cannot_build_is_refused(tmp_path):
+    """`fit --count-ahead mobilenet_v3_small` counts that torchvision model (not d2l's), so its first `fit`, in a new
+    process, answers from the counts, counting nothing (torchvision is still imported, to know the name is its); a
+    name no source holds is refused, pointing at the list of models, before anything is counted."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DVC_ROOT": str(tmp_path)}
+
+    def cli(code: str):
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+    ahead = cli(
+        "from pipeline.cli.commands import main; raise SystemExit(main(['fit', '--count-ahead', 'mobilenet_v3_small']))"
+    )
+    assert ahead.returncode == 0 and "counted mobilenet_v3_small for fit" in ahead.stdout, ahead.stdout + ahead.stderr
+    fit = cli(
+        "from pipeline.cli.commands import main; "
+        "raise SystemExit(main(['fit', '--model', 'mobilenet_v3_small', '--batch-size', '64', '--device-memory', "
+        "'24GiB']))"
+    )
+    assert fit.returncode == 0 and "counting" not in fit.stderr, fit.stdout + fit.stderr
+    assert fit.stdout.startswith("mobilenet_v3_small (torchvision ") and "fsdp" in fit.stdout, fit.stdout
+
+    wrong = cli("from pipeline.cli.commands import main; raise SystemExit(main(['fit', '--count-ahead', 'resnet5O']))")
+    assert wrong.returncode == 2 and "python -m pipeline models" in wrong.stderr, wrong.stderr
+    assert not (tmp_path / "runs" / "memory_model.json").read_text().count("resnet5O")

@@ -62,7 +62,7 @@ def test_a_torchvision_model_sweeps_end_to_end_under_its_name(make_cfg, tmp_path
     assert model in (tmp_path / "results" / "analysis" / "summary.json").read_text()
 
 
-def test_a_users_model_from_an_entry_point_runs_a_one_point_sweep_train_and_fit(toy_model, make_cfg, tmp_path):
+def test_a_users_model_from_an_entry_point_runs_a_one_point_sweep_train_and_fit(toy_model, make_cfg, tmp_path, capsys):
     from pipeline.cli.commands import main
 
     rows, _ = _sweep(make_cfg, tmp_path, toy_model, ("ddp",))
@@ -90,7 +90,14 @@ def test_a_users_model_from_an_entry_point_runs_a_one_point_sweep_train_and_fit(
     )
     assert code == 0
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["model"] == toy_model
+    capsys.readouterr()
     assert main(["fit", "--model", toy_model, "--batch-size", "64", "--strategies", "ddp,fsdp", "--devices", "2"]) == 0
+    said = capsys.readouterr().out
+    # the model and its source head the answer; a row per strategy at k=2 with its modelled figure
+    assert said.startswith(f"{toy_model} (entry point toymodels:build_toynet (toymodels 0.1)), global batch 64"), said
+    rows = [line.split() for line in said.splitlines() if line.split()[:2] in (["ddp", "2"], ["fsdp", "2"])]
+    assert [r[:2] for r in rows] == [["ddp", "2"], ["fsdp", "2"]], said
+    assert all(float(r[2]) > 0 for r in rows), said  # GiB needed per device, modelled
 
 
 def test_zero1_and_fsdp_hold_less_per_device_than_ddp_for_resnet50(make_cfg, tmp_path):
