@@ -287,9 +287,9 @@ def test_the_code_data_and_torch_are_recorded_on_the_study_its_parent_run_and_it
         "data_digest": space.provenance.data_content(cfg)["digest"],
         "torch_version": provenance.torch_version(),
     }
-    space_ = Space(cfg, STRATEGY)
-    study = optuna.create_study(study_name=space_.name)
-    study_view.name_study(study, STRATEGY, cfg.profile, space_.hash, facts=space_.facts)
+    strategy_space = Space(cfg, STRATEGY)
+    study = optuna.create_study(study_name=strategy_space.name)
+    study_view.name_study(study, STRATEGY, cfg.profile, strategy_space.hash, facts=strategy_space.facts)
     assert {k: study.user_attrs[k] for k in want} == want
     row = trial_row(study, STRATEGY, point={"devices": 1, "batch_size": 8}, reason="skipped")
     assert {k: row[k] for k in want} == want
@@ -310,5 +310,5 @@ def test_the_code_data_and_torch_are_recorded_on_the_study_its_parent_run_and_it
             pass
 
     host = type("Host", (), {"kind": "cpu", "hostname": "h"})
-    study_parent.start(study, space_, host, Tracker(), "sqlite:///optuna.db", 1)
+    study_parent.start(study, strategy_space, host, Tracker(), "sqlite:///optuna.db", 1)
     assert {k: Tracker.tags[k] for k in want} == want
