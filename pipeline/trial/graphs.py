@@ -10,7 +10,10 @@ graphs only what it compiles. The recipe is PyTorch's "whole-network capture" (t
   nodes DDP keeps and the cuBLAS workspaces belong to the stream that captures;
 - `capture_step(strategy)` eager steps first: 2 for `single`, 11 for DDP's rows, whose reducer synchronises its
   runtime statistics on iterations 1-10 and rebuilds its buckets after the first (DDP runs with static_graph);
-- static input and target buffers: each step copies its batch into them, then replays;
+- the batch's gather and normalisation inside the graph (trial/loop.py `Inputs`), reading a static index buffer:
+  a replayed step launches two things, one copy (the step's sample indices into that buffer) and the replay,
+  where gathering and normalising the batch eagerly, then copying it into static buffers, launches eight kernels
+  before the replay;
 - gradients set to None once, before capture: the captured backward writes them into the graph's own memory, and
   every replay overwrites them;
 - the optimizer's step inside the graph (SGD's foreach update as it is; AdamW with capturable=True, so its step
@@ -45,11 +48,11 @@ def capture_step(strategy: str) -> int:
 class GraphedStep:
     """`strategy.train_step` in eager steps on a side stream until `at`, then captured once and replayed."""
 
-    def __init__(self, strategy, at: int, on_capture=None):
-        self.strategy, self.at, self.on_capture = strategy, at, on_capture
+    def __init__(self, strategy, at: int, inputs, on_capture=None):
+        self.strategy, self.at, self.inputs, self.on_capture = strategy, at, inputs, on_capture
         self.stream = torch.cuda.Stream(strategy.device)
         self.graph = None
-        self.x = self.y = self.loss = None
+        self.idx = self.loss = None
 
     def side(self):
         """The context the model is built in (its parameters, DDP's buckets and hooks on the capture's stream)."""
@@ -59,25 +62,27 @@ class GraphedStep:
         """The current stream waits for the side stream's work (after building, after each eager step)."""
         torch.cuda.current_stream(self.strategy.device).wait_stream(self.stream)
 
-    def __call__(self, step: int, learner: Learner, x, y, clock=None) -> torch.Tensor:
+    def __call__(self, step: int, learner: Learner, idx, clock=None, probe=None) -> torch.Tensor:
+        """Step `step` on the sample indices `idx` (on the device). `clock` and `probe` are the eager step's: graphs
+        refuse the breakdown's sampled steps, and the memory probe is CPU's (on CUDA the allocator's window reads)."""
         if self.graph is not None:
-            self.x.copy_(x)
-            self.y.copy_(y)
+            self.idx.copy_(idx)
             self.graph.replay()
             return self.loss
         self.stream.wait_stream(torch.cuda.current_stream(self.strategy.device))
         if step < self.at:
             with torch.cuda.stream(self.stream):
+                x, y = self.inputs(idx)
                 loss = self.strategy.train_step(learner, x, y)
             self.joined()
             loss.record_stream(torch.cuda.current_stream(self.strategy.device))
             return loss
-        return self._capture(learner, x, y)
+        return self._capture(learner, idx)
 
-    def _capture(self, learner: Learner, x, y) -> torch.Tensor:
+    def _capture(self, learner: Learner, idx) -> torch.Tensor:
         devices = self.strategy.devices
         with torch.cuda.stream(self.stream):
-            self.x, self.y = x.clone(), y.clone()  # clone keeps the layout (channels_last)
+            self.idx = idx.clone()
         torch.cuda.synchronize(self.strategy.device)
         learner.optimizer.zero_grad(set_to_none=True)
         for d in devices:
@@ -86,7 +91,8 @@ class GraphedStep:
         # thread_local: other threads (NCCL's watchdog polling earlier collectives' events) may call CUDA during the
         # capture; only this thread's unsafe calls would break it
         with torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode="thread_local"):
-            self.loss = self.strategy.train_step(learner, self.x, self.y)
+            x, y = self.inputs(self.idx)
+            self.loss = self.strategy.train_step(learner, x, y)
         if self.on_capture is not None:
             self.on_capture([int(torch.cuda.max_memory_allocated(d)) for d in devices])
         self.graph.replay()  # capturing runs nothing: this is the step's own update

@@ -114,13 +114,29 @@ def build(t, strategy) -> Learner:
     return Learner(model, criterion, strategy.build_optimizer(model))
 
 
+class Inputs:
+    """A step's batch from its sample indices: the uint8 images (resident on the input device) gathered and
+    normalised there, in the model's memory format, and their labels. Six small kernels a step: the eager step runs
+    them as its "data" phase; a CUDA graph captures them with the rest of the step (trial/graphs.py)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, device, channels_last: bool):
+        self.images, self.labels, self.device, self.channels_last = images, labels, device, channels_last
+
+    def __call__(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = store.normalize(self.images[idx], self.device)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, self.labels[idx]
+
+
 class EagerStep:
-    """The step as the strategy runs it (every mode but train.cuda_graphs)."""
+    """The step as the strategy runs it (every mode but train.cuda_graphs): the batch in, then `train_step` inside
+    the memory probe (the probe sees the step, not its input)."""
 
     on_capture = None  # no graph is captured
 
-    def __init__(self, strategy):
-        self.strategy = strategy
+    def __init__(self, strategy, inputs: Inputs):
+        self.strategy, self.inputs = strategy, inputs
 
     @staticmethod
     def side():
@@ -129,8 +145,11 @@ class EagerStep:
     def joined(self) -> None:
         pass
 
-    def __call__(self, step: int, learner: Learner, x, y, clock) -> torch.Tensor:
-        return self.strategy.train_step(learner, x, y, clock)
+    def __call__(self, step: int, learner: Learner, idx, clock, probe) -> torch.Tensor:
+        with clock("data"):
+            x, y = self.inputs(idx)
+        with probe:
+            return self.strategy.train_step(learner, x, y, clock)
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
@@ -147,13 +166,14 @@ def train(cfg, strategy, data: store.Dataset, on_epoch=None, progress=None, mark
     trial's timeline, given the times the model is built and training ends, and the seconds in steps and evaluation."""
     t, device = cfg.train, strategy.device
     marks = {} if marks is None else marks
-    run_step = GraphedStep(strategy, capture_step(t.strategy)) if t.cuda_graphs else EagerStep(strategy)
-    with run_step.side():  # graphs: the model and DDP's hooks on the stream that captures (trial/graphs.py)
-        learner = build(t, strategy)
-    run_step.joined()
     # --- data: uint8 tensors resident on the input device, normalised there per batch. Every rank holds the whole
     # set (its batches index into it); the memory meter counts it as resident, not as the step's (measure/memory.py)
     train_x, train_y, test_x, test_y = (v.to(device) for v in (data.train_x, data.train_y, data.test_x, data.test_y))
+    inputs = Inputs(train_x, train_y, device, t.channels_last)
+    run_step = GraphedStep(strategy, capture_step(t.strategy), inputs) if t.cuda_graphs else EagerStep(strategy, inputs)
+    with run_step.side():  # graphs: the model and DDP's hooks on the stream that captures (trial/graphs.py)
+        learner = build(t, strategy)
+    run_step.joined()
     rank, world = strategy.data_shard
     steps = steps_per_epoch(train_x.shape[0], t.batch_size)
     every = t.breakdown_every  # 0 = off
@@ -178,12 +198,7 @@ def train(cfg, strategy, data: store.Dataset, on_epoch=None, progress=None, mark
         for i in range(steps):
             meter.tick(step)
             with meter.sample(step) as clock:  # the step-time breakdown's phases on sampled steps, else no-ops
-                with clock("data"):
-                    x, y = store.normalize(train_x[batches[i]], device), train_y[batches[i]]
-                    if t.channels_last:
-                        x = x.contiguous(memory_format=torch.channels_last)
-                with meter.probe(step, learner.model, learner.optimizer):
-                    loss = run_step(step, learner, x, y, clock)
+                loss = run_step(step, learner, batches[i], clock, meter.probe(step, learner.model, learner.optimizer))
             loss_sum += loss.detach().to(device)  # dp with train.output_device=j returns it on cuda:j
             step, n_steps = step + 1, n_steps + 1
             if step % t.check_every == 0:

@@ -1,8 +1,8 @@
 """train.cuda_graphs' call order, checked on a CPU with torch.cuda's graph and stream calls replaced by recorders
 (as tests/strategies/test_gpu_contracts.py does): the eager warm-up steps run on the side stream, the step is
-captured once at its capture step on that stream, every later step copies its batch into the static buffers and
-replays, and the capture's peak reaches the memory meter. Intent only: that a capture of this step works, and what
-it gains, needs a GPU (docs/gpu.md, R1)."""
+captured once at its capture step on that stream, the batch's gather and normalisation with it, every later step
+copies its sample indices into the static buffer and replays, and the capture's peak reaches the memory meter.
+Intent only: that a capture of this step works, and what it gains, needs a GPU (docs/gpu.md, R1)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline.strategies.base import Learner
-from pipeline.trial import graphs
+from pipeline.trial import graphs, loop
 
 
 class Recorder:
@@ -74,23 +75,63 @@ def test_capture_step_is_after_the_strategys_warm_up(strategy, at):
     assert graphs.capture_step(strategy) == at
 
 
+def _inputs():
+    """The loop's own data path on a tiny resident set: image n is all n, label n % 10."""
+    images = torch.arange(12, dtype=torch.uint8).view(12, 1, 1, 1).expand(12, 1, 2, 2).contiguous()
+    return loop.Inputs(images, torch.arange(12) % 10, torch.device("cpu"), channels_last=False)
+
+
+def _epoch(steps=6, batch=2):
+    return torch.arange(steps * batch).view(steps, batch)
+
+
 def test_eager_warm_up_on_the_side_stream_then_one_capture_then_replays(monkeypatch):
     rec = Recorder(monkeypatch)
     strategy = Strategy(rec)
     peaks = []
-    step = graphs.GraphedStep(strategy, at=2, on_capture=peaks.append)
+    inputs = _inputs()
+    step = graphs.GraphedStep(strategy, at=2, inputs=inputs, on_capture=peaks.append)
     opt = SimpleNamespace(zero_grad=lambda set_to_none: rec.log.append(("zero_grad", set_to_none)))
-    batches = [torch.full((2, 3), float(i)) for i in range(6)]
     learner = Learner(None, None, opt)  # the graph only zeroes the optimizer's gradients; the step is this fake's
-    losses = [step(i, learner, x, x[:, 0].long()) for i, x in enumerate(batches)]
+    batches = _epoch()
+    losses = [step(i, learner, batches[i]) for i in range(len(batches))]
     kinds = [k for k, _ in strategy.calls]
     assert kinds == ["eager", "eager", "capture"], "two eager steps, one capture, then no Python step at all"
     assert [e for e in rec.log if e[0] == "capture"] == [("capture", "side", "thread_local")]
     assert sum(e == ("replay",) for e in rec.log) == 4, "the capture step replays once (capturing runs nothing)"
     assert ("zero_grad", True) in rec.log[: rec.log.index(("capture", "side", "thread_local"))]
     assert peaks == [[12_345]], "the capture's peak goes to the memory meter"
-    assert step.x.tolist() == batches[-1].tolist(), "each replay reads the latest batch from the static buffer"
+    for i, (_, x) in enumerate(strategy.calls):
+        assert torch.equal(x, inputs(batches[i])[0]), "eager and captured steps train on the loop's normalised batch"
+    assert step.idx.tolist() == batches[-1].tolist(), "each replay reads the latest indices from the static buffer"
     assert all(loss is step.loss for loss in losses[2:]), "a replayed step's loss is the graph's static output"
     first_eager = rec.log.index(("on", "side"))
     assert ("wait", "side", "main") in rec.log[:first_eager], "the side stream waits for the batch first"
     assert ("wait", "main", "side") in rec.log, "the loop's stream waits for the side stream's eager step"
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_replayed_step_launches_one_copy_beside_the_replay(monkeypatch):
+    """The batch's gather and normalisation are in the graph: outside it a replayed step dispatches exactly one
+    operation, the copy of its sample indices into the static buffer (where the eager data path ran six kernels and
+    two more copied the batch into static image and label buffers)."""
+    rec = Recorder(monkeypatch)
+    step = graphs.GraphedStep(Strategy(rec), at=2, inputs=_inputs())
+    learner = Learner(None, None, SimpleNamespace(zero_grad=lambda set_to_none: None))
+    batches = _epoch()
+    for i in range(3):  # two eager steps, the capture
+        step(i, learner, batches[i])
+    for i in range(3, len(batches)):
+        idx = batches[i]  # a view: the loop's selection of the step's row launches nothing
+        with _Ops() as seen:
+            step(i, learner, idx)
+        assert seen.ops == ["copy_"], f"step {i} dispatched {seen.ops} outside the graph"

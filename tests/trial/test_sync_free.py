@@ -12,6 +12,7 @@ belong. On a GPU such a read stalls the stream and hides the step's real cost be
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 from collections import Counter
 
@@ -105,10 +106,12 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def one_process(monkeypatch, strategy):
-    """The strategy set up as the only rank of a one-process group, torn down after (threads restored)."""
+    """The strategy set up as the only rank of a one-process group, torn down after (threads and the cores a rank
+    pins itself to restored: a later test's host probe counts this process's cores)."""
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     threads = torch.get_num_threads()
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     try:
         strategy.setup(0, 1)
         yield strategy
@@ -116,6 +119,8 @@ def one_process(monkeypatch, strategy):
         if dist.is_initialized():
             dist.destroy_process_group()
         torch.set_num_threads(threads)
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
 
 
 ONE_PROCESS = [(s.name, ()) for s in catalog.STRATEGIES]
