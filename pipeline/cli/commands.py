@@ -225,6 +225,14 @@ def cmd_fit(args) -> int:
 
     from pipeline.scaling import device, memory
 
+    if args.count_ahead is not None and args.answering:  # counting answers nothing: no flag of the answer is dropped
+        given = list(dict.fromkeys(args.answering))
+        name = args.model if "--model" in given else "resnet50"
+        raise loader.ConfigError(
+            f"fit --count-ahead only counts models and answers nothing, so it takes no {', '.join(given)}. Name the "
+            f"model to count after it (`python -m pipeline fit --count-ahead {name}`), or drop --count-ahead to "
+            "answer. Nothing was run."
+        )
     if args.count_ahead is not None:
         t0 = time.monotonic()
         models = memory.count_ahead(args.count_ahead or memory.known_models())

@@ -53,6 +53,15 @@ def _cfg(key: str, text: str) -> str:
     return f"{text} (default: {key} from --set, params.yaml or the profile; built in: {built_in})"
 
 
+class _Answering(argparse.Action):
+    """argparse's `store` for a flag of fit's answer, which also notes the flag as given (in `answering`), its value
+    the default or not: `fit --count-ahead` answers nothing, so it refuses each (commands.cmd_fit)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.answering = (*namespace.answering, option_string)
+
+
 def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -280,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
+        action=_Answering,
         type=types.model,
         default="resnet18",
         metavar="NAME",
@@ -288,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--batch-size",
+        action=_Answering,
         type=types.batch_size,
         default=512,
         metavar="B",
@@ -295,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--device-memory",
+        action=_Answering,
         type=types.device_memory,
         default=None,
         metavar="SIZE",
@@ -304,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--device-name",
+        action=_Answering,
         default=None,
         metavar="NAME",
         help="the GPU whose fixed cost doctor kept in runs/device_basis.json, e.g. 'NVIDIA H100 80GB HBM3' "
@@ -311,12 +324,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--optimizer",
+        action=_Answering,
         choices=("sgd", "sgd_momentum", "adamw"),
         default="adamw",
         help="train.optimizer: its state per parameter is part of the peak (default adamw)",
     )
     p.add_argument(
         "--devices",
+        action=_Answering,
         type=types.device_counts,
         default=(1, 2, 4, 8),
         metavar="K,K",
@@ -324,11 +339,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--strategies",
+        action=_Answering,
         type=types.strategy_names,
         default=list(loader.STRATEGY_NAMES),
         metavar="A,B",
         help="comma-separated strategies (default: all)",
     )
+    p.set_defaults(answering=())  # the flags above given on the command line (_Answering)
     p.add_argument(
         "--count-ahead",
         nargs="*",
@@ -338,7 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="only count models' activations on this host, once (seconds for d2l's, a minute or more for a large "
         "torchvision model; kept in runs/memory_model.json), so that a later fit answers without loading torch: the "
         "models named (any that --model takes: `python -m pipeline models`), or with none d2l's lenet and resnet18, "
-        "as `make setup` runs it (default: answer, counting the model first only where no counts are kept)",
+        "as `make setup` runs it; it answers nothing, so it takes no flag of the answer (--model, --batch-size, "
+        "--device-memory, --device-name, --optimizer, --devices, --strategies): name the model to count after it "
+        "(default: answer, counting the model first only where no counts are kept)",
     )
 
     sub.add_parser(

@@ -13,6 +13,7 @@ measure it beside Gloo. fp16/bf16/powersgd are PyTorch's compression hooks.
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -21,6 +22,16 @@ from pipeline.measure.comm_probes import DDPStats
 
 from . import shm_allreduce
 from .distributed import DistributedStrategy
+
+# DDP's switch of the buffer sync before each forward, by the name the installed torch takes: forward_sync_buffers
+# from torch 2.13, where the older broadcast_buffers warns a FutureWarning in every trial; broadcast_buffers on the
+# floor (2.11), which lacks the new name. The two differ only at init, where broadcast_buffers=False also leaves the
+# buffers out of the first sync: wrap passes False only in a world of one, where that sync has no other copy to match.
+SYNC_BUFFERS = (
+    "forward_sync_buffers"
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+    else "broadcast_buffers"
+)
 
 COMM_HOOKS = {
     "fp16": lambda: (None, default_hooks.fp16_compress_hook),
@@ -58,7 +69,7 @@ class DDPStrategy(DistributedStrategy):
             gradient_as_bucket_view=self.cfg.grad_as_bucket_view,
             static_graph=self.cfg.cuda_graphs,  # its buckets final before the capture (trial/graphs.py)
             # BatchNorm's buffers from rank 0 before every forward: with one rank there is no other copy to match
-            broadcast_buffers=self.world_size > 1,
+            **{SYNC_BUFFERS: self.world_size > 1},
         )
         self.comm_hook = self.cfg.comm_hook  # reported as comm_hook_used
         if self.comm_hook == "shm":

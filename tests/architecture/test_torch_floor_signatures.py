@@ -57,8 +57,8 @@ CALLS = (
     (
         "torch.nn.parallel.DistributedDataParallel",
         1,
-        ("device_ids", "bucket_cap_mb", "gradient_as_bucket_view"),
-        "strategies/ddp.py",
+        ("device_ids", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "broadcast_buffers"),
+        "strategies/ddp.py (broadcast_buffers: where torch lacks its newer name, forward_sync_buffers)",
     ),
     ("torch.nn.parallel.DistributedDataParallel._set_ddp_runtime_logging_sample_rate", 1, (), "comm_probes.py"),
     ("torch.nn.parallel.DistributedDataParallel._get_ddp_logging_data", 0, (), "comm_probes.py"),

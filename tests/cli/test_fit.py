@@ -64,3 +64,41 @@ def test_fit_reads_the_device_memory_from_cuda_else_an_80gb_part(fit_root, capsy
     assert "device memory 79.6 GiB: assumed" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([*COMMAND, "--device-memory", "eighty"])
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--model", "lenet"],
+        ["--batch-size", "512"],  # the default's value, given: still refused
+        ["--device-memory", "8GiB"],
+        ["--device-name", "NVIDIA H100 80GB HBM3"],
+        ["--optimizer", "adamw"],
+        ["--devices", "1,2"],
+        ["--strategies=ddp"],
+    ],
+    ids=lambda v: " ".join(v),
+)
+def test_count_ahead_refuses_a_flag_of_the_answer_by_its_name(flags, fit_root, capsys, monkeypatch):
+    """`fit --count-ahead` counts and answers nothing: a flag of the answer given with it (before or after it, its
+    value the default's or not) is refused, exit 2, the flag named with what to do, before anything is counted."""
+    from pipeline.scaling import memory
+
+    monkeypatch.setattr(memory, "count_ahead", lambda *a, **k: pytest.fail("counted despite the refusal"))
+    for argv in (["fit", "--count-ahead", *flags], ["fit", *flags, "--count-ahead", "lenet"]):
+        assert main(argv) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"takes no {flags[0].split('=')[0]}." in err, err
+        assert "drop --count-ahead to answer" in err and "Nothing was run" in err, err
+    main(["fit", "--count-ahead", "--model", "lenet", "--batch-size", "64"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert "takes no --model, --batch-size." in err and "`python -m pipeline fit --count-ahead lenet`" in err, err
+
+
+def test_count_ahead_alone_counts_without_a_refusal(fit_root, capsys, monkeypatch):
+    """Every flag of the answer left at its default: --count-ahead counts (the counting itself: tests/scaling)."""
+    from pipeline.scaling import memory
+
+    monkeypatch.setattr(memory, "count_ahead", lambda models: tuple(models))
+    assert main(["fit", "--count-ahead", "lenet"]) == 0
+    assert "counted lenet for fit" in capsys.readouterr().out

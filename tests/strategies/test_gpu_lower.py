@@ -55,6 +55,33 @@ def test_ddp_broadcasts_batchnorms_buffers_only_where_there_is_another_rank(npro
     assert set(world.launch(_broadcasts, nproc=nproc).values()) == {expected}
 
 
+def test_ddp_in_a_world_of_one_syncs_no_buffers_and_warns_of_no_deprecated_name():
+    """wrap passes the buffer-sync switch by the name the installed torch takes (forward_sync_buffers from 2.13,
+    broadcast_buffers on the floor): no FutureWarning about broadcast_buffers in each trial, and at k=1 no sync of
+    BatchNorm's buffers before a forward. In process, a Gloo world of one (the slow test above: both k, by launch)."""
+    import warnings
+
+    import torch.distributed as dist
+
+    t = dataclasses.replace(Config().train, strategy="ddp", devices=1, model="resnet18", pin_cores=False)
+    strategy = STRATEGIES["ddp"](t, CPU)
+    threads = torch.get_num_threads()  # setup pins a rank to one thread: pytest's own is given back below
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        strategy.setup(0, 1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model, _ = strategy.wrap(build_model("resnet18", 0, "default"), torch.nn.CrossEntropyLoss())
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(threads)
+    deprecated = [str(w.message) for w in caught if "broadcast_buffers" in str(w.message)]
+    assert not deprecated, deprecated
+    assert list(model.buffers())  # BatchNorm's running statistics: something a sync would send
+    assert model.broadcast_buffers is False and not model.will_sync_module_buffers()
+    assert getattr(model, "forward_sync_buffers", False) is False  # torch >= 2.13 keeps the switch under this name
+
+
 def test_nvml_used_memory_leaves_the_drivers_reserve_out():
     """v2 memory info (used without the driver's reserve) where the driver has it, v1 where it has not."""
     v1 = types.SimpleNamespace(used=1_055_719_424)
