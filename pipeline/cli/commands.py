@@ -235,7 +235,7 @@ def cmd_fit(args) -> int:
         )
     if args.count_ahead is not None:
         t0 = time.monotonic()
-        models = memory.count_ahead(args.count_ahead or memory.known_models())
+        models = memory.count_ahead(args.count_ahead)  # none named: d2l's two (memory.known_models)
         print(f"counted {', '.join(models)} for fit in {time.monotonic() - t0:.1f} s (runs/memory_model.json)")
         return 0
     if not memory.is_counted(args.model):

@@ -1,6 +1,7 @@
 """train.cuda_graphs: the whole training step (forward, backward, DDP's all-reduce, the optimizer's update) captured
-once as a CUDA graph and replayed at every later step, so the host launches one graph per step instead of every
-kernel: what bounds small models such as LeNet on a fast GPU is the host's per-launch cost, not the GPU.
+once as a CUDA graph and replayed at every later step, so the host launches one copy (the step's sample indices) and
+one graph per step instead of every kernel: what bounds small models such as LeNet on a fast GPU is the host's
+per-launch cost, not the GPU.
 
 Written here, not taken from a library: `torch.cuda.make_graphed_callables` graphs the forward and backward of a
 module but not the optimizer step or DDP's reducer, and torch.compile's reduce-overhead mode (train.compile_mode)

@@ -12,7 +12,7 @@ ELSEWHERE are not the repository's.
 
 And a module's file name says what its importers call it: no file of pipeline/, tests/, tools/ or benchmarks/ imports
 a pipeline module under another name (`from pipeline.config import loader as cfgmod`); it imports the module under
-its own (`from pipeline.config import loader`), its package, or the names it uses (KNOWN: the few not yet renamed).
+its own (`from pipeline.config import loader`), its package, or the names it uses (KNOWN: the exceptions, none).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ AMBIGUOUS |= {"pipeline", "model", "trial", "report", "study", "run", "config", 
 SUFFIXES = {"py", "md", "json", "jsonl", "yaml", "yml", "csv", "png", "txt", "pt", "lock", "toml", "html", "db"}
 ROOTS = ("pipeline/", "tests/", "tools/", "benchmarks/")
 # Imports of a pipeline module under another name still in the code, `file: module as name`. (This list may only
-# shrink; it is empty: every import was renamed.)
+# shrink; it is empty: every such import uses the module's own name.)
 KNOWN: set[str] = set()
 
 
