@@ -31,7 +31,7 @@ VARIANTS = {
 
 
 def _relu_not_in_place() -> None:
-    """Benchmark only: build the models with out-of-place ReLUs, as they were before."""
+    """Benchmark only: build the models with out-of-place ReLUs (the "in-place ReLU off" variants)."""
     import pipeline.trial.loop
 
     build = pipeline.trial.loop.build_model

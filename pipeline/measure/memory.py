@@ -94,8 +94,9 @@ def _opt_state(snap: dict) -> int:
 
 class CudaPeaks:
     """Per-device memory on GPUs over the measured window (module docstring); no step is probed. Before step 0 the
-    libraries are warmed up and what is resident is read (`open`); the steady window opens at the first step after
-    the warm-up (`open(steady=True)`), closes before each evaluation (`close`) and reopens at the next step."""
+    libraries are warmed up on the step's stream (`warm`) and what is resident is read (`open`); the steady window
+    opens at the first step after the warm-up (`open(steady=True)`), closes before each evaluation (`close`) and
+    reopens at the next step; a CUDA graph's capture is measured as the step (`capture`)."""
 
     method, basis = "cuda_allocator", "steady_step_above_resident"  # points.MEM_BASIS says what each basis means
 
@@ -112,15 +113,23 @@ class CudaPeaks:
     def probe(self, step: int, model, optimizer):
         return contextlib.nullcontext()
 
+    def warm(self) -> None:
+        """Once, before the window first opens, on the stream the step runs on (the loop calls it there: under
+        train.cuda_graphs the side stream that captures, trial/graphs.py), since cuBLAS keeps a workspace per handle
+        and stream: the libraries are used once and what they keep allocated is the workspace figure."""
+        if self.workspace is not None:
+            return
+        before = [int(torch.cuda.memory_allocated(d)) for d in self.devices]
+        warm_libraries(self.devices)
+        self.workspace = [max(0, int(torch.cuda.memory_allocated(d)) - b) for d, b in zip(self.devices, before)]
+
     def open(self, steady: bool = True) -> None:
-        """Before a step (`steady`: a step after the warm-up): the first time, the libraries are warmed up and the
-        resident read; at the first steady step the warm-up's peaks are set aside; the peaks restart from what is
-        allocated now."""
+        """Before a step (`steady`: a step after the warm-up): the first time, the resident is read (the libraries
+        warmed first, if the loop has not); at the first steady step the warm-up's peaks are set aside; the peaks
+        restart from what is allocated now."""
         if self.resident is None:
-            before = [int(torch.cuda.memory_allocated(d)) for d in self.devices]
-            warm_libraries(self.devices)
+            self.warm()
             self.resident = [int(torch.cuda.memory_allocated(d)) for d in self.devices]
-            self.workspace = [max(0, r - b) for r, b in zip(self.resident, before)]
         elif self.is_open and not (steady and not self.steady):
             return
         if self.is_open:  # the warm-up's stretch ends: its peaks are not the step's
@@ -128,10 +137,23 @@ class CudaPeaks:
         reset_cuda_peaks(self.devices)
         self.is_open, self.steady = True, steady
 
-    def include_peaks(self, allocated: list[int]) -> None:
-        """Peaks (max allocated, per device) of a step the window cannot see: a CUDA graph's capture, which
-        allocates what an eager step does, while its replays allocate nothing (trial/graphs.py)."""
-        self.step = [max(s, p - r) for s, p, r in zip(self.step, allocated, self.resident)]
+    @contextlib.contextmanager
+    def capture(self):
+        """Around a CUDA graph's capture (trial/graphs.py), inside the open window: the capture allocates what an
+        eager step does while its replays allocate nothing, so its peak is the step's. The stretch before it keeps
+        its own peaks, and the stretch after it starts from what is allocated then."""
+        self._fold()
+        reset_cuda_peaks(self.devices)
+        yield
+        self.step = self._above_resident(self.step)
+        reset_cuda_peaks(self.devices)
+
+    def _fold(self) -> None:
+        """This stretch's peaks into its figure: the step's in the steady window, else the warm-up's."""
+        if self.steady:
+            self.step = self._above_resident(self.step)
+        else:
+            self.warmup = self._above_resident(self.warmup)
 
     def _above_resident(self, so_far: list[int]) -> list[int]:
         return [max(s, p - r) for s, p, r in zip(so_far, cuda_peaks(self.devices), self.resident)]
@@ -141,10 +163,7 @@ class CudaPeaks:
         if not self.is_open:
             return
         self.is_open = False
-        if self.steady:
-            self.step = self._above_resident(self.step)
-        else:
-            self.warmup = self._above_resident(self.warmup)
+        self._fold()
         self.reserved = [max(s, int(torch.cuda.max_memory_reserved(d))) for s, d in zip(self.reserved, self.devices)]
         used = nvml_used_bytes(self.devices)
         if used is not None:
@@ -179,11 +198,16 @@ class CpuStepPeaks:
         self.tracker = self.strategy.memory_tracker(model, optimizer)
         return self.tracker
 
+    def warm(self) -> None:
+        """No libraries' workspaces are measured on a CPU host."""
+
     def open(self, steady: bool = True) -> None:
         """No window: the probe step is the whole measurement."""
 
-    def include_peaks(self, allocated: list[int]) -> None:
+    @staticmethod
+    def capture():
         """No CUDA graph runs on a CPU host."""
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         pass

@@ -97,6 +97,7 @@ class Meter:
         target_acc: float,
         breakdown=None,
         window_steps: int = WINDOW_STEPS,
+        memory=None,
     ):
         self.strategy, self.batch_size, self.target_acc = strategy, batch_size, target_acc
         self.window_steps = max(window_steps, 1)
@@ -105,7 +106,8 @@ class Meter:
         self.window = None  # the open window: (first step, mark, excluded steps and seconds at its start)
         self.clock = clock_for(strategy)
         self.warmup = max(warmup_steps, 1)  # step 0 is the memory probe on CPU: never timed
-        self.memory = memory_meter(strategy)  # its window opens at the first tick
+        # the loop's, which a CUDA-graph step also reaches (its capture); its window opens at the first tick
+        self.memory = memory or memory_meter(strategy)
         self.breakdown = breakdown or Off()
         self.sampled_s, self.sampled_steps = 0.0, 0  # sampled steps' wall time, instrument included
         self.timed_images, self.timed_s, self.time_to_acc = 0, 0.0, None

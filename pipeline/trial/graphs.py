@@ -1,20 +1,22 @@
-"""train.cuda_graphs: the whole training step (forward, backward, DDP's all-reduce, the optimizer's update) captured
-once as a CUDA graph and replayed at every later step, so the host launches one copy (the step's sample indices) and
-one graph per step instead of every kernel: what bounds small models such as LeNet on a fast GPU is the host's
-per-launch cost, not the GPU.
+"""train.cuda_graphs: the whole training step (forward, backward, DDP's all-reduce, the optimizer's update, the
+epoch's running loss sum) captured once as a CUDA graph and replayed at every later step, so the host launches one
+copy (the step's sample indices) and one graph per step instead of every kernel: what bounds small models such as
+LeNet on a fast GPU is the host's per-launch cost, not the GPU.
 
 Written here, not taken from a library: `torch.cuda.make_graphed_callables` graphs the forward and backward of a
 module but not the optimizer step or DDP's reducer, and torch.compile's reduce-overhead mode (train.compile_mode)
 graphs only what it compiles. The recipe is PyTorch's "whole-network capture" (torch.cuda.graphs docs):
 
-- warm-up on a side stream, the model (DDP's constructor included) built on that stream too, so the autograd
-  nodes DDP keeps and the cuBLAS workspaces belong to the stream that captures;
+- warm-up on a side stream, the model (DDP's constructor included) built on that stream too, and the memory
+  meter's warm-up of the libraries, so the autograd nodes DDP keeps and the cuBLAS workspaces belong to the stream
+  that captures;
 - `capture_step(strategy)` eager steps first: 2 for `single`, 11 for DDP's rows, whose reducer synchronises its
   runtime statistics on iterations 1-10 and rebuilds its buckets after the first (DDP runs with static_graph);
 - the batch's gather and normalisation inside the graph (trial/loop.py `Inputs`), reading a static index buffer:
   a replayed step launches two things, one copy (the step's sample indices into that buffer) and the replay,
   where gathering and normalising the batch eagerly, then copying it into static buffers, launches eight kernels
-  before the replay;
+  before the replay; the loss is added to the epoch's running sum (a static buffer, zeroed at each epoch's start)
+  inside the graph too;
 - gradients set to None once, before capture: the captured backward writes them into the graph's own memory, and
   every replay overwrites them;
 - the optimizer's step inside the graph (SGD's foreach update as it is; AdamW with capturable=True, so its step
@@ -25,8 +27,9 @@ What cannot be captured is refused by launch.mode_refusal, with the reason: the 
 dp_criterion, scratch, zero1, fsdp), Gloo (ranks sharing a GPU), fp16 (GradScaler), compile, the breakdown's sampled
 steps, gradient accumulation and comm hooks.
 
-Memory: a replay allocates nothing (its tensors live in the graph's private pool), so the step's peak is read around
-the capture, which allocates what an eager step does, and given to the memory meter (`on_capture`).
+Memory: a replay allocates nothing (its tensors live in the graph's private pool), so the memory meter reads the
+step's peak around the capture, which allocates what an eager step does (`window`: measure/memory.py
+`CudaPeaks.capture`).
 """
 
 from __future__ import annotations
@@ -47,13 +50,18 @@ def capture_step(strategy: str) -> int:
 
 
 class GraphedStep:
-    """`strategy.train_step` in eager steps on a side stream until `at`, then captured once and replayed."""
+    """`strategy.train_step` in eager steps on a side stream until `at`, then captured once and replayed. `window`:
+    the context the capture runs in, the memory meter's (`CudaPeaks.capture`). `loss_sum`: the epoch's losses."""
 
-    def __init__(self, strategy, at: int, inputs, on_capture=None):
-        self.strategy, self.at, self.inputs, self.on_capture = strategy, at, inputs, on_capture
+    def __init__(self, strategy, at: int, inputs, window):
+        self.strategy, self.at, self.inputs, self.window = strategy, at, inputs, window
         self.stream = torch.cuda.Stream(strategy.device)
         self.graph = None
         self.idx = self.loss = None
+        self.loss_sum = torch.zeros((), device=inputs.device)
+
+    def start_epoch(self) -> None:
+        self.loss_sum.zero_()
 
     def side(self):
         """The context the model is built in (its parameters, DDP's buckets and hooks on the capture's stream)."""
@@ -75,26 +83,23 @@ class GraphedStep:
             with torch.cuda.stream(self.stream):
                 x, y = self.inputs(idx)
                 loss = self.strategy.train_step(learner, x, y)
+                self.loss_sum += loss.detach()
             self.joined()
             loss.record_stream(torch.cuda.current_stream(self.strategy.device))
             return loss
         return self._capture(learner, idx)
 
     def _capture(self, learner: Learner, idx) -> torch.Tensor:
-        devices = self.strategy.devices
         with torch.cuda.stream(self.stream):
             self.idx = idx.clone()
         torch.cuda.synchronize(self.strategy.device)
         learner.optimizer.zero_grad(set_to_none=True)
-        for d in devices:
-            torch.cuda.reset_peak_memory_stats(d)
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (NCCL's watchdog polling earlier collectives' events) may call CUDA during the
         # capture; only this thread's unsafe calls would break it
-        with torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode="thread_local"):
+        with self.window(), torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode="thread_local"):
             x, y = self.inputs(self.idx)
             self.loss = self.strategy.train_step(learner, x, y)
-        if self.on_capture is not None:
-            self.on_capture([int(torch.cuda.max_memory_allocated(d)) for d in devices])
+            self.loss_sum += self.loss.detach()
         self.graph.replay()  # capturing runs nothing: this is the step's own update
         return self.loss

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from pipeline.data import store
-from pipeline.measure import breakdown
+from pipeline.measure import breakdown, memory
 from pipeline.measure.meter import Meter
 from pipeline.models import apply_channels_last, build_model, channels_last_at_use
 from pipeline.records.trial import rank_keys
@@ -24,6 +24,22 @@ from pipeline.trial.graphs import GraphedStep, capture_step
 
 class DivergenceError(RuntimeError):
     """The loss became NaN or infinite."""
+
+
+class Inputs:
+    """A batch from its sample indices: the uint8 images (resident on the input device) gathered and normalised
+    there, in the model's memory format, and their labels; a training step's and evaluation's alike. Six small
+    kernels a step: the eager step runs them as its "data" phase; a CUDA graph captures them with the rest of the
+    step (trial/graphs.py)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, device, channels_last: bool):
+        self.images, self.labels, self.device, self.channels_last = images, labels, device, channels_last
+
+    def __call__(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = store.normalize(self.images[idx], self.device)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, self.labels[idx]
 
 
 @torch.no_grad()
@@ -38,13 +54,11 @@ def evaluate(
     rank, world = strategy.data_shard
     part = torch.arange(rank, x.shape[0], world, device=x.device)
     correct = torch.zeros((), dtype=torch.float64, device=strategy.device)
+    batches = Inputs(x, y, strategy.device, channels_last)  # the training steps' data path
     for i in range(0, part.numel(), batch):
-        idx = part[i : i + batch]
-        inputs = store.normalize(x[idx], strategy.device)
-        if channels_last:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        pred = model(inputs).argmax(1)
-        correct += (pred == y[idx].to(pred.device)).sum().to(correct.device)
+        images, labels = batches(part[i : i + batch])
+        pred = model(images).argmax(1)
+        correct += (pred == labels.to(pred.device)).sum().to(correct.device)
     return strategy.reduce(correct).item() / x.shape[0]
 
 
@@ -114,29 +128,16 @@ def build(t, strategy) -> Learner:
     return Learner(model, criterion, strategy.build_optimizer(model))
 
 
-class Inputs:
-    """A step's batch from its sample indices: the uint8 images (resident on the input device) gathered and
-    normalised there, in the model's memory format, and their labels. Six small kernels a step: the eager step runs
-    them as its "data" phase; a CUDA graph captures them with the rest of the step (trial/graphs.py)."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, device, channels_last: bool):
-        self.images, self.labels, self.device, self.channels_last = images, labels, device, channels_last
-
-    def __call__(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = store.normalize(self.images[idx], self.device)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x, self.labels[idx]
-
-
 class EagerStep:
     """The step as the strategy runs it (every mode but train.cuda_graphs): the batch in, then `train_step` inside
-    the memory probe (the probe sees the step, not its input)."""
-
-    on_capture = None  # no graph is captured
+    the memory probe (the probe sees the step, not its input), its loss added to the epoch's sum (`loss_sum`)."""
 
     def __init__(self, strategy, inputs: Inputs):
         self.strategy, self.inputs = strategy, inputs
+        self.loss_sum = torch.zeros((), device=inputs.device)
+
+    def start_epoch(self) -> None:
+        self.loss_sum.zero_()
 
     @staticmethod
     def side():
@@ -149,7 +150,9 @@ class EagerStep:
         with clock("data"):
             x, y = self.inputs(idx)
         with probe:
-            return self.strategy.train_step(learner, x, y, clock)
+            loss = self.strategy.train_step(learner, x, y, clock)
+        self.loss_sum += loss.detach().to(self.loss_sum.device)  # dp with train.output_device=j returns it on cuda:j
+        return loss
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
@@ -161,6 +164,25 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
     return n // batch_size
 
 
+def _set_up(t, strategy, inputs: Inputs) -> tuple[EagerStep | GraphedStep, Learner, Meter]:
+    """The step (eager, or graphed under train.cuda_graphs), the learner and the meter, sharing one memory meter.
+    Under graphs the model, DDP's hooks and the libraries' workspaces are on the stream that captures
+    (trial/graphs.py), and the meter measures the capture as the step."""
+    device_memory = memory.memory_meter(strategy)
+    if t.cuda_graphs:
+        run_step = GraphedStep(strategy, capture_step(t.strategy), inputs, device_memory.capture)
+    else:
+        run_step = EagerStep(strategy, inputs)
+    with run_step.side():
+        learner = build(t, strategy)
+        device_memory.warm()
+    run_step.joined()
+    every = t.breakdown_every  # 0 = off
+    sampled = breakdown.Breakdown(strategy, learner.model, every) if every else breakdown.Off()
+    meter = Meter(strategy, t.batch_size, t.warmup_steps, t.target_acc, sampled, memory=device_memory)
+    return run_step, learner, meter
+
+
 def train(cfg, strategy, data: store.Dataset, on_epoch=None, progress=None, marks: dict | None = None) -> dict:
     """Train cfg.train.model with `strategy` (already set up) on `data`; returns this process's results. `marks`: the
     trial's timeline, given the times the model is built and training ends, and the seconds in steps and evaluation."""
@@ -169,22 +191,9 @@ def train(cfg, strategy, data: store.Dataset, on_epoch=None, progress=None, mark
     # --- data: uint8 tensors resident on the input device, normalised there per batch. Every rank holds the whole
     # set (its batches index into it); the memory meter counts it as resident, not as the step's (measure/memory.py)
     train_x, train_y, test_x, test_y = (v.to(device) for v in (data.train_x, data.train_y, data.test_x, data.test_y))
-    inputs = Inputs(train_x, train_y, device, t.channels_last)
-    run_step = GraphedStep(strategy, capture_step(t.strategy), inputs) if t.cuda_graphs else EagerStep(strategy, inputs)
-    with run_step.side():  # graphs: the model and DDP's hooks on the stream that captures (trial/graphs.py)
-        learner = build(t, strategy)
-    run_step.joined()
+    run_step, learner, meter = _set_up(t, strategy, Inputs(train_x, train_y, device, t.channels_last))
     rank, world = strategy.data_shard
     steps = steps_per_epoch(train_x.shape[0], t.batch_size)
-    every = t.breakdown_every  # 0 = off
-    meter = Meter(
-        strategy,
-        t.batch_size,
-        t.warmup_steps,
-        t.target_acc,
-        breakdown.Breakdown(strategy, learner.model, every) if every else breakdown.Off(),
-    )
-    run_step.on_capture = meter.memory.include_peaks  # a replay allocates nothing: the capture's peak is the step's
     history = {"test_acc": [], "train_loss": []}
     watch = FiniteWatch(device, t.lr)
     step, stopped = 0, False
@@ -193,13 +202,13 @@ def train(cfg, strategy, data: store.Dataset, on_epoch=None, progress=None, mark
         t_steps, watch.epoch = time.perf_counter(), epoch
         batches = store.epoch_batches(train_x.shape[0], t.batch_size, epoch, t.seed, rank, world).to(device)
         learner.model.train()
-        loss_sum, n_steps = torch.zeros((), device=device), 0
+        n_steps = 0
+        run_step.start_epoch()
         meter.start_epoch(step)
         for i in range(steps):
             meter.tick(step)
             with meter.sample(step) as clock:  # the step-time breakdown's phases on sampled steps, else no-ops
                 loss = run_step(step, learner, batches[i], clock, meter.probe(step, learner.model, learner.optimizer))
-            loss_sum += loss.detach().to(device)  # dp with train.output_device=j returns it on cuda:j
             step, n_steps = step + 1, n_steps + 1
             if step % t.check_every == 0:
                 watch.add(loss, step)
@@ -212,7 +221,7 @@ def train(cfg, strategy, data: store.Dataset, on_epoch=None, progress=None, mark
         t_eval = time.perf_counter()
         marks["steps_s"] += t_eval - t_steps
         # --- end of epoch: loss, evaluation, then the caller's verdict (report, prune), agreed by every rank
-        history["train_loss"].append((strategy.reduce(loss_sum) / (n_steps * world)).item())
+        history["train_loss"].append((strategy.reduce(run_step.loss_sum) / (n_steps * world)).item())
         with meter.evaluation():  # outside the memory window: evaluation is not the strategy's step
             history["test_acc"].append(
                 evaluate(strategy.eval_model(learner.model), strategy, test_x, test_y, channels_last=t.channels_last)

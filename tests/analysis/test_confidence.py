@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.analysis.report import document
+from pipeline.analysis.report import confidence, document
 from pipeline.analysis.tables.points import memory_table, point_table, scaling_table
 from tests.analysis.test_intervals import repeats, with_windows
 
@@ -33,7 +33,8 @@ def test_a_clear_winner_is_named_best_with_its_interval():
     best = line(out, "Best weak-scaling efficiency")
     assert "**ddp** 0.9" in best and "[0.8" in best and "clear of the runner-up" in best and "then fsdp 0.7" in best
     assert (
-        "how sure: 36 images/s readings over 3 trials at k=2, 36 images/s readings over 3 trials at k=1" in best.lower()
+        "how sure: 36 readings of images/s over 3 trials at k=2, 36 readings of images/s over 3 trials at k=1"
+        in best.lower()
     )
     assert "95% interval" in best and "indistinguishable" not in " ".join(out)
 
@@ -99,3 +100,10 @@ def test_a_best_efficiency_that_is_not_the_fastest_says_so_with_both_references(
 def test_a_best_efficiency_that_is_also_the_fastest_has_no_caveat():
     out = reading(("ddp", 1, 1000.0, 1), ("ddp", 2, 1800.0, 2), ("fsdp", 1, 1000.0, 3), ("fsdp", 2, 1400.0, 4))
     assert "not speed" not in line(out, "Best weak-scaling efficiency")
+
+
+def test_one_reading_is_counted_in_the_singular():
+    row = {"k": 2, "n_windows": 1, "n_repeats": 1, "base_n_windows": 12, "base_n_repeats": 1}
+    assert confidence.how_sure(row).startswith(
+        "how sure: 1 reading of images/s over 1 trial at k=2, 12 readings of images/s over 1 trial at k=1; "
+    )

@@ -20,7 +20,7 @@ FOLDERS = ("pipeline.sweep.", "pipeline.trial.")
 
 # module.function -> (parameters, lines) it may have at most; a cap may only shrink
 KNOWN = {
-    "pipeline.trial.loop.train": (6, 76),
+    "pipeline.trial.loop.train": (6, 63),
 }
 
 

@@ -122,7 +122,7 @@ def _run(make_cfg, monkeypatch, epochs=2, **allocator):
         return real_evaluate(*args, **kwargs)
 
     monkeypatch.setattr(loop, "evaluate", evaluate)
-    monkeypatch.setattr(meter, "memory_meter", lambda s: memory.CudaPeaks(s))
+    monkeypatch.setattr(memory, "memory_meter", lambda s: memory.CudaPeaks(s))  # the loop builds the meter
     monkeypatch.setattr(meter, "clock_for", meter.HostClock)  # the computation runs on the CPU
     cfg = make_cfg("train.batch_size=32", f"train.epochs={epochs}", "train.breakdown_every=0")
     g = torch.Generator().manual_seed(0)

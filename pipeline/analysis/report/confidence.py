@@ -37,11 +37,14 @@ def fmt(v, lo, hi, digits: int = 2) -> str:
     return f"{f(v)} [{f(lo)}–{f(hi)}]" if known(lo, hi) else f"{f(v)} ({UNKNOWN})"
 
 
-READING = "images/s reading"  # one measurement window's steady-state images/s (its timed steps)
-
-
 def _n(count, what: str) -> str:
     return f"{int(count)} {what}{'' if int(count) == 1 else 's'}"
+
+
+def _readings(windows, trials) -> str:
+    """'36 readings of images/s over 3 trials', '1 reading of images/s over 1 trial': a reading is one measurement
+    window's steady-state images/s (its timed steps)."""
+    return f"{_n(windows, 'reading')} of images/s over {_n(trials, 'trial')}"
 
 
 def how_sure(r, value: str = "efficiency") -> str:
@@ -49,9 +52,9 @@ def how_sure(r, value: str = "efficiency") -> str:
     rates of the point), interval width, trials left out as measured under interference."""
     lo, hi = r.get(f"{value}_lo"), r.get(f"{value}_hi")
     # a trial's measurement windows, in plain words: each gives one images/s reading (meter.py's throughput_windows)
-    n = f"{_n(r['n_windows'], READING)} over {_n(r['n_repeats'], 'trial')}"
+    n = _readings(r["n_windows"], r["n_repeats"])
     if value != "throughput" and not _nan(r.get("base_n_repeats")):
-        n += f" at k={r['k']:g}, {_n(r['base_n_windows'], READING)} over {_n(r['base_n_repeats'], 'trial')} at k=1"
+        n += f" at k={r['k']:g}, {_readings(r['base_n_windows'], r['base_n_repeats'])} at k=1"
     width = (
         f"{LEVEL} {hi - lo:,.{0 if value == 'throughput' else 2}f} wide"
         if known(lo, hi)
