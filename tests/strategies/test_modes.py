@@ -1,6 +1,7 @@
 """Every execution mode keeps the arithmetic: one step of a strategy in a mode its row takes equals the eager fp32
-step of single-device SGD (compile: fp32 tolerance, IEEE fp32; autocast: the bf16/fp16 tolerance), and a mode a
-row leaves out is refused with the design's reason. Modes this host cannot run are skipped with theirs.
+step of single-device SGD (cuda_graphs: its steps up to the capture's, as many of single's; compile: fp32 tolerance,
+IEEE fp32; autocast: the bf16/fp16 tolerance), and a mode a row leaves out is refused with the design's reason.
+Modes this host cannot run are skipped with theirs.
 
 The modes (catalog.MODES) are recorded knobs: a trial's MLflow params, the sweep table and the report carry them
 (tests/records), and the sweep space takes them like batch and lr.
@@ -66,9 +67,13 @@ def test_every_mode_keeps_the_step_of_single_device_sgd(
     monkeypatch.setattr(launch, "_USER_INDUCTOR_CACHE", str(inductor_cache))
     k = 1 if catalog.spec(strategy).one_device_only or not TWO else 2
     cfg = make_cfg()
-    ref, _ = equivalence.one_step(cfg, tmp_path / "ref", "single", 1)
-    got, metrics = equivalence.one_step(cfg, tmp_path / mode, strategy, k, extra=on(mode))
-    assert metrics["steps"] == 1 and metrics["devices"] == k
+    # a graph runs from its capture on: its trial and the reference run to the capture step's update (launch refuses
+    # a graph trial that ends before it), on one_step's batch of 64
+    steps = graphs.capture_step(strategy) + 1 if mode == "cuda_graphs" else 1
+    span = (f"train.max_steps={steps}", f"data.train_limit={64 * steps}") if steps > 1 else ()
+    ref, _ = equivalence.one_step(cfg, tmp_path / "ref", "single", 1, extra=span)
+    got, metrics = equivalence.one_step(cfg, tmp_path / mode, strategy, k, extra=(*on(mode), *span))
+    assert metrics["steps"] == steps and metrics["devices"] == k
     assert metrics[mode] == {"compile_mode": "reduce-overhead"}.get(mode, True), "the mode is recorded as it ran"
     low = mode == "autocast" or catalog.spec(strategy).autocast
     if low:
