@@ -40,9 +40,21 @@ def trial(cfg, out: Path, **train):
     return run_trial(loader.replace_train(cfg, **train), out, progress=False)
 
 
-def med(xs):
+def med(xs) -> float | None:
+    """The median of the figures in `xs` (None, a run that timed nothing, is dropped), or None where none is left:
+    "no figure" is None, never NaN, which is truthy and so would pass a caller's `if x` as a figure."""
     xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else float("nan")
+    return statistics.median(xs) if xs else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None where either is no figure (None, or a zero divisor)."""
+    return a / b if (a is not None and b) else None
+
+
+def show(x: float | None, spec: str) -> str:
+    """`x` formatted by `spec`, or "n/a" where it is no figure."""
+    return "n/a" if x is None else format(x, spec)
 
 
 def spread(xs):

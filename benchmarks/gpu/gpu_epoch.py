@@ -9,7 +9,8 @@ Rungs (LADDER; each adds one mode to the rung before it): `single` eager fp32 ->
 autotuner (train.cudnn_benchmark) -> +torch.compile -> compile's reduce-overhead mode (its own CUDA graphs), and
 beside compile the autotuned bf16 step captured whole as a CUDA graph (train.cuda_graphs); the same for `ddp` at
 k=1 (eager fp32, then `ddp_amp` bf16, +autotuner, +compile, and its graph). A rung this host cannot run (CUDA graphs
-on a CPU) is printed with the reason instead of a figure, and a rung that fails says why; the others still run.
+on a CPU, or a graph rung whose epoch ends before its capture) is printed with the reason instead of a figure, and
+a rung that fails says why; the others still run. A rung that times no step (all inside its warm-up) says so.
 Per model and round,
 alternating: every rung trains two epochs over the first --images training images (whole batches of --batch) and
 the seeds' recipe (d2l_reference.py: torchvision + ToTensor + DataLoader with 4 workers, fp32, 2 epochs) runs on the
@@ -36,12 +37,15 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import REPO, base_cfg, ensure_data, host_line, med, parser, probe, resolve_source, trial
+from benchmarks.common import REPO, base_cfg, ensure_data, host_line, med, parser, probe, resolve_source, show, trial
 from benchmarks.speed.mfu import flops_per_image, matmul_peak
 from pipeline.cli.types import count
+from pipeline.config import loader
 from pipeline.config.schema import DDP_SETTLE_STEPS
 from pipeline.data import store
+from pipeline.errors import Infeasible
 from pipeline.host.capabilities import fp32_label, host_capabilities
+from pipeline.trial import graphs
 
 PEERS = (
     REPO.parent / "shared" / "peers" / "d2l_reference.py",
@@ -54,8 +58,9 @@ DATASHEET_BF16_TFLOPS = (("H200", 989), ("H100 PCIe", 756), ("H100 NVL", None), 
 LR = {"lenet": 0.2, "resnet18": 0.1}  # d2l's: multiple-gpus.md (LeNet), multiple-gpus-concise.md (ResNet-18)
 BF16 = {"amp_dtype": "bf16"}
 # (key, strategy, train settings, label): each rung adds one execution mode (catalog.MODES) to the one before it
-# a graph rung: the step captured after the strategy's eager warm-up (trial/graphs.py), no sampled step
-GRAPHED = {"cuda_graphs": True, "warmup_steps": DDP_SETTLE_STEPS + 1}
+# a graph rung: the step captured after the strategy's eager warm-up (trial/graphs.py), no sampled step; its timed
+# window opens after the capture (rung_cfg)
+GRAPHED = {"cuda_graphs": True}
 SINGLE_BF16 = {"autocast": True, "cudnn_benchmark": True, **BF16}
 DDP_BF16 = {"cudnn_benchmark": True, **BF16}
 LADDER = (
@@ -106,9 +111,8 @@ def d2l(peer: Path, data: Path, model: str, batch: int, steps: int) -> dict:
 def parallax(cfg, tmp: Path, model: str, rung: str, batch: int) -> dict:
     """One rung's trial of two epochs: epoch 2 is the warm epoch (the recipe's figure), epoch 1 the cold one. A rung
     this host refuses, or one that fails, is {"failed": why}: said, and the ladder goes on."""
-    _, strategy, sets, _ = next(r for r in LADDER if r[0] == rung)
     try:
-        m = trial(cfg, tmp / rung, model=model, strategy=strategy, devices=1, batch_size=batch, lr=LR[model], **sets)
+        m = trial(rung_cfg(cfg, model, rung, batch), tmp / rung)
     except Exception as e:  # Infeasible (a mode this host cannot run) or a failed trial: its reason is the result
         return {"failed": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"}
     return {
@@ -122,7 +126,7 @@ def parallax(cfg, tmp: Path, model: str, rung: str, batch: int) -> dict:
 def lenet_target(rows: dict, kind: str, say) -> dict:
     """LeNet's bar: the best rung's steady images/s, printed met or not (never asserted)."""
     where = "" if kind == "cuda" else " (GPU bar; this host is a CPU)"
-    ran = {k: r for k, r in rows.items() if k != "d2l" and r.get("img_s")}
+    ran = {k: r for k, r in rows.items() if k != "d2l" and r.get("img_s") is not None}  # None: no step timed
     if not ran:
         return {"img_s_min": TARGET_LENET_IMG_S, "best_rung": None, "met": None}
     best = max(ran, key=lambda k: ran[k]["img_s"])
@@ -187,6 +191,33 @@ def ladder_cfg(data: Path, source: str, images: int, steps: int):
         f"train.warmup_steps={min(DDP_SETTLE_STEPS, steps - 1)}",
         "train.breakdown_every=0",
     )
+
+
+def rung_cfg(cfg, model: str, rung: str, batch: int):
+    """A rung's trial: the ladder's configuration (ladder_cfg) with the rung's strategy and modes on one device. A
+    CUDA graph rung captures in its cold epoch and opens its timed window after the capture, so its warm epoch is
+    replays only and timed whole; an epoch too short for that raises Infeasible with the numbers (the rung is said
+    not to run), as the trial would otherwise run eager steps under the graph's label."""
+    _, strategy, sets, _ = next(r for r in LADDER if r[0] == rung)
+    train = {"model": model, "strategy": strategy, "devices": 1, "batch_size": batch, "lr": LR[model], **sets}
+    if sets.get("cuda_graphs"):
+        at = graphs.capture_step(strategy)  # 0-based: `at` eager steps, then the capture
+        steps = cfg.data.train_limit // batch
+        if steps <= at:
+            raise Infeasible(
+                f"{rung} captures its CUDA graph at step {at + 1} ({at} eager steps of {strategy} first), and an "
+                f"epoch of {cfg.data.train_limit:,} images is {steps} steps of {batch}: the warm epoch would hold "
+                f"eager steps and the capture, not replays only; give --images {(at + 1) * batch} or more"
+            )
+        train["warmup_steps"] = max(cfg.train.warmup_steps, at + 1)  # at most `steps`: the warm epoch is timed
+    return loader.replace_train(cfg, **train)
+
+
+def steady(row: dict) -> str:
+    """A row's steady state, or that it timed no step (every step of the trial inside its warm-up)."""
+    if row["img_s"] is None:
+        return "steady state: no step timed (every step inside the warm-up)"
+    return f"steady state {row['img_s']:>9,.0f} img/s = {row['steady_s_per_60k']:.2f} s/60k"
 
 
 def main():
@@ -294,7 +325,8 @@ def main():
             done = "; ".join(
                 f"{key} not run: {x['failed']}"
                 if "failed" in x
-                else f"{key} {x['epoch_s']:.2f} s warm, {x['img_s'] or 0:,.0f} img/s"
+                else f"{key} {x['epoch_s']:.2f} s warm, "
+                + ("no step timed" if x["img_s"] is None else f"{x['img_s']:,.0f} img/s")
                 for key, x in last.items()
             )
             say(
@@ -364,16 +396,15 @@ def main():
             row["epoch1_s"] = med([x["epoch1_s"] for x in xs])
             say(
                 f"  {label:28s} warm epoch {epoch_s:6.2f} s (cold {row['epoch1_s']:.2f} s) = "
-                f"{row['epoch_s_per_60k']:.2f} s/60k; "
-                f"steady state {ips or 0:>9,.0f} img/s = {row['steady_s_per_60k'] or 0:.2f} s/60k"
+                f"{row['epoch_s_per_60k']:.2f} s/60k; {steady(row)}"
             )
-            mfu = f"MFU {row['mfu_gemm'] or 0:.1%} of measured GEMM" + (f" x {units} cores" if units > 1 else "")
+            mfu = f"MFU {show(row['mfu_gemm'], '.1%')} of measured GEMM" + (f" x {units} cores" if units > 1 else "")
             if sheet:
-                mfu += f", {row['mfu_datasheet'] or 0:.1%} of datasheet"
+                mfu += f", {show(row['mfu_datasheet'], '.1%')} of datasheet"
             if key != "d2l" and ref:
                 say(
                     f"  {'':26s} vs d2l recipe: epoch {row['epoch_ratio_vs_d2l']:.2f}x faster, "
-                    f"img/s {row['img_s_ratio_vs_d2l'] or 0:.2f}x; {mfu}"
+                    f"img/s {show(row['img_s_ratio_vs_d2l'], '.2f')}x; {mfu}"
                 )
             else:
                 say(f"  {'':26s} {mfu}" + ("" if ref else "; no d2l recipe: no ratio"))

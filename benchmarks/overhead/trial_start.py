@@ -158,6 +158,9 @@ def main() -> None:
             (f"{m}, first trial of a command", first[m]),
             (f"{m}, one-off `pipeline train`", once[m]),
         ):
+            if not rows:  # --trials 1: no trial 2 of a command
+                print(f"{label:<34}none (--trials {args.trials})")
+                continue
             ph = {k: med([x["phases"][k] for x in rows]) for k in PHASES}
             wall = med([x["wall"] for x in rows])
             fx = med([fixed(x["phases"], x["wall"]) for x in rows])

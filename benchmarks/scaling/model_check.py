@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -29,6 +30,14 @@ from pipeline.strategies import STRATEGIES
 
 STRATEGY_NAMES = ("ddp", "fsdp", "scratch")
 PRIMARY, OTHER = "after_compute", "back_to_back"
+
+
+def _med(xs, what: str) -> float:
+    """The median of `what`'s images/s; where no trial timed a step there is none, and nothing to check the model on."""
+    m = med(xs)
+    if m is None:
+        sys.exit(f"{what}: no trial timed a step (every step inside the warm-up): no figure to check the model on")
+    return m
 
 
 def measure_trials(args, source, ks) -> dict:
@@ -66,7 +75,7 @@ def _predict(s, k, trials, ic, b, layout):
     return model.predict(
         s,
         k,
-        1 / med(one["img_s"]),
+        1 / _med(one["img_s"], f"{s} k=1"),
         ic,
         model="lenet",
         per_device_batch=b,
@@ -145,7 +154,7 @@ def main():
         one = trials[s][1]["img_s"]
         for k in ks[1:]:
             many = trials[s][k]["img_s"]
-            measured = med(many) / (k * med(one))
+            measured = _med(many, f"{s} k={k}") / (k * _med(one, f"{s} k=1"))
             per_round = [m / (k * o) for o, m in zip(one, many)]
             pred = _predict(s, k, trials, hosts[PRIMARY], b, layout)
             alt = _predict(s, k, trials, hosts[OTHER], b, layout)
@@ -186,7 +195,7 @@ def main():
                 pred = model.predict(
                     s,
                     k,
-                    1 / med(trials[s][1]["img_s"]),
+                    1 / _med(trials[s][1]["img_s"], f"{s} k=1"),
                     ic,
                     model="lenet",
                     per_device_batch=b,

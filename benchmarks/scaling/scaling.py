@@ -14,7 +14,19 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import base_cfg, ensure_data, host_line, med, parser, probe, resolve_source, spread, trial
+from benchmarks.common import (
+    base_cfg,
+    ensure_data,
+    host_line,
+    med,
+    parser,
+    probe,
+    ratio,
+    resolve_source,
+    show,
+    spread,
+    trial,
+)
 from pipeline.cli.types import count
 from pipeline.strategies import STRATEGIES
 
@@ -61,7 +73,7 @@ def main():
                     out.append(m["throughput_img_s"])
                     if m["comm_hook_used"]:  # ddp, ddp_amp: the gradient transport the trial used
                         hooks.add(f"k={kk}: {m['comm_hook_used']}")
-        eff = med(many) / (k * med(one))
+        eff = ratio(ratio(med(many), med(one)), k)  # None where either side timed nothing
         note = (
             ""
             if STRATEGIES[s].parallel_on_cpu or host.kind == "cuda"
@@ -70,7 +82,7 @@ def main():
         note += f"  [gradient transport {', '.join(sorted(hooks))}]" if hooks else ""
         print(
             f"{label}: T(1, B={b}) {spread(one)} img/s; T({k}, B={k * b}) {spread(many)} img/s; "
-            f"weak-scaling efficiency E_w({k}) = {eff:.1%}{note}",
+            f"weak-scaling efficiency E_w({k}) = {show(eff, '.1%')}{note}",
             flush=True,
         )
 

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import base_cfg, med, spread, trial, variants_in_fresh_processes
+from benchmarks.common import base_cfg, med, ratio, show, spread, trial, variants_in_fresh_processes
 
 # name: (train.channels_last, PARALLAX_MALLOC_TUNING, in-place ReLUs, trainings at once)
 VARIANTS = {
@@ -104,7 +104,7 @@ def main():
             res[name].append(min(float(o.strip().splitlines()[-1]) for o in outs))  # the slower of the two
     base = med(res["all on (default)"])
     for name, xs in res.items():
-        print(f"{name}: {spread(xs)} img/s -> {med(xs) / base:.2f}x the default")
+        print(f"{name}: {spread(xs)} img/s -> {show(ratio(med(xs), base), '.2f')}x the default")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import base_cfg, med, spread, trial, variants_in_fresh_processes
+from benchmarks.common import base_cfg, med, ratio, show, spread, trial, variants_in_fresh_processes
 
 # name: (strategy, devices, global batch, convolutions take channels_last weights at use)
 VARIANTS = {
@@ -70,7 +70,10 @@ def main():
         base = med(res[f"fsdp k={k}, parameters' own layout"])
         for name, xs in res.items():
             if f"k={k}" in name:
-                print(f"{name}: {spread(xs)} img/s -> {med(xs) / base:.2f}x fsdp k={k} in its parameters' layout")
+                print(
+                    f"{name}: {spread(xs)} img/s -> {show(ratio(med(xs), base), '.2f')}x fsdp k={k} "
+                    "in its parameters' layout"
+                )
 
 
 if __name__ == "__main__":

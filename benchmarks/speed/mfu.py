@@ -80,6 +80,9 @@ def main():
                     for r in range(args.rounds)
                 ]
             )
+        if tput is None:  # no round timed a step: no figure, said as such
+            print(f"{strategy} k={k} B={batch}: no timed step (every step inside the warm-up): no MFU")
+            continue
         achieved = fpi * tput
         print(
             f"{strategy} k={k} B={batch}: {tput:,.0f} img/s x {fpi / 1e6:.2f} MFLOP = "

@@ -19,7 +19,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import REPO, base_cfg, ensure_data, host_line, med, parser, probe, resolve_source, spread, trial
+from benchmarks.common import (
+    REPO,
+    base_cfg,
+    ensure_data,
+    host_line,
+    med,
+    parser,
+    probe,
+    ratio,
+    resolve_source,
+    show,
+    spread,
+    trial,
+)
 from pipeline.cli.types import count
 
 PEER = REPO.parent / "shared" / "peers" / "d2l_reference.py"
@@ -89,12 +102,12 @@ def main():
         print(f"{model} B={batch}: d2l recipe {spread(ref)} img/s")
         print(
             f"{model} B={batch}: parallax single (1 device) {spread(ours_single)} img/s "
-            f"-> ratio {med(ours_single) / med(ref):.2f}x"
+            f"-> ratio {show(ratio(med(ours_single), med(ref)), '.2f')}x"
         )
         if ours_best:
             print(
                 f"{model} B={batch}/device: parallax ddp k={best_k} (every device) {spread(ours_best)} img/s "
-                f"-> ratio {med(ours_best) / med(ref):.2f}x"
+                f"-> ratio {show(ratio(med(ours_best), med(ref)), '.2f')}x"
             )
 
 

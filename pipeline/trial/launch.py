@@ -54,7 +54,7 @@ def check_feasible(cfg, host: Host) -> None:
         )
     if why := loader.knob_refusal(t):
         raise Infeasible(why)
-    if why := mode_refusal(t, host, oversubscribed=t.devices > n):
+    if why := mode_refusal(t, host, oversubscribed=t.devices > n, n_train=cfg.data.train_limit or None):
         raise Infeasible(why)
     if t.devices % t.nnodes:
         raise Infeasible(
@@ -88,9 +88,19 @@ def check_feasible(cfg, host: Host) -> None:
         raise Infeasible(str(e)) from None
 
 
-def mode_refusal(t, host: Host, oversubscribed: bool) -> str:
+def trial_steps(t, n_train: int | None) -> int | None:
+    """The most steps a trial of train config `t` runs on `n_train` training images (None: not known): train.epochs
+    epochs of whole global batches, ended at train.max_steps where set (trial/loop.py; a pruned or early-stopped
+    trial runs fewer)."""
+    per_epoch = t.epochs * (n_train // t.batch_size) if n_train is not None else None
+    caps = [c for c in (per_epoch, t.max_steps or None) if c is not None]
+    return min(caps) if caps else None
+
+
+def mode_refusal(t, host: Host, oversubscribed: bool, n_train: int | None = None) -> str:
     """Why the execution modes set in train config `t` cannot run together or on `host`, or "": a mode that would
-    silently not apply is refused, never recorded as run."""
+    silently not apply is refused, never recorded as run. `n_train`: the training images at most (data.train_limit),
+    if known, for a graph the trial would end before capturing."""
     if t.compile_mode != "default" and not t.compile:
         return (
             f"train.compile_mode={t.compile_mode} is torch.compile's mode and applies with train.compile=true; "
@@ -122,7 +132,25 @@ def mode_refusal(t, host: Host, oversubscribed: bool) -> str:
             f"settles in its first 11), inside the warm-up; set train.warmup_steps >= "
             f"{graphs.capture_step(t.strategy) + 1}"
         )
+    else:
+        why = _before_capture(t, n_train)
     return f"train.cuda_graphs cannot run here: {why}." if why else ""
+
+
+def _before_capture(t, n_train: int | None) -> str:
+    """Why a graph trial of train config `t` on `n_train` images (None: not known) ends before its capture, or ""."""
+    at = graphs.capture_step(t.strategy)
+    steps = trial_steps(t, n_train)
+    if steps is None or steps > at:
+        return ""
+    return (
+        f"the graph is captured at step {at + 1} of `{t.strategy}` ({at} eager steps first), and this trial runs "
+        f"at most {steps} step(s) (train.epochs={t.epochs} x whole batches of train.batch_size={t.batch_size}"
+        + (f" in {n_train} images" if n_train is not None else "")
+        + (f", train.max_steps={t.max_steps}" if t.max_steps else "")
+        + f"): it would end before the capture and record cuda_graphs=true with no graph run; give it at least "
+        f"{at + 1} steps"
+    )
 
 
 def _check_rendezvous(t) -> None:
@@ -185,7 +213,8 @@ def _check_advertised_address(t) -> None:
 
 
 def check_batch_fits(cfg, n_train: int) -> None:
-    """Raise Infeasible if the global batch is larger than the training set (not one full step)."""
+    """Raise Infeasible if the global batch is larger than the training set (not one full step), or if a CUDA graph
+    trial on these `n_train` images ends before its capture (mode_refusal's check, on the data's own count)."""
     b = cfg.train.batch_size
     if b > n_train:
         limit = f", data.train_limit={cfg.data.train_limit}" if cfg.data.train_limit else ""
@@ -193,6 +222,8 @@ def check_batch_fits(cfg, n_train: int) -> None:
             f"train.batch_size={b} is larger than the training set ({n_train} images{limit}): not one "
             f"full step fits. Use a batch of at most {n_train}, or more training data."
         )
+    if cfg.train.cuda_graphs and (why := _before_capture(cfg.train, n_train)):
+        raise Infeasible(f"train.cuda_graphs cannot run here: {why}.")
 
 
 _USER_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")

@@ -9,6 +9,7 @@ import pytest
 from benchmarks.gpu import gpu_epoch
 from pipeline.config import loader, schema
 from pipeline.doctor import checks
+from pipeline.errors import Infeasible
 from pipeline.trial import graphs
 
 from ..conftest import REPO
@@ -30,3 +31,21 @@ def test_the_ladders_rungs_warm_up_past_ddps_statistics_and_time_at_least_one_st
     assert cfg.train.warmup_steps >= checks.WARMUP_STEPS
     assert cfg.train.breakdown_every == 0 and cfg.train.epochs == 2
     assert gpu_epoch.ladder_cfg(tmp_path, "synthetic", 256 * 4, 4).train.warmup_steps == 3  # a short smoke epoch
+
+
+@pytest.mark.parametrize("rung", [key for key, _, sets, _ in gpu_epoch.LADDER if sets.get("cuda_graphs")])
+def test_a_graph_rung_captures_in_its_cold_epoch_and_times_its_warm_one_or_is_refused(tmp_path, rung):
+    """At every epoch length the ladder takes (2 steps and up), a graph rung either captures inside its cold epoch
+    and opens its timed window by the warm epoch's first step (so the warm epoch is replays only, all timed), or is
+    refused with the numbers: never an eager epoch under the graph's label."""
+    strategy = next(s for key, s, _, _ in gpu_epoch.LADDER if key == rung)
+    at = graphs.capture_step(strategy)
+    for steps in range(2, 2 * at + 4):
+        cfg = gpu_epoch.ladder_cfg(tmp_path, "synthetic", 256 * steps, steps)
+        if steps <= at:
+            with pytest.raises(Infeasible, match=rf"{steps} steps of 256.* --images {(at + 1) * 256} or more"):
+                gpu_epoch.rung_cfg(cfg, "lenet", rung, 256)
+            continue
+        t = gpu_epoch.rung_cfg(cfg, "lenet", rung, 256).train
+        assert t.cuda_graphs and t.strategy == strategy and t.devices == 1 and t.batch_size == 256
+        assert at + 1 <= t.warmup_steps <= steps, (steps, t.warmup_steps)

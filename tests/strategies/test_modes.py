@@ -1,6 +1,7 @@
 """Every execution mode keeps the arithmetic: one step of a strategy in a mode its row takes equals the eager fp32
-step of single-device SGD (compile: fp32 tolerance, IEEE fp32; autocast: the bf16/fp16 tolerance), and a mode a
-row leaves out is refused with the design's reason. Modes this host cannot run are skipped with theirs.
+step of single-device SGD (cuda_graphs: its steps up to the capture's, as many of single's; compile: fp32 tolerance,
+IEEE fp32; autocast: the bf16/fp16 tolerance), and a mode a row leaves out is refused with the design's reason.
+Modes this host cannot run are skipped with theirs.
 
 The modes (catalog.MODES) are recorded knobs: a trial's MLflow params, the sweep table and the report carry them
 (tests/records), and the sweep space takes them like batch and lr.
@@ -12,14 +13,15 @@ import dataclasses
 
 import pytest
 
+from benchmarks.gpu import gpu_epoch
 from pipeline import catalog
 from pipeline.config.schema import TrainConfig
 from pipeline.doctor import equivalence
 from pipeline.errors import Infeasible
 from pipeline.host.devices import probe
 from pipeline.strategies import STRATEGIES
-from pipeline.trial import launch
-from pipeline.trial.launch import check_feasible
+from pipeline.trial import graphs, launch
+from pipeline.trial.launch import check_batch_fits, check_feasible
 
 TWO = probe().n >= 2
 # why a mode cannot run on this kind of host, whatever the row (None: it runs here)
@@ -65,9 +67,13 @@ def test_every_mode_keeps_the_step_of_single_device_sgd(
     monkeypatch.setattr(launch, "_USER_INDUCTOR_CACHE", str(inductor_cache))
     k = 1 if catalog.spec(strategy).one_device_only or not TWO else 2
     cfg = make_cfg()
-    ref, _ = equivalence.one_step(cfg, tmp_path / "ref", "single", 1)
-    got, metrics = equivalence.one_step(cfg, tmp_path / mode, strategy, k, extra=on(mode))
-    assert metrics["steps"] == 1 and metrics["devices"] == k
+    # a graph runs from its capture on: its trial and the reference run to the capture step's update (launch refuses
+    # a graph trial that ends before it), on one_step's batch of 64
+    steps = graphs.capture_step(strategy) + 1 if mode == "cuda_graphs" else 1
+    span = (f"train.max_steps={steps}", f"data.train_limit={64 * steps}") if steps > 1 else ()
+    ref, _ = equivalence.one_step(cfg, tmp_path / "ref", "single", 1, extra=span)
+    got, metrics = equivalence.one_step(cfg, tmp_path / mode, strategy, k, extra=(*on(mode), *span))
+    assert metrics["steps"] == steps and metrics["devices"] == k
     assert metrics[mode] == {"compile_mode": "reduce-overhead"}.get(mode, True), "the mode is recorded as it ran"
     low = mode == "autocast" or catalog.spec(strategy).autocast
     if low:
@@ -169,14 +175,47 @@ def test_cuda_graphs_on_ranks_sharing_a_gpu_are_refused(make_cfg):
         check_feasible(cfg, dataclasses.replace(probe(), kind="cuda", n=1))
 
 
-def test_cuda_graphs_that_can_run_pass_the_check(make_cfg):
-    """The settings the ladder uses for its graph rungs are feasible on a GPU host."""
-    for strategy, extra in (("single", ()), ("ddp", ()), ("ddp_amp", ("train.amp_dtype=bf16",))):
-        cfg = make_cfg(
-            f"train.strategy={strategy}",
-            "train.cuda_graphs=true",
-            "train.breakdown_every=0",
-            "train.warmup_steps=12",
-            *extra,
-        )
-        check_feasible(cfg, dataclasses.replace(probe(), kind="cuda", n=2))
+GRAPH_RUNGS = [key for key, _, sets, _ in gpu_epoch.LADDER if sets.get("cuda_graphs")]
+
+
+@pytest.mark.parametrize("rung", GRAPH_RUNGS)
+def test_the_ladders_graph_rungs_pass_the_check(tmp_path, rung):
+    """The ladder's graph rungs, built as the ladder builds them (gpu_epoch.ladder_cfg, then rung_cfg), are feasible
+    on a GPU host at the full 60,000 images and at the smallest epoch the rung accepts: a drift of the ladder's
+    settings fails here, not on a GPU."""
+    strategy = next(s for key, s, _, _ in gpu_epoch.LADDER if key == rung)
+    for steps in (60000 // 256, graphs.capture_step(strategy) + 1):
+        cfg = gpu_epoch.rung_cfg(gpu_epoch.ladder_cfg(tmp_path, "synthetic", 256 * steps, steps), "lenet", rung, 256)
+        assert cfg.train.cuda_graphs
+        check_feasible(cfg, dataclasses.replace(probe(), **GPU_HOST))
+
+
+def test_the_ladder_has_its_graph_rungs():
+    """The rows the check above runs over: a graph rung per strategy the ladder climbs (none would skip the check)."""
+    assert {s for key, s, _, _ in gpu_epoch.LADDER if key in GRAPH_RUNGS} == {"single", "ddp_amp"}
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp"])
+def test_cuda_graphs_on_a_trial_that_ends_before_the_capture_are_refused(make_cfg, strategy):
+    """A graph trial whose steps (train.epochs x whole batches, or train.max_steps) end before its capture step is
+    refused with the numbers, never recorded as cuda_graphs=true with no graph run; one step more passes."""
+    at = graphs.capture_step(strategy)
+    sets = (
+        f"train.strategy={strategy}",
+        "train.cuda_graphs=true",
+        "train.breakdown_every=0",
+        f"train.warmup_steps={at + 1}",
+        "train.batch_size=64",
+        "train.epochs=1",
+    )
+    host = dataclasses.replace(probe(), **GPU_HOST)
+    with pytest.raises(Infeasible, match=rf"captured at step {at + 1} .* at most {at} step\(s\)"):
+        check_feasible(make_cfg(*sets, f"data.train_limit={64 * at}"), host)
+    with pytest.raises(Infeasible, match=f"train.max_steps={at}"):
+        check_feasible(make_cfg(*sets, f"data.train_limit={64 * (at + 1)}", f"train.max_steps={at}"), host)
+    check_feasible(make_cfg(*sets, f"data.train_limit={64 * (at + 1)}"), host)
+    whole = make_cfg(*sets)  # data.train_limit=0: the count is the data's, checked once it is loaded
+    check_feasible(whole, host)
+    with pytest.raises(Infeasible, match=f"at most {at} step"):
+        check_batch_fits(whole, 64 * at)
+    check_batch_fits(whole, 64 * (at + 1))

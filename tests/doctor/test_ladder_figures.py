@@ -1,0 +1,28 @@
+"""The ladder's figures (benchmarks/gpu/gpu_epoch.py): a rung that timed no step has no figure (None, never NaN,
+which is truthy and compares false), is said to have timed nothing, and is never judged against a bar."""
+
+from __future__ import annotations
+
+from benchmarks.common import med, ratio, show
+from benchmarks.gpu import gpu_epoch
+
+
+def test_no_figure_is_none_never_nan():
+    assert med([]) is None and med([None, None]) is None
+    assert med([3.0, None, 1.0]) == 2.0
+    assert ratio(None, 2.0) is None and ratio(2.0, None) is None and ratio(2.0, 0) is None and ratio(3.0, 2.0) == 1.5
+    assert show(None, ".2f") == "n/a" and show(1.5, ".2f") == "1.50"
+
+
+def test_the_lenet_bar_judges_only_a_rung_that_timed_a_step():
+    said: list[str] = []
+    rows = {"single": {"img_s": med([None])}, "ddp": {"img_s": 1000.0}}  # single timed nothing
+    bar = gpu_epoch.lenet_target(rows, "cpu", said.append)
+    assert bar["best_rung"] == "ddp" and bar["met"] is False
+    assert not any("nan" in line for line in said), said
+    assert gpu_epoch.lenet_target({"single": {"img_s": med([])}}, "cpu", said.append)["best_rung"] is None
+
+
+def test_a_rung_that_timed_no_step_says_so():
+    assert "no step timed" in gpu_epoch.steady({"img_s": None, "steady_s_per_60k": None})
+    assert "1,000 img/s = 60.00 s/60k" in gpu_epoch.steady({"img_s": 1000.0, "steady_s_per_60k": 60.0})
