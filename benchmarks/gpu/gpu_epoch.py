@@ -41,7 +41,7 @@ from benchmarks.common import REPO, base_cfg, ensure_data, host_line, med, parse
 from benchmarks.speed.mfu import flops_per_image, matmul_peak
 from pipeline.cli.types import count
 from pipeline.config import loader
-from pipeline.config.schema import DDP_SETTLE_STEPS
+from pipeline.config.settle import DDP_SETTLE_STEPS
 from pipeline.data import store
 from pipeline.errors import Infeasible
 from pipeline.host.capabilities import fp32_label, host_capabilities

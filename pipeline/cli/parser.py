@@ -20,7 +20,8 @@ from pathlib import Path
 
 from pipeline.cli import types
 from pipeline.config import loader
-from pipeline.config.schema import DDP_SETTLE_STEPS, DEVICES_MAX
+from pipeline.config.schema import DEVICES_MAX
+from pipeline.config.settle import DDP_SETTLE_STEPS
 
 EPILOG = """configuration: params.yaml selects a profile (experiments/<profile>.yaml); params.yaml entries override
 the profile; --set overrides both, e.g. --set data.source=synthetic --set train.lr=0.1.

@@ -27,14 +27,6 @@ OPTIMIZERS = ("sgd", "sgd_momentum", "adamw")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 # a profile is a file name under experiments/, never a path: nothing outside experiments/ is read as one
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
-# DDP's reducer collects runtime stats on iterations 1-10 (torch/csrc/distributed/c10d/reducer.cpp,
-# Reducer::should_collect_runtime_stats: num_iterations_ <= 10, then every 100th, kDDPRuntimeLoggingSampleRate), and
-# DDP's forward logs them before prepare_for_forward counts the new iteration, so 0-based steps 1-10 wait on the last
-# step's timer events (reducer_cuda.cpp CudaTimer::measureDifference synchronizes them: a host sync on GPUs).
-DDP_RUNTIME_STATS_ITERATIONS = 10
-# the first step none of those synchronises: a timed window (train.warmup_steps) or a CUDA graph capture that opens
-# here holds none of them until the 100th step (doctor, gpu_epoch, the gpu and slurm profiles, trial/graphs.py)
-DDP_SETTLE_STEPS = DDP_RUNTIME_STATS_ITERATIONS + 1
 # a tracking.listeners entry names a class, "package.module:Class", its name capitalised as a class's is: the form
 # alone refuses a function (`builtins:print`, `code:interact`, `os:system`) before anything is imported
 LISTENER_ENTRY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Z][A-Za-z0-9_]*")

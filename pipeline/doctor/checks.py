@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pipeline import catalog, paths, scratch
 from pipeline.config import loader
-from pipeline.config.schema import DDP_SETTLE_STEPS
+from pipeline.config.settle import DDP_SETTLE_STEPS
 from pipeline.data import store
 from pipeline.doctor import equivalence
 from pipeline.errors import DataError, Infeasible

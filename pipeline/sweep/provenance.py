@@ -16,10 +16,19 @@ from pipeline import paths
 from pipeline.data import files
 from pipeline.records.trial import PROVENANCE as FACTS  # the names on the study, its runs and its table
 
-# What a trial computes and measures, under pipeline/: the models, the strategies, the loop and its CUDA graphs, the
-# measurements, and the batches and their normalisation (data/store.py). The rest (launching ranks, the stores, the
-# views) decides where and how a figure is kept, not the figure.
-TRIAL_CODE = ("models.py", "zoo.py", "strategies", "trial/loop.py", "trial/graphs.py", "measure", "data/store.py")
+# What a trial computes and measures, under pipeline/: the models, the strategies, the loop and its CUDA graphs (their
+# capture step: config/settle.py), the measurements, and the batches and their normalisation (data/store.py). The
+# rest (launching ranks, the stores, the views) decides where and how a figure is kept, not the figure.
+TRIAL_CODE = (
+    "models.py",
+    "zoo.py",
+    "strategies",
+    "trial/loop.py",
+    "trial/graphs.py",
+    "config/settle.py",
+    "measure",
+    "data/store.py",
+)
 PACKAGE = Path(__file__).resolve().parents[1]
 
 

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import torch
 
-# DDP's captures come at DDP_SETTLE_STEPS, after the iterations 1-10 its reducer synchronises on (config/schema.py)
-from pipeline.config.schema import DDP_SETTLE_STEPS
+# DDP's captures come at DDP_SETTLE_STEPS, after the iterations 1-10 its reducer synchronises on (config/settle.py)
+from pipeline.config.settle import DDP_SETTLE_STEPS
 from pipeline.strategies import STRATEGIES
 from pipeline.strategies.base import Learner
 

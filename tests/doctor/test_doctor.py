@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 import pytest
 
-from pipeline.config.schema import DDP_RUNTIME_STATS_ITERATIONS
+from pipeline.config.settle import DDP_RUNTIME_STATS_ITERATIONS
 from pipeline.doctor import checks
 from pipeline.host import capabilities
 from pipeline.host.devices import Host, probe

@@ -1,13 +1,13 @@
 """Every GPU timing opens its window after DDP's synchronised iterations: DDP's reducer collects runtime stats (a
 host sync on GPUs) on iterations 1-10, so the GPU profiles, the ladder's rungs and doctor all warm up past them,
-from the one constant in pipeline/config/schema.py."""
+from the one constant in pipeline/config/settle.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from benchmarks.gpu import gpu_epoch
-from pipeline.config import loader, schema
+from pipeline.config import loader, settle
 from pipeline.doctor import checks
 from pipeline.errors import Infeasible
 from pipeline.trial import graphs
@@ -16,8 +16,8 @@ from ..conftest import REPO
 
 
 def test_the_settled_step_is_past_ddps_synchronised_iterations_and_named_once():
-    assert schema.DDP_SETTLE_STEPS == schema.DDP_RUNTIME_STATS_ITERATIONS + 1 == 11
-    assert checks.WARMUP_STEPS == graphs.DDP_SETTLE_STEPS == schema.DDP_SETTLE_STEPS
+    assert settle.DDP_SETTLE_STEPS == settle.DDP_RUNTIME_STATS_ITERATIONS + 1 == 11
+    assert checks.WARMUP_STEPS == graphs.DDP_SETTLE_STEPS == settle.DDP_SETTLE_STEPS
 
 
 @pytest.mark.parametrize("profile", ["gpu", "slurm"], ids=lambda p: f"{p}.yaml")  # "gpu" alone marks a CUDA test

@@ -200,9 +200,17 @@ def _data(cfg, **kw):
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **kw))
 
 
-def test_a_changed_model_source_starts_a_new_study(tmp_path, monkeypatch):
-    """LeNet widened in pipeline/models.py: the trials compute another model, so the rerun measures again instead of
-    finding the old study complete."""
+@pytest.mark.parametrize(
+    "file,old,new",
+    [
+        # LeNet widened: the trials compute another model
+        ("models.py", "nn.Linear(50 * 4 * 4, 128)", "nn.Linear(50 * 4 * 4, 512)"),
+        # DDP's settling steps: a CUDA graph is captured at another step, and its trials measure another window
+        ("config/settle.py", "DDP_RUNTIME_STATS_ITERATIONS = 10", "DDP_RUNTIME_STATS_ITERATIONS = 20"),
+    ],
+)
+def test_a_changed_trial_source_starts_a_new_study(tmp_path, monkeypatch, file, old, new):
+    """An edit to the code a trial runs: the rerun measures again instead of finding the old study complete."""
     import shutil
 
     from pipeline.sweep import provenance
@@ -212,10 +220,10 @@ def test_a_changed_model_source_starts_a_new_study(tmp_path, monkeypatch):
     copy = tmp_path / "pipeline"
     shutil.copytree(provenance.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     assert provenance.sources_digest(copy) == provenance.code_digest()  # the copy digests as the package does
-    models = copy / "models.py"
-    wider = models.read_text().replace("nn.Linear(50 * 4 * 4, 128)", "nn.Linear(50 * 4 * 4, 512)")
-    assert wider != models.read_text()
-    models.write_text(wider)
+    source = copy / file
+    edited = source.read_text().replace(old, new)
+    assert edited != source.read_text()
+    source.write_text(edited)
     monkeypatch.setattr(provenance, "code_digest", lambda: provenance.sources_digest(copy))
     assert Space(cfg, STRATEGY).name != before
 
