@@ -129,3 +129,23 @@ def test_fit_says_how_the_activations_are_counted(batch, strategy, label, fit_ro
     assert main(argv) == 0
     out = " ".join(capsys.readouterr().out.split())  # the source folds at 100 columns
     assert re.search(rf" activations [0-9.]+ modelled: {re.escape(label)} gradients ", out), out
+
+
+def test_count_ahead_with_no_name_counts_d2ls_two_models(fit_root, capsys, monkeypatch):
+    """`make setup` runs `fit --count-ahead` with no name: memory.count_ahead counts d2l's LeNet and ResNet-18
+    (memory.known_models), each at fit's anchors and at the autocast anchors (the counting itself: tests/scaling)."""
+    from pipeline.scaling import memory
+
+    seen = []
+    monkeypatch.setattr(memory, "layout", lambda model, cache=None: seen.append(("layout", model)))
+    monkeypatch.setattr(memory, "counted", lambda model, b, amp, cache=None: seen.append((model, tuple(b), amp)))
+    assert main(["fit", "--count-ahead"]) == 0
+    assert "counted lenet, resnet18 for fit in " in capsys.readouterr().out
+    assert seen == [
+        ("layout", "lenet"),
+        ("lenet", memory.COUNT_ANCHORS, False),
+        ("lenet", memory.AUTOCAST_ANCHORS, True),
+        ("layout", "resnet18"),
+        ("resnet18", memory.COUNT_ANCHORS, False),
+        ("resnet18", memory.AUTOCAST_ANCHORS, True),
+    ], seen
