@@ -71,7 +71,10 @@ class Row:
     backend: str = ""
     amp_dtype: str = ""
     comm_hook_used: str = ""
-    timed_steps: int = 0  # steps timed after warm-up: fewer than the settings' where the row's dtype is emulated
+    steps: int = 0  # steps asked of the timed run after warm-up: fewer than the settings' where the dtype is emulated
+    # steps the timed run timed (its record's timed_steps): `steps` less those the breakdown sampled
+    # (train.breakdown_every), which leave the timing; None where it did not run
+    timed_steps: int | None = None
     # the timed run measured under interference (measure/interference.py, as a sweep trial is): 1 flagged, 0 not
     flagged: int | None = None
     flagged_reason: str = ""
@@ -114,7 +117,7 @@ def run_case(
     row = Row(case.strategy, case.k, case.variant, case.tag)
     if any(f"amp_dtype={d}" in s for d in emulated for s in case.sets):
         steps = max(5, steps // 6)
-    row.timed_steps = steps
+    row.steps = steps
     t0 = time.perf_counter()
     sets = (f"train.strategy={case.strategy}", f"train.devices={case.k}", *case.sets)
     try:
@@ -148,6 +151,7 @@ def run_case(
         )
         m = run_trial(cfg, work / f"timed-{tag}", progress=False, timeout_s=cfg.sweep.trial_timeout_s)
         row.img_s = m["throughput_img_s"]
+        row.timed_steps = m.get("timed_steps")
         row.step_ms = 1000 * batch / row.img_s if row.img_s else None
         interference = m.get("interference") or {}
         if "interfered" in interference:
@@ -268,7 +272,7 @@ def run(
         "synthetic": source == "synthetic",
         "settings": {
             "model": model,
-            "timed_steps": steps,
+            "steps": steps,
             "per_device_batch": per_device_batch,
             "max_devices": max_devices,
             "warmup_steps": WARMUP_STEPS,
@@ -319,7 +323,7 @@ def markdown(report: dict) -> str:
         ),
         f"- data: {report['data_source']}" + (" (SYNTHETIC stand-in, labelled)" if report["synthetic"] else ""),
         f"- equivalence: {report['settings']['equivalence']}; timed run: {report['settings']['model']}, "
-        f"{report['settings']['timed_steps']} steps after warm-up"
+        f"{report['settings']['steps']} steps after warm-up"
         + (f" ({w} steps: past DDP's runtime statistics)" if (w := report["settings"].get("warmup_steps")) else "")
         + f", batch {report['settings']['per_device_batch']} per device",
         f"- {report['counts']['passed']} passed, {report['counts']['failed']} failed, "
@@ -339,8 +343,8 @@ def markdown(report: dict) -> str:
         if r.get("amp_step_syncs") and r["img_s"]:
             tput += " (a host sync per step: GradScaler)"
         step = f"{r['step_ms']:.1f}" if r["step_ms"] else "-"
-        if r["step_ms"] and r.get("timed_steps") and r["timed_steps"] != report["settings"]["timed_steps"]:
-            step += f" ({r['timed_steps']} steps: emulated dtype)"
+        if r["step_ms"]:
+            step += _steps_note(r, report["settings"]["steps"])
         lines.append(
             f"| {_label(r)} | {r['status']} | {precision(r, h)} | {tput} | {step} | "
             f"{', '.join(f'{p:.1f}' for p in r['peak_mem_mib_dev']) or '-'} | "
@@ -348,6 +352,17 @@ def markdown(report: dict) -> str:
             f"{r['backend'] or '-'} | {_said(r).replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _steps_note(r: dict, asked: int) -> str:
+    """Where the row's timing rests on other steps than the header's: " (5 steps: emulated dtype)", " (27 of 30
+    steps timed: 3 sampled for the breakdown)", both where both apply; else ""."""
+    steps, timed = r.get("steps") or asked, r.get("timed_steps")
+    why = ["emulated dtype"] if steps != asked else []
+    if timed is not None and timed != steps:
+        why.append(f"{steps - timed} sampled for the breakdown")
+        return f" ({timed} of {steps} steps timed: {'; '.join(why)})"
+    return f" ({steps} steps: {why[0]})" if why else ""
 
 
 def _said(r: dict) -> str:

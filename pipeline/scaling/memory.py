@@ -134,12 +134,38 @@ class Counted:
     def at(self, b: int) -> tuple[float, list[float]]:
         if b in self.fb:
             return float(self.fb[b]), [float(u) for u in self.units[b]]
-        xs = sorted(self.fb)
-        lo, hi = (xs[0], xs[1]) if b < xs[0] else (xs[-2], xs[-1]) if b > xs[-1] else _bracket(xs, b)
+        lo, hi = self.read_from(b)
         f = (b - lo) / (hi - lo)
         return self.fb[lo] + f * (self.fb[hi] - self.fb[lo]), [
             u + f * (v - u) for u, v in zip(self.units[lo], self.units[hi])
         ]
+
+    def read_from(self, b: int) -> tuple[int, ...]:
+        """The counted batches `at(b)` reads: b itself where it is counted, else the two it interpolates between (or
+        extends the line through: the lowest two below them all, the highest two above)."""
+        if b in self.fb:
+            return (b,)
+        xs = sorted(self.fb)
+        return (xs[0], xs[1]) if b < xs[0] else (xs[-2], xs[-1]) if b > xs[-1] else _bracket(xs, b)
+
+
+@dataclass(frozen=True)
+class ActivationsFrom:
+    """How a prediction's activations figure is obtained: counted at per-device batches `counted`, on the meta device
+    or (`autocast`) on fake CPU tensors under autocast, and read at the per-device batch `b` (B/k) as counted,
+    interpolated between the two counts or extended along the line through them."""
+
+    counted: tuple[int, ...]
+    b: int
+    autocast: bool = False
+
+    def label(self) -> str:
+        how = "with fake CPU tensors under autocast" if self.autocast else "on the meta device"
+        if self.counted == (self.b,):
+            return f"counted at B/k={self.b} {how}"
+        lo, hi = self.counted
+        read = "interpolated" if lo < self.b < hi else "extended"
+        return f"counted at per-device batch {lo} and {hi} {how}, {read} to B/k={self.b}"
 
 
 def _bracket(xs, b):
@@ -379,6 +405,7 @@ class Prediction:
     resident: int  # gpu basis: what is resident before the first step (parameters, buffers, data set, buckets)
     resident_terms: dict = field(default_factory=dict)  # gpu basis: `resident`, term by term (bytes)
     modelled: bool = True
+    activations_from: ActivationsFrom | None = None  # how the activations figure is obtained (its source's label)
 
     @property
     def peak(self) -> int:
@@ -410,7 +437,8 @@ def predict(
     amp = row.autocast if autocast is None else autocast
     lay = layout(model, cache)
     b = max(1, batch_size // k)
-    fb, unit_peaks = counted(model, AUTOCAST_ANCHORS if amp else anchors or (b,), amp, cache).at(b)
+    c = counted(model, AUTOCAST_ANCHORS if amp else anchors or (b,), amp, cache)
+    fb, unit_peaks = c.at(b)
     prefetch = basis == "gpu" and k >= 2 and (backend or "nccl").lower() == "nccl"
     terms = [
         _rank_terms(row, lay, k, r, b, batch_size, optimizer, basis, grad_as_bucket_view, fb, unit_peaks, prefetch)
@@ -429,7 +457,17 @@ def predict(
     }
     resident = sum(resident_terms.values())
     return Prediction(
-        strategy, model, k, batch_size, optimizer, basis, per_device, tuple(terms), resident, resident_terms
+        strategy,
+        model,
+        k,
+        batch_size,
+        optimizer,
+        basis,
+        per_device,
+        tuple(terms),
+        resident,
+        resident_terms,
+        activations_from=ActivationsFrom(c.read_from(b), b, amp),
     )
 
 
@@ -627,7 +665,7 @@ def basis_of_record(record: dict) -> str | None:
 
 STEP_TERM_SOURCES = {  # the step's terms on the gpu basis, as `fit` names them, and where each comes from
     "params": ("parameters (replica)", "broadcast to the replica in each forward"),
-    "activations": ("activations", "counted at B/k on the meta device"),
+    "activations": ("activations", "{activations}"),  # ActivationsFrom.label(): how this prediction counts them
     "grads": ("gradients", "4 B/param (0: views of DDP's buckets)"),
     "buckets": ("buckets (step)", "DDP's buckets in the step, 4 B/param"),
     "optimizer": ("optimizer state", "{optimizer}'s state, of the parameters it keeps"),
@@ -643,6 +681,12 @@ RESIDENT_TERM_SOURCES = {
     "dataset": ("data set", "Fashion-MNIST, uint8, on every rank"),
     "buckets": ("buckets (resident)", "made in DDP's constructor, 4 B/param"),
 }
+
+
+def _step_source(p: Prediction, term: str) -> str:
+    """Where the step's `term` of `p` comes from, in words (STEP_TERM_SOURCES, filled in from `p`)."""
+    how = p.activations_from.label() if p.activations_from else "counted"
+    return STEP_TERM_SOURCES[term][1].format(**vars(p), activations=how)
 
 
 def need_terms(p: Prediction, fixed) -> list[tuple[str, str, int, str]]:
@@ -661,7 +705,7 @@ def need_terms(p: Prediction, fixed) -> list[tuple[str, str, int, str]]:
         if v or k != "buckets"
     ]
     rows += [
-        ("step", STEP_TERM_SOURCES[k][0], int(t[k]), "modelled: " + STEP_TERM_SOURCES[k][1].format(**vars(p)))
+        ("step", STEP_TERM_SOURCES[k][0], int(t[k]), "modelled: " + _step_source(p, k))
         for k in ("activations", "grads", "buckets", "optimizer", "step_temps", "gathered", "input", "params")
         if t[k] or k == "grads"
     ]

@@ -4,6 +4,7 @@ and for one strategy and k each term with its figure and its source, measured or
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -102,3 +103,49 @@ def test_count_ahead_alone_counts_without_a_refusal(fit_root, capsys, monkeypatc
     monkeypatch.setattr(memory, "count_ahead", lambda models: tuple(models))
     assert main(["fit", "--count-ahead", "lenet"]) == 0
     assert "counted lenet for fit" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("batch", "strategy", "label"),
+    [
+        (256, "ddp", "counted at B/k=128 on the meta device"),
+        (192, "ddp", "counted at per-device batch 64 and 128 on the meta device, interpolated to B/k=96"),
+        (1024, "ddp", "counted at per-device batch 64 and 128 on the meta device, extended to B/k=512"),
+        (
+            256,
+            "ddp_amp",
+            "counted at per-device batch 16 and 32 with fake CPU tensors under autocast, extended to B/k=128",
+        ),
+    ],
+)
+def test_fit_says_how_the_activations_are_counted(batch, strategy, label, fit_root, capsys, monkeypatch):
+    """The activations' source names what the figure is: a count at B/k where B/k is an anchor, else the line
+    through the counts at the anchors (memory.COUNT_ANCHORS; under autocast, memory.AUTOCAST_ANCHORS on fake CPU
+    tensors), interpolated or extended to B/k."""
+    from pipeline.scaling import memory
+
+    monkeypatch.setattr(memory, "_COUNTED", {})  # only the anchors counted in this process: no other test's batches
+    argv = ["fit", "--model", "resnet18", "--batch-size", str(batch), "--strategies", strategy, "--devices", "2"]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the source folds at 100 columns
+    assert re.search(rf" activations [0-9.]+ modelled: {re.escape(label)} gradients ", out), out
+
+
+def test_count_ahead_with_no_name_counts_d2ls_two_models(fit_root, capsys, monkeypatch):
+    """`make setup` runs `fit --count-ahead` with no name: memory.count_ahead counts d2l's LeNet and ResNet-18
+    (memory.known_models), each at fit's anchors and at the autocast anchors (the counting itself: tests/scaling)."""
+    from pipeline.scaling import memory
+
+    seen = []
+    monkeypatch.setattr(memory, "layout", lambda model, cache=None: seen.append(("layout", model)))
+    monkeypatch.setattr(memory, "counted", lambda model, b, amp, cache=None: seen.append((model, tuple(b), amp)))
+    assert main(["fit", "--count-ahead"]) == 0
+    assert "counted lenet, resnet18 for fit in " in capsys.readouterr().out
+    assert seen == [
+        ("layout", "lenet"),
+        ("lenet", memory.COUNT_ANCHORS, False),
+        ("lenet", memory.AUTOCAST_ANCHORS, True),
+        ("layout", "resnet18"),
+        ("resnet18", memory.COUNT_ANCHORS, False),
+        ("resnet18", memory.AUTOCAST_ANCHORS, True),
+    ], seen

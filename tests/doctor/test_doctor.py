@@ -104,7 +104,8 @@ def test_planted_failure_is_a_failed_row_not_a_crash(make_cfg, tmp_path, monkeyp
     rows = {(r["strategy"], r["k"]): r for r in written["rows"]}
     assert rows[("single", 1)]["status"] == "passed" and rows[("single", 1)]["img_s"] > 0
     assert rows[("single", 1)]["peak_mem_mib_dev"] and rows[("single", 1)]["peak_mem_mib_dev"][0] > 0
-    assert rows[("single", 1)]["timed_steps"] == written["settings"]["timed_steps"]
+    assert rows[("single", 1)]["steps"] == written["settings"]["steps"]
+    assert 0 < rows[("single", 1)]["timed_steps"] <= rows[("single", 1)]["steps"]
     assert rows[("scratch", 1)]["status"] == "failed"
     assert "planted fault in the step" in rows[("scratch", 1)]["reason"]
     if probe().kind == "cpu":
@@ -115,7 +116,8 @@ def test_planted_failure_is_a_failed_row_not_a_crash(make_cfg, tmp_path, monkeyp
 
 
 def test_a_row_timed_on_fewer_steps_says_so_in_the_table():
-    """An emulated dtype's timed run is cut to a sixth of the steps: its row names its own count, not the header's."""
+    """An emulated dtype's timed run is cut to a sixth of the steps: its row names its own count, not the header's;
+    a row whose trial timed fewer steps than it asked (the breakdown's sampled steps leave the timing) says both."""
     rows = [
         dict(
             strategy="ddp_amp",
@@ -130,9 +132,10 @@ def test_a_row_timed_on_fewer_steps_says_so_in_the_table():
             peak_mem_mib_dev=[1.0],
             mem_method="m",
             backend="gloo",
-            timed_steps=n,
+            steps=n,
+            timed_steps=timed,
         )
-        for v, n in (("bf16", 30), ("fp16+GradScaler", 5))
+        for v, n, timed in (("bf16", 30, 30), ("fp16+GradScaler", 5, 5), ("bf16+sampled", 30, 27))
     ]
     host = capabilities.cpu_capabilities({"avx2"}, env={})
     report = {
@@ -154,14 +157,33 @@ def test_a_row_timed_on_fewer_steps_says_so_in_the_table():
         "data_source": "synthetic",
         "synthetic": True,
         "rows": rows,
-        "settings": {"model": "lenet", "timed_steps": 30, "per_device_batch": 64, "equivalence": "e"},
-        "counts": {"passed": 2, "failed": 0, "unavailable": 0},
+        "settings": {"model": "lenet", "steps": 30, "per_device_batch": 64, "equivalence": "e"},
+        "counts": {"passed": 3, "failed": 0, "unavailable": 0},
     }
     md = checks.markdown(report)
     assert "30 steps after warm-up" in md
     fp16 = next(line for line in md.splitlines() if line.startswith("| ddp_amp k=1 (fp16"))
-    bf16 = next(line for line in md.splitlines() if line.startswith("| ddp_amp k=1 (bf16"))
-    assert "(5 steps: emulated dtype)" in fp16 and "steps:" not in bf16
+    bf16 = next(line for line in md.splitlines() if line.startswith("| ddp_amp k=1 (bf16)"))
+    sampled = next(line for line in md.splitlines() if line.startswith("| ddp_amp k=1 (bf16+sampled"))
+    assert "(5 steps: emulated dtype)" in fp16 and "steps" not in bf16
+    assert "| 10.0 (27 of 30 steps timed: 3 sampled for the breakdown) |" in sampled
+
+
+def test_a_row_reports_the_steps_its_trial_timed_beside_those_it_asked(make_cfg, tmp_path, monkeypatch):
+    """The row's timed_steps is the trial's own count (its record's timed_steps: the breakdown's sampled steps
+    left out), its steps the count asked of the trial."""
+    from pipeline.doctor import equivalence
+
+    def timed(cfg, out, progress=False, timeout_s=None):
+        return {"throughput_img_s": 1.0, "peak_mem_bytes": [], "mem_method": "m", "timed_steps": 27}
+
+    init = equivalence.initial_state()
+    ref = {n: v + 0.01 for n, v in init.items()}
+    monkeypatch.setattr(checks.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
+    monkeypatch.setattr(checks, "run_trial", timed)
+    row = checks.run_case(checks.Case("single", 1), make_cfg(), probe(), ref, init, tmp_path, 30, 16, "lenet")
+    assert row.status == "passed", row.reason
+    assert (row.steps, row.timed_steps) == (30, 27)
 
 
 def test_a_strategy_that_trains_differently_fails_the_equivalence(make_cfg, tmp_path, monkeypatch):
@@ -281,7 +303,7 @@ def test_a_row_timed_under_load_is_flagged_in_the_json_and_the_table(make_cfg, t
         "data_source": "synthetic",
         "synthetic": True,
         "rows": [asdict(row)],
-        "settings": {"model": "lenet", "timed_steps": 2, "per_device_batch": 16, "equivalence": "e"},
+        "settings": {"model": "lenet", "steps": 2, "per_device_batch": 16, "equivalence": "e"},
         "counts": {"passed": 1, "failed": 0, "unavailable": 0},
     }
     line = next(x for x in checks.markdown(report).splitlines() if x.startswith("| single k=1"))

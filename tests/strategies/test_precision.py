@@ -182,6 +182,7 @@ def test_fp32_rows_on_a_tf32_gpu_are_labelled_tf32_convs():
                 peak_mem_mib_dev=[],
                 mem_method="m",
                 backend="",
+                steps=30,
                 timed_steps=30,
             )
             for s, v in (("single", ""), ("ddp_amp", "bf16"))
@@ -192,7 +193,7 @@ def test_fp32_rows_on_a_tf32_gpu_are_labelled_tf32_convs():
                 "data_source": "synthetic",
                 "synthetic": True,
                 "rows": rows,
-                "settings": {"model": "lenet", "timed_steps": 30, "per_device_batch": 64, "equivalence": "e"},
+                "settings": {"model": "lenet", "steps": 30, "per_device_batch": 64, "equivalence": "e"},
                 "counts": {"passed": 2, "failed": 0, "unavailable": 0},
             }
         )
