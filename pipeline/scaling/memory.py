@@ -447,9 +447,11 @@ def predict(
     lazy = basis == "cpu" and not _handwritten(row)  # a hand-written optimizer makes its state up front
     per_device = tuple(int(_total(t, lazy)) for t in terms)
     params_resident = [int(t.pop("params_resident")) for t in terms]
+    state_resident = [int(t.pop("optimizer_resident")) for t in terms]
     top = per_device.index(max(per_device))  # the rank "will it fit?" is about
     resident_terms = {
         "params": params_resident[top],
+        "optimizer": state_resident[top],  # a hand-written optimizer's, made before training (0 for torch's)
         "buffers": lay.buffer_bytes,
         "dataset": DATASET_BYTES,
         # DDP's reducer allocates its buckets in its constructor: on CUDA they are there before the first step
@@ -544,8 +546,9 @@ def _rank_terms(row, lay: Layout, k, rank, b, batch, optimizer, basis, gav, fb, 
     if basis == "gpu" and _gathers_on_device0(row) and rank > 0:
         g, state, temps = 0, 0, 0  # a replica: parameters broadcast in each forward, its gradients reduced to 0
     buffers = 0 if basis == "gpu" else lay.buffer_bytes
+    state_resident = 0
     if basis == "gpu" and _handwritten(row):
-        state = 0  # hand-written: made before training, resident
+        state, state_resident = 0, state  # hand-written: made before training, resident
     return {
         "params": params,
         "buffers": buffers,
@@ -558,6 +561,7 @@ def _rank_terms(row, lay: Layout, k, rank, b, batch, optimizer, basis, gav, fb, 
         "input": inputs,
         "step_temps": temps,
         "params_resident": w,
+        "optimizer_resident": state_resident,
     }
 
 
@@ -677,6 +681,7 @@ STEP_TERM_SOURCES = {  # the step's terms on the gpu basis, as `fit` names them,
 }
 RESIDENT_TERM_SOURCES = {
     "params": ("parameters", "4 B/param (fsdp: its padded shard)"),
+    "optimizer": ("optimizer state (resident)", "{optimizer}'s, hand-written and made before training, as d2l does"),
     "buffers": ("buffers", "BatchNorm's running statistics"),
     "dataset": ("data set", "Fashion-MNIST, uint8, on every rank"),
     "buckets": ("buckets (resident)", "made in DDP's constructor, 4 B/param"),
@@ -700,9 +705,9 @@ def need_terms(p: Prediction, fixed) -> list[tuple[str, str, int, str]]:
         ("fixed cost", "library workspaces", fixed.workspaces.bytes, fixed.workspaces.label),
     ]
     rows += [
-        ("resident", RESIDENT_TERM_SOURCES[k][0], int(v), "modelled: " + RESIDENT_TERM_SOURCES[k][1])
+        ("resident", RESIDENT_TERM_SOURCES[k][0], int(v), "modelled: " + RESIDENT_TERM_SOURCES[k][1].format(**vars(p)))
         for k, v in p.resident_terms.items()
-        if v or k != "buckets"
+        if v or k not in ("buckets", "optimizer")
     ]
     rows += [
         ("step", STEP_TERM_SOURCES[k][0], int(t[k]), "modelled: " + _step_source(p, k))

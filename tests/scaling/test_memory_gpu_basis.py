@@ -117,3 +117,22 @@ def test_model_check_compares_on_the_basis_the_record_names(record, basis, count
     got = model_check.modelled_peak(record, "zero1", "lenet", 1, 128, "adamw")
     assert got == memory.predict("zero1", "lenet", 1, 128, "adamw", basis=basis).peak
     assert got != memory.predict("zero1", "lenet", 1, 128, "adamw", basis={"gpu": "cpu", "cpu": "gpu"}[basis]).peak
+
+
+def test_a_hand_written_optimizers_state_is_resident_on_the_gpu_basis(counts):
+    """scratch's optimizer (d2l's, hand-written) makes its state before training: on the gpu basis it is resident,
+    the size torch's AdamW keeps for single, never dropped; so scratch with AdamW needs more than with SGD."""
+
+    def scratch(optimizer):
+        return memory.predict(
+            "scratch", "resnet18", 1, 256, optimizer, anchors=memory.COUNT_ANCHORS, cache=counts, basis="gpu"
+        )
+
+    single = memory.predict(
+        "single", "resnet18", 1, 256, "adamw", anchors=memory.COUNT_ANCHORS, cache=counts, basis="gpu"
+    )
+    sgd, adamw = scratch("sgd"), scratch("adamw")
+    assert adamw.resident_terms["optimizer"] == single.terms[0]["optimizer"] > 0
+    assert adamw.terms[0]["optimizer"] == 0, "made before training: not the step's"
+    assert memory.device_total(adamw, 0) > memory.device_total(sgd, 0)
+    assert single.resident_terms["optimizer"] == 0, "torch's optimizer makes its state in the first step"
