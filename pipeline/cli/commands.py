@@ -235,8 +235,13 @@ def cmd_fit(args) -> int:
         )
     if args.count_ahead is not None:
         t0 = time.monotonic()
-        models = memory.count_ahead(args.count_ahead)  # none named: d2l's two (memory.known_models)
-        print(f"counted {', '.join(models)} for fit in {time.monotonic() - t0:.1f} s (runs/memory_model.json)")
+        named = list(dict.fromkeys(args.count_ahead))  # none named: d2l's two (memory.known_models)
+        kept = [m for m in named or memory.known_models() if memory.is_counted(m)]
+        models = [m for m in memory.count_ahead(named) if m not in kept]
+        counted = (
+            f"counted {', '.join(models)} for fit in {time.monotonic() - t0:.1f} s" if models else "nothing to count"
+        )
+        print(f"{counted}{'; kept already: ' + ', '.join(kept) if kept else ''} (runs/memory_model.json)")
         return 0
     if not memory.is_counted(args.model):
         print(
@@ -265,7 +270,8 @@ def cmd_fit(args) -> int:
         "needs (tensors modelled; "
         "the rest as sourced)"
     )
-    print(_wrapped(f"device memory {cap.bytes / gib:.1f} GiB: {cap.label}", ""))
+    size = f"{cap.bytes / gib:.2f} GiB" if cap.bytes >= gib else f"{cap.bytes / mib:,.0f} MiB"  # as the table reads
+    print(_wrapped(f"device memory {size}: {cap.label}", ""))
     print(
         f"fixed cost {fixed.bytes / mib:.0f} MiB per device ({fixed.device or 'no CUDA device here or named'}): "
         f"context {fixed.context.kind}, workspaces {fixed.workspaces.kind}"
@@ -287,6 +293,8 @@ def cmd_fit(args) -> int:
         print("  not modelled: NCCL's own buffers at k >= 2 (outside the allocator), a CUDA graph's pool")
     elif rows:
         print("(each term with its source: name one strategy and one k)")
+    if uneven := [str(k) for k in ks if args.batch_size % k]:
+        print(f"(k={', '.join(uneven)} left out: a strategy splits the global batch {args.batch_size} evenly over k)")
     return 0
 
 
@@ -302,7 +310,7 @@ def cmd_models(args) -> int:
     from pipeline.scaling import memory
 
     print(f"{'model':<22}{'parameters':>14}  {'FSDP units':>10}  source")
-    for name in args.names or zoo.names():
+    for name in list(dict.fromkeys(args.names)) or zoo.names():  # each named model once
         lay = memory.layout(name)
         print(f"{name:<22}{sum(lay.numel):>14,}  {len(lay.units):>10}  {zoo.source(name)}", flush=True)
     return 0

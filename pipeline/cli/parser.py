@@ -374,7 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Every model train.model, sweep.spaces.*.model and --model take, one line each: its name, where "
         "it comes from, its parameter count and its FSDP units (counted on the meta device: no memory, no "
-        "initialisation; kept in runs/memory_model.json, so a second listing is instant).\n\n"
+        "initialisation; kept in runs/memory_model.json, so a second listing counts nothing again, though naming "
+        "torchvision's models still imports torchvision: seconds).\n\n"
         "Sources, looked up in this order:\n"
         "  d2l          lenet, resnet18: d2l's models for 1x28x28 images\n"
         "  entry point  a factory an installed package registers under the group `parallax.models`:\n"

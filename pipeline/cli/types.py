@@ -104,10 +104,12 @@ def device_counts(text: str) -> tuple[int, ...]:
     """--devices: comma-separated device counts k, each from 1 to DEVICES_MAX (with its reason)."""
     from pipeline.config.schema import DEVICES_MAX, DEVICES_WHY
 
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts:
+    parts = [p.strip() for p in text.split(",")]
+    if not any(parts):
         raise argparse.ArgumentTypeError("no device count given: e.g. --devices 1,2,4,8. Nothing was run.")
-    ks = tuple(_whole(p, "a device count k") for p in parts)
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"an empty device count in {text!r}: e.g. --devices 1,2,4,8. Nothing was run.")
+    ks = tuple(dict.fromkeys(_whole(p, "a device count k") for p in parts))  # each k once, in the order given
     for k in ks:
         if not 1 <= k <= DEVICES_MAX:
             raise argparse.ArgumentTypeError(
@@ -121,7 +123,7 @@ def strategy_names(text: str) -> list[str]:
     """--strategies: comma-separated names of the catalog's strategies; an unknown one is refused with the valid."""
     from pipeline.config.schema import STRATEGY_NAMES
 
-    names = [s.strip() for s in text.split(",") if s.strip()]
+    names = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))  # each once, in the order given
     unknown = [s for s in names if s not in STRATEGY_NAMES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(

@@ -88,15 +88,23 @@ def _read(store=None) -> dict:
 def fixed_cost(device: str | None, store=None) -> FixedCost:
     """The fixed cost of `device` (a CUDA device name): what doctor kept for it, else the assumed defaults; each
     part on its own (a kept context without a kept workspace figure takes the default workspaces)."""
-    kept = _read(store).get(device or "") or {}
+    stored = _read(store)
+    kept = stored.get(device or "") or {}
     when = f"doctor on {device}, {kept.get('date', '?')}, torch {kept.get('torch', '?')}"
+    # a name given (or found) with nothing kept for it: said, so a misspelt --device-name is seen
+    unknown = (
+        f"; nothing kept for {device!r} in {store_file(store).name} (kept: {', '.join(map(repr, stored)) or 'none'})"
+        if device and not kept
+        else ""
+    )
     if kept.get("context_mib") is not None:
         context = Figure(
             int(kept["context_mib"] * MIB), f"{when}: {kept.get('source', 'NVML used - reserved')}", "measured"
         )
     else:
         context = Figure(
-            int(DEFAULT_CONTEXT_MIB * MIB), f"default, {DEFAULT_SOURCE}: NVML used 828 - reserved 68 MiB, rounded up"
+            int(DEFAULT_CONTEXT_MIB * MIB),
+            f"default, {DEFAULT_SOURCE}: NVML used 828 - reserved 68 MiB, rounded up{unknown}",
         )
     if kept.get("workspace_mib") is not None:
         workspaces = Figure(int(kept["workspace_mib"] * MIB), f"{when}: what warming cuBLAS and cuDNN left", "measured")

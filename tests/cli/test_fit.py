@@ -38,7 +38,7 @@ def test_fit_prints_each_term_with_its_figure_and_source(fit_root, capsys):
     assert terms["reserved over allocated"][1] == "assumed:"
     assert "fixed cost 864 MiB per device" in out and "context assumed, workspaces assumed" in out
     if no_cuda():
-        assert "device memory 79.6 GiB: assumed (default: an 80 GB part as NVIDIA counts it: 81,559 MiB)" in out
+        assert "device memory 79.65 GiB: assumed (default: an 80 GB part as NVIDIA counts it: 81,559 MiB)" in out
 
 
 def test_fit_reads_the_device_memory_from_cuda_else_an_80gb_part(fit_root, capsys, monkeypatch):
@@ -55,14 +55,14 @@ def test_fit_reads_the_device_memory_from_cuda_else_an_80gb_part(fit_root, capsy
     (fit_root / "runs" / "device_basis.json").write_text(json.dumps({"NVIDIA A100-SXM4-40GB": kept}))
     assert main(COMMAND) == 0
     out = capsys.readouterr().out
-    assert "device memory 39.4 GiB: measured (torch.cuda.mem_get_info() total of NVIDIA A100-SXM4-40GB)" in out
+    assert "device memory 39.39 GiB: measured (torch.cuda.mem_get_info() total of NVIDIA A100-SXM4-40GB)" in out
     assert "fixed cost 564 MiB per device (NVIDIA A100-SXM4-40GB): context measured, workspaces assumed" in out
     monkeypatch.setattr("pipeline.scaling.device._driver_visible", lambda: False)
     assert main([*COMMAND, "--device-memory", "80GB"]) == 0
     out = capsys.readouterr().out
-    assert "device memory 74.5 GiB: given (--device-memory)" in out  # 80e9 bytes
+    assert "device memory 74.51 GiB: given (--device-memory)" in out  # 80e9 bytes
     assert main(COMMAND) == 0
-    assert "device memory 79.6 GiB: assumed" in capsys.readouterr().out
+    assert "device memory 79.65 GiB: assumed" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([*COMMAND, "--device-memory", "eighty"])
 
@@ -101,8 +101,11 @@ def test_count_ahead_alone_counts_without_a_refusal(fit_root, capsys, monkeypatc
     from pipeline.scaling import memory
 
     monkeypatch.setattr(memory, "count_ahead", lambda models: tuple(models))
-    assert main(["fit", "--count-ahead", "lenet"]) == 0
-    assert "counted lenet for fit" in capsys.readouterr().out
+    monkeypatch.setattr(memory, "is_counted", lambda model, cache=None: model == "resnet18")
+    assert main(["fit", "--count-ahead", "lenet", "resnet18", "lenet"]) == 0
+    assert "counted lenet for fit in " in (out := capsys.readouterr().out) and "kept already: resnet18" in out
+    assert main(["fit", "--count-ahead", "resnet18"]) == 0
+    assert "nothing to count; kept already: resnet18 (runs/memory_model.json)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -139,6 +142,7 @@ def test_count_ahead_with_no_name_counts_d2ls_two_models(fit_root, capsys, monke
     seen = []
     monkeypatch.setattr(memory, "layout", lambda model, cache=None: seen.append(("layout", model)))
     monkeypatch.setattr(memory, "counted", lambda model, b, amp, cache=None: seen.append((model, tuple(b), amp)))
+    monkeypatch.setattr(memory, "is_counted", lambda model, cache=None: False)  # a fresh checkout: nothing kept
     assert main(["fit", "--count-ahead"]) == 0
     assert "counted lenet, resnet18 for fit in " in capsys.readouterr().out
     assert seen == [
@@ -149,3 +153,21 @@ def test_count_ahead_with_no_name_counts_d2ls_two_models(fit_root, capsys, monke
         ("resnet18", memory.COUNT_ANCHORS, False),
         ("resnet18", memory.AUTOCAST_ANCHORS, True),
     ], seen
+
+
+def test_fit_names_what_it_leaves_out_and_reads_each_name_once(fit_root, capsys):
+    """A k that does not divide the batch is named, not dropped unsaid; a repeated strategy or k gives one row; a
+    device memory under 1 GiB reads in MiB; a device name with nothing kept says so beside the assumed context."""
+    base = ["fit", "--model", "lenet", "--batch-size", "6"]
+    assert main([*base, "--strategies", "ddp,ddp", "--devices", "2,2,3,4"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("ddp ")]
+    assert [r[1] for r in rows] == ["2", "3"], out
+    assert "(k=4 left out: a strategy splits the global batch 6 evenly over k)" in out
+    assert main([*base, "--strategies", "ddp", "--devices", "2", "--device-memory", "512MiB"]) == 0
+    assert "device memory 512 MiB: given (--device-memory)" in capsys.readouterr().out
+    assert main([*base, "--strategies", "ddp", "--devices", "2", "--device-name", "NVIDIA H10"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "nothing kept for 'NVIDIA H10' in device_basis.json (kept: none)" in out
+    with pytest.raises(SystemExit):
+        main([*base, "--devices", "2,,3"])
