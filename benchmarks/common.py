@@ -95,8 +95,9 @@ def resolve_source(args) -> str:
 
 
 def parser(doc: str, data: bool = True) -> argparse.ArgumentParser:
-    """The preamble every benchmark shares: its docstring's first line as the description, and the data flags."""
-    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    """The preamble every benchmark shares: its docstring's first paragraph as the description (a first line alone
+    can stop mid-sentence), and the data flags."""
+    p = argparse.ArgumentParser(description=" ".join(doc.split("\n\n")[0].split()))
     if data:
         data_args(p)
     return p

@@ -26,3 +26,21 @@ def test_the_lenet_bar_judges_only_a_rung_that_timed_a_step():
 def test_a_rung_that_timed_no_step_says_so():
     assert "no step timed" in gpu_epoch.steady({"img_s": None, "steady_s_per_60k": None})
     assert "1,000 img/s = 60.00 s/60k" in gpu_epoch.steady({"img_s": 1000.0, "steady_s_per_60k": 60.0})
+
+
+def test_the_graph_rungs_read_apart_and_a_small_share_of_the_bar_is_not_zero():
+    """The two graph rungs name their strategy (their 'not run' lines would read alike), and a CPU's small share of
+    LeNet's bar reads as what it is, not 0%."""
+    labels = dict(gpu_epoch.ROWS)
+    assert labels["single_bf16_bench_graphs"].strip().startswith("single ")
+    assert labels["ddp_amp_bench_graphs"].strip().startswith("ddp_amp ")
+    said: list[str] = []
+    gpu_epoch.lenet_target({"single": {"img_s": 2019.0}}, "cpu", said.append)
+    assert "NOT met (0.4% of it)" in said[0], said
+
+
+def test_a_benchmarks_help_opens_with_its_whole_first_paragraph():
+    from benchmarks.common import parser
+
+    description = parser(gpu_epoch.__doc__, data=False).description
+    assert description.endswith("beside the d2l recipe."), description
