@@ -21,6 +21,16 @@ from dataclasses import dataclass
 COMM_KNOBS = ("bucket_cap_mb", "grad_as_bucket_view", "accum_steps", "comm_hook")
 MODES = ("compile", "compile_mode", "cuda_graphs", "cudnn_benchmark", "autocast")
 KNOBS = (*COMM_KNOBS, *MODES)
+# The train settings that configure something only some trials run: setting -> (what it is, what it applies with).
+# What it applies with is a knob of the point, on, or a row's flag of the same name (autocast: ddp_amp's row, or
+# single's autocast knob; gathers: dp's rows). A sweep none of whose points runs with it refuses the setting away from
+# its default (loader.sweep_refusal), as a trial does (trial/launch.py): it would be recorded, never run.
+APPLIES_WITH = {
+    "compile_mode": ("torch.compile's mode", "compile"),
+    "amp_dtype": ("autocast's type", "autocast"),
+    "amp_init_scale": ("the fp16 GradScaler's first scale", "autocast"),
+    "output_device": ("the device nn.DataParallel gathers outputs on", "gathers"),
+}
 
 # Why a row leaves out a mode another row takes (the error names it; docs/strategies.md lists it): what a design
 # cannot do is itself a finding about it
@@ -81,6 +91,7 @@ class StrategySpec:
     cuda_only: bool = False  # unavailable on a CPU-only host
     parallel_on_cpu: bool = True  # False: on a CPU host the k "devices" run one after another in one process
     autocast: bool = False  # runs its forward under autocast with train.amp_dtype
+    gathers: bool = False  # gathers the outputs (or the losses) on one device, train.output_device
     comm: str = "none"  # the collective pattern of one step (COMM_PATTERNS), as the scaling model counts it
     shards: tuple[str, ...] = ()  # the state split across ranks (a subset of SHARDABLE, in its order); () replicates
     # raised when a change to the strategy's own code changes what its trials measure (its step's speed or result):
@@ -114,6 +125,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
             ("autocast", _NO_AUTOCAST),
         ),
         cuda_only=True,
+        gathers=True,
         comm="dp_gather_logits",
     ),
     StrategySpec(
@@ -127,6 +139,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
             ("autocast", _NO_AUTOCAST),
         ),
         cuda_only=True,
+        gathers=True,
         comm="dp_gather_losses",
     ),
     StrategySpec(
@@ -204,6 +217,22 @@ def why_not(name: str, knob: str) -> str:
     """Why strategy `name` leaves out `knob`, where its row says; "" otherwise."""
     row = SPECS.get(name)
     return dict(row.why_not).get(knob, "") if row else ""
+
+
+def applies(setting: str, name: str, point: dict) -> bool:
+    """Whether train.<setting> (a key of APPLIES_WITH) reaches a trial of strategy `name` at `point` (its knob values;
+    a knob it leaves out is off): its knob is on there, or the row's flag of that name is."""
+    need = APPLIES_WITH[setting][1]
+    return bool(point.get(need) or getattr(SPECS.get(name), need, False))
+
+
+def applies_with(setting: str, value) -> str:
+    """What train.<setting>=value is and what it applies with, for a refusal: the one text a sweep and a trial give."""
+    what, need = APPLIES_WITH[setting]
+    rows = [s.name for s in STRATEGIES if getattr(s, need, False)]
+    on = [s.name for s in STRATEGIES if need in s.knobs] if need in KNOBS else []
+    where = " or ".join([*([f"train.{need}=true" + (f" ({', '.join(on)})" if rows else "")] if on else []), *rows])
+    return f"train.{setting}={value} is {what} and applies with {where}"
 
 
 def is_one_device_only(name: str) -> bool:

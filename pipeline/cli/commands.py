@@ -34,7 +34,7 @@ def cmd_sweep(args) -> int:
     from pipeline.sweep import unselected
     from pipeline.sweep.space import Space
 
-    cfg = loader.load(args.params, args.overrides)
+    cfg = loader.load(args.params, args.overrides, stage=True)  # its strategy: the stage's, never train.strategy
     loader.check_sweep(cfg)  # every sweep stage, selected or not: a knob a selected strategy cannot take
     out = output_file(args.out or paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.jsonl", "--out")
     if not unselected.selected(cfg, args.strategy):  # its table, without loading torch, Optuna and MLflow

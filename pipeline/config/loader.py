@@ -13,8 +13,10 @@ A `train.<key>` the user sets (params.yaml, --set, `dvc exp run -S`) that is a s
 fields) pins that dimension: every space of the resolved Config holds that one value (`pin`), so a sweep's points
 (sweep/space.py) are what the user set. A profile's own train values do not pin (a profile states its points in its
 spaces), nor do a command's typed options; `train` and `doctor` run no sweep and load without pins. A sweep
-refuses a knob set in train that a selected strategy's catalog row does not take (`sweep_refusal`); the `train`
-command, one strategy, checks its own (knob_refusal).
+refuses a knob set in train that a selected strategy's catalog row does not take, a setting that applies only with
+a knob or a row's design (catalog.APPLIES_WITH) where no point runs with it (`sweep_refusal`), and train.strategy,
+which a sweep stage takes from its name (`strategy_refusal`); the `train` command, one strategy, checks its own
+(knob_refusal).
 A Config is never mutated: `override` returns a new one.
 """
 
@@ -487,12 +489,15 @@ def load(
     root: Path | None = None,
     flags: dict | None = None,
     sweeps: bool = True,
+    stage: bool = False,
 ) -> Config:
     """Read params.yaml (and the profile it names) and apply `--set` overrides, then `flags` (a command's typed
     options as sections, {"train": {"strategy": "ddp"}}), validated once with the rest, with the user's train settings
     pinned in the spaces (`pin`; `sweeps=False`: a command that runs no sweep, whose spaces nothing reads). Without
     `params`, the repository's params.yaml is optional (none: the profile's and built-in values); a `params` file
-    named explicitly (--params) must exist, or a typo would run silently on other values than the user chose."""
+    named explicitly (--params) must exist, or a typo would run silently on other values than the user chose.
+    `stage`: a sweep stage's command, whose trials run the stage's strategy: a train.strategy a user layer sets, its
+    default too, is refused (strategy_refusal)."""
     root = Path(root) if root else repo_root()
     path = Path(params) if params else root / "params.yaml"
     if params and not path.exists() and path.is_symlink():
@@ -522,6 +527,8 @@ def load(
         layered = _merge(layered, layer)
     layered["profile"] = profile
     cfg = _build(Config, layered, "")
+    if stage and any((layer.get("train") or {}).get("strategy") is not None for layer, _ in users):  # default too
+        raise ConfigError(strategy_refusal(cfg.train.strategy))
     return pin(cfg, users) if sweeps else cfg
 
 
@@ -585,11 +592,28 @@ def _space_keys(users):
                 yield from ((s, k, where) for k in (part if isinstance(part, dict) else ()))
 
 
+def strategy_refusal(value) -> str:
+    """Why a sweep refuses train.strategy set to `value`: each sweep stage's trials run the stage's own strategy."""
+    return (
+        f"`train.strategy={value}` is set for a sweep, whose trials never take it: each sweep stage runs its own "
+        f"strategy (`sweep@<strategy>` in dvc.yaml, `python -m pipeline sweep --strategy <strategy>`), and "
+        f"`sweep.strategies` selects the stages that run trials. Leave `train.strategy` unset and choose the "
+        f"strategies with `sweep.strategies`, e.g. `--set 'sweep.strategies=[{value}]'` (`dvc exp run -S "
+        f"'sweep.strategies=[{value}]'`); `train.strategy` is the strategy of one run, `python -m pipeline train`. "
+        f"Nothing was run."
+    )
+
+
 def sweep_refusal(cfg: Config) -> str:
-    """Why cfg cannot be swept: a knob the train section sets away from its default (a pin, or a profile's value)
-    that a selected strategy's catalog row does not take, so that strategy's trials could never receive it. The
-    message names the key, those strategies and the forms that work; "" when every selected strategy takes it."""
+    """Why cfg cannot be swept: train.strategy away from its default (each stage runs its own strategy: a user who
+    sets it at all is refused at load, `load`); a knob the train section sets away from its default (a pin, or a
+    profile's value) that a selected strategy's catalog row does not take, so that strategy's trials could never
+    receive it; a setting that applies only with a knob or a row's design (catalog.APPLIES_WITH) away from its
+    default where no point of the selected strategies runs with it (`_unapplied`). The message names the key, the
+    strategies and the forms that work; "" when every setting reaches a trial."""
     defaults = TrainConfig()
+    if cfg.train.strategy != defaults.strategy:
+        return strategy_refusal(cfg.train.strategy)
     for k in catalog.KNOBS:
         if (v := getattr(cfg.train, k)) == getattr(defaults, k):
             continue  # a strategy without the knob runs its default already
@@ -615,7 +639,47 @@ def sweep_refusal(cfg: Config) -> str:
             f"never run with it. {instead} "
             f"Nothing was run."
         )
+    return _unapplied(cfg)
+
+
+def _unapplied(cfg: Config) -> str:
+    """Why a setting of catalog.APPLIES_WITH set away from its default (in train, or in a space's list) reaches no
+    trial of the selected strategies: no point holds both a value of it other than the default and what it applies
+    with on (its knob, or the row's flag). A space that varies the knob over [false, true] has points that run it."""
+    defaults = TrainConfig()
+    for k, (_, need) in catalog.APPLIES_WITH.items():
+        default, away, used = getattr(defaults, k), [], False
+        for s in cfg.sweep.strategies:
+            for product in cfg.space(s):
+                here = [v for v in _dimension(cfg, s, product, k) if v != default]
+                on = _dimension(cfg, s, product, need) if need in catalog.KNOBS else (False,)
+                away += here
+                used = used or bool(here and any(catalog.applies(k, s, {need: v}) for v in on))
+        if not away or used:
+            continue
+        in_train = getattr(cfg.train, k) != default
+        value = getattr(cfg.train, k) if in_train else away[0]
+        rows = [n for n in catalog.NAMES if getattr(catalog.SPECS[n], need, False)]
+        takers = [s for s in cfg.sweep.strategies if need in catalog.knobs(s)]
+        form = f"sweep.spaces.{takers[0]}.{need}=[false, true]" if takers else ""
+        fixes = [f"turn `{need}` on in some of their points (`--set train.{need}=true`, or `--set '{form}'`)"]
+        fixes = fixes if takers else []
+        fixes += [f"select {' or '.join(rows)} in `sweep.strategies`"] if rows else []
+        return (
+            f"`{'train.' if in_train else 'sweep.spaces.*.'}{k}={_yaml(value)}` is set for the sweep, but no point of "
+            f"the selected strategies ({', '.join(cfg.sweep.strategies)}) runs with it: "
+            f"{catalog.applies_with(k, _yaml(value))}, so their trials would record it and never run it. To use it, "
+            f"{', or '.join(fixes)}; else leave `{k}` at its default, {_yaml(default)}. Nothing was run."
+        )
     return ""
+
+
+def _dimension(cfg: Config, strategy: str, product: SpaceConfig, key: str) -> tuple:
+    """The values `key` takes in the points of `product` of `strategy`'s space, as sweep/space.points makes them: a
+    dimension the space leaves empty, or a setting that is no dimension of its points, has the train section's."""
+    if key in SPACE_KEYS and (key not in catalog.KNOBS or key in catalog.knobs(strategy)):
+        return getattr(product, key) or (getattr(cfg.train, key),)
+    return (getattr(cfg.train, key),)
 
 
 def check_sweep(cfg: Config) -> None:

@@ -117,7 +117,7 @@ def _choices(pts: list[dict]) -> dict:
 NEUTRAL = {
     "profile": "the study name's prefix; the profile's settings are resolved into the others",
     "data.mirror": "where the four files are downloaded from; the files are verified by their checksums",
-    "train.strategy": "the study's strategy stands in for it",
+    "train.strategy": "the study's strategy stands in for it (a sweep refuses it set: loader.strategy_refusal)",
     "train.node_rank": "which node this is; every node of a trial runs the same configuration",
     "train.rdzv_endpoint": "where the nodes of a trial meet",
     "train.rdzv_id": "the name the nodes of a trial meet under",

@@ -17,7 +17,7 @@ import socket
 import time
 from pathlib import Path
 
-from pipeline import paths
+from pipeline import catalog, paths
 from pipeline.config import loader
 from pipeline.errors import Infeasible, TrialFailed  # defined torch-free, for the CLI's error handler
 from pipeline.host.capabilities import host_capabilities
@@ -103,8 +103,8 @@ def mode_refusal(t, host: Host, oversubscribed: bool, n_train: int | None = None
     if known, for a graph the trial would end before capturing."""
     if t.compile_mode != "default" and not t.compile:
         return (
-            f"train.compile_mode={t.compile_mode} is torch.compile's mode and applies with train.compile=true; "
-            "set train.compile=true, or leave compile_mode at default."
+            f"{catalog.applies_with('compile_mode', t.compile_mode)}; set train.compile=true, or leave compile_mode "
+            "at default."
         )
     if not t.cuda_graphs:
         return ""

@@ -44,6 +44,7 @@ FLOORS = {
     "measure": {"host"},
     "strategies": {"host", "measure", "catalog", "models", "rank_env"},
     "trial": {
+        "catalog",
         "scratch",
         "config",
         "records",

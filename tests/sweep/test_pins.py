@@ -149,3 +149,69 @@ def test_a_command_that_runs_no_sweep_is_not_refused_for_a_space_it_never_reads(
     with pytest.raises(loader.ConfigError, match="the two disagree"):
         loader.load(None, ["train.lr=0.2"], root=tmp_path)
     assert loader.load(None, ["train.lr=0.2"], root=tmp_path, sweeps=False).train.lr == 0.2
+
+
+@pytest.fixture
+def sweep_cli(tmp_path, monkeypatch, capsys):
+    """`python -m pipeline sweep --strategy S --set ...` in a store under tmp_path (the cpu profile): its exit status
+    and its stderr; a sweep it would run is recorded, not run."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "cpu.yaml").write_text((REPO / "experiments" / "cpu.yaml").read_text())
+    (tmp_path / "params.yaml").write_text("profile: cpu\n")
+    monkeypatch.chdir(tmp_path)
+    ran = []
+    monkeypatch.setattr("pipeline.sweep.stage.run_sweep", lambda cfg, strategy, *a, **k: ran.append(strategy))
+
+    def sweep(strategy, *sets):
+        rc = main(["sweep", "--strategy", strategy, *(a for s in sets for a in ("--set", s))])
+        return rc, " ".join(capsys.readouterr().err.split()), ran
+
+    return sweep
+
+
+@pytest.mark.parametrize("value", ["single", "ddp"])
+def test_train_strategy_set_for_a_sweep_is_refused_its_default_too(sweep_cli, value):
+    """Each sweep stage runs its own strategy: `-S train.strategy=single -s 'sweep@ddp'` would record single and
+    measure ddp. The profiles and the train command, which takes train.strategy, are not refused."""
+    rc, err, ran = sweep_cli("ddp", f"train.strategy={value}")
+    assert rc == 2 and not ran, (rc, ran, err)
+    assert f"`train.strategy={value}`" in err and "sweep@<strategy>" in err and "sweep.strategies=[" in err, err
+    for profile in sorted(p.stem for p in (REPO / "experiments").glob("*.yaml")):
+        loader.check_sweep(loader.load(None, [f"profile={profile}"], root=REPO, stage=True))
+    assert loader.load(None, [f"train.strategy={value}"], root=REPO, sweeps=False).train.strategy == value
+
+
+@pytest.mark.parametrize(
+    "setting,refused,accepted",
+    [
+        ("train.amp_dtype=fp16", ["sweep.strategies=[ddp]"], ["sweep.strategies=[ddp, ddp_amp]"]),
+        ("train.amp_dtype=bf16", ["sweep.strategies=[single]"], ["sweep.strategies=[single]", "train.autocast=true"]),
+        ("train.amp_init_scale=1024", ["sweep.strategies=[ddp]"], ["sweep.strategies=[ddp_amp]"]),
+        ("train.output_device=1", ["sweep.strategies=[ddp, ddp_amp]"], ["sweep.strategies=[dp, ddp]"]),
+        (
+            "train.compile_mode=reduce-overhead",
+            ["sweep.strategies=[ddp]"],
+            ["sweep.strategies=[ddp]", "sweep.spaces.ddp.compile=[false, true]"],
+        ),
+    ],
+)
+def test_a_setting_no_point_runs_with_is_refused_up_front_and_one_some_point_runs_with_is_not(
+    sweep_cli, setting, refused, accepted
+):
+    """amp_dtype and amp_init_scale apply where autocast runs, output_device where dp gathers, compile_mode with
+    compile on (catalog.APPLIES_WITH): set where no point of the selected strategies runs with it, the sweep exits 2
+    naming the key before any study; at its default it passes, and with a point that runs it the points carry it."""
+    key, _, value = setting.partition("=")
+    rc, err, ran = sweep_cli("ddp", setting, *refused)
+    assert rc == 2 and not ran, (rc, ran, err)
+    assert f"`{key}={value}" in err and "applies with" in err, err
+    default = getattr(schema.TrainConfig(), key.split(".")[1])
+    assert not loader.sweep_refusal(load(f"{key}={_yaml(default)}", *refused))
+    cfg = load(setting, *accepted)
+    name = key.split(".")[1]
+    assert not loader.sweep_refusal(cfg) and getattr(cfg.train, name) != default
+    got = {
+        getattr(space.trial_config(cfg, s, p).train, name) for s in cfg.sweep.strategies for p in space.points(cfg, s)
+    }
+    assert got == {getattr(cfg.train, name)}, got
