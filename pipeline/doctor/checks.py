@@ -354,11 +354,6 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _sets_text(sets: dict) -> str:
-    """The --set options that took effect, as key=value (YAML's spelling of a non-text value: true, 0.001, null)."""
-    return ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in sets.items())
-
-
 def _said(r: dict) -> str:
     """The row's check or reason, and why its timing is suspect where the run was measured under load."""
     text = r["reason"] or r["check"]
@@ -436,3 +431,8 @@ def took_effect(cfg, items) -> dict:
             out.pop(key, None)
             out[key] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
     return out
+
+
+def _sets_text(sets: dict) -> str:
+    """The --set options that took effect, as key=value (YAML's spelling of a non-text value: true, 0.001, null)."""
+    return ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in sets.items())
