@@ -19,7 +19,10 @@
 #   FIRST_RUN_ARGS="..."            the first-run check's own arguments; under a limit shorter than its 580 s default
 #                                   (a GPU booked ten minutes at a time, the install included), give it the seconds
 #                                   it may use: FIRST_RUN_ARGS="--budget-s 420". first-run.md is rewritten after
-#                                   each step, so a run stopped early still leaves the steps it finished
+#                                   each step, so a run stopped early still leaves the steps it finished. Without a
+#                                   CUDA device the check is skipped (FIRST_RUN=only then exits 1, saying so) unless
+#                                   FIRST_RUN_ARGS=--allow-cpu: then it rehearses on the CPU, smaller
+# The last line names the results files this run wrote (none: it says so).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="$(mkdir -p "${1:-parallax-gpu-results}" && cd "${1:-parallax-gpu-results}" && pwd)"
@@ -51,15 +54,31 @@ if [ -n "${DOCTOR_ARGS+set}" ]; then read -r -a doctor_args <<< "$DOCTOR_ARGS"; 
 if [ -n "${BENCH_ARGS+set}" ]; then read -r -a bench_args <<< "$BENCH_ARGS"; fi
 first_run_args=()
 if [ -n "${FIRST_RUN_ARGS+set}" ]; then read -r -a first_run_args <<< "$FIRST_RUN_ARGS"; fi
+# the results files under OUT that this run wrote (a file an earlier run left there is older than the stamp)
+stamp="$(mktemp)"
+trap 'rm -f "$stamp"' EXIT
+written() { local f; for f in "$@"; do [ -f "$OUT/$f" ] && [ "$OUT/$f" -nt "$stamp" ] && echo "$f"; done; return 0; }
 status=0
 if [ "${FIRST_RUN:-}" != skip ]; then
-  if "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
+  skipped=""
+  if [[ " ${first_run_args[*]-} " == *" --allow-cpu "* ]] || "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
     PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m benchmarks.gpu.gpu_first_run --out "$OUT/first-run" \
       "${first_run_args[@]}" 2>&1 | tee "$OUT/first-run.log" || status=1
   else
-    echo "first-run check skipped: no CUDA device here (it needs one; --allow-cpu rehearses it on a CPU)" | tee "$OUT/first-run.log"
+    skipped="no CUDA device here (it needs one; FIRST_RUN_ARGS=--allow-cpu rehearses it on this CPU)"
+    echo "first-run check skipped: $skipped" | tee "$OUT/first-run.log"
   fi
-  [ "${FIRST_RUN:-}" = only ] && { echo "results in $OUT/first-run/first-run.md"; exit $status; }
+  if [ "${FIRST_RUN:-}" = only ]; then
+    if [ -n "$(written first-run/first-run.md)" ]; then
+      echo "results in $OUT/first-run/first-run.md"
+    elif [ -n "$skipped" ]; then
+      echo "error: FIRST_RUN=only and the first-run check did not run: $skipped" >&2
+      status=1
+    else
+      echo "no first-run.md written: the first-run check's output is in $OUT/first-run.log" >&2
+    fi
+    exit $status
+  fi
 fi
 "$PY" -m pipeline doctor --out "$OUT/doctor" "${doctor_args[@]}" 2>&1 | tee "$OUT/doctor.log" || status=1
 # the seeds' recipe needs torchvision, which the documented node lacks: then the benchmark measures Parallax alone
@@ -75,5 +94,6 @@ if [ -f "$HERE/peers/d2l_reference.py" ]; then
 fi
 PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m benchmarks.gpu.gpu_epoch --data "$OUT/data" "${peer[@]}" --json "$OUT/gpu_epoch.json" \
   "${bench_args[@]}" 2>&1 | tee "$OUT/gpu_epoch.log" || status=1
-echo "results in $OUT (doctor/doctor.md, doctor/doctor.json, gpu_epoch.log, gpu_epoch.json)"
+results="$(written first-run/first-run.md doctor/doctor.md doctor/doctor.json gpu_epoch.log gpu_epoch.json | paste -sd, - | sed 's/,/, /g')"
+if [ -n "$results" ]; then echo "results in $OUT ($results)"; else echo "no results files written in $OUT" >&2; fi
 exit $status

@@ -207,12 +207,14 @@ def run(
     model: str = "lenet",
     say=print,
     dump_events: Path | None = None,
+    sets: dict | None = None,
 ) -> dict:
-    """Run every case, write out/doctor.json and out/doctor.md, return the report."""
+    """Run every case, write out/doctor.json and out/doctor.md, return the report. `sets`: the user's --set options
+    that took effect ({dotted key: value}, `took_effect`), recorded in the settings."""
     if dump_events is not None:  # read by breakdown.Breakdown in every trial process (spawned ranks inherit it)
         os.environ[DUMP_ENV] = str(Path(dump_events).resolve())
         try:
-            return run(base, out, strategies, max_devices, steps, per_device_batch, model, say)
+            return run(base, out, strategies, max_devices, steps, per_device_batch, model, say, sets=sets)
         finally:
             os.environ.pop(DUMP_ENV, None)
             say(
@@ -278,6 +280,7 @@ def run(
             "warmup_steps": WARMUP_STEPS,
             "equivalence": f"one SGD step, lr {equivalence.LR}, LeNet, global batch 64, against "
             f"`single`, TF32 off, fp16 GradScaler from scale {equivalence.FP16_INIT_SCALE:g}",
+            "sets": dict(sets or {}),
         },
         "rows": [asdict(r) for r in rows],
         "counts": {s: sum(r.status == s for r in rows) for s in ("passed", "failed", "skipped", "unavailable")},
@@ -329,6 +332,7 @@ def markdown(report: dict) -> str:
         f"- {report['counts']['passed']} passed, {report['counts']['failed']} failed, "
         + (f"{report['counts']['skipped']} skipped, " if report["counts"].get("skipped") else "")
         + f"{report['counts']['unavailable']} unavailable",
+        *([f"- --set: {_sets_text(given)}"] if (given := report["settings"].get("sets")) else []),
         "",
         "| strategy | status | precision | img/s | ms/step | peak MiB per device | workspace MiB | memory from "
         "| backend | check or reason |",
@@ -378,3 +382,72 @@ def write(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "doctor.json").write_text(json.dumps(report, indent=2))
     (out / "doctor.md").write_text(markdown(report))
+
+
+# the configuration doctor sets itself in every timed run, with the flag that sets it instead ("": none does) and why:
+# a --set of one is refused (own_set_refusal), as doctor would override it unsaid
+OWN_KEYS = {
+    "train.strategy": ("--strategies", "each row runs its own strategy"),
+    "train.devices": ("--max-devices", "each row runs its own k"),
+    "train.model": ("--model", "the timed run's model"),
+    "train.batch_size": ("--batch-per-device", "the timed run's batch is the per-device batch times k"),
+    "train.max_steps": ("--steps", "the timed run stops after its warm-up and timed steps"),
+    "train.epochs": ("--steps", "the timed run is one epoch, cut at its steps"),
+    "train.warmup_steps": ("", f"every timed run warms up {WARMUP_STEPS} steps, past DDP's synchronised ones"),
+    "train.oversubscribe": ("", "doctor adds the rows whose ranks share a device on a one-device host"),
+    "data.train_limit": ("--steps or --batch-per-device", "the timed run's images are its steps' batches"),
+    "data.test_limit": ("", "the timed run evaluates 256 images"),
+}
+
+
+def _set_keys(item: str) -> list[str]:
+    """The dotted keys one --set option gives a value or removes (a mapping's value: each key inside it)."""
+    body = item.lstrip("+~")
+    key, sep, _ = body.partition("=")
+    if item.startswith("~") or not sep:
+        return [key]
+
+    def flat(node, prefix):
+        return [k for n, v in node.items() for k in (flat(v, f"{prefix}{n}.") if isinstance(v, dict) else [prefix + n])]
+
+    return flat(loader.parse_set([body]), "")
+
+
+def own_set_refusal(items, strategies) -> str:
+    """Why doctor refuses the first --set option in `items` that gives a key doctor sets itself (OWN_KEYS, and the
+    keys of `strategies`' variants: ddp_amp's train.amp_dtype), naming the flag to use instead; "" for none."""
+    own = dict(OWN_KEYS)
+    for name in strategies:
+        variants = STRATEGIES[name].VARIANTS
+        for _, sets in variants:
+            for s in sets:
+                own[s.partition("=")[0]] = ("", f"{name} runs once per variant: {', '.join(v for v, _ in variants)}")
+    for item in items or ():
+        for key in _set_keys(item):
+            if key in own:
+                flag, why = own[key]
+                return (
+                    f"--set {item!r}: doctor sets `{key}` itself ({why}), so this --set would not take effect. "
+                    + (f"Use {flag} instead." if flag else "Leave it out: doctor takes no other value of it.")
+                    + " Nothing was run."
+                )
+    return ""
+
+
+def took_effect(cfg, items) -> dict:
+    """{dotted key: the value `cfg` holds} for every key the --set options `items` give or remove, in their order:
+    what doctor records in its settings (the --set options it refuses are never run)."""
+    out = {}
+    for item in items or ():
+        for key in _set_keys(item):
+            value = cfg
+            for part in key.split("."):
+                value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
+            out.pop(key, None)
+            out[key] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
+    return out
+
+
+def _sets_text(sets: dict) -> str:
+    """The --set options that took effect, as key=value (YAML's spelling of a non-text value: true, 0.001, null)."""
+    return ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in sets.items())

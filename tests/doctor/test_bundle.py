@@ -106,14 +106,22 @@ def test_bundle_installs_offline_keeps_torch_and_runs_the_checks(tmp_path):
     assert json.loads((tmp_path / "out" / "gpu_epoch.json").read_text())["rungs"] == ["single", "ddp"]
 
 
-def _stub_python(tmp: Path) -> tuple[Path, Path]:
+def _stub_python(tmp: Path, cuda: bool = True, writes: bool = True) -> tuple[Path, Path]:
     """A stand-in for the node's Python that records each command run.sh gives it and answers run.sh's own
-    questions: a fixed torch version, and a CUDA device present (exit 0)."""
+    questions: a fixed torch version, and a CUDA device present (exit 0) or, `cuda` false, none (exit 1). With
+    `writes`, the first-run check writes its first-run.md (`--out DIR` is its third and fourth argument)."""
     log, stub = tmp / "calls.txt", tmp / "python"
     stub.write_text(
         "#!/usr/bin/env bash\n"
         f"printf '%s\\n' \"$*\" >> '{log}'\n"
         'case "$*" in *"print(torch.__version__)"*) echo 2.11.0;; esac\n'
+        + ("" if cuda else 'case "$*" in *"torch.cuda.is_available()"*) exit 1;; esac\n')
+        + (
+            'case "$2" in benchmarks.gpu.gpu_first_run) mkdir -p "$4" && echo "# first run" > "$4/first-run.md";; '
+            "esac\n"
+            if writes
+            else ""
+        )
     )
     stub.chmod(0o755)
     return stub, log
@@ -143,6 +151,68 @@ def test_first_run_args_reach_the_first_run_check(tmp_path, given, passed):
     first_run = [c for c in log.read_text().splitlines() if c.startswith("-m benchmarks.gpu.gpu_first_run")]
     assert first_run == [f"-m benchmarks.gpu.gpu_first_run --out {tmp_path / 'out' / 'first-run'}{passed}"]
     assert not any(c.startswith("-m pipeline doctor") for c in log.read_text().splitlines())
+    assert run.stdout.splitlines()[-1] == f"results in {tmp_path / 'out' / 'first-run' / 'first-run.md'}"
+
+
+def _run_sh(tmp_path, **env):
+    """run.sh on the stub Python, FIRST_RUN and FIRST_RUN_ARGS as given (absent where not)."""
+    environ = {**os.environ, "PYTHON": str(tmp_path / "python"), "PARALLAX_SITE": str(tmp_path / "site")}
+    for name in ("FIRST_RUN", "FIRST_RUN_ARGS", "QUICK", "DOCTOR_ARGS", "BENCH_ARGS"):
+        environ.pop(name, None)
+    return subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu" / "gpu_node.sh"), str(tmp_path / "out")],
+        cwd=tmp_path,
+        env={**environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_first_run_only_without_cuda_fails_with_the_reason_and_names_no_results(tmp_path):
+    """FIRST_RUN=only on a host without CUDA runs nothing: run.sh exits 1 saying why and how to rehearse on the CPU
+    (FIRST_RUN_ARGS=--allow-cpu), and names no first-run.md, not even one an earlier run left there."""
+    _, log = _stub_python(tmp_path, cuda=False)
+    old = tmp_path / "out" / "first-run" / "first-run.md"
+    old.parent.mkdir(parents=True)
+    old.write_text("# an earlier run's\n")
+    os.utime(old, (1e9, 1e9))
+    run = _run_sh(tmp_path, FIRST_RUN="only")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "no CUDA device here" in run.stderr and "FIRST_RUN_ARGS=--allow-cpu" in run.stderr
+    assert "results in" not in run.stdout + run.stderr
+    assert not any("gpu_first_run" in c or "pipeline doctor" in c for c in log.read_text().splitlines())
+
+
+def test_first_run_args_allow_cpu_rehearses_the_check_without_cuda(tmp_path):
+    """FIRST_RUN_ARGS=--allow-cpu passes run.sh's CUDA gate: the first-run check runs on the CPU with it."""
+    _, log = _stub_python(tmp_path, cuda=False)
+    run = _run_sh(tmp_path, FIRST_RUN="only", FIRST_RUN_ARGS="--allow-cpu --budget-s 60")
+    assert run.returncode == 0, run.stdout + run.stderr
+    first_run = [c for c in log.read_text().splitlines() if c.startswith("-m benchmarks.gpu.gpu_first_run")]
+    assert first_run == [
+        f"-m benchmarks.gpu.gpu_first_run --out {tmp_path / 'out' / 'first-run'} --allow-cpu --budget-s 60"
+    ]
+    assert run.stdout.splitlines()[-1] == f"results in {tmp_path / 'out' / 'first-run' / 'first-run.md'}"
+
+
+def test_a_first_run_check_that_writes_no_report_is_not_named_as_results(tmp_path):
+    """A first-run check that ends without writing first-run.md (a --dry-run, a crash before its first line) leaves
+    run.sh naming no results file."""
+    _stub_python(tmp_path, writes=False)
+    run = _run_sh(tmp_path, FIRST_RUN="only", FIRST_RUN_ARGS="--dry-run")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "results in" not in run.stdout and "no first-run.md written" in run.stderr
+
+
+def test_the_last_line_names_only_the_results_files_written(tmp_path):
+    """Without CUDA (the first-run check skipped), doctor and the benchmark run; the last line names only the files
+    that exist: here the benchmark's log, which run.sh writes itself, and no doctor.md the stub did not write."""
+    _, log = _stub_python(tmp_path, cuda=False)
+    run = _run_sh(tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert any(c.startswith("-m pipeline doctor") for c in log.read_text().splitlines())
+    assert run.stdout.splitlines()[-1] == f"results in {tmp_path / 'out'} (gpu_epoch.log)"
 
 
 # the GPU node as documented: its own PyTorch, pandas, matplotlib and pytest (and what those pull in), nothing else

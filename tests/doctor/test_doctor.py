@@ -308,3 +308,89 @@ def test_a_row_timed_under_load_is_flagged_in_the_json_and_the_table(make_cfg, t
     }
     line = next(x for x in checks.markdown(report).splitlines() if x.startswith("| single k=1"))
     assert "100 (under load)" in line and "timing measured under load: other processes kept 1.90 cores" in line
+
+
+def _fake_trials(monkeypatch, seen=None):
+    """The doctor's trials faked: the equivalence step returns a moved copy of the initial weights, the timed run
+    records its Config in `seen` and reports a throughput."""
+    from pipeline.doctor import equivalence
+
+    init = equivalence.initial_state()
+    ref = {n: v + 0.01 for n, v in init.items()}
+
+    def timed(cfg, out, progress=False, timeout_s=None):
+        if seen is not None:
+            seen.append(cfg)
+        return {"throughput_img_s": 100.0, "peak_mem_bytes": [], "mem_method": "m"}
+
+    monkeypatch.setattr(checks.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
+    monkeypatch.setattr(checks, "run_trial", timed)
+    return ref, init
+
+
+def test_the_sets_that_take_effect_are_in_the_settings_of_both_files(synthetic_root, tmp_path, monkeypatch):
+    """A --set that reaches the timed run (train.optimizer=adamw, train.compile=true) is named in doctor.json's
+    settings and in doctor.md, with the value the run took."""
+    from pipeline.cli import main
+
+    seen: list = []
+    _fake_trials(monkeypatch, seen)
+    sets = ["train.optimizer=adamw", "train.compile=true", f"data.dir={synthetic_root}", "data.source=synthetic"]
+    argv = ["doctor", "--strategies", "single", "--max-devices", "1", "--steps", "2", "--out", str(tmp_path / "d")]
+    assert main([*argv, *(a for s in sets for a in ("--set", s))]) == 0
+    assert [(c.train.optimizer, c.train.compile) for c in seen] == [("adamw", True)]
+    doc = json.loads((tmp_path / "d" / "doctor.json").read_text())
+    assert doc["settings"]["sets"] == {
+        "train.optimizer": "adamw",
+        "train.compile": True,
+        "data.dir": str(synthetic_root),
+        "data.source": "synthetic",
+    }
+    md = (tmp_path / "d" / "doctor.md").read_text()
+    assert f"- --set: train.optimizer=adamw, train.compile=true, data.dir={synthetic_root}, data.source=synthetic" in md
+
+
+@pytest.mark.parametrize(
+    "item, strategies, flag",
+    [
+        ("train.batch_size=8", "single", "--batch-per-device"),
+        ("train.devices=2", "single", "--max-devices"),
+        ("train.strategy=ddp", "single", "--strategies"),
+        ("train.model=lenet", "single", "--model"),
+        ("train.max_steps=5", "single", "--steps"),
+        ("++train.warmup_steps=0", "single", ""),
+        ("data.train_limit=512", "single", "--steps"),
+        ("train.amp_dtype=fp16", "single,ddp_amp", ""),
+    ],
+)
+def test_a_set_the_doctor_overrides_is_refused_with_the_flag_to_use(
+    tmp_path, monkeypatch, capsys, item, strategies, flag
+):
+    """doctor sets the strategy, devices, model, batch, steps, warm-up and data limits of its timed runs itself (and
+    ddp_amp's dtype per variant): a --set of one exits 2 naming the key and the flag that sets it, before any trial."""
+    from pipeline.cli import main
+
+    monkeypatch.setattr(checks, "run", lambda *a, **k: pytest.fail("a refused --set ran the doctor"))
+    argv = ["doctor", "--strategies", strategies, "--max-devices", "1", "--out", str(tmp_path / "d"), "--set", item]
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())  # one line, as the terminal wraps it
+    key = item.lstrip("+").partition("=")[0]
+    assert f"`{key}`" in err and "Nothing was run" in err
+    assert (f"Use {flag}" in err) if flag else ("Leave it out" in err)
+
+
+def test_every_key_the_timed_run_sets_is_one_a_set_of_is_refused(make_cfg, tmp_path, monkeypatch):
+    """The keys refused (checks.OWN_KEYS and the variants') cover every key doctor's timed run sets: none of the
+    user's --set is overridden unsaid."""
+    sets: list = []
+    real = checks.loader.override
+    monkeypatch.setattr(checks.loader, "override", lambda cfg, items: sets.append(list(items)) or real(cfg, items))
+    ref, init = _fake_trials(monkeypatch)
+    cases = [checks.Case("ddp_amp", 1, ("train.amp_dtype=fp16",), "fp16+GradScaler")]
+    cases.append(checks.Case("ddp", 2, ("train.oversubscribe=true",), "", "oversubscribed"))
+    for case in cases:
+        row = checks.run_case(case, make_cfg(), probe(), ref, init, tmp_path, 2, 16, "lenet")
+        assert row.img_s == 100.0, row.reason  # the timed run's keys are among those recorded
+    keys = {s.lstrip("+").partition("=")[0] for items in sets for s in items}
+    refused = {k for k in keys if checks.own_set_refusal([f"{k}=1"], ["ddp_amp", "ddp"])}
+    assert {"train.batch_size", "train.warmup_steps", "data.test_limit"} <= keys and keys == refused
