@@ -19,10 +19,14 @@ META = ("Experiment", "rev", "typ", "Created", "parent", "State", "Executor")  #
 
 def default_keep() -> str:
     """The figures shown by default: the weak- and strong-scaling efficiencies (metrics.json's keys for them; a
-    profile that sweeps one global batch measures strong scaling only)."""
+    profile that sweeps one global batch measures strong scaling only) and what labels them: the data source
+    (params.yaml's data.source: `synthetic` is no Fashion-MNIST figure), the cores other processes kept busy where
+    a point was measured under load (`load_cores.S.kK`), and an efficiency whose two ends are not comparable
+    (`weak_efficiency_comparable.S.kK` 0)."""
     from pipeline.analysis.tables.summary import STRONG_EFFICIENCY, WEAK_EFFICIENCY
 
-    return rf"^({re.escape(WEAK_EFFICIENCY)}|{re.escape(STRONG_EFFICIENCY)})\."
+    kinds = f"{re.escape(WEAK_EFFICIENCY)}|{re.escape(STRONG_EFFICIENCY)}"
+    return rf"^(({kinds})(_comparable)?\.|load_cores\.)|(^|:)data\.source$"
 
 
 def _label(row: dict) -> str:
@@ -83,9 +87,15 @@ def run(args) -> int:
         ) from None
     lines = table(rows, keep)
     if not lines:
+        figures = list(dict.fromkeys(k for r in rows for k, v in r.items() if k not in META and _text(v) != "-"))
+        if figures:  # results there, none of them asked for
+            raise ConfigError(
+                f"No figure matches --keep {keep!r}; the experiments in {root} hold {len(figures)}, e.g. "
+                f"{', '.join(figures[:6])}. Give a Python regex of those keys (docs/usage.md)."
+            )
         raise ConfigError(
-            f"No experiment in {root} has a figure matching --keep {keep!r}: run the pipeline first (`make pipeline` "
-            "or `make pipeline-offline`), or give a pattern of metrics.json's keys (docs/usage.md)."
+            f"No experiment in {root} has a figure yet: run the pipeline first (`make pipeline` or "
+            "`make pipeline-offline`)."
         )
     print("\n".join(lines))
     return 0

@@ -43,3 +43,35 @@ def test_a_pattern_picks_other_figures_and_a_bad_one_is_refused():
 
     with pytest.raises(ConfigError, match=re.escape("--keep '([' is not a regular expression")):
         compare.run(args)
+
+
+def test_by_default_the_labels_of_a_figure_show_beside_it():
+    """A synthetic run, a point measured under load and an efficiency whose ends are not comparable are labelled in
+    the default table, not shown as bare numbers."""
+    row = {
+        "Experiment": "one",
+        "rev": "abc1234",
+        f"{WEAK_EFFICIENCY}.ddp.k2": 1.12,
+        f"{WEAK_EFFICIENCY}_comparable.ddp.k2": 0.0,
+        "load_cores.ddp.k2": 1.25,
+        "data.source": "synthetic",
+        "n_flagged": 3.0,
+    }
+    text = "\n".join(compare.table([row], compare.default_keep()))
+    for key in (f"{WEAK_EFFICIENCY}_comparable.ddp.k2", "load_cores.ddp.k2", "data.source"):
+        assert key in text, text
+    assert "synthetic" in text and "n_flagged" not in text
+
+
+def test_a_pattern_that_matches_nothing_names_the_figures_there(monkeypatch, tmp_path):
+    import dvc.api
+
+    from pipeline.config.loader import ConfigError
+
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setattr(dvc.api, "exp_show", lambda repo: [_row("one", "abc1234", 0.9)])
+    with pytest.raises(ConfigError, match="No figure matches --keep 'nomatch'; the experiments in .* hold 22, e.g. "):
+        compare.run(build_parser().parse_args(["compare", "--keep", "nomatch"]))
+    monkeypatch.setattr(dvc.api, "exp_show", lambda repo: [{"Experiment": None, "rev": "main", "typ": "baseline"}])
+    with pytest.raises(ConfigError, match="has a figure yet: run the pipeline first"):
+        compare.run(build_parser().parse_args(["compare", "--keep", "nomatch"]))
