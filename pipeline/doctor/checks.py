@@ -278,7 +278,8 @@ def run(
             "per_device_batch": per_device_batch,
             "max_devices": max_devices,
             "warmup_steps": WARMUP_STEPS,
-            "equivalence": f"one SGD step, lr {equivalence.LR}, LeNet, global batch 64, against "
+            # the optimizer the step takes: SGD unless a --set chose another (train.optimizer)
+            "equivalence": f"one {base.train.optimizer} step, lr {equivalence.LR}, LeNet, global batch 64, against "
             f"`single`, TF32 off, fp16 GradScaler from scale {equivalence.FP16_INIT_SCALE:g}",
             "sets": dict(sets or {}),
         },

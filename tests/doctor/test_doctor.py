@@ -346,6 +346,7 @@ def test_the_sets_that_take_effect_are_in_the_settings_of_both_files(synthetic_r
         "data.dir": str(synthetic_root),
         "data.source": "synthetic",
     }
+    assert doc["settings"]["equivalence"].startswith("one adamw step, "), "the optimizer the step takes"
     md = (tmp_path / "d" / "doctor.md").read_text()
     assert f"- --set: train.optimizer=adamw, train.compile=true, data.dir={synthetic_root}, data.source=synthetic" in md
 
