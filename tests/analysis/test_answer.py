@@ -208,3 +208,48 @@ def test_every_comparison_states_both_sides_conditions():
     assert "Not compared" not in text(ans) and "the fastest measured on this host" in text(ans)
     quiet, _ = build(("ddp", 1, 1000.0, 1), ("ddp", 2, 1800.0, 2), ("fsdp", 1, 1000.0, 3), ("fsdp", 2, 1400.0, 4))
     assert "measured quietly" not in text(quiet) and "under load" not in text(quiet)
+
+
+def test_the_why_quotes_the_answers_own_optimizer_not_another_at_the_same_k_and_batch():
+    """Two optimizers at the same strategy, k and batch: the Why's weak-scaling efficiency and k=1 speed are the
+    recommended optimizer's (adamw: 1,800 at k=2 from 800 at k=1), never sgd's row beside it (1,100 from 1,500)."""
+    rows, wins = [], []
+    for strategy, k, mean, seed, opt in (
+        ("single", 1, 1000.0, 1, "sgd"),
+        ("single", 1, 1000.0, 2, "adamw"),
+        ("ddp", 1, 1500.0, 3, "sgd"),
+        ("ddp", 2, 1100.0, 4, "sgd"),
+        ("ddp", 1, 800.0, 5, "adamw"),
+        ("ddp", 2, 1800.0, 6, "adamw"),
+    ):
+        r, w = repeats(strategy, k, mean, seed=seed, optimizer=opt, lr=0.001 if opt == "adamw" else 0.1)
+        rows, wins = rows + r, wins + w
+    df = with_windows(rows, wins)
+    status = {s: {"status": "measured", "reason": ""} for s in set(df["strategy"])}
+    pts, eff = point_table(df), scaling_table(df)
+    ans = answer.build(df, status, pts, eff, memory_table(df))
+    why = [s for s in ans.lines if s.startswith("- **Why:**")][0]
+    assert "**Use ddp at k=2** (global batch B=256, lr=0.001, adamw)" in text(ans)
+    weak = eff[(eff["kind"] == "weak") & (eff["strategy"] == "ddp") & (eff["k"] == 2)].set_index("optimizer")
+    assert weak.loc["sgd", "efficiency"] < 0.4 < 1.0 < weak.loc["adamw", "efficiency"]
+    assert f"weak-scaling efficiency of {weak.loc['adamw', 'efficiency']:.2f}" in why and "0.3" not in why, why
+    at1 = pts[pts["k"] == 1].set_index(["strategy", "optimizer"])["throughput_img_s"]
+    assert f"ddp already runs {at1['ddp', 'adamw'] / at1['single', 'adamw']:.2f}× single" in why, why
+    assert f"({at1['ddp', 'adamw']:,.0f} against {at1['single', 'adamw']:,.0f} images/s" in why, why
+    assert f"{at1['ddp', 'sgd']:,.0f}" not in why, why
+
+
+def test_a_table_holding_one_point_twice_is_an_error_not_a_pick():
+    """Two rows at one point (every KEY column equal): the lookup raises, naming the point, instead of taking the
+    first."""
+    df = frame([row("ddp", k=2, B=256)])
+    pts = point_table(df)
+    twice = pd.concat([pts, pts.assign(throughput_img_s=1.0)])
+    top = pts.iloc[0].to_dict()
+    assert answer._at(pts, top)["throughput_img_s"] == 1000.0
+    try:
+        answer._at(twice, top)
+    except ValueError as e:
+        assert "2 rows at one point (strategy=ddp" in str(e) and "optimizer=sgd" in str(e)
+    else:
+        raise AssertionError("two rows at one point: no error")

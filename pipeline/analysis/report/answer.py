@@ -24,7 +24,7 @@ from pipeline import catalog
 from pipeline.analysis.report import confidence
 from pipeline.analysis.report.why import part_words
 from pipeline.analysis.tables import comparable, stats
-from pipeline.analysis.tables.points import EXTRAS, MEM_BASIS, MIB, best_row, measured
+from pipeline.analysis.tables.points import EXTRAS, MEM_BASIS, MIB, POINT, best_row, measured
 from pipeline.analysis.tables.step_parts import breakdown_table
 
 BEST_YAML = "results/analysis/best.yaml"
@@ -32,6 +32,7 @@ RUN_DIR = "runs/best"
 ACC_TIE = 0.005  # accuracies this close are one seed's noise, not a difference (seed-to-seed spread is unmeasured)
 K1_NOTED = 0.05  # without intervals, a k=1 difference from the baseline is named only beyond 5 %
 COMPUTE = ("forward", "backward_compute", "optimizer")
+KEY = (*POINT, *EXTRAS)  # what makes a measured point one point (points.point_table groups on it)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,19 @@ def _same(t, r, cols):
     for c in cols:
         t = t[t[c] == r[c]] if len(t) else t
     return t
+
+
+def _at(t, r, cols=KEY):
+    """The one row of table `t` at r's point: r's values in every column of `cols` that `t` holds (KEY: the whole
+    point, its optimizer and knobs included); None where there is none. Several rows there mean a table that holds
+    one point twice: an error in the code that built it, raised, never one of them picked."""
+    m = _same(t, r, [c for c in cols if c in t])
+    if len(m) > 1:
+        raise ValueError(
+            f"{len(m)} rows at one point ({', '.join(f'{c}={r[c]}' for c in cols if c in t)}): a table that "
+            "holds one point twice"
+        )
+    return m.iloc[0] if len(m) else None
 
 
 def _load(r, under="under_load", cores="load_cores") -> str:
@@ -136,11 +150,12 @@ def _k1_difference(top, p, df, rerun: str) -> str | None:
     ref = catalog.REFERENCE
     if top["strategy"] == ref:
         return None
-    at1 = p[(p["k"] == 1) & (p["model"] == top["model"]) & (p["per_device_batch"] == top["per_device_batch"])]
-    own, base = at1[at1["strategy"] == top["strategy"]], at1[at1["strategy"] == ref]
-    if own.empty or base.empty:
+    one = {**top, "k": 1, "batch_size": top["per_device_batch"]}  # the same point on one device
+    # the baseline's: the same point but for the knobs it does not take (its rows leave those empty)
+    shared = [c for c in KEY if c not in catalog.KNOBS or c in catalog.knobs(ref)]
+    a, b = _at(p, one), _at(p, {**one, "strategy": ref}, shared)
+    if a is None or b is None:
         return None
-    a, b = own.iloc[0], base.iloc[0]
     ratio = a["throughput_img_s"] / b["throughput_img_s"]
     apart = stats.overlap((a["throughput_lo"], a["throughput_hi"]), (b["throughput_lo"], b["throughput_hi"]))
     if apart is True or (apart is None and abs(ratio - 1) < K1_NOTED):
@@ -169,9 +184,8 @@ def _k1_difference(top, p, df, rerun: str) -> str | None:
 def _scaling(top, eff, rerun: str) -> str | None:
     if top["k"] < 2:
         return None
-    e = _same(eff[eff["kind"] == "weak"], top, ("strategy", "model", "k", "per_device_batch"))
-    if len(e) and not pd.isna(e["efficiency"].iloc[0]):
-        r = e.iloc[0]
+    r = _at(eff[eff["kind"] == "weak"], top)  # the answer's own point: its optimizer and knobs too
+    if r is not None and not pd.isna(r["efficiency"]):
         if not r.get("comparable", True):
             return (
                 f"from k=1 to k={top['k']:g} its weak-scaling efficiency "
@@ -183,10 +197,9 @@ def _scaling(top, eff, rerun: str) -> str | None:
             f"{confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}{_ends(r)}"
         )
     weak_gap = f"no k=1 run at its per-device batch b={top['per_device_batch']:g}, so its weak scaling is not measured"
-    s = _same(eff[eff["kind"] == "strong"], top, ("strategy", "model", "k", "batch_size"))
-    if s.empty or pd.isna(s["efficiency"].iloc[0]):
+    r = _at(eff[eff["kind"] == "strong"], top)
+    if r is None or pd.isna(r["efficiency"]):
         return f"{weak_gap}, nor its strong scaling (no k=1 run at B={top['batch_size']:g} either)"
-    r = s.iloc[0]
     if not r.get("comparable", True):
         return (
             f"from k=1 at the same global batch B={top['batch_size']:g} its strong-scaling efficiency "
@@ -210,10 +223,9 @@ def _ends(r) -> str:
 
 
 def _step(top, bd) -> str:
-    b = _same(bd, top, ("strategy", "model", "k", "per_device_batch"))
-    if b.empty:
+    r = _at(bd, top)
+    if r is None:
         return "no step was sampled for a breakdown at this point"
-    r = b.iloc[0]
     parts = [
         (sum(r[f"{p}_share"] for p in COMPUTE), "compute"),
         (r["comm_exposed_share"], part_words("comm_exposed", top["strategy"])),
@@ -227,9 +239,8 @@ def _step(top, bd) -> str:
 
 def _cost(top, p_all, mem, synthetic: bool) -> str:
     # the point's own memory: its optimizer (AdamW's state) and knobs too, not another setting's at the same k and B
-    m = _same(mem, top, ("strategy", "model", "k", "batch_size", *(c for c in EXTRAS if c in mem and c in top)))
-    if len(m) and len(m.iloc[0]["peak_mem_bytes"]):
-        r = m.iloc[0]
+    r = _at(mem, top)
+    if r is not None and len(r["peak_mem_bytes"]):
         basis = "; ".join(MEM_BASIS.get(b, b) for b in r["mem_basis"].split(", ")) if r["mem_basis"] else ""
         memo = f"peak memory {' / '.join(f'{v / MIB:,.1f}' for v in r['peak_mem_bytes'])} MiB per device" + (
             f" ({basis})" if basis else ""
@@ -279,7 +290,7 @@ def _sure(top, verdict, tied, rest, p) -> str:
 def _train(top, df) -> dict:
     """best.yaml's train section: the point's model, strategy, k, batch, best lr, optimizer (its lr is that
     optimizer's), epochs and knobs (as typed)."""
-    rows = _same(measured(df), top, ("strategy", "model", "k", "batch_size"))
+    rows = _same(measured(df), top, [c for c in KEY if c in df])  # the point's trials
     epochs = rows["epochs"].dropna()
     knobs = {k: yaml.safe_load(top[k]) for k in catalog.knobs(top["strategy"]) if top.get(k, "") != ""}
     train = {
