@@ -253,3 +253,26 @@ def test_a_table_holding_one_point_twice_is_an_error_not_a_pick():
         assert "2 rows at one point (strategy=ddp" in str(e) and "optimizer=sgd" in str(e)
     else:
         raise AssertionError("two rows at one point: no error")
+
+
+def test_the_command_and_best_yaml_rerun_on_the_images_the_sweep_measured_on(tmp_path):
+    """Trials on 1,024 training and 256 test images (the profile's limits are 18,000 and 2,000), at a step limit and
+    a seed: the command and best.yaml carry each, so the rerun trains on those images, not the profile's."""
+    kw = {"data_source": "synthetic", "train_limit": 1024, "test_limit": 256, "max_steps": 7}
+    rows, wins = [], []
+    for k, mean, seed in ((1, 1000.0, 1), (2, 1800.0, 2)):
+        r, w = repeats("ddp", k, mean, seed=seed, **kw)
+        rows, wins = rows + [{**x, "seed": 3} for x in r], wins + w  # repeats' seed is its noise's, not the trial's
+    df = with_windows(rows, wins)
+    status = {"ddp": {"status": "measured", "reason": ""}}
+    ans = answer.build(df, status, point_table(df), scaling_table(df), memory_table(df))
+    assert "--set data.train_limit=1024 --set data.test_limit=256" in ans.command, ans.command
+    args = build_parser().parse_args(shlex.split(ans.command)[3:])
+    assert (args.max_steps, args.seed) == (7, 3)
+    data = loader.load(overrides=args.overrides, root=REPO).data
+    assert (data.source, data.train_limit, data.test_limit) == ("synthetic", 1024, 256)
+    path = tmp_path / "best.yaml"
+    path.write_text(answer.best_yaml(ans))
+    cfg = loader.load(params=path, root=REPO)
+    assert (cfg.data.source, cfg.data.train_limit, cfg.data.test_limit) == ("synthetic", 1024, 256)
+    assert (cfg.train.max_steps, cfg.train.seed) == (7, 3)

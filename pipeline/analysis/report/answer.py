@@ -1,5 +1,5 @@
 """The report's first screen: which strategy to use on this host and at which k, why, what it costs, how sure, and a
-command to run it (with best.yaml's `train:` section); or, when the tables hold no answer, exactly why not.
+command to run it (with best.yaml's `train:` and `data:` sections); or, when the tables hold no answer, exactly why not.
 
 Pure: the analysis tables (tables/points.py) and the strategies' status (tables/summary.py) in, sentences and a
 mapping out. The pick is confidence.py's: the fastest point per strategy, a best named only when its 95 % interval
@@ -39,6 +39,7 @@ KEY = (*POINT, *EXTRAS)  # what makes a measured point one point (points.point_t
 class Answer:
     lines: tuple[str, ...]  # markdown: the report's first screen
     train: dict = field(default_factory=dict)  # best.yaml's `train:` section; {} when there is no answer
+    data: dict = field(default_factory=dict)  # best.yaml's `data:` section: the images the answer measured on
     command: str = ""  # the `python -m pipeline train` line; "" when there is no answer
     cause: str = ""  # why there is no answer; "" when there is one
 
@@ -287,9 +288,24 @@ def _sure(top, verdict, tied, rest, p) -> str:
     return head + "; " + confidence.how_sure(top, "throughput").removeprefix("how sure: ")
 
 
+def _recorded(rows, col) -> int | None:
+    """The whole number the point's trials recorded in `col`, the most frequent where they differ (the larger on a
+    tie); None where none recorded one (a table from before the column)."""
+    v = pd.to_numeric(rows[col], errors="coerce").dropna() if col in rows else pd.Series(dtype=float)
+    return int(v.value_counts().sort_index(ascending=False).idxmax()) if len(v) else None
+
+
+def _data(top, df, synthetic: bool) -> dict:
+    """best.yaml's data section: the source where it is synthetic and the limits the point's trials trained and
+    tested on, always (null in params.yaml means the profile's, which need not be the sweep's)."""
+    rows = _same(measured(df), top, [c for c in KEY if c in df])
+    limits = {c: n for c in ("train_limit", "test_limit") if (n := _recorded(rows, c)) is not None}
+    return {**({"source": "synthetic"} if synthetic else {}), **limits}
+
+
 def _train(top, df) -> dict:
     """best.yaml's train section: the point's model, strategy, k, batch, best lr, optimizer (its lr is that
-    optimizer's), epochs and knobs (as typed)."""
+    optimizer's), epochs, step limit and seed (as its trials recorded them) and knobs (as typed)."""
     rows = _same(measured(df), top, [c for c in KEY if c in df])  # the point's trials
     epochs = rows["epochs"].dropna()
     knobs = {k: yaml.safe_load(top[k]) for k in catalog.knobs(top["strategy"]) if top.get(k, "") != ""}
@@ -304,6 +320,7 @@ def _train(top, df) -> dict:
         train["optimizer"] = top["optimizer"]
     if len(epochs):
         train["epochs"] = int(epochs.max())
+    train.update({c: n for c in ("max_steps", "seed") if (n := _recorded(rows, c)) is not None})
     return {**train, **knobs}
 
 
@@ -318,11 +335,11 @@ def interpreter() -> str:
     return ".venv/bin/python" if sys.prefix != sys.base_prefix and Path(sys.prefix).name == ".venv" else "python"
 
 
-def command(train: dict, data_source: str = "", figure: tuple | None = None) -> str:
-    """The `python -m pipeline train` line of a train section: its flags, then `--set` for the knobs and for the
+def command(train: dict, data_source: str = "", figure: tuple | None = None, data: dict | None = None) -> str:
+    """The `python -m pipeline train` line of a train section: its flags, then `--set` for the knobs, for the
     data source the sweep measured on when it is not params.yaml's default (synthetic: the command then runs
-    offline too), then the answer's figure it reproduces, `figure` = (images/s, cores busy elsewhere or None when
-    measured quietly): the run's last line compares its own with it."""
+    offline too) and for the rest of `data` (the data limits), then the answer's figure it reproduces, `figure` =
+    (images/s, cores busy elsewhere or None when measured quietly): the run's last line compares its own with it."""
     flags = {
         "model": "--model",
         "strategy": "--strategy",
@@ -330,11 +347,14 @@ def command(train: dict, data_source: str = "", figure: tuple | None = None) -> 
         "batch_size": "--batch-size",
         "lr": "--lr",
         "epochs": "--epochs",
+        "max_steps": "--max-steps",
+        "seed": "--seed",
     }
     args = [f"{flags[k]} {_text(v)}" for k, v in train.items() if k in flags]
     args += [f"--set {shlex.quote(f'train.{k}={_text(v)}')}" for k, v in train.items() if k not in flags]
     if data_source == "synthetic":
         args.append("--set data.source=synthetic")
+    args += [f"--set data.{k}={_text(v)}" for k, v in (data or {}).items() if k != "source"]
     if figure is not None:
         img_s, cores = figure  # cores: None or NaN (a table's empty cell) when measured quietly
         quiet = cores is None or pd.isna(cores)
@@ -353,6 +373,7 @@ def build(df, status, pts, eff, mem) -> Answer:
     rerun = rerun_command(df)
     lines: list[str] = ["## Answer", ""]
     first: dict = {}
+    data: dict = {}
     figure = None
     causes: list[str] = []
     for model in sorted(p["model"].unique()):
@@ -394,6 +415,7 @@ def build(df, status, pts, eff, mem) -> Answer:
         train = _train(top, df)
         if not first:
             first, figure = train, (float(top["throughput_img_s"]), _busy_cores(top))
+            data = _data(top, df, synthetic)
         left = _left_out(everything, group, top, rerun)
         lines += [
             "",
@@ -406,9 +428,9 @@ def build(df, status, pts, eff, mem) -> Answer:
     if not first:
         cause = " ".join(causes)
         return Answer(("## Answer", "", f"**No answer on this host:** {cause}"), cause=cause)
-    cmd = command(first, "synthetic" if synthetic else "", figure)
+    cmd = command(first, "synthetic" if synthetic else "", figure, data)
     lines += [
-        "Run it (or take the `train:` section of " + BEST_YAML + " into your params.yaml):",
+        "Run it (or take the sections of " + BEST_YAML + " into your params.yaml):",
         "",
         "```",
         cmd.replace(" --set", " \\\n    --set")
@@ -416,14 +438,16 @@ def build(df, status, pts, eff, mem) -> Answer:
         .replace(" --out", " \\\n    --out"),
         "```",
     ]
-    return Answer(tuple(lines), train=first, command=cmd)
+    return Answer(tuple(lines), train=first, data=data, command=cmd)
 
 
 def best_yaml(ans: Answer) -> str:
-    """best.yaml: the answer's params-style `train:` section with the command above it; a comment when none."""
+    """best.yaml: the answer's params-style `train:` and `data:` sections with the command above it; a comment when
+    none."""
     if not ans.train:
         return f"# No best configuration on this host: {ans.cause}\n{{}}\n"
     return (
-        f'# The best measured configuration of this host (report.md, "Answer"). Take this `train:` section into '
-        f"your params.yaml, or run:\n# {ans.command}\n" + yaml.safe_dump({"train": ans.train}, sort_keys=False)
+        f'# The best measured configuration of this host (report.md, "Answer"). Take these sections into your '
+        f"params.yaml, or run:\n# {ans.command}\n"
+        + yaml.safe_dump({"train": ans.train, **({"data": ans.data} if ans.data else {})}, sort_keys=False)
     )
