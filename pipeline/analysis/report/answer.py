@@ -77,8 +77,9 @@ def rerun_command(df) -> str:
 
 
 def _same(t, r, cols):
+    """The rows of `t` at r's values of `cols` (an empty cell matches an empty cell: a key's NaN is a value too)."""
     for c in cols:
-        t = t[t[c] == r[c]] if len(t) else t
+        t = t[(t[c] == r[c]) | (t[c].isna() & pd.isna(r[c]))] if len(t) else t
     return t
 
 
