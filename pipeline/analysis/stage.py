@@ -5,8 +5,8 @@
 Reads results/sweeps/*.jsonl (one row per trial, written by records/table.py) and writes into
 results/analysis/: metrics.json (the DVC metric: flat numbers only), summary.json (the structured summary),
 efficiency/throughput/memory/accuracy.csv (tidy, for DVC plots), efficiency/throughput/memory/accuracy.png,
-knobs.csv (+ one knob_*.png per varied DDP knob), best.yaml (the fastest configuration as a params-style `train:`
-section), breakdown.csv + breakdown.png (where a sampled step goes),
+knobs.csv (+ one knob_*.png per varied DDP knob), best.yaml (the fastest configuration as params-style `train:`
+and `data:` sections), breakdown.csv + breakdown.png (where a sampled step goes),
 model.csv + model.png (the scaling model beside the measurements: every number in them modelled) and report.md.
 results/collectives.json, when present (pipeline.scaling.collectives.measure() written as JSON), is this host's
 collectives for the model; the stage never measures them itself (it launches no processes). Only complete,

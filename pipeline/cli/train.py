@@ -62,8 +62,10 @@ def _cores(c: float | None) -> str:
 
 def verdict(record, answer_img_s: float | None, answer_load_cores: float | None) -> str:
     """This run's images/s, labelled: under load when it was flagged, and against the answer's figure it reproduces
-    when given ("1,540 img/s vs the answer's 1,513 (+1.8%)"; under load on either side: not comparable, each side's
-    condition said, and what to do)."""
+    when given ("1,540 img/s vs the answer's 1,513 (+1.8%)"), like against like by the report's own rule
+    (tables/comparable.py): both quiet, or both under load with busy cores close enough, is compared, each side's
+    condition said; otherwise not comparable, each side's condition said, and what to do."""
+    from pipeline.analysis.tables import comparable
     from pipeline.measure import meter
 
     thr, mine = record.get("throughput_img_s"), _busy(record)
@@ -73,8 +75,14 @@ def verdict(record, answer_img_s: float | None, answer_load_cores: float | None)
     if answer_img_s is None:
         return own if mine is None else f"{own}, {_cores(mine)} (not this host's quiet speed)"
     theirs = f"the answer's {answer_img_s:,.0f}"
-    if mine is None and answer_load_cores is None:
-        return f"{own} vs {theirs} ({(thr / answer_img_s - 1) * 100:+.1f}%), both measured quietly"
+    rows = [{"under_load": c is not None, "load_cores": c} for c in (mine, answer_load_cores)]
+    if comparable.comparable(*rows):
+        both = (
+            "both measured quietly"
+            if mine is None
+            else f"this run {_cores(mine)}, the answer {_cores(answer_load_cores)}: comparable loads"
+        )
+        return f"{own} vs {theirs} ({(thr / answer_img_s - 1) * 100:+.1f}%), {both}"
     return (
         f"{own}, {_cores(mine)}: not comparable with {theirs} ({_cores(answer_load_cores)}); rerun on a quiet host "
         "to compare"

@@ -85,12 +85,13 @@ class TrialRecord:
     lr: float | None = _f(PARAM, TABLE)
     optimizer: str | None = _f(PARAM, TABLE)  # train.optimizer: sgd, sgd_momentum or adamw
     epochs: int | None = _f(PARAM, TABLE)
-    seed: int | None = _f(PARAM)
-    max_steps: int | None = _f(PARAM)
+    seed: int | None = _f(PARAM, TABLE)
+    max_steps: int | None = _f(PARAM, TABLE)
     data_source: str | None = _f(PARAM, TAG, TABLE)
     synthetic: bool | None = _f(TAG)
-    train_limit: int | None = _f(PARAM)
-    test_limit: int | None = _f()
+    # the data limits too: the report's command reruns its answer on the images the sweep measured on
+    train_limit: int | None = _f(PARAM, TABLE)
+    test_limit: int | None = _f(TABLE)
     nnodes: int | None = _f(PARAM, TAG, TABLE)  # a SLURM trial's ceil(k / slurm.devices_per_node)
     warmup_steps: int | None = _f()
     target_acc: float | None = _f(TABLE)

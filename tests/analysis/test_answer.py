@@ -208,3 +208,71 @@ def test_every_comparison_states_both_sides_conditions():
     assert "Not compared" not in text(ans) and "the fastest measured on this host" in text(ans)
     quiet, _ = build(("ddp", 1, 1000.0, 1), ("ddp", 2, 1800.0, 2), ("fsdp", 1, 1000.0, 3), ("fsdp", 2, 1400.0, 4))
     assert "measured quietly" not in text(quiet) and "under load" not in text(quiet)
+
+
+def test_the_why_quotes_the_answers_own_optimizer_not_another_at_the_same_k_and_batch():
+    """Two optimizers at the same strategy, k and batch: the Why's weak-scaling efficiency and k=1 speed are the
+    recommended optimizer's (adamw: 1,800 at k=2 from 800 at k=1), never sgd's row beside it (1,100 from 1,500)."""
+    rows, wins = [], []
+    for strategy, k, mean, seed, opt in (
+        ("single", 1, 1000.0, 1, "sgd"),
+        ("single", 1, 1000.0, 2, "adamw"),
+        ("ddp", 1, 1500.0, 3, "sgd"),
+        ("ddp", 2, 1100.0, 4, "sgd"),
+        ("ddp", 1, 800.0, 5, "adamw"),
+        ("ddp", 2, 1800.0, 6, "adamw"),
+    ):
+        r, w = repeats(strategy, k, mean, seed=seed, optimizer=opt, lr=0.001 if opt == "adamw" else 0.1)
+        rows, wins = rows + r, wins + w
+    df = with_windows(rows, wins)
+    status = {s: {"status": "measured", "reason": ""} for s in set(df["strategy"])}
+    pts, eff = point_table(df), scaling_table(df)
+    ans = answer.build(df, status, pts, eff, memory_table(df))
+    why = [s for s in ans.lines if s.startswith("- **Why:**")][0]
+    assert "**Use ddp at k=2** (global batch B=256, lr=0.001, adamw)" in text(ans)
+    weak = eff[(eff["kind"] == "weak") & (eff["strategy"] == "ddp") & (eff["k"] == 2)].set_index("optimizer")
+    assert weak.loc["sgd", "efficiency"] < 0.4 < 1.0 < weak.loc["adamw", "efficiency"]
+    assert f"weak-scaling efficiency of {weak.loc['adamw', 'efficiency']:.2f}" in why and "0.3" not in why, why
+    at1 = pts[pts["k"] == 1].set_index(["strategy", "optimizer"])["throughput_img_s"]
+    assert f"ddp already runs {at1['ddp', 'adamw'] / at1['single', 'adamw']:.2f}× single" in why, why
+    assert f"({at1['ddp', 'adamw']:,.0f} against {at1['single', 'adamw']:,.0f} images/s" in why, why
+    assert f"{at1['ddp', 'sgd']:,.0f}" not in why, why
+
+
+def test_a_table_holding_one_point_twice_is_an_error_not_a_pick():
+    """Two rows at one point (every KEY column equal): the lookup raises, naming the point, instead of taking the
+    first."""
+    df = frame([row("ddp", k=2, B=256)])
+    pts = point_table(df)
+    twice = pd.concat([pts, pts.assign(throughput_img_s=1.0)])
+    top = pts.iloc[0].to_dict()
+    assert answer._at(pts, top)["throughput_img_s"] == 1000.0
+    try:
+        answer._at(twice, top)
+    except ValueError as e:
+        assert "2 rows at one point (strategy=ddp" in str(e) and "optimizer=sgd" in str(e)
+    else:
+        raise AssertionError("two rows at one point: no error")
+
+
+def test_the_command_and_best_yaml_rerun_on_the_images_the_sweep_measured_on(tmp_path):
+    """Trials on 1,024 training and 256 test images (the profile's limits are 18,000 and 2,000), at a step limit and
+    a seed: the command and best.yaml carry each, so the rerun trains on those images, not the profile's."""
+    kw = {"data_source": "synthetic", "train_limit": 1024, "test_limit": 256, "max_steps": 7}
+    rows, wins = [], []
+    for k, mean, seed in ((1, 1000.0, 1), (2, 1800.0, 2)):
+        r, w = repeats("ddp", k, mean, seed=seed, **kw)
+        rows, wins = rows + [{**x, "seed": 3} for x in r], wins + w  # repeats' seed is its noise's, not the trial's
+    df = with_windows(rows, wins)
+    status = {"ddp": {"status": "measured", "reason": ""}}
+    ans = answer.build(df, status, point_table(df), scaling_table(df), memory_table(df))
+    assert "--set data.train_limit=1024 --set data.test_limit=256" in ans.command, ans.command
+    args = build_parser().parse_args(shlex.split(ans.command)[3:])
+    assert (args.max_steps, args.seed) == (7, 3)
+    data = loader.load(overrides=args.overrides, root=REPO).data
+    assert (data.source, data.train_limit, data.test_limit) == ("synthetic", 1024, 256)
+    path = tmp_path / "best.yaml"
+    path.write_text(answer.best_yaml(ans))
+    cfg = loader.load(params=path, root=REPO)
+    assert (cfg.data.source, cfg.data.train_limit, cfg.data.test_limit) == ("synthetic", 1024, 256)
+    assert (cfg.train.max_steps, cfg.train.seed) == (7, 3)

@@ -15,7 +15,7 @@ REPORT = """# Parallax report
 
 - **Why:** from k=1 to k=2 it keeps a weak-scaling efficiency of 0.90.
 
-Run it (or take the `train:` section of results/analysis/best.yaml into your params.yaml):
+Run it (or take the sections of results/analysis/best.yaml into your params.yaml):
 
 ```
 .venv/bin/python -m pipeline train --strategy ddp

@@ -93,3 +93,17 @@ def test_the_printed_command_twice_labels_its_result_and_keeps_the_first(
     assert (tmp_path / "runs" / "best-2" / "metrics.json").exists()
     assert f"{tmp_path / 'runs' / 'best'} holds an earlier result, kept: this run writes " in second.err
     assert f"wrote {tmp_path / 'runs' / 'best-2' / 'metrics.json'}" in second.out
+
+
+def test_runs_under_comparable_loads_are_compared_by_the_reports_rule():
+    """This run and the answer beside equal busy cores (or within the report's LOAD_TOLERANCE of 0.25): compared,
+    both sides' loads said; beyond it: not comparable."""
+    assert verdict(_record(2400.0, 1.2), 2470.0, 1.2) == (
+        "2,400 img/s vs the answer's 2,470 (-2.8%), this run measured beside 1.2 busy cores, the answer measured "
+        "beside 1.2 busy cores: comparable loads"
+    )
+    assert "(+" in verdict(_record(2500.0, 1.1), 2470.0, 1.3) and "comparable loads" in verdict(
+        _record(2500.0, 1.1), 2470.0, 1.3
+    )
+    assert "not comparable with the answer's 2,470" in verdict(_record(2400.0, 1.2), 2470.0, 1.6)
+    assert "not comparable" in verdict(_record(2400.0, float("nan")), 2470.0, 1.2)  # busy cores not measured

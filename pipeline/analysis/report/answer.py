@@ -1,5 +1,5 @@
 """The report's first screen: which strategy to use on this host and at which k, why, what it costs, how sure, and a
-command to run it (with best.yaml's `train:` section); or, when the tables hold no answer, exactly why not.
+command to run it (with best.yaml's `train:` and `data:` sections); or, when the tables hold no answer, exactly why not.
 
 Pure: the analysis tables (tables/points.py) and the strategies' status (tables/summary.py) in, sentences and a
 mapping out. The pick is confidence.py's: the fastest point per strategy, a best named only when its 95 % interval
@@ -24,7 +24,7 @@ from pipeline import catalog
 from pipeline.analysis.report import confidence
 from pipeline.analysis.report.why import part_words
 from pipeline.analysis.tables import comparable, stats
-from pipeline.analysis.tables.points import EXTRAS, MEM_BASIS, MIB, best_row, measured
+from pipeline.analysis.tables.points import EXTRAS, MEM_BASIS, MIB, POINT, best_row, measured
 from pipeline.analysis.tables.step_parts import breakdown_table
 
 BEST_YAML = "results/analysis/best.yaml"
@@ -32,12 +32,14 @@ RUN_DIR = "runs/best"
 ACC_TIE = 0.005  # accuracies this close are one seed's noise, not a difference (seed-to-seed spread is unmeasured)
 K1_NOTED = 0.05  # without intervals, a k=1 difference from the baseline is named only beyond 5 %
 COMPUTE = ("forward", "backward_compute", "optimizer")
+KEY = (*POINT, *EXTRAS)  # what makes a measured point one point (points.point_table groups on it)
 
 
 @dataclass(frozen=True)
 class Answer:
     lines: tuple[str, ...]  # markdown: the report's first screen
     train: dict = field(default_factory=dict)  # best.yaml's `train:` section; {} when there is no answer
+    data: dict = field(default_factory=dict)  # best.yaml's `data:` section: the images the answer measured on
     command: str = ""  # the `python -m pipeline train` line; "" when there is no answer
     cause: str = ""  # why there is no answer; "" when there is one
 
@@ -75,9 +77,23 @@ def rerun_command(df) -> str:
 
 
 def _same(t, r, cols):
+    """The rows of `t` at r's values of `cols` (an empty cell matches an empty cell: a key's NaN is a value too)."""
     for c in cols:
-        t = t[t[c] == r[c]] if len(t) else t
+        t = t[(t[c] == r[c]) | (t[c].isna() & pd.isna(r[c]))] if len(t) else t
     return t
+
+
+def _at(t, r, cols=KEY):
+    """The one row of table `t` at r's point: r's values in every column of `cols` that `t` holds (KEY: the whole
+    point, its optimizer and knobs included); None where there is none. Several rows there mean a table that holds
+    one point twice: an error in the code that built it, raised, never one of them picked."""
+    m = _same(t, r, [c for c in cols if c in t])
+    if len(m) > 1:
+        raise ValueError(
+            f"{len(m)} rows at one point ({', '.join(f'{c}={r[c]}' for c in cols if c in t)}): a table that "
+            "holds one point twice"
+        )
+    return m.iloc[0] if len(m) else None
 
 
 def _load(r, under="under_load", cores="load_cores") -> str:
@@ -136,11 +152,12 @@ def _k1_difference(top, p, df, rerun: str) -> str | None:
     ref = catalog.REFERENCE
     if top["strategy"] == ref:
         return None
-    at1 = p[(p["k"] == 1) & (p["model"] == top["model"]) & (p["per_device_batch"] == top["per_device_batch"])]
-    own, base = at1[at1["strategy"] == top["strategy"]], at1[at1["strategy"] == ref]
-    if own.empty or base.empty:
+    one = {**top, "k": 1, "batch_size": top["per_device_batch"]}  # the same point on one device
+    # the baseline's: the same point but for the knobs it does not take (its rows leave those empty)
+    shared = [c for c in KEY if c not in catalog.KNOBS or c in catalog.knobs(ref)]
+    a, b = _at(p, one), _at(p, {**one, "strategy": ref}, shared)
+    if a is None or b is None:
         return None
-    a, b = own.iloc[0], base.iloc[0]
     ratio = a["throughput_img_s"] / b["throughput_img_s"]
     apart = stats.overlap((a["throughput_lo"], a["throughput_hi"]), (b["throughput_lo"], b["throughput_hi"]))
     if apart is True or (apart is None and abs(ratio - 1) < K1_NOTED):
@@ -169,9 +186,8 @@ def _k1_difference(top, p, df, rerun: str) -> str | None:
 def _scaling(top, eff, rerun: str) -> str | None:
     if top["k"] < 2:
         return None
-    e = _same(eff[eff["kind"] == "weak"], top, ("strategy", "model", "k", "per_device_batch"))
-    if len(e) and not pd.isna(e["efficiency"].iloc[0]):
-        r = e.iloc[0]
+    r = _at(eff[eff["kind"] == "weak"], top)  # the answer's own point: its optimizer and knobs too
+    if r is not None and not pd.isna(r["efficiency"]):
         if not r.get("comparable", True):
             return (
                 f"from k=1 to k={top['k']:g} its weak-scaling efficiency "
@@ -183,10 +199,9 @@ def _scaling(top, eff, rerun: str) -> str | None:
             f"{confidence.fmt(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'])}{_ends(r)}"
         )
     weak_gap = f"no k=1 run at its per-device batch b={top['per_device_batch']:g}, so its weak scaling is not measured"
-    s = _same(eff[eff["kind"] == "strong"], top, ("strategy", "model", "k", "batch_size"))
-    if s.empty or pd.isna(s["efficiency"].iloc[0]):
+    r = _at(eff[eff["kind"] == "strong"], top)
+    if r is None or pd.isna(r["efficiency"]):
         return f"{weak_gap}, nor its strong scaling (no k=1 run at B={top['batch_size']:g} either)"
-    r = s.iloc[0]
     if not r.get("comparable", True):
         return (
             f"from k=1 at the same global batch B={top['batch_size']:g} its strong-scaling efficiency "
@@ -210,10 +225,9 @@ def _ends(r) -> str:
 
 
 def _step(top, bd) -> str:
-    b = _same(bd, top, ("strategy", "model", "k", "per_device_batch"))
-    if b.empty:
+    r = _at(bd, top)
+    if r is None:
         return "no step was sampled for a breakdown at this point"
-    r = b.iloc[0]
     parts = [
         (sum(r[f"{p}_share"] for p in COMPUTE), "compute"),
         (r["comm_exposed_share"], part_words("comm_exposed", top["strategy"])),
@@ -227,9 +241,8 @@ def _step(top, bd) -> str:
 
 def _cost(top, p_all, mem, synthetic: bool) -> str:
     # the point's own memory: its optimizer (AdamW's state) and knobs too, not another setting's at the same k and B
-    m = _same(mem, top, ("strategy", "model", "k", "batch_size", *(c for c in EXTRAS if c in mem and c in top)))
-    if len(m) and len(m.iloc[0]["peak_mem_bytes"]):
-        r = m.iloc[0]
+    r = _at(mem, top)
+    if r is not None and len(r["peak_mem_bytes"]):
         basis = "; ".join(MEM_BASIS.get(b, b) for b in r["mem_basis"].split(", ")) if r["mem_basis"] else ""
         memo = f"peak memory {' / '.join(f'{v / MIB:,.1f}' for v in r['peak_mem_bytes'])} MiB per device" + (
             f" ({basis})" if basis else ""
@@ -276,10 +289,25 @@ def _sure(top, verdict, tied, rest, p) -> str:
     return head + "; " + confidence.how_sure(top, "throughput").removeprefix("how sure: ")
 
 
+def _recorded(rows, col) -> int | None:
+    """The whole number the point's trials recorded in `col`, the most frequent where they differ (the larger on a
+    tie); None where none recorded one (a table from before the column)."""
+    v = pd.to_numeric(rows[col], errors="coerce").dropna() if col in rows else pd.Series(dtype=float)
+    return int(v.value_counts().sort_index(ascending=False).idxmax()) if len(v) else None
+
+
+def _data(top, df, synthetic: bool) -> dict:
+    """best.yaml's data section: the source where it is synthetic and the limits the point's trials trained and
+    tested on, always (null in params.yaml means the profile's, which need not be the sweep's)."""
+    rows = _same(measured(df), top, [c for c in KEY if c in df])
+    limits = {c: n for c in ("train_limit", "test_limit") if (n := _recorded(rows, c)) is not None}
+    return {**({"source": "synthetic"} if synthetic else {}), **limits}
+
+
 def _train(top, df) -> dict:
     """best.yaml's train section: the point's model, strategy, k, batch, best lr, optimizer (its lr is that
-    optimizer's), epochs and knobs (as typed)."""
-    rows = _same(measured(df), top, ("strategy", "model", "k", "batch_size"))
+    optimizer's), epochs, step limit and seed (as its trials recorded them) and knobs (as typed)."""
+    rows = _same(measured(df), top, [c for c in KEY if c in df])  # the point's trials
     epochs = rows["epochs"].dropna()
     knobs = {k: yaml.safe_load(top[k]) for k in catalog.knobs(top["strategy"]) if top.get(k, "") != ""}
     train = {
@@ -293,6 +321,7 @@ def _train(top, df) -> dict:
         train["optimizer"] = top["optimizer"]
     if len(epochs):
         train["epochs"] = int(epochs.max())
+    train.update({c: n for c in ("max_steps", "seed") if (n := _recorded(rows, c)) is not None})
     return {**train, **knobs}
 
 
@@ -307,11 +336,11 @@ def interpreter() -> str:
     return ".venv/bin/python" if sys.prefix != sys.base_prefix and Path(sys.prefix).name == ".venv" else "python"
 
 
-def command(train: dict, data_source: str = "", figure: tuple | None = None) -> str:
-    """The `python -m pipeline train` line of a train section: its flags, then `--set` for the knobs and for the
+def command(train: dict, data_source: str = "", figure: tuple | None = None, data: dict | None = None) -> str:
+    """The `python -m pipeline train` line of a train section: its flags, then `--set` for the knobs, for the
     data source the sweep measured on when it is not params.yaml's default (synthetic: the command then runs
-    offline too), then the answer's figure it reproduces, `figure` = (images/s, cores busy elsewhere or None when
-    measured quietly): the run's last line compares its own with it."""
+    offline too) and for the rest of `data` (the data limits), then the answer's figure it reproduces, `figure` =
+    (images/s, cores busy elsewhere or None when measured quietly): the run's last line compares its own with it."""
     flags = {
         "model": "--model",
         "strategy": "--strategy",
@@ -319,11 +348,14 @@ def command(train: dict, data_source: str = "", figure: tuple | None = None) -> 
         "batch_size": "--batch-size",
         "lr": "--lr",
         "epochs": "--epochs",
+        "max_steps": "--max-steps",
+        "seed": "--seed",
     }
     args = [f"{flags[k]} {_text(v)}" for k, v in train.items() if k in flags]
     args += [f"--set {shlex.quote(f'train.{k}={_text(v)}')}" for k, v in train.items() if k not in flags]
     if data_source == "synthetic":
         args.append("--set data.source=synthetic")
+    args += [f"--set data.{k}={_text(v)}" for k, v in (data or {}).items() if k != "source"]
     if figure is not None:
         img_s, cores = figure  # cores: None or NaN (a table's empty cell) when measured quietly
         quiet = cores is None or pd.isna(cores)
@@ -342,6 +374,7 @@ def build(df, status, pts, eff, mem) -> Answer:
     rerun = rerun_command(df)
     lines: list[str] = ["## Answer", ""]
     first: dict = {}
+    data: dict = {}
     figure = None
     causes: list[str] = []
     for model in sorted(p["model"].unique()):
@@ -383,6 +416,7 @@ def build(df, status, pts, eff, mem) -> Answer:
         train = _train(top, df)
         if not first:
             first, figure = train, (float(top["throughput_img_s"]), _busy_cores(top))
+            data = _data(top, df, synthetic)
         left = _left_out(everything, group, top, rerun)
         lines += [
             "",
@@ -395,9 +429,9 @@ def build(df, status, pts, eff, mem) -> Answer:
     if not first:
         cause = " ".join(causes)
         return Answer(("## Answer", "", f"**No answer on this host:** {cause}"), cause=cause)
-    cmd = command(first, "synthetic" if synthetic else "", figure)
+    cmd = command(first, "synthetic" if synthetic else "", figure, data)
     lines += [
-        "Run it (or take the `train:` section of " + BEST_YAML + " into your params.yaml):",
+        "Run it (or take the sections of " + BEST_YAML + " into your params.yaml):",
         "",
         "```",
         cmd.replace(" --set", " \\\n    --set")
@@ -405,14 +439,16 @@ def build(df, status, pts, eff, mem) -> Answer:
         .replace(" --out", " \\\n    --out"),
         "```",
     ]
-    return Answer(tuple(lines), train=first, command=cmd)
+    return Answer(tuple(lines), train=first, data=data, command=cmd)
 
 
 def best_yaml(ans: Answer) -> str:
-    """best.yaml: the answer's params-style `train:` section with the command above it; a comment when none."""
+    """best.yaml: the answer's params-style `train:` and `data:` sections with the command above it; a comment when
+    none."""
     if not ans.train:
         return f"# No best configuration on this host: {ans.cause}\n{{}}\n"
     return (
-        f'# The best measured configuration of this host (report.md, "Answer"). Take this `train:` section into '
-        f"your params.yaml, or run:\n# {ans.command}\n" + yaml.safe_dump({"train": ans.train}, sort_keys=False)
+        f'# The best measured configuration of this host (report.md, "Answer"). Take these sections into your '
+        f"params.yaml, or run:\n# {ans.command}\n"
+        + yaml.safe_dump({"train": ans.train, **({"data": ans.data} if ans.data else {})}, sort_keys=False)
     )
