@@ -107,3 +107,10 @@ def test_one_reading_is_counted_in_the_singular():
     assert confidence.how_sure(row).startswith(
         "how sure: 1 reading of images/s over 1 trial at k=2, 12 readings of images/s over 1 trial at k=1; "
     )
+
+
+def test_a_memory_basis_reads_inside_parentheses_without_nesting():
+    """The report puts a basis's phrase in parentheses beside a figure: the phrase holds none of its own."""
+    from pipeline.analysis.tables.points import MEM_BASIS
+
+    assert not any("(" in text or ")" in text for text in MEM_BASIS.values()), MEM_BASIS
