@@ -36,6 +36,7 @@ MIB = 2**20
 # next is the 100th, past the doctor's timed steps), Meter timing from step index warmup_steps on: the same steps
 # for all strategies, none of them synchronised by DDP's statistics
 WARMUP_STEPS = DDP_SETTLE_STEPS
+TEST_IMAGES = 256  # what each timed run evaluates: its accuracy is no figure doctor reports
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def run_case(
                 f"train.warmup_steps={warmup}",
                 f"train.max_steps={warmup + steps}",
                 f"data.train_limit={batch * (warmup + steps + 1)}",
-                "data.test_limit=256",
+                f"data.test_limit={TEST_IMAGES}",
             ],
         )
         m = run_trial(cfg, work / f"timed-{tag}", progress=False, timeout_s=cfg.sweep.trial_timeout_s)
@@ -397,7 +398,7 @@ OWN_KEYS = {
     "train.warmup_steps": ("", f"every timed run warms up {WARMUP_STEPS} steps, past DDP's synchronised ones"),
     "train.oversubscribe": ("", "doctor adds the rows whose ranks share a device on a one-device host"),
     "data.train_limit": ("--steps or --batch-per-device", "the timed run's images are its steps' batches"),
-    "data.test_limit": ("", "the timed run evaluates 256 images"),
+    "data.test_limit": ("", f"the timed run evaluates {TEST_IMAGES} images"),
 }
 
 
