@@ -172,15 +172,8 @@ def test_a_row_timed_on_fewer_steps_says_so_in_the_table():
 def test_a_row_reports_the_steps_its_trial_timed_beside_those_it_asked(make_cfg, tmp_path, monkeypatch):
     """The row's timed_steps is the trial's own count (its record's timed_steps: the breakdown's sampled steps
     left out), its steps the count asked of the trial."""
-    from pipeline.doctor import equivalence
-
-    def timed(cfg, out, progress=False, timeout_s=None):
-        return {"throughput_img_s": 1.0, "peak_mem_bytes": [], "mem_method": "m", "timed_steps": 27}
-
-    init = equivalence.initial_state()
-    ref = {n: v + 0.01 for n, v in init.items()}
-    monkeypatch.setattr(checks.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
-    monkeypatch.setattr(checks, "run_trial", timed)
+    metrics = {"throughput_img_s": 1.0, "peak_mem_bytes": [], "mem_method": "m", "timed_steps": 27}
+    ref, init = _fake_trials(monkeypatch, metrics=metrics)
     row = checks.run_case(checks.Case("single", 1), make_cfg(), probe(), ref, init, tmp_path, 30, 16, "lenet")
     assert row.status == "passed", row.reason
     assert (row.steps, row.timed_steps) == (30, 27)
@@ -263,23 +256,9 @@ def test_timed_steps_start_after_ddps_runtime_stats_iterations(make_cfg, tmp_pat
 def test_a_row_timed_under_load_is_flagged_in_the_json_and_the_table(make_cfg, tmp_path, monkeypatch):
     """The doctor's timed run carries the sweep's interference check: a run the monitor flagged gives the row
     flagged=1 with the reason in doctor.json, and its doctor.md line says "(under load)" and why."""
-    from pipeline.doctor import equivalence
-
-    def timed(cfg, out, progress=False, timeout_s=None):
-        return {
-            "throughput_img_s": 100.0,
-            "peak_mem_bytes": [],
-            "mem_method": "m",
-            "interference": {
-                "interfered": True,
-                "interference_reason": "other processes kept 1.90 cores busy on average",
-            },
-        }
-
-    init = equivalence.initial_state()
-    ref = {n: v + 0.01 for n, v in init.items()}
-    monkeypatch.setattr(checks.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
-    monkeypatch.setattr(checks, "run_trial", timed)
+    loaded = {"interfered": True, "interference_reason": "other processes kept 1.90 cores busy on average"}
+    metrics = {"throughput_img_s": 100.0, "peak_mem_bytes": [], "mem_method": "m", "interference": loaded}
+    ref, init = _fake_trials(monkeypatch, metrics=metrics)
     row = checks.run_case(checks.Case("single", 1), make_cfg(), probe(), ref, init, tmp_path, 2, 16, "lenet")
     assert row.status == "passed", row.reason
     assert row.flagged == 1 and "1.90 cores" in row.flagged_reason
@@ -310,9 +289,9 @@ def test_a_row_timed_under_load_is_flagged_in_the_json_and_the_table(make_cfg, t
     assert "100 (under load)" in line and "timing measured under load: other processes kept 1.90 cores" in line
 
 
-def _fake_trials(monkeypatch, seen=None):
+def _fake_trials(monkeypatch, seen=None, metrics=None):
     """The doctor's trials faked: the equivalence step returns a moved copy of the initial weights, the timed run
-    records its Config in `seen` and reports a throughput."""
+    records its Config in `seen` and reports `metrics` (default: a throughput)."""
     from pipeline.doctor import equivalence
 
     init = equivalence.initial_state()
@@ -321,7 +300,7 @@ def _fake_trials(monkeypatch, seen=None):
     def timed(cfg, out, progress=False, timeout_s=None):
         if seen is not None:
             seen.append(cfg)
-        return {"throughput_img_s": 100.0, "peak_mem_bytes": [], "mem_method": "m"}
+        return metrics or {"throughput_img_s": 100.0, "peak_mem_bytes": [], "mem_method": "m"}
 
     monkeypatch.setattr(checks.equivalence, "one_step", lambda *a, **k: (ref, {"steps": 1}))
     monkeypatch.setattr(checks, "run_trial", timed)
