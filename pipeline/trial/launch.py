@@ -26,7 +26,7 @@ from pipeline.measure.interference import Monitor
 from pipeline.records import files
 from pipeline.records.trial import TrialRecord, capability_fields, summarize
 from pipeline.strategies import STRATEGIES
-from pipeline.trial import graphs, start
+from pipeline.trial import graphs, loop, start
 from pipeline.trial.loop import DivergenceError
 from pipeline.trial.outcome import unwritable
 from pipeline.trial.rank_watch import is_out_of_memory
@@ -88,15 +88,6 @@ def check_feasible(cfg, host: Host) -> None:
         raise Infeasible(str(e)) from None
 
 
-def trial_steps(t, n_train: int | None) -> int | None:
-    """The most steps a trial of train config `t` runs on `n_train` training images (None: not known): train.epochs
-    epochs of whole global batches, ended at train.max_steps where set (trial/loop.py; a pruned or early-stopped
-    trial runs fewer)."""
-    per_epoch = t.epochs * (n_train // t.batch_size) if n_train is not None else None
-    caps = [c for c in (per_epoch, t.max_steps or None) if c is not None]
-    return min(caps) if caps else None
-
-
 def mode_refusal(t, host: Host, oversubscribed: bool, n_train: int | None = None) -> str:
     """Why the execution modes set in train config `t` cannot run together or on `host`, or "": a mode that would
     silently not apply is refused, never recorded as run. `n_train`: the training images at most (data.train_limit),
@@ -140,7 +131,7 @@ def mode_refusal(t, host: Host, oversubscribed: bool, n_train: int | None = None
 def _before_capture(t, n_train: int | None) -> str:
     """Why a graph trial of train config `t` on `n_train` images (None: not known) ends before its capture, or ""."""
     at = graphs.capture_step(t.strategy)
-    steps = trial_steps(t, n_train)
+    steps = loop.trial_steps(t, n_train)
     if steps is None or steps > at:
         return ""
     return (

@@ -156,12 +156,25 @@ class EagerStep:
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
+    """Whole global batches of `batch_size` in `n` training images: an epoch's steps (the partial one is dropped,
+    data/store.epoch_batches)."""
     if n < batch_size:
         raise ValueError(
             f"the training set ({n} images) is smaller than one global batch "
             f"(train.batch_size={batch_size}); lower the batch size or raise data.train_limit."
         )
     return n // batch_size
+
+
+def trial_steps(t, n_train: int | None) -> int | None:
+    """The most steps `train` runs for train config `t` on `n_train` training images (None: not known): train.epochs
+    epochs of whole global batches, ended at train.max_steps where set (a pruned or early-stopped trial runs
+    fewer)."""
+    per_epoch = None
+    if n_train is not None:
+        per_epoch = t.epochs * steps_per_epoch(n_train, t.batch_size) if n_train >= t.batch_size else 0
+    caps = [c for c in (per_epoch, t.max_steps or None) if c is not None]
+    return min(caps) if caps else None
 
 
 def _set_up(t, strategy, inputs: Inputs) -> tuple[EagerStep | GraphedStep, Learner, Meter]:
