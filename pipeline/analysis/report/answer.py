@@ -296,10 +296,15 @@ def _recorded(rows, col) -> int | None:
     return int(v.value_counts().sort_index(ascending=False).idxmax()) if len(v) else None
 
 
+def _trials(top, df):
+    """The measured trials of sweep table `df` at top's point (every KEY column the table holds)."""
+    return _same(measured(df), top, [c for c in KEY if c in df])
+
+
 def _data(top, df, synthetic: bool) -> dict:
     """best.yaml's data section: the source where it is synthetic and the limits the point's trials trained and
     tested on, always (null in params.yaml means the profile's, which need not be the sweep's)."""
-    rows = _same(measured(df), top, [c for c in KEY if c in df])
+    rows = _trials(top, df)
     limits = {c: n for c in ("train_limit", "test_limit") if (n := _recorded(rows, c)) is not None}
     return {**({"source": "synthetic"} if synthetic else {}), **limits}
 
@@ -307,7 +312,7 @@ def _data(top, df, synthetic: bool) -> dict:
 def _train(top, df) -> dict:
     """best.yaml's train section: the point's model, strategy, k, batch, best lr, optimizer (its lr is that
     optimizer's), epochs, step limit and seed (as its trials recorded them) and knobs (as typed)."""
-    rows = _same(measured(df), top, [c for c in KEY if c in df])  # the point's trials
+    rows = _trials(top, df)
     epochs = rows["epochs"].dropna()
     knobs = {k: yaml.safe_load(top[k]) for k in catalog.knobs(top["strategy"]) if top.get(k, "") != ""}
     train = {
