@@ -149,8 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--answer-load-cores",
         type=float,
         metavar="C",
-        help="the cores other processes kept busy while the answer's figure was measured (default: none, measured "
-        "quietly)",
+        help="the cores other processes kept busy while the answer's figure was measured; nan: under load, the "
+        "cores not measured (default: none, measured quietly)",
     )
 
     p = sub.add_parser(

@@ -345,7 +345,8 @@ def command(train: dict, data_source: str = "", figure: tuple | None = None, dat
     """The `python -m pipeline train` line of a train section: its flags, then `--set` for the knobs, for the
     data source the sweep measured on when it is not params.yaml's default (synthetic: the command then runs
     offline too) and for the rest of `data` (the data limits), then the answer's figure it reproduces, `figure` =
-    (images/s, cores busy elsewhere or None when measured quietly): the run's last line compares its own with it."""
+    (images/s, cores busy elsewhere: None when measured quietly, NaN when under load by an unmeasured amount): the
+    run's last line compares its own with it."""
     flags = {
         "model": "--model",
         "strategy": "--strategy",
@@ -362,9 +363,9 @@ def command(train: dict, data_source: str = "", figure: tuple | None = None, dat
         args.append("--set data.source=synthetic")
     args += [f"--set data.{k}={_text(v)}" for k, v in (data or {}).items() if k != "source"]
     if figure is not None:
-        img_s, cores = figure  # cores: None or NaN (a table's empty cell) when measured quietly
-        quiet = cores is None or pd.isna(cores)
-        args.append(f"--answer-img-s {img_s:.0f}" + ("" if quiet else f" --answer-load-cores {cores:.2f}"))
+        img_s, cores = figure  # cores (_busy_cores): None when measured quietly, NaN under load not measured
+        load = "" if cores is None else " --answer-load-cores " + ("nan" if pd.isna(cores) else f"{cores:.2f}")
+        args.append(f"--answer-img-s {img_s:.0f}{load}")
     return f"{interpreter()} -m pipeline train " + " ".join(args) + f" --out {RUN_DIR}"
 
 
