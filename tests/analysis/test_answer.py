@@ -280,3 +280,25 @@ def test_the_command_and_best_yaml_rerun_on_the_images_the_sweep_measured_on(tmp
     cfg = loader.load(params=path, root=REPO)
     assert (cfg.data.source, cfg.data.train_limit, cfg.data.test_limit) == ("synthetic", 1024, 256)
     assert (cfg.train.max_steps, cfg.train.seed) == (7, 3)
+
+
+def test_the_answer_runs_on_its_own_points_data_when_another_strategys_table_is_synthetic():
+    """ddp's table from Fashion-MNIST, fsdp's (rerun offline alone) from the synthetic stand-in: the answer, ddp,
+    reruns on Fashion-MNIST with no synthetic caveat, and its accuracy is weighed against the same data's only."""
+    rows, wins = [], []
+    for strategy, k, mean, seed, source, acc in (
+        ("ddp", 1, 1000.0, 1, "fashion-mnist", 0.80),
+        ("ddp", 2, 1800.0, 2, "fashion-mnist", 0.80),
+        ("fsdp", 1, 900.0, 3, "synthetic", 0.99),
+        ("fsdp", 2, 1200.0, 4, "synthetic", 0.99),
+    ):
+        r, w = repeats(strategy, k, mean, seed=seed, data_source=source, acc=acc)
+        rows, wins = rows + r, wins + w
+    df = with_windows(rows, wins)
+    status = {s: {"status": "measured", "reason": ""} for s in ("ddp", "fsdp")}
+    ans = answer.build(df, status, point_table(df), scaling_table(df), memory_table(df))
+    t = text(ans)
+    assert "**Use ddp at k=2**" in t, t
+    assert "data.source" not in ans.command and "synthetic data" not in t, t
+    assert "test accuracy 0.8000, the best measured" in t, t
+    assert "source" not in answer.best_yaml(ans)

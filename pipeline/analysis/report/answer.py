@@ -239,7 +239,12 @@ def _step(top, bd) -> str:
     return f"its step ({r['step_s'] * 1e3:.1f} ms, sampled) is " + ", ".join(shown)
 
 
-def _cost(top, p_all, mem, synthetic: bool) -> str:
+def _synthetic(top) -> bool:
+    """Whether the point's trials trained on the synthetic stand-in (its own rows, not any row of the tables)."""
+    return top.get("data_source") == "synthetic"
+
+
+def _cost(top, p_all, mem) -> str:
     # the point's own memory: its optimizer (AdamW's state) and knobs too, not another setting's at the same k and B
     r = _at(mem, top)
     if r is not None and len(r["peak_mem_bytes"]):
@@ -249,7 +254,9 @@ def _cost(top, p_all, mem, synthetic: bool) -> str:
         )
     else:
         memo = "peak memory not measured"
-    best = best_row(p_all[p_all["model"] == top["model"]], "final_test_acc")
+    # accuracy against the same model's on the same data: another source's accuracy measures something else
+    same = p_all[(p_all["model"] == top["model"]) & (p_all["data_source"] == top.get("data_source"))]
+    best = best_row(same, "final_test_acc")
     acc = top["final_test_acc"]
     if pd.isna(acc) or best is None:
         accs = "test accuracy not measured"
@@ -260,7 +267,7 @@ def _cost(top, p_all, mem, synthetic: bool) -> str:
             f"test accuracy {acc:.4f} against the best {best['final_test_acc']:.4f} ({best['strategy']}, "
             f"k={best['k']:g}, B={best['batch_size']:g}): {acc - best['final_test_acc']:+.4f}"
         )
-    caveat = "; synthetic data: the accuracy says nothing about Fashion-MNIST" if synthetic else ""
+    caveat = "; synthetic data: the accuracy says nothing about Fashion-MNIST" if _synthetic(top) else ""
     return f"{memo}; {accs} (one seed: its spread is not measured){caveat}"
 
 
@@ -301,12 +308,12 @@ def _trials(top, df):
     return _same(measured(df), top, [c for c in KEY if c in df])
 
 
-def _data(top, df, synthetic: bool) -> dict:
+def _data(top, df) -> dict:
     """best.yaml's data section: the source where it is synthetic and the limits the point's trials trained and
     tested on, always (null in params.yaml means the profile's, which need not be the sweep's)."""
     rows = _trials(top, df)
     limits = {c: n for c in ("train_limit", "test_limit") if (n := _recorded(rows, c)) is not None}
-    return {**({"source": "synthetic"} if synthetic else {}), **limits}
+    return {**({"source": "synthetic"} if _synthetic(top) else {}), **limits}
 
 
 def _train(top, df) -> dict:
@@ -376,7 +383,7 @@ def build(df, status, pts, eff, mem) -> Answer:
     if p.empty:
         cause = why_no_answer(df, status)
         return Answer(("## Answer", "", f"**No answer on this host:** {cause}"), cause=cause)
-    bd, synthetic = breakdown_table(df), bool((df["data_source"] == "synthetic").any())
+    bd = breakdown_table(df)
     rerun = rerun_command(df)
     lines: list[str] = ["## Answer", ""]
     first: dict = {}
@@ -422,12 +429,12 @@ def build(df, status, pts, eff, mem) -> Answer:
         train = _train(top, df)
         if not first:
             first, figure = train, (float(top["throughput_img_s"]), _busy_cores(top))
-            data = _data(top, df, synthetic)
+            data = _data(top, df)
         left = _left_out(everything, group, top, rerun)
         lines += [
             "",
             f"- **Why:** {'; '.join(why)}.",
-            f"- **Cost:** {_cost(top, pts, mem, synthetic)}.",
+            f"- **Cost:** {_cost(top, pts, mem)}.",
             f"- **How sure:** {_sure(top, verdict, tied, rest, pd.DataFrame(group))}.",
             *([f"- **Not compared:** {left}."] if left else []),
             "",
@@ -435,7 +442,7 @@ def build(df, status, pts, eff, mem) -> Answer:
     if not first:
         cause = " ".join(causes)
         return Answer(("## Answer", "", f"**No answer on this host:** {cause}"), cause=cause)
-    cmd = command(first, "synthetic" if synthetic else "", figure, data)
+    cmd = command(first, data.get("source", ""), figure, data)
     lines += [
         "Run it (or take the sections of " + BEST_YAML + " into your params.yaml):",
         "",
