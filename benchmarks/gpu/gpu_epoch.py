@@ -180,7 +180,7 @@ def targets(rows: dict, kind: str, say) -> dict:
 
 def ladder_cfg(data: Path, source: str, images: int, steps: int):
     """Every rung's configuration: two epochs over `images`, the timed steps after DDP's synchronised ones."""
-    # warm-up: DDP's reducer synchronises on its iterations 1-10 (config/schema.py), so every rung's timed window
+    # warm-up: DDP's reducer synchronises on its iterations 1-10 (config/settle.py), so every rung's timed window
     # opens after them, as doctor's does; at least one step is timed in a short epoch.
     # breakdown_every=0: a sampled step syncs every phase (and may open a profiler session), and epoch_s counts it
     return base_cfg(
@@ -203,14 +203,14 @@ def rung_cfg(cfg, model: str, rung: str, batch: int):
     train = {"model": model, "strategy": strategy, "devices": 1, "batch_size": batch, "lr": LR[model], **sets}
     if sets.get("cuda_graphs"):
         at = graphs.capture_step(strategy)  # 0-based: `at` eager steps, then the capture
-        steps = cfg.data.train_limit // batch
+        steps = cfg.data.train_limit // batch  # whole batches: an epoch's steps (trial/loop.py steps_per_epoch)
         if steps <= at:
             raise Infeasible(
                 f"{rung} captures its CUDA graph at step {at + 1} ({at} eager steps of {strategy} first), and an "
                 f"epoch of {cfg.data.train_limit:,} images is {steps} steps of {batch}: the warm epoch would hold "
                 f"eager steps and the capture, not replays only; give --images {(at + 1) * batch} or more"
             )
-        train["warmup_steps"] = max(cfg.train.warmup_steps, at + 1)  # at most `steps`: the warm epoch is timed
+        train["warmup_steps"] = max(cfg.train.warmup_steps, graphs.min_warmup(strategy))  # at most `steps`
     return loader.replace_train(cfg, **train)
 
 

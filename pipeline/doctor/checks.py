@@ -29,13 +29,22 @@ from pipeline.host.capabilities import fp32_label, host_capabilities
 from pipeline.host.devices import Host, probe
 from pipeline.measure.comm_probes import DUMP_ENV
 from pipeline.strategies import STRATEGIES
+from pipeline.trial import graphs
 from pipeline.trial.launch import check_feasible, run_trial
 
 MIB = 2**20
-# every row's timed window opens after DDP's synchronised iterations 1-10 (config/schema.py says where in torch; the
+# every row's timed window opens after DDP's synchronised iterations 1-10 (config/settle.py says where in torch; the
 # next is the 100th, past the doctor's timed steps), Meter timing from step index warmup_steps on: the same steps
 # for all strategies, none of them synchronised by DDP's statistics
 WARMUP_STEPS = DDP_SETTLE_STEPS
+
+
+def warmup(base, strategy: str) -> int:
+    """A timed run's warm-up steps: WARMUP_STEPS, and under train.cuda_graphs past the graph's capture as well
+    (graphs.min_warmup), so its timed steps are replays."""
+    return max(WARMUP_STEPS, graphs.min_warmup(strategy)) if base.train.cuda_graphs else WARMUP_STEPS
+
+
 TEST_IMAGES = 256  # what each timed run evaluates: its accuracy is no figure doctor reports
 
 
@@ -73,6 +82,7 @@ class Row:
     amp_dtype: str = ""
     comm_hook_used: str = ""
     steps: int = 0  # steps asked of the timed run after warm-up: fewer than the settings' where the dtype is emulated
+    warmup_steps: int = 0  # the timed run's warm-up (warmup()): the settings', or past its capture under CUDA graphs
     # steps the timed run timed (its record's timed_steps): `steps` less those the breakdown sampled
     # (train.breakdown_every), which leave the timing; None where it did not run
     timed_steps: int | None = None
@@ -137,16 +147,16 @@ def run_case(
         )
         row.check = verdict.detail
         batch = per_device_batch * case.k
-        warmup = WARMUP_STEPS
+        row.warmup_steps = warm = warmup(base, case.strategy)
         cfg = loader.override(
             base,
             [
                 *sets,
                 f"train.model={model}",
                 f"train.batch_size={batch}",
-                f"train.warmup_steps={warmup}",
-                f"train.max_steps={warmup + steps}",
-                f"data.train_limit={batch * (warmup + steps + 1)}",
+                f"train.warmup_steps={warm}",
+                f"train.max_steps={warm + steps}",
+                f"data.train_limit={batch * (warm + steps + 1)}",
                 f"data.test_limit={TEST_IMAGES}",
             ],
         )
@@ -280,7 +290,9 @@ def run(
             "max_devices": max_devices,
             "warmup_steps": WARMUP_STEPS,
             # the optimizer the step takes: SGD unless a --set chose another (train.optimizer)
-            "equivalence": f"one {base.train.optimizer} step, lr {equivalence.LR}, LeNet, global batch 64, against "
+            "equivalence": f"one {base.train.optimizer} step"
+            + (", eager (a CUDA graph's replays are not compared)" if base.train.cuda_graphs else "")
+            + f", lr {equivalence.LR}, LeNet, global batch 64, against "
             f"`single`, TF32 off, fp16 GradScaler from scale {equivalence.FP16_INIT_SCALE:g}",
             "sets": dict(sets or {}),
         },
@@ -329,7 +341,11 @@ def markdown(report: dict) -> str:
         f"- data: {report['data_source']}" + (" (SYNTHETIC stand-in, labelled)" if report["synthetic"] else ""),
         f"- equivalence: {report['settings']['equivalence']}; timed run: {report['settings']['model']}, "
         f"{report['settings']['steps']} steps after warm-up"
-        + (f" ({w} steps: past DDP's runtime statistics)" if (w := report["settings"].get("warmup_steps")) else "")
+        + (
+            f" ({w} steps: past DDP's runtime statistics{_past_capture(report, w)})"
+            if (w := report["settings"].get("warmup_steps"))
+            else ""
+        )
         + f", batch {report['settings']['per_device_batch']} per device",
         f"- {report['counts']['passed']} passed, {report['counts']['failed']} failed, "
         + (f"{report['counts']['skipped']} skipped, " if report["counts"].get("skipped") else "")
@@ -384,6 +400,17 @@ def write(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "doctor.json").write_text(json.dumps(report, indent=2))
     (out / "doctor.md").write_text(markdown(report))
+
+
+def _past_capture(report, settled: int) -> str:
+    """The rows that warm up longer than `settled` steps, past their CUDA graph's capture: "; 12 for ddp (...)"."""
+    longer: dict = {}
+    for r in report["rows"]:
+        if (r.get("warmup_steps") or 0) > settled:
+            longer.setdefault(r["warmup_steps"], []).append(r["strategy"])
+    return "".join(
+        f"; {n} for {', '.join(dict.fromkeys(names))}, past the CUDA graph's capture" for n, names in longer.items()
+    )
 
 
 # the configuration doctor sets itself in every timed run, with the flag that sets it instead ("": none does) and why:

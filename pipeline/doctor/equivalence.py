@@ -43,7 +43,8 @@ class Verdict:
 def one_step(
     base_cfg, out_dir: Path, strategy: str, k: int, model: str = "lenet", batch: int = 64, extra=()
 ) -> tuple[dict, dict]:
-    """Run one step of `strategy` on k devices; returns (final state_dict, trial metrics)."""
+    """Run one step of `strategy` on k devices, eager (a CUDA graph replays only after its warm-up steps, so the
+    step a graph trial starts with is this one); returns (final state_dict, trial metrics)."""
     cfg = loader.override(
         base_cfg,
         [
@@ -58,6 +59,8 @@ def one_step(
             f"train.fp32_precision={'tf32' if base_cfg.train.fp32_precision == 'tf32' else 'ieee'}",
             f"train.amp_init_scale={FP16_INIT_SCALE}",
             *extra,
+            # one step is eager under train.cuda_graphs too: a graph is captured after its warm-up steps
+            "train.cuda_graphs=false",
         ],
     )
     metrics = run_trial(cfg, out_dir, progress=False, timeout_s=cfg.sweep.trial_timeout_s)  # a hang fails the row

@@ -10,8 +10,10 @@ graphs only what it compiles. The recipe is PyTorch's "whole-network capture" (t
 - warm-up on a side stream, the model (DDP's constructor included) built on that stream too, and the memory
   meter's warm-up of the libraries, so the autograd nodes DDP keeps and the cuBLAS workspaces belong to the stream
   that captures;
-- `capture_step(strategy)` eager steps first: 2 for `single`, 11 for DDP's rows, whose reducer synchronises its
-  runtime statistics on iterations 1-10 and rebuilds its buckets after the first (DDP runs with static_graph);
+- `capture_step(strategy)` eager steps first: SINGLE_WARMUP_STEPS for `single`, DDP_SETTLE_STEPS for the rows
+  whose step is DDP's bucketed all-reduce, whose reducer synchronises its runtime statistics on its first iterations
+  and rebuilds its buckets after the first (DDP runs with static_graph; config/settle.py); a trial's warm-up covers
+  the capture (`min_warmup`), so every timed step is a replay;
 - the batch's gather and normalisation inside the graph (trial/loop.py `Inputs`), reading a static index buffer:
   a replayed step launches two things, one copy (the step's sample indices into that buffer) and the replay,
   where gathering and normalising the batch eagerly, then copying it into static buffers, launches eight kernels
@@ -36,17 +38,30 @@ from __future__ import annotations
 
 import torch
 
+from pipeline import catalog
+
 # DDP's captures come at DDP_SETTLE_STEPS, after the iterations 1-10 its reducer synchronises on (config/settle.py)
 from pipeline.config.settle import DDP_SETTLE_STEPS
-from pipeline.strategies import STRATEGIES
 from pipeline.strategies.base import Learner
 
 SINGLE_WARMUP_STEPS = 2
 
 
 def capture_step(strategy: str) -> int:
-    """The (0-based) step at which `strategy`'s graph is captured: after its eager warm-up steps."""
-    return DDP_SETTLE_STEPS if STRATEGIES[strategy].multiprocess else SINGLE_WARMUP_STEPS
+    """The (0-based) step at which `strategy`'s graph is captured: after its eager warm-up steps, past DDP's
+    synchronised iterations where its step is DDP's (the bucketed all-reduce rows)."""
+    return DDP_SETTLE_STEPS if settles(strategy) else SINGLE_WARMUP_STEPS
+
+
+def settles(strategy: str) -> bool:
+    """Whether `strategy`'s step is DDP's reducer, which synchronises the host on its first iterations."""
+    return catalog.SPECS[strategy].comm == "bucket_allreduce"
+
+
+def min_warmup(strategy: str) -> int:
+    """The fewest warm-up steps (train.warmup_steps) of a graph trial of `strategy`: its eager steps and the capture
+    inside the warm-up, so its timed window holds replays only."""
+    return capture_step(strategy) + 1
 
 
 class GraphedStep:

@@ -117,11 +117,12 @@ def mode_refusal(t, host: Host, oversubscribed: bool, n_train: int | None = None
         why = f"the comm hook {t.comm_hook!r} is not checked under capture; use comm_hook=none"
     elif STRATEGIES[t.strategy].autocast_dtype(t, host.kind) == "fp16":
         why = "fp16 needs GradScaler, whose step reads the host when it skips; use train.amp_dtype=bf16"
-    elif t.warmup_steps < graphs.capture_step(t.strategy) + 1:
+    elif t.warmup_steps < graphs.min_warmup(t.strategy):
+        at = graphs.capture_step(t.strategy)
+        settle = ", past DDP's synchronised iterations (config/settle.py)" if graphs.settles(t.strategy) else ""
         why = (
-            f"the graph is captured after {graphs.capture_step(t.strategy)} eager warm-up steps (DDP's reducer "
-            f"settles in its first 11), inside the warm-up; set train.warmup_steps >= "
-            f"{graphs.capture_step(t.strategy) + 1}"
+            f"`{t.strategy}`'s graph is captured after {at} eager steps{settle}, and the capture belongs inside the "
+            f"warm-up so that every timed step is a replay; set train.warmup_steps >= {graphs.min_warmup(t.strategy)}"
         )
     else:
         why = _before_capture(t, n_train)

@@ -374,3 +374,35 @@ def test_every_key_the_timed_run_sets_is_one_a_set_of_is_refused(make_cfg, tmp_p
     keys = {s.lstrip("+").partition("=")[0] for items in sets for s in items}
     refused = {k for k in keys if checks.own_set_refusal([f"{k}=1"], ["ddp_amp", "ddp"])}
     assert {"train.batch_size", "train.warmup_steps", "data.test_limit"} <= keys and keys == refused
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp"])
+def test_under_cuda_graphs_each_run_of_a_row_is_one_a_gpu_runs(make_cfg, tmp_path, monkeypatch, strategy):
+    """`doctor --set train.cuda_graphs=true` on a GPU: the reference and equivalence steps run one eager step (a
+    graph captures after its warm-up), and the timed run warms up past the capture, so no run of the row is refused
+    by the trial's own mode check (launch.mode_refusal), and the row says its warm-up."""
+    import torch
+
+    from pipeline.config import loader
+    from pipeline.doctor import equivalence
+    from pipeline.trial import graphs, launch
+
+    host = _host("cuda", 1)
+    base = loader.override(make_cfg(), ["train.cuda_graphs=true", "train.breakdown_every=0"])
+    init = equivalence.initial_state()
+    refusals = []
+
+    def trial(cfg, out, progress=False, timeout_s=None):
+        refusals.append(launch.mode_refusal(cfg.train, host, False, cfg.data.train_limit))
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save({n: v + 0.01 for n, v in init.items()}, out / "final_state.pt")
+        return {"throughput_img_s": 100.0, "peak_mem_bytes": [], "mem_method": "m"}
+
+    monkeypatch.setattr(equivalence, "run_trial", trial)
+    monkeypatch.setattr(checks, "run_trial", trial)
+    monkeypatch.setattr(checks, "check_feasible", lambda cfg, host: None)
+    ref, _ = equivalence.one_step(base, tmp_path / "reference", "single", 1)
+    row = checks.run_case(checks.Case(strategy, 1), base, host, ref, init, tmp_path, 2, 16, "lenet")
+    assert refusals == ["", "", ""], refusals
+    assert row.warmup_steps == max(checks.WARMUP_STEPS, graphs.min_warmup(strategy)) >= graphs.min_warmup(strategy)
+    assert row.status == "passed", row.reason
