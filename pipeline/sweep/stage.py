@@ -62,7 +62,7 @@ def enqueue_order(pts: list[dict], repeats: int) -> list[tuple[dict, int]]:
 
 def _feasibility(space: Space, host, n_train: int | None = None) -> tuple[list, list]:
     """The points of the space this host runs, and the others, each with the reason (feasible.check_point; with
-    `n_train`, also a batch larger than the training data's share of a device, check_batch_fits)."""
+    `n_train`, also a global batch larger than the training set, check_batch_fits)."""
     feasible, skipped = [], []
     for p in progress(space.points, f"[sweep {space.strategy}] checking which points run here"):
         tcfg = space.config(p)

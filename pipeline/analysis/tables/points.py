@@ -21,15 +21,16 @@ from pipeline.records.trial import point_columns
 POINT = ("strategy", "model", "k", "batch_size", "per_device_batch")
 MIB = 2.0**20
 # What a row's peak_mem_bytes holds (its mem_basis, set by pipeline/measure/memory.py's meters), hence what imbalance
-# and device-0 excess are computed from. Rows of older tables carry no basis: theirs follows from their method.
+# and device-0 excess are computed from. A row without a basis (a table written before the column) has its method's.
 # each a phrase with no parentheses of its own: the report puts it in parentheses beside a figure
 MEM_BASIS = {
     "steady_step_above_resident": "the steady-state steps' peak above what was resident before the first step, the "
     "libraries' workspaces and the warm-up's autotuning left out, by the CUDA allocator",
     "step_above_resident": "the step's peak above what was resident before the first step, the libraries' workspaces "
-    "included, by the CUDA allocator: older rows",
+    "included, by the CUDA allocator: a table written before the steady-state window",
     "memtracker_step": "one probe step's tensor memory, parameters included, by PyTorch's MemTracker on CPU",
-    "peak_with_resident": "the allocator's peak over the whole run, data and evaluation included: older rows",
+    "peak_with_resident": "the allocator's peak over the whole run, data and evaluation included: a table written "
+    "before the step window",
 }
 MEM_LISTS = {
     "resident": "mem_resident_bytes",

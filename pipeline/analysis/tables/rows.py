@@ -45,7 +45,7 @@ def normalize(df: pd.DataFrame, stem: str) -> pd.DataFrame:
     df["per_device_batch"] = df["per_device_batch"].fillna(derived.where(derived % 1 == 0))
     for c in EXTRAS:
         df[c] = df[c].map(key_text)
-    # a row of an older table, from before train.optimizer, trained with plain SGD: the only optimizer then
+    # a row without train.optimizer (a table written before the column) trained with plain SGD
     df["optimizer"] = df["optimizer"].where(df["optimizer"] != "", "sgd")
     return df
 
