@@ -18,7 +18,6 @@ cluster did (its directory could not be written, SLURM's controller stopped answ
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import sys
@@ -41,6 +40,7 @@ from pipeline.redact import redact
 from pipeline.store_faults import FAULT_TEXT, root_cause, store_fault
 from pipeline.strategies import STRATEGIES
 from pipeline.sweep import claims, console, feasible, slurm, study_setup
+from pipeline.sweep.best_effort import best_effort
 from pipeline.sweep.console import SweepConsole
 from pipeline.sweep.progress import counter
 from pipeline.sweep.space import Space
@@ -295,16 +295,12 @@ class Worker:
 
     def _again(self, trial, p: dict, why: str) -> tuple[bool, bool]:
         """A trial stopped by a fault or an interruption: failed with the reason and its point enqueued again, each
-        step tried once; returns which the store took (told, enqueued)."""
-        told = again = False
-        with contextlib.suppress(Exception):
-            trial.set_user_attr("reason", f"{why}; enqueued again")
-        with contextlib.suppress(Exception):
-            self.study.tell(trial, state=TrialState.FAIL)
-            told = True
-        with contextlib.suppress(Exception):
-            self.study.enqueue_trial(p, user_attrs=copied(trial))
-            again = True
+        step tried once (best_effort); returns which the store took (told, enqueued)."""
+        _, told, again = best_effort(
+            lambda: trial.set_user_attr("reason", f"{why}; enqueued again"),
+            lambda: self.study.tell(trial, state=TrialState.FAIL),
+            lambda: self.study.enqueue_trial(p, user_attrs=copied(trial)),
+        )
         return told, again
 
     # ------------------------------------------------------------------ a stop, in words
@@ -448,15 +444,3 @@ def _recorded(tracker, run_id, held: tuple) -> str:
         f"KILLED if it still shows RUNNING)"
     )
     return f"{optuna_part}; {mlflow_part}."
-
-
-def best_effort(*steps) -> list[bool]:
-    """Each step tried once; a store that is failing is already being reported. Returns which steps succeeded."""
-    done = []
-    for step in steps:
-        try:
-            step()
-            done.append(True)
-        except Exception:
-            done.append(False)
-    return done

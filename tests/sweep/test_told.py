@@ -1,6 +1,7 @@
 """A trial's end as the worker tells it (worker.Told): the count of the study's trials that ran to an end and the end
-that stands after a fault follow what the Optuna store took, whatever words the console prints. No training: an
-in-memory study, each trial's outcome given.
+that stands after a fault follow what the Optuna store took, whatever words the console prints; a fault with no end
+that stands fails the trial and enqueues it again, each step tried once. No training: an in-memory study, each
+trial's outcome given.
 
     .venv/bin/python -m pytest tests/sweep/test_told.py
 """
@@ -90,3 +91,29 @@ def test_the_end_that_stands_after_a_fault_reads_what_the_store_took(tmp_path, r
         w.apply(trial, POINT, one, fault(RuntimeError("my store is down"), stands=stands()))
     said = " ".join(str(stopped.value).split())
     assert f"before the fault ({held}): that end stands" in said, said
+
+
+@pytest.mark.parametrize(
+    "refused, said, copies",
+    [
+        ("tell", "The Optuna store did not record the trial's failure", 1),
+        ("enqueue_trial", "recorded as failed, but enqueueing it again failed", 0),
+        (None, "recorded as failed with this reason and enqueued again", 1),
+    ],
+)
+def test_a_fault_fails_the_trial_and_enqueues_it_each_step_tried_once(tmp_path, monkeypatch, refused, said, copies):
+    """A fault with no end that stands: the trial is failed and its point enqueued again, each step tried once
+    (best_effort), a step the store refuses kept from the next; the stop says what the store took."""
+    w, trial = _worker(tmp_path)
+
+    def refuse(*a, **k):
+        raise RuntimeError("the store refuses")
+
+    if refused:
+        monkeypatch.setattr(w.study, refused, refuse)
+    one = SimpleNamespace(run_id=None, out_dir=tmp_path)
+    with pytest.raises(Stopped) as stopped:
+        w.apply(trial, POINT, one, fault(RuntimeError("my store is down")))
+    assert said in " ".join(str(stopped.value).split()), stopped.value
+    waiting = w.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    assert len(waiting) == copies, waiting
