@@ -27,11 +27,12 @@ from pipeline.measure.quiet import QuietGate
 from pipeline.preflight import check_store
 from pipeline.records.table import write_table
 from pipeline.sweep import claims, slurm, study_parent, study_setup, study_view, unselected
+from pipeline.sweep.best_effort import best_effort
 from pipeline.sweep.claims import open_storage, storage_url
 from pipeline.sweep.feasible import check_point
 from pipeline.sweep.progress import progress
 from pipeline.sweep.space import Space
-from pipeline.sweep.worker import Stores, Sweep, Worker, best_effort, fault_text, fmt_point, resumes
+from pipeline.sweep.worker import Stores, Sweep, Worker, fault_text, fmt_point, resumes
 from pipeline.tracking import client
 from pipeline.trial.launch import Infeasible, check_batch_fits
 from pipeline.trial.lifecycle import user_listeners

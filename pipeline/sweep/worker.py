@@ -18,7 +18,6 @@ cluster did (its directory could not be written, SLURM's controller stopped answ
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import sys
@@ -41,6 +40,7 @@ from pipeline.redact import redact
 from pipeline.store_faults import FAULT_TEXT, root_cause, store_fault
 from pipeline.strategies import STRATEGIES
 from pipeline.sweep import claims, console, feasible, slurm, study_setup
+from pipeline.sweep.best_effort import best_effort
 from pipeline.sweep.console import SweepConsole
 from pipeline.sweep.progress import counter
 from pipeline.sweep.space import Space
@@ -70,6 +70,7 @@ HOST_FAULTS = {
     slurm.UNSUBMITTED: "Once `sbatch` submits (its own message names the cause; `scontrol ping` tests the controller)",
 }
 TAKEN_OVER = "taken over: another worker failed this trial as stale (late heartbeat) and runs it again"
+NOTHING_HERE = "nothing recorded here"  # said of a trial another worker records
 # what the Optuna store holds of an outcome once told
 TOLD = {FINISHED: "COMPLETE", PRUNED: "PRUNED", FAILED: "FAIL", REQUEUED: "FAIL, enqueued again"}
 
@@ -111,6 +112,16 @@ class Sweep:
     @property
     def strategy(self) -> str:
         return self.space.strategy
+
+
+@dataclasses.dataclass(frozen=True)
+class Told:
+    """A trial's end as this worker told it to the Optuna store: what the sweep prints after it (`text`), and whether
+    the store took it here (`recorded`; False: another worker took the trial over and records it). The sweep's
+    count and the end that stands after a fault read `recorded`, never the words."""
+
+    text: str
+    recorded: bool = True
 
 
 @functools.cache
@@ -164,9 +175,9 @@ class Worker:
         console.say(f"{label} (#{trial.number}) {fmt_point(claims.fixed_point(trial))}{eta_text}")
         self._wait_quiet(trial, label)
         self.done = done
-        text = self.run_one(trial, label)
-        self.done = done + ("nothing recorded here" not in text)  # failed by itself or not, it ran to an end
-        console.say(f"{label} -> {text}")
+        told = self.run_one(trial, label)
+        self.done = done + told.recorded  # failed by itself or not, it ran to an end
+        console.say(f"{label} -> {told.text}")
         write_table(self.study, self.sweep.strategy, self.sweep.skipped, self.sweep.out_csv, self.sweep.host)
 
     def _wait_quiet(self, trial, label: str) -> None:
@@ -182,9 +193,9 @@ class Worker:
 
     # ------------------------------------------------------------------ one trial
 
-    def run_one(self, trial, label: str) -> str:
-        """Run one claimed trial and apply its outcome; returns what the sweep prints after it. A fault raises
-        Stopped, saying what the stores hold; an interruption goes on up."""
+    def run_one(self, trial, label: str) -> Told:
+        """Run one claimed trial and apply its outcome; returns it as told (Told: what the sweep prints after it). A
+        fault raises Stopped, saying what the stores hold; an interruption goes on up."""
         p = self.sweep.space.suggest(trial)  # the whole point; the dimensions that vary are parameters
         one = self._trial(trial, p, label)
         return self.apply(trial, p, one, one.run())
@@ -237,14 +248,14 @@ class Worker:
 
     # ------------------------------------------------------------------ its outcome, applied to the queue
 
-    def apply(self, trial, p: dict, one: Trial, outcome: Outcome) -> str:
-        """The outcome applied to the queue (the module's docstring); returns what the sweep prints."""
+    def apply(self, trial, p: dict, one: Trial, outcome: Outcome) -> Told:
+        """The outcome applied to the queue (the module's docstring); returns it as told."""
         if outcome.kind not in (FAULT, INTERRUPTED):
             return self._tell(trial, p, outcome)
         held = ""
         if outcome.stands is not None:  # the sweep's own stores held its end before a user's store failed: it stands
             told = self._tell(trial, p, outcome.stands)
-            held = TOLD[outcome.stands.kind] if TAKEN_OVER not in told else TAKEN_OVER
+            held = TOLD[outcome.stands.kind] if told.recorded else TAKEN_OVER
             again = (False, False)
         else:
             again = self._again(trial, p, outcome.reason)
@@ -252,48 +263,44 @@ class Worker:
             raise outcome.error from None  # type: ignore[misc]  # an interruption always carries its error
         raise Stopped(self._stopped_text(trial, p, one, outcome, (held, *again))) from None
 
-    def _tell(self, trial, p: dict, outcome: Outcome) -> str:
+    def _tell(self, trial, p: dict, outcome: Outcome) -> Told:
         kind, study = outcome.kind, self.study
         try:
             if kind == CANCELLED:
-                return f"{outcome.reason}; nothing recorded here"
+                return Told(f"{outcome.reason}; {NOTHING_HERE}", recorded=False)
             if kind == PRUNED:
                 trial.set_user_attr("reason", outcome.reason)
                 study.tell(trial, state=TrialState.PRUNED)
-                return "pruned"
+                return Told("pruned")
             if kind == REQUEUED:
                 trial.set_user_attr("reason", outcome.reason)
-                return requeue(study, trial, p, outcome.reason)
+                return Told(requeue(study, trial, p, outcome.reason))
             if kind == FAILED:
                 trial.set_user_attr("reason", outcome.reason)
                 trial.set_user_attr("failure_kind", outcome.error.kind)  # type: ignore[union-attr]
                 study.tell(trial, state=TrialState.FAIL)
-                return f"failed ({outcome.reason})"
+                return Told(f"failed ({outcome.reason})")
             record = outcome.record
             if outcome.untimed:  # complete, its accuracy valid; the table's reason and the run's tag say why
                 trial.set_user_attr(
                     "reason", "; ".join(filter(None, (trial.user_attrs.get("reason"), outcome.untimed)))
                 )
             study.tell(trial, record["test_acc"][-1])
-            return (
+            return Told(
                 f"{meter.speed_text(record)}{console.under_load(outcome)}, "
                 f"acc {record['test_acc'][-1]:.3f}" + remeasure(self.cfg, study, trial, p, outcome.flagged)
             )
         except optuna.exceptions.UpdateFinishedTrialError:
-            return f"{TAKEN_OVER}; nothing recorded here"
+            return Told(f"{TAKEN_OVER}; {NOTHING_HERE}", recorded=False)
 
     def _again(self, trial, p: dict, why: str) -> tuple[bool, bool]:
         """A trial stopped by a fault or an interruption: failed with the reason and its point enqueued again, each
-        step tried once; returns which the store took (told, enqueued)."""
-        told = again = False
-        with contextlib.suppress(Exception):
-            trial.set_user_attr("reason", f"{why}; enqueued again")
-        with contextlib.suppress(Exception):
-            self.study.tell(trial, state=TrialState.FAIL)
-            told = True
-        with contextlib.suppress(Exception):
-            self.study.enqueue_trial(p, user_attrs=copied(trial))
-            again = True
+        step tried once (best_effort); returns which the store took (told, enqueued)."""
+        _, told, again = best_effort(
+            lambda: trial.set_user_attr("reason", f"{why}; enqueued again"),
+            lambda: self.study.tell(trial, state=TrialState.FAIL),
+            lambda: self.study.enqueue_trial(p, user_attrs=copied(trial)),
+        )
         return told, again
 
     # ------------------------------------------------------------------ a stop, in words
@@ -437,15 +444,3 @@ def _recorded(tracker, run_id, held: tuple) -> str:
         f"KILLED if it still shows RUNNING)"
     )
     return f"{optuna_part}; {mlflow_part}."
-
-
-def best_effort(*steps) -> list[bool]:
-    """Each step tried once; a store that is failing is already being reported. Returns which steps succeeded."""
-    done = []
-    for step in steps:
-        try:
-            step()
-            done.append(True)
-        except Exception:
-            done.append(False)
-    return done
