@@ -238,9 +238,7 @@ def cmd_fit(args) -> int:
         )
     if args.count_ahead is not None:
         t0 = time.monotonic()
-        named = list(dict.fromkeys(args.count_ahead))  # none named: d2l's two (memory.known_models)
-        kept = [m for m in named or memory.known_models() if memory.is_counted(m)]
-        models = [m for m in memory.count_ahead(named) if m not in kept]
+        models, kept = memory.count_ahead(args.count_ahead)  # none named: d2l's two (memory.known_models)
         counted = (
             f"counted {', '.join(models)} for fit in {time.monotonic() - t0:.1f} s" if models else "nothing to count"
         )

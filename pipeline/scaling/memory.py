@@ -244,15 +244,17 @@ def is_counted(model: str, cache=None) -> bool:
     )
 
 
-def count_ahead(models=None, cache=None) -> tuple[str, ...]:
+def count_ahead(models=None, cache=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """`models`' layouts and counts at the anchors `fit` reads (default known_models()), into the cache (`make setup`
-    runs it, through `python -m pipeline fit --count-ahead`), so the first `fit` of each answers from it."""
-    models = tuple(models or known_models())
+    runs it, through `python -m pipeline fit --count-ahead`), so the first `fit` of each answers from it. Returns
+    (the models counted now, those the cache held already)."""
+    models = tuple(dict.fromkeys(models or known_models()))
+    kept = tuple(m for m in models if is_counted(m, cache))
     for model in models:
         layout(model, cache)
         counted(model, COUNT_ANCHORS, False, cache)
         counted(model, AUTOCAST_ANCHORS, True, cache)
-    return models
+    return tuple(m for m in models if m not in kept), kept
 
 
 def _build_layout(model: str) -> Layout:

@@ -100,8 +100,11 @@ def test_count_ahead_alone_counts_without_a_refusal(fit_root, capsys, monkeypatc
     """Every flag of the answer left at its default: --count-ahead counts (the counting itself: tests/scaling)."""
     from pipeline.scaling import memory
 
-    monkeypatch.setattr(memory, "count_ahead", lambda models: tuple(models))
-    monkeypatch.setattr(memory, "is_counted", lambda model, cache=None: model == "resnet18")
+    def count_ahead(models):  # resnet18 in the cache already
+        named = tuple(dict.fromkeys(models))
+        return tuple(m for m in named if m != "resnet18"), tuple(m for m in named if m == "resnet18")
+
+    monkeypatch.setattr(memory, "count_ahead", count_ahead)
     assert main(["fit", "--count-ahead", "lenet", "resnet18", "lenet"]) == 0
     assert "counted lenet for fit in " in (out := capsys.readouterr().out) and "kept already: resnet18" in out
     assert main(["fit", "--count-ahead", "resnet18"]) == 0

@@ -187,7 +187,8 @@ def test_counted_ahead_a_fit_loads_no_torch(tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "_cache_file", lambda c: cache)
     memory.layout.cache_clear()
     memory._COUNTED.clear()
-    assert memory.count_ahead() == ("lenet", "resnet18") and memory.is_counted("resnet18")
+    assert memory.count_ahead() == (("lenet", "resnet18"), ()) and memory.is_counted("resnet18")
+    assert memory.count_ahead(["resnet18", "resnet18"]) == ((), ("resnet18",))  # counted once, then kept
     fit = (
         "import sys; from pipeline.cli.commands import main; "
         "code = main(['fit', '--model', 'resnet18', '--batch-size', '4096', '--device-memory', '24GiB']); "
