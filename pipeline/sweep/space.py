@@ -46,11 +46,27 @@ def constants(space: dict) -> dict:
 
 
 def trial_config(cfg, strategy: str, point: dict):
-    """cfg with the point's train settings, validated like replace_train. Only the train section is rebuilt: cfg's
-    sweep.spaces (already validated, and as big as the grid) is set aside meanwhile, so a point costs the same
-    whatever the size of the space it comes from."""
+    """cfg with the point's train settings, validated like replace_train, and the settings that do not reach its
+    trial at their defaults (`unapplied`). Only the train section is rebuilt: cfg's sweep.spaces (already validated,
+    and as big as the grid) is set aside meanwhile, so a point costs the same whatever the size of the space it comes
+    from."""
     bare = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, spaces={}))
-    return dataclasses.replace(cfg, train=loader.replace_train(bare, strategy=strategy, **point).train)
+    train = {**unapplied(cfg, strategy, point), **point}
+    return dataclasses.replace(cfg, train=loader.replace_train(bare, strategy=strategy, **train).train)
+
+
+def unapplied(cfg, strategy: str, point: dict) -> dict:
+    """The train settings of catalog.APPLIES_WITH that a trial of `strategy` at `point` does not run with (ddp's
+    train.amp_dtype: it has no autocast), each at its default. A sweep of several strategies takes such a setting
+    for those it applies to (loader.sweep_refusal); the others' trials run and record the default, and their studies'
+    names do not change with it (`identity`)."""
+    defaults = type(cfg.train)()
+    out = {}
+    for k, (_, need) in catalog.APPLIES_WITH.items():
+        on = point.get(need, getattr(cfg.train, need, False))
+        if k not in point and not catalog.applies(k, strategy, {need: on}):
+            out[k] = getattr(defaults, k)
+    return out
 
 
 class Space:
@@ -159,12 +175,16 @@ def neutral(setting: str) -> bool:
 
 def identity(cfg, strategy: str, pts: list[dict], data: dict | None) -> dict:
     """What a study's trials depend on: the strategy (and its catalog revision), its points `pts`, every setting not
-    NEUTRAL (a train setting a point sets is the point's), the listeners that can stop a trial (a point one of
-    them stopped is measured by the study without it, never filed as its result), and what ran beside the settings
-    (provenance): the trial's code, the torch release, the release of each model's source beyond d2l (torchvision,
-    a user's package) and the data's content `data` (provenance.data_content) in place of the folder's spelling."""
+    NEUTRAL (a train setting a point sets is the point's; one no point runs with, at its default), the listeners that
+    can stop a trial (a point one of them stopped is measured by the study without it, never filed as its result),
+    and what ran beside the settings (provenance): the trial's code, the torch release, the release of each model's
+    source beyond d2l (torchvision, a user's package) and the data's content `data` (provenance.data_content) in
+    place of the folder's spelling."""
     per_point = {f"train.{k}" for p in pts for k in p}
     key = {k: v for k, v in _settings(cfg).items() if not neutral(k) and k not in per_point}
+    # a setting no point runs with is its default in every trial (unapplied): the default in the name too
+    never = [unapplied(cfg, strategy, p) for p in pts] or [unapplied(cfg, strategy, {})]
+    key.update({f"train.{k}": v for k, v in never[0].items() if all(k in n for n in never)})
     # the data's content stands for its folder; a folder with no prepared data yet is named by its resolved path
     del key["data.dir"]
     for limit, n in (("data.train_limit", "train"), ("data.test_limit", "test")):

@@ -73,8 +73,10 @@ def test_a_setting_changes_the_study_unless_it_is_neutral_or_per_point(setting):
         assert f"`{setting}=" in why, why
         return
     before, after = Space(cfg, STRATEGY).hash, Space(changed, STRATEGY).hash
-    if space.neutral(setting) or setting in per_point:
-        assert after == before, f"{setting} is neutral or the point's, yet changes the study"
+    # a setting no point of STRATEGY runs with (its trials run the default: space.unapplied)
+    unrun = {f"train.{k}" for k in space.unapplied(changed, STRATEGY, {})}
+    if space.neutral(setting) or setting in per_point or setting in unrun:
+        assert after == before, f"{setting} is neutral, the point's or not run by {STRATEGY}, yet changes the study"
     else:
         assert after != before, (
             f"{setting} changes no study: add it to the identity, or to space.NEUTRAL with the reason it cannot "
@@ -320,3 +322,24 @@ def test_the_code_data_and_torch_are_recorded_on_the_study_its_parent_run_and_it
     host = type("Host", (), {"kind": "cpu", "hostname": "h"})
     study_parent.start(study, strategy_space, host, Tracker(), "sqlite:///optuna.db", 1)
     assert {k: Tracker.tags[k] for k in want} == want
+
+
+def test_a_setting_only_another_strategy_runs_renames_its_study_only():
+    """train.amp_dtype=fp16 in a sweep of every strategy: ddp_amp's study is a new one, ddp's (no autocast) keeps its
+    name, and ddp's trials run and record the default, never a setting they do not run with."""
+    cfg = schema.Config()
+    fp16 = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, amp_dtype="fp16", amp_init_scale=1024.0))
+    assert not loader.sweep_refusal(fp16)
+    assert Space(fp16, "ddp_amp").name != Space(cfg, "ddp_amp").name
+    assert Space(fp16, "ddp").name == Space(cfg, "ddp").name
+    ddp = Space(fp16, "ddp")
+    t = ddp.config(ddp.points[0]).train
+    assert (t.amp_dtype, t.amp_init_scale) == (cfg.train.amp_dtype, cfg.train.amp_init_scale)
+    amp = Space(fp16, "ddp_amp")
+    assert amp.config(amp.points[0]).train.amp_dtype == "fp16"
+    single = dataclasses.replace(
+        fp16, sweep=dataclasses.replace(fp16.sweep, spaces={"single": (schema.SpaceConfig(autocast=(False, True)),)})
+    )
+    on = Space(single, "single")
+    assert {p["autocast"]: on.config(p).train.amp_dtype for p in on.points} == {False: "auto", True: "fp16"}
+    assert on.name != Space(cfg, "single").name
