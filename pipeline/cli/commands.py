@@ -255,13 +255,15 @@ def cmd_fit(args) -> int:
     here = device.cuda_device() if args.device_memory is None or args.device_name is None else None
     cap = device.capacity(args.device_memory, here)
     fixed = device.fixed_cost(args.device_name or (here[0] if here else None))
-    rows = memory.fit_table(args.model, args.batch_size, cap.bytes, args.optimizer, ks, strategies, fixed=fixed.bytes)
-    if not rows:  # every k leaves part of the batch over, or names a one-device strategy at k > 1
+    rows, dropped = memory.fit_table(
+        args.model, args.batch_size, cap.bytes, args.optimizer, ks, strategies, fixed=fixed.bytes
+    )
+    left = _left_out(dropped)
+    if not rows:  # every k left out, each for the reason fit_table gives
+        fixes = " or ".join(dict.fromkeys(out.fix for out in dropped))
         raise loader.ConfigError(
-            f"fit has no row to show: no k of --devices {','.join(map(str, ks))} divides --batch-size "
-            f"{args.batch_size} (a strategy splits the global batch evenly over its k devices) for a strategy that "
-            f"runs at that k ({', '.join(strategies)}; one-device strategies only at k=1). Give a k that divides the "
-            f"batch. Nothing was run."
+            f"fit has no row to show for --strategies {','.join(strategies)} and --devices {','.join(map(str, ks))}: "
+            f"{'; '.join(left)}. Give {fixes}. Nothing was run."
         )
     from pipeline import zoo
 
@@ -294,9 +296,19 @@ def cmd_fit(args) -> int:
         print("  not modelled: NCCL's own buffers at k >= 2 (outside the allocator), a CUDA graph's pool")
     elif rows:
         print("(each term with its source: name one strategy and one k)")
-    if uneven := [str(k) for k in ks if args.batch_size % k]:
-        print(f"(k={', '.join(uneven)} left out: a strategy splits the global batch {args.batch_size} evenly over k)")
+    for line in left:
+        print(f"({line})")
     return 0
+
+
+def _left_out(dropped) -> list[str]:
+    """What fit_table left out, one phrase per reason it gives: `k=2, 4 left out: <why>`."""
+    by_why: dict[str, list[int]] = {}
+    for out in dropped:
+        ks = by_why.setdefault(out.why, [])
+        if out.k not in ks:
+            ks.append(out.k)
+    return [f"k={', '.join(map(str, ks))} left out: {why}" for why, ks in by_why.items()]
 
 
 def _wrapped(line: str, indent: str, width: int = 100) -> str:

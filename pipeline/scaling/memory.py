@@ -70,6 +70,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from pipeline import catalog, zoo
 
@@ -609,6 +610,26 @@ def largest_batch(
     return lo * k
 
 
+class LeftOut(NamedTuple):
+    """A strategy at k devices that fit_table leaves out: why, in words, and what to give instead."""
+
+    strategy: str
+    k: int
+    why: str
+    fix: str
+
+
+def left_out(strategy: str, k: int, batch_size: int) -> LeftOut | None:
+    """Why fit_table leaves `strategy` at k devices out (None: it is shown): a one-device strategy at k > 1, else a
+    global batch that k devices cannot split evenly."""
+    if catalog.spec(strategy).one_device_only and k != 1:
+        return LeftOut(strategy, k, f"{strategy} runs on one device only (k=1)", "k=1 or a parallel strategy")
+    if batch_size % k:
+        why = f"a strategy splits the global batch {batch_size} evenly over k"
+        return LeftOut(strategy, k, why, "a k that divides the batch")
+    return None
+
+
 def fit_table(
     model: str,
     batch_size: int,
@@ -620,14 +641,15 @@ def fit_table(
     cache=None,
     fixed: int | None = None,
     backend: str | None = None,
-) -> list[dict]:
+) -> tuple[list[dict], list[LeftOut]]:
     """Per strategy and k: the modelled peak per device at `batch_size` (`prediction`: its terms), what the device
     needs then (device_total, with `fixed` bytes of fixed cost), whether it fits, the largest batch that does. A
-    strategy a k does not apply to (one device only; batch not divisible by k) is left out."""
-    rows = []
+    strategy a k does not apply to is left out: returned beside the rows, each with its reason (left_out)."""
+    rows, dropped = [], []
     for s in strategies or catalog.NAMES:
         for k in ks:
-            if (catalog.spec(s).one_device_only and k != 1) or batch_size % k:
+            if out := left_out(s, k, batch_size):
+                dropped.append(out)
                 continue
             kw = {"basis": basis, "cache": cache, "backend": backend}
             p = predict(s, model, k, batch_size, optimizer, anchors=COUNT_ANCHORS, **kw)
@@ -644,7 +666,7 @@ def fit_table(
                     "prediction": p,
                 }
             )
-    return rows
+    return rows, dropped
 
 
 def error_pct(measured: float, modelled: float) -> float:

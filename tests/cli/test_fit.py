@@ -174,3 +174,18 @@ def test_fit_names_what_it_leaves_out_and_reads_each_name_once(fit_root, capsys)
     assert "nothing kept for 'NVIDIA H10' in device_basis.json (kept: none)" in out
     with pytest.raises(SystemExit):
         main([*base, "--devices", "2,,3"])
+
+
+def test_fit_says_why_it_leaves_each_k_out(fit_root, capsys):
+    """A one-device strategy at k > 1 is left out for that, not for a batch k divides; a k that leaves part of the
+    batch over for that; each reason as fit_table gives it (memory.left_out), in the table's notes and in the
+    refusal when no row is left."""
+    base = ["fit", "--model", "lenet", "--batch-size", "512"]
+    assert main([*base, "--strategies", "single", "--devices", "2"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "k=2 left out: single runs on one device only (k=1)" in err, err
+    assert "divides" not in err.split("Give")[0] and "Give k=1 or a parallel strategy" in err, err
+    assert main([*base, "--strategies", "single,ddp", "--devices", "1,2,3"]) == 0
+    out = capsys.readouterr().out
+    assert "(k=2, 3 left out: single runs on one device only (k=1))" in out, out
+    assert "(k=3 left out: a strategy splits the global batch 512 evenly over k)" in out, out

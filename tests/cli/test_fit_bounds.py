@@ -33,8 +33,8 @@ def run(argv) -> int:
         (["--device-memory", "0"], "--device-memory", "from 1MiB"),
         (["--device-memory", "0.0000001KiB"], "--device-memory", "from 1MiB"),
         (["--device-memory", "99999TiB"], "--device-memory", "to 16TiB"),
-        (["--devices", "1000"], "--devices", "divides --batch-size 128"),
-        (["--devices", "2", "--strategies", "single"], "--devices", "one-device strategies only at k=1"),
+        (["--devices", "1000"], "--devices", "k=1000 left out: a strategy splits the global batch 128 evenly"),
+        (["--devices", "2", "--strategies", "single"], "--devices", "k=2 left out: single runs on one device only"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
