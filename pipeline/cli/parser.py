@@ -16,6 +16,8 @@ Every command reads params.yaml (and the profile it names under experiments/) an
 from __future__ import annotations
 
 import argparse
+import re
+import sys
 from pathlib import Path
 
 from pipeline.cli import types
@@ -108,8 +110,41 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar (default: progress bar shown)")
 
 
+# flags whose value may be written with a leading '-' and a digit: argparse takes such a token ("-5GiB") for an
+# option unless it reads as a plain number, so `--device-memory -5GiB` would end in "expected one argument" instead
+# of the flag's own range message
+SIGNED_VALUE_FLAGS = ("--device-memory",)
+_SIGNED = re.compile(r"^-[0-9.]")
+
+
+def signed_values(argv: list[str]) -> list[str]:
+    """`argv` with each SIGNED_VALUE_FLAGS flag followed by a '-<digit>...' token joined to it (`--device-memory
+    -5GiB` -> `--device-memory=-5GiB`), so that its type function sees the value and refuses it in its own words;
+    nothing after a bare `--` is touched."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--":
+            return out + argv[i:]
+        if argv[i] in SIGNED_VALUE_FLAGS and i + 1 < len(argv) and _SIGNED.match(argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+class _Parser(argparse.ArgumentParser):
+    """The command line's parser: joins a signed value to its flag (signed_values) before argparse reads it."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        argv = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(signed_values(argv), namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="python -m pipeline",
         description=__doc__.split("\n")[0],
         epilog=EPILOG,

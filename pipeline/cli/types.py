@@ -60,14 +60,14 @@ def port(text: str) -> int:
     return port
 
 
-_SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(-?[0-9.]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _POWER = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}
 
 
 def parse_size(text: str) -> int:
     """A memory size in bytes: '80GiB', '79.6 GiB', '512MiB', '80G' (binary: KiB..TiB, and K..T alone, as `free`
     and `ls -h` mean them), '80GB' (decimal: KB..TB are powers of 1000, as a part's label means them), '1024'
-    (bytes)."""
+    (bytes). A sign is read ('-5GiB' is -5 x 2^30), so a range check (device_memory) says what is wrong with it."""
     m = _SIZE.match(str(text))
     if not m:
         raise ValueError(f"not a memory size: {text!r} (e.g. 80GiB, 80GB = 80e9 bytes, 40G, 512MiB)")

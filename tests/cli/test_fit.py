@@ -189,3 +189,26 @@ def test_fit_says_why_it_leaves_each_k_out(fit_root, capsys):
     out = capsys.readouterr().out
     assert "(k=2, 3 left out: single runs on one device only (k=1))" in out, out
     assert "(k=3 left out: a strategy splits the global batch 512 evenly over k)" in out, out
+
+
+@pytest.mark.parametrize("argv", [["--device-memory", "-5GiB"], ["--device-memory=-5GiB"], ["--device-memory", "-1"]])
+def test_a_negative_device_memory_gets_the_range_message(argv, fit_root, capsys):
+    """A negative size after --device-memory is its value, not an option argparse expects a value before: refused
+    with the flag's range (1MiB to 16TiB), exit 2, before anything is counted."""
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--model", "lenet", *argv])
+    err = " ".join(capsys.readouterr().err.split())
+    assert e.value.code == 2 and "argument --device-memory: '-" in err, err
+    assert "one device's memory is from 1MiB" in err and "expected one argument" not in err, err
+
+
+def test_signed_values_joins_only_the_flag_that_takes_one():
+    """parser.signed_values: the flag and a '-<digit>' token after it joined; another flag, an option after it and
+    anything after `--` as given."""
+    from pipeline.cli.parser import signed_values
+
+    assert signed_values(["fit", "--device-memory", "-5GiB"]) == ["fit", "--device-memory=-5GiB"]
+    assert signed_values(["fit", "--device-memory", "-.5G"]) == ["fit", "--device-memory=-.5G"]
+    assert signed_values(["fit", "--device-memory", "--model"]) == ["fit", "--device-memory", "--model"]
+    assert signed_values(["fit", "--batch-size", "-5"]) == ["fit", "--batch-size", "-5"]
+    assert signed_values(["--", "--device-memory", "-5"]) == ["--", "--device-memory", "-5"]
