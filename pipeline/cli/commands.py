@@ -279,11 +279,13 @@ def cmd_fit(args) -> int:
         f"fixed cost {fixed.bytes / mib:.0f} MiB per device ({fixed.device or 'no CUDA device here or named'}): "
         f"context {fixed.context.kind}, workspaces {fixed.workspaces.kind}"
     )
-    print(f"{'strategy':<13}{'k':>3}  {'needed GiB':>10}  {'fits':>4}  {'largest batch that fits':>24}")
-    for r in rows:
+    largest = [_largest(r["largest_batch"]) for r in rows]
+    width = max(24, *map(len, largest))
+    print(f"{'strategy':<13}{'k':>3}  {'needed GiB':>10}  {'fits':>4}  {'largest batch that fits':>{width}}")
+    for r, most in zip(rows, largest):
         print(
             f"{r['strategy']:<13}{r['k']:>3}  {r['device_bytes'] / gib:>10.2f}  {'yes' if r['fits'] else 'no':>4}  "
-            f"{r['largest_batch'] or 'none':>24}"
+            f"{most:>{width}}"
         )
     if len(rows) == 1:
         p = rows[0]["prediction"]
@@ -299,6 +301,15 @@ def cmd_fit(args) -> int:
     for line in left:
         print(f"({line})")
     return 0
+
+
+def _largest(batch: int) -> str:
+    """The largest batch that fits, as said: none, the batch, or beyond the training set (which no batch exceeds)."""
+    from pipeline.data.files import TRAIN_IMAGES
+
+    if batch > TRAIN_IMAGES:
+        return f"more than the {TRAIN_IMAGES:,} training images"
+    return str(batch) if batch else "none"
 
 
 def _left_out(dropped) -> list[str]:

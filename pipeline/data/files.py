@@ -12,6 +12,8 @@ import os
 import stat
 from pathlib import Path
 
+# Fashion-MNIST's training and test images (its synthetic stand-in makes as many): what a global batch can hold at most
+TRAIN_IMAGES, TEST_IMAGES = 60_000, 10_000
 FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 DOWNLOAD_TIMEOUT_S = 20.0  # per socket operation: an offline host fails in seconds, not minutes
 RERUN = "`python -m pipeline download` (or `dvc repro download`)"

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.data.files import TEST_IMAGES, TRAIN_IMAGES
+
 _CANVAS = 32  # 28 px plus room for the +-2 px shift
 _PAIRS = 5  # 5 silhouettes, each shared by 2 classes that differ in detail (think shirt vs T-shirt)
 _VARIANTS = 3  # sub-styles per class
 _DETAIL, _VARIANT, _MIX, _NUISANCE, _NOISE = 0.25, 0.25, 0.3, 0.25, 0.12  # tuned: LeNet learns it, not trivially
 
 
-def make_synthetic(seed: int = 0, n_train: int = 60000, n_test: int = 10000):
+def make_synthetic(seed: int = 0, n_train: int = TRAIN_IMAGES, n_test: int = TEST_IMAGES):
     """(train_x, train_y, test_x, test_y): deterministic Fashion-MNIST-shaped data, uint8 images, int64 labels.
 
     Each sample = a class prototype (smooth garment-like blob), partly blended with another class, plus a

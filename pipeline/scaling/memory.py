@@ -73,11 +73,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from pipeline import catalog, zoo
+from pipeline.data.files import TEST_IMAGES, TRAIN_IMAGES
 
 MODELLED = True
 MIB, GIB = 1 << 20, 1 << 30
 INPUT_BYTES = 28 * 28 * 4 + 8  # one normalised float32 image and its int64 label
-DATASET_BYTES = (60_000 + 10_000) * (28 * 28 + 8)  # every rank holds Fashion-MNIST's uint8 images and labels
+DATASET_BYTES = (TRAIN_IMAGES + TEST_IMAGES) * (28 * 28 + 8)  # every rank holds Fashion-MNIST's uint8 images and labels
 STATE_BYTES = {"sgd": 0, "sgd_momentum": 4, "adamw": 8}  # optimizer state per parameter
 STEP_BYTES = {"adamw": 4}  # and per parameter tensor (AdamW's step counter)
 # the optimizer step's temporaries: (x the largest tensor it updates one at a time, x all it updates with foreach)

@@ -212,3 +212,20 @@ def test_signed_values_joins_only_the_flag_that_takes_one():
     assert signed_values(["fit", "--device-memory", "--model"]) == ["fit", "--device-memory", "--model"]
     assert signed_values(["fit", "--batch-size", "-5"]) == ["fit", "--batch-size", "-5"]
     assert signed_values(["--", "--device-memory", "-5"]) == ["--", "--device-memory", "-5"]
+
+
+def test_a_largest_batch_beyond_the_training_set_is_said_as_such(fit_root, capsys):
+    """No global batch holds more than the training set's images (pipeline/data/files.py TRAIN_IMAGES): a largest
+    batch beyond it is said as "more than the 60,000 training images", one within it as the number, each row within
+    100 columns."""
+    from pipeline.data.files import TRAIN_IMAGES
+
+    base = ["fit", "--model", "lenet", "--batch-size", "512", "--strategies", "ddp", "--devices", "2"]
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("ddp "))
+    assert row.endswith(f"more than the {TRAIN_IMAGES:,} training images") and TRAIN_IMAGES == 60_000, out
+    assert all(len(line) <= 100 for line in out.splitlines()), out
+    assert main([*base, "--device-memory", "2GiB"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("ddp "))
+    assert 0 < int(row.split()[-1]) <= TRAIN_IMAGES, row
