@@ -275,9 +275,13 @@ def cmd_fit(args) -> int:
     )
     size = f"{cap.bytes / gib:.2f} GiB" if cap.bytes >= gib else f"{cap.bytes / mib:,.0f} MiB"  # as the table reads
     print(_wrapped(f"device memory {size}: {cap.label}", ""))
+    source = f"{fixed.note}: " if fixed.note else ""  # a name with no kept figure: said, with the names kept
     print(
-        f"fixed cost {fixed.bytes / mib:.0f} MiB per device ({fixed.device or 'no CUDA device here or named'}): "
-        f"context {fixed.context.kind}, workspaces {fixed.workspaces.kind}"
+        _wrapped(
+            f"fixed cost {fixed.bytes / mib:.0f} MiB per device ({fixed.device or 'no CUDA device here or named'}): "
+            f"{source}context {fixed.context.kind}, workspaces {fixed.workspaces.kind}",
+            "  ",
+        )
     )
     largest = [_largest(r["largest_batch"]) for r in rows]
     width = max(24, *map(len, largest))

@@ -64,6 +64,7 @@ class FixedCost:
     device: str
     context: Figure
     workspaces: Figure
+    note: str = ""  # a device named with no kept figure: said where the fixed cost is, so a misspelt name is seen
 
     @property
     def bytes(self) -> int:
@@ -92,8 +93,9 @@ def fixed_cost(device: str | None, store=None) -> FixedCost:
     kept = stored.get(device or "") or {}
     when = f"doctor on {device}, {kept.get('date', '?')}, torch {kept.get('torch', '?')}"
     # a name given (or found) with nothing kept for it: said, so a misspelt --device-name is seen
-    unknown = (
-        f"; nothing kept for {device!r} in {store_file(store).name} (kept: {', '.join(map(repr, stored)) or 'none'})"
+    note = (
+        f"no kept figure for {device!r} in {store_file(store).name} (kept: {', '.join(map(repr, stored)) or 'none'}), "
+        "so the assumed default"
         if device and not kept
         else ""
     )
@@ -104,13 +106,13 @@ def fixed_cost(device: str | None, store=None) -> FixedCost:
     else:
         context = Figure(
             int(DEFAULT_CONTEXT_MIB * MIB),
-            f"default, {DEFAULT_SOURCE}: NVML used 828 - reserved 68 MiB, rounded up{unknown}",
+            f"default, {DEFAULT_SOURCE}: NVML used 828 - reserved 68 MiB, rounded up",
         )
     if kept.get("workspace_mib") is not None:
         workspaces = Figure(int(kept["workspace_mib"] * MIB), f"{when}: what warming cuBLAS and cuDNN left", "measured")
     else:
         workspaces = Figure(int(DEFAULT_WORKSPACE_MIB * MIB), "default: 2 cuBLAS workspaces x 32 MiB")
-    return FixedCost(device or "", context, workspaces)
+    return FixedCost(device or "", context, workspaces, note)
 
 
 def capacity(given: int | None, device: tuple[str, int] | None) -> Figure:

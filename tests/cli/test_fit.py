@@ -171,7 +171,7 @@ def test_fit_names_what_it_leaves_out_and_reads_each_name_once(fit_root, capsys)
     assert "device memory 512 MiB: given (--device-memory)" in capsys.readouterr().out
     assert main([*base, "--strategies", "ddp", "--devices", "2", "--device-name", "NVIDIA H10"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "nothing kept for 'NVIDIA H10' in device_basis.json (kept: none)" in out
+    assert "no kept figure for 'NVIDIA H10' in device_basis.json (kept: none), so the assumed default" in out
     with pytest.raises(SystemExit):
         main([*base, "--devices", "2,,3"])
 
@@ -229,3 +229,23 @@ def test_a_largest_batch_beyond_the_training_set_is_said_as_such(fit_root, capsy
     assert main([*base, "--device-memory", "2GiB"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("ddp "))
     assert 0 < int(row.split()[-1]) <= TRAIN_IMAGES, row
+
+
+def test_a_device_name_with_no_kept_figure_is_said_on_the_fixed_cost_line(fit_root, capsys):
+    """--device-name with nothing kept for it: the fixed cost line says so, with the names kept (or none), whatever
+    the rows; a name kept reads its figure with no such words."""
+    base = ["fit", "--model", "lenet", "--batch-size", "512", "--device-name", "bogus"]
+    assert main(base) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "fixed cost 864 MiB per device (bogus): no kept figure for 'bogus' in device_basis.json (kept: none), so the "
+        "assumed default: context assumed, workspaces assumed" in out
+    ), out
+    (fit_root / "runs").mkdir()
+    kept = {"context_mib": 500.0, "workspace_mib": 60.0, "source": "NVML", "date": "2026-11-27", "torch": "2.11"}
+    (fit_root / "runs" / "device_basis.json").write_text(json.dumps({"NVIDIA H200": kept}))
+    assert main(base) == 0
+    assert "(kept: 'NVIDIA H200'), so the assumed default" in " ".join(capsys.readouterr().out.split())
+    assert main([*base[:-1], "NVIDIA H200"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "fixed cost 560 MiB per device (NVIDIA H200): context measured, workspaces measured" in out, out
