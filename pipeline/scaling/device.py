@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,16 +82,75 @@ def store_file(store=None) -> Path:
 
 
 def _read(store=None) -> dict:
+    """The store as written (its entries unchecked; `_kept` checks them): {} where it is missing, and where it is
+    not JSON or not an object of entries by device name, said once on stderr."""
+    path = store_file(store)
     try:
-        return json.loads(store_file(store).read_text())
-    except (OSError, ValueError):
+        data = json.loads(path.read_text())
+    except OSError:
         return {}
+    except ValueError as e:
+        ignored(path, None, f"not JSON ({e})", "every device's fixed cost is the assumed default")
+        return {}
+    if not isinstance(data, dict):
+        ignored(path, None, f"a JSON {type(data).__name__}, not figures by device name", "the assumed defaults")
+        return {}
+    return data
+
+
+def _number(value) -> bool:
+    """A figure a kept entry may hold: a finite, non-negative int or float (JSON's true and false are not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def entry_problem(entry) -> str | None:
+    """Why a kept entry cannot be read (None: it can): its figures (context_mib, workspace_mib: a non-negative
+    number of MiB or null, at least one a number) and what its source line says (date, torch, source: text)."""
+    if not isinstance(entry, dict):
+        return f"a JSON {type(entry).__name__}, not an object of figures"
+    for key in ("context_mib", "workspace_mib"):
+        if entry.get(key) is not None and not _number(entry[key]):
+            return f"{key} {entry[key]!r} is not a non-negative number of MiB"
+    if entry.get("context_mib") is None and entry.get("workspace_mib") is None:
+        return "neither context_mib nor workspace_mib is a figure"
+    for key in ("date", "torch"):
+        if not isinstance(entry.get(key), str) or not entry[key].strip():
+            return f"{key} {entry.get(key)!r} is not the text its source line says"
+    if "source" in entry and not isinstance(entry["source"], str):
+        return f"source {entry['source']!r} is not text"
+    return None
+
+
+_SAID: set[tuple[str, str | None, str]] = set()
+
+
+def ignored(path, entry: str | None, why: str, instead: str) -> None:
+    """Say once per process, on stderr, that a kept file (or its `entry`) is ignored, why, and what is taken
+    instead: a cache or store edited by hand, or from other code, is read as absent, never trusted."""
+    key = (str(path), entry, why)
+    if key in _SAID:
+        return
+    _SAID.add(key)
+    what = f"{path}, entry {entry!r}" if entry is not None else str(path)
+    print(f"ignored {what}: {why}; {instead}", file=sys.stderr, flush=True)
+
+
+def _kept(store=None) -> dict:
+    """The store's entries that can be read (entry_problem); each other one ignored, said once on stderr."""
+    path, kept = store_file(store), {}
+    for name, entry in _read(store).items():
+        if why := entry_problem(entry):
+            ignored(path, name, why, "its fixed cost is the assumed default")
+        else:
+            kept[name] = entry
+    return kept
 
 
 def fixed_cost(device: str | None, store=None) -> FixedCost:
     """The fixed cost of `device` (a CUDA device name): what doctor kept for it, else the assumed defaults; each
-    part on its own (a kept context without a kept workspace figure takes the default workspaces)."""
-    stored = _read(store)
+    part on its own (a kept context without a kept workspace figure takes the default workspaces). An entry that
+    cannot be read (entry_problem) is ignored, said on stderr: the assumed defaults, never a negative figure."""
+    stored = _kept(store)
     kept = stored.get(device or "") or {}
     when = f"doctor on {device}, {kept.get('date', '?')}, torch {kept.get('torch', '?')}"
     # a name given (or found) with nothing kept for it: said, so a misspelt --device-name is seen

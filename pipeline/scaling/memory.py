@@ -192,6 +192,9 @@ def layout(model: str, cache=None) -> Layout:
     cache file beside the counts, so a later `fit` loads no torch."""
     key = _layout_key(model)
     stored = _read_cache(cache).get(key)
+    if stored is not None and (why := _layout_problem(stored)):
+        _ignored(cache, key, why)
+        stored = None
     if stored:
         return Layout(
             model,
@@ -209,6 +212,48 @@ def layout(model: str, cache=None) -> Layout:
 
 
 LAYOUT_FIELDS = ("numel", "rows", "units", "buffer_bytes", "names", "shapes", "unit_names")  # what the cache keeps
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _wholes(v, n: int | None = None) -> bool:
+    """A list of non-negative ints (of length n where given)."""
+    return isinstance(v, list) and all(map(_whole, v)) and (n is None or len(v) == n)
+
+
+def _layout_problem(stored) -> str | None:
+    """Why a kept layout cannot be read (None: it can): LAYOUT_FIELDS, each of its type, one per parameter tensor
+    (numel, rows, names, shapes) or per unit (units, unit_names), a unit's indices among the tensors."""
+    if not isinstance(stored, dict) or not set(LAYOUT_FIELDS) <= set(stored):
+        return f"not a layout ({', '.join(LAYOUT_FIELDS)})"
+    n = len(stored["numel"]) if isinstance(stored["numel"], list) else -1
+    units, names, unit_names = stored["units"], stored["names"], stored["unit_names"]
+    if not (
+        _wholes(stored["numel"])
+        and _wholes(stored["rows"], n)
+        and _whole(stored["buffer_bytes"])
+        and isinstance(names, list)
+        and len(names) == n
+        and all(isinstance(x, str) for x in names)
+        and isinstance(stored["shapes"], list)
+        and len(stored["shapes"]) == n
+        and all(_wholes(x) for x in stored["shapes"])
+        and isinstance(units, list)
+        and all(_wholes(u) and all(i < n for i in u) for u in units)
+        and isinstance(unit_names, list)
+        and len(unit_names) == len(units)
+        and all(isinstance(x, str) for x in unit_names)
+    ):
+        return "a layout field of the wrong type or length"
+    return None
+
+
+def _ignored(cache, key: str, why: str) -> None:
+    from pipeline.scaling.device import ignored
+
+    ignored(_cache_file(cache), key, why, "counting again")
 
 
 def _layout_key(model: str) -> str:
@@ -240,10 +285,27 @@ def is_counted(model: str, cache=None) -> bool:
     """Whether `fit` finds `model`'s layout and counts (fp32 and autocast, at the anchors) in the cache: then it
     loads no torch."""
     stored = _read_cache(cache)
-    return _layout_key(model) in stored and all(
-        {str(b) for b in anchors} <= set(stored.get(_cache_key(model, amp), {}))
+    return _layout_problem(stored.get(_layout_key(model))) is None and all(
+        {str(b) for b in anchors} <= set(_kept_counts(model, amp, cache))
         for amp, anchors in ((False, COUNT_ANCHORS), (True, AUTOCAST_ANCHORS))
     )
+
+
+def _kept_counts(model: str, autocast: bool, cache=None, units: int | None = None) -> dict:
+    """The counts the cache keeps for `model` (per per-device batch, as text: [fb, unit peaks]) that can be read:
+    non-negative whole bytes, a peak per unit (`units` of them, where given); any other ignored, said on stderr."""
+    key = _cache_key(model, autocast)
+    stored = _read_cache(cache).get(key, {})
+    if not isinstance(stored, dict):
+        _ignored(cache, key, f"a JSON {type(stored).__name__}, not counts by batch")
+        return {}
+    kept = {}
+    for b, v in stored.items():
+        if b.isdigit() and isinstance(v, list) and len(v) == 2 and _whole(v[0]) and _wholes(v[1], units):
+            kept[b] = v
+        else:
+            _ignored(cache, key, f"batch {b!r}: {v!r} is not [bytes, [bytes per unit]]")
+    return kept
 
 
 def count_ahead(models=None, cache=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -289,7 +351,7 @@ def counted(model: str, batches, autocast: bool = False, cache=None) -> Counted:
     c = _COUNTED.setdefault(key, Counted())
     missing = [b for b in sorted(set(batches)) if b not in c.fb]
     if missing:
-        stored = _read_cache(cache).get(_cache_key(model, autocast), {})
+        stored = _kept_counts(model, autocast, cache, len(layout(model, cache).units))
         for b in missing:
             if str(b) in stored:
                 c.fb[b], c.units[b] = stored[str(b)]
@@ -315,10 +377,22 @@ def _cache_file(cache):
 
 
 def _read_cache(cache) -> dict:
+    """The cache as written ({} where it is missing; where it is not JSON or not an object of entries, said once on
+    stderr: counted again, and the file written anew)."""
+    from pipeline.scaling.device import ignored
+
+    path = _cache_file(cache)
     try:
-        return json.loads(_cache_file(cache).read_text())
-    except (OSError, ValueError):
+        data = json.loads(path.read_text())
+    except OSError:
         return {}
+    except ValueError as e:
+        ignored(path, None, f"not JSON ({e})", "counting again")
+        return {}
+    if not isinstance(data, dict):
+        ignored(path, None, f"a JSON {type(data).__name__}, not counts by key", "counting again")
+        return {}
+    return data
 
 
 def _write_cache(cache, key: str, value: dict) -> None:

@@ -249,3 +249,97 @@ def test_a_device_name_with_no_kept_figure_is_said_on_the_fixed_cost_line(fit_ro
     assert main([*base[:-1], "NVIDIA H200"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "fixed cost 560 MiB per device (NVIDIA H200): context measured, workspaces measured" in out, out
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ({"context_mib": -500}, "context_mib -500 is not a non-negative number of MiB"),
+        ({"context_mib": 500, "workspace_mib": "x", "date": "2026-11-27", "torch": "2.11"}, "workspace_mib 'x'"),
+        ({"context_mib": 500}, "date None is not the text its source line says"),
+        ({"context_mib": True, "date": "2026-11-27", "torch": "2.11"}, "context_mib True"),
+        ([500], "a JSON list, not an object of figures"),
+    ],
+    ids=["negative", "text", "no date", "bool", "list"],
+)
+def test_a_kept_fixed_cost_that_cannot_be_read_is_ignored_and_said(entry, why, fit_root, capsys):
+    """runs/device_basis.json is read, never trusted: an entry with a negative or non-numeric figure, or without
+    the fields its source line says, is ignored with one stderr line naming the file and the entry, and fit answers
+    with the assumed fixed cost (864 MiB), labelled assumed."""
+    name = "NVIDIA H100 80GB HBM3"
+    (fit_root / "runs").mkdir()
+    store = fit_root / "runs" / "device_basis.json"
+    store.write_text(json.dumps({name: entry}))
+    assert main(["fit", "--model", "lenet", "--strategies", "ddp", "--devices", "2", "--device-name", name]) == 0
+    captured = capsys.readouterr()
+    out, err = " ".join(captured.out.split()), captured.err
+    said = [line for line in err.splitlines() if line.startswith("ignored ")]
+    assert len(said) == 1 and f"{store}, entry {name!r}: " in said[0] and why in said[0], err
+    assert f"fixed cost 864 MiB per device ({name}): no kept figure for {name!r}" in out, out
+    assert "context assumed, workspaces assumed" in out and "?" not in out and "-" + "436" not in out, out
+
+
+@pytest.mark.parametrize("text", ["[]", "{not json", '{"NVIDIA H100 80GB HBM3": 7}'])
+def test_a_store_file_that_is_not_figures_by_name_is_ignored(text, fit_root, capsys):
+    """A device_basis.json that is not JSON or not an object: ignored, said on stderr, the assumed defaults."""
+    (fit_root / "runs").mkdir()
+    (fit_root / "runs" / "device_basis.json").write_text(text)
+    argv = [
+        "fit",
+        "--model",
+        "lenet",
+        "--strategies",
+        "ddp",
+        "--devices",
+        "2",
+        "--device-name",
+        "NVIDIA H100 80GB HBM3",
+    ]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "ignored " in captured.err and "device_basis.json" in captured.err, captured.err
+    assert "fixed cost 864 MiB per device" in captured.out
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda data: [],
+        lambda data: "counts",
+        lambda data: {k: ([] if k.startswith("lenet|fp32") else v) for k, v in data.items()},
+        lambda data: {k: ({"64": [-1, "x"]} if k.startswith("lenet|fp32") else v) for k, v in data.items()},
+        lambda data: {k: ({"64": [5, [1]]} if k.startswith("lenet|fp32") else v) for k, v in data.items()},
+        lambda data: {k: ({**v, "numel": "x"} if k.startswith("layout|lenet") else v) for k, v in data.items()},
+        lambda data: {k: ({**v, "units": [[999]]} if k.startswith("layout|lenet") else v) for k, v in data.items()},
+    ],
+    ids=["list", "text", "entry a list", "negative count", "units short", "layout numel", "unit index"],
+)
+def test_a_count_cache_that_cannot_be_read_is_counted_again(mangle, tmp_path, monkeypatch, capsys):
+    """runs/memory_model.json is read, never trusted: a file that is not an object, or an entry (a layout, a count)
+    of the wrong shape, is ignored with one stderr line naming the file (and the entry), and fit counts again and
+    answers as from a good cache."""
+    from pipeline.scaling import memory
+
+    cache = tmp_path / "runs" / "memory_model.json"
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setattr(memory, "_cache_file", lambda c: cache)
+    argv = ["fit", "--model", "lenet", "--strategies", "ddp", "--devices", "2"]
+
+    def fresh():
+        memory.layout.cache_clear()
+        memory._COUNTED.clear()
+
+    fresh()
+    assert main(argv) == 0
+    good = capsys.readouterr().out
+    cache.write_text(json.dumps(mangle(json.loads(cache.read_text()))))
+    fresh()
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    said = [line for line in captured.err.splitlines() if line.startswith("ignored ")]
+    assert said and all(str(cache) in line and "counting again" in line for line in said), captured.err
+    assert captured.out == good
+    fresh()
+    monkeypatch.setattr("pipeline.scaling.device._SAID", set())  # each ignored entry said again, were it there
+    assert main(argv) == 0  # the cache written anew: read as it is, nothing more said
+    assert "ignored " not in capsys.readouterr().err

@@ -136,3 +136,28 @@ def test_a_hand_written_optimizers_state_is_resident_on_the_gpu_basis(counts):
     assert adamw.terms[0]["optimizer"] == 0, "made before training: not the step's"
     assert memory.device_total(adamw, 0) > memory.device_total(sgd, 0)
     assert single.resident_terms["optimizer"] == 0, "torch's optimizer makes its state in the first step"
+
+
+def test_a_kept_entry_is_read_only_where_its_figures_and_source_are_sound(tmp_path, capsys):
+    """device.fixed_cost reads an entry with non-negative figures and the date and torch its source line says; any
+    other is ignored (said once on stderr), the assumed defaults taken; keep_from_doctor keeps writing beside it."""
+    from pipeline.scaling import device
+
+    store = tmp_path / "device_basis.json"
+    good = {"context_mib": 900.0, "workspace_mib": None, "date": "2026-11-27", "torch": "2.11"}
+    store.write_text(json.dumps({"A": good, "B": {**good, "context_mib": -500}, "C": {**good, "torch": 2}}))
+    assert device.fixed_cost("A", store).context.bytes == 900 * MIB
+    for name in ("B", "C", "B"):
+        cost = device.fixed_cost(name, store)
+        assert cost.bytes == 864 * MIB and not cost.context.measured and "(kept: 'A')" in cost.note
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "entry 'B': context_mib -500" in err[0] and "entry 'C': torch 2" in err[1], err
+    assert device.entry_problem({"context_mib": float("nan"), "date": "d", "torch": "t"})
+    store.write_text("[]")
+    assert device.fixed_cost("A", store).bytes == 864 * MIB
+    report = {
+        "host": {"kind": "cuda", "name": "A", "torch": "2.11"},
+        "rows": [{"status": "passed", "k": 1, "nvml_used_mib": [1000.0], "reserved_peak_mib": [100.0]}],
+    }
+    assert device.keep_from_doctor(report, store) == "A"  # a file that held no object is written anew
+    assert device.fixed_cost("A", store).context.measured
