@@ -45,7 +45,9 @@ from pipeline.config.settle import DDP_SETTLE_STEPS
 from pipeline.data import store
 from pipeline.errors import Infeasible
 from pipeline.host.capabilities import fp32_label, host_capabilities
+from pipeline.host.devices import Host
 from pipeline.trial import graphs
+from pipeline.trial.launch import mode_refusal
 
 PEERS = (
     REPO.parent / "shared" / "peers" / "d2l_reference.py",
@@ -108,11 +110,11 @@ def d2l(peer: Path, data: Path, model: str, batch: int, steps: int) -> dict:
     return {"epoch1_s": float(epochs[0][1]), "epoch_s": float(epochs[1][1]), "img_s": float(epochs[1][2])}
 
 
-def parallax(cfg, tmp: Path, model: str, rung: str, batch: int) -> dict:
-    """One rung's trial of two epochs: epoch 2 is the warm epoch (the recipe's figure), epoch 1 the cold one. A rung
-    this host refuses, or one that fails, is {"failed": why}: said, and the ladder goes on."""
+def parallax(cfg, tmp: Path, model: str, rung: str, batch: int, host: Host) -> dict:
+    """One rung's trial of two epochs on `host`: epoch 2 is the warm epoch (the recipe's figure), epoch 1 the cold
+    one. A rung this host refuses, or one that fails, is {"failed": why}: said, and the ladder goes on."""
     try:
-        m = trial(rung_cfg(cfg, model, rung, batch), tmp / rung)
+        m = trial(rung_cfg(cfg, model, rung, batch, host), tmp / rung)
     except Exception as e:  # Infeasible (a mode this host cannot run) or a failed trial: its reason is the result
         return {"failed": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"}
     return {
@@ -194,13 +196,20 @@ def ladder_cfg(data: Path, source: str, images: int, steps: int):
     )
 
 
-def rung_cfg(cfg, model: str, rung: str, batch: int):
-    """A rung's trial: the ladder's configuration (ladder_cfg) with the rung's strategy and modes on one device. A
-    CUDA graph rung captures in its cold epoch and opens its timed window after the capture, so its warm epoch is
-    replays only and timed whole; an epoch too short for that raises Infeasible with the numbers (the rung is said
-    not to run), as the trial would otherwise run eager steps under the graph's label."""
+def rung_cfg(cfg, model: str, rung: str, batch: int, host: Host):
+    """A rung's trial on `host`: the ladder's configuration (ladder_cfg) with the rung's strategy and modes on one
+    device. A mode `host` refuses (launch.mode_refusal: CUDA graphs on a CPU) raises Infeasible with the trial's own
+    reason, before any advice on the epoch's length, which could not help. A CUDA graph rung captures in its cold
+    epoch and opens its timed window after the capture, so its warm epoch is replays only and timed whole; an epoch
+    too short for that raises Infeasible with the numbers (the rung is said not to run), as the trial would
+    otherwise run eager steps under the graph's label."""
     _, strategy, sets, _ = next(r for r in LADDER if r[0] == rung)
     train = {"model": model, "strategy": strategy, "devices": 1, "batch_size": batch, "lr": LR[model], **sets}
+    if sets.get("cuda_graphs"):
+        train["warmup_steps"] = max(cfg.train.warmup_steps, graphs.min_warmup(strategy))  # at most `steps`
+    # the epoch's length is the ladder's own check below (n_train unknown here): only the modes and the host
+    if why := mode_refusal(loader.replace_train(cfg, **train).train, host, oversubscribed=False):
+        raise Infeasible(why)
     if sets.get("cuda_graphs"):
         at = graphs.capture_step(strategy)  # 0-based: `at` eager steps, then the capture
         steps = cfg.data.train_limit // batch  # whole batches: an epoch's steps (trial/loop.py steps_per_epoch)
@@ -210,7 +219,6 @@ def rung_cfg(cfg, model: str, rung: str, batch: int):
                 f"epoch of {cfg.data.train_limit:,} images is {steps} steps of {batch}: the warm epoch would hold "
                 f"eager steps and the capture, not replays only; give --images {(at + 1) * batch} or more"
             )
-        train["warmup_steps"] = max(cfg.train.warmup_steps, graphs.min_warmup(strategy))  # at most `steps`
     return loader.replace_train(cfg, **train)
 
 
@@ -324,7 +332,7 @@ def main():
         for model in models:
             with tempfile.TemporaryDirectory() as tmp:
                 for rung in rungs:
-                    runs[model][rung].append(parallax(cfg, Path(tmp), model, rung, args.batch))
+                    runs[model][rung].append(parallax(cfg, Path(tmp), model, rung, args.batch, host))
             if args.peer:
                 try:
                     runs[model]["d2l"].append(d2l(args.peer, args.data, model, args.batch, steps))
