@@ -17,7 +17,10 @@ the seeds' recipe (d2l_reference.py: torchvision + ToTensor + DataLoader with 4 
 same device and data files. Printed: the warm epoch (epoch 2, as the recipe's figure is its epoch 2) and the cold one
 (lazy loading, autotuning, compilation), steady-state img/s (steps after warm-up), ratios to the recipe's warm epoch,
 and MFU = FLOPs per training image (torch.utils.flop_counter) x img/s over (a) the GPU's datasheet dense bf16 peak
-and (b) a bf16 GEMM 8192^3 measured in this run (CPU host: fp32 GEMM on one core, no datasheet peak). The bars of
+and (b) a bf16 GEMM 8192^3 measured in this run (CPU host: fp32 GEMM on one core, no datasheet peak), each MFU
+named with its peak's dtype. A row whose label says more than the host runs says how it runs, on the console and in
+--json (ran_as): compile's reduce-overhead mode on a CPU runs as compile's default mode (its CUDA graphs need a GPU),
+and a bf16 row on a device without native bf16 (pipeline/host/capabilities.py) is emulated bf16. The bars of
 the step at the GPU's speed are printed as met or not, never asserted: ResNet-18's best rung <= 0.6 s per warm
 60k-image epoch and >= 5x the recipe's warm epoch, eager ddp k=1 within 10% of eager single; LeNet's best rung >=
 500k img/s. A compile rung's cost is its cold epoch less its warm one: printed amortised over 1 and 10 epochs
@@ -45,7 +48,9 @@ from pipeline.config.settle import DDP_SETTLE_STEPS
 from pipeline.data import store
 from pipeline.errors import Infeasible
 from pipeline.host.capabilities import fp32_label, host_capabilities
+from pipeline.host.devices import Host
 from pipeline.trial import graphs
+from pipeline.trial.launch import mode_refusal
 
 PEERS = (
     REPO.parent / "shared" / "peers" / "d2l_reference.py",
@@ -108,11 +113,11 @@ def d2l(peer: Path, data: Path, model: str, batch: int, steps: int) -> dict:
     return {"epoch1_s": float(epochs[0][1]), "epoch_s": float(epochs[1][1]), "img_s": float(epochs[1][2])}
 
 
-def parallax(cfg, tmp: Path, model: str, rung: str, batch: int) -> dict:
-    """One rung's trial of two epochs: epoch 2 is the warm epoch (the recipe's figure), epoch 1 the cold one. A rung
-    this host refuses, or one that fails, is {"failed": why}: said, and the ladder goes on."""
+def parallax(cfg, tmp: Path, model: str, rung: str, batch: int, host: Host) -> dict:
+    """One rung's trial of two epochs on `host`: epoch 2 is the warm epoch (the recipe's figure), epoch 1 the cold
+    one. A rung this host refuses, or one that fails, is {"failed": why}: said, and the ladder goes on."""
     try:
-        m = trial(rung_cfg(cfg, model, rung, batch), tmp / rung)
+        m = trial(rung_cfg(cfg, model, rung, batch, host), tmp / rung)
     except Exception as e:  # Infeasible (a mode this host cannot run) or a failed trial: its reason is the result
         return {"failed": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"}
     return {
@@ -194,13 +199,20 @@ def ladder_cfg(data: Path, source: str, images: int, steps: int):
     )
 
 
-def rung_cfg(cfg, model: str, rung: str, batch: int):
-    """A rung's trial: the ladder's configuration (ladder_cfg) with the rung's strategy and modes on one device. A
-    CUDA graph rung captures in its cold epoch and opens its timed window after the capture, so its warm epoch is
-    replays only and timed whole; an epoch too short for that raises Infeasible with the numbers (the rung is said
-    not to run), as the trial would otherwise run eager steps under the graph's label."""
+def rung_cfg(cfg, model: str, rung: str, batch: int, host: Host):
+    """A rung's trial on `host`: the ladder's configuration (ladder_cfg) with the rung's strategy and modes on one
+    device. A mode `host` refuses (launch.mode_refusal: CUDA graphs on a CPU) raises Infeasible with the trial's own
+    reason, before any advice on the epoch's length, which could not help. A CUDA graph rung captures in its cold
+    epoch and opens its timed window after the capture, so its warm epoch is replays only and timed whole; an epoch
+    too short for that raises Infeasible with the numbers (the rung is said not to run), as the trial would
+    otherwise run eager steps under the graph's label."""
     _, strategy, sets, _ = next(r for r in LADDER if r[0] == rung)
     train = {"model": model, "strategy": strategy, "devices": 1, "batch_size": batch, "lr": LR[model], **sets}
+    if sets.get("cuda_graphs"):
+        train["warmup_steps"] = max(cfg.train.warmup_steps, graphs.min_warmup(strategy))  # at most `steps`
+    # the epoch's length is the ladder's own check below (n_train unknown here): only the modes and the host
+    if why := mode_refusal(loader.replace_train(cfg, **train).train, host, oversubscribed=False):
+        raise Infeasible(why)
     if sets.get("cuda_graphs"):
         at = graphs.capture_step(strategy)  # 0-based: `at` eager steps, then the capture
         steps = cfg.data.train_limit // batch  # whole batches: an epoch's steps (trial/loop.py steps_per_epoch)
@@ -210,8 +222,36 @@ def rung_cfg(cfg, model: str, rung: str, batch: int):
                 f"epoch of {cfg.data.train_limit:,} images is {steps} steps of {batch}: the warm epoch would hold "
                 f"eager steps and the capture, not replays only; give --images {(at + 1) * batch} or more"
             )
-        train["warmup_steps"] = max(cfg.train.warmup_steps, graphs.min_warmup(strategy))  # at most `steps`
     return loader.replace_train(cfg, **train)
+
+
+def ran_as(key: str, kind: str, caps: dict) -> list[str]:
+    """How row `key` runs on a `kind` host of capabilities `caps` (host_capabilities) where its label says more than
+    that: compile's reduce-overhead mode adds CUDA graphs on GPUs only (torch's inductor skips its graphs for CPU
+    tensors, so a CPU runs the step as compile's default mode: schema.COMPILE_MODES), and a bf16 row on a device
+    without native bf16 converts through fp32 (capabilities.py)."""
+    sets = next((s for k, _, s, _ in LADDER if k == key), {})
+    notes = []
+    if sets.get("compile_mode") == "reduce-overhead" and kind != "cuda":
+        notes.append("runs as compile's default mode on CPU")
+    if sets.get("amp_dtype") == "bf16" and caps.get("bf16") == "emulated":
+        notes.append("emulated bf16")
+    return notes
+
+
+def labelled(label: str, notes: list[str]) -> str:
+    """A row's label with how it ran (ran_as), where that differs from what the label names."""
+    return f"{label} ({'; '.join(notes)})" if notes else label
+
+
+def mfu_text(row: dict, gemm_dtype: str, units: int, sheet: float | None) -> str:
+    """A row's MFU, each figure named with the peak it is over and that peak's dtype (a bf16 row on a CPU is over
+    the fp32 GEMM peak, an fp32 row on a GPU over the bf16 one)."""
+    text = f"MFU {show(row['mfu_gemm'], '.1%')} against the measured {gemm_dtype} GEMM peak"
+    text += f" x {units} cores" if units > 1 else ""
+    if sheet:
+        text += f", {show(row['mfu_datasheet'], '.1%')} against the datasheet bf16 peak"
+    return text
 
 
 def steady(row: dict) -> str:
@@ -296,6 +336,7 @@ def main():
         torch.set_num_threads(threads)
         return flops
 
+    gemm_dtype = "bf16" if host.kind == "cuda" else "fp32"  # gemm_peak's
     if host.kind == "cuda":
         gemm_what = "bf16 GEMM 8192^3 on cuda:0"
         sheet = datasheet_peak(host.name)
@@ -324,7 +365,7 @@ def main():
         for model in models:
             with tempfile.TemporaryDirectory() as tmp:
                 for rung in rungs:
-                    runs[model][rung].append(parallax(cfg, Path(tmp), model, rung, args.batch))
+                    runs[model][rung].append(parallax(cfg, Path(tmp), model, rung, args.batch, host))
             if args.peer:
                 try:
                     runs[model]["d2l"].append(d2l(args.peer, args.data, model, args.batch, steps))
@@ -372,6 +413,7 @@ def main():
         "peak_gemm_flops": gemm,
         "peak_gemm_rounds": gemms,
         "peak_gemm_what": gemm_what,
+        "peak_gemm_dtype": gemm_dtype,
         "peak_datasheet_flops": sheet,
         "models": {},
     }
@@ -381,12 +423,13 @@ def main():
         say(f"{model} B={args.batch}: {fpi[model] / 1e9:,.3f} GFLOP per training image (forward + backward)")
         out = report["models"][model] = {"flops_per_image": fpi[model], "rows": {}}
         for key, _ in ROWS:
-            label = labels[key]
+            notes = ran_as(key, host.kind, caps)
+            label = labelled(labels[key], notes)
             failed = [x["failed"] for x in runs[model][key] if "failed" in x]
             xs = [x for x in runs[model][key] if "failed" not in x]
             if failed:
                 out.setdefault("not_run", {})[key] = failed[-1]
-                say(f"  {labels[key]:28s} not run ({key}): {failed[-1]}")
+                say(f"  {labels[key]:28s} not run ({key}): {failed[-1]}")  # no run: no note on how it ran
             if not xs:
                 continue  # no d2l recipe here, or the rung did not run
             epoch_s, ips = med([x["epoch_s"] for x in xs]), med([x["img_s"] for x in xs])
@@ -402,6 +445,9 @@ def main():
                 "img_s_ratio_vs_d2l": ips / ref_ips if (ips and ref_ips) else None,
                 "mfu_gemm": fpi[model] * ips / (gemm * units) if ips else None,
                 "mfu_datasheet": fpi[model] * ips / sheet if (ips and sheet) else None,
+                "mfu_gemm_peak": f"measured {gemm_dtype} GEMM",
+                "label": label.strip(),
+                "ran_as": notes,
             }
             out["rows"][key] = row
             row["epoch1_s"] = med([x["epoch1_s"] for x in xs])
@@ -409,9 +455,7 @@ def main():
                 f"  {label:28s} warm epoch {epoch_s:6.2f} s (cold {row['epoch1_s']:.2f} s) = "
                 f"{row['epoch_s_per_60k']:.2f} s/60k; {steady(row)}"
             )
-            mfu = f"MFU {show(row['mfu_gemm'], '.1%')} of measured GEMM" + (f" x {units} cores" if units > 1 else "")
-            if sheet:
-                mfu += f", {show(row['mfu_datasheet'], '.1%')} of datasheet"
+            mfu = mfu_text(row, gemm_dtype, units, sheet)
             if key != "d2l" and ref:
                 say(
                     f"  {'':26s} vs d2l recipe: epoch {row['epoch_ratio_vs_d2l']:.2f}x faster, "

@@ -44,3 +44,35 @@ def test_a_benchmarks_help_opens_with_its_whole_first_paragraph():
 
     description = parser(gpu_epoch.__doc__, data=False).description
     assert description.endswith("beside the d2l recipe."), description
+
+
+BF16_ROWS = [key for key, _, sets, _ in gpu_epoch.LADDER if sets.get("amp_dtype") == "bf16"]
+
+
+def test_a_row_says_how_it_runs_where_its_label_says_more():
+    """On a CPU, compile's reduce-overhead row runs as compile's default mode (no CUDA graphs there), and on a host
+    without native bf16 every bf16 row is emulated bf16: each says so; an fp32 row, and a GPU with native bf16, add
+    nothing."""
+    emulated, native = {"bf16": "emulated"}, {"bf16": "native"}
+    assert gpu_epoch.ran_as("single_bf16_bench_compile_ro", "cpu", emulated) == [
+        "runs as compile's default mode on CPU",
+        "emulated bf16",
+    ]
+    assert gpu_epoch.ran_as("single_bf16_bench_compile_ro", "cpu", native) == ["runs as compile's default mode on CPU"]
+    assert {key: gpu_epoch.ran_as(key, "cpu", emulated) for key in BF16_ROWS if "compile_ro" not in key} == {
+        key: ["emulated bf16"] for key in BF16_ROWS if "compile_ro" not in key
+    }
+    assert len(BF16_ROWS) >= 8  # every bf16 rung of single and ddp_amp: a row missed by the test fails here
+    assert all(gpu_epoch.ran_as(key, "cuda", native) == [] for key, _ in gpu_epoch.ROWS)
+    assert all(gpu_epoch.ran_as(key, "cpu", emulated) == [] for key in ("single", "ddp", "d2l"))
+    label = gpu_epoch.labelled("  + compile mode reduce-overhead", ["runs as compile's default mode on CPU"])
+    assert label == "  + compile mode reduce-overhead (runs as compile's default mode on CPU)"
+
+
+def test_each_mfu_names_its_peaks_dtype():
+    row = {"mfu_gemm": 0.012, "mfu_datasheet": 0.003}
+    assert gpu_epoch.mfu_text(row, "fp32", 1, None) == "MFU 1.2% against the measured fp32 GEMM peak"
+    assert gpu_epoch.mfu_text(row, "bf16", 1, 989e12) == (
+        "MFU 1.2% against the measured bf16 GEMM peak, 0.3% against the datasheet bf16 peak"
+    )
+    assert gpu_epoch.mfu_text(row, "fp32", 2, None).endswith("fp32 GEMM peak x 2 cores")

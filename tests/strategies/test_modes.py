@@ -185,9 +185,12 @@ def test_the_ladders_graph_rungs_pass_the_check(tmp_path, rung):
     settings fails here, not on a GPU."""
     strategy = next(s for key, s, _, _ in gpu_epoch.LADDER if key == rung)
     for steps in (60000 // 256, graphs.capture_step(strategy) + 1):
-        cfg = gpu_epoch.rung_cfg(gpu_epoch.ladder_cfg(tmp_path, "synthetic", 256 * steps, steps), "lenet", rung, 256)
+        host = dataclasses.replace(probe(), **GPU_HOST)
+        cfg = gpu_epoch.rung_cfg(
+            gpu_epoch.ladder_cfg(tmp_path, "synthetic", 256 * steps, steps), "lenet", rung, 256, host
+        )
         assert cfg.train.cuda_graphs
-        check_feasible(cfg, dataclasses.replace(probe(), **GPU_HOST))
+        check_feasible(cfg, host)
 
 
 def test_the_ladder_has_its_graph_rungs():
