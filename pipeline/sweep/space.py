@@ -29,12 +29,19 @@ def points(cfg, strategy: str) -> list[dict]:
     (loader.pin); a configuration a sweep cannot honour is refused here too, whoever asks (loader.sweep_refusal)."""
     loader.check_sweep(cfg)
     keys = [k for k in SPACE_KEYS if k not in KNOBS or k in catalog.knobs(strategy)]
+    defaults = type(cfg.train)()
     seen: dict = {}  # a point's values (scalars, so hashable) -> the point; a dict keeps the first-seen order
     for space in cfg.space(strategy):
         # a dimension the space leaves empty is not swept: the train section's value (train.optimizer)
         dims = (getattr(space, k) or (getattr(cfg.train, k),) for k in keys)
         for combo in itertools.product(*dims):
-            seen.setdefault(combo, None)  # a set lookup, not a scan: a 200x200 grid is 40,000 points
+            point = dict(zip(keys, combo))
+            # a setting that does not apply at the point (compile_mode where compile is off) is its default there:
+            # the point runs and records what it runs, and is the point that sets the default
+            for k in catalog.APPLIES_WITH.keys() & point.keys():
+                if not catalog.applies(k, strategy, point):
+                    point[k] = getattr(defaults, k)
+            seen.setdefault(tuple(point.values()), None)  # a set lookup, not a scan: a 200x200 grid is 40,000 points
     return [dict(zip(keys, combo)) for combo in seen]
 
 

@@ -201,7 +201,8 @@ def test_a_setting_no_point_runs_with_is_refused_up_front_and_one_some_point_run
 ):
     """amp_dtype and amp_init_scale apply where autocast runs, output_device where dp gathers, compile_mode with
     compile on (catalog.APPLIES_WITH): set where no point of the selected strategies runs with it, the sweep exits 2
-    naming the key before any study; at its default it passes, and with a point that runs it the points carry it."""
+    naming the key before any study; at its default it passes, and with a point that runs it those points carry it,
+    the others the default."""
     key, _, value = setting.partition("=")
     rc, err, ran = sweep_cli("ddp", setting, *refused)
     assert rc == 2 and not ran, (rc, ran, err)
@@ -211,7 +212,11 @@ def test_a_setting_no_point_runs_with_is_refused_up_front_and_one_some_point_run
     cfg = load(setting, *accepted)
     name = key.split(".")[1]
     assert not loader.sweep_refusal(cfg) and getattr(cfg.train, name) != default
+    # the points that run with it carry it; the others (ddp beside dp or ddp_amp) run and record the default
     got = {
-        getattr(space.trial_config(cfg, s, p).train, name) for s in cfg.sweep.strategies for p in space.points(cfg, s)
+        (s, catalog.applies(name, s, p), getattr(space.trial_config(cfg, s, p).train, name))
+        for s in cfg.sweep.strategies
+        for p in space.points(cfg, s)
     }
-    assert got == {getattr(cfg.train, name)}, got
+    assert {v for _, runs, v in got if runs} == {getattr(cfg.train, name)}, got
+    assert {v for _, runs, v in got if not runs} <= {default}, got
