@@ -16,7 +16,8 @@ fields) pins that dimension: every space of the resolved Config holds that one v
 (sweep/space.py) are what the user set. A profile's own train values do not pin (a profile states its points in its
 spaces), nor do a command's typed options; `train` and `doctor` run no sweep and load without pins. A sweep
 refuses a knob set in train that a selected strategy's catalog row does not take, a setting that applies only with
-a knob or a row's design (catalog.APPLIES_WITH) where no point runs with it (`sweep_refusal`), and train.strategy,
+a knob or a row's design (catalog.APPLIES_WITH) where no point runs with it, a one-device strategy without a point at
+devices=1 (`sweep_refusal`), and train.strategy,
 which a sweep stage takes from its name (`strategy_refusal`); the `train` command, one strategy, checks its own
 (knob_refusal).
 A Config is never mutated: `override` returns a new one.
@@ -660,8 +661,9 @@ def sweep_refusal(cfg: Config) -> str:
     sets it at all is refused at load, `load`); a knob the train section sets away from its default (a pin, or a
     profile's value) that a selected strategy's catalog row does not take, so that strategy's trials could never
     receive it; a setting that applies only with a knob or a row's design (catalog.APPLIES_WITH) away from its
-    default where no point of the selected strategies runs with it (`_unapplied`). The message names the key, the
-    strategies and the forms that work; "" when every setting reaches a trial."""
+    default where no point of the selected strategies runs with it (`_unapplied`); a selected one-device strategy
+    (single) whose points all set more devices (`_one_device`: configured, not this host's limit). The message names
+    the key, the strategies and the forms that work; "" when every setting reaches a trial."""
     defaults = TrainConfig()
     if cfg.train.strategy != defaults.strategy:
         return strategy_refusal(cfg.train.strategy)
@@ -690,7 +692,37 @@ def sweep_refusal(cfg: Config) -> str:
             f"never run with it. {instead} "
             f"Nothing was run."
         )
-    return _unapplied(cfg)
+    return _one_device(cfg) or _unapplied(cfg)
+
+
+def _one_device(cfg: Config) -> str:
+    """Why a selected strategy that runs on one device only (catalog: one_device_only) has no point at devices=1: a
+    configured conflict, not this host's limit, so none of its points would run on any host."""
+    for s in cfg.sweep.strategies:
+        if not catalog.is_one_device_only(s):
+            continue
+        counts = sorted({k for product in cfg.space(s) for k in _dimension(cfg, s, product, "devices")})
+        if 1 in counts:
+            continue
+        parallel = [n for n in cfg.sweep.strategies if not catalog.is_one_device_only(n)]
+        others = f"sweep.strategies=[{', '.join(parallel)}]" if parallel else "a parallel strategy in sweep.strategies"
+        if counts == [cfg.train.devices]:  # train.devices pins every space (pin)
+            taker = "ddp" if "ddp" in parallel or not parallel else parallel[0]
+            form = f"sweep.spaces.{taker}.devices=[{cfg.train.devices}]"
+            return (
+                f"`train.devices={cfg.train.devices}` is set for every selected strategy's trials, but `{s}` runs on "
+                f"exactly one device: none of its points would run, on any host. To run the parallel strategies at "
+                f"{cfg.train.devices} devices, leave `train.devices` unset and give it to their spaces, e.g. "
+                f"`--set '{form}'` (`dvc exp run -S '+{form}'`); or select only those: `{others}`. Nothing was run."
+            )
+        name = s if s in cfg.sweep.spaces else "default"
+        return (
+            f"`sweep.spaces.{name}.devices` gives `{s}` only {', '.join(map(str, counts))} device(s), but `{s}` runs "
+            f"on exactly one device: none of its points would run, on any host. Give its space devices [1] "
+            f"(`--set 'sweep.spaces.{s}.devices=[1]'`), or leave `{s}` out of sweep.strategies (`{others}`). "
+            f"Nothing was run."
+        )
+    return ""
 
 
 def _unapplied(cfg: Config) -> str:
