@@ -271,8 +271,8 @@ def _announce(sweep: Sweep, feasible: list[dict]) -> None:
         again = sum(1 for t in left if t.user_attrs.get("remeasure"))
         notes = [f"{again} of them a re-measure of a trial flagged as measured under interference"] if again else []
         notes += [f"{done} of {total} ran to an end already"] if done else []
-        if most := sweep.cfg.sweep.remeasure_interfered:
-            notes += [f"each trial flagged as measured under interference adds one (sweep.remeasure_interfered={most})"]
+        if (most := sweep.cfg.sweep.remeasure_interfered) and left:
+            notes += [f"each trial flagged as measured under interference adds one: sweep.remeasure_interfered={most}"]
         said = f" ({'; '.join(notes)})" if notes else ""
         print(
             f"[sweep {strategy}] study {study.study_name}: {len(left)} trial(s) to run{said}, {where}", file=sys.stderr

@@ -113,7 +113,7 @@ def test_the_header_counts_the_trials_that_run_re_measures_among_them(tiny, tmp_
     run_sweep(cfg, "single", out, max_new_trials=0)
     err = " ".join(capsys.readouterr().err.split())
     assert "3 trial(s) to run (1 of them a re-measure of a trial flagged as measured under interference" in err, err
-    assert "each trial flagged as measured under interference adds one (sweep.remeasure_interfered=1)" in err, err
+    assert "each trial flagged as measured under interference adds one: sweep.remeasure_interfered=1)" in err, err
 
 
 def test_a_complete_study_says_it_is_complete_and_runs_nothing(tiny, tmp_path, capsys):
