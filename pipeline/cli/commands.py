@@ -34,7 +34,10 @@ def cmd_sweep(args) -> int:
     from pipeline.sweep import unselected
     from pipeline.sweep.space import Space
 
-    cfg = loader.load(args.params, args.overrides, stage=True)  # its strategy: the stage's, never train.strategy
+    notes: list[str] = []
+    cfg = loader.load(args.params, args.overrides, stage=True, notes=notes)  # its strategy: the stage's
+    for note in notes:  # an axis set for a space of several groups: said once
+        print(f"[sweep {args.strategy}] {note}", file=sys.stderr)
     loader.check_sweep(cfg)  # every sweep stage, selected or not: a knob a selected strategy cannot take
     out = output_file(args.out or paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.jsonl", "--out")
     if not unselected.selected(cfg, args.strategy):  # its table, without loading torch, Optuna and MLflow

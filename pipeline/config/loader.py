@@ -3,6 +3,8 @@
 Layers, later wins: dataclass defaults < experiments/<profile>.yaml < params.yaml < --set a.b=v.
 Unknown keys and invalid values raise ConfigError (one paragraph naming the key and the valid values)
 before any work starts; a search space may set only the sweep knobs its strategy accepts (pipeline/catalog.py).
+A layer's space given as a mapping of axes applies to each group of the space the layers below resolve for its
+strategy (`_each_group`); a list of groups replaces the whole space.
 A null, in params.yaml or --set, is no value: the layer below's.
 --set takes Hydra's override grammar as `dvc exp run -S` does (`+key=` adds, `++key=` adds or changes, `~key` removes
 params.yaml's value: the profile's applies), with YAML values, which take a URL's `?a=1` unquoted where Hydra's parser
@@ -14,7 +16,8 @@ fields) pins that dimension: every space of the resolved Config holds that one v
 (sweep/space.py) are what the user set. A profile's own train values do not pin (a profile states its points in its
 spaces), nor do a command's typed options; `train` and `doctor` run no sweep and load without pins. A sweep
 refuses a knob set in train that a selected strategy's catalog row does not take, a setting that applies only with
-a knob or a row's design (catalog.APPLIES_WITH) where no point runs with it (`sweep_refusal`), and train.strategy,
+a knob or a row's design (catalog.APPLIES_WITH) where no point runs with it, a one-device strategy without a point at
+devices=1 (`sweep_refusal`), and train.strategy,
 which a sweep stage takes from its name (`strategy_refusal`); the `train` command, one strategy, checks its own
 (knob_refusal).
 A Config is never mutated: `override` returns a new one.
@@ -490,6 +493,7 @@ def load(
     flags: dict | None = None,
     sweeps: bool = True,
     stage: bool = False,
+    notes: list | None = None,
 ) -> Config:
     """Read params.yaml (and the profile it names) and apply `--set` overrides, then `flags` (a command's typed
     options as sections, {"train": {"strategy": "ddp"}}), validated once with the rest, with the user's train settings
@@ -497,7 +501,8 @@ def load(
     `params`, the repository's params.yaml is optional (none: the profile's and built-in values); a `params` file
     named explicitly (--params) must exist, or a typo would run silently on other values than the user chose.
     `stage`: a sweep stage's command, whose trials run the stage's strategy: a train.strategy a user layer sets, its
-    default too, is refused (strategy_refusal)."""
+    default too, is refused (strategy_refusal). `notes`, where given, gets a line for each space whose groups a later
+    layer's axes change one by one (`_each_group`)."""
     root = Path(root) if root else repo_root()
     path = Path(params) if params else root / "params.yaml"
     if params and not path.exists() and path.is_symlink():
@@ -522,14 +527,61 @@ def load(
     users = [(_drop_unset(raw), str(path)), (sets, "--set")]  # what pins the sweep (a command's options do not)
     layers += [*users, (flags or {}, "the command's options")]
     layered: dict = {}
+    origins: dict = {}  # strategy (or `default`) -> the layer its space comes from
     for layer, where in layers:  # each layer's sections must be mappings, whatever the later layers hold
         _check_shapes(Config, layer, "", where)
-        layered = _merge(layered, layer)
+        layered = _merge(layered, _each_group(layered, layer, where, origins, notes))
     layered["profile"] = profile
     cfg = _build(Config, layered, "")
     if stage and any((layer.get("train") or {}).get("strategy") is not None for layer, _ in users):  # default too
         raise ConfigError(strategy_refusal(cfg.train.strategy))
     return pin(cfg, users) if sweeps else cfg
+
+
+def _each_group(below: dict, layer: dict, where: str, origins: dict, notes: list | None = None) -> dict:
+    """`layer` with each space it gives as a mapping of axes (`sweep.spaces.S.lr: [0.1]`, as `--set` and `dvc exp run
+    -S` write one axis) applied to each group of the space the layers `below` resolve for S (Config.space: S's own,
+    else `default`'s, less the knobs S does not take): every product keeps its other axes. A list of groups is the
+    whole space and replaces it. `origins` tracks which layer gave each space; `notes` gets a line for each space
+    whose groups the axes change."""
+    spaces = (layer.get("sweep") or {}).get("spaces") if isinstance(layer.get("sweep"), dict) else None
+    if not isinstance(spaces, dict):
+        return layer
+    lower = (below.get("sweep") or {}).get("spaces") or {}
+    lower = lower if isinstance(lower, dict) else {}
+    out = dict(spaces)
+    for s, axes in spaces.items():
+        if not isinstance(axes, dict):
+            origins[s] = where
+            continue
+        base, of = lower.get(s), s
+        if base is None and s != "default" and lower.get("default") is not None:
+            base, of = _own_knobs(lower["default"], s), "default"
+        if isinstance(base, list) and all(isinstance(g, dict) for g in base):
+            out[s] = [_merge(g, axes) for g in base]
+        elif isinstance(base, dict):
+            out[s] = _merge(base, axes)
+        if notes is not None and base is not None and (isinstance(base, list) or of != s) and out[s] != base:
+            keys = ", ".join(f"`sweep.spaces.{s}.{k}`" for k in axes)
+            inherited = f", which `{s}` runs without a space of its own" if of != s else ""
+            groups = len(base) if isinstance(base, list) else 1
+            notes.append(
+                f"{keys} ({where}) applies to each of the {groups} group(s) of the `{of}` space "
+                f"({origins.get(of, 'the profile')}){inherited}; each keeps its other axes. To replace the whole "
+                f"space, give it as a list of groups: `--set 'sweep.spaces.{s}=[{{...}}, ...]'`."
+            )
+        origins.setdefault(s, origins.get(of, where))
+    return {**layer, "sweep": {**layer["sweep"], "spaces": out}}
+
+
+def _own_knobs(space, strategy: str):
+    """The `default` space (a mapping, or a list of them) as `strategy`'s own: the knobs it does not take left out
+    (points() reads none of them for it; its own space may not hold them)."""
+    if isinstance(space, list):
+        return [_own_knobs(g, strategy) for g in space]
+    if not isinstance(space, dict):
+        return space
+    return {k: v for k, v in space.items() if k not in catalog.KNOBS or k in catalog.knobs(strategy)}
 
 
 def _drop_unset(layer: dict) -> dict:
@@ -609,8 +661,9 @@ def sweep_refusal(cfg: Config) -> str:
     sets it at all is refused at load, `load`); a knob the train section sets away from its default (a pin, or a
     profile's value) that a selected strategy's catalog row does not take, so that strategy's trials could never
     receive it; a setting that applies only with a knob or a row's design (catalog.APPLIES_WITH) away from its
-    default where no point of the selected strategies runs with it (`_unapplied`). The message names the key, the
-    strategies and the forms that work; "" when every setting reaches a trial."""
+    default where no point of the selected strategies runs with it (`_unapplied`); a selected one-device strategy
+    (single) whose points all set more devices (`_one_device`: configured, not this host's limit). The message names
+    the key, the strategies and the forms that work; "" when every setting reaches a trial."""
     defaults = TrainConfig()
     if cfg.train.strategy != defaults.strategy:
         return strategy_refusal(cfg.train.strategy)
@@ -639,7 +692,37 @@ def sweep_refusal(cfg: Config) -> str:
             f"never run with it. {instead} "
             f"Nothing was run."
         )
-    return _unapplied(cfg)
+    return _one_device(cfg) or _unapplied(cfg)
+
+
+def _one_device(cfg: Config) -> str:
+    """Why a selected strategy that runs on one device only (catalog: one_device_only) has no point at devices=1: a
+    configured conflict, not this host's limit, so none of its points would run on any host."""
+    for s in cfg.sweep.strategies:
+        if not catalog.is_one_device_only(s):
+            continue
+        counts = sorted({k for product in cfg.space(s) for k in _dimension(cfg, s, product, "devices")})
+        if 1 in counts:
+            continue
+        parallel = [n for n in cfg.sweep.strategies if not catalog.is_one_device_only(n)]
+        others = f"sweep.strategies=[{', '.join(parallel)}]" if parallel else "a parallel strategy in sweep.strategies"
+        if counts == [cfg.train.devices]:  # train.devices pins every space (pin)
+            taker = "ddp" if "ddp" in parallel or not parallel else parallel[0]
+            form = f"sweep.spaces.{taker}.devices=[{cfg.train.devices}]"
+            return (
+                f"`train.devices={cfg.train.devices}` is set for every selected strategy's trials, but `{s}` runs on "
+                f"exactly one device: none of its points would run, on any host. To run the parallel strategies at "
+                f"{cfg.train.devices} devices, leave `train.devices` unset and give it to their spaces, e.g. "
+                f"`--set '{form}'` (`dvc exp run -S '+{form}'`); or select only those: `{others}`. Nothing was run."
+            )
+        name = s if s in cfg.sweep.spaces else "default"
+        return (
+            f"`sweep.spaces.{name}.devices` gives `{s}` only {', '.join(map(str, counts))} device(s), but `{s}` runs "
+            f"on exactly one device: none of its points would run, on any host. Give its space devices [1] "
+            f"(`--set 'sweep.spaces.{s}.devices=[1]'`), or leave `{s}` out of sweep.strategies (`{others}`). "
+            f"Nothing was run."
+        )
+    return ""
 
 
 def _unapplied(cfg: Config) -> str:
@@ -739,7 +822,8 @@ def _check_shapes(cls, layer: dict, prefix: str, where: str) -> None:
 def override(cfg: Config, items) -> Config:
     """A new Config with dotted overrides applied (validated like the file; a train setting pins, as --set's)."""
     sets = _sections_unset(apply_sets({}, items, user=False)[1])
-    return pin(_build(Config, _merge(cfg.to_dict(), sets), ""), [(sets, "--set")])
+    base = cfg.to_dict()
+    return pin(_build(Config, _merge(base, _each_group(base, sets, "--set", {})), ""), [(sets, "--set")])
 
 
 def replace_train(cfg: Config, **changes) -> Config:

@@ -13,6 +13,7 @@ finished trials. results/sweeps/<strategy>.jsonl is rewritten from the study aft
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import warnings
@@ -25,7 +26,7 @@ from pipeline.errors import Stopped, interruption
 from pipeline.host.devices import probe
 from pipeline.measure.quiet import QuietGate
 from pipeline.preflight import check_store
-from pipeline.records.table import write_table
+from pipeline.records.table import point_of, write_table
 from pipeline.sweep import claims, slurm, study_parent, study_setup, study_view, unselected
 from pipeline.sweep.best_effort import best_effort
 from pipeline.sweep.claims import open_storage, storage_url
@@ -168,7 +169,7 @@ def run_sweep(cfg, strategy: str, out_csv: Path, max_new_trials: int | None = No
     # from here every stop (Ctrl-C, SIGTERM, a fault) ends in `finally`: nothing this worker holds is left RUNNING
     interrupted, fault, why = True, None, "interrupted"
     try:
-        _announce(sweep)
+        _announce(sweep, feasible)
         sweep.gate = _quiet_gate(cfg, strategy) if feasible else None  # nothing this host can run: nothing to wait for
         worker.serve(max_new_trials)
         interrupted = False
@@ -250,14 +251,14 @@ def _set_up(space: Space, out_csv: Path) -> tuple[Sweep, list[dict]]:
     return sweep, feasible
 
 
-def _announce(sweep: Sweep) -> None:
-    """How many of the study's trials are left to run (none: the study is complete, and says so), and each point
-    this host skips with the reason."""
+def _announce(sweep: Sweep, feasible: list[dict]) -> None:
+    """How many of the study's trials this worker runs (_left; none: the study is complete, and says so), and each
+    point this host skips with the reason."""
     study, strategy, host, total, skipped = sweep.study, sweep.strategy, sweep.host, sweep.total, sweep.skipped
     done = claims.finished(study)
-    left = max(total - done, 0)
+    left = _left(sweep, feasible)
     where = f"{len(skipped)} point(s) skipped on this host ({host.kind} x{host.n})"
-    if total and not left:
+    if total and done >= total and not left:
         failed = len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
         print(
             f"[sweep {strategy}] study {study.study_name} is complete: all {total} trial(s) of its points ran to an "
@@ -267,10 +268,34 @@ def _announce(sweep: Sweep) -> None:
             flush=True,
         )
     else:
-        already = f" ({done} of {total} ran to an end already)" if done else ""
-        print(f"[sweep {strategy}] study {study.study_name}: {left} trial(s) to run{already}, {where}", file=sys.stderr)
+        again = sum(1 for t in left if t.user_attrs.get("remeasure"))
+        notes = [f"{again} of them a re-measure of a trial flagged as measured under interference"] if again else []
+        notes += [f"{done} of {total} ran to an end already"] if done else []
+        if (most := sweep.cfg.sweep.remeasure_interfered) and left:
+            notes += [f"each trial flagged as measured under interference adds one: sweep.remeasure_interfered={most}"]
+        said = f" ({'; '.join(notes)})" if notes else ""
+        print(
+            f"[sweep {strategy}] study {study.study_name}: {len(left)} trial(s) to run{said}, {where}", file=sys.stderr
+        )
     for reason, group in _by_reason(skipped):
         print(f"  skipped {_points_text(group)}: {reason}", file=sys.stderr)
+
+
+def _left(sweep: Sweep, feasible: list[dict]) -> list:
+    """The study's trials this worker runs from here: the waiting ones at a point this host runs (the queue's rest,
+    sweep.repeats' rounds, the copies of interrupted trials and the queued re-measures) and the running ones whose
+    worker is gone (a copy of each is enqueued when its heartbeat goes stale), not those another live worker holds."""
+    here = {json.dumps(p, sort_keys=True) for p in feasible}
+    waiting = [
+        t
+        for t in sweep.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if json.dumps(point_of(t), sort_keys=True) in here
+    ]
+    try:
+        held = {t.number for t in claims.held_elsewhere(sweep.study)}
+    except Exception:  # the store cannot say: count the waiting ones only
+        return waiting
+    return waiting + [t for t in claims.running(sweep.study) if t.number not in held]
 
 
 def _by_reason(skipped) -> list[tuple[str, list[dict]]]:

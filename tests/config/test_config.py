@@ -203,3 +203,43 @@ def test_a_yaml_exponent_read_as_text_is_refused_with_the_spelling_that_works(tm
     fixed = fix.split(" or ")[0]
     (tmp_path / "params.yaml").write_text(f"profile: ''\ntrain: {{interference_threshold: {fixed}}}\n")
     assert loader.load(tmp_path / "params.yaml", [], root=tmp_path).train.interference_threshold == float(written)
+
+
+def _groups(cfg, strategy):
+    return [(p.devices, p.batch_size, p.lr, p.optimizer) for p in cfg.space(strategy)]
+
+
+def test_one_axis_of_a_space_of_groups_applies_to_each_group(tmp_path):
+    """`--set 'sweep.spaces.ddp.lr=[0.1]'` over the cpu profile's four ddp groups (B=128, AdamW) sets lr in each of
+    them, every group keeping its other axes; `dvc exp run -S` (the axis written into params.yaml) does the same."""
+    profile = _groups(load(), "ddp")
+    assert len(profile) == 4
+    want = [(d, b, (0.1,), o) for d, b, _, o in profile]
+    notes: list = []
+    by_set = loader.load(REPO / "params.yaml", ["sweep.spaces.ddp.lr=[0.1]"], root=REPO, notes=notes)
+    assert _groups(by_set, "ddp") == want
+    assert len(notes) == 1 and "each of the 4 group(s) of the `ddp` space (experiments/cpu.yaml)" in notes[0]
+    params = tmp_path / "params.yaml"
+    params.write_text((REPO / "params.yaml").read_text() + "\n")
+    params.write_text(
+        params.read_text().replace(
+            "  emulated_max_steps: null\n", "  emulated_max_steps: null\n  spaces:\n    ddp: {lr: [0.1]}\n"
+        )
+    )
+    assert _groups(loader.load(params, root=REPO), "ddp") == want
+    assert _groups(load("sweep.spaces.default.lr=[0.1,0.3]"), "dp") == [
+        (d, b, (0.1, 0.3), o) for d, b, _, o in _groups(load(), "dp")
+    ]
+
+
+def test_an_axis_of_a_strategy_without_a_space_applies_to_the_default_groups_and_a_list_replaces():
+    """A strategy without a space of its own runs `default`'s groups: one axis set for it keeps them; a list of
+    groups is the whole space and replaces the profile's."""
+    default = _groups(load(), "dp")
+    assert len(default) == 2
+    assert _groups(load("sweep.spaces.dp.batch_size=[64]"), "dp") == [(d, (64,), lr, o) for d, _, lr, o in default]
+    whole = load("sweep.spaces.ddp=[{devices: [1], batch_size: [64], lr: [0.1]}]")
+    assert _groups(whole, "ddp") == [((1,), (64,), (0.1,), ())]
+    assert _groups(loader.override(load(), ["sweep.spaces.ddp.lr=[0.1]"]), "ddp") == [
+        (d, b, (0.1,), o) for d, b, _, o in _groups(load(), "ddp")
+    ]

@@ -220,3 +220,19 @@ def test_a_setting_no_point_runs_with_is_refused_up_front_and_one_some_point_run
     }
     assert {v for _, runs, v in got if runs} == {getattr(cfg.train, name)}, got
     assert {v for _, runs, v in got if not runs} <= {default}, got
+
+
+def test_a_one_device_strategy_given_only_more_devices_is_refused_a_host_limit_is_skipped(sweep_cli):
+    """`train.devices=2` (or a space of devices [2]) for `single`, which runs on one device, is a configuration's
+    conflict, refused before anything runs, naming the key and the strategy, never reported as this host's limit; a
+    space that keeps a one-device point runs it, its other points skipped."""
+    for sets in (["train.devices=2"], ["train.devices=2", "sweep.strategies=[single]"]):
+        rc, err, ran = sweep_cli("single", *sets)
+        assert rc == 2 and not ran, (rc, ran, err)
+        assert "`train.devices=2`" in err and "`single` runs on exactly one device" in err, err
+        assert "sweep.spaces.ddp.devices=[2]" in err and "skipped" not in err, err
+    rc, err, ran = sweep_cli("single", "sweep.spaces.single.devices=[2, 4]", "sweep.strategies=[single]")
+    assert rc == 2 and "`sweep.spaces.single.devices` gives `single` only 2, 4 device(s)" in err, err
+    rc, err, ran = sweep_cli("single", "sweep.spaces.single.devices=[1, 2]", "sweep.strategies=[single]")
+    assert rc == 0 and ran == ["single"], err
+    assert sweep_cli("ddp", "train.devices=2", "sweep.strategies=[ddp]")[0] == 0

@@ -8,6 +8,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from pipeline.records.table import point_of
 from pipeline.sweep.space import Space, points
 from pipeline.sweep.stage import load_study, run_sweep
 from pipeline.tracking import client
@@ -96,6 +97,23 @@ def test_n_trials_0_sets_the_study_up_and_says_it_runs_nothing_by_design(tiny, t
     assert "2 trial(s) to run" in err and "--n-trials 0: the study is set up and no trial is run here, by design" in err
     study = load_study(cfg, "single")
     assert [t.state for t in study.trials] == [TrialState.WAITING] * 2
+
+
+def test_the_header_counts_the_trials_that_run_re_measures_among_them(tiny, tmp_path, capsys):
+    """A rerun says how many trials it runs: the queued re-measures of trials flagged under interference count (its
+    header said "2 to run" and ran more), and a study whose planned trials all ran but a re-measure waits is not
+    complete."""
+    cfg = tiny(100.0, "sweep.remeasure_interfered=1")
+    out = tmp_path / "single.jsonl"
+    run_sweep(cfg, "single", out, max_new_trials=0)
+    assert "2 trial(s) to run" in capsys.readouterr().err
+    study = load_study(cfg, "single")
+    first = study.get_trials(deepcopy=False)[0]
+    study.enqueue_trial(point_of(first), user_attrs={"repeat": 0, "remeasure": 1, "remeasure_of": first.number})
+    run_sweep(cfg, "single", out, max_new_trials=0)
+    err = " ".join(capsys.readouterr().err.split())
+    assert "3 trial(s) to run (1 of them a re-measure of a trial flagged as measured under interference" in err, err
+    assert "each trial flagged as measured under interference adds one: sweep.remeasure_interfered=1)" in err, err
 
 
 def test_a_complete_study_says_it_is_complete_and_runs_nothing(tiny, tmp_path, capsys):
