@@ -28,6 +28,9 @@ from pipeline.analysis.tables.points import EXTRAS, MEM_BASIS, MIB, POINT, best_
 from pipeline.analysis.tables.step_parts import breakdown_table
 
 BEST_YAML = "results/analysis/best.yaml"
+# the line that heads the answer's command in report.md: the answer shown on screen ends above it
+# (cli/commands.answer_screen)
+COMMAND_HEADING = "Run it (or take the sections of " + BEST_YAML + " into your params.yaml):"
 RUN_DIR = "runs/best"
 ACC_TIE = 0.005  # accuracies this close are one seed's noise, not a difference (seed-to-seed spread is unmeasured)
 K1_NOTED = 0.05  # without intervals, a k=1 difference from the baseline is named only beyond 5 %
@@ -418,7 +421,7 @@ def build(df, status, pts, eff, mem) -> Answer:
         return Answer(("## Answer", "", f"**No answer on this host:** {cause}"), cause=cause)
     cmd = command(first, "synthetic" if synthetic else "", figure, data)
     lines += [
-        "Run it (or take the sections of " + BEST_YAML + " into your params.yaml):",
+        COMMAND_HEADING,
         "",
         "```",
         cmd.replace(" --set", " \\\n    --set")
