@@ -75,15 +75,18 @@ def cmd_analyze(args) -> int:
     return 0
 
 
-def answer_screen(report: str, out, ui: str = "mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db") -> str:
-    """What the pipeline's last stage leaves on screen: the report's answer (its section, without the command's
-    block) and where to look next (`ui`: MLflow's own command for the store, tracking.ui_command)."""
+def answer_screen(report: str, out, ui: str) -> str:
+    """What the pipeline's last stage leaves on screen: the report's answer (its section, down to the heading of its
+    command, answer.COMMAND_HEADING) and where to look next (`ui`: MLflow's own command for the store,
+    client.ui_command's)."""
+    from pipeline.analysis.report.answer import COMMAND_HEADING
+
     lines = report.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("## Answer")), None)
     shown: list[str] = []
     if start is not None:
         for line in lines[start + 1 :]:
-            if line.startswith("## ") or line.startswith("Run it"):
+            if line.startswith("## ") or line == COMMAND_HEADING:
                 break
             shown.append(line)
     body = "\n".join(shown).strip() or "(report.md has no answer section)"

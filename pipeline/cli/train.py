@@ -45,48 +45,47 @@ def fresh_out(out: Path) -> Path:
     return path
 
 
-def _busy(record) -> float | None:
-    """The cores other processes kept busy while the run was measured, when it was flagged; None when quiet."""
+def _row(record) -> dict:
+    """This run's figure as a row of the report's rule (tables/comparable.py): under load where interference.py
+    flagged it, its busy cores NaN where they were not measured."""
     seen = record.get("interference") or {}
-    if not seen.get("interfered"):
-        return None
     cores = seen.get("foreign_cores")
-    return float(cores) if isinstance(cores, (int, float)) else float("nan")
+    return {
+        "under_load": bool(seen.get("interfered")),
+        "load_cores": float(cores) if isinstance(cores, (int, float)) else float("nan"),
+    }
 
 
-def _cores(c: float | None) -> str:
-    if c is None:
-        return "measured quietly"
-    return "measured under load" if c != c else f"measured beside {c:.1f} busy cores"  # nan: load not measured
+def _answer(load_cores: float | None) -> dict:
+    """The answer's figure as a row of the rule: --answer-load-cores absent (None) is quiet, nan under load with its
+    busy cores not measured."""
+    return {"under_load": load_cores is not None, "load_cores": load_cores}
 
 
 def verdict(record, answer_img_s: float | None, answer_load_cores: float | None) -> str:
     """This run's images/s, labelled: under load when it was flagged, and against the answer's figure it reproduces
-    when given ("1,540 img/s vs the answer's 1,513 (+1.8%)"), like against like by the report's own rule
-    (tables/comparable.py): both quiet, or both under load with busy cores close enough, is compared, each side's
-    condition said; otherwise not comparable, each side's condition said, and what to do."""
+    when given ("1,540 img/s vs the answer's 1,513 (+1.8%)"), like against like by the report's own rule and in its
+    words (tables/comparable.py): both quiet, or both under load with busy cores close enough, is compared, each
+    side's condition said; otherwise comparable.not_comparable's sentence."""
     from pipeline.analysis.tables import comparable
     from pipeline.measure import meter
 
-    thr, mine = record.get("throughput_img_s"), _busy(record)
+    thr, mine = record.get("throughput_img_s"), _row(record)
     if thr is None:
         return meter.speed_text(record)
     own = f"{thr:,.0f} img/s"
     if answer_img_s is None:
-        return own if mine is None else f"{own}, {_cores(mine)} (not this host's quiet speed)"
-    theirs = f"the answer's {answer_img_s:,.0f}"
-    rows = [{"under_load": c is not None, "load_cores": c} for c in (mine, answer_load_cores)]
-    if comparable.comparable(*rows):
-        both = (
-            "both measured quietly"
-            if mine is None
-            else f"this run {_cores(mine)}, the answer {_cores(answer_load_cores)}: comparable loads"
-        )
-        return f"{own} vs {theirs} ({(thr / answer_img_s - 1) * 100:+.1f}%), {both}"
-    return (
-        f"{own}, {_cores(mine)}: not comparable with {theirs} ({_cores(answer_load_cores)}); rerun on a quiet host "
-        "to compare"
-    )
+        if not mine["under_load"]:
+            return own
+        return f"{own}, measured {comparable.condition(mine)} (not this host's quiet speed)"
+    theirs, answer = f"the answer's {answer_img_s:,.0f}", _answer(answer_load_cores)
+    if not comparable.comparable(mine, answer):
+        return f"{own}, " + comparable.not_comparable([("this run", mine), (theirs, answer)])
+    both = "both measured quietly"
+    if mine["under_load"]:
+        both = f"this run measured {comparable.condition(mine)}, the answer {comparable.condition(answer)}"
+        both += ": comparable loads"
+    return f"{own} vs {theirs} ({(thr / answer_img_s - 1) * 100:+.1f}%), {both}"
 
 
 def run(args) -> int:
@@ -130,7 +129,7 @@ def run(args) -> int:
     speed = verdict(metrics, args.answer_img_s, args.answer_load_cores)
     print(
         f"{metrics['strategy']} k={metrics['devices']} {metrics['model']}: "
-        f"{meter.speed_text(metrics)}{'' if _busy(metrics) is None else ' [under load]'}, "
+        f"{meter.speed_text(metrics)}{' [under load]' if _row(metrics)['under_load'] else ''}, "
         f"test acc {metrics['test_acc'][-1]:.4f}, "
         f"peak mem/device {[round(p / 2**20, 1) for p in metrics['peak_mem_bytes']]} MiB{syn}"
     )

@@ -91,7 +91,8 @@ def test_no_answer_says_why():
     """Every trial under interference: an answer labelled measured under load on its first line; trials that never
     completed: no answer, and the summary's per-strategy reason."""
     ans, df = build(("ddp", 1, 1000.0, 1), ("ddp", 2, 1800.0, 2), interfered=True)
-    assert ans.train["strategy"] == "ddp" and "*measured under load*" in text(ans).split("\n")[2]
+    assert ans.train["strategy"] == "ddp"
+    assert "*measured under load (busy cores not measured)*" in text(ans).split("\n")[2]  # comparable.condition
     loaded = answer.why_no_answer(df, {})  # where no under-load figure can be made either
     assert "measured under interference" in loaded and "helps only where the host has quiet moments" in loaded
     failed = frame([row("ddp", k=1, state="failed", reason="CUDA out of memory")])
@@ -206,10 +207,11 @@ def test_every_comparison_states_both_sides_conditions():
     ans = answer.build(df, status, point_table(df), scaling_table(df), memory_table(df))
     why = [s for s in ans.lines if s.startswith("- **Why:**")][0]
     sure = [s for s in ans.lines if s.startswith("- **How sure:**")][0]
-    assert "ddp_amp measured under load (1.25 cores busy elsewhere), single measured under load (1.20 cores" in why
+    assert "ddp_amp measured beside 1.25 busy cores, single measured beside 1.20 busy cores" in why
     assert "(k=2 measured under load, its k=1 reference under load)" in why
-    assert "ddp_amp measured under load (1.25 cores busy elsewhere), ddp measured under load (1.30 cores" in sure
+    assert "ddp_amp measured beside 1.25 busy cores, ddp measured beside 1.30 busy cores" in sure
     assert "Not compared" not in text(ans) and "the fastest measured on this host" in text(ans)
+    assert "; *measured beside 1.25 busy cores*)" in ans.lines[2]  # the headline: comparable.condition's words
     quiet, _ = build(("ddp", 1, 1000.0, 1), ("ddp", 2, 1800.0, 2), ("fsdp", 1, 1000.0, 3), ("fsdp", 2, 1400.0, 4))
     assert "measured quietly" not in text(quiet) and "under load" not in text(quiet)
 

@@ -79,6 +79,14 @@ def test_a_point_with_quiet_trials_leaves_its_flagged_ones_out_unlabelled():
     assert "1 of the 3 complete trials was measured under interference" in reading[0] and "left out" in reading[0]
 
 
+def test_a_figures_load_label_tells_quiet_from_unmeasured():
+    """summary's label (comparable.load): None quietly or without a figure, the busy cores under load, NaN under a
+    load whose cores were not measured (never None, which would read as quiet)."""
+    assert summary._load(None) is None and summary._load({"under_load": False, "load_cores": math.nan}) is None
+    assert summary._load({"under_load": True, "load_cores": 1.7}) == pytest.approx(1.7)
+    assert math.isnan(summary._load({"under_load": True, "load_cores": math.nan}))
+
+
 @pytest.mark.parametrize("loaded_end", ["k=1", "k=2"])
 def test_an_efficiency_with_one_end_under_load_is_labelled_not_comparable(loaded_end):
     """A loaded k=1 against a quiet k=2 (or the reverse) divides a figure measured beside busy cores by one measured

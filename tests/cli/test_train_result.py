@@ -24,15 +24,17 @@ def test_a_quiet_run_is_compared_with_the_answer():
 
 
 def test_a_run_under_load_says_so_and_is_not_compared():
-    said = verdict(_record(1513.0, 1.31), 4183.0, None)
-    assert said.startswith("1,513 img/s, measured beside 1.3 busy cores: not comparable with the answer's 4,183 ")
-    assert "(measured quietly)" in said and "rerun on a quiet host" in said
+    """In the report's words (comparable.condition, comparable.not_comparable): one phrasing, two decimals."""
+    assert verdict(_record(1513.0, 1.31), 4183.0, None) == (
+        "1,513 img/s, not comparable on this host: this run was measured beside 1.31 busy cores, the answer's 4,183 "
+        "quietly; rerun on a quiet host"
+    )
     # the answer's own figure under load: not comparable either, whatever this run's conditions
-    assert "not comparable with the answer's 4,183 (measured beside 1.5 busy cores)" in verdict(
+    assert "this run was measured quietly, the answer's 4,183 beside 1.48 busy cores; rerun" in verdict(
         _record(1513.0), 4183.0, 1.48
     )
     assert verdict(_record(1513.0, 0.9), None, None) == (
-        "1,513 img/s, measured beside 0.9 busy cores (not this host's quiet speed)"
+        "1,513 img/s, measured beside 0.90 busy cores (not this host's quiet speed)"
     )
 
 
@@ -83,8 +85,8 @@ def test_the_printed_command_twice_labels_its_result_and_keeps_the_first(
     first = capsys.readouterr()
     assert "[under load]" in first.out.splitlines()[0]
     assert first.out.splitlines()[-1] == (
-        "result: 1,513 img/s, measured beside 1.3 busy cores: not comparable with the answer's 4,183 (measured "
-        "quietly); rerun on a quiet host to compare"
+        "result: 1,513 img/s, not comparable on this host: this run was measured beside 1.31 busy cores, the "
+        "answer's 4,183 quietly; rerun on a quiet host"
     )
     (tmp_path / "runs" / "best" / "metrics.json").write_text('{"kept": true}')
     assert main(argv) == 0
@@ -99,15 +101,18 @@ def test_runs_under_comparable_loads_are_compared_by_the_reports_rule():
     """This run and the answer beside equal busy cores (or within the report's LOAD_TOLERANCE of 0.25): compared,
     both sides' loads said; beyond it: not comparable."""
     assert verdict(_record(2400.0, 1.2), 2470.0, 1.2) == (
-        "2,400 img/s vs the answer's 2,470 (-2.8%), this run measured beside 1.2 busy cores, the answer measured "
-        "beside 1.2 busy cores: comparable loads"
+        "2,400 img/s vs the answer's 2,470 (-2.8%), this run measured beside 1.20 busy cores, the answer beside 1.20 "
+        "busy cores: comparable loads"
     )
     assert "(+" in verdict(_record(2500.0, 1.1), 2470.0, 1.3) and "comparable loads" in verdict(
         _record(2500.0, 1.1), 2470.0, 1.3
     )
-    assert "not comparable with the answer's 2,470" in verdict(_record(2400.0, 1.2), 2470.0, 1.6)
-    assert "not comparable" in verdict(_record(2400.0, float("nan")), 2470.0, 1.2)  # busy cores not measured
+    assert "not comparable on this host: this run" in verdict(_record(2400.0, 1.2), 2470.0, 1.6)
+    assert verdict(_record(2400.0, float("nan")), 2470.0, 1.2) == (  # this run's busy cores not measured
+        "2,400 img/s, not comparable on this host: this run was measured under load (busy cores not measured), the "
+        "answer's 2,470 beside 1.20 busy cores; rerun on a quiet host"
+    )
     assert verdict(_record(2400.0, None), 2470.0, float("nan")) == (  # the answer's busy cores not measured
-        "2,400 img/s, measured quietly: not comparable with the answer's 2,470 (measured under load); rerun on a quiet "
-        "host to compare"
+        "2,400 img/s, not comparable on this host: this run was measured quietly, the answer's 2,470 under load (busy "
+        "cores not measured); rerun on a quiet host"
     )

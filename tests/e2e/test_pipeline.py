@@ -183,7 +183,7 @@ def test_every_command_the_readme_and_the_last_stage_print_shows_its_figures(clo
     assert efficiencies, metrics  # the tiny profile measures k=2 at one global batch: strong scaling
     readme = (REPO / "README.md").read_text().split("## What you get", 1)[1].split("```bash\n", 1)[1]
     given = _commands(readme.split("```", 1)[0])
-    nxt = answer_screen((out / "report.md").read_text(), "results/analysis").rsplit("Next: ", 1)[1]
+    nxt = answer_screen((out / "report.md").read_text(), "results/analysis", "mlflow ui").rsplit("Next: ", 1)[1]
     printed = [c.split(" (")[0].strip() for c in nxt.split(" · ")]
     assert len(given) == 3 and len(printed) == 3, (given, printed)
     for cmd in [*given, *printed]:

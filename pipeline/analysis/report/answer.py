@@ -28,6 +28,9 @@ from pipeline.analysis.tables.points import EXTRAS, MEM_BASIS, MIB, POINT, best_
 from pipeline.analysis.tables.step_parts import breakdown_table
 
 BEST_YAML = "results/analysis/best.yaml"
+# the line that heads the answer's command in report.md: the answer shown on screen ends above it
+# (cli/commands.answer_screen)
+COMMAND_HEADING = "Run it (or take the sections of " + BEST_YAML + " into your params.yaml):"
 RUN_DIR = "runs/best"
 ACC_TIE = 0.005  # accuracies this close are one seed's noise, not a difference (seed-to-seed spread is unmeasured)
 K1_NOTED = 0.05  # without intervals, a k=1 difference from the baseline is named only beyond 5 %
@@ -96,27 +99,10 @@ def _at(t, r, cols=KEY):
     return m.iloc[0] if len(m) else None
 
 
-def _load(r, under="under_load", cores="load_cores") -> str:
-    """How a figure was measured: "under load (N cores busy elsewhere)" or "quietly"."""
-    if not r.get(under):
-        return "quietly"
-    n = r.get(cores)
-    return "under load" + (f" ({n:.2f} cores busy elsewhere)" if isinstance(n, float) and n == n else "")
-
-
-def _busy_cores(r) -> float | None:
-    """The cores other processes kept busy while a point was measured; None when it was measured quietly (or nan
-    when under load by an unmeasured amount)."""
-    if not r.get("under_load"):
-        return None
-    n = r.get("load_cores")
-    return float(n) if isinstance(n, (int, float)) else float("nan")
-
-
 def _sides(*named) -> str:
-    """The conditions of both sides of a comparison, said once either side was measured under load ("" when all
-    were quiet): "; <a> measured under load (1.10 cores busy elsewhere), <b> quietly"."""
-    said = [(name, _load(r)) for name, r in named]
+    """The conditions of both sides of a comparison (comparable.condition), said once either side was measured under
+    load ("" when all were quiet): "; <a> measured beside 1.10 busy cores, <b> measured quietly"."""
+    said = [(name, comparable.condition(r)) for name, r in named]
     if all(how == "quietly" for _, how in said):
         return ""
     return "; " + ", ".join(f"{name} measured {how}" for name, how in said)
@@ -370,7 +356,7 @@ def command(train: dict, data_source: str = "", figure: tuple | None = None, dat
         args.append("--set data.source=synthetic")
     args += [f"--set data.{k}={_text(v)}" for k, v in (data or {}).items() if k != "source"]
     if figure is not None:
-        img_s, cores = figure  # cores (_busy_cores): None when measured quietly, NaN under load not measured
+        img_s, cores = figure  # cores (comparable.load): None when measured quietly, NaN under load not measured
         load = "" if cores is None else " --answer-load-cores " + ("nan" if pd.isna(cores) else f"{cores:.2f}")
         args.append(f"--answer-img-s {img_s:.0f}{load}")
     return f"{interpreter()} -m pipeline train " + " ".join(args) + f" --out {RUN_DIR}"
@@ -408,9 +394,7 @@ def build(df, status, pts, eff, mem) -> Answer:
         if top.get("optimizer", "sgd") not in ("", "sgd"):  # d2l's plain SGD, the default, goes unsaid
             where += f", {top['optimizer']}"
         if top.get("under_load"):  # every trial behind this figure was flagged (points.timed): say so at once
-            cores = top.get("load_cores")
-            busy = f", {cores:.2f} cores busy elsewhere" if isinstance(cores, float) and cores == cores else ""
-            where += f"; *measured under load*{busy}"
+            where += f"; *measured {comparable.condition(top)}*"
         if verdict == "indistinguishable":
             lines.append(
                 f"**Tie{tag}: {' and '.join(r['strategy'] for r in tied)} within noise** (their 95% "
@@ -428,7 +412,7 @@ def build(df, status, pts, eff, mem) -> Answer:
         why = [s for s in (_k1_difference(top, p, df, rerun), _scaling(top, eff, rerun)) if s] + [_step(top, bd)]
         train = _train(top, df)
         if not first:
-            first, figure = train, (float(top["throughput_img_s"]), _busy_cores(top))
+            first, figure = train, (float(top["throughput_img_s"]), comparable.load(top))
             data = _data(top, df)
         left = _left_out(everything, group, top, rerun)
         lines += [
@@ -444,7 +428,7 @@ def build(df, status, pts, eff, mem) -> Answer:
         return Answer(("## Answer", "", f"**No answer on this host:** {cause}"), cause=cause)
     cmd = command(first, data.get("source", ""), figure, data)
     lines += [
-        "Run it (or take the sections of " + BEST_YAML + " into your params.yaml):",
+        COMMAND_HEADING,
         "",
         "```",
         cmd.replace(" --set", " \\\n    --set")

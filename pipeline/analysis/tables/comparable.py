@@ -16,6 +16,7 @@ the standard library, so every table and the report use the one rule.
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 # Two loaded figures this close in busy cores are compared: interference.py flags a trial beyond 0.25 cores busy
 # elsewhere (train.interference_threshold's default), so two loads within it differ by no more than what a trial
@@ -29,33 +30,37 @@ def _nan(v) -> bool:
 
 
 def load(r) -> float | None:
-    """The busy cores a figure was measured beside: 0.0 quietly, its median busy cores under load, None under load
-    with the cores not measured."""
+    """The busy cores a figure was measured beside, the one reading of a row's `under_load` and `load_cores`: None
+    quietly, its median busy cores under load, NaN under load with the cores not measured (never None, which would
+    read as quiet)."""
     if not r.get("under_load"):
-        return 0.0
+        return None
     v = r.get("load_cores")
-    return None if _nan(v) else float(v)
+    return math.nan if _nan(v) else float(v)
+
+
+def _measured(v: float | None) -> TypeGuard[float]:
+    """Whether a load (`load`) is a number of busy cores: neither quiet nor unmeasured."""
+    return v is not None and not math.isnan(v)
 
 
 def comparable(a, b) -> bool:
     """The rule: both quiet, or both under load with measured busy cores at most LOAD_TOLERANCE apart."""
     la, lb = load(a), load(b)
     if la is None or lb is None:
-        return False
-    if not a.get("under_load") and not b.get("under_load"):
-        return True
-    if bool(a.get("under_load")) != bool(b.get("under_load")):
+        return la is None and lb is None  # a quiet figure and a loaded one never are
+    if not (_measured(la) and _measured(lb)):
         return False
     return abs(la - lb) <= LOAD_TOLERANCE + 1e-9  # loads are rounded to 3 decimals: 1.45 and 1.70 are 0.25 apart
 
 
 def condition(r) -> str:
-    """How a figure was measured, in words: "quietly", "beside 1.31 busy cores", "under load (busy cores not
-    measured)"."""
+    """How a figure was measured, in words, the one phrasing of its load: "quietly", "beside 1.31 busy cores",
+    "under load (busy cores not measured)"."""
     v = load(r)
-    if not r.get("under_load"):
+    if v is None:
         return "quietly"
-    return "under load (busy cores not measured)" if v is None else f"beside {v:.2f} busy cores"
+    return f"beside {v:.2f} busy cores" if _measured(v) else "under load (busy cores not measured)"
 
 
 def largest_group(rows: list, who: str = "strategy") -> list:
@@ -64,22 +69,23 @@ def largest_group(rows: list, who: str = "strategy") -> list:
     Loaded rows form a group when their busy cores lie within LOAD_TOLERANCE of its least loaded one's."""
     if not rows:
         return []
-    quiet = [r for r in rows if not r.get("under_load")]
-    known = sorted(((v, r) for r in rows if r.get("under_load") and (v := load(r)) is not None), key=lambda x: x[0])
+    quiet = [r for r in rows if load(r) is None]
+    known = sorted(((v, r) for r in rows if _measured(v := load(r))), key=lambda x: x[0])
     groups = [quiet] if quiet else []
     groups += [[r for v, r in known if 0 <= v - low <= LOAD_TOLERANCE + 1e-9] for low, _ in known]
-    groups += [[r] for r in rows if r.get("under_load") and load(r) is None]
+    groups += [[r] for r in rows if (v := load(r)) is not None and not _measured(v)]
 
     def rank(g):
-        return (len({r[who] for r in g}), not g[0].get("under_load"), len(g), -(load(g[0]) or 0.0))
+        v = load(g[0])
+        return (len({r[who] for r in g}), v is None, len(g), -(v if _measured(v) else 0.0))
 
     return max(groups, key=rank)
 
 
 def load_range(rows: list) -> str:
     """The conditions of a comparable group in words: "quietly", "beside 1.16-1.31 busy cores"."""
-    loads = [v for r in rows if (v := load(r)) is not None]
-    if not rows or not rows[0].get("under_load"):
+    loads = [v for r in rows if _measured(v := load(r))]
+    if not rows or load(rows[0]) is None:
         return "quietly"
     if len(loads) < len(rows):
         return "under load (busy cores not measured)"
@@ -96,14 +102,15 @@ def rerun(data_source: str = "", interpreter: str = "") -> str:
     return f"{dvc} exp run -S sweep.repeats={REPEATS_AGAIN}{synthetic}"
 
 
-def not_comparable(named, command: str) -> str:
+def not_comparable(named, command: str = "") -> str:
     """The plain sentence for figures that may not be compared: `named`, (name, row or its condition in words) for
     each: "not comparable on this host: X was measured quietly, Y beside 1.31 busy cores; rerun on a quiet host
-    (`command`)"."""
+    (`command`)", the command left out where none is given (the reader holds it: `train`'s own)."""
     said = [(name, how if isinstance(how, str) else condition(how)) for name, how in named]
     (first, how), rest = said[0], said[1:]
     return (
         f"not comparable on this host: {first} was measured {how}"
         + "".join(f", {name} {h}" for name, h in rest)
-        + f"; rerun on a quiet host (`{command}`)"
+        + "; rerun on a quiet host"
+        + (f" (`{command}`)" if command else "")
     )

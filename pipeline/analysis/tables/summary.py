@@ -89,10 +89,11 @@ def _interval(r):
     )
 
 
-def _load(r):
-    """The median cores other processes kept busy during the trials behind a figure measured under load; None
-    where it was not (or where that load was not measured)."""
-    return None if r is None or not r["under_load"] else r["load_cores"]
+def _load(r) -> float | None:
+    """The median cores other processes kept busy during the trials behind a figure (comparable.load): None where
+    it was measured quietly (or there is no figure), NaN under load with the cores not measured (never None, which
+    would read as quiet; jsonable writes it as null, summary.json carrying no NaN)."""
+    return None if r is None else comparable.load(r)
 
 
 def strategy_metrics(s, pts, eff, mem):
