@@ -175,17 +175,17 @@ def build_parser() -> argparse.ArgumentParser:
     _train_flags(p)
     p.add_argument(
         "--answer-img-s",
-        type=float,
+        type=types.positive("images/s of the answer"),
         metavar="N",
         help="the images/s of the report's answer this run reproduces (its printed command sets it): the last line "
         "says how this run's figure compares with it (default: none, no comparison)",
     )
     p.add_argument(
         "--answer-load-cores",
-        type=float,
+        type=types.busy_cores,
         metavar="C",
         help="the cores other processes kept busy while the answer's figure was measured; nan: under load, the "
-        "cores not measured (default: none, measured quietly)",
+        "cores not measured; only with --answer-img-s (default: none, measured quietly)",
     )
 
     p = sub.add_parser(

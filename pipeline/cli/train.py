@@ -92,6 +92,11 @@ def run(args) -> int:
     """`python -m pipeline train`: one trial, its MLflow run (unless --no-track), metrics.json and the final state."""
     from pipeline.trial import start
 
+    if args.answer_load_cores is not None and args.answer_img_s is None:  # a load of no figure compares nothing
+        raise loader.ConfigError(
+            "--answer-load-cores is the load of the answer's figure, --answer-img-s, which is not given: give both "
+            "(the report's printed command does), or neither. Nothing was run."
+        )
     cfg = _train_cfg(args)
     start.start_early(cfg.train.start_method)  # a forkserver's imports run beside this process's own
 

@@ -198,3 +198,20 @@ def positive(what: str, hi: float | None = None):
 
     parse.__name__ = what
     return parse
+
+
+def busy_cores(text: str) -> float:
+    """argparse type of --answer-load-cores: the cores other processes kept busy, finite and at least 0, or nan
+    (under load, the cores not measured)."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of busy cores. Nothing was run.") from None
+    if math.isnan(x) and text.strip().lower() == "nan":
+        return x
+    if not math.isfinite(x) or x < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text} busy cores: give a number at least 0, or nan for a load whose cores were not measured. Nothing "
+            "was run."
+        )
+    return x

@@ -116,3 +116,36 @@ def test_runs_under_comparable_loads_are_compared_by_the_reports_rule():
         "2,400 img/s, not comparable on this host: this run was measured quietly, the answer's 2,470 under load (busy "
         "cores not measured); rerun on a quiet host"
     )
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--answer-img-s", "0"],
+        ["--answer-img-s", "-5"],
+        ["--answer-img-s", "nan"],
+        ["--answer-img-s", "inf"],
+        ["--answer-img-s", "3000", "--answer-load-cores", "-1"],
+        ["--answer-img-s", "3000", "--answer-load-cores", "inf"],
+        ["--answer-load-cores", "1"],
+    ],
+)
+def test_an_answer_figure_no_run_can_be_compared_with_is_refused_before_training(flags, capsys, monkeypatch, tmp_path):
+    """A figure of 0 (a division by zero after the whole run), a negative, nan or infinite one, a negative load, or
+    a load without its figure: refused with exit 2 before anything trains."""
+    from pipeline.trial import lifecycle
+
+    monkeypatch.setattr(lifecycle.Trial, "run", lambda self: pytest.fail("a trial ran"))
+    with pytest.raises(SystemExit) as e:
+        code = main(["train", "--no-track", "--quiet", *flags, "--out", str(tmp_path / "best")])
+        raise SystemExit(code)
+    assert e.value.code == 2, capsys.readouterr()
+    assert "Nothing was run." in capsys.readouterr().err
+
+
+def test_an_answer_measured_under_an_unmeasured_load_parses_as_nan():
+    from pipeline.cli.parser import build_parser
+
+    argv = ["train", "--answer-img-s", "3000", "--answer-load-cores", "nan", "--out", "runs/best"]
+    args = build_parser().parse_args(argv)
+    assert args.answer_img_s == 3000.0 and args.answer_load_cores != args.answer_load_cores
