@@ -281,13 +281,14 @@ def _code_digest() -> str:
     return h.hexdigest()[:10]
 
 
-def is_counted(model: str, cache=None) -> bool:
-    """Whether `fit` finds `model`'s layout and counts (fp32 and autocast, at the anchors) in the cache: then it
-    loads no torch."""
+def is_counted(model: str, cache=None, autocast: bool = True) -> bool:
+    """Whether `fit` finds `model`'s layout and counts (fp32, and autocast's unless `autocast` is False: no strategy
+    asked for runs under it) at the anchors in the cache: then it loads no torch."""
     stored = _read_cache(cache)
     return _layout_problem(stored.get(_layout_key(model))) is None and all(
         {str(b) for b in anchors} <= set(_kept_counts(model, amp, cache))
         for amp, anchors in ((False, COUNT_ANCHORS), (True, AUTOCAST_ANCHORS))
+        if autocast or not amp
     )
 
 

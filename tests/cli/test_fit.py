@@ -343,3 +343,22 @@ def test_a_count_cache_that_cannot_be_read_is_counted_again(mangle, tmp_path, mo
     monkeypatch.setattr("pipeline.scaling.device._SAID", set())  # each ignored entry said again, were it there
     assert main(argv) == 0  # the cache written anew: read as it is, nothing more said
     assert "ignored " not in capsys.readouterr().err
+
+
+def test_a_fit_whose_strategies_run_no_autocast_finds_its_counts_kept_and_says_no_counting(
+    tmp_path, monkeypatch, capsys
+):
+    """`fit --strategies ddp` counts fp32 only: a second run finds those counts kept and says no "counting" (the
+    autocast counts, which no strategy asked for needs, are not asked of the cache)."""
+    from pipeline.scaling import memory
+
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setattr(memory, "_cache_file", lambda cache: tmp_path / "counts.json")
+    memory.layout.cache_clear()  # this process's counts from other tests: the file is what a new process reads
+    monkeypatch.setattr(memory, "_COUNTED", {})
+    argv = ["fit", "--model", "lenet", "--batch-size", "256", "--strategies", "ddp", "--devices", "2"]
+    assert main(argv) == 0
+    assert "counting lenet's activations" in capsys.readouterr().err
+    assert main(argv) == 0
+    assert "counting" not in capsys.readouterr().err
+    assert not memory.is_counted("lenet")  # the autocast counts: not made, and asked for where a strategy needs them
