@@ -81,7 +81,7 @@ class Row:
     backend: str = ""
     amp_dtype: str = ""
     comm_hook_used: str = ""
-    steps: int = 0  # steps asked of the timed run after warm-up: fewer than the settings' where the dtype is emulated
+    steps: int = 0  # steps asked of the timed run after warm-up: an emulated dtype's, fewer or as many as the settings'
     warmup_steps: int = 0  # the timed run's warm-up (warmup()): the settings', or past its capture under CUDA graphs
     # steps the timed run timed (its record's timed_steps): `steps` less those the breakdown sampled
     # (train.breakdown_every), which leave the timing; None where it did not run
@@ -124,10 +124,11 @@ def run_case(
     emulated: tuple[str, ...] = (),
 ) -> Row:
     """One row: feasibility, the equivalence step, the timed run. `emulated`: dtypes this host only emulates
-    (their timed run is cut to a sixth of the steps: an emulated fp16 step on a CPU is ~10x slower)."""
+    (their timed run is cut to a sixth of the steps, at least 5, never more than `steps`: an emulated fp16 step on a
+    CPU is ~10x slower)."""
     row = Row(case.strategy, case.k, case.variant, case.tag)
     if any(f"amp_dtype={d}" in s for d in emulated for s in case.sets):
-        steps = max(5, steps // 6)
+        steps = min(steps, max(5, steps // 6))
     row.steps = steps
     t0 = time.perf_counter()
     sets = (f"train.strategy={case.strategy}", f"train.devices={case.k}", *case.sets)

@@ -406,3 +406,16 @@ def test_under_cuda_graphs_each_run_of_a_row_is_one_a_gpu_runs(make_cfg, tmp_pat
     assert refusals == ["", "", ""], refusals
     assert row.warmup_steps == max(checks.WARMUP_STEPS, graphs.min_warmup(strategy)) >= graphs.min_warmup(strategy)
     assert row.status == "passed", row.reason
+
+
+@pytest.mark.parametrize("asked, timed", [(2, 2), (5, 5), (30, 5), (60, 10)])
+def test_an_emulated_dtype_row_times_no_more_steps_than_asked(make_cfg, tmp_path, monkeypatch, asked, timed):
+    """An emulated dtype's timed run is cut to a sixth of the steps, at least 5, and never to more than asked:
+    `--steps 2` times 2 steps, not 5."""
+    seen: list = []
+    ref, init = _fake_trials(monkeypatch, seen)
+    monkeypatch.setattr(checks, "check_feasible", lambda cfg, host: None)
+    case = checks.Case("ddp_amp", 1, ("train.amp_dtype=fp16",), "fp16+GradScaler")
+    row = checks.run_case(case, make_cfg(), probe(), ref, init, tmp_path, asked, 16, "lenet", ("fp16",))
+    assert row.status == "passed", row.reason
+    assert row.steps == timed and seen[0].train.max_steps == row.warmup_steps + timed
