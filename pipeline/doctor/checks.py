@@ -274,9 +274,10 @@ def run(
                 tuple(d for d in ("bf16", "fp16") if caps[d] != "native"),
             )
             rows.append(row)
+            said = asdict(row)  # the labels doctor.md gives its speed and steps: _speed_notes, _steps_note
             say(
-                f"[{i}/{len(cases)}] {_label(asdict(row))}: {row.status}"
-                + (f", {row.img_s:,.0f} img/s" if row.img_s else "")
+                f"[{i}/{len(cases)}] {_label(said)}: {row.status}"
+                + (f", {row.img_s:,.0f} img/s{_speed_notes(said)}{_steps_note(said, steps)}" if row.img_s else "")
                 + (f" - {row.reason.splitlines()[0]}" if row.reason else "")
                 + f" ({row.seconds:.1f} s)"
             )
@@ -358,13 +359,7 @@ def markdown(report: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
-        tput = f"{r['img_s']:,.0f}" if r["img_s"] else "-"
-        if r["tag"] == "oversubscribed" and r["img_s"]:
-            tput += " (shared device: not a speed)"
-        elif r.get("flagged") and r["img_s"]:
-            tput += " (under load)"
-        if r.get("amp_step_syncs") and r["img_s"]:
-            tput += " (a host sync per step: GradScaler)"
+        tput = f"{r['img_s']:,.0f}{_speed_notes(r)}" if r["img_s"] else "-"
         step = f"{r['step_ms']:.1f}" if r["step_ms"] else "-"
         if r["step_ms"]:
             step += _steps_note(r, report["settings"]["steps"])
@@ -375,6 +370,19 @@ def markdown(report: dict) -> str:
             f"{r['backend'] or '-'} | {_said(r).replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _speed_notes(r: dict) -> str:
+    """What qualifies a row's img/s, the same in doctor.md and on the console: " (under load)", " (shared device: not
+    a speed)", " (a host sync per step: GradScaler)"; "" for none."""
+    notes = []
+    if r["tag"] == "oversubscribed":
+        notes.append("shared device: not a speed")
+    elif r.get("flagged"):
+        notes.append("under load")
+    if r.get("amp_step_syncs"):
+        notes.append("a host sync per step: GradScaler")
+    return "".join(f" ({n})" for n in notes)
 
 
 def _steps_note(r: dict, asked: int) -> str:

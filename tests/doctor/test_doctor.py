@@ -419,3 +419,21 @@ def test_an_emulated_dtype_row_times_no_more_steps_than_asked(make_cfg, tmp_path
     row = checks.run_case(case, make_cfg(), probe(), ref, init, tmp_path, asked, 16, "lenet", ("fp16",))
     assert row.status == "passed", row.reason
     assert row.steps == timed and seen[0].train.max_steps == row.warmup_steps + timed
+
+
+def test_the_console_line_of_a_row_gives_the_labels_its_table_line_gives(make_cfg, tmp_path, monkeypatch):
+    """A row timed under load, or on fewer steps (an emulated dtype), says so on the console as in doctor.md."""
+    loaded = {"interfered": True, "interference_reason": "other processes kept 1.90 cores busy on average"}
+    metrics = {"throughput_img_s": 100.0, "peak_mem_bytes": [], "mem_method": "m", "interference": loaded}
+    _fake_trials(monkeypatch, metrics=metrics)
+    monkeypatch.setattr(checks, "check_feasible", lambda cfg, host: None)
+    real = checks.host_capabilities
+    monkeypatch.setattr(checks, "host_capabilities", lambda host: {**real(host), "fp16": "emulated"})
+    lines: list = []
+    checks.run(make_cfg(), tmp_path / "d", ["single", "ddp_amp"], max_devices=1, steps=30, say=lines.append)
+    fp16 = next(x for x in lines if "ddp_amp k=1 (fp16" in x)
+    single = next(x for x in lines if "single k=1" in x)
+    assert "100 img/s (under load) (5 steps: emulated dtype)" in fp16, fp16
+    assert "100 img/s (under load) (" in single and "steps" not in single, single
+    md = (tmp_path / "d" / "doctor.md").read_text()
+    assert "| 100 (under load) |" in next(x for x in md.splitlines() if x.startswith("| ddp_amp k=1 (fp16"))
