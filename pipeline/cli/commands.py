@@ -201,6 +201,8 @@ def cmd_doctor(args) -> int:
     base = loader.load(args.params, ["profile=", "train.timeout_s=120", *args.overrides], sweeps=False)
     if why := checks.own_set_refusal(args.overrides, names):  # doctor sets these itself: never dropped unsaid
         raise loader.ConfigError(why)
+    if why := checks.knob_refusal(base, names):  # a knob no selected strategy has: no row would run it
+        raise loader.ConfigError(why)
     if args.dump_events is not None:
         output_dir(args.dump_events, "--dump-events")  # a directory of event files, like --out
     output_dir(args.out, "--out")  # a directory (doctor.json, doctor.md): checked before every check is run

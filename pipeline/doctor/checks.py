@@ -253,8 +253,8 @@ def run(
         if source == "synthetic":
             say("data: SYNTHETIC stand-in (not Fashion-MNIST): equivalence and speed only, accuracy means nothing")
         init = equivalence.initial_state()
-        try:
-            ref, _ = equivalence.one_step(base, work / "reference", catalog.REFERENCE, 1)
+        try:  # single-device SGD, whose math the knobs it has none of (a comm hook, the buckets) do not change
+            ref, _ = equivalence.one_step(own_knobs(base, catalog.REFERENCE), work / "reference", catalog.REFERENCE, 1)
         except Exception as e:
             ref = None
             say(f"the single-device reference step failed: {_first_line(e)}")
@@ -438,6 +438,35 @@ OWN_KEYS = {
 }
 
 
+def own_knobs(cfg, strategy: str):
+    """`cfg` with every knob `strategy` has none of (catalog.knobs) at its default: the reference step's Config,
+    which a --set of another strategy's knob (train.comm_hook for ddp's rows) would otherwise refuse."""
+    defaults = loader.TrainConfig()
+    away = [
+        k for k in catalog.KNOBS if k not in catalog.knobs(strategy) and getattr(cfg.train, k) != getattr(defaults, k)
+    ]
+    return loader.override(cfg, [f"train.{k}={json.dumps(getattr(defaults, k))}" for k in away]) if away else cfg
+
+
+def knob_refusal(cfg, strategies) -> str:
+    """Why doctor refuses a knob `cfg` sets away from its default that none of `strategies` has (catalog.knobs): no
+    row would run with it. "" when each knob set reaches a row; a row whose strategy lacks it is unavailable, with
+    the reason (launch.check_feasible)."""
+    defaults = loader.TrainConfig()
+    for k in catalog.KNOBS:
+        value = getattr(cfg.train, k)
+        if value == getattr(defaults, k) or any(k in catalog.knobs(s) for s in strategies):
+            continue
+        why = next((f" ({s}: {w})" for s in strategies if (w := catalog.why_not(s, k))), "")
+        every = [n for n in catalog.NAMES if k in catalog.knobs(n)]
+        return (
+            f"`train.{k}={_text(value)}` reaches none of doctor's rows: {', '.join(f'`{s}`' for s in strategies)} "
+            f"{'has' if len(strategies) == 1 else 'have'} no `{k}` knob{why}. Select a strategy that takes it with "
+            f"--strategies ({', '.join(every)}), or leave it out. Nothing was run."
+        )
+    return ""
+
+
 def _set_keys(item: str) -> list[str]:
     """The dotted keys one --set option gives a value or removes (a mapping's value: each key inside it)."""
     body = item.lstrip("+~")
@@ -486,6 +515,11 @@ def took_effect(cfg, items) -> dict:
     return out
 
 
+def _text(v) -> str:
+    """A value as a --set spells it (YAML's spelling of a non-text value: true, 0.001, null)."""
+    return v if isinstance(v, str) else json.dumps(v)
+
+
 def _sets_text(sets: dict) -> str:
     """The --set options that took effect, as key=value (YAML's spelling of a non-text value: true, 0.001, null)."""
-    return ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in sets.items())
+    return ", ".join(f"{k}={_text(v)}" for k, v in sets.items())

@@ -437,3 +437,40 @@ def test_the_console_line_of_a_row_gives_the_labels_its_table_line_gives(make_cf
     assert "100 img/s (under load) (" in single and "steps" not in single, single
     md = (tmp_path / "d" / "doctor.md").read_text()
     assert "| 100 (under load) |" in next(x for x in md.splitlines() if x.startswith("| ddp_amp k=1 (fp16"))
+
+
+def test_a_knob_of_some_rows_runs_them_against_a_reference_without_it(make_cfg, tmp_path, monkeypatch):
+    """`--set train.comm_hook=shm` with single and ddp: the reference step (single-device SGD, which has no comm hook)
+    runs without it, so ddp's row is checked; single's row, which has no such knob, is unavailable with why."""
+    from pipeline.config import loader
+
+    ref, init = _fake_trials(monkeypatch)
+    hooks = []
+
+    def one_step(base, out, strategy, k, extra=()):  # refuses a knob its strategy lacks, as a trial does
+        checks.check_feasible(loader.override(base, [f"train.strategy={strategy}", f"train.devices={k}"]), probe())
+        hooks.append((strategy, base.train.comm_hook))
+        return ref, {"steps": 1}
+
+    monkeypatch.setattr(checks.equivalence, "one_step", one_step)
+    report = checks.run(
+        make_cfg("train.comm_hook=shm"), tmp_path / "d", ["single", "ddp"], 1, 2, 16, say=lambda *_: None
+    )
+    rows = {(r["strategy"], r["tag"]): r for r in report["rows"]}
+    assert hooks[:2] == [("single", "none"), ("ddp", "shm")]
+    assert rows[("ddp", "")]["status"] == "passed", rows[("ddp", "")]["reason"]
+    assert rows[("single", "")]["status"] == "unavailable" and "`comm_hook`" in rows[("single", "")]["reason"]
+    assert report["counts"]["failed"] == 0
+
+
+@pytest.mark.parametrize("item", ["train.comm_hook=shm", "train.bucket_cap_mb=5", "train.compile=true"])
+def test_a_knob_none_of_the_selected_strategies_has_is_refused(tmp_path, monkeypatch, capsys, item):
+    """A knob none of the selected strategies takes would reach no row: exit 2 naming the key and the strategies
+    that take it, before any trial."""
+    from pipeline.cli import main
+
+    monkeypatch.setattr(checks, "run", lambda *a, **k: pytest.fail("a refused --set ran the doctor"))
+    argv = ["doctor", "--strategies", "scratch,fsdp", "--max-devices", "1", "--out", str(tmp_path / "d")]
+    assert main([*argv, "--set", item]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"`{item}" in err and "--strategies (" in err and "Nothing was run" in err
