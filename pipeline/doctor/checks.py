@@ -197,10 +197,15 @@ def run_case(
     return row
 
 
-def _data(base, work: Path) -> tuple[str, str]:
-    """(dir, source): the configured data if it is prepared, else the synthetic stand-in made in `work`."""
+def _data_root(base) -> Path:
     root = Path(base.data.dir)
-    root = root if root.is_absolute() else paths.repo_root() / root
+    return root if root.is_absolute() else paths.repo_root() / root
+
+
+def _data(base, work: Path) -> tuple[str, str]:
+    """(dir, source): the configured data if it is prepared, else the synthetic stand-in made in `work` (a --set of
+    data.dir or data.source that would fall back to it is refused before: _data_refusal)."""
+    root = _data_root(base)
     try:
         store.load(root, base.data.source, 1, 1)
         return str(root), base.data.source
@@ -436,6 +441,91 @@ OWN_KEYS = {
     "data.train_limit": ("--steps or --batch-per-device", "the timed run's images are its steps' batches"),
     "data.test_limit": ("", f"the timed run evaluates {TEST_IMAGES} images"),
 }
+
+
+# what doctor's runs read besides the train and data sections (a --set of anything else is refused: never run); the
+# run's time limit, as a sweep trial's (run_trial's timeout_s)
+READ_ELSEWHERE = ("sweep.trial_timeout_s",)
+# why a --set of a key doctor's runs never read does not take effect: its section, or the key itself
+UNREAD = {
+    "profile": "doctor reads params.yaml and --set, never a profile: its rows are the strategies it checks",
+    "data.mirror": "doctor downloads nothing: it runs on data.dir's prepared data, else the synthetic stand-in",
+    "sweep": "doctor runs no sweep; of the sweep section its runs read only sweep.trial_timeout_s, each run's limit",
+    "tracking": "doctor logs nothing to MLflow or a listener: it writes doctor.json and doctor.md",
+}
+
+
+def refusal(cfg, items, strategies) -> str:
+    """Why doctor refuses to run `cfg` (params.yaml and the --set options `items`) on `strategies`: a --set of a key
+    it sets itself (own_set_refusal) or its runs never read (_unread_refusal), a setting no row would run with
+    (knob_refusal, _unapplied_refusal), data it would not use (_data_refusal); "" when every setting reaches a run.
+    Each message names the key, why and what to do, and ends "Nothing was run."."""
+    return (
+        own_set_refusal(items, strategies)
+        or _unread_refusal(items)
+        or knob_refusal(cfg, strategies)
+        or _unapplied_refusal(cfg, strategies)
+        or _data_refusal(cfg, items)
+    )
+
+
+def _unread_refusal(items) -> str:
+    """Why doctor refuses the first --set option in `items` that gives a key its runs never read: outside the train
+    and data sections (READ_ELSEWHERE aside), or data.mirror; "" for none."""
+    for item in items or ():
+        for key in _set_keys(item):
+            section = key.partition(".")[0]
+            if key in READ_ELSEWHERE or (section in ("train", "data") and key not in UNREAD):
+                continue
+            why = UNREAD.get(key) or UNREAD.get(section) or f"the {section} section configures another command"
+            return (
+                f"--set {item!r}: doctor's runs never read `{key}` ({why}), so this --set would not take effect. "
+                "Leave it out. Nothing was run."
+            )
+    return ""
+
+
+def _unapplied_refusal(cfg, strategies) -> str:
+    """Why doctor refuses a setting of catalog.APPLIES_WITH away from its default that no row of `strategies` runs
+    with (as the sweep refuses it, loader.sweep_refusal): its knob is off, or no selected row has the design; ""
+    otherwise."""
+    defaults = loader.TrainConfig()
+    for k, (_, need) in catalog.APPLIES_WITH.items():
+        value = getattr(cfg.train, k)
+        points = [(s, {n: getattr(cfg.train, n) for n in catalog.knobs(s)}) for s in strategies]
+        if value == getattr(defaults, k) or any(catalog.applies(k, s, point) for s, point in points):
+            continue
+        rows = [n for n in catalog.NAMES if getattr(catalog.SPECS[n], need, False)]
+        fixes = (
+            [f"turn `{need}` on (`--set train.{need}=true`)"]
+            if any(need in catalog.knobs(s) for s in strategies)
+            else []
+        )
+        fixes += [f"select {' or '.join(rows)} with --strategies"] if rows else []
+        return (
+            f"`train.{k}={_text(value)}` reaches none of doctor's rows ({', '.join(strategies)}): "
+            f"{catalog.applies_with(k, _text(value))}, so its runs would never run with it. To use it, "
+            f"{', or '.join(fixes)}; else leave it out. Nothing was run."
+        )
+    return ""
+
+
+def _data_refusal(cfg, items) -> str:
+    """Why doctor refuses a --set of data.dir or data.source whose data is not prepared: doctor would run on the
+    synthetic stand-in instead (_data). data.source=synthetic alone asks for the stand-in: "" for it, as for none."""
+    asked = [(item, key) for item in items or () for key in _set_keys(item) if key in ("data.dir", "data.source")]
+    if not asked or (cfg.data.source == "synthetic" and all(key == "data.source" for _, key in asked)):
+        return ""
+    root = _data_root(cfg)
+    try:
+        store.load(root, cfg.data.source, 1, 1)
+        return ""
+    except DataError as e:
+        return (
+            f"--set {asked[-1][0]!r}: doctor finds no {cfg.data.source} data in {root} ({e}), so its runs would use "
+            "the synthetic stand-in instead. Prepare the data first, or leave the --set out to run on the stand-in. "
+            "Nothing was run."
+        )
 
 
 def own_knobs(cfg, strategy: str):

@@ -308,26 +308,36 @@ def _fake_trials(monkeypatch, seen=None, metrics=None):
 
 
 def test_the_sets_that_take_effect_are_in_the_settings_of_both_files(synthetic_root, tmp_path, monkeypatch):
-    """A --set that reaches the timed run (train.optimizer=adamw, train.compile=true) is named in doctor.json's
-    settings and in doctor.md, with the value the run took."""
+    """A --set that reaches the timed run (train.optimizer=adamw, train.compile=true, amp_dtype with single's
+    autocast, the run's time limit sweep.trial_timeout_s) is named in doctor.json's settings and in doctor.md, with
+    the value the run took."""
     from pipeline.cli import main
 
     seen: list = []
     _fake_trials(monkeypatch, seen)
-    sets = ["train.optimizer=adamw", "train.compile=true", f"data.dir={synthetic_root}", "data.source=synthetic"]
+    timed = checks.run_trial
+    limits: list = []
+    monkeypatch.setattr(checks, "run_trial", lambda *a, **k: limits.append(k["timeout_s"]) or timed(*a, **k))
+    sets = ["train.optimizer=adamw", "train.compile=true", "train.autocast=true", "train.amp_dtype=bf16"]
+    sets += ["sweep.trial_timeout_s=77", f"data.dir={synthetic_root}", "data.source=synthetic"]
     argv = ["doctor", "--strategies", "single", "--max-devices", "1", "--steps", "2", "--out", str(tmp_path / "d")]
     assert main([*argv, *(a for s in sets for a in ("--set", s))]) == 0
-    assert [(c.train.optimizer, c.train.compile) for c in seen] == [("adamw", True)]
+    assert [(c.train.optimizer, c.train.compile, c.train.amp_dtype) for c in seen] == [("adamw", True, "bf16")]
+    assert limits == [77]
     doc = json.loads((tmp_path / "d" / "doctor.json").read_text())
     assert doc["settings"]["sets"] == {
         "train.optimizer": "adamw",
         "train.compile": True,
+        "train.autocast": True,
+        "train.amp_dtype": "bf16",
+        "sweep.trial_timeout_s": 77,
         "data.dir": str(synthetic_root),
         "data.source": "synthetic",
     }
     assert doc["settings"]["equivalence"].startswith("one adamw step, "), "the optimizer the step takes"
     md = (tmp_path / "d" / "doctor.md").read_text()
-    assert f"- --set: train.optimizer=adamw, train.compile=true, data.dir={synthetic_root}, data.source=synthetic" in md
+    assert "- --set: train.optimizer=adamw, train.compile=true, train.autocast=true, train.amp_dtype=bf16, " in md
+    assert f"sweep.trial_timeout_s=77.0, data.dir={synthetic_root}, data.source=synthetic" in md
 
 
 @pytest.mark.parametrize(
@@ -474,3 +484,32 @@ def test_a_knob_none_of_the_selected_strategies_has_is_refused(tmp_path, monkeyp
     assert main([*argv, "--set", item]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"`{item}" in err and "--strategies (" in err and "Nothing was run" in err
+
+
+@pytest.mark.parametrize(
+    "items, strategies, said",
+    [
+        (["sweep.n_trials=3"], "single", "`sweep.n_trials`"),
+        (["analyze.target_acc=0.5"], "single", "`analyze.target_acc`"),
+        (["profile=gpu"], "single", "`profile`"),
+        (["tracking.uri=sqlite:///x.db"], "single", "`tracking.uri`"),
+        (["data.mirror=/nowhere"], "single", "`data.mirror`"),
+        (["train.amp_dtype=fp16"], "single", "applies with train.autocast=true"),
+        (["train.compile_mode=reduce-overhead"], "single,ddp", "applies with train.compile=true"),
+        (["train.output_device=1"], "single,ddp", "applies with"),
+        (["data.source=fashion-mnist", "data.dir=NOWHERE"], "single", "synthetic stand-in instead"),
+        (["data.source=synthetic", "data.dir=NOWHERE"], "single", "synthetic stand-in instead"),
+    ],
+)
+def test_a_set_no_run_of_the_doctor_takes_is_refused(tmp_path, monkeypatch, capsys, items, strategies, said):
+    """A --set doctor's runs never read (another command's section, the download's mirror), a setting that applies
+    only with what no selected row runs with (catalog.APPLIES_WITH, as the sweep refuses it), or data doctor would
+    replace by the synthetic stand-in: exit 2 naming the key and why, before any trial, never recorded as run."""
+    from pipeline.cli import main
+
+    monkeypatch.setattr(checks, "run", lambda *a, **k: pytest.fail("a refused --set ran the doctor"))
+    argv = ["doctor", "--strategies", strategies, "--max-devices", "1", "--out", str(tmp_path / "d")]
+    sets = [s.replace("NOWHERE", str(tmp_path / "nowhere")) for s in items]
+    assert main([*argv, *(a for s in sets for a in ("--set", s))]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert said in err and err.rstrip().endswith("Nothing was run."), err
