@@ -205,7 +205,7 @@ def cmd_doctor(args) -> int:
         raise loader.ConfigError("--max-devices, --steps and --batch-per-device must be at least 1.")
     # the doctor checks the host, not a study: no profile's search spaces, only params.yaml and --set
     base = loader.load(args.params, ["profile=", "train.timeout_s=120", *args.overrides], sweeps=False)
-    if why := checks.own_set_refusal(args.overrides, names):  # doctor sets these itself: never dropped unsaid
+    if why := checks.refusal(base, args.overrides, names):  # a setting no run takes: never dropped unsaid
         raise loader.ConfigError(why)
     if args.dump_events is not None:
         output_dir(args.dump_events, "--dump-events")  # a directory of event files, like --out

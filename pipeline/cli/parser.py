@@ -438,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
         "torch/CUDA/NCCL/Gloo versions, whether bf16 and fp16 are native here. Needs "
         "no MLflow, Optuna or DVC. Exit status 1 if any row failed.",
         epilog="Data: data.dir if it holds prepared data, else the synthetic stand-in, made in a "
-        "temporary directory and labelled.\nexample: python -m pipeline doctor "
+        "temporary directory and labelled (a --set of data.dir or data.source whose data is not prepared is "
+        "refused).\nexample: python -m pipeline doctor "
         "--max-devices 1 --strategies single,ddp",
     )
     _common(p)

@@ -81,7 +81,7 @@ class Row:
     backend: str = ""
     amp_dtype: str = ""
     comm_hook_used: str = ""
-    steps: int = 0  # steps asked of the timed run after warm-up: fewer than the settings' where the dtype is emulated
+    steps: int = 0  # steps asked of the timed run after warm-up: an emulated dtype's, fewer or as many as the settings'
     warmup_steps: int = 0  # the timed run's warm-up (warmup()): the settings', or past its capture under CUDA graphs
     # steps the timed run timed (its record's timed_steps): `steps` less those the breakdown sampled
     # (train.breakdown_every), which leave the timing; None where it did not run
@@ -124,10 +124,11 @@ def run_case(
     emulated: tuple[str, ...] = (),
 ) -> Row:
     """One row: feasibility, the equivalence step, the timed run. `emulated`: dtypes this host only emulates
-    (their timed run is cut to a sixth of the steps: an emulated fp16 step on a CPU is ~10x slower)."""
+    (their timed run is cut to a sixth of the steps, at least 5, never more than `steps`: an emulated fp16 step on a
+    CPU is ~10x slower)."""
     row = Row(case.strategy, case.k, case.variant, case.tag)
     if any(f"amp_dtype={d}" in s for d in emulated for s in case.sets):
-        steps = max(5, steps // 6)
+        steps = min(steps, max(5, steps // 6))
     row.steps = steps
     t0 = time.perf_counter()
     sets = (f"train.strategy={case.strategy}", f"train.devices={case.k}", *case.sets)
@@ -196,10 +197,15 @@ def run_case(
     return row
 
 
-def _data(base, work: Path) -> tuple[str, str]:
-    """(dir, source): the configured data if it is prepared, else the synthetic stand-in made in `work`."""
+def _data_root(base) -> Path:
     root = Path(base.data.dir)
-    root = root if root.is_absolute() else paths.repo_root() / root
+    return root if root.is_absolute() else paths.repo_root() / root
+
+
+def _data(base, work: Path) -> tuple[str, str]:
+    """(dir, source): the configured data if it is prepared, else the synthetic stand-in made in `work` (a --set of
+    data.dir or data.source that would fall back to it is refused before: _data_refusal)."""
+    root = _data_root(base)
     try:
         store.load(root, base.data.source, 1, 1)
         return str(root), base.data.source
@@ -252,8 +258,8 @@ def run(
         if source == "synthetic":
             say("data: SYNTHETIC stand-in (not Fashion-MNIST): equivalence and speed only, accuracy means nothing")
         init = equivalence.initial_state()
-        try:
-            ref, _ = equivalence.one_step(base, work / "reference", catalog.REFERENCE, 1)
+        try:  # single-device SGD, whose math the knobs it has none of (a comm hook, the buckets) do not change
+            ref, _ = equivalence.one_step(own_knobs(base, catalog.REFERENCE), work / "reference", catalog.REFERENCE, 1)
         except Exception as e:
             ref = None
             say(f"the single-device reference step failed: {_first_line(e)}")
@@ -273,9 +279,10 @@ def run(
                 tuple(d for d in ("bf16", "fp16") if caps[d] != "native"),
             )
             rows.append(row)
+            said = asdict(row)  # the labels doctor.md gives its speed and steps: _speed_notes, _steps_note
             say(
-                f"[{i}/{len(cases)}] {_label(asdict(row))}: {row.status}"
-                + (f", {row.img_s:,.0f} img/s" if row.img_s else "")
+                f"[{i}/{len(cases)}] {_label(said)}: {row.status}"
+                + (f", {row.img_s:,.0f} img/s{_speed_notes(said)}{_steps_note(said, steps)}" if row.img_s else "")
                 + (f" - {row.reason.splitlines()[0]}" if row.reason else "")
                 + f" ({row.seconds:.1f} s)"
             )
@@ -357,13 +364,7 @@ def markdown(report: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
-        tput = f"{r['img_s']:,.0f}" if r["img_s"] else "-"
-        if r["tag"] == "oversubscribed" and r["img_s"]:
-            tput += " (shared device: not a speed)"
-        elif r.get("flagged") and r["img_s"]:
-            tput += " (under load)"
-        if r.get("amp_step_syncs") and r["img_s"]:
-            tput += " (a host sync per step: GradScaler)"
+        tput = f"{r['img_s']:,.0f}{_speed_notes(r)}" if r["img_s"] else "-"
         step = f"{r['step_ms']:.1f}" if r["step_ms"] else "-"
         if r["step_ms"]:
             step += _steps_note(r, report["settings"]["steps"])
@@ -374,6 +375,19 @@ def markdown(report: dict) -> str:
             f"{r['backend'] or '-'} | {_said(r).replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _speed_notes(r: dict) -> str:
+    """What qualifies a row's img/s, the same in doctor.md and on the console: " (under load)", " (shared device: not
+    a speed)", " (a host sync per step: GradScaler)"; "" for none."""
+    notes = []
+    if r["tag"] == "oversubscribed":
+        notes.append("shared device: not a speed")
+    elif r.get("flagged"):
+        notes.append("under load")
+    if r.get("amp_step_syncs"):
+        notes.append("a host sync per step: GradScaler")
+    return "".join(f" ({n})" for n in notes)
 
 
 def _steps_note(r: dict, asked: int) -> str:
@@ -429,6 +443,120 @@ OWN_KEYS = {
 }
 
 
+# what doctor's runs read besides the train and data sections (a --set of anything else is refused: never run); the
+# run's time limit, as a sweep trial's (run_trial's timeout_s)
+READ_ELSEWHERE = ("sweep.trial_timeout_s",)
+# why a --set of a key doctor's runs never read does not take effect: its section, or the key itself
+UNREAD = {
+    "profile": "doctor reads params.yaml and --set, never a profile: its rows are the strategies it checks",
+    "data.mirror": "doctor downloads nothing: it runs on data.dir's prepared data, else the synthetic stand-in",
+    "sweep": "doctor runs no sweep; of the sweep section its runs read only sweep.trial_timeout_s, each run's limit",
+    "tracking": "doctor logs nothing to MLflow or a listener: it writes doctor.json and doctor.md",
+}
+
+
+def refusal(cfg, items, strategies) -> str:
+    """Why doctor refuses to run `cfg` (params.yaml and the --set options `items`) on `strategies`: a --set of a key
+    it sets itself (own_set_refusal) or its runs never read (_unread_refusal), a setting no row would run with
+    (knob_refusal, _unapplied_refusal), data it would not use (_data_refusal); "" when every setting reaches a run.
+    Each message names the key, why and what to do, and ends "Nothing was run."."""
+    return (
+        own_set_refusal(items, strategies)
+        or _unread_refusal(items)
+        or knob_refusal(cfg, strategies)
+        or _unapplied_refusal(cfg, strategies)
+        or _data_refusal(cfg, items)
+    )
+
+
+def _unread_refusal(items) -> str:
+    """Why doctor refuses the first --set option in `items` that gives a key its runs never read: outside the train
+    and data sections (READ_ELSEWHERE aside), or data.mirror; "" for none."""
+    for item in items or ():
+        for key in _set_keys(item):
+            section = key.partition(".")[0]
+            if key in READ_ELSEWHERE or (section in ("train", "data") and key not in UNREAD):
+                continue
+            why = UNREAD.get(key) or UNREAD.get(section) or f"the {section} section configures another command"
+            return (
+                f"--set {item!r}: doctor's runs never read `{key}` ({why}), so this --set would not take effect. "
+                "Leave it out. Nothing was run."
+            )
+    return ""
+
+
+def _unapplied_refusal(cfg, strategies) -> str:
+    """Why doctor refuses a setting of catalog.APPLIES_WITH away from its default that no row of `strategies` runs
+    with (as the sweep refuses it, loader.sweep_refusal): its knob is off, or no selected row has the design; ""
+    otherwise."""
+    defaults = loader.TrainConfig()
+    for k, (_, need) in catalog.APPLIES_WITH.items():
+        value = getattr(cfg.train, k)
+        points = [(s, {n: getattr(cfg.train, n) for n in catalog.knobs(s)}) for s in strategies]
+        if value == getattr(defaults, k) or any(catalog.applies(k, s, point) for s, point in points):
+            continue
+        rows = [n for n in catalog.NAMES if getattr(catalog.SPECS[n], need, False)]
+        fixes = (
+            [f"turn `{need}` on (`--set train.{need}=true`)"]
+            if any(need in catalog.knobs(s) for s in strategies)
+            else []
+        )
+        fixes += [f"select {' or '.join(rows)} with --strategies"] if rows else []
+        return (
+            f"`train.{k}={_text(value)}` reaches none of doctor's rows ({', '.join(strategies)}): "
+            f"{catalog.applies_with(k, _text(value))}, so its runs would never run with it. To use it, "
+            f"{', or '.join(fixes)}; else leave it out. Nothing was run."
+        )
+    return ""
+
+
+def _data_refusal(cfg, items) -> str:
+    """Why doctor refuses a --set of data.dir or data.source whose data is not prepared: doctor would run on the
+    synthetic stand-in instead (_data). data.source=synthetic alone asks for the stand-in: "" for it, as for none."""
+    asked = [(item, key) for item in items or () for key in _set_keys(item) if key in ("data.dir", "data.source")]
+    if not asked or (cfg.data.source == "synthetic" and all(key == "data.source" for _, key in asked)):
+        return ""
+    root = _data_root(cfg)
+    try:
+        store.load(root, cfg.data.source, 1, 1)
+        return ""
+    except DataError as e:
+        return (
+            f"--set {asked[-1][0]!r}: doctor finds no {cfg.data.source} data in {root} ({e}), so its runs would use "
+            "the synthetic stand-in instead. Prepare the data first, or leave the --set out to run on the stand-in. "
+            "Nothing was run."
+        )
+
+
+def own_knobs(cfg, strategy: str):
+    """`cfg` with every knob `strategy` has none of (catalog.knobs) at its default: the reference step's Config,
+    which a --set of another strategy's knob (train.comm_hook for ddp's rows) would otherwise refuse."""
+    defaults = loader.TrainConfig()
+    away = [
+        k for k in catalog.KNOBS if k not in catalog.knobs(strategy) and getattr(cfg.train, k) != getattr(defaults, k)
+    ]
+    return loader.override(cfg, [f"train.{k}={json.dumps(getattr(defaults, k))}" for k in away]) if away else cfg
+
+
+def knob_refusal(cfg, strategies) -> str:
+    """Why doctor refuses a knob `cfg` sets away from its default that none of `strategies` has (catalog.knobs): no
+    row would run with it. "" when each knob set reaches a row; a row whose strategy lacks it is unavailable, with
+    the reason (launch.check_feasible)."""
+    defaults = loader.TrainConfig()
+    for k in catalog.KNOBS:
+        value = getattr(cfg.train, k)
+        if value == getattr(defaults, k) or any(k in catalog.knobs(s) for s in strategies):
+            continue
+        why = next((f" ({s}: {w})" for s in strategies if (w := catalog.why_not(s, k))), "")
+        every = [n for n in catalog.NAMES if k in catalog.knobs(n)]
+        return (
+            f"`train.{k}={_text(value)}` reaches none of doctor's rows: {', '.join(f'`{s}`' for s in strategies)} "
+            f"{'has' if len(strategies) == 1 else 'have'} no `{k}` knob{why}. Select a strategy that takes it with "
+            f"--strategies ({', '.join(every)}), or leave it out. Nothing was run."
+        )
+    return ""
+
+
 def _set_keys(item: str) -> list[str]:
     """The dotted keys one --set option gives a value or removes (a mapping's value: each key inside it)."""
     body = item.lstrip("+~")
@@ -477,6 +605,11 @@ def took_effect(cfg, items) -> dict:
     return out
 
 
+def _text(v) -> str:
+    """A value as a --set spells it (YAML's spelling of a non-text value: true, 0.001, null)."""
+    return v if isinstance(v, str) else json.dumps(v)
+
+
 def _sets_text(sets: dict) -> str:
     """The --set options that took effect, as key=value (YAML's spelling of a non-text value: true, 0.001, null)."""
-    return ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in sets.items())
+    return ", ".join(f"{k}={_text(v)}" for k, v in sets.items())

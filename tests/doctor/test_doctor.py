@@ -308,26 +308,36 @@ def _fake_trials(monkeypatch, seen=None, metrics=None):
 
 
 def test_the_sets_that_take_effect_are_in_the_settings_of_both_files(synthetic_root, tmp_path, monkeypatch):
-    """A --set that reaches the timed run (train.optimizer=adamw, train.compile=true) is named in doctor.json's
-    settings and in doctor.md, with the value the run took."""
+    """A --set that reaches the timed run (train.optimizer=adamw, train.compile=true, amp_dtype with single's
+    autocast, the run's time limit sweep.trial_timeout_s) is named in doctor.json's settings and in doctor.md, with
+    the value the run took."""
     from pipeline.cli import main
 
     seen: list = []
     _fake_trials(monkeypatch, seen)
-    sets = ["train.optimizer=adamw", "train.compile=true", f"data.dir={synthetic_root}", "data.source=synthetic"]
+    timed = checks.run_trial
+    limits: list = []
+    monkeypatch.setattr(checks, "run_trial", lambda *a, **k: limits.append(k["timeout_s"]) or timed(*a, **k))
+    sets = ["train.optimizer=adamw", "train.compile=true", "train.autocast=true", "train.amp_dtype=bf16"]
+    sets += ["sweep.trial_timeout_s=77", f"data.dir={synthetic_root}", "data.source=synthetic"]
     argv = ["doctor", "--strategies", "single", "--max-devices", "1", "--steps", "2", "--out", str(tmp_path / "d")]
     assert main([*argv, *(a for s in sets for a in ("--set", s))]) == 0
-    assert [(c.train.optimizer, c.train.compile) for c in seen] == [("adamw", True)]
+    assert [(c.train.optimizer, c.train.compile, c.train.amp_dtype) for c in seen] == [("adamw", True, "bf16")]
+    assert limits == [77]
     doc = json.loads((tmp_path / "d" / "doctor.json").read_text())
     assert doc["settings"]["sets"] == {
         "train.optimizer": "adamw",
         "train.compile": True,
+        "train.autocast": True,
+        "train.amp_dtype": "bf16",
+        "sweep.trial_timeout_s": 77,
         "data.dir": str(synthetic_root),
         "data.source": "synthetic",
     }
     assert doc["settings"]["equivalence"].startswith("one adamw step, "), "the optimizer the step takes"
     md = (tmp_path / "d" / "doctor.md").read_text()
-    assert f"- --set: train.optimizer=adamw, train.compile=true, data.dir={synthetic_root}, data.source=synthetic" in md
+    assert "- --set: train.optimizer=adamw, train.compile=true, train.autocast=true, train.amp_dtype=bf16, " in md
+    assert f"sweep.trial_timeout_s=77.0, data.dir={synthetic_root}, data.source=synthetic" in md
 
 
 @pytest.mark.parametrize(
@@ -406,3 +416,100 @@ def test_under_cuda_graphs_each_run_of_a_row_is_one_a_gpu_runs(make_cfg, tmp_pat
     assert refusals == ["", "", ""], refusals
     assert row.warmup_steps == max(checks.WARMUP_STEPS, graphs.min_warmup(strategy)) >= graphs.min_warmup(strategy)
     assert row.status == "passed", row.reason
+
+
+@pytest.mark.parametrize("asked, timed", [(2, 2), (5, 5), (30, 5), (60, 10)])
+def test_an_emulated_dtype_row_times_no_more_steps_than_asked(make_cfg, tmp_path, monkeypatch, asked, timed):
+    """An emulated dtype's timed run is cut to a sixth of the steps, at least 5, and never to more than asked:
+    `--steps 2` times 2 steps, not 5."""
+    seen: list = []
+    ref, init = _fake_trials(monkeypatch, seen)
+    monkeypatch.setattr(checks, "check_feasible", lambda cfg, host: None)
+    case = checks.Case("ddp_amp", 1, ("train.amp_dtype=fp16",), "fp16+GradScaler")
+    row = checks.run_case(case, make_cfg(), probe(), ref, init, tmp_path, asked, 16, "lenet", ("fp16",))
+    assert row.status == "passed", row.reason
+    assert row.steps == timed and seen[0].train.max_steps == row.warmup_steps + timed
+
+
+def test_the_console_line_of_a_row_gives_the_labels_its_table_line_gives(make_cfg, tmp_path, monkeypatch):
+    """A row timed under load, or on fewer steps (an emulated dtype), says so on the console as in doctor.md."""
+    loaded = {"interfered": True, "interference_reason": "other processes kept 1.90 cores busy on average"}
+    metrics = {"throughput_img_s": 100.0, "peak_mem_bytes": [], "mem_method": "m", "interference": loaded}
+    _fake_trials(monkeypatch, metrics=metrics)
+    monkeypatch.setattr(checks, "check_feasible", lambda cfg, host: None)
+    real = checks.host_capabilities
+    monkeypatch.setattr(checks, "host_capabilities", lambda host: {**real(host), "fp16": "emulated"})
+    lines: list = []
+    checks.run(make_cfg(), tmp_path / "d", ["single", "ddp_amp"], max_devices=1, steps=30, say=lines.append)
+    fp16 = next(x for x in lines if "ddp_amp k=1 (fp16" in x)
+    single = next(x for x in lines if "single k=1" in x)
+    assert "100 img/s (under load) (5 steps: emulated dtype)" in fp16, fp16
+    assert "100 img/s (under load) (" in single and "steps" not in single, single
+    md = (tmp_path / "d" / "doctor.md").read_text()
+    assert "| 100 (under load) |" in next(x for x in md.splitlines() if x.startswith("| ddp_amp k=1 (fp16"))
+
+
+def test_a_knob_of_some_rows_runs_them_against_a_reference_without_it(make_cfg, tmp_path, monkeypatch):
+    """`--set train.comm_hook=shm` with single and ddp: the reference step (single-device SGD, which has no comm hook)
+    runs without it, so ddp's row is checked; single's row, which has no such knob, is unavailable with why."""
+    from pipeline.config import loader
+
+    ref, init = _fake_trials(monkeypatch)
+    hooks = []
+
+    def one_step(base, out, strategy, k, extra=()):  # refuses a knob its strategy lacks, as a trial does
+        checks.check_feasible(loader.override(base, [f"train.strategy={strategy}", f"train.devices={k}"]), probe())
+        hooks.append((strategy, base.train.comm_hook))
+        return ref, {"steps": 1}
+
+    monkeypatch.setattr(checks.equivalence, "one_step", one_step)
+    report = checks.run(
+        make_cfg("train.comm_hook=shm"), tmp_path / "d", ["single", "ddp"], 1, 2, 16, say=lambda *_: None
+    )
+    rows = {(r["strategy"], r["tag"]): r for r in report["rows"]}
+    assert hooks[:2] == [("single", "none"), ("ddp", "shm")]
+    assert rows[("ddp", "")]["status"] == "passed", rows[("ddp", "")]["reason"]
+    assert rows[("single", "")]["status"] == "unavailable" and "`comm_hook`" in rows[("single", "")]["reason"]
+    assert report["counts"]["failed"] == 0
+
+
+@pytest.mark.parametrize("item", ["train.comm_hook=shm", "train.bucket_cap_mb=5", "train.compile=true"])
+def test_a_knob_none_of_the_selected_strategies_has_is_refused(tmp_path, monkeypatch, capsys, item):
+    """A knob none of the selected strategies takes would reach no row: exit 2 naming the key and the strategies
+    that take it, before any trial."""
+    from pipeline.cli import main
+
+    monkeypatch.setattr(checks, "run", lambda *a, **k: pytest.fail("a refused --set ran the doctor"))
+    argv = ["doctor", "--strategies", "scratch,fsdp", "--max-devices", "1", "--out", str(tmp_path / "d")]
+    assert main([*argv, "--set", item]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"`{item}" in err and "--strategies (" in err and "Nothing was run" in err
+
+
+@pytest.mark.parametrize(
+    "items, strategies, said",
+    [
+        (["sweep.n_trials=3"], "single", "`sweep.n_trials`"),
+        (["analyze.target_acc=0.5"], "single", "`analyze.target_acc`"),
+        (["profile=gpu"], "single", "`profile`"),
+        (["tracking.uri=sqlite:///x.db"], "single", "`tracking.uri`"),
+        (["data.mirror=/nowhere"], "single", "`data.mirror`"),
+        (["train.amp_dtype=fp16"], "single", "applies with train.autocast=true"),
+        (["train.compile_mode=reduce-overhead"], "single,ddp", "applies with train.compile=true"),
+        (["train.output_device=1"], "single,ddp", "applies with"),
+        (["data.source=fashion-mnist", "data.dir=NOWHERE"], "single", "synthetic stand-in instead"),
+        (["data.source=synthetic", "data.dir=NOWHERE"], "single", "synthetic stand-in instead"),
+    ],
+)
+def test_a_set_no_run_of_the_doctor_takes_is_refused(tmp_path, monkeypatch, capsys, items, strategies, said):
+    """A --set doctor's runs never read (another command's section, the download's mirror), a setting that applies
+    only with what no selected row runs with (catalog.APPLIES_WITH, as the sweep refuses it), or data doctor would
+    replace by the synthetic stand-in: exit 2 naming the key and why, before any trial, never recorded as run."""
+    from pipeline.cli import main
+
+    monkeypatch.setattr(checks, "run", lambda *a, **k: pytest.fail("a refused --set ran the doctor"))
+    argv = ["doctor", "--strategies", strategies, "--max-devices", "1", "--out", str(tmp_path / "d")]
+    sets = [s.replace("NOWHERE", str(tmp_path / "nowhere")) for s in items]
+    assert main([*argv, *(a for s in sets for a in ("--set", s))]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert said in err and err.rstrip().endswith("Nothing was run."), err
