@@ -210,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="experiments side by side: one row per figure of metrics.json, one column per experiment",
         description="Print `dvc exp show`'s figures turned round: one row per figure (by default the weak-scaling "
         "efficiencies, weak_efficiency.STRATEGY.kK), one column per experiment (the workspace, its baseline, each "
-        "`dvc exp run`), in blocks that fit 120 columns.",
+        "`dvc exp run`), in blocks that fit 120 columns; a value too long for two experiments side by side ends in … "
+        "(`dvc exp show --json` prints it whole).",
     )
     p.add_argument(
         "--keep",

@@ -75,3 +75,18 @@ def test_a_pattern_that_matches_nothing_names_the_figures_there(monkeypatch, tmp
     monkeypatch.setattr(dvc.api, "exp_show", lambda repo: [{"Experiment": None, "rev": "main", "typ": "baseline"}])
     with pytest.raises(ConfigError, match="has a figure yet: run the pipeline first"):
         compare.run(build_parser().parse_args(["compare", "--keep", "nomatch"]))
+
+
+def test_a_long_value_is_cut_to_fit_and_each_row_shows_once():
+    """`--keep .` on a fresh clone: a sweep space's value runs to hundreds of characters; it ends in … so that the
+    workspace and its baseline share one block of 120 columns, each row once, and a line says where it shows whole."""
+    space = str([{"model": ["lenet"], "devices": [d], "batch_size": [128, 256], "lr": [0.1, 0.3]} for d in (1, 2, 4)])
+    figures = {"experiments/cpu.yaml:sweep.remeasure_interfered": 1, "sweep.spaces.ddp": space, "train.seed": "None"}
+    rows = [{"Experiment": None, "rev": rev, "typ": "baseline", **figures} for rev in ("workspace", "main")]
+    lines = compare.table(rows, ".")
+    assert max(map(len, lines)) <= compare.WIDTH, max(lines, key=len)
+    labels = [line.split()[0] for line in lines if line and not line.startswith("(")]
+    assert len(labels) == len(set(labels)), labels  # one block: no row twice
+    assert lines[0].split() == ["figure", "workspace", "main"]
+    assert lines[2].startswith("sweep.spaces.ddp ") and lines[2].count(space[:32] + "…") == 2
+    assert lines[-1] == "(… ends a value cut to 33 characters; `dvc exp show --json` prints each whole)"
