@@ -90,3 +90,17 @@ def test_a_long_value_is_cut_to_fit_and_each_row_shows_once():
     assert lines[0].split() == ["figure", "workspace", "main"]
     assert lines[2].startswith("sweep.spaces.ddp ") and lines[2].count(space[:32] + "…") == 2
     assert lines[-1] == "(… ends a value cut to 33 characters; `dvc exp show --json` prints each whole)"
+
+
+def test_the_help_says_what_a_row_is_and_which_show_by_default(capsys):
+    """`--keep .` shows params and the stages' dependencies beside metrics.json's figures, as `dvc exp show` does; the
+    help says so, and names the default rows default_keep() picks."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for words in ("metrics.json's keys", "params (train.lr", "dependency paths", "params.yaml:train.epochs"):
+        assert words in text, text
+    row = {"Experiment": "one", "rev": "abc1234"}
+    for key in ("weak_efficiency.S.kK", "strong_efficiency.S.kK", "weak_efficiency_comparable.S.kK", "data.source"):
+        assert key in text.split("default: ")[-1], text
+        assert compare.table([{**row, key: 1.0}], compare.default_keep()), key  # the default keeps what it names
