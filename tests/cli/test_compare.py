@@ -104,3 +104,25 @@ def test_the_help_says_what_a_row_is_and_which_show_by_default(capsys):
     for key in ("weak_efficiency.S.kK", "strong_efficiency.S.kK", "weak_efficiency_comparable.S.kK", "data.source"):
         assert key in text.split("default: ")[-1], text
         assert compare.table([{**row, key: 1.0}], compare.default_keep()), key  # the default keeps what it names
+
+
+def test_by_default_a_label_alone_shows_no_experiment_and_none_with_figures_says_how_to_make_them(monkeypatch, capsys):
+    """A fresh clone: every experiment has data.source (a param) and no efficiency yet. The default table is no lone
+    data.source row but one line naming the command that makes the figures, exit 2; --keep data.source shows it."""
+    import dvc.api
+
+    from pipeline.user_errors import say
+
+    fresh = [{"Experiment": None, "rev": rev, "typ": "baseline", "data.source": "fashion-mnist"} for rev in "ab"]
+    assert compare.table(fresh, compare.default_keep(), needs=compare.default_figures()) == []
+    assert compare.table(fresh, "data.source")[0].split() == ["figure", "a", "b"]
+    monkeypatch.setattr(dvc.api, "exp_show", lambda repo: fresh)
+    with pytest.raises(compare.ConfigError) as e:
+        compare.run(build_parser().parse_args(["compare"]))
+    say(f"error: {e.value}")
+    assert capsys.readouterr().err == (
+        "error: No experiment has weak_efficiency figures: run `make pipeline` or `make pipeline-offline`.\n"
+    )
+    one = {"Experiment": "one", "rev": "abc1234", f"{WEAK_EFFICIENCY}.ddp.k2": 0.9, "data.source": "synthetic"}
+    lines = compare.table([*fresh, one], compare.default_keep(), needs=compare.default_figures())
+    assert lines[0].split() == ["figure", "one"] and lines[-1].startswith("(no such figure in a, b:")
