@@ -14,6 +14,8 @@ import re
 from pipeline.config.loader import ConfigError
 
 WIDTH = 120  # columns a block of experiments fits in
+CELL_MIN = 12  # characters a value shows at least; a longer one (a sweep space, a list) may end in …
+WHOLE = "dvc exp show --json"
 META = ("Experiment", "rev", "typ", "Created", "parent", "State", "Executor")  # exp_show's columns that are no figure
 
 
@@ -29,6 +31,13 @@ def default_keep() -> str:
     return rf"^(({kinds})(_comparable)?\.|load_cores\.)|(^|:)data\.source$"
 
 
+def default_figures() -> str:
+    """The figures among default_keep(), the others label them: an experiment shows by default when it has one."""
+    from pipeline.analysis.tables.summary import STRONG_EFFICIENCY, WEAK_EFFICIENCY
+
+    return rf"^({re.escape(WEAK_EFFICIENCY)}|{re.escape(STRONG_EFFICIENCY)})\."
+
+
 def _label(row: dict) -> str:
     return str(row.get("Experiment") or row.get("rev") or "?")
 
@@ -39,16 +48,26 @@ def _text(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def table(rows: list[dict], keep: str, width: int = WIDTH) -> list[str]:
+def _cell(v, cut: int) -> str:
+    text = _text(v)
+    return text if len(text) <= cut else text[: cut - 1] + "…"
+
+
+def table(rows: list[dict], keep: str, width: int = WIDTH, needs: str | None = None) -> list[str]:
     """The lines: a block per group of experiments that fits `width`, each a header then one line per figure whose
-    key matches `keep` (re.search); experiments without any such figure are named once at the end."""
+    key matches `keep` (re.search), for each experiment with a value under such a key (one that `needs` matches too,
+    where given: a label alone shows no experiment); a value too long for two experiments to share a block
+    (CELL_MIN characters at least) ends in …, and a line says where it shows whole; experiments without any such
+    figure are named once at the end."""
     pattern = re.compile(keep)
     keys = list(dict.fromkeys(k for r in rows for k in r if k not in META and pattern.search(k)))
-    shown = [r for r in rows if any(_text(r.get(k)) != "-" for k in keys)]
+    needed = [k for k in keys if needs is None or re.search(needs, k)]
+    shown = [r for r in rows if any(_text(r.get(k)) != "-" for k in needed)]
     if not keys or not shown:
         return []
     first = max(len("figure"), *map(len, keys)) + 2
-    cols = [(r, max(len(_label(r)), *(len(_text(r.get(k))) for k in keys)) + 2) for r in shown]
+    cut = max(CELL_MIN, (width - first) // 2 - 2)
+    cols = [(r, max(len(_label(r)), *(len(_cell(r.get(k), cut)) for k in keys)) + 2) for r in shown]
     blocks, block, used = [], [], first
     for col in cols:
         if block and used + col[1] > width:
@@ -60,7 +79,9 @@ def table(rows: list[dict], keep: str, width: int = WIDTH) -> list[str]:
     lines: list[str] = []
     for b in blocks:
         lines.append(("" if not lines else "\n") + "figure".ljust(first) + "".join(_label(r).rjust(w) for r, w in b))
-        lines += [k.ljust(first) + "".join(_text(r.get(k)).rjust(w) for r, w in b) for k in keys]
+        lines += [k.ljust(first) + "".join(_cell(r.get(k), cut).rjust(w) for r, w in b) for k in keys]
+    if any(len(_text(r.get(k))) > cut for r in shown for k in keys):
+        lines.append(f"(… ends a value cut to {cut} characters; `{WHOLE}` prints each whole)")
     if hidden := [_label(r) for r in rows if r not in shown]:
         lines.append(f"(no such figure in {', '.join(hidden)}: a baseline has none until its dvc.lock is committed)")
     return lines
@@ -85,7 +106,13 @@ def run(args) -> int:
             f"dvc exp show found no experiments in {root} ({e}). Run it in the Parallax checkout, after "
             "`make pipeline` or `make pipeline-offline`."
         ) from None
-    lines = table(rows, keep)
+    lines = table(rows, keep, needs=None if args.keep else default_figures())
+    if not lines and not args.keep:
+        from pipeline.analysis.tables.summary import WEAK_EFFICIENCY
+
+        raise ConfigError(
+            f"No experiment has {WEAK_EFFICIENCY} figures: run `make pipeline` or `make pipeline-offline`."
+        )
     if not lines:
         figures = list(dict.fromkeys(k for r in rows for k, v in r.items() if k not in META and _text(v) != "-"))
         if figures:  # results there, none of them asked for

@@ -6,7 +6,7 @@
     python -m pipeline overlap                        # DVC stage `overlap`
     python -m pipeline collectives                    # DVC stage `collectives`
     python -m pipeline analyze                        # DVC stage `analyze`
-    python -m pipeline compare                        # experiments side by side, one row per figure
+    python -m pipeline compare                        # experiments side by side, one row per metric or param
     python -m pipeline ui                             # MLflow UI on http://127.0.0.1:5000
     python -m pipeline doctor                         # does every strategy run and agree here? (no MLflow needed)
 
@@ -242,16 +242,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "compare",
-        help="experiments side by side: one row per figure of metrics.json, one column per experiment",
-        description="Print `dvc exp show`'s figures turned round: one row per figure (by default the weak-scaling "
-        "efficiencies, weak_efficiency.STRATEGY.kK), one column per experiment (the workspace, its baseline, each "
-        "`dvc exp run`), in blocks that fit 120 columns.",
+        help="experiments side by side: one row per column of `dvc exp show`, one column per experiment",
+        description="Print `dvc exp show`'s table turned round: one row per column of it (metrics.json's figures, "
+        "the params of params.yaml and of the profile, the stages' dependencies), by default the scaling "
+        "efficiencies and what labels them; one column per experiment (the workspace, its baseline, each `dvc exp "
+        "run`), in blocks that fit 120 columns; a value too long for two experiments side by side ends in … "
+        "(`dvc exp show --json` prints it whole).",
     )
     p.add_argument(
         "--keep",
         metavar="REGEX",
-        help="the figures to show: metrics.json keys that match this Python regex, e.g. 'efficiency|load_cores' or "
-        "'.' for every one (default: '^weak_efficiency\\.')",
+        help="the rows to show: the names of `dvc exp show`'s columns that match this Python regex (re.search). "
+        "Those names are metrics.json's keys (weak_efficiency.ddp.k2, n_flagged), params (train.lr; FILE:NAME where "
+        "params.yaml and the profile both set one, e.g. params.yaml:train.epochs) and the stages' dependency paths "
+        "(pipeline/models.py, showing the hash dvc.lock records), as `dvc exp show` prints them; e.g. "
+        "'efficiency|load_cores', '^train\\.', or '.' for every one (default: the efficiencies "
+        "weak_efficiency.S.kK and strong_efficiency.S.kK with their labels weak_efficiency_comparable.S.kK, "
+        "load_cores.S.kK and data.source)",
     )
 
     p = sub.add_parser(

@@ -75,3 +75,54 @@ def test_a_pattern_that_matches_nothing_names_the_figures_there(monkeypatch, tmp
     monkeypatch.setattr(dvc.api, "exp_show", lambda repo: [{"Experiment": None, "rev": "main", "typ": "baseline"}])
     with pytest.raises(ConfigError, match="has a figure yet: run the pipeline first"):
         compare.run(build_parser().parse_args(["compare", "--keep", "nomatch"]))
+
+
+def test_a_long_value_is_cut_to_fit_and_each_row_shows_once():
+    """`--keep .` on a fresh clone: a sweep space's value runs to hundreds of characters; it ends in … so that the
+    workspace and its baseline share one block of 120 columns, each row once, and a line says where it shows whole."""
+    space = str([{"model": ["lenet"], "devices": [d], "batch_size": [128, 256], "lr": [0.1, 0.3]} for d in (1, 2, 4)])
+    figures = {"experiments/cpu.yaml:sweep.remeasure_interfered": 1, "sweep.spaces.ddp": space, "train.seed": "None"}
+    rows = [{"Experiment": None, "rev": rev, "typ": "baseline", **figures} for rev in ("workspace", "main")]
+    lines = compare.table(rows, ".")
+    assert max(map(len, lines)) <= compare.WIDTH, max(lines, key=len)
+    labels = [line.split()[0] for line in lines if line and not line.startswith("(")]
+    assert len(labels) == len(set(labels)), labels  # one block: no row twice
+    assert lines[0].split() == ["figure", "workspace", "main"]
+    assert lines[2].startswith("sweep.spaces.ddp ") and lines[2].count(space[:32] + "…") == 2
+    assert lines[-1] == "(… ends a value cut to 33 characters; `dvc exp show --json` prints each whole)"
+
+
+def test_the_help_says_what_a_row_is_and_which_show_by_default(capsys):
+    """`--keep .` shows params and the stages' dependencies beside metrics.json's figures, as `dvc exp show` does; the
+    help says so, and names the default rows default_keep() picks."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for words in ("metrics.json's keys", "params (train.lr", "dependency paths", "params.yaml:train.epochs"):
+        assert words in text, text
+    row = {"Experiment": "one", "rev": "abc1234"}
+    for key in ("weak_efficiency.S.kK", "strong_efficiency.S.kK", "weak_efficiency_comparable.S.kK", "data.source"):
+        assert key in text.split("default: ")[-1], text
+        assert compare.table([{**row, key: 1.0}], compare.default_keep()), key  # the default keeps what it names
+
+
+def test_by_default_a_label_alone_shows_no_experiment_and_none_with_figures_says_how_to_make_them(monkeypatch, capsys):
+    """A fresh clone: every experiment has data.source (a param) and no efficiency yet. The default table is no lone
+    data.source row but one line naming the command that makes the figures, exit 2; --keep data.source shows it."""
+    import dvc.api
+
+    from pipeline.user_errors import say
+
+    fresh = [{"Experiment": None, "rev": rev, "typ": "baseline", "data.source": "fashion-mnist"} for rev in "ab"]
+    assert compare.table(fresh, compare.default_keep(), needs=compare.default_figures()) == []
+    assert compare.table(fresh, "data.source")[0].split() == ["figure", "a", "b"]
+    monkeypatch.setattr(dvc.api, "exp_show", lambda repo: fresh)
+    with pytest.raises(compare.ConfigError) as e:
+        compare.run(build_parser().parse_args(["compare"]))
+    say(f"error: {e.value}")
+    assert capsys.readouterr().err == (
+        "error: No experiment has weak_efficiency figures: run `make pipeline` or `make pipeline-offline`.\n"
+    )
+    one = {"Experiment": "one", "rev": "abc1234", f"{WEAK_EFFICIENCY}.ddp.k2": 0.9, "data.source": "synthetic"}
+    lines = compare.table([*fresh, one], compare.default_keep(), needs=compare.default_figures())
+    assert lines[0].split() == ["figure", "one"] and lines[-1].startswith("(no such figure in a, b:")
