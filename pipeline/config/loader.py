@@ -707,7 +707,7 @@ def _one_device(cfg: Config) -> str:
         parallel = [n for n in cfg.sweep.strategies if not catalog.is_one_device_only(n)]
         others = f"sweep.strategies=[{', '.join(parallel)}]" if parallel else "a parallel strategy in sweep.strategies"
         if counts == [cfg.train.devices]:  # train.devices pins every space (pin)
-            taker = "ddp" if "ddp" in parallel or not parallel else parallel[0]
+            taker = parallel[0] if parallel else next(n for n in catalog.NAMES if not catalog.is_one_device_only(n))
             form = f"sweep.spaces.{taker}.devices=[{cfg.train.devices}]"
             return (
                 f"`train.devices={cfg.train.devices}` is set for every selected strategy's trials, but `{s}` runs on "

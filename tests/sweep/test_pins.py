@@ -230,7 +230,7 @@ def test_a_one_device_strategy_given_only_more_devices_is_refused_a_host_limit_i
         rc, err, ran = sweep_cli("single", *sets)
         assert rc == 2 and not ran, (rc, ran, err)
         assert "`train.devices=2`" in err and "`single` runs on exactly one device" in err, err
-        assert "sweep.spaces.ddp.devices=[2]" in err and "skipped" not in err, err
+        assert "sweep.spaces.scratch.devices=[2]" in err and "skipped" not in err, err  # the first parallel row
     rc, err, ran = sweep_cli("single", "sweep.spaces.single.devices=[2, 4]", "sweep.strategies=[single]")
     assert rc == 2 and "`sweep.spaces.single.devices` gives `single` only 2, 4 device(s)" in err, err
     rc, err, ran = sweep_cli("single", "sweep.spaces.single.devices=[1, 2]", "sweep.strategies=[single]")
