@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from pipeline import catalog, paths
+from pipeline import paths
 from pipeline.cli import stage_progress
 from pipeline.cli.parser import build_parser
 from pipeline.config import loader
@@ -250,7 +250,7 @@ def cmd_fit(args) -> int:
         )
         print(f"{counted}{'; kept already: ' + ', '.join(kept) if kept else ''} (runs/memory_model.json)")
         return 0
-    if not memory.is_counted(args.model, autocast=any(catalog.SPECS[s].autocast for s in args.strategies)):
+    if not memory.is_counted(args.model, strategies=args.strategies):
         print(
             f"[fit] counting {args.model}'s activations on this host, once (fake tensors: no training, no GPU; "
             "seconds, kept in runs/memory_model.json; `make setup` counts ahead)",

@@ -281,9 +281,10 @@ def _code_digest() -> str:
     return h.hexdigest()[:10]
 
 
-def is_counted(model: str, cache=None, autocast: bool = True) -> bool:
-    """Whether `fit` finds `model`'s layout and counts (fp32, and autocast's unless `autocast` is False: no strategy
-    asked for runs under it) at the anchors in the cache: then it loads no torch."""
+def is_counted(model: str, cache=None, strategies=None) -> bool:
+    """Whether `fit` finds `model`'s layout and counts (fp32, and autocast's unless none of `strategies`, where
+    given, runs under autocast) at the anchors in the cache: then it loads no torch."""
+    autocast = strategies is None or any(catalog.SPECS[s].autocast for s in strategies)
     stored = _read_cache(cache)
     return _layout_problem(stored.get(_layout_key(model))) is None and all(
         {str(b) for b in anchors} <= set(_kept_counts(model, amp, cache))

@@ -59,7 +59,7 @@ FLOORS = {
         "rank_env",
     },
     "tracking": {"scratch", "errors", "redact", "env", "store_faults", "paths", "preflight"},
-    "scaling": {"catalog", "config", "host", "strategies", "trial", "models", "paths", "rank_env", "zoo"},
+    "scaling": {"catalog", "config", "data", "host", "strategies", "trial", "models", "paths", "rank_env", "zoo"},
     "sweep": {
         "processes",
         "config",
