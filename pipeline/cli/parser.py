@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(pipeline/models.py, showing the hash dvc.lock records), as `dvc exp show` prints them; e.g. "
         "'efficiency|load_cores', '^train\\.', or '.' for every one (default: the efficiencies "
         "weak_efficiency.S.kK and strong_efficiency.S.kK with their labels weak_efficiency_comparable.S.kK, "
-        "load_cores.S.kK and data.source)",
+        "load_cores.S.kK and data_source, the data the figures are of)",
     )
 
     p = sub.add_parser(

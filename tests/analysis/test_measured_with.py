@@ -40,6 +40,14 @@ def test_report_and_metrics_name_the_rows_code_data_and_torch(tmp_path):
         assert metrics[f"data_digest.{s}"] == "da7a000001"
         assert metrics[f"torch_version.{s}"] == "2.5.1"
     assert "MIXED" not in report
+    assert metrics["data_source"] == "fashion-mnist"  # the data the figures are of, which compare shows
+
+
+def test_metrics_name_the_synthetic_data_their_figures_are_of(tmp_path):
+    """Rows on the stand-in: metrics.json's data_source names synthetic, whatever params.yaml says after
+    `make pipeline-offline` puts it back (compare labels the experiment's figures with it)."""
+    _, metrics = _analyze(tmp_path, {**ONE, "data_source": "synthetic"})
+    assert metrics["data_source"] == "fashion-mnist, synthetic"
 
 
 def test_rows_of_different_code_give_a_warning(tmp_path):

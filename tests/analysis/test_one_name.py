@@ -140,18 +140,20 @@ def test_no_view_renames_the_throughput_and_every_rank_reports_it():
 
 def invented_keys(flat: dict, tables: dict, summary: dict) -> list[str]:
     """The keys of a metrics.json (`flat`) whose name is not the name of the measurement they hold. A key is a count
-    (a summary.json count or the points table's `under_load`, summed), `<name>.<strategy>` with <name> summary.json's
+    (a summary.json count or the points table's `under_load`, summed) or summary.json's own name and value (its
+    `data_source`), `<name>.<strategy>` with <name> summary.json's
     name for a strategy's figure and its value, or `<name>.<strategy>[.<model>].kK` with <name> either a column of a
     table it was computed from (`tables`: name -> frame), holding that column's value at that strategy, model and k,
     or summary.json's name for that figure (its value where summary.json's `<name>_at` is that point)."""
     strategies = summary.get("strategies") or {}
+    ok_none = object()  # no summary.json value is this
     per_strategy = {n for st in strategies.values() for n in st}
     columns = {c for t in tables.values() for c in t.columns}
     bad = []
     for key, v in flat.items():
         name, *rest = key.split(".")
         if not rest:
-            ok = isinstance(v, int) and (name in summary or name in columns)
+            ok = (isinstance(v, int) and (name in summary or name in columns)) or summary.get(name, ok_none) == v
         elif len(rest) == 1:
             st = strategies.get(rest[0]) or {}
             ok = name in st and v == pytest.approx(st[name], rel=5e-3)

@@ -286,7 +286,9 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
     0 beside it (absent where its ends are comparable, as on a quiet host). Last, per strategy, `code_digest.S`,
     `data_digest.S` and `torch_version.S` (records.trial.PROVENANCE, as summary.json's `provenance` joins them:
     comma-separated where its rows mix several), strings that `dvc exp show` shows as columns and `dvc metrics diff`
-    lists without a difference; absent for a table without them."""
+    lists without a difference; absent for a table without them; and `data_source`, the data the figures are of
+    (summary.json's: "synthetic" for the stand-in), which params.yaml's data.source need not be (`make
+    pipeline-offline` puts params.yaml back after its synthetic run)."""
     models = len(set(pts["model"]) | set(mem["model"])) > 1 if len(pts) or len(mem) else False
     out: dict = {
         k: summary[k] for k in ("n_trials", "n_complete", "n_measured", "n_flagged") if _finite(summary.get(k))
@@ -325,4 +327,6 @@ def flat_metrics(summary: dict, pts, eff, mem) -> dict:
             _per_k(out, at[~at["comparable"].astype(bool)].assign(**{name: 0.0}), name, models)
     for name in PROVENANCE:  # what the figures come from, as strings `dvc exp show` shows in their own columns
         out.update({_key(name, s): st[name] for s, st in strategies.items() if isinstance(st.get(name), str)})
+    if isinstance(summary.get("data_source"), str) and summary["data_source"]:  # the data the figures are of
+        out["data_source"] = summary["data_source"]
     return jsonable(out)
