@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline import catalog
 from tests.project import copy_tracked
 from tests.sweep import slurm_cluster
 
@@ -35,7 +36,9 @@ def _clone(dst: Path) -> Path:
     prof["slurm"].update(CLUSTER)
     prof["data"] = {"train_limit": 128, "test_limit": 64}
     prof["train"] = {"epochs": 1, "max_steps": 1, "warmup_steps": 0, "interference_threshold": 1000}
-    prof["sweep"]["spaces"] = {s: SPACE for s in prof["sweep"]["spaces"]}
+    # a one-device row keeps its one device: a space that gives it none is refused by every stage (sweep_refusal)
+    one = {s for s in prof["sweep"]["spaces"] if catalog.is_one_device_only(s)}
+    prof["sweep"]["spaces"] = {s: {**SPACE, "devices": [1]} if s in one else SPACE for s in prof["sweep"]["spaces"]}
     (dst / "experiments" / "slurm.yaml").write_text(yaml.safe_dump(prof))
     params = (dst / "params.yaml").read_text()
     for old, new in {"profile: cpu": "profile: slurm", "source: fashion-mnist": "source: synthetic"}.items():
