@@ -84,16 +84,21 @@ def store_file(store=None) -> Path:
 def _read(store=None) -> dict:
     """The store as written (its entries unchecked; `_kept` checks them): {} where it is missing, and where it is
     not JSON or not an object of entries by device name, said once on stderr."""
-    path = store_file(store)
+    return read_object(store_file(store), "figures by device name", "every device's fixed cost is the assumed default")
+
+
+def read_object(path, holds: str, instead: str) -> dict:
+    """A kept JSON file's object of entries: {} where the file is missing, and where it is not JSON or not an object
+    (of what it `holds`), said once on stderr (`ignored`) with what is taken `instead`."""
     try:
         data = json.loads(path.read_text())
     except OSError:
         return {}
     except ValueError as e:
-        ignored(path, None, f"not JSON ({e})", "every device's fixed cost is the assumed default")
+        ignored(path, None, f"not JSON ({e})", instead)
         return {}
     if not isinstance(data, dict):
-        ignored(path, None, f"a JSON {type(data).__name__}, not figures by device name", "the assumed defaults")
+        ignored(path, None, f"a JSON {type(data).__name__}, not {holds}", instead)
         return {}
     return data
 

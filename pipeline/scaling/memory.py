@@ -381,20 +381,9 @@ def _cache_file(cache):
 def _read_cache(cache) -> dict:
     """The cache as written ({} where it is missing; where it is not JSON or not an object of entries, said once on
     stderr: counted again, and the file written anew)."""
-    from pipeline.scaling.device import ignored
+    from pipeline.scaling.device import read_object
 
-    path = _cache_file(cache)
-    try:
-        data = json.loads(path.read_text())
-    except OSError:
-        return {}
-    except ValueError as e:
-        ignored(path, None, f"not JSON ({e})", "counting again")
-        return {}
-    if not isinstance(data, dict):
-        ignored(path, None, f"a JSON {type(data).__name__}, not counts by key", "counting again")
-        return {}
-    return data
+    return read_object(_cache_file(cache), "counts by key", "counting again")
 
 
 def _write_cache(cache, key: str, value: dict) -> None:
