@@ -1,5 +1,6 @@
-"""What DVC shows: metrics.json is flat numbers (`dvc metrics show`, `dvc exp show` columns), dvc.yaml declares it and
-the plots so that each experiment keeps its own copy, and every declared plot names columns its CSV has."""
+"""What DVC shows: metrics.json is flat numbers and a few flat labels (`dvc metrics show`, `dvc exp show`
+columns), dvc.yaml declares it and the plots so that each experiment keeps its own copy, and every declared plot
+names columns its CSV has."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from pipeline.analysis.stage import analyze
+from pipeline.records.trial import PROVENANCE
 
 from ..analysis.test_analyze import row, write
 from ..conftest import REPO
@@ -36,13 +38,23 @@ def analysed(tmp_path_factory):
     return summary, base / "analysis"
 
 
+def is_label(key: str) -> bool:
+    """The string keys metrics.json documents (summary.flat_metrics): the data the figures are of, and per strategy
+    the code, data and torch they were measured with. `dvc metrics diff` lists them without a difference."""
+    return key == "data_source" or key.split(".")[0] in PROVENANCE
+
+
 def test_metrics_file_is_flat_numbers(analysed):
     summary, out = analysed
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics, "metrics.json is empty"
     for key, value in metrics.items():
-        assert isinstance(value, numbers.Number) and not isinstance(value, bool), (key, value)
+        if is_label(key):
+            assert isinstance(value, str) and value, (key, value)
+        else:
+            assert isinstance(value, numbers.Number) and not isinstance(value, bool), (key, value)
         assert key and " " not in key, key
+    assert metrics["data_source"] == "fashion-mnist"  # the rows' data, a label beside the numbers
     # the numbers are the analysis's: T(2)/(2 T(1)) with T(2) the median over lrs
     t1, t2 = 1000, (1800 + 1600) / 2
     assert metrics["throughput_img_s.ddp.k1"] == t1 and metrics["throughput_img_s.ddp.k2"] == t2
@@ -52,7 +64,7 @@ def test_metrics_file_is_flat_numbers(analysed):
     assert metrics["n_measured"] == 4 and metrics["n_flagged"] == 0  # what a `-` in a result column comes from
     keys = list(metrics)  # dvc exp show's column order: the counts, then the results grouped by what they are
     assert keys[:4] == ["n_trials", "n_complete", "n_measured", "n_flagged"]
-    groups = [k.split(".")[0] for k in keys[4:] if k != "under_load"]
+    groups = [k.split(".")[0] for k in keys[4:] if k != "under_load" and not is_label(k)]
     order = [
         "throughput_img_s",
         "weak_efficiency",
