@@ -87,6 +87,27 @@ def test_a_figures_load_label_tells_quiet_from_unmeasured():
     assert math.isnan(summary._load({"under_load": True, "load_cores": math.nan}))
 
 
+def test_summary_json_tells_a_quiet_figure_from_one_under_an_unmeasured_load():
+    """summary.json writes an unmeasured load's NaN as null, as it writes a quiet figure's label: each figure's
+    `*_condition` beside it says which, in comparable.condition's words."""
+    quiet = frame([row("ddp", k=1, B=128, thr=1000.0), row("ddp", k=2, B=256, thr=1800.0)])
+    unmeasured = frame([busy("ddp", 1, 1000.0, cores=math.nan), busy("ddp", 2, 1800.0, cores=math.nan)])
+    measured = frame([busy("ddp", 1, 1000.0, cores=1.7), busy("ddp", 2, 1800.0, cores=1.7)])
+    written = {}
+    for name, df in (("quiet", quiet), ("unmeasured", unmeasured), ("measured", measured)):
+        st = json.loads(json.dumps(summary.jsonable(everything(df)[4])))["strategies"]["ddp"]
+        assert st["weak_efficiency"] == pytest.approx(0.9), name
+        written[name] = st
+    assert written["quiet"]["weak_efficiency_under_load_cores"] is None
+    assert written["unmeasured"]["weak_efficiency_under_load_cores"] is None  # null both ways: the condition tells
+    assert written["quiet"]["weak_efficiency_condition"] == "quietly"
+    assert written["unmeasured"]["weak_efficiency_condition"] == "under load (busy cores not measured)"
+    assert written["measured"]["weak_efficiency_condition"] == "beside 1.70 busy cores"
+    for name, st in written.items():
+        assert st["best_throughput_condition"] == st["weak_efficiency_condition"], name
+    assert summary._condition(None) is None  # no figure, no condition
+
+
 @pytest.mark.parametrize("loaded_end", ["k=1", "k=2"])
 def test_an_efficiency_with_one_end_under_load_is_labelled_not_comparable(loaded_end):
     """A loaded k=1 against a quiet k=2 (or the reverse) divides a figure measured beside busy cores by one measured

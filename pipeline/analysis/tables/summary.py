@@ -92,8 +92,16 @@ def _interval(r):
 def _load(r) -> float | None:
     """The median cores other processes kept busy during the trials behind a figure (comparable.load): None where
     it was measured quietly (or there is no figure), NaN under load with the cores not measured (never None, which
-    would read as quiet; jsonable writes it as null, summary.json carrying no NaN)."""
+    would read as quiet; jsonable writes it as null, summary.json carrying no NaN, so `_condition` beside it tells
+    the two apart)."""
     return None if r is None else comparable.load(r)
+
+
+def _condition(r) -> str | None:
+    """How a figure was measured, in comparable.condition's words ("quietly", "beside 1.70 busy cores", "under load
+    (busy cores not measured)"); None where there is no figure. summary.json's `*_under_load_cores` is null both
+    quietly and where the busy cores were not measured: this says which."""
+    return None if r is None else comparable.condition(r)
 
 
 def strategy_metrics(s, pts, eff, mem):
@@ -125,6 +133,9 @@ def strategy_metrics(s, pts, eff, mem):
         "best_throughput_under_load_cores": _load(thr),
         "weak_efficiency_under_load_cores": _load(weak),
         "strong_efficiency_under_load_cores": _load(strong),
+        "best_throughput_condition": _condition(thr),
+        "weak_efficiency_condition": _condition(weak),
+        "strong_efficiency_condition": _condition(strong),
         # False: its k=1 reference and its k point were measured under loads comparable.py keeps apart, so the
         # ratio is the load difference as much as the strategy's scaling (report.md says which end was which)
         "weak_efficiency_comparable": _comparable(weak),
