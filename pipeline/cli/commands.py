@@ -250,27 +250,28 @@ def cmd_fit(args) -> int:
         )
         print(f"{counted}{'; kept already: ' + ', '.join(kept) if kept else ''} (runs/memory_model.json)")
         return 0
-    if not memory.is_counted(args.model, strategies=args.strategies):
+    ks, strategies = args.devices, args.strategies
+    shown, dropped = memory.applicable(strategies, ks, args.batch_size)
+    left = _left_out(dropped)
+    if not shown:  # every k left out, each for its reason, before anything is counted
+        fixes = " or ".join(dict.fromkeys(out.fix for out in dropped))
+        raise loader.ConfigError(
+            f"fit has no row to show for --strategies {','.join(strategies)} and --devices {','.join(map(str, ks))}: "
+            f"{'; '.join(left)}. Give {fixes}. Nothing was run."
+        )
+    if not memory.is_counted(args.model, strategies=sorted({s for s, _ in shown})):
         print(
             f"[fit] counting {args.model}'s activations on this host, once (fake tensors: no training, no GPU; "
             "seconds, kept in runs/memory_model.json; `make setup` counts ahead)",
             file=sys.stderr,
             flush=True,
         )
-    ks, strategies = args.devices, args.strategies
     here = device.cuda_device() if args.device_memory is None or args.device_name is None else None
     cap = device.capacity(args.device_memory, here)
     fixed = device.fixed_cost(args.device_name or (here[0] if here else None))
-    rows, dropped = memory.fit_table(
+    rows, _ = memory.fit_table(
         args.model, args.batch_size, cap.bytes, args.optimizer, ks, strategies, fixed=fixed.bytes
     )
-    left = _left_out(dropped)
-    if not rows:  # every k left out, each for the reason fit_table gives
-        fixes = " or ".join(dict.fromkeys(out.fix for out in dropped))
-        raise loader.ConfigError(
-            f"fit has no row to show for --strategies {','.join(strategies)} and --devices {','.join(map(str, ks))}: "
-            f"{'; '.join(left)}. Give {fixes}. Nothing was run."
-        )
     from pipeline import zoo
 
     gib, mib = memory.GIB, memory.MIB

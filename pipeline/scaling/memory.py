@@ -696,6 +696,14 @@ def left_out(strategy: str, k: int, batch_size: int) -> LeftOut | None:
     return None
 
 
+def applicable(strategies, ks, batch_size: int) -> tuple[list[tuple[str, int]], list[LeftOut]]:
+    """The (strategy, k) pairs fit_table shows, and those it leaves out, each with its reason (left_out): known
+    before a tensor is counted, so a fit with nothing to show says so without counting."""
+    pairs = [(s, k) for s in strategies for k in ks]
+    outs = [left_out(s, k, batch_size) for s, k in pairs]
+    return [p for p, out in zip(pairs, outs) if out is None], [out for out in outs if out is not None]
+
+
 def fit_table(
     model: str,
     batch_size: int,
@@ -711,27 +719,23 @@ def fit_table(
     """Per strategy and k: the modelled peak per device at `batch_size` (`prediction`: its terms), what the device
     needs then (device_total, with `fixed` bytes of fixed cost), whether it fits, the largest batch that does. A
     strategy a k does not apply to is left out: returned beside the rows, each with its reason (left_out)."""
-    rows, dropped = [], []
-    for s in strategies or catalog.NAMES:
-        for k in ks:
-            if out := left_out(s, k, batch_size):
-                dropped.append(out)
-                continue
-            kw = {"basis": basis, "cache": cache, "backend": backend}
-            p = predict(s, model, k, batch_size, optimizer, anchors=COUNT_ANCHORS, **kw)
-            total = device_total(p, fixed)
-            rows.append(
-                {
-                    "strategy": s,
-                    "k": k,
-                    "batch_size": batch_size,
-                    "peak_bytes": p.peak,
-                    "device_bytes": total,
-                    "fits": total <= device_bytes,
-                    "largest_batch": largest_batch(s, model, k, device_bytes, optimizer, fixed, **kw),
-                    "prediction": p,
-                }
-            )
+    rows, (shown, dropped) = [], applicable(strategies or catalog.NAMES, ks, batch_size)
+    kw = {"basis": basis, "cache": cache, "backend": backend}
+    for s, k in shown:
+        p = predict(s, model, k, batch_size, optimizer, anchors=COUNT_ANCHORS, **kw)
+        total = device_total(p, fixed)
+        rows.append(
+            {
+                "strategy": s,
+                "k": k,
+                "batch_size": batch_size,
+                "peak_bytes": p.peak,
+                "device_bytes": total,
+                "fits": total <= device_bytes,
+                "largest_batch": largest_batch(s, model, k, device_bytes, optimizer, fixed, **kw),
+                "prediction": p,
+            }
+        )
     return rows, dropped
 
 

@@ -362,3 +362,20 @@ def test_a_fit_whose_strategies_run_no_autocast_finds_its_counts_kept_and_says_n
     assert main(argv) == 0
     assert "counting" not in capsys.readouterr().err
     assert not memory.is_counted("lenet")  # the autocast counts: not made, and asked for where a strategy needs them
+
+
+def test_a_fit_with_no_row_to_show_refuses_before_counting(tmp_path, monkeypatch, capsys):
+    """Every k left out (memory.applicable): the refusal comes first, with no "counting" said and nothing counted
+    or kept, however uncounted the model is."""
+    from pipeline.scaling import memory
+
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    counts = tmp_path / "counts.json"
+    monkeypatch.setattr(memory, "_cache_file", lambda cache: counts)
+    memory.layout.cache_clear()
+    monkeypatch.setattr(memory, "_COUNTED", {})
+    assert not memory.is_counted("lenet")
+    assert main(["fit", "--model", "lenet", "--batch-size", "512", "--strategies", "single", "--devices", "2"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no row to show" in err and "counting" not in err, err
+    assert not counts.exists() and not memory._COUNTED
