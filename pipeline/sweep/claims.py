@@ -391,10 +391,10 @@ def creating_stores(*urls: str):
 def serve(worker, max_new_trials: int | None = None) -> int:
     """Claim and run waiting trials until none is left that `worker` can run (or `max_new_trials` ran); returns how
     many ran here. Each turn first repairs stale trials (and their MLflow runs). The worker (sweep/worker.py) gives
-    its study, its tracker, the `total` of trials planned, `runnable(point)` (can this host run the point),
-    `run(trial, done, eta_s)` (runs one claimed trial and records it: done = trials finished before it, eta_s = the
-    time the total still needs at this worker's pace, or None), `say(msg)` and `where` (this host, in words). Each
-    trial runs inside `claimed`: its heartbeat beats for all of it."""
+    its study, `runnable(point)` (can this host run the point), `run(trial, done, pace_s)` (runs one claimed trial
+    and records it: done = trials finished before it, pace_s = this worker's seconds per trial so far, or None
+    before its first), `say(msg)` and `where` (this host, in words). Each trial runs inside `claimed`: its heartbeat
+    beats for all of it."""
     study = worker.study
     if max_new_trials == 0:
         worker.say(
@@ -418,8 +418,6 @@ def serve(worker, max_new_trials: int | None = None) -> int:
                     break
                 time.sleep(1.0)  # another worker (or a dead one, until its heartbeat goes stale) holds a trial
                 continue
-            done = finished(study)
-            eta = (time.monotonic() - started) / ran * max(worker.total - done, 0) if ran else None
-            worker.run(trial, done, eta)
+            worker.run(trial, finished(study), (time.monotonic() - started) / ran if ran else None)
         ran += 1
     return ran

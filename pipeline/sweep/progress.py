@@ -3,7 +3,7 @@
     for p in progress(queue, "[sweep ddp] enqueueing trials"): ...
 
 A loop that ends within EVERY_S prints nothing; one that spoke ends with a `done in N s` line. `counter` is the
-sweep's "trial 9/9 (8 planned + 1 re-measure)" count.
+sweep's "trial 9/9 (8 planned + 1 re-measure)" count, and `time_left` the sweep ETA beside it, over the same trials.
 """
 
 from __future__ import annotations
@@ -46,3 +46,9 @@ def counter(done: int, total: int, remeasures: int = 0) -> str:
     if remeasures and n <= total + remeasures:
         return f"{n}/{total + remeasures} ({total} planned + {remeasures} re-measure{'s' if remeasures > 1 else ''})"
     return f"{n}/{max(total, n)}"
+
+
+def time_left(pace_s: float | None, done: int, total: int, remeasures: int = 0) -> float | None:
+    """The seconds the trials `counter` counts still need at `pace_s` per trial (None: no pace yet): the one about to
+    run and those after it, re-measures enqueued included (at least the one about to run)."""
+    return None if pace_s is None else pace_s * max(total + remeasures - done, 1)

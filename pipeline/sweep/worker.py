@@ -42,7 +42,7 @@ from pipeline.strategies import STRATEGIES
 from pipeline.sweep import claims, console, feasible, slurm, study_setup
 from pipeline.sweep.best_effort import best_effort
 from pipeline.sweep.console import SweepConsole
-from pipeline.sweep.progress import counter
+from pipeline.sweep.progress import counter, time_left
 from pipeline.sweep.space import Space
 from pipeline.sweep.study_listener import StudyRecord
 from pipeline.tracking import server_wait
@@ -166,11 +166,13 @@ class Worker:
         except Infeasible:
             return False
 
-    def run(self, trial, done: int, eta: float | None) -> None:
+    def run(self, trial, done: int, pace_s: float | None) -> None:
         """One claimed trial, from the wait for a quiet host to its outcome applied; `done`: the study's trials that
-        ran to an end before it; `eta`: the sweep's time left at this worker's pace (None: not known yet)."""
+        ran to an end before it; `pace_s`: this worker's seconds per trial so far (None: not known yet), which times
+        the trials left, re-measures enqueued included (progress.time_left)."""
         remeasures = sum(1 for t in self.study.get_trials(deepcopy=False) if t.user_attrs.get("remeasure"))
         label = f"[sweep {self.sweep.strategy}] trial {counter(done, self.total, remeasures)}"
+        eta = time_left(pace_s, done, self.total, remeasures)
         eta_text = f", sweep ETA {eta:.0f} s" if eta else ""
         console.say(f"{label} (#{trial.number}) {fmt_point(claims.fixed_point(trial))}{eta_text}")
         self._wait_quiet(trial, label)

@@ -137,3 +137,23 @@ def test_the_counter_counts_remeasures_and_never_passes_its_total(done, total, r
     from pipeline.sweep.progress import counter
 
     assert counter(done, total, remeasures) == shown
+
+
+@pytest.mark.parametrize(
+    "done, total, remeasures, shown",
+    [
+        (0, 8, 0, "1/8"),
+        (8, 8, 1, "9/9 (8 planned + 1 re-measure)"),
+        (3, 8, 2, "4/10 (8 planned + 2 re-measures)"),
+        (15, 8, 2, "16/16"),
+    ],
+)
+def test_the_sweep_eta_times_the_trials_the_counter_counts(done, total, remeasures, shown):
+    """The ETA beside "trial n/N" times the N - n + 1 trials from this one on, at the worker's pace: re-measures
+    enqueued included (never "ETA 0 s" while one still waits), at least the trial about to run."""
+    from pipeline.sweep.progress import counter, time_left
+
+    assert counter(done, total, remeasures) == shown
+    n, of = map(int, shown.split(" ")[0].split("/"))
+    assert time_left(30.0, done, total, remeasures) == 30.0 * (of - n + 1)
+    assert time_left(None, done, total, remeasures) is None  # no trial ran here yet: no pace
