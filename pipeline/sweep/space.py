@@ -115,6 +115,20 @@ class Space:
         fixed = self.constants
         return {k: fixed[k] if k in fixed else trial.suggest_categorical(k, v) for k, v in self.choices.items()}
 
+    def defaulted(self) -> dict:
+        """The catalog.APPLIES_WITH settings cfg sets away from their defaults that some of this strategy's points do
+        not run with (`unapplied`): name -> (the value set, the default those points run and record, how many points
+        of how many). The sweep says so before its first trial, so that a row recording the default is no surprise."""
+        defaults, out = type(self.cfg.train)(), {}
+        for k in catalog.APPLIES_WITH:
+            set_to, default = getattr(self.cfg.train, k), getattr(defaults, k)
+            if set_to == default:
+                continue
+            n = sum(1 for p in self.points if k in unapplied(self.cfg, self.strategy, p))
+            if n:
+                out[k] = (set_to, default, n, len(self.points))
+        return out
+
     def changed_settings(self) -> dict:
         """The identity's settings whose values differ from the schema's defaults, and the listeners that can stop a
         trial: what sets this study apart, shown on its MLflow parent run."""

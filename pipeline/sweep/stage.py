@@ -22,6 +22,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from pipeline import catalog
 from pipeline.errors import Stopped, interruption
 from pipeline.host.devices import probe
 from pipeline.measure.quiet import QuietGate
@@ -279,6 +280,12 @@ def _announce(sweep: Sweep, feasible: list[dict]) -> None:
         )
     for reason, group in _by_reason(skipped):
         print(f"  skipped {_points_text(group)}: {reason}", file=sys.stderr)
+    for k, (set_to, default, n, of) in sweep.space.defaulted().items():
+        which = "its trials" if n == of else f"{n} of its {of} points' trials"
+        print(
+            f"  {catalog.applies_with(k, set_to)}: {which} run without it and record the default train.{k}={default}",
+            file=sys.stderr,
+        )
 
 
 def _left(sweep: Sweep, feasible: list[dict]) -> list:

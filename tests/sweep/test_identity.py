@@ -343,3 +343,36 @@ def test_a_setting_only_another_strategy_runs_renames_its_study_only():
     on = Space(single, "single")
     assert {p["autocast"]: on.config(p).train.amp_dtype for p in on.points} == {False: "auto", True: "fp16"}
     assert on.name != Space(cfg, "single").name
+
+
+def test_the_sweep_says_which_trials_run_without_a_setting_that_does_not_apply_to_them(capsys):
+    """train.amp_dtype=fp16 with ddp (no autocast) and single (autocast off and on): before the first trial the sweep
+    says what the setting applies with and which trials run and record the default instead; a strategy that runs
+    it everywhere, or a setting left at its default, says nothing."""
+    import optuna
+
+    from pipeline.sweep import stage
+
+    cfg = schema.Config()
+    fp16 = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, amp_dtype="fp16"))
+    single = dataclasses.replace(
+        fp16, sweep=dataclasses.replace(fp16.sweep, spaces={"single": (schema.SpaceConfig(autocast=(False, True)),)})
+    )
+    ddp, amp, half = Space(fp16, "ddp"), Space(fp16, "ddp_amp"), Space(single, "single")
+    assert ddp.defaulted() == {"amp_dtype": ("fp16", "auto", len(ddp.points), len(ddp.points))}
+    assert amp.defaulted() == {} and Space(cfg, "ddp").defaulted() == {}
+    assert half.defaulted() == {"amp_dtype": ("fp16", "auto", len(half.points) // 2, len(half.points))}
+
+    def announced(space) -> str:
+        host = type("Host", (), {"kind": "cpu", "n": 2})
+        study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+        sweep = type("Sweep", (), {"study": study, "strategy": space.strategy, "host": host, "total": 0})
+        sweep.skipped, sweep.cfg, sweep.space = [], space.cfg, space
+        stage._announce(sweep, [])
+        return " ".join(capsys.readouterr().err.split())
+
+    said = announced(ddp)
+    assert "train.amp_dtype=fp16 is autocast's type and applies with" in said, said
+    assert "its trials run without it and record the default train.amp_dtype=auto" in said, said
+    assert f"{len(half.points) // 2} of its {len(half.points)} points' trials run without it" in announced(half)
+    assert "amp_dtype" not in announced(amp)
