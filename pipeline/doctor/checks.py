@@ -30,7 +30,7 @@ from pipeline.host.devices import Host, probe
 from pipeline.measure.comm_probes import DUMP_ENV
 from pipeline.strategies import STRATEGIES
 from pipeline.trial import graphs
-from pipeline.trial.launch import check_feasible, run_trial
+from pipeline.trial.launch import check_feasible, host_mode_refusal, run_trial
 
 MIB = 2**20
 # every row's timed window opens after DDP's synchronised iterations 1-10 (config/settle.py says where in torch; the
@@ -302,6 +302,8 @@ def run(
             + f", lr {equivalence.LR}, LeNet, global batch 64, against "
             f"`single`, TF32 off, fp16 GradScaler from scale {equivalence.FP16_INIT_SCALE:g}",
             "sets": dict(sets or {}),
+            # what the equivalence step takes whatever --set says: such a --set reaches the timed run only
+            "equivalence_sets": equivalence.own_settings(base),
         },
         "rows": [asdict(r) for r in rows],
         "counts": {s: sum(r.status == s for r in rows) for s in ("passed", "failed", "skipped", "unavailable")},
@@ -357,7 +359,7 @@ def markdown(report: dict) -> str:
         f"- {report['counts']['passed']} passed, {report['counts']['failed']} failed, "
         + (f"{report['counts']['skipped']} skipped, " if report["counts"].get("skipped") else "")
         + f"{report['counts']['unavailable']} unavailable",
-        *([f"- --set: {_sets_text(given)}"] if (given := report["settings"].get("sets")) else []),
+        *([f"- --set: {_sets_text(given)}{_timed_only(report)}"] if (given := report["settings"].get("sets")) else []),
         "",
         "| strategy | status | precision | img/s | ms/step | peak MiB per device | workspace MiB | memory from "
         "| backend | check or reason |",
@@ -458,15 +460,25 @@ UNREAD = {
 def refusal(cfg, items, strategies) -> str:
     """Why doctor refuses to run `cfg` (params.yaml and the --set options `items`) on `strategies`: a --set of a key
     it sets itself (own_set_refusal) or its runs never read (_unread_refusal), a setting no row would run with
-    (knob_refusal, _unapplied_refusal), data it would not use (_data_refusal); "" when every setting reaches a run.
+    (knob_refusal, _unapplied_refusal), a mode this host's kind of device cannot run (_host_refusal), data it would not
+    use (_data_refusal); "" when every setting reaches a run.
     Each message names the key, why and what to do, and ends "Nothing was run."."""
     return (
         own_set_refusal(items, strategies)
         or _unread_refusal(items)
         or knob_refusal(cfg, strategies)
         or _unapplied_refusal(cfg, strategies)
+        or _host_refusal(cfg)
         or _data_refusal(cfg, items)
     )
+
+
+def _host_refusal(cfg) -> str:
+    """Why doctor refuses a mode no row can run on this host's kind of device (launch.host_mode_refusal:
+    train.cuda_graphs on a CPU host), before a row runs or the last report is replaced; "" otherwise."""
+    if not (why := host_mode_refusal(cfg.train, probe())):
+        return ""
+    return f"{why.removesuffix('.')}: every row of doctor's would be unavailable. Leave it out. Nothing was run."
 
 
 def _unread_refusal(items) -> str:
@@ -608,6 +620,14 @@ def took_effect(cfg, items) -> dict:
 def _text(v) -> str:
     """A value as a --set spells it (YAML's spelling of a non-text value: true, 0.001, null)."""
     return v if isinstance(v, str) else json.dumps(v)
+
+
+def _timed_only(report: dict) -> str:
+    """The --set options that reach the timed run only, the equivalence step taking its own value of them
+    (equivalence.own_settings), in words: "" for none."""
+    given, own = report["settings"].get("sets") or {}, report["settings"].get("equivalence_sets") or {}
+    apart = [f"{k}={_text(own[k])}" for k in given if k in own and own[k] != given[k]]
+    return f" (the timed run only: the equivalence step runs {', '.join(apart)})" if apart else ""
 
 
 def _sets_text(sets: dict) -> str:

@@ -40,11 +40,22 @@ class Verdict:
     skipped: bool = False  # GradScaler skipped the step: nothing was compared
 
 
+def own_settings(base_cfg) -> dict:
+    """The train settings the step takes whatever `base_cfg` (params.yaml and doctor's --set) says, beyond its row's
+    strategy, k, model and batch: a --set of one of these reaches doctor's timed run only, and doctor.md says so."""
+    return {
+        "train.lr": LR,
+        "train.fp32_precision": "tf32" if base_cfg.train.fp32_precision == "tf32" else "ieee",
+        "train.amp_init_scale": FP16_INIT_SCALE,
+        "train.cuda_graphs": False,  # one step is eager under train.cuda_graphs too: captured after its warm-up
+    }
+
+
 def one_step(
     base_cfg, out_dir: Path, strategy: str, k: int, model: str = "lenet", batch: int = 64, extra=()
 ) -> tuple[dict, dict]:
     """Run one step of `strategy` on k devices, eager (a CUDA graph replays only after its warm-up steps, so the
-    step a graph trial starts with is this one); returns (final state_dict, trial metrics)."""
+    step a graph trial starts with is this one), with `own_settings`; returns (final state_dict, trial metrics)."""
     cfg = loader.override(
         base_cfg,
         [
@@ -53,14 +64,10 @@ def one_step(
             f"train.model={model}",
             f"train.batch_size={batch}",
             "train.max_steps=1",
-            f"train.lr={LR}",
             f"data.train_limit={batch * 2}",
             "data.test_limit=64",
-            f"train.fp32_precision={'tf32' if base_cfg.train.fp32_precision == 'tf32' else 'ieee'}",
-            f"train.amp_init_scale={FP16_INIT_SCALE}",
             *extra,
-            # one step is eager under train.cuda_graphs too: a graph is captured after its warm-up steps
-            "train.cuda_graphs=false",
+            *(f"{key}={str(v).lower() if isinstance(v, bool) else v}" for key, v in own_settings(base_cfg).items()),
         ],
     )
     metrics = run_trial(cfg, out_dir, progress=False, timeout_s=cfg.sweep.trial_timeout_s)  # a hang fails the row

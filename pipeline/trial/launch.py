@@ -88,6 +88,17 @@ def check_feasible(cfg, host: Host) -> None:
         raise Infeasible(str(e)) from None
 
 
+def host_mode_refusal(t, host: Host) -> str:
+    """Why a mode set in train config `t` runs with no strategy on `host`'s kind of device, or "": what `doctor`
+    refuses before its first row, and mode_refusal's first check."""
+    if t.cuda_graphs and host.kind != "cuda":
+        return (
+            "train.cuda_graphs captures the step as a CUDA graph and needs a GPU; this host is a CPU (on a CPU, "
+            "train.compile is the mode that removes per-operator overhead)."
+        )
+    return ""
+
+
 def mode_refusal(t, host: Host, oversubscribed: bool, n_train: int | None = None) -> str:
     """Why the execution modes set in train config `t` cannot run together or on `host`, or "": a mode that would
     silently not apply is refused, never recorded as run. `n_train`: the training images at most (data.train_limit),
@@ -99,11 +110,8 @@ def mode_refusal(t, host: Host, oversubscribed: bool, n_train: int | None = None
         )
     if not t.cuda_graphs:
         return ""
-    if host.kind != "cuda":
-        return (
-            "train.cuda_graphs captures the step as a CUDA graph and needs a GPU; this host is a CPU (on a CPU, "
-            "train.compile is the mode that removes per-operator overhead)."
-        )
+    if why := host_mode_refusal(t, host):
+        return why
     why = ""
     if oversubscribed:
         why = "ranks sharing a GPU talk over Gloo, whose collectives run on the host and cannot be captured"

@@ -513,3 +513,61 @@ def test_a_set_no_run_of_the_doctor_takes_is_refused(tmp_path, monkeypatch, caps
     assert main([*argv, *(a for s in sets for a in ("--set", s))]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert said in err and err.rstrip().endswith("Nothing was run."), err
+
+
+@pytest.mark.parametrize("kind", ["cpu", "cuda"])
+def test_a_mode_this_hosts_kind_cannot_run_is_refused_before_any_row(tmp_path, monkeypatch, capsys, kind):
+    """`doctor --set train.cuda_graphs=true` on a CPU host: every row would be unavailable for the host's sake, so
+    doctor refuses at once (exit 2, launch.host_mode_refusal's reason) and leaves the last report as it is; a GPU host
+    runs its rows."""
+    from pipeline.cli import main
+    from pipeline.host.devices import Host
+
+    host = Host(kind, 2, "a device", "h", "2.x", "12.8" if kind == "cuda" else "")
+    monkeypatch.setattr(checks, "probe", lambda: host)
+    ran = []
+    monkeypatch.setattr(checks, "run", lambda *a, **k: ran.append(1) or {"counts": {"failed": 0}})
+    monkeypatch.setattr("pipeline.scaling.device.keep_from_doctor", lambda report: None)
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "doctor.md").write_text("the last report\n")
+    argv = ["doctor", "--strategies", "single,ddp", "--max-devices", "1", "--out", str(out)]
+    code = main([*argv, "--set", "train.cuda_graphs=true", "--set", "train.breakdown_every=0"])
+    err = " ".join(capsys.readouterr().err.split())
+    if kind == "cpu":
+        assert code == 2 and not ran, err
+        assert "train.cuda_graphs" in err and "this host is a CPU" in err and err.endswith("Nothing was run."), err
+        assert (out / "doctor.md").read_text() == "the last report\n"
+    else:
+        assert code == 0 and ran, err
+
+
+def test_a_set_the_equivalence_step_overrides_is_said_to_reach_the_timed_run_only(
+    synthetic_root, tmp_path, monkeypatch
+):
+    """`--set train.lr=0.1 --set train.amp_init_scale=2`: the timed run takes them, the equivalence step runs its own
+    lr and GradScaler scale (equivalence.own_settings), and doctor.md says which --set reached the timed run only; a
+    --set the step takes as well (train.optimizer) is named plainly."""
+    from pipeline.cli import main
+    from pipeline.config import loader
+    from pipeline.doctor import equivalence
+
+    one_step, seen = equivalence.one_step, []  # the step itself, before _fake_trials fakes it
+    _fake_trials(monkeypatch, seen)
+    sets = ["train.lr=0.1", "train.amp_init_scale=2", "train.optimizer=adamw", f"data.dir={synthetic_root}"]
+    sets += ["data.source=synthetic"]
+    argv = ["doctor", "--strategies", "ddp_amp", "--max-devices", "1", "--steps", "2", "--out", str(tmp_path / "d")]
+    assert main([*argv, *(a for s in sets for a in ("--set", s))]) == 0
+    assert seen and {(c.train.lr, c.train.amp_init_scale) for c in seen} == {(0.1, 2.0)}  # the timed runs take them
+    line = next(x for x in (tmp_path / "d" / "doctor.md").read_text().splitlines() if x.startswith("- --set: "))
+    assert line.endswith(
+        f"(the timed run only: the equivalence step runs train.lr={equivalence.LR}, "
+        f"train.amp_init_scale={equivalence.FP16_INIT_SCALE})"
+    ), line
+    step = {}
+    monkeypatch.setattr(equivalence, "run_trial", lambda cfg, out, **k: step.update(t=cfg.train) or pytest.skip())
+    base = loader.override(loader.load(None, ["profile="], sweeps=False), ["train.lr=0.1", "train.amp_init_scale=2"])
+    with pytest.raises(pytest.skip.Exception):
+        one_step(base, tmp_path / "eq", "single", 1)
+    own = equivalence.own_settings(base)
+    assert (step["t"].lr, step["t"].amp_init_scale) == (own["train.lr"], own["train.amp_init_scale"]) == (0.5, 1024)
