@@ -257,6 +257,22 @@ def output_file(path: Path, option: str) -> Path:
     return path
 
 
+def output_table(path: Path, option: str, strategy: str) -> Path:
+    """`path` is where the sweep of `strategy` writes its table, replacing the file: output_file's checks, and the
+    file, when it exists and holds anything, is a table of this strategy already (an earlier run's, which the sweep
+    rewrites from its study). Anything else (a README, another strategy's table) is refused, unread by the sweep."""
+    from .records.table import foreign
+
+    path = output_file(path, option)
+    if holds := foreign(path, strategy):
+        raise PathError(
+            f"{option} {path} holds {holds}, and the sweep of {strategy} replaces the whole file with its own table. "
+            f"Point {option} at a new file or at this strategy's table (results/sweeps/{strategy}.jsonl, the "
+            f"default), or move the file aside first. Nothing was run."
+        )
+    return path
+
+
 def output_dir(path: Path, option: str) -> Path:
     """`path` is a directory to write into: a directory already, or creatable."""
     path = _fits(path, option)
