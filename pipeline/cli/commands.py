@@ -108,11 +108,12 @@ def cmd_collectives(args) -> int:
     import json
 
     from pipeline.host.devices import probe
-    from pipeline.preflight import output_file
+    from pipeline.preflight import output_result
     from pipeline.scaling.collectives import fit_bytes, measure
 
     settings = loader.load(args.params, args.overrides).collectives
-    output_file(args.out, "--out")  # a file (collectives.json), checked before the benchmark's seconds
+    # a file (collectives.json), checked before the benchmark's seconds; never another file's content: a README
+    output_result(args.out, "--out", "collectives", "measured", "a collectives result", "results/collectives.json")
     host = probe()
     if host.n < 2:
         result = {"measured": False, "reason": f"this host offers one {host.kind} device: no collective to time"}
