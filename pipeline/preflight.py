@@ -9,6 +9,7 @@ are split by hand rather than by SQLAlchemy's make_url, which `train --no-track`
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -255,6 +256,44 @@ def output_file(path: Path, option: str) -> Path:
         )
     _writable(path.parent, option, path)
     return path
+
+
+def output_table(path: Path, option: str, strategy: str) -> Path:
+    """`path` is where the sweep of `strategy` writes its table, replacing the file: output_file's checks, and the
+    file, when it exists and holds anything, is a table of this strategy already (an earlier run's, which the sweep
+    rewrites from its study). Anything else (a README, another strategy's table) is refused, unread by the sweep."""
+    from .records.table import foreign
+
+    path = output_file(path, option)
+    ours = f"this strategy's table (results/sweeps/{strategy}.jsonl, the default)"
+    _replaces(path, option, foreign(path, strategy), f"the sweep of {strategy}", "table", ours)
+    return path
+
+
+def output_result(path: Path, option: str, command: str, key: str, what: str, default: str) -> Path:
+    """`path` is where a command writes its JSON result (a JSON object with `key`), replacing the file:
+    output_file's checks, and the file, when it exists and holds anything, is such a result already (an earlier
+    run's). Anything else (a README, another command's output) is refused."""
+    path = output_file(path, option)
+    holds = None
+    if path.exists():
+        try:
+            text = path.read_bytes().decode("utf-8")
+            if text.strip() and not (isinstance(obj := json.loads(text), dict) and key in obj):
+                holds = f"JSON that is not {what}"
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
+            holds = f"text that is not {what}"
+    _replaces(path, option, holds, command, "result", f"a result it wrote before ({default}, the default)")
+    return path
+
+
+def _replaces(path: Path, option: str, holds: str | None, writer: str, output: str, ours: str) -> None:
+    """PathError when the file at `path` holds something else than `writer`'s output (`holds` says what)."""
+    if holds:
+        raise PathError(
+            f"{option} {path} holds {holds}, and {writer} replaces the whole file with its own {output}. Point "
+            f"{option} at a new file or at {ours}, or move the file aside first. Nothing was run."
+        )
 
 
 def output_dir(path: Path, option: str) -> Path:

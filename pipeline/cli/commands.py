@@ -30,7 +30,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from pipeline.preflight import output_file
+    from pipeline.preflight import output_table
     from pipeline.sweep import unselected
     from pipeline.sweep.space import Space
 
@@ -39,7 +39,8 @@ def cmd_sweep(args) -> int:
     for note in notes:  # an axis set for a space of several groups: said once
         print(f"[sweep {args.strategy}] {note}", file=sys.stderr)
     loader.check_sweep(cfg)  # every sweep stage, selected or not: a knob a selected strategy cannot take
-    out = output_file(args.out or paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.jsonl", "--out")
+    default = paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.jsonl"
+    out = output_table(args.out or default, "--out", args.strategy)  # never another file's content: a README
     if not unselected.selected(cfg, args.strategy):  # its table, without loading torch, Optuna and MLflow
         unselected.write_table(Space(cfg, args.strategy), out)
         return 0
@@ -107,11 +108,12 @@ def cmd_collectives(args) -> int:
     import json
 
     from pipeline.host.devices import probe
-    from pipeline.preflight import output_file
+    from pipeline.preflight import output_result
     from pipeline.scaling.collectives import fit_bytes, measure
 
     settings = loader.load(args.params, args.overrides).collectives
-    output_file(args.out, "--out")  # a file (collectives.json), checked before the benchmark's seconds
+    # a file (collectives.json), checked before the benchmark's seconds; never another file's content: a README
+    output_result(args.out, "--out", "collectives", "measured", "a collectives result", "results/collectives.json")
     host = probe()
     if host.n < 2:
         result = {"measured": False, "reason": f"this host offers one {host.kind} device: no collective to time"}

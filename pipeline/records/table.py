@@ -140,6 +140,30 @@ def read_table(path, bad: list | None = None):
     return pd.DataFrame(records)
 
 
+def foreign(path, strategy: str) -> str | None:
+    """What the file at `path` holds when it is not a sweep table of `strategy` (one that a sweep of `strategy` may
+    rewrite): None for a missing or empty file, or one whose every non-blank line is a JSON object whose "strategy"
+    is `strategy` (write_rows' rows); else a phrase naming what it holds ("the sweep table of strategy ddp", "text
+    that is not a sweep table (line 1: ...)"). Read until its first row that is not this strategy's."""
+    try:
+        f = _open_regular(path)
+    except FileNotFoundError:
+        return None
+    with f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line.strip().decode("utf-8"))
+            except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
+                return f"text that is not a sweep table (line {n} is not JSON)"
+            if not isinstance(rec, dict) or "strategy" not in rec:
+                return f"JSON that is not a sweep table (line {n} is not a row with a strategy)"
+            if rec["strategy"] != strategy:
+                return f"the sweep table of strategy {rec['strategy']} (line {n}'s strategy)"
+    return None
+
+
 def _open_regular(path):
     """`path` opened for reading if it is a regular file; else OSError naming its kind. Opened non-blocking and
     checked before any read: a FIFO named like a table would otherwise block the reader for good."""

@@ -388,6 +388,15 @@ def _remove_unnamed_stacks(out_dir: Path, timed_out: bool) -> None:
             f.unlink(missing_ok=True)
 
 
+def _remove_answers(out_dir: Path) -> None:
+    """The watcher's answers to the main rank (ack-<epoch>) removed once the ranks have ended: they are the trial's
+    scratch, read by no one after it, and a finished trial's folder holds its record and its ranks' files only. A
+    folder that refuses the removal keeps them (launch.run_trial's _STALE removes them before the next trial)."""
+    for f in out_dir.glob("ack-*"):
+        with contextlib.suppress(OSError):
+            f.unlink(missing_ok=True)
+
+
 def _close_wake() -> None:
     """The pipe through which rank 0 wakes the epoch watcher, closed once the ranks end."""
     global _WAKE
@@ -449,6 +458,7 @@ def _launch(cfg, host: Host, out_dir: Path, on_epoch, progress: bool, timeout_s:
         budget.cancel()
         stop.set()
         watcher.join()
+        _remove_answers(out_dir)
         _DATA = None
         shutil.rmtree(scratch, ignore_errors=True)
         _close_wake()

@@ -1,7 +1,7 @@
 """analyze, overlap, collectives and doctor check their --out before any work, as train and sweep do: a path that
-cannot take their output stops them with preflight's message and exit 2, and the work itself is never started
-(its function is replaced by one that fails the test if called). doctor, overlap and analyze write a directory;
-collectives writes one file."""
+cannot take their output (for collectives, also a file that holds something else than its result) stops them with
+preflight's message and exit 2, and the work itself is never started (its function is replaced by one that fails
+the test if called). doctor, overlap and analyze write a directory; collectives writes one file."""
 
 from __future__ import annotations
 
@@ -34,6 +34,12 @@ CASES = [
         ["collectives", "--out", "{tmp}/adir"],
         ["pipeline.scaling.collectives.measure", "pipeline.host.devices.probe"],
         "is a directory, but it names the file to write",
+    ),
+    (
+        "collectives --out at a file that is not its result",
+        ["collectives", "--out", "{tmp}/afile"],
+        ["pipeline.scaling.collectives.measure", "pipeline.host.devices.probe"],
+        "holds text that is not a collectives result",
     ),
     (
         "collectives --out under a file",

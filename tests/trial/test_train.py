@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from pipeline.cli import main
@@ -194,3 +195,25 @@ def test_a_loss_on_another_device_is_moved_to_the_loops_device(make_cfg):
     strategy.setup()
     out = train(cfg, strategy, data)
     assert out["steps"] == 4 and type(out["train_loss"][0]) is float and out["train_loss"][0] > 0
+
+
+def _store_down(record):
+    raise RuntimeError("the tracking store is down")
+
+
+@pytest.mark.parametrize("on_epoch", [None, _store_down], ids=["success", "failure"])
+def test_a_finished_trial_leaves_no_answer_files_in_its_folder(make_cfg, tmp_path, on_epoch):
+    """The watcher's answers to the main rank's epochs (ack-<epoch>) are the trial's scratch: gone once it ends,
+    whether it ends with its record or with its caller's error (an epoch its store could not take)."""
+    from pipeline.trial.launch import run_trial
+
+    out = tmp_path / "o"
+    cfg = make_cfg("train.epochs=2", "train.batch_size=32", "data.train_limit=256", "data.test_limit=64")
+    try:
+        run_trial(cfg, out, on_epoch=on_epoch, progress=False)
+    except RuntimeError as e:
+        assert on_epoch and "store is down" in str(e), e
+    else:
+        assert not on_epoch and (out / "metrics.json").exists()
+    assert (out / "progress.jsonl").exists()  # the epochs were reported, and answered
+    assert sorted(f.name for f in out.glob("ack-*")) == []
