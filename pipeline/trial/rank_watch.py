@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from pipeline.errors import TrialFailed
+from pipeline.records import files
 
 
 def watch_epochs(
@@ -32,7 +33,8 @@ def watch_epochs(
             except Exception as e:
                 failed.append(e)
                 stop_it = True
-            (out_dir / f"ack-{record['epoch']}").write_text("stop" if stop_it else "go")
+            # whole or not at all: the main rank reads the answer as soon as the file exists (ranks._file_reporter)
+            files.write_text(out_dir / f"ack-{record['epoch']}", "stop" if stop_it else "go")
         seen = len(lines)
         if last:
             return

@@ -73,14 +73,16 @@ def test_an_answer_the_caller_cannot_write_fails_the_trial_as_unwritable(make_cf
     """Proves: the caller's answer to an epoch (ack-<epoch>, written beside progress.jsonl) refused by a full disk
     fails the trial with kind `unwritable` naming the folder, once its ranks end, instead of a traceback of the
     thread that reads the epochs."""
-    real = pathlib.Path.write_text
+    from pipeline.records import files
 
-    def full(self, *a, **kw):
-        if self.name.startswith("ack-"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
-        return real(self, *a, **kw)
+    real = files.write_text
 
-    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    def full(path, text):  # the answer is written whole or not at all (files.write_text): here, not at all
+        if pathlib.Path(path).name.startswith("ack-"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, text)
+
+    monkeypatch.setattr(files, "write_text", full)
     out = tmp_path / "o"
     with pytest.raises(TrialFailed) as e:
         run_trial(
