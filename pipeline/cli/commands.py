@@ -236,7 +236,9 @@ def cmd_fit(args) -> int:
 
     if args.count_ahead is not None and args.answering:  # counting answers nothing: no flag of the answer is dropped
         given = list(dict.fromkeys(args.answering))
-        name = args.model if "--model" in given else "resnet50"
+        # the models the user named (after --count-ahead, then --model), else an example
+        named = [*args.count_ahead, *([args.model] if "--model" in given else [])]
+        name = " ".join(dict.fromkeys(named)) or "resnet50"
         raise loader.ConfigError(
             f"fit --count-ahead only counts models and answers nothing, so it takes no {', '.join(given)}. Name the "
             f"model to count after it (`python -m pipeline fit --count-ahead {name}`), or drop --count-ahead to "

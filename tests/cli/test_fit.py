@@ -96,6 +96,23 @@ def test_count_ahead_refuses_a_flag_of_the_answer_by_its_name(flags, fit_root, c
     assert "takes no --model, --batch-size." in err and "`python -m pipeline fit --count-ahead lenet`" in err, err
 
 
+def test_count_ahead_refusal_suggests_the_models_named(fit_root, capsys, monkeypatch):
+    """The refusal's suggestion counts the models the user named after --count-ahead (and with --model), each once;
+    resnet50 only where none is named."""
+    from pipeline.scaling import memory
+
+    monkeypatch.setattr(memory, "count_ahead", lambda *a, **k: pytest.fail("counted despite the refusal"))
+    for argv, suggested in [
+        (["--batch-size", "512", "--count-ahead", "lenet"], "--count-ahead lenet`"),
+        (["--count-ahead", "lenet", "resnet18", "lenet", "--devices", "2"], "--count-ahead lenet resnet18`"),
+        (["--model", "resnet18", "--count-ahead", "lenet"], "--count-ahead lenet resnet18`"),
+        (["--count-ahead", "--optimizer", "sgd"], "--count-ahead resnet50`"),
+    ]:
+        assert main(["fit", *argv]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"(`python -m pipeline fit {suggested})" in err, (argv, err)
+
+
 def test_count_ahead_alone_counts_without_a_refusal(fit_root, capsys, monkeypatch):
     """Every flag of the answer left at its default: --count-ahead counts (the counting itself: tests/scaling)."""
     from pipeline.scaling import memory
