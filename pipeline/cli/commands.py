@@ -252,6 +252,13 @@ def cmd_fit(args) -> int:
         )
         print(f"{counted}{'; kept already: ' + ', '.join(kept) if kept else ''} (runs/memory_model.json)")
         return 0
+    from pipeline.data.files import TRAIN_IMAGES
+
+    if args.batch_size > TRAIN_IMAGES:  # as train refuses it (trial.launch.check_batch_fits), before counting
+        raise loader.ConfigError(
+            f"fit --batch-size {args.batch_size:,} is larger than the training set ({TRAIN_IMAGES:,} images): not "
+            f"one full step fits. Give a global batch of at most {TRAIN_IMAGES:,}. Nothing was run."
+        )
     ks, strategies = args.devices, args.strategies
     shown, dropped = memory.applicable(strategies, ks, args.batch_size)
     left = _left_out(dropped)

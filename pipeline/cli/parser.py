@@ -24,6 +24,7 @@ from pipeline.cli import types
 from pipeline.config import loader
 from pipeline.config.schema import DEVICES_MAX
 from pipeline.config.settle import DDP_SETTLE_STEPS
+from pipeline.data.files import TRAIN_IMAGES
 
 EPILOG = """configuration: params.yaml selects a profile (experiments/<profile>.yaml); params.yaml entries override
 the profile; --set overrides both, e.g. --set data.source=synthetic --set train.lr=0.1.
@@ -346,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=types.batch_size,
         default=512,
         metavar="B",
-        help="global batch, 1 or more (default 512)",
+        help=f"global batch, 1 to the training set's {TRAIN_IMAGES:,} images (default 512)",
     )
     p.add_argument(
         "--device-memory",

@@ -113,6 +113,20 @@ def test_count_ahead_refusal_suggests_the_models_named(fit_root, capsys, monkeyp
         assert f"(`python -m pipeline fit {suggested})" in err, (argv, err)
 
 
+def test_a_batch_larger_than_the_training_set_is_refused_before_counting(fit_root, capsys, monkeypatch):
+    """As train refuses it: a global batch above the 60,000 training images is refused, exit 2, the size named,
+    before anything is counted; the training set itself is a batch fit answers."""
+    from pipeline.scaling import memory
+
+    asked, is_counted = [], memory.is_counted
+    monkeypatch.setattr(memory, "is_counted", lambda *a, **k: asked.append(a) or is_counted(*a, **k))
+    assert main(["fit", "--batch-size", "100000000", "--strategies", "ddp", "--devices", "1,8"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--batch-size 100,000,000 is larger than the training set (60,000 images)" in err, err
+    assert "at most 60,000. Nothing was run." in err and not asked, err
+    assert main(["fit", "--model", "lenet", "--batch-size", "60000", "--strategies", "ddp", "--devices", "1"]) == 0
+
+
 def test_count_ahead_alone_counts_without_a_refusal(fit_root, capsys, monkeypatch):
     """Every flag of the answer left at its default: --count-ahead counts (the counting itself: tests/scaling)."""
     from pipeline.scaling import memory
