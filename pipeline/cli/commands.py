@@ -333,13 +333,13 @@ def _largest(batch: int) -> str:
 
 
 def _left_out(dropped) -> list[str]:
-    """What fit_table left out, one phrase per reason it gives: `k=2, 4 left out: <why>`."""
+    """What fit_table left out, one phrase per reason it gives, its ks in order: `k=2, 4 left out: <why>`."""
     by_why: dict[str, list[int]] = {}
     for out in dropped:
         ks = by_why.setdefault(out.why, [])
         if out.k not in ks:
             ks.append(out.k)
-    return [f"k={', '.join(map(str, ks))} left out: {why}" for why, ks in by_why.items()]
+    return [f"k={', '.join(map(str, sorted(ks)))} left out: {why}" for why, ks in by_why.items()]
 
 
 def _wrapped(line: str, indent: str, width: int = 100) -> str:

@@ -222,6 +222,15 @@ def test_fit_says_why_it_leaves_each_k_out(fit_root, capsys):
     assert "(k=3 left out: a strategy splits the global batch 512 evenly over k)" in out, out
 
 
+def test_the_ks_left_out_are_named_in_order(fit_root, capsys):
+    """--devices in any order: each reason names its ks smallest first, in the refusal and in the table's notes."""
+    base = ["fit", "--model", "lenet", "--batch-size", "512", "--devices", "4,8,2,3"]
+    assert main([*base, "--strategies", "single"]) == 2
+    assert "k=2, 3, 4, 8 left out: single runs on one device only" in " ".join(capsys.readouterr().err.split())
+    assert main([*base, "--strategies", "ddp,single"]) == 0
+    assert "(k=2, 3, 4, 8 left out: single runs on one device only (k=1))" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv", [["--device-memory", "-5GiB"], ["--device-memory=-5GiB"], ["--device-memory", "-1"]])
 def test_a_negative_device_memory_gets_the_range_message(argv, fit_root, capsys):
     """A negative size after --device-memory is its value, not an option argparse expects a value before: refused
