@@ -24,7 +24,6 @@ from pipeline.cli import types
 from pipeline.config import loader
 from pipeline.config.schema import DEVICES_MAX
 from pipeline.config.settle import DDP_SETTLE_STEPS
-from pipeline.data.files import TRAIN_IMAGES
 
 EPILOG = """configuration: params.yaml selects a profile (experiments/<profile>.yaml); params.yaml entries override
 the profile; --set overrides both, e.g. --set data.source=synthetic --set train.lr=0.1.
@@ -347,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=types.batch_size,
         default=512,
         metavar="B",
-        help=f"global batch, 1 to the training set's {TRAIN_IMAGES:,} images (default 512)",
+        help="global batch, 1 up to the training set's size (default 512)",
     )
     p.add_argument(
         "--device-memory",
