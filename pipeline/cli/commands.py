@@ -238,7 +238,9 @@ def cmd_fit(args) -> int:
 
     if args.count_ahead is not None and args.answering:  # counting answers nothing: no flag of the answer is dropped
         given = list(dict.fromkeys(args.answering))
-        name = args.model if "--model" in given else "resnet50"
+        # the models the user named (after --count-ahead, then --model), else an example
+        named = [*args.count_ahead, *([args.model] if "--model" in given else [])]
+        name = " ".join(dict.fromkeys(named)) or "resnet50"
         raise loader.ConfigError(
             f"fit --count-ahead only counts models and answers nothing, so it takes no {', '.join(given)}. Name the "
             f"model to count after it (`python -m pipeline fit --count-ahead {name}`), or drop --count-ahead to "
@@ -252,6 +254,13 @@ def cmd_fit(args) -> int:
         )
         print(f"{counted}{'; kept already: ' + ', '.join(kept) if kept else ''} (runs/memory_model.json)")
         return 0
+    from pipeline.data.files import TRAIN_IMAGES
+
+    if args.batch_size > TRAIN_IMAGES:  # as train refuses it (trial.launch.check_batch_fits), before counting
+        raise loader.ConfigError(
+            f"fit --batch-size {args.batch_size:,} is larger than the training set ({TRAIN_IMAGES:,} images): not "
+            f"one full step fits. Give a global batch of at most {TRAIN_IMAGES:,}. Nothing was run."
+        )
     ks, strategies = args.devices, args.strategies
     shown, dropped = memory.applicable(strategies, ks, args.batch_size)
     left = _left_out(dropped)
@@ -326,13 +335,13 @@ def _largest(batch: int) -> str:
 
 
 def _left_out(dropped) -> list[str]:
-    """What fit_table left out, one phrase per reason it gives: `k=2, 4 left out: <why>`."""
+    """What fit_table left out, one phrase per reason it gives, its ks in order: `k=2, 4 left out: <why>`."""
     by_why: dict[str, list[int]] = {}
     for out in dropped:
         ks = by_why.setdefault(out.why, [])
         if out.k not in ks:
             ks.append(out.k)
-    return [f"k={', '.join(map(str, ks))} left out: {why}" for why, ks in by_why.items()]
+    return [f"k={', '.join(map(str, sorted(ks)))} left out: {why}" for why, ks in by_why.items()]
 
 
 def _wrapped(line: str, indent: str, width: int = 100) -> str:

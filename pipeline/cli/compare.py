@@ -91,7 +91,8 @@ def table(rows: list[dict], keep: str, width: int = WIDTH, needs: str | None = N
 def run(args) -> int:
     from pipeline import paths
 
-    keep = args.keep or default_keep()
+    given = args.keep is not None  # "" is a regex too: re.search matches it everywhere, as "."
+    keep = args.keep if given else default_keep()
     try:
         re.compile(keep)
     except re.error as e:
@@ -107,8 +108,8 @@ def run(args) -> int:
             f"dvc exp show found no experiments in {root} ({e}). Run it in the Parallax checkout, after "
             "`make pipeline` or `make pipeline-offline`."
         ) from None
-    lines = table(rows, keep, needs=None if args.keep else default_figures())
-    if not lines and not args.keep:
+    lines = table(rows, keep, needs=None if given else default_figures())
+    if not lines and not given:
         from pipeline.analysis.tables.summary import WEAK_EFFICIENCY
 
         raise ConfigError(

@@ -256,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Those names are metrics.json's keys (weak_efficiency.ddp.k2, n_flagged), params (train.lr; FILE:NAME where "
         "params.yaml and the profile both set one, e.g. params.yaml:train.epochs) and the stages' dependency paths "
         "(pipeline/models.py, showing the hash dvc.lock records), as `dvc exp show` prints them; e.g. "
-        "'efficiency|load_cores', '^train\\.', or '.' for every one (default: the efficiencies "
+        "'efficiency|load_cores', '^train\\.', or '.' or '' (re.search matches it everywhere too) for every "
+        "one (default: the efficiencies "
         "weak_efficiency.S.kK and strong_efficiency.S.kK with their labels weak_efficiency_comparable.S.kK, "
         "load_cores.S.kK and data_source, the data the figures are of)",
     )
@@ -345,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=types.batch_size,
         default=512,
         metavar="B",
-        help="global batch, 1 or more (default 512)",
+        help="global batch, 1 up to the training set's size (default 512)",
     )
     p.add_argument(
         "--device-memory",

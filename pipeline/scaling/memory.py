@@ -761,31 +761,68 @@ def basis_of_record(record: dict) -> str | None:
 
 # ----------------------------------------------------------------------------- its terms, with their sources
 
-STEP_TERM_SOURCES = {  # the step's terms on the gpu basis, as `fit` names them, and where each comes from
-    "params": ("parameters (replica)", "broadcast to the replica in each forward"),
-    "activations": ("activations", "{activations}"),  # ActivationsFrom.label(): how this prediction counts them
-    "grads": ("gradients", "4 B/param (0: views of DDP's buckets)"),
-    "buckets": ("buckets (step)", "DDP's buckets in the step, 4 B/param"),
-    "optimizer": ("optimizer state", "{optimizer}'s state, of the parameters it keeps"),
-    "gathered": ("gathered units", "FSDP2's unsharded unit; 2 at k >= 2 on NCCL"),
-    "input": ("input batch", "the batch and its uint8 gather"),
-    "step_temps": ("step temporaries", "the optimizer step's ({optimizer} foreach)"),
-    "replicas": ("replicas", "scratch's k replicas in one process"),
-    "buffers": ("buffers", "BatchNorm's running statistics"),
+STEP_TERMS = {  # the step's terms on the gpu basis, as `fit` names them (need_terms; their sources: _step_source)
+    "params": "parameters (replica)",
+    "activations": "activations",
+    "grads": "gradients",
+    "buckets": "buckets (step)",
+    "optimizer": "optimizer state",
+    "gathered": "gathered units",
+    "input": "input batch",
+    "step_temps": "step temporaries",
+    "buffers": "buffers",
 }
-RESIDENT_TERM_SOURCES = {
-    "params": ("parameters", "4 B/param (fsdp: its padded shard)"),
-    "optimizer": ("optimizer state (resident)", "{optimizer}'s, hand-written and made before training, as d2l does"),
-    "buffers": ("buffers", "BatchNorm's running statistics"),
-    "dataset": ("data set", "Fashion-MNIST, uint8, on every rank"),
-    "buckets": ("buckets (resident)", "made in DDP's constructor, 4 B/param"),
+RESIDENT_TERMS = {
+    "params": "parameters",
+    "optimizer": "optimizer state (resident)",
+    "buffers": "buffers",
+    "dataset": "data set",
+    "buckets": "buckets (resident)",
 }
 
 
 def _step_source(p: Prediction, term: str) -> str:
-    """Where the step's `term` of `p` comes from, in words (STEP_TERM_SOURCES, filled in from `p`)."""
-    how = p.activations_from.label() if p.activations_from else "counted"
-    return STEP_TERM_SOURCES[term][1].format(**vars(p), activations=how)
+    """Where the step's `term` of `p` comes from, in words: read from the strategy's catalog row (what it shards,
+    how it communicates) and from `p`'s own figures, so a row's text is its design's, never another strategy's."""
+    row, t = catalog.spec(p.strategy), p.terms[p.rank]
+    sharded = set(row.shards)
+    if term == "activations":
+        return p.activations_from.label() if p.activations_from else "counted"
+    if term == "grads":
+        if "grads" in sharded:
+            return "its shard of the gradients, 4 B/param"
+        if row.comm == "bucket_allreduce":
+            return "0: views of DDP's buckets" if not t["grads"] else "4 B/param, beside DDP's buckets"
+        if _gathers_on_device0(row) and not t["grads"]:
+            return "0: a replica's, reduced to device 0"
+        return "4 B/param"
+    if term == "optimizer":
+        keeps = "of the part of it this rank keeps (sharded)" if "optimizer" in sharded else "of every parameter"
+        return f"{p.optimizer}'s state, {keeps}"
+    return {
+        "params": "broadcast to the replica in each forward",
+        "buckets": "DDP's buckets in the step, 4 B/param",
+        "gathered": "FSDP2's unsharded unit; 2 at k >= 2 on NCCL",
+        "input": (
+            "the whole batch, scattered from here, and the gathered outputs"
+            if _gathers_on_device0(row) and p.rank == 0
+            else "the batch and its uint8 gather"
+        ),
+        "step_temps": f"the optimizer step's ({p.optimizer} foreach)",
+        "buffers": "BatchNorm's running statistics",
+    }[term]
+
+
+def _resident_source(p: Prediction, term: str) -> str:
+    """Where the resident `term` of `p` comes from, in words (as _step_source: from the row and `p`)."""
+    row = catalog.spec(p.strategy)
+    return {
+        "params": "its padded shard, 4 B/param" if "params" in row.shards else "4 B/param",
+        "optimizer": f"{p.optimizer}'s, hand-written and made before training, as d2l does",
+        "buffers": "BatchNorm's running statistics",
+        "dataset": "Fashion-MNIST, uint8, " + ("on every rank" if row.multiprocess else "in its one process"),
+        "buckets": "made in DDP's constructor, 4 B/param",
+    }[term]
 
 
 def need_terms(p: Prediction, fixed) -> list[tuple[str, str, int, str]]:
@@ -799,12 +836,12 @@ def need_terms(p: Prediction, fixed) -> list[tuple[str, str, int, str]]:
         ("fixed cost", "library workspaces", fixed.workspaces.bytes, fixed.workspaces.label),
     ]
     rows += [
-        ("resident", RESIDENT_TERM_SOURCES[k][0], int(v), "modelled: " + RESIDENT_TERM_SOURCES[k][1].format(**vars(p)))
+        ("resident", RESIDENT_TERMS[k], int(v), "modelled: " + _resident_source(p, k))
         for k, v in p.resident_terms.items()
         if v or k not in ("buckets", "optimizer")
     ]
     rows += [
-        ("step", STEP_TERM_SOURCES[k][0], int(t[k]), "modelled: " + _step_source(p, k))
+        ("step", STEP_TERMS[k], int(t[k]), "modelled: " + _step_source(p, k))
         for k in ("activations", "grads", "buckets", "optimizer", "step_temps", "gathered", "input", "params")
         if t[k] or k == "grads"
     ]

@@ -127,3 +127,20 @@ def test_by_default_a_label_alone_shows_no_experiment_and_none_with_figures_says
     one = {"Experiment": "one", "rev": "abc1234", f"{WEAK_EFFICIENCY}.ddp.k2": 0.9, "data.source": "synthetic"}
     lines = compare.table([*fresh, one], compare.default_keep(), needs=compare.default_figures())
     assert lines[0].split() == ["figure", "one"] and lines[-1].startswith("(no such figure in a, b:")
+
+
+def test_an_empty_pattern_keeps_every_row_as_dot_does(monkeypatch, capsys, tmp_path):
+    """--keep '' is a Python regex that re.search matches in every key: every row shows, as with --keep '.', not the
+    default rows; the help says so."""
+    import dvc.api
+
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setattr(dvc.api, "exp_show", lambda repo: [{**_row("one", "abc1234", 0.9), "train.lr": 0.1}])
+    shown = {}
+    for keep in ("", "."):
+        assert compare.run(build_parser().parse_args(["compare", "--keep", keep])) == 0
+        shown[keep] = capsys.readouterr().out
+    assert shown[""] == shown["."] and "n_flagged" in shown[""] and "train.lr" in shown[""], shown[""]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["compare", "--help"])
+    assert "or '' (re.search matches it everywhere too)" in " ".join(capsys.readouterr().out.split())

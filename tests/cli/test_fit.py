@@ -96,6 +96,37 @@ def test_count_ahead_refuses_a_flag_of_the_answer_by_its_name(flags, fit_root, c
     assert "takes no --model, --batch-size." in err and "`python -m pipeline fit --count-ahead lenet`" in err, err
 
 
+def test_count_ahead_refusal_suggests_the_models_named(fit_root, capsys, monkeypatch):
+    """The refusal's suggestion counts the models the user named after --count-ahead (and with --model), each once;
+    resnet50 only where none is named."""
+    from pipeline.scaling import memory
+
+    monkeypatch.setattr(memory, "count_ahead", lambda *a, **k: pytest.fail("counted despite the refusal"))
+    for argv, suggested in [
+        (["--batch-size", "512", "--count-ahead", "lenet"], "--count-ahead lenet`"),
+        (["--count-ahead", "lenet", "resnet18", "lenet", "--devices", "2"], "--count-ahead lenet resnet18`"),
+        (["--model", "resnet18", "--count-ahead", "lenet"], "--count-ahead lenet resnet18`"),
+        (["--count-ahead", "--optimizer", "sgd"], "--count-ahead resnet50`"),
+    ]:
+        assert main(["fit", *argv]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"(`python -m pipeline fit {suggested})" in err, (argv, err)
+
+
+def test_a_batch_larger_than_the_training_set_is_refused_before_counting(fit_root, capsys, monkeypatch):
+    """As train refuses it: a global batch above the 60,000 training images is refused, exit 2, the size named,
+    before anything is counted; the training set itself is a batch fit answers."""
+    from pipeline.scaling import memory
+
+    asked, is_counted = [], memory.is_counted
+    monkeypatch.setattr(memory, "is_counted", lambda *a, **k: asked.append(a) or is_counted(*a, **k))
+    assert main(["fit", "--batch-size", "100000000", "--strategies", "ddp", "--devices", "1,8"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--batch-size 100,000,000 is larger than the training set (60,000 images)" in err, err
+    assert "at most 60,000. Nothing was run." in err and not asked, err
+    assert main(["fit", "--model", "lenet", "--batch-size", "60000", "--strategies", "ddp", "--devices", "1"]) == 0
+
+
 def test_count_ahead_alone_counts_without_a_refusal(fit_root, capsys, monkeypatch):
     """Every flag of the answer left at its default: --count-ahead counts (the counting itself: tests/scaling)."""
     from pipeline.scaling import memory
@@ -189,6 +220,15 @@ def test_fit_says_why_it_leaves_each_k_out(fit_root, capsys):
     out = capsys.readouterr().out
     assert "(k=2, 3 left out: single runs on one device only (k=1))" in out, out
     assert "(k=3 left out: a strategy splits the global batch 512 evenly over k)" in out, out
+
+
+def test_the_ks_left_out_are_named_in_order(fit_root, capsys):
+    """--devices in any order: each reason names its ks smallest first, in the refusal and in the table's notes."""
+    base = ["fit", "--model", "lenet", "--batch-size", "512", "--devices", "4,8,2,3"]
+    assert main([*base, "--strategies", "single"]) == 2
+    assert "k=2, 3, 4, 8 left out: single runs on one device only" in " ".join(capsys.readouterr().err.split())
+    assert main([*base, "--strategies", "ddp,single"]) == 0
+    assert "(k=2, 3, 4, 8 left out: single runs on one device only (k=1))" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv", [["--device-memory", "-5GiB"], ["--device-memory=-5GiB"], ["--device-memory", "-1"]])

@@ -161,3 +161,45 @@ def test_a_kept_entry_is_read_only_where_its_figures_and_source_are_sound(tmp_pa
     }
     assert device.keep_from_doctor(report, store) == "A"  # a file that held no object is written anew
     assert device.fixed_cost("A", store).context.measured
+
+
+# a word of a term's source -> whether a strategy's row has the mechanism it names
+MECHANISMS = {
+    "bucket": lambda row: row.comm == "bucket_allreduce",
+    "DDP": lambda row: row.comm == "bucket_allreduce",
+    "shard": lambda row: bool(row.shards),
+    "FSDP": lambda row: "params" in row.shards,
+    "d2l": lambda row: row.comm == "copy_allreduce",
+    "device 0": lambda row: row.gathers,
+    "replica": lambda row: row.gathers,
+}
+
+
+def test_each_terms_source_names_only_its_own_strategys_mechanisms(counts):
+    """fit's sources are the shown strategy's, read from its catalog row: no strategy's term names a mechanism its row
+    lacks (DDP's buckets, a shard, FSDP2's units), and ddp's, fsdp's and single's say what each does."""
+    from pipeline import catalog
+    from pipeline.scaling import device
+
+    fixed = device.fixed_cost(None)
+    sources = {}
+    for name in catalog.NAMES:
+        row = catalog.spec(name)
+        p = memory.predict(
+            name,
+            "resnet18",
+            1 if row.one_device_only else 2,
+            256,
+            "adamw",
+            "gpu",
+            anchors=memory.COUNT_ANCHORS,
+            cache=counts,
+        )
+        sources[name] = {term: source for part, term, _, source in memory.need_terms(p, fixed) if part != "total"}
+        for term, source in sources[name].items():
+            for word, has in MECHANISMS.items():
+                assert has(row) or word not in source, (name, term, source)
+    assert sources["ddp"]["gradients"] == "modelled: 0: views of DDP's buckets"
+    assert sources["fsdp"]["parameters"] == "modelled: its padded shard, 4 B/param"
+    assert "shard" in sources["fsdp"]["gradients"] and "shard" in sources["fsdp"]["optimizer state"]
+    assert sources["single"]["gradients"] == sources["single"]["parameters"] == "modelled: 4 B/param"
