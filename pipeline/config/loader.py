@@ -18,8 +18,8 @@ spaces), nor do a command's typed options; `train` and `doctor` run no sweep and
 refuses a knob set in train that a selected strategy's catalog row does not take, a setting that applies only with
 a knob or a row's design (catalog.APPLIES_WITH) where no point runs with it, a one-device strategy without a point at
 devices=1 (`sweep_refusal`), and train.strategy,
-which a sweep stage takes from its name (`strategy_refusal`); the `train` command, one strategy, checks its own
-(knob_refusal).
+which a sweep stage takes from its name (`strategy_refusal`); a trial, one strategy, checks its own (knob_refusal,
+unapplied_refusal: trial/launch.py).
 A Config is never mutated: `override` returns a new one.
 """
 
@@ -283,6 +283,36 @@ def knob_refusal(t: TrainConfig) -> str:
                 f"`{t.strategy}` has no `{knob}` knob{f' ({why})' if why else ''}; train.{knob}={getattr(t, knob)} "
                 f"applies to {takers}. Leave it at {getattr(defaults, knob)} for `{t.strategy}`."
             )
+    return ""
+
+
+def unapplied(t: TrainConfig) -> dict:
+    """The catalog.APPLIES_WITH settings train config `t` sets away from their defaults that its run does not run with
+    (its knob is off, or its strategy's row lacks the design: ddp's amp_dtype), each with its default: what a trial
+    would record and never run (`unapplied_refusal`), and what doctor's rows reset to their defaults."""
+    defaults = TrainConfig()
+    point = {n: getattr(t, n) for n in catalog.knobs(t.strategy)}
+    return {
+        k: getattr(defaults, k)
+        for k in catalog.APPLIES_WITH
+        if getattr(t, k) != getattr(defaults, k) and not catalog.applies(k, t.strategy, point)
+    }
+
+
+def unapplied_refusal(t: TrainConfig) -> str:
+    """Why train config `t` cannot run: a setting of catalog.APPLIES_WITH away from its default that its run does not
+    run with (`unapplied`), in the words the sweep and doctor use (catalog.applies_with), with the forms that use it;
+    "" when every such setting applies."""
+    for k, default in unapplied(t).items():
+        need, value = catalog.APPLIES_WITH[k][1], _yaml(getattr(t, k))
+        rows = [n for n in catalog.NAMES if getattr(catalog.SPECS[n], need, False)]
+        fixes = [f"turn `{need}` on (`--set train.{need}=true`)"] if need in catalog.knobs(t.strategy) else []
+        fixes += [f"run {' or '.join(rows)} (`--strategy {rows[0]}`)"] if rows else []
+        return (
+            f"`train.{k}={value}` does not reach this `{t.strategy}` run: {catalog.applies_with(k, value)}, so the "
+            f"run would record it and never run it. To use it, {', or '.join(fixes)}; else leave `{k}` at its "
+            f"default, {_yaml(default)}. Nothing was run."
+        )
     return ""
 
 
