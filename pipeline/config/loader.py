@@ -98,11 +98,31 @@ class ConfigError(ValueError):
 # ----------------------------------------------------------------------------- building
 
 
+class InvalidValue(ConfigError):
+    """An invalid value of `key`, `msg` saying why; worded for the files and --set, which `load` rewords for a value
+    a command's option gave (`_flag_error`)."""
+
+    def __init__(self, key: str, msg: str):
+        self.key, self.msg = key, msg
+        super().__init__(
+            f"Invalid configuration value for `{key}`: {msg} Fix it in params.yaml, the profile "
+            f"file under experiments/, or with `--set {key}=...`."
+        )
+
+
 def _err(key, msg):
-    raise ConfigError(
-        f"Invalid configuration value for `{key}`: {msg} Fix it in params.yaml, the profile "
-        f"file under experiments/, or with `--set {key}=...`."
-    )
+    raise InvalidValue(key, msg)
+
+
+def _flag_error(e: InvalidValue, flags: dict) -> ConfigError:
+    """`e` in the words of the command's option that gave the value (flags {"train": {"batch_size": 0}}: --batch-size
+    0), where one did: the last layer, so the value is the option's, not params.yaml's; `e` itself otherwise."""
+    section, _, name = e.key.partition(".")
+    given = (flags.get(section) or {}) if isinstance(flags.get(section), dict) else {}
+    if not name or name not in given:
+        return e
+    flag = f"--{name.replace('_', '-')}"
+    return ConfigError(f"{flag} {given[name]}: {e.msg} Give {flag} a valid value (it sets `{e.key}`). Nothing was run.")
 
 
 def _coerce(key: str, typ, value, meta: dict):
@@ -562,7 +582,10 @@ def load(
         _check_shapes(Config, layer, "", where)
         layered = _merge(layered, _each_group(layered, layer, where, origins, notes))
     layered["profile"] = profile
-    cfg = _build(Config, layered, "")
+    try:
+        cfg = _build(Config, layered, "")
+    except InvalidValue as e:
+        raise _flag_error(e, flags or {}) from None
     if stage and any((layer.get("train") or {}).get("strategy") is not None for layer, _ in users):  # default too
         raise ConfigError(strategy_refusal(cfg.train.strategy))
     return pin(cfg, users) if sweeps else cfg
