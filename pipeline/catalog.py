@@ -23,8 +23,10 @@ MODES = ("compile", "compile_mode", "cuda_graphs", "cudnn_benchmark", "autocast"
 KNOBS = (*COMM_KNOBS, *MODES)
 # The train settings that configure something only some trials run: setting -> (what it is, what it applies with).
 # What it applies with is a knob of the point, on, or a row's flag of the same name (autocast: ddp_amp's row, or
-# single's autocast knob; gathers: dp's rows). A sweep none of whose points runs with it refuses the setting away from
-# its default (loader.sweep_refusal), as a trial does (trial/launch.py): it would be recorded, never run.
+# single's autocast knob; gathers: dp's rows). Away from its default it would be recorded and never run where it does
+# not apply: a trial refuses it (loader.unapplied_refusal, from trial/launch.py's check), a sweep none of whose points
+# runs with it refuses it (loader.sweep_refusal) and runs the points it does not apply to at its default
+# (sweep/space.py), doctor refuses it where none of its rows runs with it and runs the others at its default.
 APPLIES_WITH = {
     "compile_mode": ("torch.compile's mode", "compile"),
     "amp_dtype": ("autocast's type", "autocast"),

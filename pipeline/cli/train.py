@@ -71,8 +71,9 @@ def verdict(record, answer_img_s: float | None, answer_load_cores: float | None)
     from pipeline.measure import meter
 
     thr, mine = record.get("throughput_img_s"), _row(record)
-    if thr is None:
-        return meter.speed_text(record)
+    if thr is None:  # nothing to compare: said, never a comparison dropped in silence
+        answer = f"; no figure to compare with the answer's {answer_img_s:,.0f} img/s" if answer_img_s else ""
+        return meter.speed_text(record) + answer
     own = f"{thr:,.0f} img/s"
     if answer_img_s is None:
         if not mine["under_load"]:

@@ -18,8 +18,8 @@ spaces), nor do a command's typed options; `train` and `doctor` run no sweep and
 refuses a knob set in train that a selected strategy's catalog row does not take, a setting that applies only with
 a knob or a row's design (catalog.APPLIES_WITH) where no point runs with it, a one-device strategy without a point at
 devices=1 (`sweep_refusal`), and train.strategy,
-which a sweep stage takes from its name (`strategy_refusal`); the `train` command, one strategy, checks its own
-(knob_refusal).
+which a sweep stage takes from its name (`strategy_refusal`); a trial, one strategy, checks its own (knob_refusal,
+unapplied_refusal: trial/launch.py).
 A Config is never mutated: `override` returns a new one.
 """
 
@@ -98,11 +98,31 @@ class ConfigError(ValueError):
 # ----------------------------------------------------------------------------- building
 
 
+class InvalidValue(ConfigError):
+    """An invalid value of `key`, `msg` saying why; worded for the files and --set, which `load` rewords for a value
+    a command's option gave (`_flag_error`)."""
+
+    def __init__(self, key: str, msg: str):
+        self.key, self.msg = key, msg
+        super().__init__(
+            f"Invalid configuration value for `{key}`: {msg} Fix it in params.yaml, the profile "
+            f"file under experiments/, or with `--set {key}=...`."
+        )
+
+
 def _err(key, msg):
-    raise ConfigError(
-        f"Invalid configuration value for `{key}`: {msg} Fix it in params.yaml, the profile "
-        f"file under experiments/, or with `--set {key}=...`."
-    )
+    raise InvalidValue(key, msg)
+
+
+def _flag_error(e: InvalidValue, flags: dict) -> ConfigError:
+    """`e` in the words of the command's option that gave the value (flags {"train": {"batch_size": 0}}: --batch-size
+    0), where one did: the last layer, so the value is the option's, not params.yaml's; `e` itself otherwise."""
+    section, _, name = e.key.partition(".")
+    given = (flags.get(section) or {}) if isinstance(flags.get(section), dict) else {}
+    if not name or name not in given:
+        return e
+    flag = f"--{name.replace('_', '-')}"
+    return ConfigError(f"{flag} {given[name]}: {e.msg} Give {flag} a valid value (it sets `{e.key}`). Nothing was run.")
 
 
 def _coerce(key: str, typ, value, meta: dict):
@@ -283,6 +303,36 @@ def knob_refusal(t: TrainConfig) -> str:
                 f"`{t.strategy}` has no `{knob}` knob{f' ({why})' if why else ''}; train.{knob}={getattr(t, knob)} "
                 f"applies to {takers}. Leave it at {getattr(defaults, knob)} for `{t.strategy}`."
             )
+    return ""
+
+
+def unapplied(t: TrainConfig) -> dict:
+    """The catalog.APPLIES_WITH settings train config `t` sets away from their defaults that its run does not run with
+    (its knob is off, or its strategy's row lacks the design: ddp's amp_dtype), each with its default: what a trial
+    would record and never run (`unapplied_refusal`), and what doctor's rows reset to their defaults."""
+    defaults = TrainConfig()
+    point = {n: getattr(t, n) for n in catalog.knobs(t.strategy)}
+    return {
+        k: getattr(defaults, k)
+        for k in catalog.APPLIES_WITH
+        if getattr(t, k) != getattr(defaults, k) and not catalog.applies(k, t.strategy, point)
+    }
+
+
+def unapplied_refusal(t: TrainConfig) -> str:
+    """Why train config `t` cannot run: a setting of catalog.APPLIES_WITH away from its default that its run does not
+    run with (`unapplied`), in the words the sweep and doctor use (catalog.applies_with), with the forms that use it;
+    "" when every such setting applies."""
+    for k, default in unapplied(t).items():
+        need, value = catalog.APPLIES_WITH[k][1], _yaml(getattr(t, k))
+        rows = [n for n in catalog.NAMES if getattr(catalog.SPECS[n], need, False)]
+        fixes = [f"turn `{need}` on (`--set train.{need}=true`)"] if need in catalog.knobs(t.strategy) else []
+        fixes += [f"run {' or '.join(rows)} (`--strategy {rows[0]}`)"] if rows else []
+        return (
+            f"`train.{k}={value}` does not reach this `{t.strategy}` run: {catalog.applies_with(k, value)}, so the "
+            f"run would record it and never run it. To use it, {', or '.join(fixes)}; else leave `{k}` at its "
+            f"default, {_yaml(default)}. Nothing was run."
+        )
     return ""
 
 
@@ -532,7 +582,10 @@ def load(
         _check_shapes(Config, layer, "", where)
         layered = _merge(layered, _each_group(layered, layer, where, origins, notes))
     layered["profile"] = profile
-    cfg = _build(Config, layered, "")
+    try:
+        cfg = _build(Config, layered, "")
+    except InvalidValue as e:
+        raise _flag_error(e, flags or {}) from None
     if stage and any((layer.get("train") or {}).get("strategy") is not None for layer, _ in users):  # default too
         raise ConfigError(strategy_refusal(cfg.train.strategy))
     return pin(cfg, users) if sweeps else cfg

@@ -132,6 +132,9 @@ def run_case(
     row.steps = steps
     t0 = time.perf_counter()
     sets = (f"train.strategy={case.strategy}", f"train.devices={case.k}", *case.sets)
+    # a setting only some rows run with (catalog.APPLIES_WITH: ddp_amp's amp_dtype) is the others' default, as in a
+    # sweep's trials: a trial refuses a setting it would record and never run (loader.unapplied_refusal)
+    sets += tuple(f"train.{k}={v}" for k, v in loader.unapplied(loader.override(base, sets).train).items())
     try:
         check_feasible(loader.override(base, sets), host)
     except Infeasible as e:

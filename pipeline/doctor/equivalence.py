@@ -70,6 +70,9 @@ def one_step(
             *(f"{key}={str(v).lower() if isinstance(v, bool) else v}" for key, v in own_settings(base_cfg).items()),
         ],
     )
+    # GradScaler's first scale reaches the autocast rows only: the others run its default, which a trial refuses to
+    # record unrun otherwise (loader.unapplied_refusal)
+    cfg = loader.replace_train(cfg, **loader.unapplied(cfg.train))
     metrics = run_trial(cfg, out_dir, progress=False, timeout_s=cfg.sweep.trial_timeout_s)  # a hang fails the row
     return torch.load(Path(out_dir) / "final_state.pt", weights_only=True), metrics
 

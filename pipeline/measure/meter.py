@@ -241,16 +241,20 @@ class Meter:
 
 def untimed(record) -> str:
     """Why a finished trial has no images/s, in words for the console, the sweep table's reason and MLflow; "" when
-    it has them. A run of no more steps than the warm-up times none of them; its accuracy still stands."""
+    it has them. A run of no more steps than the warm-up times none of them; its accuracy still stands. The advice
+    names what ended the run: its step limit (train.max_steps) where it reached it, else its data."""
     if record["throughput_img_s"] is not None:
         return ""
     steps, warmup = record["steps"], max(record["warmup_steps"], 1)
     if steps > warmup:
         return f"no steady-state step was timed in its {steps} step(s)"
-    return (
-        f"no steady-state step was timed: all {steps} step(s) of the run were warm-up (the first {warmup} are "
-        f"never timed, train.warmup_steps); raise data.train_limit or lower train.warmup_steps"
-    )
+    why = f"no steady-state step was timed: all {steps} step(s) of the run were warm-up (the first {warmup} are never "
+    if (cap := record.get("max_steps")) and steps >= cap:  # the run stopped at its step limit, not its data's end
+        return (
+            f"{why}timed, train.warmup_steps; train.max_steps={cap} ended the run there); raise train.max_steps "
+            f"above {warmup} or lower train.warmup_steps"
+        )
+    return f"{why}timed, train.warmup_steps); raise data.train_limit or lower train.warmup_steps"
 
 
 def speed_text(record) -> str:

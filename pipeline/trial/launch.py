@@ -17,7 +17,7 @@ import socket
 import time
 from pathlib import Path
 
-from pipeline import catalog, paths
+from pipeline import paths
 from pipeline.config import loader
 from pipeline.errors import Infeasible, TrialFailed  # defined torch-free, for the CLI's error handler
 from pipeline.host.capabilities import host_capabilities
@@ -101,13 +101,11 @@ def host_mode_refusal(t, host: Host) -> str:
 
 def mode_refusal(t, host: Host, oversubscribed: bool, n_train: int | None = None) -> str:
     """Why the execution modes set in train config `t` cannot run together or on `host`, or "": a mode that would
-    silently not apply is refused, never recorded as run. `n_train`: the training images at most (data.train_limit),
+    silently not apply, or a setting of one (catalog.APPLIES_WITH: amp_dtype without autocast), is refused, never
+    recorded as run. `n_train`: the training images at most (data.train_limit),
     if known, for a graph the trial would end before capturing."""
-    if t.compile_mode != "default" and not t.compile:
-        return (
-            f"{catalog.applies_with('compile_mode', t.compile_mode)}; set train.compile=true, or leave compile_mode "
-            "at default."
-        )
+    if why := loader.unapplied_refusal(t):  # compile_mode without compile, amp_dtype without autocast, ...
+        return why
     if not t.cuda_graphs:
         return ""
     if why := host_mode_refusal(t, host):

@@ -38,6 +38,13 @@ def test_a_run_under_load_says_so_and_is_not_compared():
     )
 
 
+def test_a_run_with_no_figure_says_it_compares_nothing_with_the_answer():
+    """An untimed run given the answer's figure says there is nothing to compare, never drops the comparison."""
+    untimed = {**_record(None), "steps": 2, "warmup_steps": 3, "max_steps": 2}
+    assert verdict(untimed, 1000.0, None).endswith("; no figure to compare with the answer's 1,000 img/s")
+    assert "answer" not in verdict(untimed, None, None)
+
+
 def test_an_earlier_result_is_kept(tmp_path):
     out = tmp_path / "best"
     assert fresh_out(out) == out

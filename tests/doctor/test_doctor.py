@@ -473,6 +473,20 @@ def test_a_knob_of_some_rows_runs_them_against_a_reference_without_it(make_cfg, 
     assert report["counts"]["failed"] == 0
 
 
+def test_a_setting_of_some_rows_runs_the_others_at_its_default(make_cfg, tmp_path, monkeypatch):
+    """`--set train.amp_init_scale=512` with ddp and ddp_amp: ddp_amp's timed run takes it; ddp's, which has no
+    GradScaler and whose trial would refuse to record it unrun, runs the default, as a sweep's trial does."""
+    seen: list = []
+    _fake_trials(monkeypatch, seen)
+    report = checks.run(
+        make_cfg("train.amp_init_scale=512"), tmp_path / "d", ["ddp", "ddp_amp"], 1, 2, 16, say=lambda *_: None
+    )
+    rows = {(r["strategy"], r["variant"]): r for r in report["rows"]}
+    assert rows[("ddp", "")]["status"] != "unavailable", rows[("ddp", "")]["reason"]
+    scales = {(c.train.strategy, c.train.amp_dtype): c.train.amp_init_scale for c in seen}
+    assert scales[("ddp", "auto")] == 65536.0 and scales[("ddp_amp", "fp16")] == 512.0, scales
+
+
 @pytest.mark.parametrize("item", ["train.comm_hook=shm", "train.bucket_cap_mb=5", "train.compile=true"])
 def test_a_knob_none_of_the_selected_strategies_has_is_refused(tmp_path, monkeypatch, capsys, item):
     """A knob none of the selected strategies takes would reach no row: exit 2 naming the key and the strategies

@@ -151,3 +151,16 @@ def test_memory_window_opens_at_each_tick_and_closes_at_evaluation(monkeypatch):
         calls.append("evaluate")
     m.tick(1)
     assert calls == [("open", False), "close", "evaluate", ("open", True)], "step 0 is warm-up, step 1 steady"
+
+
+def test_an_untimed_run_names_the_step_limit_that_ended_it():
+    """All steps warm-up: where train.max_steps stopped the run, the advice is to raise it, not the data's limit;
+    where the data ended it, to raise data.train_limit."""
+    capped = {"throughput_img_s": None, "steps": 2, "warmup_steps": 3, "max_steps": 2}
+    assert meter.untimed(capped).endswith(
+        "(the first 3 are never timed, train.warmup_steps; train.max_steps=2 ended the run there); raise "
+        "train.max_steps above 3 or lower train.warmup_steps"
+    )
+    assert "data.train_limit" not in meter.untimed(capped)
+    for by_data in ({**capped, "max_steps": 0}, {**capped, "max_steps": 50}):
+        assert meter.untimed(by_data).endswith("raise data.train_limit or lower train.warmup_steps"), by_data
