@@ -258,15 +258,15 @@ def output_file(path: Path, option: str) -> Path:
     return path
 
 
-def output_table(path: Path, option: str, strategy: str) -> Path:
+def output_table(path: Path, option: str, strategy: str, foreign) -> Path:
     """`path` is where the sweep of `strategy` writes its table, replacing the file: output_file's checks, and the
     file, when it exists and holds anything, is a table of this strategy already (an earlier run's, which the sweep
-    rewrites from its study). Anything else (a README, another strategy's table) is refused, unread by the sweep."""
-    from .records.table import foreign
-
+    rewrites from its study). Anything else (a README, another strategy's table) is refused, unread by the sweep.
+    `foreign(path)`: what the file holds when it is not such a table, else None (records.table.foreign, which the
+    caller passes: the records wing is above this one)."""
     path = output_file(path, option)
     ours = f"this strategy's table (results/sweeps/{strategy}.jsonl, the default)"
-    _replaces(path, option, foreign(path, strategy), f"the sweep of {strategy}", "table", ours)
+    _replaces(path, option, foreign(path), f"the sweep of {strategy}", "table", ours)
     return path
 
 

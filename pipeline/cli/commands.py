@@ -31,6 +31,7 @@ def cmd_train(args) -> int:
 
 def cmd_sweep(args) -> int:
     from pipeline.preflight import output_table
+    from pipeline.records import table
     from pipeline.sweep import unselected
     from pipeline.sweep.space import Space
 
@@ -40,7 +41,8 @@ def cmd_sweep(args) -> int:
         print(f"[sweep {args.strategy}] {note}", file=sys.stderr)
     loader.check_sweep(cfg)  # every sweep stage, selected or not: a knob a selected strategy cannot take
     default = paths.repo_root() / "results" / "sweeps" / f"{args.strategy}.jsonl"
-    out = output_table(args.out or default, "--out", args.strategy)  # never another file's content: a README
+    # never another file's content (a README, another strategy's table)
+    out = output_table(args.out or default, "--out", args.strategy, lambda path: table.foreign(path, args.strategy))
     if not unselected.selected(cfg, args.strategy):  # its table, without loading torch, Optuna and MLflow
         unselected.write_table(Space(cfg, args.strategy), out)
         return 0

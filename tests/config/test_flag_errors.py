@@ -28,7 +28,7 @@ def test_an_invalid_option_is_named_as_typed(flag, value, said, capsys, monkeypa
     err = " ".join(capsys.readouterr().err.split())
     assert err.startswith(f"error: {said}") and "params.yaml" not in err, err
     assert err.endswith("Nothing was run."), err
-    key = f"train.{flag[2:].replace('-', '_')}"  # the same value from --set: the files' wording, as before
+    key = f"train.{flag[2:].replace('-', '_')}"  # the same value from --set: the files' wording
     assert main(["train", "--no-track", "--out", str(tmp_path / "x"), "--set", f"{key}={value}"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"Invalid configuration value for `{key}`: " in err and "Fix it in params.yaml" in err, err

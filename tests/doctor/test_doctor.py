@@ -582,6 +582,6 @@ def test_a_set_the_equivalence_step_overrides_is_said_to_reach_the_timed_run_onl
     monkeypatch.setattr(equivalence, "run_trial", lambda cfg, out, **k: step.update(t=cfg.train) or pytest.skip())
     base = loader.override(loader.load(None, ["profile="], sweeps=False), ["train.lr=0.1", "train.amp_init_scale=2"])
     with pytest.raises(pytest.skip.Exception):
-        one_step(base, tmp_path / "eq", "single", 1)
+        one_step(base, tmp_path / "eq", "ddp_amp", 1)  # its autocast takes the GradScaler scale
     own = equivalence.own_settings(base)
     assert (step["t"].lr, step["t"].amp_init_scale) == (own["train.lr"], own["train.amp_init_scale"]) == (0.5, 1024)
