@@ -6,6 +6,7 @@
 import contextlib
 import io
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -64,7 +65,7 @@ def main():
                 code = e.code
         msg = " ".join(err.getvalue().split()).replace(str(tmp), "$TMP")
         msg = msg[msg.find("error:") :] if "error:" in msg else msg
-        print(f"## {name}\n\n`python -m pipeline {' '.join(argv).replace(str(tmp), '$TMP')}` → exit {code}\n")
+        print(f"## {name}\n\n`python -m pipeline {shlex.join(argv).replace(str(tmp), '$TMP')}` → exit {code}\n")
         print("> " + "\n> ".join(textwrap.wrap(msg, 110)) + "\n")
     after_runs_opened(cli, tmp)
     shutil.rmtree(tmp, ignore_errors=True)

@@ -169,6 +169,37 @@ CASES = [
         ["sweep", "--strategy", "single", "--set", "sweep.storage=sqlite:///{tmp}/corrupt.db"],
         "not a usable SQLite database",
     ),
+    (
+        "sweep --out at a file that is not its table",
+        ["sweep", "--strategy", "single", "--out", "{tmp}/afile"],
+        "not a sweep table",
+    ),
+    (
+        "train: a setting its run would never use",
+        ["train", "--out", "{tmp}/o", "--set", "train.amp_dtype=fp16"],
+        "applies with train.autocast=true",
+    ),
+    (
+        "train: the answer's load without its figure",
+        ["train", "--out", "{tmp}/o", "--answer-load-cores", "1.2"],
+        "--answer-load-cores is the load of the answer's figure",
+    ),
+    ("train: an answer figure of 0", ["train", "--out", "{tmp}/o", "--answer-img-s", "0"], "--answer-img-s"),
+    (
+        "fit: no row to show",
+        ["fit", "--model", "lenet", "--strategies", "single", "--devices", "2"],
+        "fit has no row to show",
+    ),
+    ("fit: a batch above the training set", ["fit", "--batch-size", "100000000"], "larger than the training set"),
+    ("fit: a device memory without its unit", ["fit", "--device-memory", "80"], "--device-memory"),
+    ("fit --count-ahead with a question", ["fit", "--batch-size", "512", "--count-ahead", "lenet"], "answers nothing"),
+    ("doctor --set of another command's key", ["doctor", "--set", "sweep.n_trials=3"], "never read"),
+    (
+        "doctor --set a setting no row runs",
+        ["doctor", "--strategies", "single", "--set", "train.amp_dtype=fp16"],
+        "reaches none of doctor's rows",
+    ),
+    ("compare --keep that is not a regular expression", ["compare", "--keep", "("], "--keep"),
 ]
 
 
