@@ -1,4 +1,5 @@
-"""Parallax command line: one subcommand per DVC stage, plus `train`, `ui`, `profiles` and `doctor`.
+"""Parallax command line: a subcommand per DVC stage (download, sweep, overlap, collectives, analyze) and the tools
+around them (train, compare, fit, doctor, models, profiles, ui). `COMMAND --help` gives each one's examples.
 
     python -m pipeline download                       # DVC stage `download`
     python -m pipeline train --strategy ddp --devices 2 --epochs 1 --out runs/ddp2
@@ -7,8 +8,11 @@
     python -m pipeline collectives                    # DVC stage `collectives`
     python -m pipeline analyze                        # DVC stage `analyze`
     python -m pipeline compare                        # experiments side by side, one row per metric or param
-    python -m pipeline ui                             # MLflow UI on http://127.0.0.1:5000
+    python -m pipeline fit --model resnet18 --batch-size 256   # will it fit? memory per device, before running
     python -m pipeline doctor                         # does every strategy run and agree here? (no MLflow needed)
+    python -m pipeline models                         # every model it can build
+    python -m pipeline profiles                       # the experiment profiles under experiments/
+    python -m pipeline ui                             # MLflow UI on http://127.0.0.1:5000
 
 Every command reads params.yaml (and the profile it names under experiments/) and takes `--set key=value`.
 """
@@ -28,6 +32,25 @@ from pipeline.config.settle import DDP_SETTLE_STEPS
 EPILOG = """configuration: params.yaml selects a profile (experiments/<profile>.yaml); params.yaml entries override
 the profile; --set overrides both, e.g. --set data.source=synthetic --set train.lr=0.1.
 docs: README.md, docs/errors.md (every error message and its fix)."""
+
+
+class _Formatter(argparse.HelpFormatter):
+    """A subcommand's help: prose paragraphs wrapped to the terminal, a paragraph with indented lines (its examples)
+    kept as written."""
+
+    def _fill_text(self, text, width, indent):
+        fill = super()._fill_text  # prose: argparse's own wrapping
+        return "\n\n".join(
+            "\n".join(indent + line for line in para.splitlines())
+            if any(line.startswith("  ") for line in para.splitlines())
+            else fill(para, width, indent)
+            for para in text.split("\n\n")
+        )
+
+
+def _epilog(*examples: str) -> str:
+    """A subcommand's epilog: its examples (`command  # what it does`), then the configuration every command reads."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in examples) + "\n\n" + EPILOG
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -146,7 +169,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(
         prog="python -m pipeline",
-        description=__doc__.split("\n")[0],
+        description=__doc__.split("\n\nEvery command")[0],  # the examples; EPILOG says the rest
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -155,7 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "download",
         help="fetch Fashion-MNIST (or write the synthetic stand-in) into data.dir",
-        epilog=EPILOG,
+        formatter_class=_Formatter,
+        epilog=_epilog(
+            "python -m pipeline download                               # Fashion-MNIST into data.dir",
+            "python -m pipeline download --set data.source=synthetic  # the offline stand-in, labelled synthetic",
+        ),
         description="Fetch Fashion-MNIST through torchvision (its mirrors and MD5 checks) into "
         "data.dir, or, with data.source=synthetic, write the deterministic offline "
         "stand-in in the same IDX format. data.mirror points at a URL or local "
@@ -166,7 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train",
         help="run one training trial and log it to MLflow",
-        epilog=EPILOG,
+        formatter_class=_Formatter,
+        epilog=_epilog(
+            "python -m pipeline train --strategy ddp --devices 2 --epochs 1 --out runs/ddp2",
+            "python -m pipeline train --max-steps 20 --set data.source=synthetic --no-track --out runs/quick",
+        ),
         description="Run one trial: one model, one strategy on K devices; writes OUT/metrics.json "
         "and OUT/final_state.pt and logs an MLflow run. Each flag left unset takes "
         "its train.* value from --set, params.yaml or the profile, in that order.",
@@ -191,7 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "sweep",
         help="run the Optuna study of one strategy (DVC stage sweep@STRATEGY)",
-        epilog=EPILOG,
+        formatter_class=_Formatter,
+        epilog=_epilog(
+            "python -m pipeline sweep --strategy ddp                # the study of stage sweep@ddp",
+            "python -m pipeline sweep --strategy ddp --n-trials 2   # at most two more of its trials, here",
+            "dvc exp run -S train.epochs=3                          # the DVC way: a new experiment, every stage",
+        ),
         description="One Optuna study over devices x batch size x learning rate for one strategy; "
         "every trial is a nested MLflow run; writes results/sweeps/STRATEGY.jsonl. "
         "Rerunning resumes: finished trials are not repeated. The search space is "
@@ -220,7 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "analyze",
         help="scaling efficiency, memory imbalance, accuracy: tables, plots, report",
-        epilog=EPILOG,
+        formatter_class=_Formatter,
+        epilog=_epilog(
+            "python -m pipeline analyze     # results/sweeps/*.jsonl -> results/analysis/ (report.md, metrics.json)",
+            "python -m pipeline analyze --sweeps other/sweeps --out other/analysis",
+        ),
         description="Read results/sweeps/*.jsonl and write results/analysis/ (metrics.json: the DVC "
         "metric, flat numbers; summary.json; CSVs; PNGs; report.md), logged as an "
         "MLflow 'analysis' run with its numbers as metrics and its figures. The target "
@@ -243,6 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "compare",
         help="experiments side by side: one row per column of `dvc exp show`, one column per experiment",
+        formatter_class=_Formatter,
+        epilog=_epilog(
+            "python -m pipeline compare                                 # the efficiencies and their labels",
+            "python -m pipeline compare --keep 'efficiency|load_cores'  # the rows whose names match",
+            "python -m pipeline compare --keep '^train[.]'              # the train settings of each experiment",
+        ),
         description="Print `dvc exp show`'s table turned round: one row per column of it (metrics.json's figures, "
         "the params of params.yaml and of the profile, the stages' dependencies), by default the scaling "
         "efficiencies and what labels them; one column per experiment (the workspace, its baseline, each `dvc exp "
@@ -265,7 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "overlap",
         help="do devices compute at once, does communication hide behind compute?",
-        epilog=EPILOG,
+        formatter_class=_Formatter,
+        epilog=_epilog(
+            "python -m pipeline overlap                      # results/overlap/ (overlap.md)",
+            "python -m pipeline overlap --out runs/overlap",
+        ),
         description="The seeds' automatic-parallelism experiments: a chain of matrix products on "
         "device A, B and both; then compute-and-communicate, sequential vs "
         "overlapped. Writes results/overlap/ and logs an MLflow 'overlap' run. Sizes "
@@ -282,7 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "collectives",
         help="time this host's collectives at the trials' sizes (DVC stage)",
-        epilog=EPILOG,
+        formatter_class=_Formatter,
+        epilog=_epilog(
+            "python -m pipeline collectives               # results/collectives.json",
+            "python -m pipeline collectives --out runs/collectives.json",
+        ),
         description="Time the collectives each strategy issues (all-reduce of DDP's buckets, FSDP's "
         "all-gather and reduce-scatter, scratch's hand-written all-reduce) at the sizes "
         "the trials use, for k = 2..N, and fit latency and bandwidth per collective. "
@@ -300,7 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "ui",
         help="open the MLflow UI on 127.0.0.1 (local only)",
-        epilog=EPILOG,
+        formatter_class=_Formatter,
+        epilog=_epilog(
+            "python -m pipeline ui                       # http://127.0.0.1:5000, with the runs table's shared view",
+            "python -m pipeline ui --port 5001 --no-view",
+        ),
         description="Start `mlflow ui` on 127.0.0.1 over the tracking store: tracking.uri from "
         "--set or params.yaml (default: mlruns/mlflow.db at the repository root, which a bare `mlflow ui` does not "
         "open: it opens ./mlflow.db; MLflow's own command for it is `mlflow ui --backend-store-uri "
@@ -321,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "fit",
         help="will it fit? the modelled peak memory per device of every strategy and k, before running",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
         description="Per strategy and k: what one GPU needs at --batch-size, whether it fits --device-memory, and "
         "the largest global batch that does. The need is the step's peak above resident plus the resident "
         "parameters, buffers, data set and DDP's buckets (modelled: pipeline/scaling/memory.py, docs/metrics.md; "
@@ -329,7 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
         "caching allocator reserves (assumed), plus the device's fixed cost: the CUDA context and the libraries' "
         "workspaces, measured by `doctor` on the device where kept (runs/device_basis.json), else assumed. With "
         "one strategy and k, each term is printed with its figure and its source.",
-        epilog="example: python -m pipeline fit --model resnet18 --batch-size 256 --strategies ddp --devices 2",
+        epilog=_epilog(
+            "python -m pipeline fit --model resnet18 --batch-size 256 --strategies ddp --devices 2   # each term",
+            "python -m pipeline fit --model resnet50 --batch-size 512 --device-memory 40GiB",
+            "python -m pipeline fit --count-ahead resnet50 vit_b_16   # count ahead, answer nothing",
+        ),
     )
     p.add_argument(
         "--model",
@@ -409,6 +471,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="list the experiment profiles under experiments/",
         description="Print each profile of experiments/ with its description (question, space, cost). "
         "Choose one with `dvc exp run -S profile=NAME` or `profile:` in params.yaml.",
+        formatter_class=_Formatter,
+        epilog=_epilog(
+            "python -m pipeline profiles",
+            "dvc exp run -S profile=cpu   # an experiment of that profile",
+        ),
     )
 
     p = sub.add_parser(
@@ -438,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "doctor",
         help="check this host: every strategy runs, agrees with single-device SGD, costs",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
         description="For every strategy and k = 1..min(devices, 2, --max-devices): one SGD step "
         "compared with `single` (the tests' equivalence check), one short timed run "
         "and the per-device peak memory; each row passed, failed (with the error) or "
@@ -447,8 +514,12 @@ def build_parser() -> argparse.ArgumentParser:
         "no MLflow, Optuna or DVC. Exit status 1 if any row failed.",
         epilog="Data: data.dir if it holds prepared data, else the synthetic stand-in, made in a "
         "temporary directory and labelled (a --set of data.dir or data.source whose data is not prepared is "
-        "refused).\nexample: python -m pipeline doctor "
-        "--max-devices 1 --strategies single,ddp",
+        "refused).\n\n"
+        + _epilog(
+            "python -m pipeline doctor                                   # every strategy, up to 2 devices",
+            "python -m pipeline doctor --max-devices 1 --strategies single,ddp",
+            "python -m pipeline doctor --set train.compile=true --strategies ddp   # a mode, checked",
+        ),
     )
     _common(p)
     p.add_argument(

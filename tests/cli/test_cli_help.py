@@ -69,3 +69,24 @@ def test_doctor_help_names_its_real_warm_up_and_every_strategy(capsys, monkeypat
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help: one line of words
     assert f"timed steps after {checks.WARMUP_STEPS} warm-up steps" in text
     assert f"all {len(loader.STRATEGY_NAMES)}, {', '.join(loader.STRATEGY_NAMES)}" in text
+
+
+def _examples(text: str) -> list[list[str]]:
+    """The `python -m pipeline ...` commands of a help text's examples, as argv after `python -m pipeline`."""
+    import shlex
+
+    lines = [line.split("  #")[0].strip() for line in text.splitlines()]
+    return [shlex.split(line)[3:] for line in lines if line.startswith("python -m pipeline ")]
+
+
+@pytest.mark.parametrize("name", sorted(_subparsers(build_parser())))
+def test_every_command_teaches_by_example_and_its_examples_parse(name):
+    """Each subcommand's --help ends with examples of its own command, and each example is a command line the
+    parser takes as written (a renamed flag breaks it here, not in a user's terminal)."""
+    ap = build_parser()
+    text = _subparsers(ap)[name].format_help()
+    assert "\nexamples:\n" in text, f"`{name} --help` has no examples"
+    own = [argv for argv in _examples(text.split("\nexamples:\n")[-1]) if argv[:1] == [name]]
+    assert own, f"`{name} --help`'s examples run no `python -m pipeline {name}`"
+    for argv in _examples(text) + _examples(ap.format_help()):
+        assert ap.parse_args(argv).command == argv[0], argv
