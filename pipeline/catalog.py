@@ -228,10 +228,17 @@ def applies(setting: str, name: str, point: dict) -> bool:
     return bool(point.get(need) or getattr(SPECS.get(name), need, False))
 
 
+def designed_with(setting: str) -> list[str]:
+    """The rows whose design runs train.<setting> (a key of APPLIES_WITH) whatever their knobs: ddp_amp's autocast
+    for amp_dtype; the rows a refusal of the setting names as the ones to select."""
+    need = APPLIES_WITH[setting][1]
+    return [s.name for s in STRATEGIES if getattr(s, need, False)]
+
+
 def applies_with(setting: str, value) -> str:
     """What train.<setting>=value is and what it applies with, for a refusal: the one text a sweep and a trial give."""
     what, need = APPLIES_WITH[setting]
-    rows = [s.name for s in STRATEGIES if getattr(s, need, False)]
+    rows = designed_with(setting)
     on = [s.name for s in STRATEGIES if need in s.knobs] if need in KNOBS else []
     where = " or ".join([*([f"train.{need}=true" + (f" ({', '.join(on)})" if rows else "")] if on else []), *rows])
     return f"train.{setting}={value} is {what} and applies with {where}"

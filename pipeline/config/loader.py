@@ -325,7 +325,7 @@ def unapplied_refusal(t: TrainConfig) -> str:
     "" when every such setting applies."""
     for k, default in unapplied(t).items():
         need, value = catalog.APPLIES_WITH[k][1], _yaml(getattr(t, k))
-        rows = [n for n in catalog.NAMES if getattr(catalog.SPECS[n], need, False)]
+        rows = catalog.designed_with(k)
         fixes = [f"turn `{need}` on (`--set train.{need}=true`)"] if need in catalog.knobs(t.strategy) else []
         fixes += [f"run {' or '.join(rows)} (`--strategy {rows[0]}`)"] if rows else []
         return (
@@ -795,7 +795,7 @@ def _unapplied(cfg: Config) -> str:
             continue
         in_train = getattr(cfg.train, k) != default
         value = getattr(cfg.train, k) if in_train else away[0]
-        rows = [n for n in catalog.NAMES if getattr(catalog.SPECS[n], need, False)]
+        rows = catalog.designed_with(k)
         takers = [s for s in cfg.sweep.strategies if need in catalog.knobs(s)]
         form = f"sweep.spaces.{takers[0]}.{need}=[false, true]" if takers else ""
         fixes = [f"turn `{need}` on in some of their points (`--set train.{need}=true`, or `--set '{form}'`)"]

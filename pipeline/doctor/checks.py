@@ -510,7 +510,7 @@ def _unapplied_refusal(cfg, strategies) -> str:
         points = [(s, {n: getattr(cfg.train, n) for n in catalog.knobs(s)}) for s in strategies]
         if value == getattr(defaults, k) or any(catalog.applies(k, s, point) for s, point in points):
             continue
-        rows = [n for n in catalog.NAMES if getattr(catalog.SPECS[n], need, False)]
+        rows = catalog.designed_with(k)
         fixes = (
             [f"turn `{need}` on (`--set train.{need}=true`)"]
             if any(need in catalog.knobs(s) for s in strategies)
